@@ -1,0 +1,7 @@
+//! udpx measurement harness: CPU accounting, tx/rx roles, reports.
+//!
+//! Figures are only comparable when measured the same way, so the tools measure with this
+//! crate: [`cpu`] turns kernel counters into CPU time (this machine has no hardware
+//! counters), and test networks come from `udpx-netns`.
+
+pub mod cpu;

@@ -1,0 +1,71 @@
+//! # udpx: UDP at the cost per byte of TCP
+//!
+//! On a stock Linux server UDP costs several times more CPU per byte than TCP, because every
+//! datagram traverses the whole stack. The kernel has the cures; this crate uses them, with
+//! run-time detection and fallbacks that never lose a datagram.
+//!
+//! ## Layers
+//!
+//! ```text
+//!  Batch (gso.rs)            datagrams ──► GSO transmits (pure planning, no syscalls)
+//!  UdpSocket::send           transmits ──► sendmmsg/sendmsg vectors, fallbacks, counters
+//!  UdpSocket::recv           recvmmsg/recvmsg ──► RecvMeta + GRO segments
+//!  sys/                      the only unsafe code: syscalls, cmsg codec, mmsghdr vectors
+//! ```
+//!
+//! ## Capability matrix
+//!
+//! | feature | kernel | used for | when missing |
+//! | --- | --- | --- | --- |
+//! | `UDP_SEGMENT` (GSO) | 4.18 (64 segments), 6.9 (128) | one stack traversal per 64 KiB | plain datagrams; limit probed 128 → 64 |
+//! | GSO refused by a device (EIO) or `SO_NO_CHECK` (EINVAL) | any | — | GSO off for the socket, batch re-sent plain, counted |
+//! | `UDP_GRO` | 5.0 | one receive per train of datagrams | one datagram per buffer |
+//! | `sendmmsg` / `recvmmsg` | 3.0 / 2.6.33 | fewer syscalls | — (always present) |
+//! | `SO_TXTIME` | 4.19 | departure times (needs fq/etf qdisc) | sent at once |
+//! | `SO_ZEROCOPY` | 4.14, UDP 5.0 | no copy for large sends | copy |
+//! | `IP_PKTINFO` | any | reply from the address asked | kernel picks source |
+//! | `SO_RXQ_OVFL` | any | drops made visible | — |
+//!
+//! Features are asked for with [`Want`]: `IfAvailable` records what happened in
+//! [`Capabilities`]; `Required` fails socket creation with a clear [`Error::Unsupported`].
+//!
+//! ## Example
+//!
+//! ```no_run
+//! use udpx::{Batch, SendMode, UdpSocket, Want};
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let tx = UdpSocket::builder("127.0.0.1:0".parse()?).send_mode(SendMode::GsoSendmmsg).bind()?;
+//! let rx = UdpSocket::builder("127.0.0.1:0".parse()?).gro(Want::IfAvailable).bind()?;
+//! let mut batch = Batch::for_socket(&tx);
+//! for i in 0..100u8 {
+//!     batch.push(rx.local_addr(), &[i; 1200])?;
+//! }
+//! tx.send(&batch.transmits())?; // 1 syscall, 1 GSO buffer of 100 segments
+//! println!("{}", tx.capabilities());
+//! # Ok(()) }
+//! ```
+#![deny(unsafe_code)]
+#![cfg(target_os = "linux")]
+
+pub mod caps;
+pub mod counters;
+mod error;
+pub mod gso;
+pub mod recv;
+mod socket;
+pub mod sys;
+pub mod transmit;
+pub mod txtime;
+
+pub use caps::{Capabilities, Feature, KernelCaps, Want};
+pub use counters::CounterSnapshot;
+pub use error::{Error, InvalidTransmit, SendError, SendErrorKind};
+pub use gso::{Batch, DatagramMeta, Planned, SegmentLimits};
+pub use recv::{RecvMeta, Segments, GRO_BUFFER};
+pub use socket::{Family, RecvMode, ReusePort, SocketConfig, UdpSocket};
+pub use sys::fault::Fault;
+pub use transmit::{
+    max_payload, messages, validate_transmit, EcnCodepoint, Message, PathLimits, SendMode,
+    Transmit, MAX_PAYLOAD_V4, MAX_PAYLOAD_V6,
+};
+pub use txtime::Timestamp;

@@ -1,0 +1,245 @@
+//! Receiving: [`RecvMeta`], GRO segment iteration, and the receive call.
+//!
+//! With `UDP_GRO` one message may hold several datagrams of the same flow, back to back, each
+//! `stride` bytes long but the last, which may be shorter:
+//!
+//! ```text
+//!  buf: ├── stride ──┼── stride ──┼── stride ──┼─ last ─┤
+//!       ◄──────────────────────── len ─────────────────►
+//! ```
+
+use std::io::{self, IoSliceMut};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+
+use crate::error::Error;
+use crate::socket::UdpSocket;
+use crate::sys::mmsg::{RawRecv, BATCH};
+use crate::transmit::EcnCodepoint;
+
+/// Receive buffer size that no GRO super-buffer can exceed (the GRO layer stops merging
+/// before 64 KiB of IP packet).
+pub const GRO_BUFFER: usize = 65_536;
+
+/// What arrived in one receive buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecvMeta {
+    /// The sender.
+    pub addr: SocketAddr,
+    /// Bytes written to the buffer.
+    pub len: usize,
+    /// Size of each datagram in the buffer (the last may be shorter). Equal to `len` for a
+    /// single datagram.
+    pub stride: usize,
+    /// ECN codepoint (needs [`SocketConfig::ecn`](crate::SocketConfig::ecn)).
+    pub ecn: Option<EcnCodepoint>,
+    /// The local address the datagram was sent to (needs pktinfo): reply from it.
+    pub dst_ip: Option<IpAddr>,
+    /// Interface it arrived on (needs pktinfo; 0 when unknown).
+    pub ifindex: u32,
+    /// The kernel's count of datagrams dropped on this socket so far (SO_RXQ_OVFL). The
+    /// kernel only attaches it once non-zero, so `None` with the option on means none.
+    pub kernel_drops: Option<u32>,
+    /// The datagram was longer than the buffer and was cut (MSG_TRUNC): the tail is lost.
+    pub truncated: bool,
+}
+
+impl Default for RecvMeta {
+    fn default() -> Self {
+        RecvMeta {
+            addr: SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0)),
+            len: 0,
+            stride: 0,
+            ecn: None,
+            dst_ip: None,
+            ifindex: 0,
+            kernel_drops: None,
+            truncated: false,
+        }
+    }
+}
+
+impl RecvMeta {
+    /// Datagrams in the buffer (at least 1: a zero-length datagram is one).
+    pub fn segment_count(&self) -> usize {
+        if self.len == 0 || self.stride == 0 {
+            1
+        } else {
+            self.len.div_ceil(self.stride)
+        }
+    }
+
+    /// The datagrams of the buffer `buf` this metadata describes.
+    pub fn segments<'b>(&self, buf: &'b [u8]) -> Segments<'b> {
+        let data = &buf[..self.len.min(buf.len())];
+        let stride = if self.stride == 0 {
+            data.len().max(1)
+        } else {
+            self.stride
+        };
+        Segments {
+            data,
+            stride,
+            empty_pending: data.is_empty(),
+        }
+    }
+
+    pub(crate) fn from_raw(r: &RawRecv, fallback_addr: SocketAddr) -> Self {
+        let truncated = r.flags & libc::MSG_TRUNC != 0;
+        RecvMeta {
+            addr: r.addr.unwrap_or(fallback_addr),
+            len: r.len,
+            stride: r
+                .gro
+                .map(usize::from)
+                .filter(|&s| s > 0 && s < r.len)
+                .unwrap_or(r.len),
+            ecn: r.tos.and_then(EcnCodepoint::from_bits),
+            dst_ip: r.dst_ip,
+            ifindex: r.ifindex,
+            kernel_drops: r.drops,
+            truncated,
+        }
+    }
+}
+
+/// Iterator over the datagrams of a (possibly GRO-coalesced) buffer.
+#[derive(Debug, Clone)]
+pub struct Segments<'b> {
+    data: &'b [u8],
+    stride: usize,
+    empty_pending: bool,
+}
+
+impl<'b> Iterator for Segments<'b> {
+    type Item = &'b [u8];
+    fn next(&mut self) -> Option<&'b [u8]> {
+        if self.data.is_empty() {
+            return std::mem::take(&mut self.empty_pending).then_some(self.data);
+        }
+        let n = self.stride.min(self.data.len());
+        let (head, tail) = self.data.split_at(n);
+        self.data = tail;
+        Some(head)
+    }
+}
+
+impl UdpSocket {
+    /// Receives up to `bufs.len()` messages (one `recvmmsg`, or one `recvmsg` in
+    /// [`RecvMode::Recvmsg`](crate::RecvMode::Recvmsg)), filling `meta` for each.
+    ///
+    /// Blocks for the first message on a blocking socket (bounded by
+    /// [`set_read_timeout`](UdpSocket::set_read_timeout)); returns `WouldBlock` when nothing is
+    /// queued on a non-blocking one. With GRO on, every buffer must hold [`GRO_BUFFER`] bytes,
+    /// or the call fails with [`Error::RecvBufferTooSmall`] (as `InvalidInput`).
+    pub fn recv(&self, bufs: &mut [IoSliceMut<'_>], meta: &mut [RecvMeta]) -> io::Result<usize> {
+        if self.caps.gro {
+            if let Some(b) = bufs.iter().find(|b| b.len() < GRO_BUFFER) {
+                return Err(Error::RecvBufferTooSmall {
+                    len: b.len(),
+                    need: GRO_BUFFER,
+                }
+                .into());
+            }
+        }
+        let n = bufs.len().min(meta.len()).min(BATCH);
+        let mut raw = [RawRecv::default(); BATCH];
+        let got = {
+            let mut scratch = self.recv_scratch.lock().unwrap_or_else(|e| e.into_inner());
+            let mmsg = self.recv_mode == crate::RecvMode::Recvmmsg;
+            scratch.recv(self.fd_ref(), &mut bufs[..n], &mut raw[..n], mmsg)?
+        };
+        let fallback = self.peer.unwrap_or(self.local);
+        let c = &self.counters;
+        let (mut dgrams, mut bytes, mut gro, mut trunc, mut drops) = (0, 0, 0, 0, 0);
+        for (m, r) in meta.iter_mut().zip(&raw[..got]) {
+            *m = RecvMeta::from_raw(r, fallback);
+            let segs = m.segment_count() as u64;
+            dgrams += segs;
+            bytes += m.len as u64;
+            gro += (segs > 1) as u64;
+            trunc += m.truncated as u64;
+            drops = drops.max(m.kernel_drops.unwrap_or(0) as u64);
+        }
+        c.add(&c.recv_calls, 1);
+        c.add(&c.messages_received, got as u64);
+        c.add(&c.datagrams_received, dgrams);
+        c.add(&c.bytes_received, bytes);
+        c.add(&c.gro_buffers_received, gro);
+        c.add(&c.truncated, trunc);
+        c.max(&c.kernel_drops, drops);
+        Ok(got)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn meta(len: usize, stride: usize) -> RecvMeta {
+        RecvMeta {
+            len,
+            stride,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn gro_split_truth_table() {
+        let buf: Vec<u8> = (0..=255u8).cycle().take(5000).collect();
+        // (len, stride) -> segment lengths
+        let cases: &[(usize, usize, &[usize])] = &[
+            (0, 0, &[0]),
+            (1, 1, &[1]),
+            (1200, 1200, &[1200]),
+            (3600, 1200, &[1200, 1200, 1200]),
+            (3100, 1200, &[1200, 1200, 700]),
+            (1201, 1200, &[1200, 1]),
+            (5, 1, &[1, 1, 1, 1, 1]),
+            (100, 0, &[100]), // no stride reported: one datagram
+        ];
+        for &(len, stride, want) in cases {
+            let m = meta(len, stride);
+            let segs: Vec<&[u8]> = m.segments(&buf).collect();
+            assert_eq!(
+                segs.iter().map(|s| s.len()).collect::<Vec<_>>(),
+                want,
+                "len {len} stride {stride}"
+            );
+            assert_eq!(m.segment_count(), want.len());
+            // The segments tile the buffer in order.
+            let joined: Vec<u8> = segs.concat();
+            assert_eq!(&joined[..], &buf[..len]);
+        }
+    }
+
+    #[test]
+    fn raw_to_meta() {
+        let from: SocketAddr = "192.0.2.9:53".parse().unwrap();
+        let r = RawRecv {
+            len: 2400,
+            flags: 0,
+            addr: Some(from),
+            gro: Some(1200),
+            tos: Some(0b11),
+            ..Default::default()
+        };
+        let m = RecvMeta::from_raw(&r, from);
+        assert_eq!(
+            (m.stride, m.segment_count(), m.ecn),
+            (1200, 2, Some(EcnCodepoint::Ce))
+        );
+        // A GRO size of at least the length means one datagram.
+        let r = RawRecv {
+            len: 500,
+            gro: Some(1200),
+            ..r
+        };
+        assert_eq!(RecvMeta::from_raw(&r, from).stride, 500);
+        // MSG_TRUNC is surfaced.
+        let r = RawRecv {
+            flags: libc::MSG_TRUNC,
+            ..r
+        };
+        assert!(RecvMeta::from_raw(&r, from).truncated);
+    }
+}

@@ -1,0 +1,611 @@
+//! The socket: creation, options, and what it knows about itself.
+
+use std::fmt;
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicBool, AtomicUsize};
+use std::sync::{Mutex, OnceLock};
+use std::time::Duration;
+
+use crate::caps::{CapState, Capabilities, Feature, KernelCaps, Want};
+use crate::counters::{CounterSnapshot, Counters};
+use crate::error::Error;
+use crate::sys;
+use crate::transmit::SendMode;
+
+/// Whether a socket joins a reuseport group, so several sockets share one port and the kernel
+/// spreads datagrams over them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ReusePort {
+    /// The port is this socket's alone.
+    #[default]
+    Disabled,
+    /// `SO_REUSEPORT` is set before bind.
+    Enabled,
+}
+
+/// How a socket receives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum RecvMode {
+    /// One `recvmsg` per message.
+    Recvmsg,
+    /// `recvmmsg`: as many queued messages as buffers given, in one call.
+    #[default]
+    Recvmmsg,
+}
+
+/// The socket's address family, as it matters for sending.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Family {
+    /// AF_INET.
+    V4,
+    /// AF_INET6 with `IPV6_V6ONLY`, or bound to a specific IPv6 address.
+    V6Only,
+    /// AF_INET6 bound to `[::]` without `IPV6_V6ONLY`: reaches IPv4 and IPv6.
+    DualStack,
+}
+
+impl Family {
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Family::V4 => "IPv4",
+            Family::V6Only => "IPv6-only",
+            Family::DualStack => "dual-stack",
+        }
+    }
+
+    pub(crate) fn is_v6(self) -> bool {
+        self != Family::V4
+    }
+
+    /// Whether a datagram to `dst` can leave this socket.
+    pub(crate) fn reaches(self, dst: &SocketAddr) -> bool {
+        match (self, dst) {
+            (Family::V4, SocketAddr::V4(_)) | (Family::DualStack, _) => true,
+            (Family::V6Only, SocketAddr::V6(a)) => a.ip().to_ipv4_mapped().is_none(),
+            _ => false,
+        }
+    }
+}
+
+/// How to create a socket. Every field has a sensible default; see [`SocketConfig::new`].
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct SocketConfig {
+    /// Local address to bind (port 0: any). `[::]` gives a dual-stack socket unless `v6_only`.
+    pub bind: SocketAddr,
+    /// Set `IPV6_V6ONLY` on an IPv6 socket.
+    pub v6_only: bool,
+    /// Join a reuseport group.
+    pub reuse_port: ReusePort,
+    /// Connect to this peer after binding (the kernel caches the route; sends to the peer then
+    /// skip the per-datagram lookup).
+    pub connect: Option<SocketAddr>,
+    /// Requested send buffer (SO_SNDBUFFORCE when permitted, else SO_SNDBUF, capped by
+    /// `net.core.wmem_max`). The effective size is in [`Capabilities::send_buffer`].
+    pub send_buffer: Option<usize>,
+    /// Requested receive buffer, likewise.
+    pub recv_buffer: Option<usize>,
+    /// `O_NONBLOCK`.
+    pub nonblocking: bool,
+    /// Which system calls and whether to segment (see [`SendMode`]).
+    pub send_mode: SendMode,
+    /// `recvmsg` or `recvmmsg`.
+    pub recv_mode: RecvMode,
+    /// Coalesced receive.
+    pub gro: Want,
+    /// Per-datagram departure times.
+    pub txtime: Want,
+    /// Destination address on receive / source address on send.
+    pub pktinfo: Want,
+    /// ECN on receive (sending ECN needs nothing).
+    pub ecn: Want,
+    /// The kernel's drop counter in every receive's metadata.
+    pub rxq_ovfl: Want,
+    /// `IP_RECVERR`: ICMP errors queue on the socket's error queue instead of failing the next
+    /// call at random.
+    pub recv_err: bool,
+    /// `IP_MTU_DISCOVER = IP_PMTUDISC_PROBE`: set DF, ignore the path MTU cache, so a too-large
+    /// datagram is refused with EMSGSIZE rather than fragmented.
+    pub pmtu_probe: bool,
+}
+
+impl SocketConfig {
+    /// Defaults: blocking, GSO with sendmmsg, recvmmsg, pktinfo/ECN/drop counter if
+    /// available, GRO and txtime off, IP_RECVERR and PMTU probe mode on.
+    pub fn new(bind: SocketAddr) -> Self {
+        SocketConfig {
+            bind,
+            v6_only: false,
+            reuse_port: ReusePort::Disabled,
+            connect: None,
+            send_buffer: None,
+            recv_buffer: None,
+            nonblocking: false,
+            send_mode: SendMode::GsoSendmmsg,
+            recv_mode: RecvMode::Recvmmsg,
+            gro: Want::Off,
+            txtime: Want::Off,
+            pktinfo: Want::IfAvailable,
+            ecn: Want::IfAvailable,
+            rxq_ovfl: Want::IfAvailable,
+            recv_err: true,
+            pmtu_probe: true,
+        }
+    }
+
+    /// Sets [`SocketConfig::send_mode`].
+    pub fn send_mode(mut self, m: SendMode) -> Self {
+        self.send_mode = m;
+        self
+    }
+    /// Sets [`SocketConfig::recv_mode`].
+    pub fn recv_mode(mut self, m: RecvMode) -> Self {
+        self.recv_mode = m;
+        self
+    }
+    /// Sets [`SocketConfig::gro`].
+    pub fn gro(mut self, w: Want) -> Self {
+        self.gro = w;
+        self
+    }
+    /// Sets [`SocketConfig::txtime`].
+    pub fn txtime(mut self, w: Want) -> Self {
+        self.txtime = w;
+        self
+    }
+    /// Sets [`SocketConfig::pktinfo`].
+    pub fn pktinfo(mut self, w: Want) -> Self {
+        self.pktinfo = w;
+        self
+    }
+    /// Sets [`SocketConfig::ecn`].
+    pub fn ecn(mut self, w: Want) -> Self {
+        self.ecn = w;
+        self
+    }
+    /// Sets [`SocketConfig::connect`].
+    pub fn connect(mut self, peer: SocketAddr) -> Self {
+        self.connect = Some(peer);
+        self
+    }
+    /// Sets [`SocketConfig::reuse_port`].
+    pub fn reuse_port(mut self, r: ReusePort) -> Self {
+        self.reuse_port = r;
+        self
+    }
+    /// Sets both buffer sizes.
+    pub fn buffers(mut self, send: usize, recv: usize) -> Self {
+        self.send_buffer = Some(send);
+        self.recv_buffer = Some(recv);
+        self
+    }
+    /// Sets [`SocketConfig::send_buffer`].
+    pub fn send_buffer(mut self, n: usize) -> Self {
+        self.send_buffer = Some(n);
+        self
+    }
+    /// Sets [`SocketConfig::recv_buffer`].
+    pub fn recv_buffer(mut self, n: usize) -> Self {
+        self.recv_buffer = Some(n);
+        self
+    }
+    /// Sets [`SocketConfig::nonblocking`].
+    pub fn nonblocking(mut self, on: bool) -> Self {
+        self.nonblocking = on;
+        self
+    }
+    /// Sets [`SocketConfig::v6_only`].
+    pub fn v6_only(mut self, on: bool) -> Self {
+        self.v6_only = on;
+        self
+    }
+
+    /// Creates, configures and binds the socket.
+    pub fn bind(self) -> Result<UdpSocket, Error> {
+        UdpSocket::bind_with(self)
+    }
+}
+
+/// A UDP socket with batched, segmented send and coalesced receive.
+///
+/// All methods take `&self`: one socket may be shared by a sending and a receiving thread.
+/// Send and receive each serialize on their own internal scratch space.
+pub struct UdpSocket {
+    pub(crate) fd: OwnedFd,
+    pub(crate) family: Family,
+    pub(crate) local: SocketAddr,
+    pub(crate) peer: Option<SocketAddr>,
+    pub(crate) send_mode: SendMode,
+    pub(crate) recv_mode: RecvMode,
+    pub(crate) caps: CapState,
+    pub(crate) counters: Counters,
+    pub(crate) faults: sys::fault::Faults,
+    pub(crate) send_scratch: Mutex<Box<sys::mmsg::SendScratch>>,
+    pub(crate) recv_scratch: Mutex<Box<sys::mmsg::RecvScratch>>,
+    pub(crate) logged_gso_off: AtomicBool,
+    path_mtu: OnceLock<Option<usize>>,
+}
+
+impl fmt::Debug for UdpSocket {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("UdpSocket")
+            .field("fd", &self.fd.as_raw_fd())
+            .field("local", &self.local)
+            .field("peer", &self.peer)
+            .field("send_mode", &self.send_mode)
+            .finish_non_exhaustive()
+    }
+}
+
+fn io_err(op: impl Into<String>) -> impl FnOnce(io::Error) -> Error {
+    let op = op.into();
+    move |source| Error::Io { op, source }
+}
+
+/// Applies an optional feature: `Off` does nothing; otherwise try `set`, and a failure is an
+/// error only when `Required`.
+fn apply(
+    want: Want,
+    feature: Feature,
+    set: impl FnOnce() -> io::Result<()>,
+) -> Result<bool, Error> {
+    if !want.wanted() {
+        return Ok(false);
+    }
+    match set() {
+        Ok(()) => Ok(true),
+        Err(e) if want == Want::Required => Err(Error::Unsupported {
+            feature,
+            why: e.to_string(),
+        }),
+        Err(e) => {
+            log::debug!("udpx: {feature} not available: {e}");
+            Ok(false)
+        }
+    }
+}
+
+impl UdpSocket {
+    /// A socket with default settings bound to `addr` (see [`SocketConfig::new`]).
+    pub fn bind(addr: SocketAddr) -> Result<UdpSocket, Error> {
+        SocketConfig::new(addr).bind()
+    }
+
+    /// Starts a configuration.
+    pub fn builder(addr: SocketAddr) -> SocketConfig {
+        SocketConfig::new(addr)
+    }
+
+    fn bind_with(cfg: SocketConfig) -> Result<UdpSocket, Error> {
+        let v6 = cfg.bind.is_ipv6();
+        let fd = sys::udp_socket(v6).map_err(io_err("socket"))?;
+        let b = fd.as_fd();
+        if v6 {
+            sys::setsockopt(
+                b,
+                libc::IPPROTO_IPV6,
+                libc::IPV6_V6ONLY,
+                cfg.v6_only as libc::c_int,
+            )
+            .map_err(io_err("setsockopt IPV6_V6ONLY"))?;
+        }
+        if cfg.reuse_port == ReusePort::Enabled {
+            sys::setsockopt(b, libc::SOL_SOCKET, libc::SO_REUSEPORT, 1 as libc::c_int)
+                .map_err(io_err("setsockopt SO_REUSEPORT"))?;
+        }
+        if let Some(n) = cfg.send_buffer {
+            set_buffer(b, libc::SO_SNDBUFFORCE, libc::SO_SNDBUF, n)
+                .map_err(io_err("set send buffer"))?;
+        }
+        if let Some(n) = cfg.recv_buffer {
+            set_buffer(b, libc::SO_RCVBUFFORCE, libc::SO_RCVBUF, n)
+                .map_err(io_err("set receive buffer"))?;
+        }
+        sys::bind(b, &cfg.bind).map_err(io_err(format!("bind {}", cfg.bind)))?;
+        let local = sys::local_or_peer(b, false)
+            .map_err(io_err("getsockname"))?
+            .unwrap_or(cfg.bind);
+        let family = if !v6 {
+            Family::V4
+        } else if cfg.v6_only || !matches!(cfg.bind.ip(), IpAddr::V6(ip) if ip.is_unspecified()) {
+            Family::V6Only
+        } else {
+            Family::DualStack
+        };
+        let sock = Self::finish(fd, family, local, cfg.send_mode, cfg.recv_mode, &cfg)?;
+        if let Some(peer) = cfg.connect {
+            if !family.reaches(&peer) {
+                return Err(Error::Config(format!(
+                    "cannot connect a {} socket to {peer}: bind an address of the peer's family",
+                    family.name()
+                )));
+            }
+            sys::connect(
+                sock.fd.as_fd(),
+                &sys::addr::map_for_socket(&peer, family.is_v6()),
+            )
+            .map_err(io_err(format!("connect {peer}")))?;
+            return Ok(UdpSocket {
+                peer: Some(peer),
+                ..sock
+            });
+        }
+        Ok(sock)
+    }
+
+    /// Adopts an existing UDP socket (for example a `std::net::UdpSocket` or one inherited
+    /// from a supervisor). The descriptor is duplicated, so the caller's handle stays valid and
+    /// both refer to the same kernel socket. Options in `cfg` other than `bind`, `connect`,
+    /// `v6_only` and `reuse_port` (which are fixed once a socket is bound) are applied.
+    pub fn adopt(socket: impl AsFd, cfg: SocketConfig) -> Result<UdpSocket, Error> {
+        let fd = socket.as_fd().try_clone_to_owned().map_err(io_err("dup"))?;
+        let b = fd.as_fd();
+        let ty = sys::getsockopt_int(b, libc::SOL_SOCKET, libc::SO_TYPE)
+            .map_err(io_err("getsockopt SO_TYPE"))?;
+        let proto = sys::getsockopt_int(b, libc::SOL_SOCKET, libc::SO_PROTOCOL)
+            .map_err(io_err("getsockopt SO_PROTOCOL"))?;
+        if ty != libc::SOCK_DGRAM || proto != libc::IPPROTO_UDP {
+            return Err(Error::Config("the descriptor is not a UDP socket".into()));
+        }
+        let local = sys::local_or_peer(b, false)
+            .map_err(io_err("getsockname"))?
+            .ok_or_else(|| {
+                Error::Config("the socket has no IPv4/IPv6 local address: bind it first".into())
+            })?;
+        let domain = sys::getsockopt_int(b, libc::SOL_SOCKET, libc::SO_DOMAIN)
+            .map_err(io_err("getsockopt SO_DOMAIN"))?;
+        let family = if domain == libc::AF_INET {
+            Family::V4
+        } else {
+            let v6only =
+                sys::getsockopt_int(b, libc::IPPROTO_IPV6, libc::IPV6_V6ONLY).unwrap_or(1) != 0;
+            if v6only || !matches!(local.ip(), IpAddr::V6(ip) if ip.is_unspecified()) {
+                Family::V6Only
+            } else {
+                Family::DualStack
+            }
+        };
+        if let Some(n) = cfg.send_buffer {
+            set_buffer(b, libc::SO_SNDBUFFORCE, libc::SO_SNDBUF, n)
+                .map_err(io_err("set send buffer"))?;
+        }
+        if let Some(n) = cfg.recv_buffer {
+            set_buffer(b, libc::SO_RCVBUFFORCE, libc::SO_RCVBUF, n)
+                .map_err(io_err("set receive buffer"))?;
+        }
+        let peer = sys::local_or_peer(b, true).map_err(io_err("getpeername"))?;
+        let sock = Self::finish(fd, family, local, cfg.send_mode, cfg.recv_mode, &cfg)?;
+        Ok(UdpSocket { peer, ..sock })
+    }
+
+    /// Sets the per-socket options shared by `bind` and `adopt`, probes, and assembles.
+    fn finish(
+        fd: OwnedFd,
+        family: Family,
+        local: SocketAddr,
+        send_mode: SendMode,
+        recv_mode: RecvMode,
+        cfg: &SocketConfig,
+    ) -> Result<UdpSocket, Error> {
+        let b = fd.as_fd();
+        let v6 = family.is_v6();
+        let dual = family == Family::DualStack;
+        let int = |level, name, v: libc::c_int| sys::setsockopt(b, level, name, v);
+        // Both IP levels on a dual-stack socket: its IPv4 traffic takes the IPv4 paths.
+        let both =
+            |l4: (libc::c_int, libc::c_int), l6: (libc::c_int, libc::c_int), v| -> io::Result<()> {
+                if v6 {
+                    int(libc::IPPROTO_IPV6, l6.1, v)?;
+                    if dual {
+                        int(libc::IPPROTO_IP, l4.1, v)?;
+                    }
+                    Ok(())
+                } else {
+                    int(libc::IPPROTO_IP, l4.1, v)
+                }
+            };
+        if cfg.pmtu_probe {
+            both(
+                (0, libc::IP_MTU_DISCOVER),
+                (0, libc::IPV6_MTU_DISCOVER),
+                libc::IP_PMTUDISC_PROBE,
+            )
+            .map_err(io_err("setsockopt IP_MTU_DISCOVER"))?;
+        }
+        if cfg.recv_err {
+            both((0, libc::IP_RECVERR), (0, libc::IPV6_RECVERR), 1)
+                .map_err(io_err("setsockopt IP_RECVERR"))?;
+        }
+        let pktinfo = apply(cfg.pktinfo, Feature::PktInfo, || {
+            both((0, libc::IP_PKTINFO), (0, libc::IPV6_RECVPKTINFO), 1)
+        })?;
+        let ecn = apply(cfg.ecn, Feature::Ecn, || {
+            both((0, libc::IP_RECVTOS), (0, libc::IPV6_RECVTCLASS), 1)
+        })?;
+        let rxq_ovfl = apply(cfg.rxq_ovfl, Feature::RxqOvfl, || {
+            int(libc::SOL_SOCKET, sys::SO_RXQ_OVFL, 1)
+        })?;
+        let gro = apply(cfg.gro, Feature::Gro, || int(sys::SOL_UDP, sys::UDP_GRO, 1))?;
+        let txtime = apply(cfg.txtime, Feature::TxTime, || {
+            let t = libc::sock_txtime {
+                clockid: libc::CLOCK_MONOTONIC,
+                flags: 0,
+            };
+            sys::setsockopt(b, libc::SOL_SOCKET, sys::SO_TXTIME, t)
+        })?;
+        if cfg.nonblocking {
+            sys::set_nonblocking(b, true).map_err(io_err("set O_NONBLOCK"))?;
+        }
+        let kernel = KernelCaps::get();
+        let gso = send_mode.segments() && kernel.gso_max_segments.is_some();
+        Ok(UdpSocket {
+            fd,
+            family,
+            local,
+            peer: None,
+            send_mode,
+            recv_mode,
+            caps: CapState {
+                gso: AtomicBool::new(gso),
+                gso_max_segments: AtomicUsize::new(kernel.gso_max_segments.unwrap_or(1)),
+                gso_off_reason: OnceLock::new(),
+                gro,
+                txtime,
+                pktinfo,
+                ecn,
+                rxq_ovfl,
+                kernel,
+            },
+            counters: Counters::default(),
+            faults: Default::default(),
+            send_scratch: Mutex::new(sys::mmsg::SendScratch::new()),
+            recv_scratch: Mutex::new(sys::mmsg::RecvScratch::new()),
+            logged_gso_off: AtomicBool::new(false),
+            path_mtu: OnceLock::new(),
+        })
+    }
+
+    /// The bound local address.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local
+    }
+
+    /// The connected peer, if any.
+    pub fn peer_addr(&self) -> Option<SocketAddr> {
+        self.peer
+    }
+
+    /// The socket's family.
+    pub fn family(&self) -> Family {
+        self.family
+    }
+
+    /// The send mode chosen at creation.
+    pub fn send_mode(&self) -> SendMode {
+        self.send_mode
+    }
+
+    /// What this socket has now, including fallbacks taken so far.
+    pub fn capabilities(&self) -> Capabilities {
+        let b = self.fd.as_fd();
+        let buf = |name| {
+            sys::getsockopt_int(b, libc::SOL_SOCKET, name)
+                .map(|v| v.max(0) as usize)
+                .unwrap_or(0)
+        };
+        let c = &self.caps;
+        Capabilities {
+            gso: c.gso_enabled(),
+            gso_max_segments: c.max_segments(),
+            gso_off_reason: c.gso_off_reason.get().cloned(),
+            gro: c.gro,
+            txtime: c.txtime,
+            zerocopy_available: c.kernel.zerocopy,
+            pktinfo: c.pktinfo,
+            ecn: c.ecn,
+            rxq_ovfl: c.rxq_ovfl,
+            send_buffer: buf(libc::SO_SNDBUF),
+            recv_buffer: buf(libc::SO_RCVBUF),
+            kernel: c.kernel,
+        }
+    }
+
+    /// A snapshot of the counters.
+    pub fn counters(&self) -> CounterSnapshot {
+        self.counters.snapshot()
+    }
+
+    /// The path MTU of a connected socket (`IP_MTU` / `IPV6_MTU`), read once; `None` when
+    /// unconnected.
+    pub fn path_mtu(&self) -> Option<usize> {
+        *self.path_mtu.get_or_init(|| {
+            let peer = self.peer?;
+            let _ = peer;
+            // On an AF_INET6 socket IPV6_MTU answers for v4-mapped peers too.
+            let (level, name) = if self.family.is_v6() {
+                (libc::IPPROTO_IPV6, libc::IPV6_MTU)
+            } else {
+                (libc::IPPROTO_IP, libc::IP_MTU)
+            };
+            sys::getsockopt_int(self.fd.as_fd(), level, name)
+                .ok()
+                .map(|m| m.max(0) as usize)
+        })
+    }
+
+    /// Sets or clears `O_NONBLOCK`.
+    pub fn set_nonblocking(&self, on: bool) -> io::Result<()> {
+        sys::set_nonblocking(self.fd.as_fd(), on)
+    }
+
+    /// Bounds how long a blocking receive waits (`SO_RCVTIMEO`); after it, `recv` fails with
+    /// `WouldBlock`.
+    pub fn set_read_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        sys::set_timeout(self.fd.as_fd(), libc::SO_RCVTIMEO, t)
+    }
+
+    /// Bounds how long a blocking send waits for buffer space (`SO_SNDTIMEO`).
+    pub fn set_write_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        sys::set_timeout(self.fd.as_fd(), libc::SO_SNDTIMEO, t)
+    }
+
+    /// Waits until the socket is readable or `timeout` passes; returns whether it is.
+    pub fn wait_readable(&self, timeout: Duration) -> io::Result<bool> {
+        Ok(sys::poll_one(self.fd.as_fd(), libc::POLLIN, timeout)? & libc::POLLIN != 0)
+    }
+
+    /// Waits until the socket is writable or `timeout` passes; returns whether it is.
+    pub fn wait_writable(&self, timeout: Duration) -> io::Result<bool> {
+        Ok(sys::poll_one(self.fd.as_fd(), libc::POLLOUT, timeout)? & libc::POLLOUT != 0)
+    }
+
+    /// Sets `SO_NO_CHECK` (no UDP checksum on send). The kernel then refuses GSO sends with
+    /// EINVAL: the one real, on-demand way to exercise the GSO fallback on a modern kernel.
+    /// Useful for tests; no reason to call it otherwise.
+    pub fn set_no_check(&self, on: bool) -> io::Result<()> {
+        sys::setsockopt(
+            self.fd.as_fd(),
+            libc::SOL_SOCKET,
+            sys::SO_NO_CHECK,
+            on as libc::c_int,
+        )
+    }
+
+    /// Queues a fault for a later send call (test builds only, feature `fault-injection`).
+    #[cfg(feature = "fault-injection")]
+    pub fn inject_fault(&self, fault: crate::Fault) {
+        self.faults.push(fault);
+    }
+}
+
+impl AsFd for UdpSocket {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}
+
+impl AsRawFd for UdpSocket {
+    fn as_raw_fd(&self) -> RawFd {
+        sys::raw(self.fd.as_fd())
+    }
+}
+
+/// Sets a buffer size with the `*FORCE` option (root may exceed `net.core.[rw]mem_max`),
+/// falling back to the plain option when not permitted.
+fn set_buffer(
+    fd: BorrowedFd<'_>,
+    force: libc::c_int,
+    plain: libc::c_int,
+    n: usize,
+) -> io::Result<()> {
+    let v = n.min(i32::MAX as usize / 2) as libc::c_int;
+    match sys::setsockopt(fd, libc::SOL_SOCKET, force, v) {
+        Ok(()) => Ok(()),
+        Err(e) if e.raw_os_error() == Some(libc::EPERM) => {
+            sys::setsockopt(fd, libc::SOL_SOCKET, plain, v)
+        }
+        Err(e) => Err(e),
+    }
+}

@@ -1,0 +1,440 @@
+//! Control messages (`cmsg(3)`): one encoder, one decoder.
+//!
+//! A control buffer holds a sequence of headers, each followed by its data and padded to the
+//! platform's alignment (8 bytes on 64-bit Linux):
+//!
+//! ```text
+//!  msg_control ─► ┌──────────────┬───────────┬──────────┬──────┬──────────────┬─ ─ ─
+//!                 │ cmsg_len (8) │ level (4) │ type (4) │ data │ pad to 8     │ next…
+//!                 └──────────────┴───────────┴──────────┴──────┴──────────────┴─ ─ ─
+//!                 ◄──────────── CMSG_LEN(data) ─────────────────►
+//!                 ◄──────────── CMSG_SPACE(data) ────────────────────────────►
+//! ```
+//!
+//! The [`Encoder`] writes into a caller's [`CmsgBuf`] and, when dropped, sets `msg_controllen`
+//! to exactly the bytes written (and `msg_control` to null when there are none), so a message
+//! can never carry stale control data. The decoder walks what the kernel wrote with
+//! `CMSG_FIRSTHDR`/`CMSG_NXTHDR` and reads every value with an unaligned read of at most the
+//! bytes the header says are there: malformed input yields [`Cmsg::Unknown`], never a panic.
+
+use std::mem;
+use std::net::{Ipv4Addr, Ipv6Addr};
+
+use super::{SOL_UDP, SO_RXQ_OVFL, SO_TXTIME, UDP_GRO, UDP_SEGMENT};
+
+/// Bytes of control space per message: enough for every cmsg udpx sends or asks to receive
+/// (segment size, pktinfo v4 and v6, TOS and TCLASS, txtime, drop counter) with room to spare.
+pub const CMSG_CAP: usize = 256;
+
+/// An 8-byte-aligned control buffer, as `cmsghdr` requires.
+#[derive(Clone, Copy)]
+#[repr(C, align(8))]
+pub struct CmsgBuf(pub [u8; CMSG_CAP]);
+
+impl Default for CmsgBuf {
+    fn default() -> Self {
+        CmsgBuf([0; CMSG_CAP])
+    }
+}
+
+impl std::fmt::Debug for CmsgBuf {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("CmsgBuf")
+    }
+}
+
+/// The control messages udpx speaks, decoded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Cmsg {
+    /// `SOL_UDP/UDP_SEGMENT` (send): the GSO segment size.
+    Segment(u16),
+    /// `SOL_UDP/UDP_GRO` (receive): the size of each coalesced segment.
+    Gro(u16),
+    /// `IPPROTO_IP/IP_TOS`: the TOS byte (ECN in the low two bits). The kernel delivers one
+    /// byte on receive and takes an `int` on send.
+    Tos(u8),
+    /// `IPPROTO_IPV6/IPV6_TCLASS`: the traffic class (ECN in the low two bits).
+    TClass(u8),
+    /// `IPPROTO_IP/IP_PKTINFO`: interface index and local (destination) address.
+    PktInfoV4 {
+        /// Interface index (0: any).
+        ifindex: u32,
+        /// The local address: the destination on receive, the source on send.
+        addr: Ipv4Addr,
+    },
+    /// `IPPROTO_IPV6/IPV6_PKTINFO`.
+    PktInfoV6 {
+        /// Interface index (0: any).
+        ifindex: u32,
+        /// The local address: the destination on receive, the source on send.
+        addr: Ipv6Addr,
+    },
+    /// `SOL_SOCKET/SCM_TXTIME`: departure time in ns of the socket's clock.
+    TxTime(u64),
+    /// `SOL_SOCKET/SO_RXQ_OVFL`: datagrams the kernel dropped on this socket so far.
+    RxqOvfl(u32),
+    /// Anything else, or a known type whose length is wrong.
+    Unknown {
+        /// `cmsg_level`.
+        level: i32,
+        /// `cmsg_type`.
+        ty: i32,
+        /// Bytes of data.
+        len: usize,
+    },
+}
+
+impl Cmsg {
+    /// Bytes of control space this message takes when encoded (`CMSG_SPACE`).
+    pub fn space(&self) -> usize {
+        let data = match self {
+            Cmsg::Segment(_) => mem::size_of::<u16>(),
+            Cmsg::Gro(_) | Cmsg::Tos(_) | Cmsg::TClass(_) => mem::size_of::<libc::c_int>(),
+            Cmsg::PktInfoV4 { .. } => mem::size_of::<libc::in_pktinfo>(),
+            Cmsg::PktInfoV6 { .. } => mem::size_of::<libc::in6_pktinfo>(),
+            Cmsg::TxTime(_) => mem::size_of::<u64>(),
+            Cmsg::RxqOvfl(_) => mem::size_of::<u32>(),
+            Cmsg::Unknown { len, .. } => *len,
+        };
+        // SAFETY: CMSG_SPACE is pure arithmetic on its argument.
+        unsafe { libc::CMSG_SPACE(data as u32) as usize }
+    }
+}
+
+/// Writes control messages into a [`CmsgBuf`] attached to a `msghdr`.
+pub struct Encoder<'a> {
+    hdr: &'a mut libc::msghdr,
+    cmsg: *mut libc::cmsghdr,
+    len: usize,
+}
+
+impl std::fmt::Debug for Encoder<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Encoder").field("len", &self.len).finish()
+    }
+}
+
+impl<'a> Encoder<'a> {
+    /// Attaches `buf` to `hdr` and starts encoding at its beginning.
+    ///
+    /// The buffer is borrowed for as long as the encoder lives; the caller must keep it alive
+    /// (and unmoved) until the message has been passed to the kernel, which every caller in
+    /// this crate does by owning both in one frame or one struct.
+    pub fn new(hdr: &'a mut libc::msghdr, buf: &'a mut CmsgBuf) -> Self {
+        hdr.msg_control = buf.0.as_mut_ptr().cast();
+        hdr.msg_controllen = CMSG_CAP as _;
+        // SAFETY: msg_control points at CMSG_CAP valid, 8-byte-aligned bytes (CmsgBuf's repr),
+        // and msg_controllen says so; CMSG_FIRSTHDR only reads those two fields.
+        let cmsg = unsafe { libc::CMSG_FIRSTHDR(hdr) };
+        Encoder { hdr, cmsg, len: 0 }
+    }
+
+    /// Appends one control message.
+    ///
+    /// # Panics
+    /// If the buffer is full. [`CMSG_CAP`] is sized for every combination udpx sends, so this
+    /// is a bug in udpx, not a condition the network can cause.
+    pub fn push(&mut self, msg: &Cmsg) {
+        match *msg {
+            Cmsg::Segment(v) => self.push_raw(SOL_UDP, UDP_SEGMENT, v),
+            Cmsg::Gro(v) => self.push_raw(SOL_UDP, UDP_GRO, v as libc::c_int),
+            Cmsg::Tos(v) => self.push_raw(libc::IPPROTO_IP, libc::IP_TOS, v as libc::c_int),
+            Cmsg::TClass(v) => {
+                self.push_raw(libc::IPPROTO_IPV6, libc::IPV6_TCLASS, v as libc::c_int)
+            }
+            Cmsg::PktInfoV4 { ifindex, addr } => {
+                let info = libc::in_pktinfo {
+                    ipi_ifindex: ifindex as libc::c_int,
+                    // ipi_spec_dst sets the source address of the outgoing datagram.
+                    ipi_spec_dst: libc::in_addr {
+                        s_addr: u32::from_ne_bytes(addr.octets()),
+                    },
+                    ipi_addr: libc::in_addr { s_addr: 0 },
+                };
+                self.push_raw(libc::IPPROTO_IP, libc::IP_PKTINFO, info)
+            }
+            Cmsg::PktInfoV6 { ifindex, addr } => {
+                let info = libc::in6_pktinfo {
+                    ipi6_addr: libc::in6_addr {
+                        s6_addr: addr.octets(),
+                    },
+                    ipi6_ifindex: ifindex,
+                };
+                self.push_raw(libc::IPPROTO_IPV6, libc::IPV6_PKTINFO, info)
+            }
+            Cmsg::TxTime(t) => self.push_raw(libc::SOL_SOCKET, SO_TXTIME, t),
+            Cmsg::RxqOvfl(v) => self.push_raw(libc::SOL_SOCKET, SO_RXQ_OVFL, v),
+            Cmsg::Unknown { level, ty, len } => {
+                // Only used by tests: data of `len` zero bytes.
+                let zeros = [0u8; 64];
+                assert!(len <= zeros.len(), "test cmsg too long");
+                self.push_bytes(level, ty, &zeros[..len])
+            }
+        }
+    }
+
+    fn push_raw<T: Copy>(&mut self, level: libc::c_int, ty: libc::c_int, value: T) {
+        // SAFETY: T is one of the plain-old-data types above (integers, in_pktinfo,
+        // in6_pktinfo); viewing its bytes is sound (no padding in any of them).
+        let bytes = unsafe {
+            std::slice::from_raw_parts((&value as *const T).cast::<u8>(), mem::size_of::<T>())
+        };
+        self.push_bytes(level, ty, bytes)
+    }
+
+    fn push_bytes(&mut self, level: libc::c_int, ty: libc::c_int, data: &[u8]) {
+        // SAFETY: CMSG_SPACE is pure arithmetic.
+        let space = unsafe { libc::CMSG_SPACE(data.len() as u32) };
+        // SAFETY: CMSG_LEN is pure arithmetic.
+        let clen = unsafe { libc::CMSG_LEN(data.len() as u32) };
+        assert!(
+            !self.cmsg.is_null() && self.len + space as usize <= CMSG_CAP,
+            "udpx bug: control buffer of {CMSG_CAP} bytes too small"
+        );
+        // SAFETY: self.cmsg points into the attached CmsgBuf at offset self.len, and the
+        // assertion above guarantees CMSG_SPACE(data) bytes from there are inside it; the
+        // header is 8-byte aligned (CMSG_FIRSTHDR/CMSG_NXTHDR align it), so a unique
+        // reference to it is valid for this block.
+        let hdr = unsafe { &mut *self.cmsg };
+        hdr.cmsg_level = level;
+        hdr.cmsg_type = ty;
+        hdr.cmsg_len = clen as _;
+        // SAFETY: CMSG_DATA is pointer arithmetic to just past the header, inside the buffer.
+        let dst = unsafe { libc::CMSG_DATA(self.cmsg) };
+        // SAFETY: dst..dst+data.len() is inside the buffer (assertion above); the byte-wise
+        // copy needs no alignment; the source is a separate Rust slice.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), dst, data.len()) };
+        self.len += space as usize;
+        // SAFETY: hdr still describes the whole buffer (msg_controllen = CMSG_CAP) and the
+        // current header's cmsg_len was just set, which is all CMSG_NXTHDR reads; it returns
+        // null when no further header fits.
+        self.cmsg = unsafe { libc::CMSG_NXTHDR(self.hdr, self.cmsg) };
+    }
+}
+
+impl Drop for Encoder<'_> {
+    fn drop(&mut self) {
+        // Finalize: the kernel must see exactly what was written.
+        self.hdr.msg_controllen = self.len as _;
+        if self.len == 0 {
+            self.hdr.msg_control = std::ptr::null_mut();
+        }
+    }
+}
+
+/// Decodes every control message of a `msghdr` the kernel filled.
+///
+/// `hdr.msg_control` must be null or point at `msg_controllen` readable, 8-byte-aligned bytes,
+/// as it does after `recvmsg`/`recvmmsg` into a [`CmsgBuf`].
+/// `msg_controllen` as usize (it is `size_t` on glibc, `socklen_t` on musl).
+#[allow(clippy::unnecessary_cast, clippy::useless_conversion)]
+fn controllen(hdr: &libc::msghdr) -> usize {
+    hdr.msg_controllen as usize
+}
+
+pub(crate) fn decode(hdr: &libc::msghdr, mut f: impl FnMut(Cmsg)) {
+    if hdr.msg_control.is_null() || controllen(hdr) < mem::size_of::<libc::cmsghdr>() {
+        return;
+    }
+    // SAFETY: the function's contract: msg_control/msg_controllen describe readable aligned
+    // memory. CMSG_FIRSTHDR/NXTHDR return null rather than step outside it.
+    let mut cmsg = unsafe { libc::CMSG_FIRSTHDR(hdr) };
+    let end = hdr.msg_control as usize + controllen(hdr);
+    while !cmsg.is_null() {
+        // SAFETY: non-null headers returned by CMSG_FIRSTHDR/NXTHDR lie inside the buffer.
+        let c = unsafe { &*cmsg };
+        // SAFETY: CMSG_LEN is arithmetic.
+        let hdr_len = unsafe { libc::CMSG_LEN(0) } as usize;
+        // SAFETY: CMSG_DATA is pointer arithmetic to just past a header inside the buffer.
+        let data = unsafe { libc::CMSG_DATA(cmsg) };
+        let claimed = (c.cmsg_len as usize).saturating_sub(hdr_len);
+        // Never read past the buffer, whatever cmsg_len claims.
+        let avail = end.saturating_sub(data as usize);
+        if claimed > avail {
+            // A header that claims more than the buffer holds (truncated control data).
+            f(Cmsg::Unknown {
+                level: c.cmsg_level,
+                ty: c.cmsg_type,
+                len: avail,
+            });
+            return;
+        }
+        // SAFETY: `claimed` bytes from `data` are inside the control buffer (checked above).
+        let bytes = unsafe { std::slice::from_raw_parts(data, claimed) };
+        f(classify(c.cmsg_level, c.cmsg_type, bytes));
+        // SAFETY: as for CMSG_FIRSTHDR; NXTHDR checks the next header fits and returns null
+        // otherwise (including for a cmsg_len too small to advance).
+        cmsg = unsafe { libc::CMSG_NXTHDR(hdr, cmsg) };
+    }
+}
+
+/// Decodes a raw control buffer (as tests and fuzzers produce them).
+pub fn decode_bytes(control: &[u8]) -> Vec<Cmsg> {
+    let mut buf = CmsgBuf::default();
+    let n = control.len().min(CMSG_CAP);
+    buf.0[..n].copy_from_slice(&control[..n]);
+    // SAFETY: an all-zero msghdr is a valid empty message header.
+    let mut hdr: libc::msghdr = unsafe { mem::zeroed() };
+    hdr.msg_control = buf.0.as_mut_ptr().cast();
+    hdr.msg_controllen = n as _;
+    let mut out = Vec::new();
+    decode(&hdr, |c| out.push(c));
+    out
+}
+
+/// Encodes messages into a fresh buffer and returns the bytes the kernel would see.
+pub fn encode_bytes(msgs: &[Cmsg]) -> Vec<u8> {
+    let mut buf = CmsgBuf::default();
+    // SAFETY: an all-zero msghdr is a valid empty message header.
+    let mut hdr: libc::msghdr = unsafe { mem::zeroed() };
+    {
+        let mut enc = Encoder::new(&mut hdr, &mut buf);
+        for m in msgs {
+            enc.push(m);
+        }
+    }
+    let len = hdr.msg_controllen as usize;
+    buf.0[..len].to_vec()
+}
+
+fn classify(level: i32, ty: i32, d: &[u8]) -> Cmsg {
+    fn arr<const N: usize>(d: &[u8]) -> Option<[u8; N]> {
+        d.get(..N)?.try_into().ok()
+    }
+    let unknown = Cmsg::Unknown {
+        level,
+        ty,
+        len: d.len(),
+    };
+    let int = || arr::<4>(d).map(i32::from_ne_bytes);
+    match (level, ty) {
+        (SOL_UDP, UDP_SEGMENT) if d.len() == 2 => Cmsg::Segment(u16::from_ne_bytes([d[0], d[1]])),
+        // The kernel writes UDP_GRO as an int; accept a u16 too.
+        (SOL_UDP, UDP_GRO) => match d.len() {
+            2 => Cmsg::Gro(u16::from_ne_bytes([d[0], d[1]])),
+            4 => int()
+                .and_then(|v| u16::try_from(v).ok())
+                .map_or(unknown, Cmsg::Gro),
+            _ => unknown,
+        },
+        (libc::IPPROTO_IP, libc::IP_TOS) => match d.len() {
+            1 => Cmsg::Tos(d[0]),
+            4 => Cmsg::Tos(int().unwrap_or(0) as u8),
+            _ => unknown,
+        },
+        (libc::IPPROTO_IPV6, libc::IPV6_TCLASS) if d.len() == 4 => {
+            Cmsg::TClass(int().unwrap_or(0) as u8)
+        }
+        (libc::IPPROTO_IP, libc::IP_PKTINFO) if d.len() == mem::size_of::<libc::in_pktinfo>() => {
+            // in_pktinfo: ifindex (4), spec_dst (4), addr (4). On receive `ipi_addr` is the
+            // header's destination address; on send `ipi_spec_dst` is the source. The decoder
+            // reports the destination (receive direction) unless it is unset.
+            let ifindex = i32::from_ne_bytes(arr::<4>(d).unwrap_or_default()) as u32;
+            let spec = Ipv4Addr::from(arr::<4>(&d[4..]).unwrap_or_default());
+            let dst = Ipv4Addr::from(arr::<4>(&d[8..]).unwrap_or_default());
+            let addr = if dst.is_unspecified() { spec } else { dst };
+            Cmsg::PktInfoV4 { ifindex, addr }
+        }
+        (libc::IPPROTO_IPV6, libc::IPV6_PKTINFO)
+            if d.len() == mem::size_of::<libc::in6_pktinfo>() =>
+        {
+            let addr = Ipv6Addr::from(arr::<16>(d).unwrap_or_default());
+            let ifindex = u32::from_ne_bytes(arr::<4>(&d[16..]).unwrap_or_default());
+            Cmsg::PktInfoV6 { ifindex, addr }
+        }
+        (libc::SOL_SOCKET, SO_TXTIME) if d.len() == 8 => {
+            Cmsg::TxTime(u64::from_ne_bytes(arr::<8>(d).unwrap_or_default()))
+        }
+        (libc::SOL_SOCKET, SO_RXQ_OVFL) if d.len() == 4 => {
+            Cmsg::RxqOvfl(u32::from_ne_bytes(arr::<4>(d).unwrap_or_default()))
+        }
+        _ => unknown,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn any_cmsg() -> impl Strategy<Value = Cmsg> {
+        prop_oneof![
+            (1u16..).prop_map(Cmsg::Segment),
+            any::<u16>().prop_map(Cmsg::Gro),
+            any::<u8>().prop_map(Cmsg::Tos),
+            any::<u8>().prop_map(Cmsg::TClass),
+            (
+                any::<u32>(),
+                any::<[u8; 4]>().prop_filter("set", |a| *a != [0; 4])
+            )
+                .prop_map(|(i, a)| Cmsg::PktInfoV4 {
+                    ifindex: i & 0x7fff_ffff,
+                    addr: Ipv4Addr::from(a)
+                }),
+            (any::<u32>(), any::<[u8; 16]>()).prop_map(|(i, a)| Cmsg::PktInfoV6 {
+                ifindex: i,
+                addr: Ipv6Addr::from(a)
+            }),
+            any::<u64>().prop_map(Cmsg::TxTime),
+            any::<u32>().prop_map(Cmsg::RxqOvfl),
+            (0usize..40).prop_map(|len| Cmsg::Unknown {
+                level: 9999,
+                ty: 7,
+                len
+            }),
+        ]
+    }
+
+    proptest! {
+        /// Whatever fits in the buffer comes back exactly as encoded, in order.
+        #[test]
+        fn encode_decode_round_trip(msgs in proptest::collection::vec(any_cmsg(), 0..8)) {
+            let mut fit = Vec::new();
+            let mut used = 0;
+            for m in msgs {
+                if used + m.space() <= CMSG_CAP { used += m.space(); fit.push(m); }
+            }
+            let bytes = encode_bytes(&fit);
+            prop_assert_eq!(bytes.len(), used);
+            prop_assert_eq!(decode_bytes(&bytes), fit);
+        }
+
+        /// Arbitrary bytes never panic the decoder, and it never reports more data than given.
+        #[test]
+        fn decoder_survives_garbage(bytes in proptest::collection::vec(any::<u8>(), 0..CMSG_CAP)) {
+            for c in decode_bytes(&bytes) {
+                if let Cmsg::Unknown { len, .. } = c { prop_assert!(len <= bytes.len()); }
+            }
+        }
+    }
+
+    #[test]
+    fn empty_encoder_clears_control() {
+        assert!(encode_bytes(&[]).is_empty());
+        assert!(decode_bytes(&[]).is_empty());
+    }
+
+    #[test]
+    fn kernel_shapes() {
+        // The kernel writes IP_TOS as one byte and UDP_GRO as an int.
+        let mut raw = encode_bytes(&[Cmsg::Gro(1200)]);
+        assert_eq!(decode_bytes(&raw), vec![Cmsg::Gro(1200)]);
+        // Negative or oversized GRO sizes are not trusted.
+        raw[16..20].copy_from_slice(&(-5i32).to_ne_bytes());
+        assert!(matches!(decode_bytes(&raw)[0], Cmsg::Unknown { .. }));
+        let mut tos = encode_bytes(&[Cmsg::Tos(0)]);
+        tos[0..8].copy_from_slice(&(17u64).to_ne_bytes()); // cmsg_len = CMSG_LEN(1)
+        tos[16] = 0x03;
+        assert_eq!(decode_bytes(&tos), vec![Cmsg::Tos(3)]);
+    }
+
+    #[test]
+    fn lying_length_is_bounded() {
+        let mut raw = encode_bytes(&[Cmsg::TxTime(5)]);
+        raw[0..8].copy_from_slice(&(4096u64).to_ne_bytes());
+        let got = decode_bytes(&raw);
+        assert_eq!(got.len(), 1);
+        assert!(matches!(got[0], Cmsg::Unknown { len, .. } if len <= raw.len()));
+    }
+}

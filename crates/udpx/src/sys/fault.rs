@@ -1,0 +1,53 @@
+//! A test-only seam in the syscall layer.
+//!
+//! Some failures cannot be produced on demand by this kernel (a GSO `EIO` from a driver,
+//! `ENOBUFS` from a full device queue, a `sendmmsg` that stops short), yet the fallbacks that
+//! handle them must be proven to lose nothing. With the `fault-injection` feature a test queues
+//! faults on a socket; each send syscall consumes one before touching the kernel. Without the
+//! feature the type is empty and every method compiles to nothing.
+
+/// One injected fault, consumed by the next send syscall on the socket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Fault {
+    /// The call fails with this errno and sends nothing (as the kernel does when the first
+    /// message of a batch fails).
+    Errno(i32),
+    /// A `sendmmsg` hands at most this many messages to the kernel and returns the count,
+    /// as a real partial send does (a plain `sendmsg` is unaffected).
+    Short(usize),
+}
+
+/// Queued faults of one socket.
+#[derive(Debug, Default)]
+pub(crate) struct Faults {
+    #[cfg(feature = "fault-injection")]
+    queue: std::sync::Mutex<std::collections::VecDeque<Fault>>,
+}
+
+impl Faults {
+    /// Queues a fault for a later send call.
+    #[cfg(feature = "fault-injection")]
+    pub(crate) fn push(&self, f: Fault) {
+        self.queue
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push_back(f);
+    }
+
+    /// Takes the next fault, if any.
+    #[inline]
+    pub(crate) fn next(&self) -> Option<Fault> {
+        #[cfg(feature = "fault-injection")]
+        {
+            self.queue
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .pop_front()
+        }
+        #[cfg(not(feature = "fault-injection"))]
+        {
+            None
+        }
+    }
+}

@@ -1,0 +1,280 @@
+//! Message vectors for `sendmmsg(2)` / `recvmmsg(2)` and their one-message forms.
+//!
+//! Layout of one batch (indices line up; each header points into its neighbours):
+//!
+//! ```text
+//!  hdrs[i]: mmsghdr { msg_hdr: msghdr {
+//!               msg_name ──────► names[i]  (sockaddr_storage; null when connected)
+//!               msg_iov ───────► iovs[i] ─► caller's payload (send) / buffer (receive)
+//!               msg_control ───► ctrl[i]   (CmsgBuf, 8-byte aligned)
+//!           }, msg_len }                   (bytes sent / received, written by the kernel)
+//! ```
+//!
+//! From `sendmmsg(2)`: "returns the number of messages sent from msgvec; if this is less than
+//! vlen, the caller can retry with a further sendmmsg() call to send the remaining messages.
+//! On error, -1 is returned" — an error is reported only when the *first* message fails; a
+//! failure later in the vector shortens the count and is reported by the next call. Callers
+//! (see `transmit.rs`) therefore always continue from the returned count.
+
+use std::io::{self, IoSliceMut};
+use std::mem;
+use std::net::{IpAddr, SocketAddr};
+use std::os::fd::{AsRawFd, BorrowedFd};
+
+use super::addr::SockAddr;
+use super::cmsg::{self, Cmsg, CmsgBuf, Encoder};
+use super::fault::{Fault, Faults};
+use super::{cvt, retry};
+
+/// Messages per `sendmmsg`/`recvmmsg` call. The kernel takes up to `UIO_MAXIOV` (1024); 64
+/// already amortizes the syscall below 2% of the per-datagram cost, and keeps the scratch small.
+pub const BATCH: usize = 64;
+
+/// One outgoing message, already planned: a plain datagram or a GSO super-buffer.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct OutMsg<'a> {
+    /// Where the message goes.
+    pub dst: SocketAddr,
+    /// True on a connected socket sending to its peer: no `msg_name`, so the kernel uses the
+    /// cached route instead of a lookup per message.
+    pub to_peer: bool,
+    pub payload: &'a [u8],
+    /// `UDP_SEGMENT` for this message; never set for a single segment.
+    pub segment_size: Option<u16>,
+    pub src_ip: Option<IpAddr>,
+    /// The TOS / traffic class byte's ECN bits.
+    pub ecn: Option<u8>,
+    /// `SCM_TXTIME` departure time, ns of CLOCK_MONOTONIC.
+    pub txtime: Option<u64>,
+}
+
+/// Reusable send vectors of one socket.
+pub(crate) struct SendScratch {
+    hdrs: [libc::mmsghdr; BATCH],
+    iovs: [libc::iovec; BATCH],
+    names: [SockAddr; BATCH],
+    ctrl: [CmsgBuf; BATCH],
+}
+
+// SAFETY: the raw pointers inside the headers are written at the start of every call and only
+// dereferenced by the kernel during that call, while the caller's borrows keep their targets
+// alive; between calls they are stale but never read. So moving the scratch to another thread
+// is sound.
+unsafe impl Send for SendScratch {}
+
+impl SendScratch {
+    pub(crate) fn new() -> Box<Self> {
+        Box::new(SendScratch {
+            // SAFETY: mmsghdr and iovec are plain C structs for which all-zero (null
+            // pointers, zero lengths) is a valid value.
+            hdrs: unsafe { mem::zeroed() },
+            // SAFETY: as above.
+            iovs: unsafe { mem::zeroed() },
+            names: [SockAddr::empty(); BATCH],
+            ctrl: [CmsgBuf::default(); BATCH],
+        })
+    }
+
+    /// Sends `msgs[..]`: with `mmsg`, up to [`BATCH`] of them in one `sendmmsg`; otherwise the
+    /// first one with `sendmsg`. Returns how many messages the kernel took (≥ 1 on success).
+    pub(crate) fn send(
+        &mut self,
+        fd: BorrowedFd<'_>,
+        v6_socket: bool,
+        msgs: &[OutMsg<'_>],
+        mmsg: bool,
+        faults: &Faults,
+    ) -> io::Result<usize> {
+        let mut n = if mmsg {
+            msgs.len().min(BATCH)
+        } else {
+            msgs.len().min(1)
+        };
+        if n == 0 {
+            return Ok(0);
+        }
+        for (i, m) in msgs[..n].iter().enumerate() {
+            self.fill(i, m, v6_socket);
+        }
+        match faults.next() {
+            Some(Fault::Errno(e)) => return Err(io::Error::from_raw_os_error(e)),
+            Some(Fault::Short(k)) if mmsg => n = n.min(k.max(1)),
+            _ => {}
+        }
+        if mmsg {
+            // sendmmsg(sockfd, msgvec, vlen, flags): msgvec[0..vlen] are initialized headers
+            // whose pointers target live buffers (filled above); flags 0 (blocking behaviour
+            // follows O_NONBLOCK).
+            let sent = retry(|| {
+                // SAFETY: see the comment above; hdrs has BATCH ≥ n entries.
+                cvt(unsafe { libc::sendmmsg(fd.as_raw_fd(), self.hdrs.as_mut_ptr(), n as u32, 0) })
+            })?;
+            Ok(sent as usize)
+        } else {
+            // SAFETY: hdrs[0].msg_hdr was filled above with pointers into live buffers.
+            retry(|| cvt(unsafe { libc::sendmsg(fd.as_raw_fd(), &self.hdrs[0].msg_hdr, 0) }))?;
+            Ok(1)
+        }
+    }
+
+    fn fill(&mut self, i: usize, m: &OutMsg<'_>, v6_socket: bool) {
+        // SAFETY: all-zero is a valid msghdr (null pointers, zero lengths).
+        self.hdrs[i].msg_hdr = unsafe { mem::zeroed() };
+        self.hdrs[i].msg_len = 0;
+        let hdr = &mut self.hdrs[i].msg_hdr;
+        if !m.to_peer {
+            self.names[i] = SockAddr::for_socket(&m.dst, v6_socket);
+            hdr.msg_name = self.names[i].as_ptr() as *mut libc::c_void;
+            hdr.msg_namelen = self.names[i].len();
+        }
+        // The kernel only reads from iov_base on send; the cast to *mut is what iovec wants.
+        self.iovs[i] = libc::iovec {
+            iov_base: m.payload.as_ptr() as *mut libc::c_void,
+            iov_len: m.payload.len(),
+        };
+        hdr.msg_iov = &mut self.iovs[i];
+        hdr.msg_iovlen = 1;
+        let to_v4 = m.dst.is_ipv4() || !v6_socket;
+        let mut enc = Encoder::new(hdr, &mut self.ctrl[i]);
+        if let Some(s) = m.segment_size {
+            enc.push(&Cmsg::Segment(s));
+        }
+        match m.src_ip {
+            // On a dual-stack socket an IPv4 destination goes through the IPv4 path, which
+            // reads IPPROTO_IP control messages.
+            Some(IpAddr::V4(addr)) => enc.push(&Cmsg::PktInfoV4 { ifindex: 0, addr }),
+            Some(IpAddr::V6(addr)) => enc.push(&Cmsg::PktInfoV6 { ifindex: 0, addr }),
+            None => {}
+        }
+        if let Some(ecn) = m.ecn {
+            enc.push(&if to_v4 {
+                Cmsg::Tos(ecn)
+            } else {
+                Cmsg::TClass(ecn)
+            });
+        }
+        if let Some(t) = m.txtime {
+            enc.push(&Cmsg::TxTime(t));
+        }
+    }
+}
+
+/// What the kernel reported about one received message.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct RawRecv {
+    pub len: usize,
+    pub flags: i32,
+    pub addr: Option<SocketAddr>,
+    pub gro: Option<u16>,
+    pub dst_ip: Option<IpAddr>,
+    pub ifindex: u32,
+    pub tos: Option<u8>,
+    pub drops: Option<u32>,
+}
+
+/// Reusable receive vectors of one socket.
+pub(crate) struct RecvScratch {
+    hdrs: [libc::mmsghdr; BATCH],
+    names: [SockAddr; BATCH],
+    ctrl: [CmsgBuf; BATCH],
+}
+
+// SAFETY: as for SendScratch: pointers are rewritten before each call and unused between.
+unsafe impl Send for RecvScratch {}
+
+impl RecvScratch {
+    pub(crate) fn new() -> Box<Self> {
+        Box::new(RecvScratch {
+            // SAFETY: all-zero mmsghdrs are valid (null pointers, zero lengths).
+            hdrs: unsafe { mem::zeroed() },
+            names: [SockAddr::empty(); BATCH],
+            ctrl: [CmsgBuf::default(); BATCH],
+        })
+    }
+
+    /// Receives into `bufs` (one datagram or GRO buffer each): with `mmsg` as many as are
+    /// queued, up to `bufs.len()` and [`BATCH`], in one `recvmmsg` (MSG_WAITFORONE: block for
+    /// the first only); otherwise one with `recvmsg`.
+    pub(crate) fn recv(
+        &mut self,
+        fd: BorrowedFd<'_>,
+        bufs: &mut [IoSliceMut<'_>],
+        out: &mut [RawRecv],
+        mmsg: bool,
+    ) -> io::Result<usize> {
+        let n = bufs.len().min(out.len()).min(if mmsg { BATCH } else { 1 });
+        if n == 0 {
+            return Ok(0);
+        }
+        #[allow(clippy::needless_range_loop)] // four arrays indexed in step
+        for i in 0..n {
+            // SAFETY: all-zero is a valid msghdr.
+            self.hdrs[i].msg_hdr = unsafe { mem::zeroed() };
+            self.hdrs[i].msg_len = 0;
+            self.names[i] = SockAddr::empty();
+            let namelen = self.names[i].len();
+            let (name, _) = self.names[i].as_mut_parts();
+            let hdr = &mut self.hdrs[i].msg_hdr;
+            hdr.msg_name = name.cast();
+            hdr.msg_namelen = namelen;
+            // IoSliceMut is guaranteed ABI-compatible with iovec on Unix.
+            hdr.msg_iov = (&mut bufs[i] as *mut IoSliceMut<'_>).cast();
+            hdr.msg_iovlen = 1;
+            hdr.msg_control = self.ctrl[i].0.as_mut_ptr().cast();
+            hdr.msg_controllen = cmsg::CMSG_CAP as _;
+        }
+        let got = if mmsg {
+            // recvmmsg(sockfd, msgvec, vlen, flags, timeout): n initialized headers pointing
+            // at live buffers; MSG_WAITFORONE turns on MSG_DONTWAIT after the first message;
+            // timeout NULL (SO_RCVTIMEO still bounds the first wait).
+            retry(|| {
+                // SAFETY: see the comment above.
+                cvt(unsafe {
+                    libc::recvmmsg(
+                        fd.as_raw_fd(),
+                        self.hdrs.as_mut_ptr(),
+                        n as u32,
+                        libc::MSG_WAITFORONE,
+                        std::ptr::null_mut(),
+                    )
+                })
+            })? as usize
+        } else {
+            let len = retry(|| {
+                // SAFETY: hdrs[0].msg_hdr points at live name, buffer and control storage.
+                cvt(unsafe { libc::recvmsg(fd.as_raw_fd(), &mut self.hdrs[0].msg_hdr, 0) })
+            })?;
+            self.hdrs[0].msg_len = len as u32;
+            1
+        };
+        #[allow(clippy::needless_range_loop)] // three arrays indexed in step
+        for i in 0..got {
+            let h = &self.hdrs[i];
+            let mut r = RawRecv {
+                len: h.msg_len as usize,
+                flags: h.msg_hdr.msg_flags,
+                addr: self.names[i].with_len(h.msg_hdr.msg_namelen),
+                ..RawRecv::default()
+            };
+            cmsg::decode(&h.msg_hdr, |c| match c {
+                Cmsg::Gro(s) => r.gro = Some(s),
+                Cmsg::Tos(t) | Cmsg::TClass(t) => r.tos = Some(t),
+                Cmsg::PktInfoV4 { ifindex, addr } => {
+                    r.dst_ip = Some(IpAddr::V4(addr));
+                    r.ifindex = ifindex;
+                }
+                Cmsg::PktInfoV6 { ifindex, addr } => {
+                    r.dst_ip = Some(match addr.to_ipv4_mapped() {
+                        Some(v4) => IpAddr::V4(v4),
+                        None => IpAddr::V6(addr),
+                    });
+                    r.ifindex = ifindex;
+                }
+                Cmsg::RxqOvfl(d) => r.drops = Some(d),
+                _ => {}
+            });
+            out[i] = r;
+        }
+        Ok(got)
+    }
+}

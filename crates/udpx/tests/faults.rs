@@ -1,0 +1,263 @@
+//! Fault paths the kernel cannot produce on demand, injected through the syscall seam
+//! (feature `fault-injection`): a GSO EIO, ENOBUFS, a short sendmmsg, EAGAIN, and a segment
+//! limit lower than probed. In each, every datagram must arrive exactly once, in order.
+#![cfg(feature = "fault-injection")]
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use udpx::{Batch, Fault, KernelCaps, SendErrorKind, SendMode, UdpSocket};
+
+struct Pair {
+    tx: UdpSocket,
+    rx: UdpSocket,
+}
+
+fn pair(mode: SendMode) -> Pair {
+    let rx = UdpSocket::builder(lo4())
+        .recv_buffer(16 << 20)
+        .bind()
+        .unwrap();
+    let tx = UdpSocket::builder(lo4()).send_mode(mode).bind().unwrap();
+    Pair { tx, rx }
+}
+
+fn datagrams(n: u32, len: usize) -> Vec<Vec<u8>> {
+    (0..n).map(|i| payload(i, len)).collect()
+}
+
+/// Sends `sent` through `p.tx` with `faults` queued, resending after WouldBlock the way a
+/// caller must; returns what arrived.
+fn run(p: &Pair, sent: &[Vec<u8>], faults: &[Fault]) -> Received {
+    for f in faults {
+        p.tx.inject_fault(*f);
+    }
+    let mut batch = Batch::for_socket(&p.tx);
+    for d in sent {
+        batch.push(p.rx.local_addr(), d).unwrap();
+    }
+    let ts = batch.transmits();
+    let mut from = 0;
+    let mut rounds = 0;
+    while from < ts.len() {
+        rounds += 1;
+        assert!(rounds < 100, "no progress");
+        match p.tx.send(&ts[from..]) {
+            Ok(n) => from += n,
+            Err(e) if e.is_would_block() => from += e.sent,
+            Err(e) => panic!("send: {e}"),
+        }
+    }
+    receive(
+        &p.rx,
+        sent.len(),
+        Duration::from_millis(300),
+        Duration::from_secs(5),
+    )
+}
+
+#[test]
+fn gso_eio_falls_back_and_resends_the_batch() {
+    if KernelCaps::get().gso_max_segments.is_none() {
+        return skip("gso_eio_falls_back_and_resends_the_batch", "no UDP_SEGMENT");
+    }
+    for mode in [SendMode::GsoSendmsg, SendMode::GsoSendmmsg] {
+        let p = pair(mode);
+        let sent = datagrams(200, 1000);
+        let got = run(&p, &sent, &[Fault::Errno(libc::EIO)]);
+        assert_same(&sent, &got, "EIO");
+        let c = p.tx.counters();
+        assert_eq!((c.gso_fallbacks, c.datagrams_sent), (1, 200));
+        assert!(!p.tx.capabilities().gso);
+        assert!(p
+            .tx
+            .capabilities()
+            .gso_off_reason
+            .unwrap()
+            .contains("Input/output error"));
+    }
+}
+
+#[test]
+fn gso_einval_then_emsgsize_is_about_size_and_keeps_gso() {
+    if KernelCaps::get().gso_max_segments.is_none() {
+        return skip(
+            "gso_einval_then_emsgsize_is_about_size_and_keeps_gso",
+            "no UDP_SEGMENT",
+        );
+    }
+    let p = pair(SendMode::GsoSendmmsg);
+    let sent = datagrams(10, 1000);
+    p.tx.inject_fault(Fault::Errno(libc::EINVAL));
+    p.tx.inject_fault(Fault::Errno(libc::EMSGSIZE));
+    let mut batch = Batch::for_socket(&p.tx);
+    for d in &sent {
+        batch.push(p.rx.local_addr(), d).unwrap();
+    }
+    let e = p.tx.send(&batch.transmits()).unwrap_err();
+    assert_eq!(e.sent, 0);
+    assert!(
+        matches!(
+            e.kind,
+            SendErrorKind::MessageTooLarge {
+                segment_size: Some(1000),
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert!(e.to_string().contains("1000"), "{e}");
+    assert!(
+        p.tx.capabilities().gso,
+        "a size problem must not turn GSO off"
+    );
+    // The caller may resend: everything arrives.
+    p.tx.send(&batch.transmits()).unwrap();
+    assert_same(
+        &sent,
+        &receive(
+            &p.rx,
+            10,
+            Duration::from_millis(300),
+            Duration::from_secs(2),
+        ),
+        "resend",
+    );
+}
+
+#[test]
+fn enobufs_is_retried_with_backoff() {
+    for mode in SendMode::ALL {
+        let p = pair(mode);
+        let sent = datagrams(300, 500);
+        let faults = [Fault::Errno(libc::ENOBUFS); 3];
+        let got = run(&p, &sent, &faults);
+        assert_same(&sent, &got, mode.name());
+        assert_eq!(p.tx.counters().enobufs_retries, 3, "{mode}");
+    }
+}
+
+#[test]
+fn enobufs_that_persists_is_reported_with_the_count_sent() {
+    let p = pair(SendMode::Sendmmsg);
+    let sent = datagrams(100, 100);
+    let mut batch = Batch::for_socket(&p.tx);
+    for d in &sent {
+        batch.push(p.rx.local_addr(), d).unwrap();
+    }
+    let ts = batch.transmits();
+    p.tx.inject_fault(Fault::Short(10));
+    for _ in 0..=udpx::transmit::ENOBUFS_RETRIES {
+        p.tx.inject_fault(Fault::Errno(libc::ENOBUFS));
+    }
+    let e = p.tx.send(&ts).unwrap_err();
+    assert_eq!(e.sent, 10, "{e}");
+    assert!(matches!(&e.kind, SendErrorKind::Io(io) if io.raw_os_error() == Some(libc::ENOBUFS)));
+    // Resending from `sent` delivers everything exactly once.
+    p.tx.send(&ts[e.sent..]).unwrap();
+    assert_same(
+        &sent,
+        &receive(
+            &p.rx,
+            100,
+            Duration::from_millis(300),
+            Duration::from_secs(2),
+        ),
+        "after ENOBUFS",
+    );
+}
+
+#[test]
+fn short_sendmmsg_is_continued() {
+    for mode in [SendMode::Sendmmsg, SendMode::GsoSendmmsg] {
+        let p = pair(mode);
+        let sent = datagrams(500, 700);
+        let faults = [
+            Fault::Short(1),
+            Fault::Short(3),
+            Fault::Short(2),
+            Fault::Short(1),
+        ];
+        let got = run(&p, &sent, &faults);
+        assert_same(&sent, &got, mode.name());
+        assert!(p.tx.counters().partial_sends >= 1, "{mode}");
+    }
+}
+
+#[test]
+fn eagain_returns_would_block_with_exact_count() {
+    for mode in SendMode::ALL {
+        let p = pair(mode);
+        let sent = datagrams(400, 300);
+        // EAGAIN at the start, then after a partial batch.
+        let faults = [
+            Fault::Errno(libc::EAGAIN),
+            Fault::Short(2),
+            Fault::Errno(libc::EAGAIN),
+        ];
+        let got = run(&p, &sent, &faults);
+        assert_same(&sent, &got, mode.name());
+        assert!(p.tx.counters().would_block >= 1);
+    }
+}
+
+#[test]
+fn eagain_inside_a_split_transmit_finishes_it() {
+    // GSO off (plain mode) and a segmented transmit: it is split into one message per
+    // segment; EAGAIN in the middle must not return with half of it sent.
+    let p = pair(SendMode::Sendmmsg);
+    let data: Vec<u8> = (0..10).flat_map(|i| payload(i, 100)).collect();
+    let t = udpx::Transmit::new(p.rx.local_addr(), &data).segmented(100);
+    p.tx.inject_fault(Fault::Short(4));
+    p.tx.inject_fault(Fault::Errno(libc::EAGAIN));
+    assert_eq!(p.tx.send(&[t]).unwrap(), 1);
+    let got = receive(
+        &p.rx,
+        10,
+        Duration::from_millis(300),
+        Duration::from_secs(2),
+    );
+    let want: Vec<Vec<u8>> = (0..10).map(|i| payload(i, 100)).collect();
+    assert_same(&want, &got, "split transmit");
+}
+
+#[test]
+fn segment_limit_lowered_when_kernel_refuses_more_than_64() {
+    let Some(max) = KernelCaps::get().gso_max_segments else {
+        return skip(
+            "segment_limit_lowered_when_kernel_refuses_more_than_64",
+            "no UDP_SEGMENT",
+        );
+    };
+    if max <= 64 {
+        return skip(
+            "segment_limit_lowered_when_kernel_refuses_more_than_64",
+            "kernel limit is already 64",
+        );
+    }
+    let p = pair(SendMode::GsoSendmmsg);
+    let sent = datagrams(100, 10);
+    let got = run(&p, &sent, &[Fault::Errno(libc::EINVAL)]);
+    assert_same(&sent, &got, "limit 64");
+    let caps = p.tx.capabilities();
+    assert_eq!(caps.gso_max_segments, 64);
+    assert!(caps.gso, "GSO itself stays on");
+    assert_eq!(p.tx.counters().segment_limit_lowered, 1);
+}
+
+#[test]
+fn other_errors_are_reported_not_swallowed() {
+    let p = pair(SendMode::Sendmmsg);
+    let sent = datagrams(5, 10);
+    let mut batch = Batch::for_socket(&p.tx);
+    for d in &sent {
+        batch.push(p.rx.local_addr(), d).unwrap();
+    }
+    p.tx.inject_fault(Fault::Errno(libc::EPERM));
+    let e = p.tx.send(&batch.transmits()).unwrap_err();
+    assert_eq!(e.sent, 0);
+    assert!(matches!(&e.kind, SendErrorKind::Io(io) if io.raw_os_error() == Some(libc::EPERM)));
+    assert_eq!(p.tx.counters().send_errors, 1);
+}

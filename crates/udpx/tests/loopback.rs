@@ -1,0 +1,377 @@
+//! End-to-end over loopback: every send mode, with and without GRO, IPv4 and IPv6, every byte
+//! and sequence checked; the GSO edge-case table; receive metadata; the real GSO fallback.
+
+mod common;
+
+use std::io::IoSliceMut;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use common::gso_cases::{self, check_plan, check_socket};
+use common::*;
+use udpx::{
+    Batch, DatagramMeta, EcnCodepoint, Error, Family, KernelCaps, RecvMeta, RecvMode,
+    SendErrorKind, SendMode, Transmit, UdpSocket, Want,
+};
+
+fn kernel_max() -> Option<usize> {
+    KernelCaps::get().gso_max_segments
+}
+
+fn rx_socket(addr: SocketAddr, gro: bool) -> UdpSocket {
+    UdpSocket::builder(addr)
+        .gro(if gro { Want::Required } else { Want::Off })
+        .recv_buffer(16 << 20)
+        .bind()
+        .unwrap()
+}
+
+/// A mixed stream: full-size runs, short tails, tiny and empty datagrams.
+fn mixed_sizes(n: usize, full: usize) -> Vec<usize> {
+    (0..n)
+        .map(|i| match i % 97 {
+            13 => 0,
+            29 => 1,
+            41 => full / 3,
+            _ => full,
+        })
+        .collect()
+}
+
+fn every_mode(rx_addr: SocketAddr, full: usize) {
+    for gro in [false, true] {
+        if gro && !KernelCaps::get().gro {
+            skip("every_mode gro", "UDP_GRO not supported by this kernel");
+            continue;
+        }
+        for mode in SendMode::ALL {
+            let rx = rx_socket(rx_addr, gro);
+            let tx = UdpSocket::builder(rx_addr).send_mode(mode).bind().unwrap();
+            let sizes = mixed_sizes(1500, full);
+            let sent: Vec<Vec<u8>> = sizes
+                .iter()
+                .enumerate()
+                .map(|(i, &n)| payload(i as u32, n))
+                .collect();
+            let what = format!("{mode} gro={gro} {}", rx_addr.ip());
+            let got = send_paced(&tx, &rx, &sent, 200, Duration::from_millis(2));
+            assert_same(&sent, &got, &what);
+            let c = tx.counters();
+            assert_eq!(c.datagrams_sent, sent.len() as u64, "{what}");
+            if mode.segments() && kernel_max().is_some() {
+                assert!(
+                    c.gso_buffers_sent > 0 && c.datagrams_per_send_call() > 1.0,
+                    "{what}: {c:?}"
+                );
+            }
+            if mode == SendMode::Sendmsg {
+                assert_eq!(
+                    c.send_calls,
+                    sent.len() as u64,
+                    "{what}: one call per datagram"
+                );
+            }
+            if gro && mode.segments() {
+                // Loopback delivers a GSO buffer whole to a GRO socket.
+                assert!(got.gro_messages > 0, "{what}: no coalesced buffer seen");
+            }
+            if !gro {
+                assert_eq!(got.gro_messages, 0, "{what}");
+            }
+        }
+    }
+}
+
+#[test]
+fn every_mode_every_byte_v4() {
+    every_mode(lo4(), 1472);
+}
+
+#[test]
+fn every_mode_every_byte_v6() {
+    every_mode(lo6(), 1452);
+}
+
+#[test]
+fn gso_edge_cases_planning() {
+    let max = kernel_max().unwrap_or(64);
+    for case in gso_cases::cases(max) {
+        check_plan(&case, max, Family::DualStack);
+    }
+}
+
+#[test]
+fn gso_edge_cases_loopback() {
+    let Some(max) = kernel_max() else {
+        return skip("gso_edge_cases_loopback", "no UDP_SEGMENT in this kernel");
+    };
+    for connected in [false, true] {
+        for case in gso_cases::cases(max)
+            .into_iter()
+            .filter(|c| !c.mtu1500_only)
+        {
+            let addr = if case.v6 { lo6() } else { lo4() };
+            let rx = rx_socket(addr, false);
+            let mut cfg = UdpSocket::builder(addr).send_mode(SendMode::GsoSendmmsg);
+            if connected {
+                cfg = cfg.connect(rx.local_addr());
+            }
+            let tx = cfg.bind().unwrap();
+            check_socket(&case, &tx, &rx, rx.local_addr());
+        }
+    }
+}
+
+#[test]
+fn wrong_family_is_refused() {
+    let tx = UdpSocket::bind(lo4()).unwrap();
+    let e = tx
+        .send(&[Transmit::new("[::1]:9".parse().unwrap(), b"x")])
+        .unwrap_err();
+    assert!(
+        matches!(e.kind, SendErrorKind::Invalid { index: 0, .. }),
+        "{e}"
+    );
+    assert!(e.to_string().contains("IPv4"), "{e}");
+    let tx6 = UdpSocket::builder(lo6()).v6_only(true).bind().unwrap();
+    let e = tx6
+        .send(&[Transmit::new("127.0.0.1:9".parse().unwrap(), b"x")])
+        .unwrap_err();
+    assert!(matches!(e.kind, SendErrorKind::Invalid { .. }), "{e}");
+}
+
+#[test]
+fn dual_stack_reaches_ipv4_and_reports_plain_v4() {
+    let rx4 = rx_socket(lo4(), false);
+    let rx6 = rx_socket(lo6(), false);
+    let tx = UdpSocket::builder("[::]:0".parse().unwrap())
+        .bind()
+        .unwrap();
+    assert_eq!(tx.family(), Family::DualStack);
+    tx.send(&[
+        Transmit::new(rx4.local_addr(), b"four"),
+        Transmit::new(rx6.local_addr(), b"six"),
+    ])
+    .unwrap();
+    let g4 = receive(&rx4, 1, Duration::from_millis(300), Duration::from_secs(2));
+    let g6 = receive(&rx6, 1, Duration::from_millis(300), Duration::from_secs(2));
+    assert_eq!(g4.datagrams, vec![b"four".to_vec()]);
+    assert_eq!(g6.datagrams, vec![b"six".to_vec()]);
+    assert!(
+        g4.metas[0].addr.is_ipv4(),
+        "sender seen as {}",
+        g4.metas[0].addr
+    );
+}
+
+#[test]
+fn truncation_is_reported_not_hidden() {
+    let rx = UdpSocket::builder(lo4())
+        .recv_mode(RecvMode::Recvmsg)
+        .bind()
+        .unwrap();
+    let tx = UdpSocket::bind(lo4()).unwrap();
+    tx.send(&[Transmit::new(rx.local_addr(), &[7u8; 500])])
+        .unwrap();
+    rx.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    let mut buf = [0u8; 100];
+    let mut meta = [RecvMeta::default()];
+    let n = rx
+        .recv(&mut [IoSliceMut::new(&mut buf)], &mut meta)
+        .unwrap();
+    assert_eq!(n, 1);
+    assert!(meta[0].truncated);
+    assert_eq!(meta[0].len, 100);
+    assert_eq!(rx.counters().truncated, 1);
+}
+
+#[test]
+fn gro_refuses_small_buffers() {
+    if !KernelCaps::get().gro {
+        return skip("gro_refuses_small_buffers", "no UDP_GRO");
+    }
+    let rx = rx_socket(lo4(), true);
+    let mut buf = [0u8; 2048];
+    let err = rx
+        .recv(&mut [IoSliceMut::new(&mut buf)], &mut [RecvMeta::default()])
+        .unwrap_err();
+    assert_eq!(err.kind(), std::io::ErrorKind::InvalidInput);
+    let inner = err.get_ref().and_then(|e| e.downcast_ref::<Error>());
+    assert!(
+        matches!(
+            inner,
+            Some(Error::RecvBufferTooSmall {
+                len: 2048,
+                need: 65536
+            })
+        ),
+        "{err}"
+    );
+}
+
+#[test]
+fn pktinfo_and_ecn_round_trip() {
+    for addr in [lo4(), lo6()] {
+        let rx = UdpSocket::builder(addr)
+            .pktinfo(Want::Required)
+            .ecn(Want::Required)
+            .bind()
+            .unwrap();
+        let tx = UdpSocket::builder(addr)
+            .pktinfo(Want::Required)
+            .bind()
+            .unwrap();
+        let meta = DatagramMeta {
+            src_ip: Some(addr.ip()),
+            ecn: Some(EcnCodepoint::Ect0),
+            departure: None,
+        };
+        let mut batch = Batch::for_socket(&tx);
+        for i in 0..3u32 {
+            batch
+                .push_with(rx.local_addr(), meta, &payload(i, 100))
+                .unwrap();
+        }
+        tx.send(&batch.transmits()).unwrap();
+        let got = receive(&rx, 3, Duration::from_millis(300), Duration::from_secs(2));
+        assert_eq!(got.datagrams.len(), 3);
+        for m in &got.metas {
+            assert_eq!(m.dst_ip, Some(addr.ip()), "{addr}");
+            assert_eq!(m.ecn, Some(EcnCodepoint::Ect0), "{addr}");
+            assert_eq!(m.addr, tx.local_addr());
+        }
+    }
+}
+
+#[test]
+fn kernel_drops_are_surfaced() {
+    // A receiver with a tiny buffer that nobody drains: the kernel drops, and says so.
+    let rx = UdpSocket::builder(lo4()).recv_buffer(4096).bind().unwrap();
+    let tx = UdpSocket::builder(lo4())
+        .send_mode(SendMode::Sendmmsg)
+        .bind()
+        .unwrap();
+    let d = vec![1u8; 1000];
+    let ts: Vec<Transmit<'_>> = (0..200)
+        .map(|_| Transmit::new(rx.local_addr(), &d))
+        .collect();
+    tx.send(&ts).unwrap();
+    let got = receive(&rx, 200, Duration::from_millis(200), Duration::from_secs(2));
+    assert!(got.datagrams.len() < 200);
+    // The kernel stamps its drop count on datagrams queued after the drops: send one more.
+    tx.send(&[Transmit::new(rx.local_addr(), b"after")])
+        .unwrap();
+    let after = receive(&rx, 1, Duration::from_millis(200), Duration::from_secs(2));
+    assert_eq!(after.datagrams, vec![b"after".to_vec()]);
+    let drops = after.metas[0].kernel_drops.unwrap_or(0);
+    assert_eq!(
+        drops as usize,
+        200 - got.datagrams.len(),
+        "SO_RXQ_OVFL must account for every lost datagram"
+    );
+    assert_eq!(rx.counters().kernel_drops, drops as u64);
+}
+
+#[test]
+fn gso_refused_falls_back_and_loses_nothing() {
+    // SO_NO_CHECK makes this kernel refuse GSO sends with EINVAL: the real fallback path.
+    if kernel_max().is_none() {
+        return skip("gso_refused_falls_back_and_loses_nothing", "no UDP_SEGMENT");
+    }
+    for mode in [SendMode::GsoSendmsg, SendMode::GsoSendmmsg] {
+        let rx = rx_socket(lo4(), false);
+        let tx = UdpSocket::builder(lo4()).send_mode(mode).bind().unwrap();
+        tx.set_no_check(true).unwrap();
+        assert!(tx.capabilities().gso);
+        let sent: Vec<Vec<u8>> = (0..300).map(|i| payload(i, 1200)).collect();
+        let mut batch = Batch::for_socket(&tx);
+        for d in &sent {
+            batch.push(rx.local_addr(), d).unwrap();
+        }
+        let got = std::thread::scope(|s| {
+            let h = s.spawn(|| {
+                receive(
+                    &rx,
+                    sent.len(),
+                    Duration::from_millis(500),
+                    Duration::from_secs(5),
+                )
+            });
+            tx.send(&batch.transmits()).unwrap();
+            h.join().unwrap()
+        });
+        assert_same(&sent, &got, mode.name());
+        let caps = tx.capabilities();
+        assert!(!caps.gso, "GSO must be off after the refusal");
+        assert!(
+            caps.gso_off_reason
+                .as_deref()
+                .unwrap_or("")
+                .contains("Invalid argument"),
+            "{caps}"
+        );
+        let c = tx.counters();
+        assert_eq!(c.gso_fallbacks, 1);
+        assert_eq!(c.datagrams_sent, 300);
+        // Later sends go plain from the start: no second fallback.
+        batch = Batch::for_socket(&tx);
+        batch.push(rx.local_addr(), &[1; 100]).unwrap();
+        batch.push(rx.local_addr(), &[2; 100]).unwrap();
+        assert_eq!(
+            batch.len(),
+            2,
+            "a batch planned after the fallback does not segment"
+        );
+        tx.send(&batch.transmits()).unwrap();
+        assert_eq!(tx.counters().gso_fallbacks, 1);
+        assert_eq!(
+            receive(&rx, 2, Duration::from_millis(300), Duration::from_secs(2))
+                .datagrams
+                .len(),
+            2
+        );
+    }
+}
+
+#[test]
+fn adopt_existing_socket() {
+    let std_rx = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let rx = UdpSocket::adopt(&std_rx, udpx::SocketConfig::new(lo4())).unwrap();
+    assert_eq!(rx.local_addr(), std_rx.local_addr().unwrap());
+    let tx = UdpSocket::bind(lo4()).unwrap();
+    tx.send(&[Transmit::new(rx.local_addr(), b"adopted")])
+        .unwrap();
+    let got = receive(&rx, 1, Duration::from_millis(300), Duration::from_secs(2));
+    assert_eq!(got.datagrams, vec![b"adopted".to_vec()]);
+    // A TCP socket is refused with a clear error.
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let e = UdpSocket::adopt(&l, udpx::SocketConfig::new(lo4())).unwrap_err();
+    assert!(e.to_string().contains("not a UDP socket"), "{e}");
+}
+
+#[test]
+fn required_feature_missing_is_a_clear_error() {
+    // pktinfo on IPv6 is universal, so use a feature we can make fail: GRO on a kernel without
+    // it. Where the kernel has everything, check instead that Required succeeds and is on.
+    let caps = KernelCaps::get();
+    let r = UdpSocket::builder(lo4()).gro(Want::Required).bind();
+    if caps.gro {
+        assert!(r.unwrap().capabilities().gro);
+    } else {
+        let e = r.unwrap_err();
+        assert!(
+            matches!(e, Error::Unsupported { .. }) && e.to_string().contains("IfAvailable"),
+            "{e}"
+        );
+    }
+}
+
+#[test]
+fn nonblocking_empty_receive_would_block() {
+    let rx = UdpSocket::builder(lo4()).nonblocking(true).bind().unwrap();
+    let mut buf = [0u8; 64];
+    let e = rx
+        .recv(&mut [IoSliceMut::new(&mut buf)], &mut [RecvMeta::default()])
+        .unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::WouldBlock);
+}

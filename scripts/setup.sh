@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Installs what udpx needs that a fresh machine may lack. Idempotent; safe to run twice.
+#   - ethtool: the bench and tests switch veth offloads (tx-udp-segmentation, GRO forwarding)
+#   - iproute2: `ip netns` and veth pairs for the namespace tests and the bench path
+#   - iperf3, sockperf: independent peers the bench compares against
+# Rust itself comes from rustup, which the machine image provides.
+set -euo pipefail
+
+need=()
+command -v ethtool  >/dev/null 2>&1 || need+=(ethtool)
+command -v ip       >/dev/null 2>&1 || need+=(iproute2)
+command -v iperf3   >/dev/null 2>&1 || need+=(iperf3)
+command -v sockperf >/dev/null 2>&1 || need+=(sockperf)
+
+if [ "${#need[@]}" -gt 0 ]; then
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "setup: missing ${need[*]}; not root, so not installing (tests that need them will SKIP)" >&2
+    exit 0
+  fi
+  echo "setup: installing ${need[*]} from Debian packages" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq >/dev/null
+  apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
