@@ -5,3 +5,11 @@
 //! counters), and test networks come from `udpx-netns`.
 
 pub mod cpu;
+pub mod env;
+pub mod matrix;
+pub mod probe;
+pub mod report;
+pub mod run;
+pub mod rx;
+pub mod tx;
+pub mod wire;

@@ -5,7 +5,9 @@
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{Args, Parser, Subcommand};
+
+mod bench;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -20,41 +22,48 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Cmd {
-    /// What this kernel supports for fast UDP (GSO, GRO, txtime, zerocopy) and what to tune.
-    Probe {
-        /// One JSON object instead of text.
-        #[arg(long)]
-        json: bool,
-    },
+    /// Reproduce the paper's tables on this machine: TCP, UDP, sendmmsg, GSO, GRO and iperf3,
+    /// side by side over a veth pair between two namespaces (root) or loopback.
+    Bench(bench::BenchArgs),
+    /// What this kernel and its devices support for fast UDP, and what to tune.
+    Probe(ProbeArgs),
+}
+
+#[derive(Args, Debug)]
+struct ProbeArgs {
+    /// Devices to inspect (default: every device).
+    #[arg(short = 'd', long = "dev")]
+    devices: Vec<String>,
+    /// One JSON object instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Exit codes.
+pub mod exit {
+    /// A flag out of range or a malformed command line.
+    pub const USAGE: u8 = 2;
+    /// A feature this machine lacks.
+    pub const SKIPPED: u8 = 4;
 }
 
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(c) => c,
         Err(e) => {
-            let code = if e.use_stderr() { 2 } else { 0 };
+            let code = if e.use_stderr() { exit::USAGE } else { 0 };
             let _ = e.print();
             return ExitCode::from(code);
         }
     };
     match cli.cmd {
-        Cmd::Probe { json } => probe(json),
+        Cmd::Bench(args) => bench::main(args),
+        Cmd::Probe(args) => {
+            let opts = udpx_bench::probe::ProbeOptions {
+                devices: args.devices,
+                json: args.json,
+            };
+            udpx_bench::probe::run(&opts)
+        }
     }
-}
-
-fn probe(json: bool) -> ExitCode {
-    let k = udpx::KernelCaps::get();
-    if json {
-        let v = serde_json::json!({
-            "gso_max_segments": k.gso_max_segments,
-            "gso_limit_measured": k.gso_limit_measured,
-            "gro": k.gro,
-            "txtime": k.txtime,
-            "zerocopy": k.zerocopy,
-        });
-        println!("{v}");
-    } else {
-        println!("{k:#?}");
-    }
-    ExitCode::SUCCESS
 }

@@ -165,6 +165,11 @@ impl SocketConfig {
         self.ecn = w;
         self
     }
+    /// Sets [`SocketConfig::rxq_ovfl`].
+    pub fn rxq_ovfl(mut self, w: Want) -> Self {
+        self.rxq_ovfl = w;
+        self
+    }
     /// Sets [`SocketConfig::connect`].
     pub fn connect(mut self, peer: SocketAddr) -> Self {
         self.connect = Some(peer);

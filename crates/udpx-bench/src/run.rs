@@ -1,0 +1,504 @@
+//! One measured row: a sender and a receiver, pinned to different CPUs, over loopback or the
+//! veth pair, with CPU time taken from `/proc/stat` (both CPUs, softirq included) and from each
+//! thread's `getrusage`.
+//!
+//! On a veth pair the receive stack of a default (`offload`) path runs in the *sender's*
+//! softirq, on the sender's CPU; that is why the headline cost is the busy time of both CPUs
+//! per delivered gigabyte, with each side shown beside it.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+use udpx::{RecvMode, SendMode, UdpSocket, Want};
+use udpx_netns::{run_bounded, Side, TestNet};
+
+use crate::cpu::{pin_current_thread, CpuSample, TickRate};
+use crate::rx::{run_rx, RxConfig, RxResult};
+use crate::tx::{run_tx, Proto, TxConfig, TxResult};
+
+/// Where the traffic goes.
+#[derive(Debug, Clone, Copy)]
+pub enum Path<'a> {
+    /// 127.0.0.1 in this namespace.
+    Loopback,
+    /// The veth pair: sender in `tx`, receiver in `rx`.
+    Veth(&'a TestNet),
+}
+
+impl Path<'_> {
+    fn addrs(&self, v6: bool) -> (IpAddr, IpAddr) {
+        match (self, v6) {
+            (Path::Loopback, false) => (Ipv4Addr::LOCALHOST.into(), Ipv4Addr::LOCALHOST.into()),
+            (Path::Loopback, true) => (
+                std::net::Ipv6Addr::LOCALHOST.into(),
+                std::net::Ipv6Addr::LOCALHOST.into(),
+            ),
+            (Path::Veth(n), false) => (n.tx_v4.into(), n.rx_v4.into()),
+            (Path::Veth(n), true) => (n.tx_v6.into(), n.rx_v6.into()),
+        }
+    }
+
+    /// Runs `f` in the namespace of `side` (on loopback: here, on a fresh thread).
+    fn run<T: Send + 'static>(&self, side: Side, f: impl FnOnce() -> T + Send + 'static) -> T {
+        match self {
+            Path::Loopback => std::thread::spawn(f)
+                .join()
+                .expect("socket setup thread panicked"),
+            Path::Veth(n) => n.ns(side).run(f),
+        }
+    }
+
+    fn command(&self, side: Side, program: &str) -> Command {
+        match self {
+            Path::Loopback => Command::new(program),
+            Path::Veth(n) => n.ns(side).command(program),
+        }
+    }
+}
+
+/// What one row sends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub enum Kind {
+    /// udpx's own sender and receiver.
+    Udpx {
+        /// Protocol and send mode.
+        proto: Proto,
+        /// UDP_GRO on the receiving socket.
+        gro: bool,
+        /// The receiver batches with recvmmsg (else one recvmsg per datagram or GRO buffer).
+        batch_rx: bool,
+        /// Rotate the send buffers over 64 MiB.
+        cache_thrash: bool,
+    },
+    /// iperf3 client and server (an independent peer).
+    Iperf3 {
+        /// UDP (`-u -b 0 -l <size>`) rather than TCP.
+        udp: bool,
+    },
+}
+
+/// The CPUs each side is pinned to.
+#[derive(Debug, Clone, Copy, serde::Serialize)]
+pub struct Cpus {
+    /// Sender.
+    pub tx: usize,
+    /// Receiver.
+    pub rx: usize,
+}
+
+/// Settings shared by every row of a run.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct RunConfig {
+    /// Seconds each row sends.
+    pub duration: Duration,
+    /// Datagram size.
+    pub size: usize,
+    /// IPv6 instead of IPv4.
+    pub v6: bool,
+    /// Verify sequence numbers and checksums at the receiver.
+    pub verify: bool,
+    /// Pinning.
+    pub cpus: Cpus,
+}
+
+/// One measurement of one row.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct Measurement {
+    /// Seconds from the start of sending to the end of receiving.
+    pub wall_secs: f64,
+    /// Busy CPU seconds over the run, both CPUs (user, system, irq, softirq; /proc/stat).
+    pub busy_secs: f64,
+    /// Of which on the sender's CPU.
+    pub busy_tx_cpu_secs: f64,
+    /// Of which on the receiver's CPU.
+    pub busy_rx_cpu_secs: f64,
+    /// Softirq seconds, both CPUs.
+    pub softirq_secs: f64,
+    /// Bytes the sender sent.
+    pub sent_bytes: u64,
+    /// Datagrams the sender sent.
+    pub sent_datagrams: u64,
+    /// Bytes the receiver got.
+    pub recv_bytes: u64,
+    /// Datagrams the receiver got.
+    pub recv_datagrams: u64,
+    /// Send system calls.
+    pub send_calls: u64,
+    /// Receive system calls.
+    pub recv_calls: u64,
+    /// Sending seconds.
+    pub send_secs: f64,
+    /// Sender thread CPU seconds (user + system; getrusage), when the sender is ours.
+    pub tx_thread_secs: Option<f64>,
+    /// Receiver thread CPU seconds, when the receiver is ours.
+    pub rx_thread_secs: Option<f64>,
+    /// The udpx sender's details.
+    pub tx: Option<TxResult>,
+    /// The udpx receiver's details.
+    pub rx: Option<RxResult>,
+}
+
+impl Measurement {
+    /// Delivered Gbit/s over the sending time.
+    pub fn gbits(&self) -> f64 {
+        if self.send_secs > 0.0 {
+            self.recv_bytes as f64 * 8.0 / self.send_secs / 1e9
+        } else {
+            0.0
+        }
+    }
+
+    /// CPU seconds (both CPUs) per delivered GB.
+    pub fn cpu_per_gb(&self) -> f64 {
+        per_gb(self.busy_secs, self.recv_bytes)
+    }
+
+    /// Fraction of sent datagrams the receiver got.
+    pub fn delivered(&self) -> f64 {
+        if self.sent_datagrams == 0 {
+            0.0
+        } else {
+            (self.recv_datagrams as f64 / self.sent_datagrams as f64).min(1.0)
+        }
+    }
+}
+
+/// Seconds per GB, infinite when nothing arrived.
+pub fn per_gb(secs: f64, bytes: u64) -> f64 {
+    if bytes == 0 {
+        f64::INFINITY
+    } else {
+        secs / (bytes as f64 / 1e9)
+    }
+}
+
+/// Errors of a run, with what was being done.
+pub type Result<T> = std::result::Result<T, String>;
+
+/// Runs one udpx row.
+pub fn run_udpx(path: Path<'_>, kind: Kind, cfg: &RunConfig) -> Result<Measurement> {
+    let Kind::Udpx {
+        proto,
+        gro,
+        batch_rx,
+        cache_thrash,
+    } = kind
+    else {
+        return Err("run_udpx needs a udpx row".into());
+    };
+    let (tx_ip, rx_ip) = path.addrs(cfg.v6);
+    let stop = Arc::new(AtomicBool::new(false));
+    let barrier = Arc::new(Barrier::new(3));
+    let rx_cfg = RxConfig {
+        verify: cfg.verify,
+        idle: Duration::from_secs(2),
+        max: cfg.duration + Duration::from_secs(10),
+    };
+    let tx_base = TxConfig {
+        dst: SocketAddr::new(rx_ip, 0),
+        proto,
+        size: cfg.size,
+        duration: cfg.duration,
+        cache_thrash,
+        verify: cfg.verify,
+        rate: None,
+        max_segments: None,
+    };
+    // Sockets, made in their namespaces: (UDP socket, TCP stream) for each end.
+    type Ends = (Option<UdpSocket>, Option<TcpStream>);
+    let (txc, rx_end, tx_end): (TxConfig, Ends, Ends) = match proto {
+        Proto::Udp(mode) => {
+            let rx_sock = path
+                .run(Side::Rx, move || {
+                    // No receive metadata the bench does not read: each is a cmsg per datagram.
+                    UdpSocket::builder(SocketAddr::new(rx_ip, 0))
+                        .gro(if gro { Want::Required } else { Want::Off })
+                        .recv_mode(if batch_rx {
+                            RecvMode::Recvmmsg
+                        } else {
+                            RecvMode::Recvmsg
+                        })
+                        .pktinfo(Want::Off)
+                        .ecn(Want::Off)
+                        .rxq_ovfl(Want::Off)
+                        .recv_buffer(32 << 20)
+                        .bind()
+                })
+                .map_err(|e| format!("receiver socket: {e}"))?;
+            let dst = rx_sock.local_addr();
+            let tx_sock = path
+                .run(Side::Tx, move || {
+                    UdpSocket::builder(SocketAddr::new(tx_ip, 0))
+                        .send_mode(mode)
+                        .send_buffer(4 << 20)
+                        .connect(dst)
+                        .bind()
+                })
+                .map_err(|e| format!("sender socket: {e}"))?;
+            (
+                TxConfig { dst, ..tx_base },
+                (Some(rx_sock), None),
+                (Some(tx_sock), None),
+            )
+        }
+        Proto::Tcp => {
+            let listener = path
+                .run(Side::Rx, move || {
+                    TcpListener::bind(SocketAddr::new(rx_ip, 0))
+                })
+                .map_err(|e| format!("TCP listener: {e}"))?;
+            let dst = listener.local_addr().map_err(|e| e.to_string())?;
+            let stream = path
+                .run(Side::Tx, move || TcpStream::connect(dst))
+                .map_err(|e| format!("TCP connect: {e}"))?;
+            let (conn, _) = listener.accept().map_err(|e| format!("TCP accept: {e}"))?;
+            (
+                TxConfig { dst, ..tx_base },
+                (None, Some(conn)),
+                (None, Some(stream)),
+            )
+        }
+    };
+    // One receiver and one sender thread, each pinned, released together by the barrier.
+    let (s1, b1, s2, b2) = (stop.clone(), barrier.clone(), stop.clone(), barrier.clone());
+    let (rxcpu, txcpu) = (cfg.cpus.rx, cfg.cpus.tx);
+    let rx_handle = std::thread::spawn(move || {
+        let _ = pin_current_thread(rxcpu);
+        b1.wait();
+        run_rx(&rx_cfg, rx_end.0.as_ref(), rx_end.1, &s1, &mut |_| {})
+    });
+    let tx_handle = std::thread::spawn(move || {
+        let _ = pin_current_thread(txcpu);
+        b2.wait();
+        let r = run_tx(&txc, tx_end.0.as_ref(), tx_end.1, &s2, &mut |_| {});
+        s2.store(true, Ordering::Relaxed);
+        r
+    });
+    let before = CpuSample::now().map_err(|e| e.to_string())?;
+    let t0 = Instant::now();
+    barrier.wait();
+    let tx = tx_handle
+        .join()
+        .map_err(|_| "sender thread panicked".to_string())?
+        .map_err(|e| format!("sender: {e}"))?;
+    let rx = rx_handle
+        .join()
+        .map_err(|_| "receiver thread panicked".to_string())?
+        .map_err(|e| format!("receiver: {e}"))?;
+    let wall = t0.elapsed();
+    let after = CpuSample::now().map_err(|e| e.to_string())?;
+    let mut m = cpu_fields(&before, &after, cfg.cpus)?;
+    m.wall_secs = wall.as_secs_f64();
+    m.sent_bytes = tx.bytes;
+    m.sent_datagrams = tx.datagrams;
+    m.send_calls = tx.calls;
+    m.send_secs = tx.secs;
+    m.recv_bytes = rx.bytes;
+    m.recv_datagrams = rx.datagrams;
+    m.recv_calls = rx.calls;
+    if proto == Proto::Tcp {
+        // A TCP "datagram" is a write on one side and a read on the other: compare bytes.
+        m.recv_datagrams = if tx.bytes == 0 {
+            0
+        } else {
+            (rx.bytes * tx.datagrams).div_ceil(tx.bytes)
+        };
+    }
+    m.tx_thread_secs = Some(tx.user_secs + tx.sys_secs);
+    m.rx_thread_secs = Some(rx.user_secs + rx.sys_secs);
+    m.tx = Some(tx);
+    m.rx = Some(rx);
+    Ok(m)
+}
+
+fn cpu_fields(before: &CpuSample, after: &CpuSample, cpus: Cpus) -> Result<Measurement> {
+    let d = after.diff(before);
+    let rate = TickRate::system().map_err(|e| e.to_string())?;
+    let both = if cpus.tx == cpus.rx {
+        vec![cpus.tx]
+    } else {
+        vec![cpus.tx, cpus.rx]
+    };
+    let softirq: u64 = both
+        .iter()
+        .filter_map(|c| d.times(Some(*c)))
+        .map(|t| t.softirq)
+        .sum();
+    Ok(Measurement {
+        busy_secs: d.busy_time(&both, rate).as_secs_f64(),
+        busy_tx_cpu_secs: d.busy_time(&[cpus.tx], rate).as_secs_f64(),
+        busy_rx_cpu_secs: d.busy_time(&[cpus.rx], rate).as_secs_f64(),
+        softirq_secs: rate.to_secs_f64(softirq),
+        ..Measurement::default()
+    })
+}
+
+/// Runs one iperf3 row: server in the receiving namespace, client in the sending one, each
+/// pinned with `-A`. Figures from the client's JSON (which carries the server's counts).
+pub fn run_iperf3(path: Path<'_>, udp: bool, cfg: &RunConfig) -> Result<Measurement> {
+    let (_, rx_ip) = path.addrs(cfg.v6);
+    let port = match path {
+        Path::Veth(_) => 5201,
+        Path::Loopback => TcpListener::bind((rx_ip, 0))
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .map_err(|e| e.to_string())?,
+    };
+    let secs = cfg.duration.as_secs_f64().ceil().max(1.0) as u64;
+    let mut server = path.command(Side::Rx, "iperf3");
+    server
+        .args([
+            "-s",
+            "-1",
+            "-B",
+            &rx_ip.to_string(),
+            "-p",
+            &port.to_string(),
+            "-A",
+            &cfg.cpus.rx.to_string(),
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let mut child = server
+        .spawn()
+        .map_err(|e| format!("start iperf3 server (is iperf3 installed? scripts/setup.sh): {e}"))?;
+    let mut client = path.command(Side::Tx, "iperf3");
+    client.args([
+        "-c",
+        &rx_ip.to_string(),
+        "-p",
+        &port.to_string(),
+        "-t",
+        &secs.to_string(),
+        "-A",
+        &cfg.cpus.tx.to_string(),
+        "-J",
+    ]);
+    if udp {
+        client.args(["-u", "-b", "0", "-l", &cfg.size.to_string()]);
+    }
+    // The server needs a moment to listen; the client retries a refused connection.
+    let deadline = Instant::now() + Duration::from_secs(3);
+    let mut result = None;
+    let mut before = CpuSample::now().map_err(|e| e.to_string())?;
+    let mut t0 = Instant::now();
+    while Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+        before = CpuSample::now().map_err(|e| e.to_string())?;
+        t0 = Instant::now();
+        match run_bounded(&mut client, Duration::from_secs(secs + 15)) {
+            Ok(out) => {
+                result = Some(out);
+                break;
+            }
+            Err(e)
+                if e.to_string().contains("refused")
+                    || e.to_string().contains("unable to connect") =>
+            {
+                continue
+            }
+            Err(e) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!("iperf3 client: {e}"));
+            }
+        }
+    }
+    let wall = t0.elapsed();
+    let after = CpuSample::now().map_err(|e| e.to_string())?;
+    let _ = child.kill();
+    let _ = child.wait();
+    let out = result.ok_or("iperf3 server did not accept connections within 3 s")?;
+    let v: serde_json::Value =
+        serde_json::from_str(&out).map_err(|e| format!("iperf3 JSON: {e}"))?;
+    let mut m = cpu_fields(&before, &after, cfg.cpus)?;
+    m.wall_secs = wall.as_secs_f64();
+    parse_iperf3(&v, udp, cfg.size, &mut m)?;
+    Ok(m)
+}
+
+/// Fills byte and datagram counts from iperf3's `-J` output.
+pub fn parse_iperf3(
+    v: &serde_json::Value,
+    udp: bool,
+    size: usize,
+    m: &mut Measurement,
+) -> Result<()> {
+    let end = &v["end"];
+    if let Some(err) = v["error"].as_str() {
+        return Err(format!("iperf3: {err}"));
+    }
+    let f = |x: &serde_json::Value| x.as_f64().unwrap_or(0.0);
+    if udp {
+        let sum = &end["sum"];
+        let packets = f(&sum["packets"]) as u64;
+        let lost = f(&sum["lost_packets"]).max(0.0) as u64;
+        m.send_secs = f(&sum["seconds"]);
+        m.sent_datagrams = packets;
+        m.sent_bytes = f(&sum["bytes"]) as u64;
+        m.recv_datagrams = packets.saturating_sub(lost);
+        m.recv_bytes = m.recv_datagrams * size as u64;
+        m.send_calls = packets; // iperf3 writes one datagram per call
+    } else {
+        m.send_secs = f(&end["sum_sent"]["seconds"]);
+        m.sent_bytes = f(&end["sum_sent"]["bytes"]) as u64;
+        m.recv_bytes = f(&end["sum_received"]["bytes"]) as u64;
+        m.sent_datagrams = 1;
+        m.recv_datagrams = 1;
+    }
+    if m.send_secs <= 0.0 {
+        return Err("iperf3 reported no sending time".into());
+    }
+    Ok(())
+}
+
+/// A short stable label for a send mode or TCP.
+pub fn proto_label(p: Proto) -> &'static str {
+    match p {
+        Proto::Tcp => "tcp",
+        Proto::Udp(SendMode::Sendmsg) => "udp",
+        Proto::Udp(SendMode::Sendmmsg) => "udp sendmmsg",
+        Proto::Udp(SendMode::GsoSendmsg) => "udp gso",
+        Proto::Udp(SendMode::GsoSendmmsg) => "udp gso+sendmmsg",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn iperf3_udp_json() {
+        let v: serde_json::Value = serde_json::from_str(
+            r#"{"end":{"sum":{"seconds":2.0,"bytes":294400,"packets":200,"lost_packets":10}}}"#,
+        )
+        .unwrap();
+        let mut m = Measurement::default();
+        parse_iperf3(&v, true, 1472, &mut m).unwrap();
+        assert_eq!(
+            (m.sent_datagrams, m.recv_datagrams, m.recv_bytes),
+            (200, 190, 190 * 1472)
+        );
+        assert!((m.delivered() - 0.95).abs() < 1e-9);
+        let e: serde_json::Value =
+            serde_json::from_str(r#"{"error":"unable to connect"}"#).unwrap();
+        assert!(parse_iperf3(&e, true, 1472, &mut m).is_err());
+    }
+
+    #[test]
+    fn per_gb_math() {
+        assert_eq!(per_gb(1.0, 2_000_000_000), 0.5);
+        assert!(per_gb(1.0, 0).is_infinite());
+        let m = Measurement {
+            recv_bytes: 1_000_000_000,
+            send_secs: 2.0,
+            busy_secs: 0.6,
+            ..Default::default()
+        };
+        assert!((m.gbits() - 4.0).abs() < 1e-9);
+        assert!((m.cpu_per_gb() - 0.6).abs() < 1e-9);
+    }
+}

@@ -1,0 +1,298 @@
+//! The sending role (`udpx bench tx`, and the sender thread of the main job).
+//!
+//! Like the kernel's `udpgso_bench_tx`: the same buffer is sent over and over (or, with cache
+//! thrashing, a working set larger than the last-level cache is rotated through), so what is
+//! measured is the stack, not the program. Each loop iteration hands the library
+//! [`PER_ITERATION`] datagrams; the send mode decides how many system calls that takes.
+
+use std::io::Write;
+use std::net::{SocketAddr, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use udpx::{max_payload, CounterSnapshot, SegmentLimits, SendMode, Transmit, UdpSocket};
+
+use crate::cpu::ProcessCpu;
+use crate::wire;
+
+/// Datagrams handed to one `UdpSocket::send` call.
+pub const PER_ITERATION: usize = 256;
+/// Working set for cache thrashing: larger than any last-level cache this runs on.
+pub const THRASH_BYTES: usize = 64 << 20;
+/// TCP write size (iperf3's default).
+pub const TCP_WRITE: usize = 128 << 10;
+
+/// UDP with one of the four send modes, or TCP.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub enum Proto {
+    /// UDP, sent with this mode.
+    Udp(#[serde(serialize_with = "ser_mode")] SendMode),
+    /// TCP (the kernel's segmentation offload; the yardstick).
+    Tcp,
+}
+
+fn ser_mode<S: serde::Serializer>(m: &SendMode, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(m.name())
+}
+
+/// What to send.
+#[derive(Debug, Clone)]
+pub struct TxConfig {
+    /// Destination.
+    pub dst: SocketAddr,
+    /// Protocol and send mode.
+    pub proto: Proto,
+    /// Datagram size (UDP payload bytes).
+    pub size: usize,
+    /// How long to send.
+    pub duration: Duration,
+    /// Rotate over [`THRASH_BYTES`] of buffers instead of reusing one.
+    pub cache_thrash: bool,
+    /// Stamp a sequence number and checksum in every datagram.
+    pub verify: bool,
+    /// Bytes per second at most (`None`: as fast as possible).
+    pub rate: Option<u64>,
+    /// Segments per GSO send at most (`-S`: the send size over the segment size); `None`: as
+    /// many as the kernel and the payload ceiling allow.
+    pub max_segments: Option<usize>,
+}
+
+/// One second's worth (or less, at the end) of progress.
+#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
+pub struct Interval {
+    /// Seconds since the start, at the end of the interval.
+    pub at: f64,
+    /// Length of the interval in seconds.
+    pub secs: f64,
+    /// Payload bytes.
+    pub bytes: u64,
+    /// Datagrams (or TCP writes).
+    pub datagrams: u64,
+    /// System calls.
+    pub calls: u64,
+}
+
+/// What a sender did.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct TxResult {
+    /// Seconds spent sending.
+    pub secs: f64,
+    /// Payload bytes sent.
+    pub bytes: u64,
+    /// Datagrams sent (TCP: writes).
+    pub datagrams: u64,
+    /// Send system calls.
+    pub calls: u64,
+    /// GSO super-buffers sent.
+    pub gso_buffers: u64,
+    /// CPU time of the sending thread: user seconds.
+    pub user_secs: f64,
+    /// CPU time of the sending thread: system seconds (includes softirq work done in it).
+    pub sys_secs: f64,
+    /// The socket's counters (UDP).
+    #[serde(skip)]
+    pub counters: Option<CounterSnapshot>,
+    /// GSO fallbacks taken.
+    pub gso_fallbacks: u64,
+    /// Per-second progress.
+    pub intervals: Vec<Interval>,
+}
+
+/// Sends until `cfg.duration` passes or `stop` is set. `sock` is the UDP socket to use
+/// (created by the caller, possibly inside a namespace); for TCP, `tcp` is a connected stream.
+pub fn run_tx(
+    cfg: &TxConfig,
+    sock: Option<&UdpSocket>,
+    tcp: Option<TcpStream>,
+    stop: &AtomicBool,
+    on_interval: &mut dyn FnMut(&Interval),
+) -> std::io::Result<TxResult> {
+    let region = match cfg.proto {
+        Proto::Udp(_) => PER_ITERATION * cfg.size,
+        Proto::Tcp => TCP_WRITE,
+    };
+    let regions = if cfg.cache_thrash {
+        (THRASH_BYTES / region).max(2)
+    } else {
+        1
+    };
+    let mut buf = vec![0u8; region * regions];
+    let mut sums = Vec::new();
+    if cfg.verify && matches!(cfg.proto, Proto::Udp(_)) {
+        for (i, d) in buf.chunks_mut(cfg.size).enumerate() {
+            wire::stamp(d, i as u64);
+            sums.push(wire::fnv1a(d.get(wire::HEADER..).unwrap_or(&[])));
+        }
+    } else {
+        // Not all zeros: no page or compression trick may make the copy cheaper than real data.
+        for (i, b) in buf.iter_mut().enumerate() {
+            *b = (i * 7 + 3) as u8;
+        }
+    }
+    let cpu0 = ProcessCpu::thread().unwrap_or_default();
+    let start = Instant::now();
+    let mut res = TxResult::default();
+    let mut last = (start, 0u64, 0u64, 0u64);
+    let mut next_tick = start + Duration::from_secs(1);
+    let mut seq: u64 = 0;
+    let mut r = 0;
+    let mut tcp = tcp;
+    let c0 = sock.map(|s| s.counters()).unwrap_or_default();
+    loop {
+        let now = Instant::now();
+        if stop.load(Ordering::Relaxed) || now - start >= cfg.duration {
+            break;
+        }
+        if let Some(rate) = cfg.rate {
+            let allowed = rate as f64 * (now - start).as_secs_f64();
+            if res.bytes as f64 > allowed {
+                std::thread::sleep(Duration::from_micros(200));
+                continue;
+            }
+        }
+        let off = r * region;
+        r = (r + 1) % regions;
+        match cfg.proto {
+            Proto::Udp(_) => {
+                let sock = sock.ok_or_else(|| std::io::Error::other("UDP mode needs a socket"))?;
+                if cfg.verify {
+                    let first = off / cfg.size;
+                    for (i, d) in buf[off..off + region].chunks_mut(cfg.size).enumerate() {
+                        wire::restamp_header(d, seq + i as u64, sums[first + i]);
+                    }
+                }
+                let data = &buf[off..off + region];
+                // Built per iteration: it borrows the buffer that the next iteration stamps.
+                let mut transmits: Vec<Transmit<'_>> = Vec::with_capacity(PER_ITERATION);
+                let mut limits = SegmentLimits::for_socket(sock);
+                if let Some(m) = cfg.max_segments {
+                    limits.max_segments = limits.max_segments.min(m.max(1));
+                }
+                plan_uniform(&mut transmits, cfg.dst, data, cfg.size, limits);
+                sock.send(&transmits).map_err(std::io::Error::from)?;
+                seq += PER_ITERATION as u64;
+                res.bytes += region as u64;
+                res.datagrams += PER_ITERATION as u64;
+            }
+            Proto::Tcp => {
+                let s = tcp
+                    .as_mut()
+                    .ok_or_else(|| std::io::Error::other("TCP mode needs a stream"))?;
+                s.write_all(&buf[off..off + region])?;
+                res.bytes += region as u64;
+                res.datagrams += 1;
+                res.calls += 1;
+            }
+        }
+        if let Some(s) = sock {
+            res.calls = s.counters().since(&c0).send_calls;
+        }
+        if now >= next_tick {
+            let iv = Interval {
+                at: (now - start).as_secs_f64(),
+                secs: (now - last.0).as_secs_f64(),
+                bytes: res.bytes - last.1,
+                datagrams: res.datagrams - last.2,
+                calls: res.calls - last.3,
+            };
+            on_interval(&iv);
+            res.intervals.push(iv);
+            last = (now, res.bytes, res.datagrams, res.calls);
+            next_tick += Duration::from_secs(1);
+        }
+    }
+    res.secs = start.elapsed().as_secs_f64();
+    let cpu = ProcessCpu::thread().unwrap_or_default().diff(&cpu0);
+    res.user_secs = cpu.user.as_secs_f64();
+    res.sys_secs = cpu.system.as_secs_f64();
+    if let Some(s) = sock {
+        let c = s.counters().since(&c0);
+        res.calls = c.send_calls;
+        res.gso_buffers = c.gso_buffers_sent;
+        res.gso_fallbacks = c.gso_fallbacks;
+        res.counters = Some(c);
+    }
+    Ok(res)
+}
+
+/// Transmits for a buffer of equal-size datagrams to one destination: GSO runs as long as the
+/// limits allow, or one transmit per datagram.
+pub fn plan_uniform<'a>(
+    out: &mut Vec<Transmit<'a>>,
+    dst: SocketAddr,
+    data: &'a [u8],
+    size: usize,
+    limits: SegmentLimits,
+) {
+    let per = if limits.segmenting && size > 0 {
+        limits.max_segments.min(max_payload(&dst) / size).max(1)
+    } else {
+        1
+    };
+    if size == 0 {
+        out.push(Transmit::new(dst, data));
+        return;
+    }
+    for run in data.chunks(per * size) {
+        let t = Transmit::new(dst, run);
+        out.push(if run.len() > size {
+            t.segmented(size)
+        } else {
+            t
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn uniform_plans() {
+        let dst: SocketAddr = "192.0.2.2:1".parse().unwrap();
+        let data = vec![0u8; 256 * 1472];
+        let mut out = Vec::new();
+        plan_uniform(
+            &mut out,
+            dst,
+            &data,
+            1472,
+            SegmentLimits {
+                segmenting: true,
+                max_segments: 128,
+            },
+        );
+        // 44 × 1472 = 64,768 ≤ 65,507 < 45 × 1472.
+        assert_eq!(out.len(), 6);
+        assert_eq!(out[0].segments(), 44);
+        assert_eq!(out.iter().map(|t| t.segments()).sum::<usize>(), 256);
+        out.clear();
+        plan_uniform(
+            &mut out,
+            dst,
+            &data,
+            1472,
+            SegmentLimits {
+                segmenting: false,
+                max_segments: 128,
+            },
+        );
+        assert_eq!(out.len(), 256);
+        assert!(out.iter().all(|t| t.segment_size.is_none()));
+        out.clear();
+        plan_uniform(
+            &mut out,
+            dst,
+            &[0u8; 100],
+            10,
+            SegmentLimits {
+                segmenting: true,
+                max_segments: 4,
+            },
+        );
+        assert_eq!(
+            out.iter().map(|t| t.segments()).collect::<Vec<_>>(),
+            vec![4, 4, 2]
+        );
+    }
+}

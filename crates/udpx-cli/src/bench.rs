@@ -1,0 +1,646 @@
+//! `udpx bench`: the main job (no role), or one side of a measurement (`tx`, `rx`) with flags
+//! familiar from the kernel's udpgso_bench_tx/rx.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::process::ExitCode;
+use std::sync::atomic::AtomicBool;
+use std::time::Duration;
+
+use clap::{Args, Subcommand, ValueEnum};
+use udpx::{SendMode, UdpSocket, Want};
+use udpx_bench::cpu::{online_cpus, pin_current_thread};
+use udpx_bench::matrix::{default_rows, run_matrix, ProfileResult};
+use udpx_bench::report;
+use udpx_bench::run::{Cpus, Path, RunConfig};
+use udpx_bench::rx::{run_rx, RxConfig};
+use udpx_bench::tx::{run_tx, Interval, Proto, TxConfig};
+use udpx_netns::{Profile, TestNet, TestNetConfig};
+
+use crate::exit;
+
+#[derive(Args, Debug)]
+#[command(args_conflicts_with_subcommands = true)]
+pub struct BenchArgs {
+    #[command(subcommand)]
+    role: Option<Role>,
+    #[command(flatten)]
+    main: MainArgs,
+}
+
+#[derive(Subcommand, Debug)]
+enum Role {
+    /// Send (like udpgso_bench_tx).
+    Tx(TxArgs),
+    /// Receive (like udpgso_bench_rx).
+    Rx(RxArgs),
+}
+
+/// How to send: one of the four UDP send modes, or TCP.
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+enum ModeArg {
+    /// One sendmsg per datagram.
+    Sendmsg,
+    /// sendmmsg batches.
+    Sendmmsg,
+    /// UDP GSO super-buffers, one sendmsg each.
+    Gso,
+    /// UDP GSO super-buffers batched with sendmmsg.
+    GsoSendmmsg,
+    /// TCP.
+    Tcp,
+}
+
+impl ModeArg {
+    fn proto(self) -> Proto {
+        match self {
+            ModeArg::Sendmsg => Proto::Udp(SendMode::Sendmsg),
+            ModeArg::Sendmmsg => Proto::Udp(SendMode::Sendmmsg),
+            ModeArg::Gso => Proto::Udp(SendMode::GsoSendmsg),
+            ModeArg::GsoSendmmsg => Proto::Udp(SendMode::GsoSendmmsg),
+            ModeArg::Tcp => Proto::Tcp,
+        }
+    }
+}
+
+#[derive(Args, Debug)]
+struct MainArgs {
+    /// Seconds each row sends.
+    #[arg(short = 'l', long, default_value_t = 2.0)]
+    duration: f64,
+    /// Repetitions of every row, interleaved; the tables show medians.
+    #[arg(long, default_value_t = 2)]
+    repeat: usize,
+    /// Datagram size in bytes (UDP payload).
+    #[arg(short = 's', long, default_value_t = 1472)]
+    size: usize,
+    /// Leave out the iperf3 rows.
+    #[arg(long)]
+    no_iperf3: bool,
+    /// Path profiles to run over the veth pair (offload, software).
+    #[arg(long, value_delimiter = ',', default_value = "offload,software")]
+    profiles: Vec<String>,
+    /// Measure over loopback even as root.
+    #[arg(long)]
+    loopback: bool,
+    /// Folder for the results (a timestamped subfolder is made in it).
+    #[arg(long, default_value = "results")]
+    out: String,
+    /// Print the whole result as one JSON object instead of tables.
+    #[arg(long)]
+    json: bool,
+    /// Verify sequence numbers and checksums in every datagram (slower).
+    #[arg(long)]
+    verify: bool,
+}
+
+#[derive(Args, Debug)]
+struct Common {
+    /// IPv4 (default).
+    #[arg(short = '4', conflicts_with = "ipv6")]
+    ipv4: bool,
+    /// IPv6.
+    #[arg(short = '6')]
+    ipv6: bool,
+    /// Port.
+    #[arg(short = 'p', long, default_value_t = 8000)]
+    port: u16,
+    /// Pin to this CPU.
+    #[arg(short = 'C', long)]
+    cpu: Option<usize>,
+    /// Seconds to run (tx: sending time; rx: longest wait).
+    #[arg(short = 'l', long, default_value_t = 5.0)]
+    duration: f64,
+    /// Check sequence numbers and checksums.
+    #[arg(long)]
+    verify: bool,
+    /// One JSON object at the end instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args, Debug)]
+struct TxArgs {
+    #[command(flatten)]
+    common: Common,
+    /// Destination address.
+    #[arg(short = 'D', long)]
+    dst: IpAddr,
+    /// How to send.
+    #[arg(short = 'm', long, value_enum, default_value_t = ModeArg::Sendmsg)]
+    mode: ModeArg,
+    /// Datagram size (with -S: bytes per GSO send).
+    #[arg(short = 's', long, default_value_t = 1472)]
+    size: usize,
+    /// GSO segment size: send super-buffers of --size bytes cut into segments of this size.
+    #[arg(short = 'S', long)]
+    gso_size: Option<usize>,
+    /// Rotate over a working set larger than the last-level cache.
+    #[arg(short = 'c', long)]
+    cache_thrash: bool,
+    /// MSG_ZEROCOPY (not yet supported: exits 4).
+    #[arg(short = 'z', long)]
+    zerocopy: bool,
+    /// Bytes per second at most.
+    #[arg(long)]
+    rate: Option<u64>,
+}
+
+#[derive(Args, Debug)]
+struct RxArgs {
+    #[command(flatten)]
+    common: Common,
+    /// UDP GRO on the socket.
+    #[arg(short = 'g', long)]
+    gro: bool,
+    /// TCP instead of UDP.
+    #[arg(short = 't', long)]
+    tcp: bool,
+}
+
+fn usage(msg: impl std::fmt::Display) -> ExitCode {
+    eprintln!("udpx bench: {msg}");
+    ExitCode::from(exit::USAGE)
+}
+
+fn duration(flag: &str, secs: f64) -> Result<Duration, String> {
+    if !(secs > 0.0 && secs <= 3600.0) {
+        return Err(format!(
+            "{flag} {secs}: give a duration in seconds, more than 0 and at most 3600"
+        ));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+fn check_cpu(cpu: Option<usize>) -> Result<(), String> {
+    if let Some(c) = cpu {
+        let online = online_cpus();
+        if !online.contains(&c) {
+            return Err(format!("-C {c}: no such CPU; online CPUs are {online:?}"));
+        }
+    }
+    Ok(())
+}
+
+fn check_size(flag: &str, size: usize, v6: bool) -> Result<(), String> {
+    let max = if v6 {
+        udpx::MAX_PAYLOAD_V6
+    } else {
+        udpx::MAX_PAYLOAD_V4
+    };
+    if size == 0 || size > max {
+        return Err(format!(
+            "{flag} {size}: the datagram size must be from 1 to {max} bytes"
+        ));
+    }
+    Ok(())
+}
+
+pub fn main(args: BenchArgs) -> ExitCode {
+    match args.role {
+        Some(Role::Tx(a)) => tx(a),
+        Some(Role::Rx(a)) => rx(a),
+        None => main_job(args.main),
+    }
+}
+
+fn print_interval(side: &str, iv: &Interval) {
+    let s = iv.secs.max(1e-9);
+    println!(
+        "{side} {:>5.1}s  {:>8.1} MB/s  {:>6.2} Gbit/s  {:>9.0} calls/s  {:>9.0} datagrams/s  {:>5.1} dg/call",
+        iv.at,
+        iv.bytes as f64 / s / 1e6,
+        iv.bytes as f64 * 8.0 / s / 1e9,
+        iv.calls as f64 / s,
+        iv.datagrams as f64 / s,
+        if iv.calls > 0 { iv.datagrams as f64 / iv.calls as f64 } else { 0.0 }
+    );
+}
+
+fn tx(a: TxArgs) -> ExitCode {
+    let v6 = a.common.ipv6 || a.dst.is_ipv6();
+    let dur = match duration("-l", a.common.duration) {
+        Ok(d) => d,
+        Err(e) => return usage(e),
+    };
+    if let Err(e) = check_size("-s", a.size, v6).and(check_cpu(a.common.cpu)) {
+        return usage(e);
+    }
+    if a.zerocopy {
+        eprintln!("udpx bench tx: -z/--zerocopy is not yet supported (issue 5: zerocopy send)");
+        return ExitCode::from(exit::SKIPPED);
+    }
+    let mut proto = a.mode.proto();
+    let mut size = a.size;
+    let mut max_segments = None;
+    if let Some(s) = a.gso_size {
+        if s == 0 || s >= a.size {
+            return usage(format!(
+                "-S {s}: the GSO segment size must be at least 1 and smaller than -s {}",
+                a.size
+            ));
+        }
+        if a.mode == ModeArg::Tcp {
+            return usage("-S: GSO applies to UDP, not -m tcp");
+        }
+        if !matches!(proto, Proto::Udp(SendMode::GsoSendmmsg)) {
+            proto = Proto::Udp(SendMode::GsoSendmsg);
+        }
+        max_segments = Some(a.size / s);
+        size = s;
+    }
+    if let Some(c) = a.common.cpu {
+        let _ = pin_current_thread(c);
+    }
+    let dst = SocketAddr::new(a.dst, a.common.port);
+    let local: SocketAddr = if v6 {
+        (Ipv6Addr::UNSPECIFIED, 0).into()
+    } else {
+        (Ipv4Addr::UNSPECIFIED, 0).into()
+    };
+    let cfg = TxConfig {
+        dst,
+        proto,
+        size,
+        duration: dur,
+        cache_thrash: a.cache_thrash,
+        verify: a.common.verify,
+        rate: a.rate,
+        max_segments,
+    };
+    let stop = AtomicBool::new(false);
+    let json = a.common.json;
+    let mut on = |iv: &Interval| {
+        if !json {
+            print_interval("tx", iv)
+        }
+    };
+    let res = match proto {
+        Proto::Udp(mode) => {
+            let sock = match UdpSocket::builder(local)
+                .send_mode(mode)
+                .send_buffer(4 << 20)
+                .connect(dst)
+                .bind()
+            {
+                Ok(s) => s,
+                Err(e) => return failure(format!("socket: {e}")),
+            };
+            run_tx(&cfg, Some(&sock), None, &stop, &mut on)
+        }
+        Proto::Tcp => match std::net::TcpStream::connect_timeout(&dst, Duration::from_secs(3)) {
+            Ok(s) => run_tx(&cfg, None, Some(s), &stop, &mut on),
+            Err(e) => {
+                return failure(format!(
+                    "connect {dst}: {e} (is `udpx bench rx -t` running?)"
+                ))
+            }
+        },
+    };
+    match res {
+        Ok(r) => {
+            let cpu = r.user_secs + r.sys_secs;
+            if json {
+                println!(
+                    "{}",
+                    serde_json::json!({ "role": "tx", "dst": dst.to_string(), "mode": format!("{:?}", a.mode), "size": size, "result": r, "cpu_secs_per_gb": udpx_bench::run::per_gb(cpu, r.bytes) })
+                );
+            } else {
+                println!(
+                    "tx summary: {:.1} MB/s, {:.2} Gbit/s, {:.0} calls/s, {:.0} datagrams/s, {:.1} datagrams/call, {:.2} CPU-s/GB (this thread: {:.2}s user + {:.2}s sys), {} GSO fallbacks",
+                    r.bytes as f64 / r.secs / 1e6,
+                    r.bytes as f64 * 8.0 / r.secs / 1e9,
+                    r.calls as f64 / r.secs,
+                    r.datagrams as f64 / r.secs,
+                    if r.calls > 0 { r.datagrams as f64 / r.calls as f64 } else { 0.0 },
+                    udpx_bench::run::per_gb(cpu, r.bytes),
+                    r.user_secs,
+                    r.sys_secs,
+                    r.gso_fallbacks
+                );
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => failure(format!("send: {e}")),
+    }
+}
+
+fn rx(a: RxArgs) -> ExitCode {
+    let dur = match duration("-l", a.common.duration) {
+        Ok(d) => d,
+        Err(e) => return usage(e),
+    };
+    if let Err(e) = check_cpu(a.common.cpu) {
+        return usage(e);
+    }
+    if let Some(c) = a.common.cpu {
+        let _ = pin_current_thread(c);
+    }
+    let v6 = a.common.ipv6;
+    let ip: IpAddr = if v6 {
+        Ipv6Addr::UNSPECIFIED.into()
+    } else {
+        Ipv4Addr::UNSPECIFIED.into()
+    };
+    let local = SocketAddr::new(ip, a.common.port);
+    let cfg = RxConfig {
+        verify: a.common.verify,
+        idle: Duration::from_secs(2),
+        max: dur,
+    };
+    let stop = AtomicBool::new(false);
+    let json = a.common.json;
+    let mut on = |iv: &Interval| {
+        if !json {
+            print_interval("rx", iv)
+        }
+    };
+    let res = if a.tcp {
+        let l = match std::net::TcpListener::bind(local) {
+            Ok(l) => l,
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
+                return usage(format!(
+                    "-p {}: port in use; pick another with -p",
+                    a.common.port
+                ))
+            }
+            Err(e) => return failure(format!("bind {local}: {e}")),
+        };
+        match l.accept() {
+            Ok((s, _)) => run_rx(&cfg, None, Some(s), &stop, &mut on),
+            Err(e) => return failure(format!("accept: {e}")),
+        }
+    } else {
+        let gro = if a.gro { Want::Required } else { Want::Off };
+        let sock = match UdpSocket::builder(local)
+            .gro(gro)
+            .recv_buffer(32 << 20)
+            .bind()
+        {
+            Ok(s) => s,
+            Err(udpx::Error::Io { source, .. })
+                if source.kind() == std::io::ErrorKind::AddrInUse =>
+            {
+                return usage(format!(
+                    "-p {}: port in use; pick another with -p",
+                    a.common.port
+                ))
+            }
+            Err(e @ udpx::Error::Unsupported { .. }) => {
+                eprintln!("udpx bench rx: {e}");
+                return ExitCode::from(exit::SKIPPED);
+            }
+            Err(e) => return failure(format!("socket: {e}")),
+        };
+        run_rx(&cfg, Some(&sock), None, &stop, &mut on)
+    };
+    match res {
+        Ok(r) => {
+            if json {
+                println!(
+                    "{}",
+                    serde_json::json!({ "role": "rx", "gro": a.gro, "result": r })
+                );
+            } else {
+                let s = r.secs.max(1e-9);
+                println!(
+                    "rx summary: {:.1} MB/s, {:.2} Gbit/s, {} datagrams, {:.0} calls/s, {:.1} datagrams/call, {} GRO buffers, {} truncated, {} kernel drops{}",
+                    r.bytes as f64 / s / 1e6,
+                    r.bytes as f64 * 8.0 / s / 1e9,
+                    r.datagrams,
+                    r.calls as f64 / s,
+                    if r.calls > 0 { r.datagrams as f64 / r.calls as f64 } else { 0.0 },
+                    r.gro_buffers,
+                    r.truncated,
+                    r.kernel_drops,
+                    r.seq.as_ref().map(|t| format!(", lost {}, reordered {}, corrupt {}", t.lost(), t.reordered, t.corrupt)).unwrap_or_default()
+                );
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => failure(format!("receive: {e}")),
+    }
+}
+
+fn failure(msg: String) -> ExitCode {
+    eprintln!("udpx bench: {msg}");
+    ExitCode::FAILURE
+}
+
+/// UTC `YYYYmmdd-HHMMSS` without a date library.
+fn stamp() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    // Civil from days (Howard Hinnant's algorithm).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + (m <= 2) as i64;
+    format!(
+        "{y:04}{m:02}{d:02}-{:02}{:02}{:02}",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+fn main_job(a: MainArgs) -> ExitCode {
+    let dur = match duration("--duration", a.duration) {
+        Ok(d) => d,
+        Err(e) => return usage(e),
+    };
+    if a.repeat == 0 || a.repeat > 20 {
+        return usage(format!("--repeat {}: give 1 to 20 repetitions", a.repeat));
+    }
+    if let Err(e) = check_size("--size", a.size, false) {
+        return usage(e);
+    }
+    let mut profiles = Vec::new();
+    for p in &a.profiles {
+        match p.parse::<Profile>() {
+            Ok(p) => profiles.push(p),
+            Err(_) => {
+                return usage(format!(
+                    "--profiles {p}: use offload, software or both (offload,software)"
+                ))
+            }
+        }
+    }
+    let veth = !a.loopback && udpx_netns::check_capable().is_ok();
+    if veth {
+        // Before any thread exists: Ctrl-C, TERM and HUP remove our namespaces, then exit.
+        if let Err(e) = udpx_netns::cleanup_on_signals() {
+            eprintln!("udpx bench: warning: no signal cleanup: {e}");
+        }
+    }
+    let cpus_online = online_cpus();
+    let cpus = Cpus {
+        tx: cpus_online[0],
+        rx: *cpus_online.get(1).unwrap_or(&cpus_online[0]),
+    };
+    let iperf3 = !a.no_iperf3 && which("iperf3");
+    let rows = default_rows(iperf3);
+    let cfg = RunConfig {
+        duration: dur,
+        size: a.size,
+        v6: false,
+        verify: a.verify,
+        cpus,
+    };
+    let n_profiles = if veth { profiles.len() } else { 1 };
+    let total = (rows.len() * a.repeat * n_profiles) as u64;
+    let bar = indicatif::ProgressBar::new(total);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} {msg}")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+            .progress_chars("=> "),
+    );
+    if a.json {
+        bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
+    }
+    let mut progress = |label: &str| {
+        bar.set_message(label.to_string());
+        bar.inc(1);
+    };
+    let mut results: Vec<ProfileResult> = Vec::new();
+    let mut devices: Vec<String> = Vec::new();
+    let path_text;
+    if veth {
+        path_text = format!(
+            "Path: veth pair between two network namespaces, MTU 1500; sender pinned to CPU {}, receiver to CPU {}; {} s per row, median of {} interleaved runs.",
+            cpus.tx, cpus.rx, a.duration, a.repeat
+        );
+        for p in &profiles {
+            let net = match TestNet::setup(&TestNetConfig {
+                profile: *p,
+                mtu: 1500,
+                tx_cpu: Some(cpus.tx),
+                rx_cpu: Some(cpus.rx),
+            }) {
+                Ok(n) => n,
+                Err(e) => return failure(format!("setting up the {p} path: {e}")),
+            };
+            for side in [udpx_netns::Side::Tx, udpx_netns::Side::Rx] {
+                let f = net.features(side).unwrap_or_default();
+                let pick = [
+                    "tx-udp-segmentation",
+                    "tx-checksumming",
+                    "generic-receive-offload",
+                    "rx-udp-gro-forwarding",
+                ]
+                .iter()
+                .map(|k| format!("{k} {}", f.get(*k).map(String::as_str).unwrap_or("?")))
+                .collect::<Vec<_>>()
+                .join(", ");
+                devices.push(format!("{p} {side:?} veth ({}): {pick}", net.dev(side)));
+            }
+            results.push(run_matrix(
+                p.as_str(),
+                Path::Veth(&net),
+                &rows,
+                &cfg,
+                a.repeat,
+                &mut progress,
+            ));
+        }
+    } else {
+        let why = if a.loopback {
+            "--loopback given".to_string()
+        } else {
+            udpx_netns::check_capable()
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default()
+        };
+        eprintln!("udpx bench: measuring over LOOPBACK ({why}); run as root for the veth path between two namespaces");
+        path_text = format!(
+            "Path: LOOPBACK (not a device path: {why}); sender on CPU {}, receiver on CPU {}; {} s per row, median of {} runs.",
+            cpus.tx, cpus.rx, a.duration, a.repeat
+        );
+        results.push(run_matrix(
+            "loopback",
+            Path::Loopback,
+            &rows,
+            &cfg,
+            a.repeat,
+            &mut progress,
+        ));
+    }
+    bar.finish_and_clear();
+    let checks: Vec<report::Check> = results.iter().flat_map(report::checks).collect();
+    let env_text = environment_text(&devices);
+    let dir = format!("{}/{}", a.out, stamp());
+    let json = serde_json::json!({
+        "path": path_text,
+        "config": cfg,
+        "profiles": results,
+        "checks": checks,
+        "environment": env_text,
+    });
+    let md = report::markdown("udpx bench", &path_text, &results, &checks, &env_text);
+    let write = std::fs::create_dir_all(&dir).and_then(|_| {
+        std::fs::write(
+            format!("{dir}/report.json"),
+            serde_json::to_string_pretty(&json).unwrap_or_default(),
+        )?;
+        std::fs::write(format!("{dir}/report.md"), &md)?;
+        std::fs::write(format!("{dir}/cost.svg"), report::svg_chart(&results))
+    });
+    if a.json {
+        println!("{json}");
+    } else {
+        println!("{path_text}\n");
+        for p in &results {
+            println!(
+                "== {} profile: send side (paper Figure 1)\n{}",
+                p.profile,
+                report::send_table(p)
+            );
+            println!(
+                "== {} profile: receive side (paper Figure 5)\n{}",
+                p.profile,
+                report::recv_table(p)
+            );
+        }
+        println!(
+            "== targets (cost per delivered byte, both CPUs)\n{}",
+            report::checks_text(&checks)
+        );
+        println!("== environment\n{env_text}\n");
+    }
+    match write {
+        Ok(()) => eprintln!("udpx bench: results in {dir}/ (report.md, report.json, cost.svg)"),
+        Err(e) => eprintln!("udpx bench: could not write {dir}: {e}"),
+    }
+    let failed_rows = results
+        .iter()
+        .flat_map(|p| &p.rows)
+        .filter(|r| r.runs.is_empty())
+        .count();
+    if failed_rows > 0 {
+        eprintln!("udpx bench: {failed_rows} rows failed (see the tables)");
+        return ExitCode::FAILURE;
+    }
+    ExitCode::SUCCESS
+}
+
+fn which(program: &str) -> bool {
+    std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).any(|d| d.join(program).is_file()))
+        .unwrap_or(false)
+}
+
+fn environment_text(devices: &[String]) -> String {
+    let mut s = udpx_bench::env::Environment::collect(&[]).to_string();
+    for d in devices {
+        s.push_str(&format!("\n- {d}"));
+    }
+    s
+}
