@@ -68,16 +68,9 @@ impl CpuTimes {
     /// `steal` counts as busy: the CPU was not available to us, and leaving it out would make
     /// a contended VM look idle.
     pub fn busy(&self) -> u64 {
-        [
-            self.user,
-            self.nice,
-            self.system,
-            self.irq,
-            self.softirq,
-            self.steal,
-        ]
-        .into_iter()
-        .fold(0u64, u64::saturating_add)
+        [self.user, self.nice, self.system, self.irq, self.softirq, self.steal]
+            .into_iter()
+            .fold(0u64, u64::saturating_add)
     }
 
     /// Ticks spent idle: `idle + iowait`.
@@ -140,11 +133,7 @@ impl TickRate {
     pub fn system() -> Result<TickRate, Error> {
         static RATE: OnceLock<Option<TickRate>> = OnceLock::new();
         RATE.get_or_init(|| {
-            sysconf(SysconfVar::CLK_TCK)
-                .ok()
-                .flatten()
-                .and_then(|hz| u64::try_from(hz).ok())
-                .and_then(TickRate::new)
+            sysconf(SysconfVar::CLK_TCK).ok().flatten().and_then(|hz| u64::try_from(hz).ok()).and_then(TickRate::new)
         })
         .ok_or(Error::NoTickRate)
     }
@@ -161,10 +150,7 @@ impl TickRate {
         let secs = ticks / hz;
         let nanos = (ticks % hz) * 1_000_000_000 / hz;
         // secs <= ticks <= u64::MAX and nanos < 1e9, so both conversions are exact.
-        Duration::new(
-            u64::try_from(secs).unwrap_or(u64::MAX),
-            u32::try_from(nanos).unwrap_or(0),
-        )
+        Duration::new(u64::try_from(secs).unwrap_or(u64::MAX), u32::try_from(nanos).unwrap_or(0))
     }
 
     /// `ticks` in seconds.
@@ -187,10 +173,7 @@ pub struct CpuSample {
 impl CpuSample {
     /// Reads and parses `/proc/stat` now.
     pub fn now() -> Result<CpuSample, Error> {
-        let text = std::fs::read_to_string(PROC_STAT).map_err(|source| Error::Read {
-            path: PROC_STAT,
-            source,
-        })?;
+        let text = std::fs::read_to_string(PROC_STAT).map_err(|source| Error::Read { path: PROC_STAT, source })?;
         Ok(CpuSample::from_proc_stat(&text, Instant::now())?)
     }
 
@@ -206,13 +189,8 @@ impl CpuSample {
                 }
             }
         }
-        let total =
-            total.unwrap_or_else(|| per_cpu.values().fold(CpuTimes::default(), |a, t| a.add(t)));
-        Ok(CpuSample {
-            taken,
-            total,
-            per_cpu,
-        })
+        let total = total.unwrap_or_else(|| per_cpu.values().fold(CpuTimes::default(), |a, t| a.add(t)));
+        Ok(CpuSample { taken, total, per_cpu })
     }
 
     /// What happened between `earlier` and `self`, saturating at zero. A CPU present in only
@@ -253,10 +231,7 @@ impl CpuDelta {
     /// Busy time of the given CPUs together, converted with `rate`. CPUs not sampled add
     /// nothing.
     pub fn busy_time(&self, cpus: &[usize], rate: TickRate) -> Duration {
-        let ticks = cpus
-            .iter()
-            .filter_map(|n| self.per_cpu.get(n))
-            .fold(0u64, |sum, t| sum.saturating_add(t.busy()));
+        let ticks = cpus.iter().filter_map(|n| self.per_cpu.get(n)).fold(0u64, |sum, t| sum.saturating_add(t.busy()));
         rate.to_duration(ticks)
     }
 }
@@ -283,10 +258,8 @@ impl ProcessCpu {
     }
 
     fn read(who: UsageWho, what: &'static str) -> Result<ProcessCpu, Error> {
-        let usage = getrusage(who).map_err(|e| Error::Sys {
-            what: what.to_owned(),
-            source: io::Error::from_raw_os_error(e as i32),
-        })?;
+        let usage = getrusage(who)
+            .map_err(|e| Error::Sys { what: what.to_owned(), source: io::Error::from_raw_os_error(e as i32) })?;
         Ok(ProcessCpu {
             user: timeval_to_duration(usage.user_time()),
             system: timeval_to_duration(usage.system_time()),
@@ -300,10 +273,7 @@ impl ProcessCpu {
 
     /// `self - earlier`, saturating at zero.
     pub fn diff(&self, earlier: &ProcessCpu) -> ProcessCpu {
-        ProcessCpu {
-            user: self.user.saturating_sub(earlier.user),
-            system: self.system.saturating_sub(earlier.system),
-        }
+        ProcessCpu { user: self.user.saturating_sub(earlier.user), system: self.system.saturating_sub(earlier.system) }
     }
 }
 
@@ -320,10 +290,7 @@ fn timeval_to_duration(tv: TimeVal) -> Duration {
 /// Fails if `cpu` is offline, outside this process's cpuset (EINVAL), or beyond the largest
 /// CPU set nix supports.
 pub fn pin_current_thread(cpu: usize) -> Result<(), Error> {
-    let pin_error = |e: nix::errno::Errno| Error::Pin {
-        cpu,
-        source: io::Error::from_raw_os_error(e as i32),
-    };
+    let pin_error = |e: nix::errno::Errno| Error::Pin { cpu, source: io::Error::from_raw_os_error(e as i32) };
     let mut set = CpuSet::new();
     set.set(cpu).map_err(pin_error)?;
     // Pid 0 means the calling thread (sched_setaffinity(2)).
@@ -336,17 +303,12 @@ pub fn current_affinity() -> Result<Vec<usize>, Error> {
         what: "sched_getaffinity".to_owned(),
         source: io::Error::from_raw_os_error(e as i32),
     })?;
-    Ok((0..CpuSet::count())
-        .filter(|&c| set.is_set(c).unwrap_or(false))
-        .collect())
+    Ok((0..CpuSet::count()).filter(|&c| set.is_set(c).unwrap_or(false)).collect())
 }
 
 /// The online CPUs, from [`ONLINE_CPUS`].
 pub fn try_online_cpus() -> Result<Vec<usize>, Error> {
-    let text = std::fs::read_to_string(ONLINE_CPUS).map_err(|source| Error::Read {
-        path: ONLINE_CPUS,
-        source,
-    })?;
+    let text = std::fs::read_to_string(ONLINE_CPUS).map_err(|source| Error::Read { path: ONLINE_CPUS, source })?;
     Ok(parse_cpu_list(&text)?)
 }
 
@@ -358,10 +320,7 @@ pub fn online_cpus() -> Vec<usize> {
         Ok(cpus) => cpus,
         Err(e) => {
             log::warn!("{e}; using this thread's CPU affinity instead");
-            current_affinity()
-                .ok()
-                .filter(|cpus| !cpus.is_empty())
-                .unwrap_or_else(|| vec![0])
+            current_affinity().ok().filter(|cpus| !cpus.is_empty()).unwrap_or_else(|| vec![0])
         }
     }
 }
@@ -372,12 +331,7 @@ pub fn online_cpus() -> Vec<usize> {
 /// The format is the kernel's `cpulist` (bitmap_parselist); the stride form `0-7:2/4` is not
 /// used for the online list and is rejected.
 pub fn parse_cpu_list(text: &str) -> Result<Vec<usize>, ParseError> {
-    let err = |why| ParseError {
-        source: "CPU list",
-        line: 1,
-        text: text.trim_end().to_owned(),
-        why,
-    };
+    let err = |why| ParseError { source: "CPU list", line: 1, text: text.trim_end().to_owned(), why };
     let body = text.strip_suffix('\n').unwrap_or(text);
     if body.is_empty() {
         return Err(err("it is empty"));
@@ -424,12 +378,7 @@ pub fn parse_cpu_list(text: &str) -> Result<Vec<usize>, ParseError> {
 pub fn parse_proc_stat(text: &str) -> Result<Vec<(Option<usize>, CpuTimes)>, ParseError> {
     let mut out: Vec<(Option<usize>, CpuTimes)> = Vec::new();
     for (index, line) in text.lines().enumerate() {
-        let err = |why| ParseError {
-            source: PROC_STAT,
-            line: index + 1,
-            text: line.to_owned(),
-            why,
-        };
+        let err = |why| ParseError { source: PROC_STAT, line: index + 1, text: line.to_owned(), why };
         let mut words = line.split_whitespace();
         let Some(key) = words.next() else {
             continue;
@@ -447,9 +396,7 @@ pub fn parse_proc_stat(text: &str) -> Result<Vec<(Option<usize>, CpuTimes)>, Par
         let mut fields = [0u64; 8];
         let mut count = 0;
         for word in words {
-            let value: u64 = word
-                .parse()
-                .map_err(|_| err("a field is not a non-negative integer"))?;
+            let value: u64 = word.parse().map_err(|_| err("a field is not a non-negative integer"))?;
             if let Some(slot) = fields.get_mut(count) {
                 *slot = value;
             }
@@ -462,27 +409,10 @@ pub fn parse_proc_stat(text: &str) -> Result<Vec<(Option<usize>, CpuTimes)>, Par
             return Err(err("this CPU is listed twice"));
         }
         let [user, nice, system, idle, iowait, irq, softirq, steal] = fields;
-        out.push((
-            cpu,
-            CpuTimes {
-                user,
-                nice,
-                system,
-                idle,
-                iowait,
-                irq,
-                softirq,
-                steal,
-            },
-        ));
+        out.push((cpu, CpuTimes { user, nice, system, idle, iowait, irq, softirq, steal }));
     }
     if out.is_empty() {
-        return Err(ParseError {
-            source: PROC_STAT,
-            line: 0,
-            text: String::new(),
-            why: "no cpu lines at all",
-        });
+        return Err(ParseError { source: PROC_STAT, line: 0, text: String::new(), why: "no cpu lines at all" });
     }
     Ok(out)
 }
@@ -505,16 +435,9 @@ impl fmt::Display for ParseError {
         if self.line == 0 {
             write!(f, "cannot parse {}: {}", self.source, self.why)?;
         } else {
-            write!(
-                f,
-                "cannot parse {} line {} ({:?}): {}",
-                self.source, self.line, self.text, self.why
-            )?;
+            write!(f, "cannot parse {} line {} ({:?}): {}", self.source, self.line, self.text, self.why)?;
         }
-        write!(
-            f,
-            "; this kernel's format is not understood: report it with the text"
-        )
+        write!(f, "; this kernel's format is not understood: report it with the text")
     }
 }
 
@@ -554,10 +477,7 @@ pub enum Error {
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Error::Read { path, source } => write!(
-                f,
-                "cannot read {path}: {source}; is /proc (and /sys) mounted?"
-            ),
+            Error::Read { path, source } => write!(f, "cannot read {path}: {source}; is /proc (and /sys) mounted?"),
             Error::Parse(e) => e.fmt(f),
             Error::Sys { what, source } => write!(f, "{what} failed: {source}"),
             Error::Pin { cpu, source } => write!(
@@ -577,9 +497,7 @@ impl fmt::Display for Error {
 impl std::error::Error for Error {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            Error::Read { source, .. } | Error::Sys { source, .. } | Error::Pin { source, .. } => {
-                Some(source)
-            }
+            Error::Read { source, .. } | Error::Sys { source, .. } | Error::Pin { source, .. } => Some(source),
             Error::Parse(e) => Some(e),
             Error::NoTickRate => None,
         }
@@ -612,16 +530,7 @@ softirq 409213 0 108244 1 2 3 4 5 6 7 8
 
     fn times(v: [u64; 8]) -> CpuTimes {
         let [user, nice, system, idle, iowait, irq, softirq, steal] = v;
-        CpuTimes {
-            user,
-            nice,
-            system,
-            idle,
-            iowait,
-            irq,
-            softirq,
-            steal,
-        }
+        CpuTimes { user, nice, system, idle, iowait, irq, softirq, steal }
     }
 
     #[test]
@@ -695,21 +604,9 @@ softirq 409213 0 108244 1 2 3 4 5 6 7 8
         assert_eq!(later.diff(&earlier), times([5, 0, 2, 10, 0, 1, 3, 0]));
         assert_eq!(earlier.diff(&earlier), CpuTimes::default());
 
-        let p0 = ProcessCpu {
-            user: Duration::from_millis(5),
-            system: Duration::from_millis(9),
-        };
-        let p1 = ProcessCpu {
-            user: Duration::from_millis(8),
-            system: Duration::from_millis(7),
-        };
-        assert_eq!(
-            p1.diff(&p0),
-            ProcessCpu {
-                user: Duration::from_millis(3),
-                system: Duration::ZERO,
-            }
-        );
+        let p0 = ProcessCpu { user: Duration::from_millis(5), system: Duration::from_millis(9) };
+        let p1 = ProcessCpu { user: Duration::from_millis(8), system: Duration::from_millis(7) };
+        assert_eq!(p1.diff(&p0), ProcessCpu { user: Duration::from_millis(3), system: Duration::ZERO });
         assert_eq!(p1.total(), Duration::from_millis(15));
     }
 
@@ -741,10 +638,7 @@ softirq 409213 0 108244 1 2 3 4 5 6 7 8
         let odd = TickRate::new(3).unwrap();
         assert_eq!(odd.to_duration(4), Duration::new(1, 333_333_333));
         // No overflow at the top of the range.
-        assert_eq!(
-            TickRate::new(1).unwrap().to_duration(u64::MAX),
-            Duration::from_secs(u64::MAX)
-        );
+        assert_eq!(TickRate::new(1).unwrap().to_duration(u64::MAX), Duration::from_secs(u64::MAX));
         assert!(TickRate::new(0).is_none());
     }
 
@@ -755,19 +649,7 @@ softirq 409213 0 108244 1 2 3 4 5 6 7 8
         assert_eq!(parse_cpu_list("0-3").unwrap(), vec![0, 1, 2, 3]);
         assert_eq!(parse_cpu_list("0,2-3,7").unwrap(), vec![0, 2, 3, 7]);
         assert_eq!(parse_cpu_list("3,1-2,2").unwrap(), vec![1, 2, 3]);
-        for bad in [
-            "",
-            "\n",
-            "a",
-            "0-",
-            "-1",
-            "1-0",
-            "0,,1",
-            "0 1",
-            "0-3:2/4",
-            ",",
-            "0-99999999",
-        ] {
+        for bad in ["", "\n", "a", "0-", "-1", "1-0", "0,,1", "0 1", "0-3:2/4", ",", "0-99999999"] {
             let e = parse_cpu_list(bad).unwrap_err();
             assert_eq!(e.source, "CPU list", "{bad:?}");
         }
@@ -780,10 +662,7 @@ softirq 409213 0 108244 1 2 3 4 5 6 7 8
         let online = online_cpus();
         assert!(!online.is_empty());
         for cpu in &online {
-            assert!(
-                sample.per_cpu.contains_key(cpu),
-                "CPU {cpu} not in /proc/stat"
-            );
+            assert!(sample.per_cpu.contains_key(cpu), "CPU {cpu} not in /proc/stat");
         }
         assert!(TickRate::system().unwrap().hz() > 0);
         let p = ProcessCpu::process().unwrap();
@@ -801,9 +680,7 @@ softirq 409213 0 108244 1 2 3 4 5 6 7 8
         .join()
         .unwrap();
         assert_eq!(pinned, vec![cpu]);
-        let e = std::thread::spawn(|| pin_current_thread(CpuSet::count()).unwrap_err())
-            .join()
-            .unwrap();
+        let e = std::thread::spawn(|| pin_current_thread(CpuSet::count()).unwrap_err()).join().unwrap();
         assert!(matches!(e, Error::Pin { .. }), "{e}");
     }
 }

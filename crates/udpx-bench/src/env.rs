@@ -234,10 +234,7 @@ impl DeviceInfo {
 
     /// All egress qdisc kinds: the root, then its children.
     pub fn qdisc_kinds(&self) -> impl Iterator<Item = &str> {
-        self.root_qdisc
-            .iter()
-            .chain(self.child_qdiscs.iter())
-            .map(String::as_str)
+        self.root_qdisc.iter().chain(self.child_qdiscs.iter()).map(String::as_str)
     }
 }
 
@@ -275,12 +272,8 @@ impl Environment {
     /// tool), plus, on the first call in a process, the qdisc probe (a namespace made and
     /// removed) and [`KernelCaps::get`].
     pub fn collect(devices: &[(Option<&Namespace>, &str)]) -> Environment {
-        let cpuinfo = read_trimmed("/proc/cpuinfo")
-            .map(|t| parse_cpuinfo(&t))
-            .unwrap_or_default();
-        let interrupts = read_trimmed("/proc/interrupts")
-            .map(|t| parse_interrupts(&t))
-            .unwrap_or_default();
+        let cpuinfo = read_trimmed("/proc/cpuinfo").map(|t| parse_cpuinfo(&t)).unwrap_or_default();
+        let interrupts = read_trimmed("/proc/interrupts").map(|t| parse_interrupts(&t)).unwrap_or_default();
         Environment {
             kernel_release: read_trimmed("/proc/sys/kernel/osrelease"),
             cpu_model: cpuinfo.model,
@@ -294,20 +287,14 @@ impl Environment {
             sysctls: read_sysctls(),
             caps: KernelCaps::get().into(),
             qdiscs: probe_qdiscs(),
-            default_route_dev: read_trimmed("/proc/net/route")
-                .and_then(|t| parse_default_route(&t)),
-            devices: devices
-                .iter()
-                .map(|&(ns, name)| collect_device(ns, name, &interrupts))
-                .collect(),
+            default_route_dev: read_trimmed("/proc/net/route").and_then(|t| parse_default_route(&t)),
+            devices: devices.iter().map(|&(ns, name)| collect_device(ns, name, &interrupts)).collect(),
         }
     }
 
     /// Whether anything at all could be read (a kernel release, a sysctl or a device).
     pub fn read_anything(&self) -> bool {
-        self.kernel_release.is_some()
-            || self.sysctls != Sysctls::default()
-            || self.devices.iter().any(|d| d.present)
+        self.kernel_release.is_some() || self.sysctls != Sysctls::default() || self.devices.iter().any(|d| d.present)
     }
 
     /// The device list as a Markdown table, for beside a report; a system table first.
@@ -361,36 +348,18 @@ impl Environment {
             Some(false) => ", bare metal",
             None => "",
         };
-        let udp_mem = s
-            .udp_mem
-            .map_or("?".to_owned(), |[a, b, c]| format!("{a} {b} {c} pages"));
+        let udp_mem = s.udp_mem.map_or("?".to_owned(), |[a, b, c]| format!("{a} {b} {c} pages"));
         vec![
             ("kernel", opt(&self.kernel_release)),
             ("CPU", format!("{}, {cpus}{vm}", opt(&self.cpu_model))),
             ("UDP features", caps_text(&self.caps)),
-            (
-                "pacing qdiscs",
-                format!("fq {}, etf {}", self.qdiscs.fq, self.qdiscs.etf),
-            ),
-            (
-                "socket buffers max",
-                format!("rmem {}, wmem {}", bytes(s.rmem_max), bytes(s.wmem_max)),
-            ),
-            (
-                "socket buffers default",
-                format!(
-                    "rmem {}, wmem {}",
-                    bytes(s.rmem_default),
-                    bytes(s.wmem_default)
-                ),
-            ),
+            ("pacing qdiscs", format!("fq {}, etf {}", self.qdiscs.fq, self.qdiscs.etf)),
+            ("socket buffers max", format!("rmem {}, wmem {}", bytes(s.rmem_max), bytes(s.wmem_max))),
+            ("socket buffers default", format!("rmem {}, wmem {}", bytes(s.rmem_default), bytes(s.wmem_default))),
             ("optmem_max", bytes(s.optmem_max)),
             ("netdev_max_backlog", opt(&s.netdev_max_backlog)),
             ("udp_mem", udp_mem),
-            (
-                "busy_poll / busy_read",
-                format!("{} / {} us", opt(&s.busy_poll), opt(&s.busy_read)),
-            ),
+            ("busy_poll / busy_read", format!("{} / {} us", opt(&s.busy_poll), opt(&s.busy_read))),
         ]
     }
 }
@@ -398,11 +367,7 @@ impl Environment {
 /// One paragraph, for printing beside a table.
 impl fmt::Display for Environment {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let parts: Vec<String> = self
-            .summary_rows()
-            .into_iter()
-            .map(|(k, v)| format!("{k}: {v}"))
-            .collect();
+        let parts: Vec<String> = self.summary_rows().into_iter().map(|(k, v)| format!("{k}: {v}")).collect();
         f.write_str(&parts.join("; "))?;
         for d in &self.devices {
             write!(f, "; {}: ", d.label())?;
@@ -444,7 +409,8 @@ enum Place<'a> {
 
 /// Prints each readable file given as an argument as `RS path US contents`, so one
 /// `ip netns exec` reads them all.
-const READ_FILES_SCRIPT: &str = r#"for f; do if v=$(cat -- "$f" 2>/dev/null); then printf '\036%s\037%s\n' "$f" "$v"; fi; done"#;
+const READ_FILES_SCRIPT: &str =
+    r#"for f; do if v=$(cat -- "$f" 2>/dev/null); then printf '\036%s\037%s\n' "$f" "$v"; fi; done"#;
 
 impl Place<'_> {
     /// Runs a tool; `None` if it cannot start, fails or times out.
@@ -461,16 +427,11 @@ impl Place<'_> {
     /// Reads small text files, trimmed; unreadable ones are missing from the map.
     fn read_files(self, paths: &[String]) -> BTreeMap<String, String> {
         match self {
-            Place::Here => paths
-                .iter()
-                .filter_map(|p| Some((p.clone(), read_trimmed(p)?)))
-                .collect(),
+            Place::Here => paths.iter().filter_map(|p| Some((p.clone(), read_trimmed(p)?))).collect(),
             Place::Netns(_) => {
                 let mut args = vec!["sh", "-c", READ_FILES_SCRIPT, "sh"];
                 args.extend(paths.iter().map(String::as_str));
-                self.run(&args)
-                    .map(|out| parse_file_records(&out))
-                    .unwrap_or_default()
+                self.run(&args).map(|out| parse_file_records(&out)).unwrap_or_default()
             }
         }
     }
@@ -478,16 +439,10 @@ impl Place<'_> {
     /// The entries of a directory, sorted.
     fn list_dir(self, path: &str) -> Option<Vec<String>> {
         let mut names: Vec<String> = match self {
-            Place::Here => std::fs::read_dir(path)
-                .ok()?
-                .flatten()
-                .map(|e| e.file_name().to_string_lossy().into_owned())
-                .collect(),
-            Place::Netns(_) => self
-                .run(&["ls", "-1", path])?
-                .lines()
-                .map(str::to_owned)
-                .collect(),
+            Place::Here => {
+                std::fs::read_dir(path).ok()?.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect()
+            }
+            Place::Netns(_) => self.run(&["ls", "-1", path])?.lines().map(str::to_owned).collect(),
         };
         names.sort();
         Some(names)
@@ -496,28 +451,21 @@ impl Place<'_> {
     /// The resolved path of a symbolic link, if everything it names exists.
     fn canonical(self, path: &str) -> Option<String> {
         match self {
-            Place::Here => std::fs::canonicalize(path)
-                .ok()
-                .map(|p| p.to_string_lossy().into_owned()),
-            Place::Netns(_) => self
-                .run(&["readlink", "-e", path])
-                .map(|s| s.trim().to_owned())
-                .filter(|s| !s.is_empty()),
+            Place::Here => std::fs::canonicalize(path).ok().map(|p| p.to_string_lossy().into_owned()),
+            Place::Netns(_) => {
+                self.run(&["readlink", "-e", path]).map(|s| s.trim().to_owned()).filter(|s| !s.is_empty())
+            }
         }
     }
 }
 
 /// Reads a file and trims trailing whitespace; `None` if unreadable.
 fn read_trimmed(path: impl AsRef<Path>) -> Option<String> {
-    std::fs::read_to_string(path)
-        .ok()
-        .map(|s| s.trim_end().to_owned())
+    std::fs::read_to_string(path).ok().map(|s| s.trim_end().to_owned())
 }
 
 fn read_sysctls() -> Sysctls {
-    let num = |name: &str| {
-        read_trimmed(format!("/proc/sys/net/core/{name}")).and_then(|s| s.parse().ok())
-    };
+    let num = |name: &str| read_trimmed(format!("/proc/sys/net/core/{name}")).and_then(|s| s.parse().ok());
     Sysctls {
         rmem_max: num("rmem_max"),
         wmem_max: num("wmem_max"),
@@ -533,27 +481,18 @@ fn read_sysctls() -> Sysctls {
 
 fn collect_device(ns: Option<&Namespace>, name: &str, interrupts: &[(u32, String)]) -> DeviceInfo {
     let place = ns.map_or(Place::Here, Place::Netns);
-    let mut info = DeviceInfo {
-        name: name.to_owned(),
-        namespace: ns.map(|n| n.name().to_owned()),
-        ..DeviceInfo::default()
-    };
+    let mut info =
+        DeviceInfo { name: name.to_owned(), namespace: ns.map(|n| n.name().to_owned()), ..DeviceInfo::default() };
     // A name with a slash or dots could read other sysfs files; interface names never have
     // them (dev_valid_name).
     if name.is_empty() || name.contains('/') || name == "." || name == ".." {
         return info;
     }
     let base = format!("/sys/class/net/{name}");
-    let queues = place
-        .list_dir(&format!("{base}/queues"))
-        .unwrap_or_default();
+    let queues = place.list_dir(&format!("{base}/queues")).unwrap_or_default();
     let rx: Vec<&String> = queues.iter().filter(|q| q.starts_with("rx-")).collect();
     let tx: Vec<&String> = queues.iter().filter(|q| q.starts_with("tx-")).collect();
-    let mut paths = vec![
-        format!("{base}/mtu"),
-        format!("{base}/threaded"),
-        format!("{base}/operstate"),
-    ];
+    let mut paths = vec![format!("{base}/mtu"), format!("{base}/threaded"), format!("{base}/operstate")];
     paths.extend(rx.iter().map(|q| format!("{base}/queues/{q}/rps_cpus")));
     paths.extend(tx.iter().map(|q| format!("{base}/queues/{q}/xps_cpus")));
     let files = place.read_files(&paths);
@@ -563,25 +502,17 @@ fn collect_device(ns: Option<&Namespace>, name: &str, interrupts: &[(u32, String
     info.present = true;
     info.mtu = mtu.parse().ok();
     info.operstate = files.get(&paths[2]).cloned();
-    info.threaded_napi = files
-        .get(&paths[1])
-        .and_then(|s| s.parse::<u8>().ok())
-        .map(|v| v != 0);
+    info.threaded_napi = files.get(&paths[1]).and_then(|s| s.parse::<u8>().ok()).map(|v| v != 0);
     info.rx_queues = Some(rx.len()).filter(|&n| n > 0);
     info.tx_queues = Some(tx.len()).filter(|&n| n > 0);
-    for (dir, map) in [
-        ("rps_cpus", &mut info.rps_cpus),
-        ("xps_cpus", &mut info.xps_cpus),
-    ] {
+    for (dir, map) in [("rps_cpus", &mut info.rps_cpus), ("xps_cpus", &mut info.xps_cpus)] {
         for q in queues.iter() {
             if let Some(v) = files.get(&format!("{base}/queues/{q}/{dir}")) {
                 map.insert(q.clone(), v.clone());
             }
         }
     }
-    info.driver = place
-        .run(&["ethtool", "-i", name])
-        .and_then(|t| parse_ethtool_driver(&t));
+    info.driver = place.run(&["ethtool", "-i", name]).and_then(|t| parse_ethtool_driver(&t));
     info.features = place
         .run(&["ethtool", "-k", name])
         .map(|t| parse_ethtool_features(&t))
@@ -591,15 +522,9 @@ fn collect_device(ns: Option<&Namespace>, name: &str, interrupts: &[(u32, String
         .collect();
     if let Some(text) = place.run(&["tc", "qdisc", "show", "dev", name]) {
         let qdiscs = parse_tc_qdiscs(&text);
-        info.root_qdisc = qdiscs
-            .iter()
-            .find(|q| q.parent.is_none())
-            .map(|q| q.kind.clone());
-        info.child_qdiscs = qdiscs
-            .into_iter()
-            .filter(|q| q.parent.is_some() && !q.is_ingress())
-            .map(|q| q.kind)
-            .collect();
+        info.root_qdisc = qdiscs.iter().find(|q| q.parent.is_none()).map(|q| q.kind.clone());
+        info.child_qdiscs =
+            qdiscs.into_iter().filter(|q| q.parent.is_some() && !q.is_ingress()).map(|q| q.kind).collect();
     }
     let device = place.canonical(&format!("{base}/device"));
     info.physical = Some(device.is_some());
@@ -613,19 +538,12 @@ fn collect_device(ns: Option<&Namespace>, name: &str, interrupts: &[(u32, String
 /// interface, else the MSI vectors of its bus device (or of the parent: a virtio device's
 /// vectors belong to its PCI function). The bus path is the same in every namespace.
 fn device_irqs(name: &str, device: &str, interrupts: &[(u32, String)]) -> Vec<IrqInfo> {
-    let mut numbers: Vec<u32> = interrupts
-        .iter()
-        .filter(|(_, desc)| mentions(desc, name))
-        .map(|&(n, _)| n)
-        .collect();
+    let mut numbers: Vec<u32> = interrupts.iter().filter(|(_, desc)| mentions(desc, name)).map(|&(n, _)| n).collect();
     if numbers.is_empty() {
         let device = Path::new(device);
         for dir in [Some(device), device.parent()].into_iter().flatten() {
             if let Ok(entries) = std::fs::read_dir(dir.join("msi_irqs")) {
-                numbers = entries
-                    .flatten()
-                    .filter_map(|e| e.file_name().to_str()?.parse().ok())
-                    .collect();
+                numbers = entries.flatten().filter_map(|e| e.file_name().to_str()?.parse().ok()).collect();
                 break;
             }
         }
@@ -662,10 +580,7 @@ pub fn probe_qdiscs() -> QdiscSupport {
 }
 
 fn probe_qdiscs_uncached() -> QdiscSupport {
-    let unknown = |why: String| QdiscSupport {
-        note: Some(why),
-        ..QdiscSupport::default()
-    };
+    let unknown = |why: String| QdiscSupport { note: Some(why), ..QdiscSupport::default() };
     if !udpx_netns::is_root() {
         return unknown("not root: cannot install a qdisc in a scratch namespace".to_owned());
     }
@@ -676,12 +591,10 @@ fn probe_qdiscs_uncached() -> QdiscSupport {
     let try_qdisc = |spec: &[&str]| -> Result<(), String> {
         let mut args = vec!["tc", "qdisc", "replace", "dev", "lo", "root"];
         args.extend_from_slice(spec);
-        ns.exec_timeout(&args, TOOL_TIMEOUT)
-            .map(|_| ())
-            .map_err(|e| match e {
-                udpx_netns::Error::Command { stderr, .. } => stderr,
-                other => other.to_string(),
-            })
+        ns.exec_timeout(&args, TOOL_TIMEOUT).map(|_| ()).map_err(|e| match e {
+            udpx_netns::Error::Command { stderr, .. } => stderr,
+            other => other.to_string(),
+        })
     };
     if let Err(why) = try_qdisc(&["pfifo"]) {
         return unknown(format!("tc does not work in a scratch namespace: {why}"));
@@ -760,17 +673,13 @@ pub fn mentions(text: &str, dev: &str) -> bool {
         return false;
     }
     let is_word = |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric());
-    text.match_indices(dev).any(|(i, _)| {
-        !is_word(text[..i].chars().next_back()) && !is_word(text[i + dev.len()..].chars().next())
-    })
+    text.match_indices(dev)
+        .any(|(i, _)| !is_word(text[..i].chars().next_back()) && !is_word(text[i + dev.len()..].chars().next()))
 }
 
 /// The `driver:` line of `ethtool -i`.
 pub fn parse_ethtool_driver(text: &str) -> Option<String> {
-    text.lines()
-        .find_map(|l| l.strip_prefix("driver:"))
-        .map(|d| d.trim().to_owned())
-        .filter(|d| !d.is_empty())
+    text.lines().find_map(|l| l.strip_prefix("driver:")).map(|d| d.trim().to_owned()).filter(|d| !d.is_empty())
 }
 
 /// Parses `ethtool -k` output (`name: on|off [fixed]`, sub-features indented) into every
@@ -787,8 +696,7 @@ pub fn parse_ethtool_features(text: &str) -> BTreeMap<String, OffloadState> {
                 _ => return None,
             };
             let fixed = rest.contains("[fixed]");
-            (!name.is_empty() && !name.contains(' '))
-                .then(|| (name.to_owned(), OffloadState { on, fixed }))
+            (!name.is_empty() && !name.contains(' ')).then(|| (name.to_owned(), OffloadState { on, fixed }))
         })
         .collect()
 }
@@ -828,11 +736,7 @@ pub fn parse_tc_qdiscs(text: &str) -> Vec<QdiscLine> {
                 let at = words.iter().position(|w| *w == "parent")?;
                 Some((*words.get(at + 1)?).to_owned())
             };
-            Some(QdiscLine {
-                kind,
-                handle,
-                parent,
-            })
+            Some(QdiscLine { kind, handle, parent })
         })
         .collect()
 }
@@ -848,12 +752,7 @@ pub fn parse_default_route(text: &str) -> Option<String> {
 /// Parses a kernel hex CPU mask (`3`, `00000000,00000003`) into CPU numbers; `None` if it is
 /// not a mask.
 pub fn parse_cpumask(text: &str) -> Option<Vec<usize>> {
-    let digits: Vec<u32> = text
-        .trim()
-        .chars()
-        .filter(|&c| c != ',')
-        .map(|c| c.to_digit(16))
-        .collect::<Option<_>>()?;
+    let digits: Vec<u32> = text.trim().chars().filter(|&c| c != ',').map(|c| c.to_digit(16)).collect::<Option<_>>()?;
     if digits.is_empty() {
         return None;
     }
@@ -896,10 +795,7 @@ fn parse_file_records(out: &str) -> BTreeMap<String, String> {
 }
 
 fn parse_triple(text: &str) -> Option<[u64; 3]> {
-    let v: Vec<u64> = text
-        .split_whitespace()
-        .map(|w| w.parse().ok())
-        .collect::<Option<_>>()?;
+    let v: Vec<u64> = text.split_whitespace().map(|w| w.parse().ok()).collect::<Option<_>>()?;
     v.try_into().ok()
 }
 
@@ -926,22 +822,10 @@ pub(crate) fn bytes(v: Option<u64>) -> String {
 
 fn caps_text(c: &KernelCapsInfo) -> String {
     let gso = match c.gso_max_segments {
-        Some(n) => format!(
-            "GSO {n} segments ({})",
-            if c.gso_limit_measured {
-                "measured"
-            } else {
-                "assumed"
-            }
-        ),
+        Some(n) => format!("GSO {n} segments ({})", if c.gso_limit_measured { "measured" } else { "assumed" }),
         None => "no GSO".to_owned(),
     };
-    format!(
-        "{gso}, GRO {}, SO_TXTIME {}, zerocopy {}",
-        yes_no(c.gro),
-        yes_no(c.txtime),
-        yes_no(c.zerocopy)
-    )
+    format!("{gso}, GRO {}, SO_TXTIME {}, zerocopy {}", yes_no(c.gro), yes_no(c.txtime), yes_no(c.zerocopy))
 }
 
 fn qdisc_text(d: &DeviceInfo) -> String {
@@ -959,10 +843,7 @@ fn join_map(m: &BTreeMap<String, String>) -> String {
     if m.is_empty() {
         return "?".to_owned();
     }
-    m.iter()
-        .map(|(k, v)| format!("{k}={v}"))
-        .collect::<Vec<_>>()
-        .join(" ")
+    m.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(" ")
 }
 
 fn md_escape(s: &str) -> String {
@@ -1002,11 +883,7 @@ mod tests {
         assert_eq!(irqs[0], (26, "IO-APIC   4-edge      ttyS0".to_owned()));
         assert_eq!(irqs[1].0, 38);
         assert!(irqs[1].1.ends_with("virtio2-input.0"));
-        let eth0: Vec<u32> = irqs
-            .iter()
-            .filter(|(_, d)| mentions(d, "eth0"))
-            .map(|p| p.0)
-            .collect();
+        let eth0: Vec<u32> = irqs.iter().filter(|(_, d)| mentions(d, "eth0")).map(|p| p.0).collect();
         assert_eq!(eth0, [64]);
         assert!(irqs.iter().any(|(n, d)| *n == 65 && mentions(d, "eth1")));
     }
@@ -1065,8 +942,7 @@ mod tests {
 
     #[test]
     fn default_route() {
-        let text =
-            "Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\t\tMTU\tWindow\tIRTT\n\
+        let text = "Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\t\tMTU\tWindow\tIRTT\n\
                     eth0\t000200C0\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0\n\
                     eth0\t00000000\t010200C0\t0003\t0\t0\t0\t00000000\t0\t0\t0\n";
         assert_eq!(parse_default_route(text).as_deref(), Some("eth0"));
@@ -1096,10 +972,7 @@ mod tests {
         assert_eq!(m["/sys/a"], "1500");
         assert_eq!(m["/sys/b"], "line1\nline2");
         assert!(parse_file_records("").is_empty());
-        assert_eq!(
-            parse_triple("575799\t767734\t1151598"),
-            Some([575799, 767734, 1151598])
-        );
+        assert_eq!(parse_triple("575799\t767734\t1151598"), Some([575799, 767734, 1151598]));
         assert_eq!(parse_triple("1 2"), None);
         assert_eq!(parse_triple("1 x 3"), None);
     }
@@ -1127,14 +1000,7 @@ mod tests {
             mtu: Some(1500),
             root_qdisc: Some("mq".to_owned()),
             child_qdiscs: vec!["fq".to_owned(), "fq".to_owned()],
-            features: [(
-                "tx-udp-segmentation".to_owned(),
-                OffloadState {
-                    on: false,
-                    fixed: true,
-                },
-            )]
-            .into(),
+            features: [("tx-udp-segmentation".to_owned(), OffloadState { on: false, fixed: true })].into(),
             ..DeviceInfo::default()
         });
         let text = env.to_string();
@@ -1144,19 +1010,13 @@ mod tests {
         assert!(!text.contains('\n'), "one paragraph: {text}");
         let md = env.to_markdown();
         assert!(md.contains("| CPU | Some \\| CPU, 2 online |"), "{md}");
-        assert!(
-            md.contains("| eth0 | ? | ? | 1500 | ?/? | mq (fq) |"),
-            "{md}"
-        );
+        assert!(md.contains("| eth0 | ? | ? | 1500 | ?/? | mq (fq) |"), "{md}");
         assert!(md.contains("| off (fixed) |"), "{md}");
         // Every device row has as many cells as the header.
         let cells = |l: &str| l.matches(" |").count();
         let lines: Vec<&str> = md.lines().filter(|l| l.starts_with("| device")).collect();
         let header = cells(lines[0]);
-        assert!(md
-            .lines()
-            .filter(|l| l.starts_with("| eth0"))
-            .all(|l| cells(l) == header));
+        assert!(md.lines().filter(|l| l.starts_with("| eth0")).all(|l| cells(l) == header));
         let json = serde_json::to_string(&env).unwrap();
         assert!(json.contains("\"fq\":\"unknown\""), "{json}");
         let back: Environment = serde_json::from_str(&json).unwrap();

@@ -6,7 +6,7 @@ use serde::Serialize;
 use udpx::SendMode;
 
 use crate::run::{per_gb, run_iperf3, run_udpx, Kind, Measurement, Path, RunConfig};
-use crate::tx::Proto;
+use crate::tx::{Proto, Zc};
 
 /// One row of the table.
 #[derive(Debug, Clone, Serialize)]
@@ -27,16 +27,12 @@ const fn udpx(
     gro: bool,
     cache_thrash: bool,
 ) -> Row {
-    Row {
-        id,
-        label,
-        kind: Kind::Udpx {
-            proto,
-            gro,
-            batch_rx,
-            cache_thrash,
-        },
-    }
+    Row { id, label, kind: Kind::Udpx { proto, gro, batch_rx, cache_thrash, zerocopy: Zc::Off } }
+}
+
+const fn zc(id: &'static str, label: &'static str, cache_thrash: bool, zerocopy: Zc) -> Row {
+    let proto = Proto::Udp(SendMode::GsoSendmsg);
+    Row { id, label, kind: Kind::Udpx { proto, gro: false, batch_rx: false, cache_thrash, zerocopy } }
 }
 
 /// The default rows. `iperf3`: include the iperf3 rows.
@@ -50,79 +46,23 @@ pub fn default_rows(iperf3: bool) -> Vec<Row> {
     use SendMode::*;
     let mut rows = vec![
         udpx("tcp", "TCP (udpx)", Tcp, false, false, false),
-        udpx(
-            "udp",
-            "UDP sendmsg>recvmsg",
-            Udp(Sendmsg),
-            false,
-            false,
-            false,
-        ),
-        udpx(
-            "udp-mmsg",
-            "UDP sendmmsg>recvmmsg",
-            Udp(Sendmmsg),
-            true,
-            false,
-            false,
-        ),
-        udpx(
-            "udp-gso",
-            "UDP GSO>recvmsg",
-            Udp(GsoSendmsg),
-            false,
-            false,
-            false,
-        ),
-        udpx(
-            "udp-gso-mmsg",
-            "UDP GSO+mmsg>recvmmsg",
-            Udp(GsoSendmmsg),
-            true,
-            false,
-            false,
-        ),
+        udpx("udp", "UDP sendmsg>recvmsg", Udp(Sendmsg), false, false, false),
+        udpx("udp-mmsg", "UDP sendmmsg>recvmmsg", Udp(Sendmmsg), true, false, false),
+        udpx("udp-gso", "UDP GSO>recvmsg", Udp(GsoSendmsg), false, false, false),
+        udpx("udp-gso-mmsg", "UDP GSO+mmsg>recvmmsg", Udp(GsoSendmmsg), true, false, false),
         udpx("udp-ct", "UDP (CT)", Udp(Sendmsg), false, false, true),
-        udpx(
-            "udp-gso-ct",
-            "UDP GSO (CT)",
-            Udp(GsoSendmsg),
-            false,
-            false,
-            true,
-        ),
+        udpx("udp-gso-ct", "UDP GSO (CT)", Udp(GsoSendmsg), false, false, true),
         udpx("udp-gro", "UDP>GRO", Udp(Sendmsg), false, true, false),
-        udpx(
-            "udp-gso-gro",
-            "UDP GSO>GRO",
-            Udp(GsoSendmsg),
-            false,
-            true,
-            false,
-        ),
-        udpx(
-            "udp-gso-mmsg-gro",
-            "UDP GSO+mmsg>GRO+mmsg",
-            Udp(GsoSendmmsg),
-            true,
-            true,
-            false,
-        ),
+        udpx("udp-gso-gro", "UDP GSO>GRO", Udp(GsoSendmsg), false, true, false),
+        udpx("udp-gso-mmsg-gro", "UDP GSO+mmsg>GRO+mmsg", Udp(GsoSendmmsg), true, true, false),
+        zc("udp-gso-zc", "UDP GSO+zerocopy", false, Zc::Auto),
+        zc("udp-gso-zc-forced", "UDP GSO+zerocopy forced", false, Zc::Forced),
+        zc("udp-gso-ct-zc", "UDP GSO (CT)+zerocopy", true, Zc::Auto),
+        zc("udp-gso-ct-zc-forced", "UDP GSO (CT)+zc forced", true, Zc::Forced),
     ];
     if iperf3 {
-        rows.insert(
-            1,
-            Row {
-                id: "iperf3-tcp",
-                label: "TCP (iperf3)",
-                kind: Kind::Iperf3 { udp: false },
-            },
-        );
-        rows.push(Row {
-            id: "iperf3-udp",
-            label: "UDP (iperf3)",
-            kind: Kind::Iperf3 { udp: true },
-        });
+        rows.insert(1, Row { id: "iperf3-tcp", label: "TCP (iperf3)", kind: Kind::Iperf3 { udp: false } });
+        rows.push(Row { id: "iperf3-udp", label: "UDP (iperf3)", kind: Kind::Iperf3 { udp: true } });
     }
     rows
 }
@@ -229,9 +169,7 @@ pub struct ProfileResult {
 impl ProfileResult {
     /// The row with this id.
     pub fn get(&self, id: &str) -> Option<&RowResult> {
-        self.rows
-            .iter()
-            .find(|r| r.row.id == id && !r.runs.is_empty())
+        self.rows.iter().find(|r| r.row.id == id && !r.runs.is_empty())
     }
 }
 
@@ -247,12 +185,7 @@ pub fn run_matrix(
 ) -> ProfileResult {
     let mut results: Vec<RowResult> = rows
         .iter()
-        .map(|r| RowResult {
-            row: r.clone(),
-            runs: Vec::new(),
-            median: Figures::default(),
-            errors: Vec::new(),
-        })
+        .map(|r| RowResult { row: r.clone(), runs: Vec::new(), median: Figures::default(), errors: Vec::new() })
         .collect();
     for _ in 0..repeat {
         for r in results.iter_mut() {
@@ -271,10 +204,7 @@ pub fn run_matrix(
         let figs: Vec<Figures> = r.runs.iter().map(Figures::of).collect();
         r.median = Figures::median(&figs);
     }
-    ProfileResult {
-        profile: profile.to_string(),
-        rows: results,
-    }
+    ProfileResult { profile: profile.to_string(), rows: results }
 }
 
 #[cfg(test)]

@@ -87,12 +87,7 @@ pub struct Finding {
 
 impl Finding {
     fn new(severity: Severity, topic: &str, detail: impl Into<String>) -> Finding {
-        Finding {
-            severity,
-            topic: topic.to_owned(),
-            detail: detail.into(),
-            fix: None,
-        }
+        Finding { severity, topic: topic.to_owned(), detail: detail.into(), fix: None }
     }
 
     fn fix(mut self, command: impl Into<String>) -> Finding {
@@ -113,11 +108,7 @@ pub struct ProbeReport {
 impl ProbeReport {
     /// The most severe finding's severity ([`Severity::Ok`] without findings).
     pub fn worst(&self) -> Severity {
-        self.findings
-            .iter()
-            .map(|f| f.severity)
-            .max()
-            .unwrap_or(Severity::Ok)
+        self.findings.iter().map(|f| f.severity).max().unwrap_or(Severity::Ok)
     }
 
     /// One JSON object: `{"environment": {...}, "findings": [{"severity", "topic", "detail",
@@ -154,30 +145,18 @@ impl fmt::Display for ProbeReport {
 
 /// Reads the environment for `opts.devices` (all devices when empty) and judges it.
 pub fn probe(opts: &ProbeOptions) -> ProbeReport {
-    let names = if opts.devices.is_empty() {
-        all_devices()
-    } else {
-        opts.devices.clone()
-    };
-    let devices: Vec<(Option<&Namespace>, &str)> =
-        names.iter().map(|n| (None, n.as_str())).collect();
+    let names = if opts.devices.is_empty() { all_devices() } else { opts.devices.clone() };
+    let devices: Vec<(Option<&Namespace>, &str)> = names.iter().map(|n| (None, n.as_str())).collect();
     let environment = Environment::collect(&devices);
     let findings = findings(&environment);
-    ProbeReport {
-        environment,
-        findings,
-    }
+    ProbeReport { environment, findings }
 }
 
 /// Probes, prints text or JSON to stdout, and returns exit code 0, or 1 when nothing at all
 /// could be read (no `/proc`, no `/sys`). A closed stdout (`udpx probe | head`) is success.
 pub fn run(opts: &ProbeOptions) -> ExitCode {
     let report = probe(opts);
-    let text = if opts.json {
-        report.to_json() + "\n"
-    } else {
-        report.to_string()
-    };
+    let text = if opts.json { report.to_json() + "\n" } else { report.to_string() };
     let mut out = io::stdout().lock();
     if let Err(e) = out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
         if e.kind() != io::ErrorKind::BrokenPipe {
@@ -196,12 +175,7 @@ pub fn run(opts: &ProbeOptions) -> ExitCode {
 /// Every device in `/sys/class/net`, sorted, with `lo` last.
 fn all_devices() -> Vec<String> {
     let mut names: Vec<String> = std::fs::read_dir("/sys/class/net")
-        .map(|dir| {
-            dir.flatten()
-                .map(|e| e.file_name().to_string_lossy().into_owned())
-                .filter(|n| n != "lo")
-                .collect()
-        })
+        .map(|dir| dir.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).filter(|n| n != "lo").collect())
         .unwrap_or_default();
     names.sort();
     names.push("lo".to_owned());
@@ -248,11 +222,7 @@ fn gso(env: &Environment, out: &mut Vec<Finding>) {
                  to {CURRENT_MAX_SEGMENTS}"
             ),
         ),
-        Some(n) => Finding::new(
-            Severity::Ok,
-            T,
-            format!("UDP GSO: up to {n} segments per send (measured)"),
-        ),
+        Some(n) => Finding::new(Severity::Ok, T, format!("UDP GSO: up to {n} segments per send (measured)")),
     });
 }
 
@@ -266,11 +236,7 @@ fn gro(env: &Environment, out: &mut Vec<Finding>) {
              hands up through GRO; see each device)",
         )
     } else {
-        Finding::new(
-            Severity::Warn,
-            T,
-            "UDP_GRO refused (needs Linux 5.0): every datagram is received alone",
-        )
+        Finding::new(Severity::Warn, T, "UDP_GRO refused (needs Linux 5.0): every datagram is received alone")
     });
 }
 
@@ -278,11 +244,7 @@ fn pacing(env: &Environment, out: &mut Vec<Finding>) {
     const T: &str = "pacing (SO_TXTIME)";
     let q = &env.qdiscs;
     if !env.caps.txtime {
-        out.push(Finding::new(
-            Severity::Info,
-            T,
-            "SO_TXTIME refused (needs Linux 4.19): pace in user space",
-        ));
+        out.push(Finding::new(Severity::Info, T, "SO_TXTIME refused (needs Linux 4.19): pace in user space"));
         return;
     }
     let dev = env.default_route_dev.as_deref().unwrap_or("eth0");
@@ -346,11 +308,7 @@ fn enable_fq(env: &Environment, dev: &str) -> String {
 fn zerocopy(env: &Environment, out: &mut Vec<Finding>) {
     const T: &str = "zerocopy";
     if !env.caps.zerocopy {
-        out.push(Finding::new(
-            Severity::Info,
-            T,
-            "SO_ZEROCOPY refused (UDP needs Linux 5.0): every send copies",
-        ));
+        out.push(Finding::new(Severity::Info, T, "SO_ZEROCOPY refused (UDP needs Linux 5.0): every send copies"));
         return;
     }
     out.push(Finding::new(Severity::Ok, T, "SO_ZEROCOPY accepted"));
@@ -373,17 +331,12 @@ fn zerocopy(env: &Environment, out: &mut Vec<Finding>) {
                     bytes(Some(MIN_OPTMEM_MAX))
                 ),
             )
-            .fix(format!(
-                "sysctl -w net.core.optmem_max={RECOMMENDED_OPTMEM_MAX}"
-            ))
+            .fix(format!("sysctl -w net.core.optmem_max={RECOMMENDED_OPTMEM_MAX}"))
         } else {
             Finding::new(
                 Severity::Ok,
                 T,
-                format!(
-                    "net.core.optmem_max is {}: room for zerocopy notifications",
-                    bytes(Some(optmem))
-                ),
+                format!("net.core.optmem_max is {}: room for zerocopy notifications", bytes(Some(optmem))),
             )
         });
     }
@@ -392,10 +345,7 @@ fn zerocopy(env: &Environment, out: &mut Vec<Finding>) {
 fn buffers(env: &Environment, out: &mut Vec<Finding>) {
     const T: &str = "buffers and backlog";
     let s = &env.sysctls;
-    for (name, value, what) in [
-        ("rmem_max", s.rmem_max, "SO_RCVBUF"),
-        ("wmem_max", s.wmem_max, "SO_SNDBUF"),
-    ] {
+    for (name, value, what) in [("rmem_max", s.rmem_max, "SO_RCVBUF"), ("wmem_max", s.wmem_max, "SO_SNDBUF")] {
         let Some(v) = value else { continue };
         out.push(if v < MIN_BUFFER_MAX {
             Finding::new(
@@ -410,11 +360,7 @@ fn buffers(env: &Environment, out: &mut Vec<Finding>) {
             )
             .fix(format!("sysctl -w net.core.{name}={MIN_BUFFER_MAX}"))
         } else {
-            Finding::new(
-                Severity::Ok,
-                T,
-                format!("net.core.{name} is {}", bytes(Some(v))),
-            )
+            Finding::new(Severity::Ok, T, format!("net.core.{name} is {}", bytes(Some(v))))
         });
     }
     if let Some(v) = s.netdev_max_backlog {
@@ -428,15 +374,9 @@ fn buffers(env: &Environment, out: &mut Vec<Finding>) {
                      /proc/net/softnet_stat counts them)"
                 ),
             )
-            .fix(format!(
-                "sysctl -w net.core.netdev_max_backlog={MIN_NETDEV_MAX_BACKLOG}"
-            ))
+            .fix(format!("sysctl -w net.core.netdev_max_backlog={MIN_NETDEV_MAX_BACKLOG}"))
         } else {
-            Finding::new(
-                Severity::Ok,
-                T,
-                format!("net.core.netdev_max_backlog is {v}"),
-            )
+            Finding::new(Severity::Ok, T, format!("net.core.netdev_max_backlog is {v}"))
         });
     }
 }
@@ -471,11 +411,7 @@ fn device(env: &Environment, d: &DeviceInfo, out: &mut Vec<Finding>) {
 
     if let Some(seg) = d.feature("tx-udp-segmentation") {
         out.push(match (seg.on, seg.fixed) {
-            (true, _) => Finding::new(
-                Severity::Ok,
-                t,
-                "tx-udp-segmentation on: a GSO buffer reaches the device whole",
-            ),
+            (true, _) => Finding::new(Severity::Ok, t, "tx-udp-segmentation on: a GSO buffer reaches the device whole"),
             (false, true) => Finding::new(
                 Severity::Ok,
                 t,
@@ -494,16 +430,9 @@ fn device(env: &Environment, d: &DeviceInfo, out: &mut Vec<Finding>) {
 
     if let Some(sg) = d.feature("scatter-gather") {
         if !sg.on {
-            let f = Finding::new(
-                Severity::Info,
-                t,
-                "scatter-gather off: MSG_ZEROCOPY sends copy, and GSO must linearize",
-            );
-            out.push(if sg.fixed {
-                f
-            } else {
-                f.fix(cmd(format!("ethtool -K {dev} sg on")))
-            });
+            let f =
+                Finding::new(Severity::Info, t, "scatter-gather off: MSG_ZEROCOPY sends copy, and GSO must linearize");
+            out.push(if sg.fixed { f } else { f.fix(cmd(format!("ethtool -K {dev} sg on"))) });
         }
     }
 
@@ -523,35 +452,20 @@ fn device(env: &Environment, d: &DeviceInfo, out: &mut Vec<Finding>) {
 /// only runs with rx-udp-gro-forwarding, rx-gro-list or XDP) needs rx-udp-gro-forwarding.
 fn gro_forwarding(d: &DeviceInfo, t: &str, cmd: &dyn Fn(String) -> String, out: &mut Vec<Finding>) {
     let dev = d.name.as_str();
-    let (Some(gro), Some(fwd)) = (
-        d.feature("generic-receive-offload"),
-        d.feature("rx-udp-gro-forwarding"),
-    ) else {
+    let (Some(gro), Some(fwd)) = (d.feature("generic-receive-offload"), d.feature("rx-udp-gro-forwarding")) else {
         return;
     };
     let list_on = d.feature("rx-gro-list").is_some_and(|s| s.on);
     if !gro.on {
-        let f = Finding::new(
-            Severity::Info,
-            t,
-            "generic-receive-offload off: no UDP GRO on this device",
-        );
-        out.push(if gro.fixed {
-            f
-        } else {
-            f.fix(cmd(format!("ethtool -K {dev} gro on")))
-        });
+        let f = Finding::new(Severity::Info, t, "generic-receive-offload off: no UDP GRO on this device");
+        out.push(if gro.fixed { f } else { f.fix(cmd(format!("ethtool -K {dev} gro on"))) });
     } else if fwd.on || list_on {
         out.push(Finding::new(
             Severity::Ok,
             t,
             format!(
                 "GRO on with {}: UDP is coalesced on receive",
-                if fwd.on {
-                    "rx-udp-gro-forwarding"
-                } else {
-                    "rx-gro-list"
-                }
+                if fwd.on { "rx-udp-gro-forwarding" } else { "rx-gro-list" }
             ),
         ));
     } else if !fwd.fixed {
@@ -561,23 +475,13 @@ fn gro_forwarding(d: &DeviceInfo, t: &str, cmd: &dyn Fn(String) -> String, out: 
             "forwarded UDP, and UDP to sockets without UDP_GRO, is not coalesced"
         };
         out.push(
-            Finding::new(
-                Severity::Info,
-                t,
-                format!("GRO on but rx-udp-gro-forwarding off: {why}"),
-            )
-            .fix(cmd(format!("ethtool -K {dev} rx-udp-gro-forwarding on"))),
+            Finding::new(Severity::Info, t, format!("GRO on but rx-udp-gro-forwarding off: {why}"))
+                .fix(cmd(format!("ethtool -K {dev} rx-udp-gro-forwarding on"))),
         );
     }
 }
 
-fn qdisc(
-    env: &Environment,
-    d: &DeviceInfo,
-    t: &str,
-    cmd: &dyn Fn(String) -> String,
-    out: &mut Vec<Finding>,
-) {
+fn qdisc(env: &Environment, d: &DeviceInfo, t: &str, cmd: &dyn Fn(String) -> String, out: &mut Vec<Finding>) {
     let Some(root) = d.root_qdisc.as_deref() else {
         return;
     };
@@ -602,13 +506,11 @@ fn qdisc(
             }
         ),
     );
-    out.push(
-        if env.qdiscs.fq == Availability::Present && env.caps.txtime {
-            f.fix(cmd(format!("tc qdisc replace dev {} root fq", d.name)))
-        } else {
-            f
-        },
-    );
+    out.push(if env.qdiscs.fq == Availability::Present && env.caps.txtime {
+        f.fix(cmd(format!("tc qdisc replace dev {} root fq", d.name)))
+    } else {
+        f
+    });
 }
 
 /// Makita: irqbalance ignores the driver's affinity_hint unless run with `-h exact`, and may
@@ -637,18 +539,11 @@ fn irq_affinity(d: &DeviceInfo, t: &str, out: &mut Vec<Finding>) {
         return;
     }
     if off.is_empty() {
-        out.push(Finding::new(
-            Severity::Ok,
-            t,
-            format!("{hinted} queue interrupts follow the driver's affinity_hint"),
-        ));
+        out.push(Finding::new(Severity::Ok, t, format!("{hinted} queue interrupts follow the driver's affinity_hint")));
         return;
     }
     let list: Vec<String> = off.iter().map(|(n, _)| n.to_string()).collect();
-    let fix: Vec<String> = off
-        .iter()
-        .map(|(n, mask)| format!("echo {mask} > /proc/irq/{n}/smp_affinity"))
-        .collect();
+    let fix: Vec<String> = off.iter().map(|(n, mask)| format!("echo {mask} > /proc/irq/{n}/smp_affinity")).collect();
     out.push(
         Finding::new(
             Severity::Warn,
@@ -687,11 +582,7 @@ fn rps(env: &Environment, d: &DeviceInfo, t: &str, out: &mut Vec<Finding>) {
         )
         .fix(shell_in_namespace(
             d,
-            &format!(
-                "echo {} > /sys/class/net/{}/queues/rx-0/rps_cpus",
-                format_cpumask(cpus),
-                d.name
-            ),
+            &format!("echo {} > /sys/class/net/{}/queues/rx-0/rps_cpus", format_cpumask(cpus), d.name),
         ))
     } else {
         Finding::new(
@@ -699,10 +590,7 @@ fn rps(env: &Environment, d: &DeviceInfo, t: &str, out: &mut Vec<Finding>) {
             t,
             format!(
                 "one receive queue, RPS spreads it over CPUs {}",
-                mask.iter()
-                    .map(usize::to_string)
-                    .collect::<Vec<_>>()
-                    .join(",")
+                mask.iter().map(usize::to_string).collect::<Vec<_>>().join(",")
             ),
         )
     });
@@ -749,11 +637,7 @@ mod tests {
                 txtime: true,
                 zerocopy: true,
             },
-            qdiscs: QdiscSupport {
-                fq: Availability::Present,
-                etf: Availability::Present,
-                note: None,
-            },
+            qdiscs: QdiscSupport { fq: Availability::Present, etf: Availability::Present, note: None },
             default_route_dev: Some("eth0".to_owned()),
             devices: vec![nic()],
             ..Environment::default()
@@ -761,17 +645,11 @@ mod tests {
     }
 
     fn on() -> OffloadState {
-        OffloadState {
-            on: true,
-            fixed: false,
-        }
+        OffloadState { on: true, fixed: false }
     }
 
     fn off() -> OffloadState {
-        OffloadState {
-            on: false,
-            fixed: false,
-        }
+        OffloadState { on: false, fixed: false }
     }
 
     /// A two-queue NIC configured well.
@@ -816,10 +694,7 @@ mod tests {
 
     /// The one finding in `topic` whose detail contains `needle`.
     fn one<'a>(f: &'a [Finding], topic: &str, needle: &str) -> &'a Finding {
-        let hits: Vec<&Finding> = by_topic(f, topic)
-            .into_iter()
-            .filter(|x| x.detail.contains(needle))
-            .collect();
+        let hits: Vec<&Finding> = by_topic(f, topic).into_iter().filter(|x| x.detail.contains(needle)).collect();
         assert_eq!(hits.len(), 1, "{needle:?} in {topic}: {f:#?}");
         hits[0]
     }
@@ -843,29 +718,17 @@ mod tests {
         let f = findings(&env);
         assert_eq!(one(&f, "gso", "Linux 6.9").severity, Severity::Info);
         env.caps.gso_limit_measured = false;
-        assert_eq!(
-            one(&findings(&env), "gso", "assumed").severity,
-            Severity::Info
-        );
+        assert_eq!(one(&findings(&env), "gso", "assumed").severity, Severity::Info);
         env.caps.gso_max_segments = None;
-        assert_eq!(
-            one(&findings(&env), "gso", "no UDP GSO").severity,
-            Severity::Warn
-        );
+        assert_eq!(one(&findings(&env), "gso", "no UDP GSO").severity, Severity::Warn);
     }
 
     #[test]
     fn gro_rule() {
         let mut env = good();
-        assert_eq!(
-            one(&findings(&env), "gro", "UDP_GRO").severity,
-            Severity::Ok
-        );
+        assert_eq!(one(&findings(&env), "gro", "UDP_GRO").severity, Severity::Ok);
         env.caps.gro = false;
-        assert_eq!(
-            one(&findings(&env), "gro", "refused").severity,
-            Severity::Warn
-        );
+        assert_eq!(one(&findings(&env), "gro", "refused").severity, Severity::Warn);
     }
 
     #[test]
@@ -880,10 +743,7 @@ mod tests {
         let w = one(&f, t, "not enforced");
         assert_eq!(w.severity, Severity::Warn);
         assert!(w.detail.contains("pace in user space"));
-        assert_eq!(
-            w.fix.as_deref(),
-            Some("modprobe sch_fq && tc qdisc replace dev eth0 root fq")
-        );
+        assert_eq!(w.fix.as_deref(), Some("modprobe sch_fq && tc qdisc replace dev eth0 root fq"));
         env.loadable_modules = Some(false);
         let f = findings(&env);
         let w = one(&f, t, "not enforced");
@@ -907,22 +767,13 @@ mod tests {
         let mut env = good();
         let f = findings(&env);
         assert_eq!(one(&f, "zerocopy", "accepted").severity, Severity::Ok);
-        assert_eq!(
-            one(&f, "zerocopy", "optmem_max is 128 KiB").severity,
-            Severity::Ok
-        );
-        assert_eq!(
-            one(&f, "zerocopy", "always copies").severity,
-            Severity::Info
-        );
+        assert_eq!(one(&f, "zerocopy", "optmem_max is 128 KiB").severity, Severity::Ok);
+        assert_eq!(one(&f, "zerocopy", "always copies").severity, Severity::Info);
         env.sysctls.optmem_max = Some(20480);
         let f = findings(&env);
         let w = one(&f, "zerocopy", "ENOBUFS");
         assert_eq!(w.severity, Severity::Warn);
-        assert_eq!(
-            w.fix.as_deref(),
-            Some("sysctl -w net.core.optmem_max=131072")
-        );
+        assert_eq!(w.fix.as_deref(), Some("sysctl -w net.core.optmem_max=131072"));
         env.caps.zerocopy = false;
         let f = findings(&env);
         assert_eq!(by_topic(&f, "zerocopy").len(), 1);
@@ -942,16 +793,10 @@ mod tests {
         let f = findings(&env);
         let w = one(&f, t, "rmem_max is 208 KiB");
         assert_eq!(w.severity, Severity::Warn);
-        assert_eq!(
-            w.fix.as_deref(),
-            Some("sysctl -w net.core.rmem_max=4194304")
-        );
+        assert_eq!(w.fix.as_deref(), Some("sysctl -w net.core.rmem_max=4194304"));
         let i = one(&f, t, "backlog is 1000");
         assert_eq!(i.severity, Severity::Info);
-        assert_eq!(
-            i.fix.as_deref(),
-            Some("sysctl -w net.core.netdev_max_backlog=4096")
-        );
+        assert_eq!(i.fix.as_deref(), Some("sysctl -w net.core.netdev_max_backlog=4096"));
         // Exactly 4 MiB (this machine) is enough.
         env.sysctls.rmem_max = Some(4 << 20);
         assert_eq!(one(&findings(&env), t, "rmem_max").severity, Severity::Ok);
@@ -965,9 +810,7 @@ mod tests {
         let t = "device eth0";
         let mut env = good();
         assert_eq!(one(&findings(&env), t, "checksum").severity, Severity::Ok);
-        env.devices[0]
-            .features
-            .insert("tx-checksumming".to_owned(), off());
+        env.devices[0].features.insert("tx-checksumming".to_owned(), off());
         let f = findings(&env);
         let w = one(&f, t, "checksum");
         assert_eq!(w.severity, Severity::Warn);
@@ -979,30 +822,16 @@ mod tests {
     fn udp_segmentation_rule() {
         let t = "device eth0";
         let mut env = good();
-        assert_eq!(
-            one(&findings(&env), t, "tx-udp-segmentation on").severity,
-            Severity::Ok
-        );
+        assert_eq!(one(&findings(&env), t, "tx-udp-segmentation on").severity, Severity::Ok);
         let feat = |env: &mut Environment, s| {
-            env.devices[0]
-                .features
-                .insert("tx-udp-segmentation".to_owned(), s);
+            env.devices[0].features.insert("tx-udp-segmentation".to_owned(), s);
         };
         feat(&mut env, off());
         let f = findings(&env);
         let i = one(&f, t, "supports it");
         assert_eq!(i.severity, Severity::Info);
-        assert_eq!(
-            i.fix.as_deref(),
-            Some("ethtool -K eth0 tx-udp-segmentation on")
-        );
-        feat(
-            &mut env,
-            OffloadState {
-                on: false,
-                fixed: true,
-            },
-        );
+        assert_eq!(i.fix.as_deref(), Some("ethtool -K eth0 tx-udp-segmentation on"));
+        feat(&mut env, OffloadState { on: false, fixed: true });
         let f = findings(&env);
         let o = one(&f, t, "splits in software");
         assert_eq!((o.severity, o.fix.as_ref()), (Severity::Ok, None));
@@ -1012,50 +841,26 @@ mod tests {
     fn gro_forwarding_rule() {
         let t = "device eth0";
         let mut env = good();
-        assert_eq!(
-            one(&findings(&env), t, "GRO on with").severity,
-            Severity::Ok
-        );
-        env.devices[0]
-            .features
-            .insert("rx-udp-gro-forwarding".to_owned(), off());
+        assert_eq!(one(&findings(&env), t, "GRO on with").severity, Severity::Ok);
+        env.devices[0].features.insert("rx-udp-gro-forwarding".to_owned(), off());
         let f = findings(&env);
         let i = one(&f, t, "rx-udp-gro-forwarding off");
         assert_eq!(i.severity, Severity::Info);
-        assert_eq!(
-            i.fix.as_deref(),
-            Some("ethtool -K eth0 rx-udp-gro-forwarding on")
-        );
+        assert_eq!(i.fix.as_deref(), Some("ethtool -K eth0 rx-udp-gro-forwarding on"));
         // rx-gro-list also makes veth run GRO.
-        env.devices[0]
-            .features
-            .insert("rx-gro-list".to_owned(), on());
-        assert_eq!(
-            one(&findings(&env), t, "rx-gro-list").severity,
-            Severity::Ok
-        );
+        env.devices[0].features.insert("rx-gro-list".to_owned(), on());
+        assert_eq!(one(&findings(&env), t, "rx-gro-list").severity, Severity::Ok);
         // GRO off altogether.
-        env.devices[0]
-            .features
-            .insert("generic-receive-offload".to_owned(), off());
+        env.devices[0].features.insert("generic-receive-offload".to_owned(), off());
         let f = findings(&env);
-        assert_eq!(
-            one(&f, t, "generic-receive-offload off").fix.as_deref(),
-            Some("ethtool -K eth0 gro on")
-        );
+        assert_eq!(one(&f, t, "generic-receive-offload off").fix.as_deref(), Some("ethtool -K eth0 gro on"));
         // veth is judged like a NIC, with its own reason.
-        env.devices[0]
-            .features
-            .insert("generic-receive-offload".to_owned(), on());
-        env.devices[0]
-            .features
-            .insert("rx-gro-list".to_owned(), off());
+        env.devices[0].features.insert("generic-receive-offload".to_owned(), on());
+        env.devices[0].features.insert("rx-gro-list".to_owned(), off());
         env.devices[0].physical = Some(false);
         env.devices[0].driver = Some("veth".to_owned());
         let f = findings(&env);
-        assert!(one(&f, t, "rx-udp-gro-forwarding off")
-            .detail
-            .contains("veth runs GRO"));
+        assert!(one(&f, t, "rx-udp-gro-forwarding off").detail.contains("veth runs GRO"));
         // lo never runs GRO, ifb receives nothing from a wire: no finding.
         for (name, driver) in [("lo", None), ("ifb0", Some("ifb"))] {
             env.devices[0].name = name.to_owned();
@@ -1063,9 +868,7 @@ mod tests {
             let topic = format!("device {name}");
             let f = findings(&env);
             assert!(!by_topic(&f, &topic).is_empty());
-            assert!(by_topic(&f, &topic)
-                .iter()
-                .all(|x| !x.detail.contains("GRO")));
+            assert!(by_topic(&f, &topic).iter().all(|x| !x.detail.contains("GRO")));
         }
     }
 
@@ -1090,10 +893,7 @@ mod tests {
     fn irq_affinity_rule() {
         let t = "device eth0";
         let mut env = good();
-        assert_eq!(
-            one(&findings(&env), t, "affinity_hint").severity,
-            Severity::Ok
-        );
+        assert_eq!(one(&findings(&env), t, "affinity_hint").severity, Severity::Ok);
         // irqbalance put both on CPU 0.
         env.devices[0].irqs[1].smp_affinity = Some("00000001".to_owned());
         let f = findings(&env);
@@ -1105,9 +905,7 @@ mod tests {
         for irq in &mut env.devices[0].irqs {
             irq.affinity_hint = Some("0".to_owned());
         }
-        assert!(by_topic(&findings(&env), t)
-            .iter()
-            .all(|x| !x.detail.contains("affinity")));
+        assert!(by_topic(&findings(&env), t).iter().all(|x| !x.detail.contains("affinity")));
     }
 
     #[test]
@@ -1118,52 +916,29 @@ mod tests {
         let f = findings(&env);
         let i = one(&f, t, "RPS off");
         assert_eq!(i.severity, Severity::Info);
-        assert_eq!(
-            i.fix.as_deref(),
-            Some("echo 3 > /sys/class/net/eth0/queues/rx-0/rps_cpus")
-        );
-        env.devices[0]
-            .rps_cpus
-            .insert("rx-0".to_owned(), "3".to_owned());
-        assert_eq!(
-            one(&findings(&env), t, "RPS spreads").severity,
-            Severity::Ok
-        );
+        assert_eq!(i.fix.as_deref(), Some("echo 3 > /sys/class/net/eth0/queues/rx-0/rps_cpus"));
+        env.devices[0].rps_cpus.insert("rx-0".to_owned(), "3".to_owned());
+        assert_eq!(one(&findings(&env), t, "RPS spreads").severity, Severity::Ok);
         // A NIC moved into a namespace: the redirection runs in a shell there.
         let mut moved = env.clone();
         moved.devices[0].namespace = Some("udpx-1-0-rx".to_owned());
-        moved.devices[0]
-            .rps_cpus
-            .insert("rx-0".to_owned(), "0".to_owned());
+        moved.devices[0].rps_cpus.insert("rx-0".to_owned(), "0".to_owned());
         let f = findings(&moved);
         let fix = one(&f, "device udpx-1-0-rx/eth0", "RPS off").fix.as_deref();
-        assert_eq!(
-            fix,
-            Some("ip netns exec udpx-1-0-rx sh -c 'echo 3 > /sys/class/net/eth0/queues/rx-0/rps_cpus'")
-        );
+        assert_eq!(fix, Some("ip netns exec udpx-1-0-rx sh -c 'echo 3 > /sys/class/net/eth0/queues/rx-0/rps_cpus'"));
         // One CPU: nothing to spread to.
-        env.devices[0]
-            .rps_cpus
-            .insert("rx-0".to_owned(), "0".to_owned());
+        env.devices[0].rps_cpus.insert("rx-0".to_owned(), "0".to_owned());
         env.online_cpus = Some(vec![0]);
-        assert!(by_topic(&findings(&env), t)
-            .iter()
-            .all(|x| !x.detail.contains("RPS")));
+        assert!(by_topic(&findings(&env), t).iter().all(|x| !x.detail.contains("RPS")));
         // Virtual devices are not judged on RPS; in a namespace fixes are wrapped.
         env.online_cpus = Some(vec![0, 1]);
         env.devices[0].physical = Some(false);
         env.devices[0].namespace = Some("udpx-1-0-rx".to_owned());
-        env.devices[0]
-            .features
-            .insert("tx-checksumming".to_owned(), off());
+        env.devices[0].features.insert("tx-checksumming".to_owned(), off());
         let f = findings(&env);
-        assert!(by_topic(&f, "device udpx-1-0-rx/eth0")
-            .iter()
-            .all(|x| !x.detail.contains("RPS")));
+        assert!(by_topic(&f, "device udpx-1-0-rx/eth0").iter().all(|x| !x.detail.contains("RPS")));
         assert_eq!(
-            one(&f, "device udpx-1-0-rx/eth0", "checksum")
-                .fix
-                .as_deref(),
+            one(&f, "device udpx-1-0-rx/eth0", "checksum").fix.as_deref(),
             Some("ip netns exec udpx-1-0-rx ethtool -K eth0 tx on")
         );
     }
@@ -1171,15 +946,9 @@ mod tests {
     #[test]
     fn missing_device_warns() {
         let mut env = good();
-        env.devices = vec![DeviceInfo {
-            name: "nope0".to_owned(),
-            ..DeviceInfo::default()
-        }];
+        env.devices = vec![DeviceInfo { name: "nope0".to_owned(), ..DeviceInfo::default() }];
         let f = findings(&env);
-        assert_eq!(
-            one(&f, "device nope0", "no such device").severity,
-            Severity::Warn
-        );
+        assert_eq!(one(&f, "device nope0", "no such device").severity, Severity::Warn);
         assert_eq!(by_topic(&f, "device nope0").len(), 1);
     }
 
@@ -1187,10 +956,7 @@ mod tests {
     fn text_and_json_outputs() {
         let mut env = good();
         env.sysctls.rmem_max = Some(1 << 20);
-        let report = ProbeReport {
-            findings: findings(&env),
-            environment: env,
-        };
+        let report = ProbeReport { findings: findings(&env), environment: env };
         assert_eq!(report.worst(), Severity::Warn);
         let text = report.to_string();
         assert!(text.contains("\ngso\n[ ok ] UDP GSO"), "{text}");
@@ -1217,11 +983,7 @@ mod tests {
         println!("{report}");
         println!("{}", report.environment.to_markdown());
         assert!(report.environment.read_anything());
-        assert!(report
-            .environment
-            .devices
-            .last()
-            .is_some_and(|d| d.name == "lo" && d.present));
+        assert!(report.environment.devices.last().is_some_and(|d| d.name == "lo" && d.present));
         let json = report.to_json();
         assert!(json.contains("\"findings\""));
         if std::env::var_os("UDPX_PROBE_JSON").is_some() {

@@ -26,9 +26,7 @@ pub struct Check {
 /// The ratios the issues ask for: cost per delivered byte, both CPUs; and on the `software`
 /// profile the sender's own cost per byte sent (the paper's Figure 1).
 pub fn checks(p: &ProfileResult) -> Vec<Check> {
-    let pick = |id: &str, f: fn(&Figures) -> f64| {
-        p.get(id).map(|r| f(&r.median)).filter(|c| c.is_finite())
-    };
+    let pick = |id: &str, f: fn(&Figures) -> f64| p.get(id).map(|r| f(&r.median)).filter(|c| c.is_finite());
     let cost = |id: &str| pick(id, |f| f.cpu_per_gb);
     let sender = |id: &str| pick(id, |f| f.tx_cpu_per_gb_sent);
     let tcp = match (cost("tcp"), cost("iperf3-tcp")) {
@@ -38,38 +36,25 @@ pub fn checks(p: &ProfileResult) -> Vec<Check> {
     let mut wanted = vec![
         ("UDP GSO+GRO / cheapest TCP", cost("udp-gso-gro"), tcp, 0.6),
         ("UDP GSO / UDP plain", cost("udp-gso"), cost("udp"), 0.3),
-        (
-            "UDP GSO+GRO / UDP plain (10x)",
-            cost("udp-gso-gro"),
-            cost("udp"),
-            0.1,
-        ),
-        (
-            "udpx UDP plain / iperf3 UDP",
-            cost("udp"),
-            cost("iperf3-udp"),
-            1.0,
-        ),
+        ("UDP GSO+GRO / UDP plain (10x)", cost("udp-gso-gro"), cost("udp"), 0.1),
+        ("udpx UDP plain / iperf3 UDP", cost("udp"), cost("iperf3-udp"), 1.0),
     ];
+    // Zerocopy changes the sender's copy: compare sender CPU per byte sent, copy vs zerocopy.
+    wanted.push(("sender CPU/GB sent: GSO+zerocopy / GSO copy", sender("udp-gso-zc"), sender("udp-gso"), 1.02));
+    wanted.push((
+        "sender CPU/GB sent: GSO(CT)+zerocopy / GSO(CT) copy",
+        sender("udp-gso-ct-zc"),
+        sender("udp-gso-ct"),
+        1.02,
+    ));
     if p.profile == "software" {
-        wanted.push((
-            "sender CPU/GB sent: GSO / plain (3x)",
-            sender("udp-gso"),
-            sender("udp"),
-            1.0 / 3.0,
-        ));
+        wanted.push(("sender CPU/GB sent: GSO / plain (3x)", sender("udp-gso"), sender("udp"), 1.0 / 3.0));
     }
     wanted
         .into_iter()
         .filter_map(|(what, a, b, at_most)| {
             let ratio = a? / b?;
-            Some(Check {
-                profile: p.profile.clone(),
-                what: what.to_string(),
-                ratio,
-                at_most,
-                met: ratio <= at_most,
-            })
+            Some(Check { profile: p.profile.clone(), what: what.to_string(), ratio, at_most, met: ratio <= at_most })
         })
         .collect()
 }
@@ -108,16 +93,7 @@ pub fn send_table(p: &ProfileResult) -> String {
     let _ = writeln!(
         s,
         "{:<24} {:>7} {:>8} {:>7} {:>8} {:>6} {:>6} {:>7} {:>9} {:>8}",
-        "row",
-        "Gbit/s",
-        "calls/s",
-        "dg/call",
-        "CPU-s/GB",
-        "tx-CPU",
-        "rx-CPU",
-        "tx/sent",
-        "delivered",
-        "speed-up"
+        "row", "Gbit/s", "calls/s", "dg/call", "CPU-s/GB", "tx-CPU", "rx-CPU", "tx/sent", "delivered", "speed-up"
     );
     for r in &p.rows {
         if r.runs.is_empty() {
@@ -126,16 +102,8 @@ pub fn send_table(p: &ProfileResult) -> String {
             continue;
         }
         let f = &r.median;
-        let calls = if f.send_calls_per_s > 0.0 {
-            si(f.send_calls_per_s)
-        } else {
-            "-".into()
-        };
-        let per_call = if f.datagrams_per_call > 0.0 {
-            num(f.datagrams_per_call, 1)
-        } else {
-            "-".into()
-        };
+        let calls = if f.send_calls_per_s > 0.0 { si(f.send_calls_per_s) } else { "-".into() };
+        let per_call = if f.datagrams_per_call > 0.0 { num(f.datagrams_per_call, 1) } else { "-".into() };
         let _ = writeln!(
             s,
             "{:<24} {:>7} {:>8} {:>7} {:>8} {:>6} {:>6} {:>7} {:>8.1}% {:>7}x",
@@ -163,14 +131,7 @@ pub fn recv_table(p: &ProfileResult) -> String {
         "{:<24} {:>7} {:>9} {:>7} {:>8} {:>9}",
         "row", "Gbit/s", "recv/s", "dg/recv", "rx-CPU/GB", "delivered"
     );
-    for id in [
-        "udp",
-        "udp-gro",
-        "udp-gso",
-        "udp-gso-gro",
-        "udp-gso-mmsg",
-        "udp-gso-mmsg-gro",
-    ] {
+    for id in ["udp", "udp-gro", "udp-gso", "udp-gso-gro", "udp-gso-mmsg", "udp-gso-mmsg-gro"] {
         if let Some(r) = p.get(id) {
             let f = &r.median;
             let _ = writeln!(
@@ -183,6 +144,39 @@ pub fn recv_table(p: &ProfileResult) -> String {
                 num(f.rx_cpu_per_gb, 2),
                 f.delivered * 100.0
             );
+        }
+    }
+    s
+}
+
+/// The zerocopy audit of every zerocopy row: completions must equal zerocopy sends; copied
+/// completions say the kernel copied anyway; whether udpx turned zerocopy off. Forced rows,
+/// measured against their copy rows, show what zerocopy costs a program without detection.
+pub fn zerocopy_audit(p: &ProfileResult) -> String {
+    let mut s = String::new();
+    for r in p.rows.iter().filter(|r| r.row.id.contains("-zc")) {
+        for (i, m) in r.runs.iter().enumerate() {
+            if let Some(tx) = &m.tx {
+                let _ = writeln!(
+                    s,
+                    "  {:<8} {:<26} run {}: {} zerocopy sends, {} completed{}, {} copied, turned off: {}",
+                    p.profile,
+                    r.row.label,
+                    i + 1,
+                    tx.zerocopy_sends,
+                    tx.zerocopy_completed,
+                    if tx.zerocopy_completed == tx.zerocopy_sends { " (all)" } else { " (MISMATCH)" },
+                    tx.zerocopy_copied,
+                    if tx.zerocopy_turned_off { "yes" } else { "no" }
+                );
+            }
+        }
+    }
+    let cost = |id: &str| p.get(id).map(|r| r.median.tx_cpu_per_gb_sent);
+    for (forced, copy) in [("udp-gso-zc-forced", "udp-gso"), ("udp-gso-ct-zc-forced", "udp-gso-ct")] {
+        if let (Some(a), Some(b)) = (cost(forced), cost(copy)) {
+            let _ =
+                writeln!(s, "  {:<8} {forced} / {copy} sender CPU per byte: {:.3} (no detection)", p.profile, a / b);
         }
     }
     s
@@ -208,10 +202,8 @@ pub fn checks_text(cs: &[Check]) -> String {
 /// An SVG bar chart: CPU-s per delivered GB for every row, one bar per profile.
 pub fn svg_chart(profiles: &[ProfileResult]) -> String {
     let colors = ["#3b6ea5", "#d08c2e", "#5a9e5a"];
-    let ids: Vec<(&str, &str)> = profiles
-        .first()
-        .map(|p| p.rows.iter().map(|r| (r.row.id, r.row.label)).collect())
-        .unwrap_or_default();
+    let ids: Vec<(&str, &str)> =
+        profiles.first().map(|p| p.rows.iter().map(|r| (r.row.id, r.row.label)).collect()).unwrap_or_default();
     let max = profiles
         .iter()
         .flat_map(|p| p.rows.iter().map(|r| r.median.cpu_per_gb))
@@ -261,12 +253,7 @@ pub fn svg_chart(profiles: &[ProfileResult]) -> String {
                 r#"<rect x="{label_w}" y="{y}" width="{w:.1}" height="{bar_h}" fill="{}"/>"#,
                 colors[pi % 3]
             );
-            let _ = writeln!(
-                s,
-                r#"<text x="{:.1}" y="{}">{v:.2}</text>"#,
-                label_w + w + 4.0,
-                y + 9.0
-            );
+            let _ = writeln!(s, r#"<text x="{:.1}" y="{}">{v:.2}</text>"#, label_w + w + 4.0, y + 9.0);
         }
     }
     s.push_str("</svg>\n");
@@ -274,29 +261,15 @@ pub fn svg_chart(profiles: &[ProfileResult]) -> String {
 }
 
 /// The whole run as Markdown.
-pub fn markdown(
-    title: &str,
-    setup: &str,
-    profiles: &[ProfileResult],
-    cs: &[Check],
-    environment: &str,
-) -> String {
+pub fn markdown(title: &str, setup: &str, profiles: &[ProfileResult], cs: &[Check], environment: &str) -> String {
     let mut s = format!("# {title}\n\n{setup}\n\n");
     for p in profiles {
-        let _ = writeln!(
-            s,
-            "## Profile `{}`: send side (Figure 1)\n\n```\n{}```\n",
-            p.profile,
-            send_table(p)
-        );
-        let _ = writeln!(
-            s,
-            "## Profile `{}`: receive side (Figure 5)\n\n```\n{}```\n",
-            p.profile,
-            recv_table(p)
-        );
+        let _ = writeln!(s, "## Profile `{}`: send side (Figure 1)\n\n```\n{}```\n", p.profile, send_table(p));
+        let _ = writeln!(s, "## Profile `{}`: receive side (Figure 5)\n\n```\n{}```\n", p.profile, recv_table(p));
     }
     let _ = writeln!(s, "## Targets\n\n```\n{}```\n", checks_text(cs));
+    let audit: String = profiles.iter().map(zerocopy_audit).collect();
+    let _ = writeln!(s, "## Zerocopy audit\n\n```\n{audit}```\n");
     let _ = writeln!(s, "## Environment\n\n{environment}\n");
     s.push_str(
         "## How to read this\n\n- Gbit/s: delivered (received) payload over the sending time.\n\
@@ -320,24 +293,12 @@ mod tests {
             .map(|row| {
                 let c = costs.iter().find(|(id, _)| *id == row.id).map(|x| x.1);
                 let runs = c.map(|_| vec![Measurement::default()]).unwrap_or_default();
-                let median = Figures {
-                    cpu_per_gb: c.unwrap_or(f64::NAN),
-                    gbits: 1.0,
-                    delivered: 1.0,
-                    ..Figures::default()
-                };
-                RowResult {
-                    row,
-                    runs,
-                    median,
-                    errors: vec![],
-                }
+                let median =
+                    Figures { cpu_per_gb: c.unwrap_or(f64::NAN), gbits: 1.0, delivered: 1.0, ..Figures::default() };
+                RowResult { row, runs, median, errors: vec![] }
             })
             .collect();
-        ProfileResult {
-            profile: "offload".into(),
-            rows,
-        }
+        ProfileResult { profile: "offload".into(), rows }
     }
 
     #[test]
@@ -352,10 +313,7 @@ mod tests {
         ]);
         let cs = checks(&p);
         let get = |w: &str| cs.iter().find(|c| c.what.starts_with(w)).unwrap();
-        assert!(
-            (get("UDP GSO+GRO / cheapest").ratio - 0.5).abs() < 1e-9
-                && get("UDP GSO+GRO / cheapest").met
-        );
+        assert!((get("UDP GSO+GRO / cheapest").ratio - 0.5).abs() < 1e-9 && get("UDP GSO+GRO / cheapest").met);
         assert!((get("UDP GSO / UDP plain").ratio - 0.25).abs() < 1e-9);
         assert!(get("udpx UDP plain").met);
         // A missing row means no check, not a pass.

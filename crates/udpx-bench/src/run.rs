@@ -12,12 +12,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
-use udpx::{RecvMode, SendMode, UdpSocket, Want};
+use udpx::{RecvMode, SendMode, UdpSocket, Want, ZcConfig};
 use udpx_netns::{run_bounded, Side, TestNet};
 
 use crate::cpu::{pin_current_thread, CpuSample, TickRate};
 use crate::rx::{run_rx, RxConfig, RxResult};
-use crate::tx::{run_tx, Proto, TxConfig, TxResult};
+use crate::tx::{run_tx, Proto, TxConfig, TxResult, Zc};
 
 /// Where the traffic goes.
 #[derive(Debug, Clone, Copy)]
@@ -32,10 +32,7 @@ impl Path<'_> {
     fn addrs(&self, v6: bool) -> (IpAddr, IpAddr) {
         match (self, v6) {
             (Path::Loopback, false) => (Ipv4Addr::LOCALHOST.into(), Ipv4Addr::LOCALHOST.into()),
-            (Path::Loopback, true) => (
-                std::net::Ipv6Addr::LOCALHOST.into(),
-                std::net::Ipv6Addr::LOCALHOST.into(),
-            ),
+            (Path::Loopback, true) => (std::net::Ipv6Addr::LOCALHOST.into(), std::net::Ipv6Addr::LOCALHOST.into()),
             (Path::Veth(n), false) => (n.tx_v4.into(), n.rx_v4.into()),
             (Path::Veth(n), true) => (n.tx_v6.into(), n.rx_v6.into()),
         }
@@ -44,9 +41,7 @@ impl Path<'_> {
     /// Runs `f` in the namespace of `side` (on loopback: here, on a fresh thread).
     fn run<T: Send + 'static>(&self, side: Side, f: impl FnOnce() -> T + Send + 'static) -> T {
         match self {
-            Path::Loopback => std::thread::spawn(f)
-                .join()
-                .expect("socket setup thread panicked"),
+            Path::Loopback => std::thread::spawn(f).join().expect("socket setup thread panicked"),
             Path::Veth(n) => n.ns(side).run(f),
         }
     }
@@ -72,6 +67,8 @@ pub enum Kind {
         batch_rx: bool,
         /// Rotate the send buffers over 64 MiB.
         cache_thrash: bool,
+        /// Zerocopy send.
+        zerocopy: Zc,
     },
     /// iperf3 client and server (an independent peer).
     Iperf3 {
@@ -180,23 +177,14 @@ pub type Result<T> = std::result::Result<T, String>;
 
 /// Runs one udpx row.
 pub fn run_udpx(path: Path<'_>, kind: Kind, cfg: &RunConfig) -> Result<Measurement> {
-    let Kind::Udpx {
-        proto,
-        gro,
-        batch_rx,
-        cache_thrash,
-    } = kind
-    else {
+    let Kind::Udpx { proto, gro, batch_rx, cache_thrash, zerocopy } = kind else {
         return Err("run_udpx needs a udpx row".into());
     };
     let (tx_ip, rx_ip) = path.addrs(cfg.v6);
     let stop = Arc::new(AtomicBool::new(false));
     let barrier = Arc::new(Barrier::new(3));
-    let rx_cfg = RxConfig {
-        verify: cfg.verify,
-        idle: Duration::from_secs(2),
-        max: cfg.duration + Duration::from_secs(10),
-    };
+    let rx_cfg =
+        RxConfig { verify: cfg.verify, idle: Duration::from_secs(2), max: cfg.duration + Duration::from_secs(10) };
     let tx_base = TxConfig {
         dst: SocketAddr::new(rx_ip, 0),
         proto,
@@ -206,6 +194,7 @@ pub fn run_udpx(path: Path<'_>, kind: Kind, cfg: &RunConfig) -> Result<Measureme
         verify: cfg.verify,
         rate: None,
         max_segments: None,
+        zerocopy: zerocopy != Zc::Off,
     };
     // Sockets, made in their namespaces: (UDP socket, TCP stream) for each end.
     type Ends = (Option<UdpSocket>, Option<TcpStream>);
@@ -216,11 +205,7 @@ pub fn run_udpx(path: Path<'_>, kind: Kind, cfg: &RunConfig) -> Result<Measureme
                     // No receive metadata the bench does not read: each is a cmsg per datagram.
                     UdpSocket::builder(SocketAddr::new(rx_ip, 0))
                         .gro(if gro { Want::Required } else { Want::Off })
-                        .recv_mode(if batch_rx {
-                            RecvMode::Recvmmsg
-                        } else {
-                            RecvMode::Recvmsg
-                        })
+                        .recv_mode(if batch_rx { RecvMode::Recvmmsg } else { RecvMode::Recvmsg })
                         .pktinfo(Want::Off)
                         .ecn(Want::Off)
                         .rxq_ovfl(Want::Off)
@@ -231,35 +216,30 @@ pub fn run_udpx(path: Path<'_>, kind: Kind, cfg: &RunConfig) -> Result<Measureme
             let dst = rx_sock.local_addr();
             let tx_sock = path
                 .run(Side::Tx, move || {
+                    let zc_cfg = ZcConfig {
+                        copied_limit: if zerocopy == Zc::Forced { 0 } else { udpx::zerocopy::COPIED_LIMIT },
+                        ..ZcConfig::default()
+                    };
                     UdpSocket::builder(SocketAddr::new(tx_ip, 0))
+                        .zerocopy(if zerocopy == Zc::Off { Want::Off } else { Want::Required })
+                        .zerocopy_config(zc_cfg)
                         .send_mode(mode)
                         .send_buffer(4 << 20)
                         .connect(dst)
                         .bind()
                 })
                 .map_err(|e| format!("sender socket: {e}"))?;
-            (
-                TxConfig { dst, ..tx_base },
-                (Some(rx_sock), None),
-                (Some(tx_sock), None),
-            )
+            (TxConfig { dst, ..tx_base }, (Some(rx_sock), None), (Some(tx_sock), None))
         }
         Proto::Tcp => {
             let listener = path
-                .run(Side::Rx, move || {
-                    TcpListener::bind(SocketAddr::new(rx_ip, 0))
-                })
+                .run(Side::Rx, move || TcpListener::bind(SocketAddr::new(rx_ip, 0)))
                 .map_err(|e| format!("TCP listener: {e}"))?;
             let dst = listener.local_addr().map_err(|e| e.to_string())?;
-            let stream = path
-                .run(Side::Tx, move || TcpStream::connect(dst))
-                .map_err(|e| format!("TCP connect: {e}"))?;
+            let stream =
+                path.run(Side::Tx, move || TcpStream::connect(dst)).map_err(|e| format!("TCP connect: {e}"))?;
             let (conn, _) = listener.accept().map_err(|e| format!("TCP accept: {e}"))?;
-            (
-                TxConfig { dst, ..tx_base },
-                (None, Some(conn)),
-                (None, Some(stream)),
-            )
+            (TxConfig { dst, ..tx_base }, (None, Some(conn)), (None, Some(stream)))
         }
     };
     // One receiver and one sender thread, each pinned, released together by the barrier.
@@ -280,14 +260,9 @@ pub fn run_udpx(path: Path<'_>, kind: Kind, cfg: &RunConfig) -> Result<Measureme
     let before = CpuSample::now().map_err(|e| e.to_string())?;
     let t0 = Instant::now();
     barrier.wait();
-    let tx = tx_handle
-        .join()
-        .map_err(|_| "sender thread panicked".to_string())?
-        .map_err(|e| format!("sender: {e}"))?;
-    let rx = rx_handle
-        .join()
-        .map_err(|_| "receiver thread panicked".to_string())?
-        .map_err(|e| format!("receiver: {e}"))?;
+    let tx = tx_handle.join().map_err(|_| "sender thread panicked".to_string())?.map_err(|e| format!("sender: {e}"))?;
+    let rx =
+        rx_handle.join().map_err(|_| "receiver thread panicked".to_string())?.map_err(|e| format!("receiver: {e}"))?;
     let wall = t0.elapsed();
     let after = CpuSample::now().map_err(|e| e.to_string())?;
     let mut m = cpu_fields(&before, &after, cfg.cpus)?;
@@ -301,11 +276,7 @@ pub fn run_udpx(path: Path<'_>, kind: Kind, cfg: &RunConfig) -> Result<Measureme
     m.recv_calls = rx.calls;
     if proto == Proto::Tcp {
         // A TCP "datagram" is a write on one side and a read on the other: compare bytes.
-        m.recv_datagrams = if tx.bytes == 0 {
-            0
-        } else {
-            (rx.bytes * tx.datagrams).div_ceil(tx.bytes)
-        };
+        m.recv_datagrams = if tx.bytes == 0 { 0 } else { (rx.bytes * tx.datagrams).div_ceil(tx.bytes) };
     }
     m.tx_thread_secs = Some(tx.user_secs + tx.sys_secs);
     m.rx_thread_secs = Some(rx.user_secs + rx.sys_secs);
@@ -317,16 +288,8 @@ pub fn run_udpx(path: Path<'_>, kind: Kind, cfg: &RunConfig) -> Result<Measureme
 fn cpu_fields(before: &CpuSample, after: &CpuSample, cpus: Cpus) -> Result<Measurement> {
     let d = after.diff(before);
     let rate = TickRate::system().map_err(|e| e.to_string())?;
-    let both = if cpus.tx == cpus.rx {
-        vec![cpus.tx]
-    } else {
-        vec![cpus.tx, cpus.rx]
-    };
-    let softirq: u64 = both
-        .iter()
-        .filter_map(|c| d.times(Some(*c)))
-        .map(|t| t.softirq)
-        .sum();
+    let both = if cpus.tx == cpus.rx { vec![cpus.tx] } else { vec![cpus.tx, cpus.rx] };
+    let softirq: u64 = both.iter().filter_map(|c| d.times(Some(*c))).map(|t| t.softirq).sum();
     Ok(Measurement {
         busy_secs: d.busy_time(&both, rate).as_secs_f64(),
         busy_tx_cpu_secs: d.busy_time(&[cpus.tx], rate).as_secs_f64(),
@@ -342,29 +305,18 @@ pub fn run_iperf3(path: Path<'_>, udp: bool, cfg: &RunConfig) -> Result<Measurem
     let (_, rx_ip) = path.addrs(cfg.v6);
     let port = match path {
         Path::Veth(_) => 5201,
-        Path::Loopback => TcpListener::bind((rx_ip, 0))
-            .and_then(|l| l.local_addr())
-            .map(|a| a.port())
-            .map_err(|e| e.to_string())?,
+        Path::Loopback => {
+            TcpListener::bind((rx_ip, 0)).and_then(|l| l.local_addr()).map(|a| a.port()).map_err(|e| e.to_string())?
+        }
     };
     let secs = cfg.duration.as_secs_f64().ceil().max(1.0) as u64;
     let mut server = path.command(Side::Rx, "iperf3");
     server
-        .args([
-            "-s",
-            "-1",
-            "-B",
-            &rx_ip.to_string(),
-            "-p",
-            &port.to_string(),
-            "-A",
-            &cfg.cpus.rx.to_string(),
-        ])
+        .args(["-s", "-1", "-B", &rx_ip.to_string(), "-p", &port.to_string(), "-A", &cfg.cpus.rx.to_string()])
         .stdout(Stdio::null())
         .stderr(Stdio::null());
-    let mut child = server
-        .spawn()
-        .map_err(|e| format!("start iperf3 server (is iperf3 installed? scripts/setup.sh): {e}"))?;
+    let mut child =
+        server.spawn().map_err(|e| format!("start iperf3 server (is iperf3 installed? scripts/setup.sh): {e}"))?;
     let mut client = path.command(Side::Tx, "iperf3");
     client.args([
         "-c",
@@ -394,12 +346,7 @@ pub fn run_iperf3(path: Path<'_>, udp: bool, cfg: &RunConfig) -> Result<Measurem
                 result = Some(out);
                 break;
             }
-            Err(e)
-                if e.to_string().contains("refused")
-                    || e.to_string().contains("unable to connect") =>
-            {
-                continue
-            }
+            Err(e) if e.to_string().contains("refused") || e.to_string().contains("unable to connect") => continue,
             Err(e) => {
                 let _ = child.kill();
                 let _ = child.wait();
@@ -412,8 +359,7 @@ pub fn run_iperf3(path: Path<'_>, udp: bool, cfg: &RunConfig) -> Result<Measurem
     let _ = child.kill();
     let _ = child.wait();
     let out = result.ok_or("iperf3 server did not accept connections within 3 s")?;
-    let v: serde_json::Value =
-        serde_json::from_str(&out).map_err(|e| format!("iperf3 JSON: {e}"))?;
+    let v: serde_json::Value = serde_json::from_str(&out).map_err(|e| format!("iperf3 JSON: {e}"))?;
     let mut m = cpu_fields(&before, &after, cfg.cpus)?;
     m.wall_secs = wall.as_secs_f64();
     parse_iperf3(&v, udp, cfg.size, &mut m)?;
@@ -421,12 +367,7 @@ pub fn run_iperf3(path: Path<'_>, udp: bool, cfg: &RunConfig) -> Result<Measurem
 }
 
 /// Fills byte and datagram counts from iperf3's `-J` output.
-pub fn parse_iperf3(
-    v: &serde_json::Value,
-    udp: bool,
-    size: usize,
-    m: &mut Measurement,
-) -> Result<()> {
+pub fn parse_iperf3(v: &serde_json::Value, udp: bool, size: usize, m: &mut Measurement) -> Result<()> {
     let end = &v["end"];
     if let Some(err) = v["error"].as_str() {
         return Err(format!("iperf3: {err}"));
@@ -472,19 +413,14 @@ mod tests {
 
     #[test]
     fn iperf3_udp_json() {
-        let v: serde_json::Value = serde_json::from_str(
-            r#"{"end":{"sum":{"seconds":2.0,"bytes":294400,"packets":200,"lost_packets":10}}}"#,
-        )
-        .unwrap();
+        let v: serde_json::Value =
+            serde_json::from_str(r#"{"end":{"sum":{"seconds":2.0,"bytes":294400,"packets":200,"lost_packets":10}}}"#)
+                .unwrap();
         let mut m = Measurement::default();
         parse_iperf3(&v, true, 1472, &mut m).unwrap();
-        assert_eq!(
-            (m.sent_datagrams, m.recv_datagrams, m.recv_bytes),
-            (200, 190, 190 * 1472)
-        );
+        assert_eq!((m.sent_datagrams, m.recv_datagrams, m.recv_bytes), (200, 190, 190 * 1472));
         assert!((m.delivered() - 0.95).abs() < 1e-9);
-        let e: serde_json::Value =
-            serde_json::from_str(r#"{"error":"unable to connect"}"#).unwrap();
+        let e: serde_json::Value = serde_json::from_str(r#"{"error":"unable to connect"}"#).unwrap();
         assert!(parse_iperf3(&e, true, 1472, &mut m).is_err());
     }
 
@@ -492,12 +428,7 @@ mod tests {
     fn per_gb_math() {
         assert_eq!(per_gb(1.0, 2_000_000_000), 0.5);
         assert!(per_gb(1.0, 0).is_infinite());
-        let m = Measurement {
-            recv_bytes: 1_000_000_000,
-            send_secs: 2.0,
-            busy_secs: 0.6,
-            ..Default::default()
-        };
+        let m = Measurement { recv_bytes: 1_000_000_000, send_secs: 2.0, busy_secs: 0.6, ..Default::default() };
         assert!((m.gbits() - 4.0).abs() < 1e-9);
         assert!((m.cpu_per_gb() - 0.6).abs() < 1e-9);
     }

@@ -74,11 +74,7 @@ pub fn run_rx(
     let mut bufs: Vec<Vec<u8>> = (0..BUFFERS).map(|_| vec![0u8; GRO_BUFFER]).collect();
     let mut metas = [RecvMeta::default(); BUFFERS];
     let mut tcp = tcp;
-    let mut tcp_buf = if tcp.is_some() {
-        vec![0u8; 256 << 10]
-    } else {
-        Vec::new()
-    };
+    let mut tcp_buf = if tcp.is_some() { vec![0u8; 256 << 10] } else { Vec::new() };
     // Event-loop style, like udpgso_bench_rx, iperf3 and every epoll server: a non-blocking
     // socket drained until EAGAIN, then poll(2) until readable again.
     if let Some(s) = sock {
@@ -98,8 +94,7 @@ pub fn run_rx(
             break;
         }
         let got = if let Some(s) = sock {
-            let mut slices: Vec<IoSliceMut<'_>> =
-                bufs.iter_mut().map(|b| IoSliceMut::new(b)).collect();
+            let mut slices: Vec<IoSliceMut<'_>> = bufs.iter_mut().map(|b| IoSliceMut::new(b)).collect();
             match s.recv(&mut slices, &mut metas) {
                 Ok(n) => {
                     for (m, b) in metas[..n].iter().zip(&bufs) {
@@ -131,20 +126,11 @@ pub fn run_rx(
                     res.calls += 1;
                     true
                 }
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                    ) =>
-                {
-                    false
-                }
+                Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => false,
                 Err(e) => return Err(e),
             }
         } else {
-            return Err(std::io::Error::other(
-                "receiver needs a UDP socket or a TCP stream",
-            ));
+            return Err(std::io::Error::other("receiver needs a UDP socket or a TCP stream"));
         };
         if got {
             let now = Instant::now();

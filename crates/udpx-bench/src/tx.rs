@@ -10,7 +10,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use udpx::{max_payload, CounterSnapshot, SegmentLimits, SendMode, Transmit, UdpSocket};
+use udpx::{max_payload, CounterSnapshot, SegmentLimits, SendMode, Transmit, UdpSocket, ZcPool};
 
 use crate::cpu::ProcessCpu;
 use crate::wire;
@@ -55,6 +55,20 @@ pub struct TxConfig {
     /// Segments per GSO send at most (`-S`: the send size over the segment size); `None`: as
     /// many as the kernel and the payload ceiling allow.
     pub max_segments: Option<usize>,
+    /// Send with MSG_ZEROCOPY from owned buffers (the socket must have zerocopy configured).
+    pub zerocopy: bool,
+}
+
+/// Zerocopy on a sender: off, on with udpx's detection (turns off where the kernel copies),
+/// or forced on (what a program without detection pays).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub enum Zc {
+    /// Copy.
+    Off,
+    /// MSG_ZEROCOPY, turned off after copied completions.
+    Auto,
+    /// MSG_ZEROCOPY always.
+    Forced,
 }
 
 /// One second's worth (or less, at the end) of progress.
@@ -94,6 +108,14 @@ pub struct TxResult {
     pub counters: Option<CounterSnapshot>,
     /// GSO fallbacks taken.
     pub gso_fallbacks: u64,
+    /// Zerocopy audit: sends made with MSG_ZEROCOPY.
+    pub zerocopy_sends: u64,
+    /// Zerocopy audit: ids completed.
+    pub zerocopy_completed: u64,
+    /// Zerocopy audit: completions that copied.
+    pub zerocopy_copied: u64,
+    /// Zerocopy was turned off during the run.
+    pub zerocopy_turned_off: bool,
     /// Per-second progress.
     pub intervals: Vec<Interval>,
 }
@@ -111,11 +133,7 @@ pub fn run_tx(
         Proto::Udp(_) => PER_ITERATION * cfg.size,
         Proto::Tcp => TCP_WRITE,
     };
-    let regions = if cfg.cache_thrash {
-        (THRASH_BYTES / region).max(2)
-    } else {
-        1
-    };
+    let regions = if cfg.cache_thrash { (THRASH_BYTES / region).max(2) } else { 1 };
     let mut buf = vec![0u8; region * regions];
     let mut sums = Vec::new();
     if cfg.verify && matches!(cfg.proto, Proto::Udp(_)) {
@@ -137,6 +155,7 @@ pub fn run_tx(
     let mut seq: u64 = 0;
     let mut r = 0;
     let mut tcp = tcp;
+    let mut zc_pool: Option<(ZcPool, usize)> = None;
     let c0 = sock.map(|s| s.counters()).unwrap_or_default();
     loop {
         let now = Instant::now();
@@ -153,6 +172,13 @@ pub fn run_tx(
         let off = r * region;
         r = (r + 1) % regions;
         match cfg.proto {
+            Proto::Udp(_) if cfg.zerocopy => {
+                let sock = sock.ok_or_else(|| std::io::Error::other("UDP mode needs a socket"))?;
+                let pool = zc_pool.get_or_insert_with(|| zc_pool_for(cfg, sock, regions));
+                seq = send_zerocopy_iteration(cfg, sock, pool, seq)?;
+                res.bytes += region as u64;
+                res.datagrams += PER_ITERATION as u64;
+            }
             Proto::Udp(_) => {
                 let sock = sock.ok_or_else(|| std::io::Error::other("UDP mode needs a socket"))?;
                 if cfg.verify {
@@ -175,9 +201,7 @@ pub fn run_tx(
                 res.datagrams += PER_ITERATION as u64;
             }
             Proto::Tcp => {
-                let s = tcp
-                    .as_mut()
-                    .ok_or_else(|| std::io::Error::other("TCP mode needs a stream"))?;
+                let s = tcp.as_mut().ok_or_else(|| std::io::Error::other("TCP mode needs a stream"))?;
                 s.write_all(&buf[off..off + region])?;
                 res.bytes += region as u64;
                 res.datagrams += 1;
@@ -201,6 +225,13 @@ pub fn run_tx(
             next_tick += Duration::from_secs(1);
         }
     }
+    if let (Some(s), Some(_)) = (sock, zc_pool.as_ref()) {
+        // Every buffer back before the books close (bounded).
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while s.zerocopy_in_flight() > 0 && Instant::now() < deadline {
+            s.reap_completions(Some(Duration::from_millis(20)))?;
+        }
+    }
     res.secs = start.elapsed().as_secs_f64();
     let cpu = ProcessCpu::thread().unwrap_or_default().diff(&cpu0);
     res.user_secs = cpu.user.as_secs_f64();
@@ -210,9 +241,76 @@ pub fn run_tx(
         res.calls = c.send_calls;
         res.gso_buffers = c.gso_buffers_sent;
         res.gso_fallbacks = c.gso_fallbacks;
+        res.zerocopy_sends = c.zerocopy_sends;
+        res.zerocopy_completed = c.zerocopy_completed;
+        res.zerocopy_copied = c.zerocopy_copied;
+        res.zerocopy_turned_off = c.zerocopy_turned_off > 0;
         res.counters = Some(c);
     }
     Ok(res)
+}
+
+/// A pool of GSO-sized send buffers, filled once (and stamped for `verify`): enough for the
+/// sends in flight, or with cache thrashing as much memory as the copy mode rotates over.
+fn zc_pool_for(cfg: &TxConfig, sock: &UdpSocket, regions: usize) -> (ZcPool, usize) {
+    let limits = SegmentLimits::for_socket(sock);
+    let per =
+        limits.max_segments.min(cfg.max_segments.unwrap_or(usize::MAX)).min(max_payload(&cfg.dst) / cfg.size).max(1);
+    let buf_size = per * cfg.size;
+    // Without cache thrashing, about the copy mode's working set (PER_ITERATION datagrams):
+    // buffers in flight wait for completions, which on lo/veth come back within the send.
+    let count = if regions > 1 { (THRASH_BYTES / buf_size).max(2) } else { (PER_ITERATION / per).max(1) + 2 };
+    let pool = ZcPool::new(buf_size, count);
+    // Fill every buffer once: take them all, fill, return.
+    let mut all = Vec::with_capacity(count);
+    while let Some(mut b) = pool.get() {
+        for (i, d) in b.chunks_mut(cfg.size).enumerate() {
+            if cfg.verify {
+                wire::stamp(d, i as u64);
+            } else {
+                for (j, x) in d.iter_mut().enumerate() {
+                    *x = (i * 7 + j * 3 + 1) as u8;
+                }
+            }
+        }
+        all.push(b);
+    }
+    drop(all);
+    (pool, per)
+}
+
+/// One iteration's worth ([`PER_ITERATION`] datagrams) of zerocopy GSO sends.
+fn send_zerocopy_iteration(
+    cfg: &TxConfig,
+    sock: &UdpSocket,
+    pool: &(ZcPool, usize),
+    mut seq: u64,
+) -> std::io::Result<u64> {
+    let (pool, per) = pool;
+    let mut left = PER_ITERATION;
+    while left > 0 {
+        let n = left.min(*per);
+        let mut buf = loop {
+            if let Some(b) = pool.get() {
+                break b;
+            }
+            sock.reap_completions(Some(Duration::from_millis(5)))?;
+        };
+        buf.set_len(n * cfg.size);
+        if cfg.verify {
+            for (i, d) in buf.chunks_mut(cfg.size).enumerate() {
+                let sum = wire::fnv1a(d.get(wire::HEADER..).unwrap_or(&[]));
+                wire::restamp_header(d, seq + i as u64, sum);
+            }
+        }
+        let seg = (n > 1).then_some(cfg.size);
+        sock.send_zerocopy(cfg.dst, buf, seg).map_err(|e| std::io::Error::other(e.to_string()))?;
+        seq += n as u64;
+        left -= n;
+    }
+    // Collect what completed, without waiting.
+    sock.reap_completions(None)?;
+    Ok(seq)
 }
 
 /// Transmits for a buffer of equal-size datagrams to one destination: GSO runs as long as the
@@ -224,22 +322,14 @@ pub fn plan_uniform<'a>(
     size: usize,
     limits: SegmentLimits,
 ) {
-    let per = if limits.segmenting && size > 0 {
-        limits.max_segments.min(max_payload(&dst) / size).max(1)
-    } else {
-        1
-    };
+    let per = if limits.segmenting && size > 0 { limits.max_segments.min(max_payload(&dst) / size).max(1) } else { 1 };
     if size == 0 {
         out.push(Transmit::new(dst, data));
         return;
     }
     for run in data.chunks(per * size) {
         let t = Transmit::new(dst, run);
-        out.push(if run.len() > size {
-            t.segmented(size)
-        } else {
-            t
-        });
+        out.push(if run.len() > size { t.segmented(size) } else { t });
     }
 }
 
@@ -252,47 +342,17 @@ mod tests {
         let dst: SocketAddr = "192.0.2.2:1".parse().unwrap();
         let data = vec![0u8; 256 * 1472];
         let mut out = Vec::new();
-        plan_uniform(
-            &mut out,
-            dst,
-            &data,
-            1472,
-            SegmentLimits {
-                segmenting: true,
-                max_segments: 128,
-            },
-        );
+        plan_uniform(&mut out, dst, &data, 1472, SegmentLimits { segmenting: true, max_segments: 128 });
         // 44 × 1472 = 64,768 ≤ 65,507 < 45 × 1472.
         assert_eq!(out.len(), 6);
         assert_eq!(out[0].segments(), 44);
         assert_eq!(out.iter().map(|t| t.segments()).sum::<usize>(), 256);
         out.clear();
-        plan_uniform(
-            &mut out,
-            dst,
-            &data,
-            1472,
-            SegmentLimits {
-                segmenting: false,
-                max_segments: 128,
-            },
-        );
+        plan_uniform(&mut out, dst, &data, 1472, SegmentLimits { segmenting: false, max_segments: 128 });
         assert_eq!(out.len(), 256);
         assert!(out.iter().all(|t| t.segment_size.is_none()));
         out.clear();
-        plan_uniform(
-            &mut out,
-            dst,
-            &[0u8; 100],
-            10,
-            SegmentLimits {
-                segmenting: true,
-                max_segments: 4,
-            },
-        );
-        assert_eq!(
-            out.iter().map(|t| t.segments()).collect::<Vec<_>>(),
-            vec![4, 4, 2]
-        );
+        plan_uniform(&mut out, dst, &[0u8; 100], 10, SegmentLimits { segmenting: true, max_segments: 4 });
+        assert_eq!(out.iter().map(|t| t.segments()).collect::<Vec<_>>(), vec![4, 4, 2]);
     }
 }

@@ -125,11 +125,7 @@ mod tests {
         assert_eq!(check(&d[..10]), Check::Short);
         let mut e = vec![0u8; 1472];
         stamp(&mut e, 43);
-        assert_eq!(
-            check(&e[..1000]),
-            Check::Corrupt,
-            "truncation is caught by the length"
-        );
+        assert_eq!(check(&e[..1000]), Check::Corrupt, "truncation is caught by the length");
         let sum = fnv1a(&e[HEADER..]);
         restamp_header(&mut e, 7, sum);
         assert_eq!(check(&e), Check::Ok(7));

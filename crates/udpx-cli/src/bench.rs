@@ -65,7 +65,7 @@ impl ModeArg {
 #[derive(Args, Debug)]
 struct MainArgs {
     /// Seconds each row sends.
-    #[arg(short = 'l', long, default_value_t = 2.0)]
+    #[arg(short = 'l', long, default_value_t = 1.5)]
     duration: f64,
     /// Repetitions of every row, interleaved; the tables show medians.
     #[arg(long, default_value_t = 2)]
@@ -137,9 +137,13 @@ struct TxArgs {
     /// Rotate over a working set larger than the last-level cache.
     #[arg(short = 'c', long)]
     cache_thrash: bool,
-    /// MSG_ZEROCOPY (not yet supported: exits 4).
+    /// MSG_ZEROCOPY from owned buffers, turned off by udpx where the kernel copies anyway
+    /// (exits 4 on a kernel without SO_ZEROCOPY).
     #[arg(short = 'z', long)]
     zerocopy: bool,
+    /// With -z: keep zerocopy on even when every completion says copied (to measure its cost).
+    #[arg(long, requires = "zerocopy")]
+    zerocopy_forced: bool,
     /// Bytes per second at most.
     #[arg(long)]
     rate: Option<u64>,
@@ -164,9 +168,7 @@ fn usage(msg: impl std::fmt::Display) -> ExitCode {
 
 fn duration(flag: &str, secs: f64) -> Result<Duration, String> {
     if !(secs > 0.0 && secs <= 3600.0) {
-        return Err(format!(
-            "{flag} {secs}: give a duration in seconds, more than 0 and at most 3600"
-        ));
+        return Err(format!("{flag} {secs}: give a duration in seconds, more than 0 and at most 3600"));
     }
     Ok(Duration::from_secs_f64(secs))
 }
@@ -182,15 +184,9 @@ fn check_cpu(cpu: Option<usize>) -> Result<(), String> {
 }
 
 fn check_size(flag: &str, size: usize, v6: bool) -> Result<(), String> {
-    let max = if v6 {
-        udpx::MAX_PAYLOAD_V6
-    } else {
-        udpx::MAX_PAYLOAD_V4
-    };
+    let max = if v6 { udpx::MAX_PAYLOAD_V6 } else { udpx::MAX_PAYLOAD_V4 };
     if size == 0 || size > max {
-        return Err(format!(
-            "{flag} {size}: the datagram size must be from 1 to {max} bytes"
-        ));
+        return Err(format!("{flag} {size}: the datagram size must be from 1 to {max} bytes"));
     }
     Ok(())
 }
@@ -225,8 +221,11 @@ fn tx(a: TxArgs) -> ExitCode {
     if let Err(e) = check_size("-s", a.size, v6).and(check_cpu(a.common.cpu)) {
         return usage(e);
     }
-    if a.zerocopy {
-        eprintln!("udpx bench tx: -z/--zerocopy is not yet supported (issue 5: zerocopy send)");
+    if a.zerocopy && a.mode == ModeArg::Tcp {
+        return usage("-z: zerocopy here is for UDP; TCP zerocopy is not measured by udpx");
+    }
+    if a.zerocopy && !udpx::KernelCaps::get().zerocopy {
+        eprintln!("udpx bench tx: -z: this kernel does not accept SO_ZEROCOPY");
         return ExitCode::from(exit::SKIPPED);
     }
     let mut proto = a.mode.proto();
@@ -234,10 +233,7 @@ fn tx(a: TxArgs) -> ExitCode {
     let mut max_segments = None;
     if let Some(s) = a.gso_size {
         if s == 0 || s >= a.size {
-            return usage(format!(
-                "-S {s}: the GSO segment size must be at least 1 and smaller than -s {}",
-                a.size
-            ));
+            return usage(format!("-S {s}: the GSO segment size must be at least 1 and smaller than -s {}", a.size));
         }
         if a.mode == ModeArg::Tcp {
             return usage("-S: GSO applies to UDP, not -m tcp");
@@ -252,11 +248,7 @@ fn tx(a: TxArgs) -> ExitCode {
         let _ = pin_current_thread(c);
     }
     let dst = SocketAddr::new(a.dst, a.common.port);
-    let local: SocketAddr = if v6 {
-        (Ipv6Addr::UNSPECIFIED, 0).into()
-    } else {
-        (Ipv4Addr::UNSPECIFIED, 0).into()
-    };
+    let local: SocketAddr = if v6 { (Ipv6Addr::UNSPECIFIED, 0).into() } else { (Ipv4Addr::UNSPECIFIED, 0).into() };
     let cfg = TxConfig {
         dst,
         proto,
@@ -266,6 +258,7 @@ fn tx(a: TxArgs) -> ExitCode {
         verify: a.common.verify,
         rate: a.rate,
         max_segments,
+        zerocopy: a.zerocopy,
     };
     let stop = AtomicBool::new(false);
     let json = a.common.json;
@@ -276,12 +269,17 @@ fn tx(a: TxArgs) -> ExitCode {
     };
     let res = match proto {
         Proto::Udp(mode) => {
-            let sock = match UdpSocket::builder(local)
+            let zc_cfg = udpx::ZcConfig {
+                copied_limit: if a.zerocopy_forced { 0 } else { udpx::zerocopy::COPIED_LIMIT },
+                ..udpx::ZcConfig::default()
+            };
+            let builder = UdpSocket::builder(local)
                 .send_mode(mode)
                 .send_buffer(4 << 20)
-                .connect(dst)
-                .bind()
-            {
+                .zerocopy(if a.zerocopy { Want::Required } else { Want::Off })
+                .zerocopy_config(zc_cfg)
+                .connect(dst);
+            let sock = match builder.bind() {
                 Ok(s) => s,
                 Err(e) => return failure(format!("socket: {e}")),
             };
@@ -289,11 +287,7 @@ fn tx(a: TxArgs) -> ExitCode {
         }
         Proto::Tcp => match std::net::TcpStream::connect_timeout(&dst, Duration::from_secs(3)) {
             Ok(s) => run_tx(&cfg, None, Some(s), &stop, &mut on),
-            Err(e) => {
-                return failure(format!(
-                    "connect {dst}: {e} (is `udpx bench rx -t` running?)"
-                ))
-            }
+            Err(e) => return failure(format!("connect {dst}: {e} (is `udpx bench rx -t` running?)")),
         },
     };
     match res {
@@ -336,17 +330,9 @@ fn rx(a: RxArgs) -> ExitCode {
         let _ = pin_current_thread(c);
     }
     let v6 = a.common.ipv6;
-    let ip: IpAddr = if v6 {
-        Ipv6Addr::UNSPECIFIED.into()
-    } else {
-        Ipv4Addr::UNSPECIFIED.into()
-    };
+    let ip: IpAddr = if v6 { Ipv6Addr::UNSPECIFIED.into() } else { Ipv4Addr::UNSPECIFIED.into() };
     let local = SocketAddr::new(ip, a.common.port);
-    let cfg = RxConfig {
-        verify: a.common.verify,
-        idle: Duration::from_secs(2),
-        max: dur,
-    };
+    let cfg = RxConfig { verify: a.common.verify, idle: Duration::from_secs(2), max: dur };
     let stop = AtomicBool::new(false);
     let json = a.common.json;
     let mut on = |iv: &Interval| {
@@ -358,10 +344,7 @@ fn rx(a: RxArgs) -> ExitCode {
         let l = match std::net::TcpListener::bind(local) {
             Ok(l) => l,
             Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
-                return usage(format!(
-                    "-p {}: port in use; pick another with -p",
-                    a.common.port
-                ))
+                return usage(format!("-p {}: port in use; pick another with -p", a.common.port))
             }
             Err(e) => return failure(format!("bind {local}: {e}")),
         };
@@ -371,19 +354,10 @@ fn rx(a: RxArgs) -> ExitCode {
         }
     } else {
         let gro = if a.gro { Want::Required } else { Want::Off };
-        let sock = match UdpSocket::builder(local)
-            .gro(gro)
-            .recv_buffer(32 << 20)
-            .bind()
-        {
+        let sock = match UdpSocket::builder(local).gro(gro).recv_buffer(32 << 20).bind() {
             Ok(s) => s,
-            Err(udpx::Error::Io { source, .. })
-                if source.kind() == std::io::ErrorKind::AddrInUse =>
-            {
-                return usage(format!(
-                    "-p {}: port in use; pick another with -p",
-                    a.common.port
-                ))
+            Err(udpx::Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::AddrInUse => {
+                return usage(format!("-p {}: port in use; pick another with -p", a.common.port))
             }
             Err(e @ udpx::Error::Unsupported { .. }) => {
                 eprintln!("udpx bench rx: {e}");
@@ -396,10 +370,7 @@ fn rx(a: RxArgs) -> ExitCode {
     match res {
         Ok(r) => {
             if json {
-                println!(
-                    "{}",
-                    serde_json::json!({ "role": "rx", "gro": a.gro, "result": r })
-                );
+                println!("{}", serde_json::json!({ "role": "rx", "gro": a.gro, "result": r }));
             } else {
                 let s = r.secs.max(1e-9);
                 println!(
@@ -428,10 +399,7 @@ fn failure(msg: String) -> ExitCode {
 
 /// UTC `YYYYmmdd-HHMMSS` without a date library.
 fn stamp() -> String {
-    let secs = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
+    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
     let (days, rem) = (secs / 86_400, secs % 86_400);
     // Civil from days (Howard Hinnant's algorithm).
     let z = days as i64 + 719_468;
@@ -443,12 +411,7 @@ fn stamp() -> String {
     let d = doy - (153 * mp + 2) / 5 + 1;
     let m = if mp < 10 { mp + 3 } else { mp - 9 };
     let y = yoe + era * 400 + (m <= 2) as i64;
-    format!(
-        "{y:04}{m:02}{d:02}-{:02}{:02}{:02}",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
+    format!("{y:04}{m:02}{d:02}-{:02}{:02}{:02}", rem / 3600, rem % 3600 / 60, rem % 60)
 }
 
 fn main_job(a: MainArgs) -> ExitCode {
@@ -466,11 +429,7 @@ fn main_job(a: MainArgs) -> ExitCode {
     for p in &a.profiles {
         match p.parse::<Profile>() {
             Ok(p) => profiles.push(p),
-            Err(_) => {
-                return usage(format!(
-                    "--profiles {p}: use offload, software or both (offload,software)"
-                ))
-            }
+            Err(_) => return usage(format!("--profiles {p}: use offload, software or both (offload,software)")),
         }
     }
     let veth = !a.loopback && udpx_netns::check_capable().is_ok();
@@ -481,19 +440,10 @@ fn main_job(a: MainArgs) -> ExitCode {
         }
     }
     let cpus_online = online_cpus();
-    let cpus = Cpus {
-        tx: cpus_online[0],
-        rx: *cpus_online.get(1).unwrap_or(&cpus_online[0]),
-    };
+    let cpus = Cpus { tx: cpus_online[0], rx: *cpus_online.get(1).unwrap_or(&cpus_online[0]) };
     let iperf3 = !a.no_iperf3 && which("iperf3");
     let rows = default_rows(iperf3);
-    let cfg = RunConfig {
-        duration: dur,
-        size: a.size,
-        v6: false,
-        verify: a.verify,
-        cpus,
-    };
+    let cfg = RunConfig { duration: dur, size: a.size, v6: false, verify: a.verify, cpus };
     let n_profiles = if veth { profiles.len() } else { 1 };
     let total = (rows.len() * a.repeat * n_profiles) as u64;
     let bar = indicatif::ProgressBar::new(total);
@@ -529,49 +479,28 @@ fn main_job(a: MainArgs) -> ExitCode {
             };
             for side in [udpx_netns::Side::Tx, udpx_netns::Side::Rx] {
                 let f = net.features(side).unwrap_or_default();
-                let pick = [
-                    "tx-udp-segmentation",
-                    "tx-checksumming",
-                    "generic-receive-offload",
-                    "rx-udp-gro-forwarding",
-                ]
-                .iter()
-                .map(|k| format!("{k} {}", f.get(*k).map(String::as_str).unwrap_or("?")))
-                .collect::<Vec<_>>()
-                .join(", ");
+                let pick =
+                    ["tx-udp-segmentation", "tx-checksumming", "generic-receive-offload", "rx-udp-gro-forwarding"]
+                        .iter()
+                        .map(|k| format!("{k} {}", f.get(*k).map(String::as_str).unwrap_or("?")))
+                        .collect::<Vec<_>>()
+                        .join(", ");
                 devices.push(format!("{p} {side:?} veth ({}): {pick}", net.dev(side)));
             }
-            results.push(run_matrix(
-                p.as_str(),
-                Path::Veth(&net),
-                &rows,
-                &cfg,
-                a.repeat,
-                &mut progress,
-            ));
+            results.push(run_matrix(p.as_str(), Path::Veth(&net), &rows, &cfg, a.repeat, &mut progress));
         }
     } else {
         let why = if a.loopback {
             "--loopback given".to_string()
         } else {
-            udpx_netns::check_capable()
-                .err()
-                .map(|e| e.to_string())
-                .unwrap_or_default()
+            udpx_netns::check_capable().err().map(|e| e.to_string()).unwrap_or_default()
         };
         eprintln!("udpx bench: measuring over LOOPBACK ({why}); run as root for the veth path between two namespaces");
         path_text = format!(
             "Path: LOOPBACK (not a device path: {why}); sender on CPU {}, receiver on CPU {}; {} s per row, median of {} runs.",
             cpus.tx, cpus.rx, a.duration, a.repeat
         );
-        results.push(run_matrix(
-            "loopback",
-            Path::Loopback,
-            &rows,
-            &cfg,
-            a.repeat,
-            &mut progress,
-        ));
+        results.push(run_matrix("loopback", Path::Loopback, &rows, &cfg, a.repeat, &mut progress));
     }
     bar.finish_and_clear();
     let checks: Vec<report::Check> = results.iter().flat_map(report::checks).collect();
@@ -586,10 +515,7 @@ fn main_job(a: MainArgs) -> ExitCode {
     });
     let md = report::markdown("udpx bench", &path_text, &results, &checks, &env_text);
     let write = std::fs::create_dir_all(&dir).and_then(|_| {
-        std::fs::write(
-            format!("{dir}/report.json"),
-            serde_json::to_string_pretty(&json).unwrap_or_default(),
-        )?;
+        std::fs::write(format!("{dir}/report.json"), serde_json::to_string_pretty(&json).unwrap_or_default())?;
         std::fs::write(format!("{dir}/report.md"), &md)?;
         std::fs::write(format!("{dir}/cost.svg"), report::svg_chart(&results))
     });
@@ -598,32 +524,19 @@ fn main_job(a: MainArgs) -> ExitCode {
     } else {
         println!("{path_text}\n");
         for p in &results {
-            println!(
-                "== {} profile: send side (paper Figure 1)\n{}",
-                p.profile,
-                report::send_table(p)
-            );
-            println!(
-                "== {} profile: receive side (paper Figure 5)\n{}",
-                p.profile,
-                report::recv_table(p)
-            );
+            println!("== {} profile: send side (paper Figure 1)\n{}", p.profile, report::send_table(p));
+            println!("== {} profile: receive side (paper Figure 5)\n{}", p.profile, report::recv_table(p));
         }
-        println!(
-            "== targets (cost per delivered byte, both CPUs)\n{}",
-            report::checks_text(&checks)
-        );
+        println!("== targets (cost per delivered byte, both CPUs)\n{}", report::checks_text(&checks));
+        let audit: String = results.iter().map(report::zerocopy_audit).collect();
+        println!("== zerocopy audit\n{audit}");
         println!("== environment\n{env_text}\n");
     }
     match write {
         Ok(()) => eprintln!("udpx bench: results in {dir}/ (report.md, report.json, cost.svg)"),
         Err(e) => eprintln!("udpx bench: could not write {dir}: {e}"),
     }
-    let failed_rows = results
-        .iter()
-        .flat_map(|p| &p.rows)
-        .filter(|r| r.runs.is_empty())
-        .count();
+    let failed_rows = results.iter().flat_map(|p| &p.rows).filter(|r| r.runs.is_empty()).count();
     if failed_rows > 0 {
         eprintln!("udpx bench: {failed_rows} rows failed (see the tables)");
         return ExitCode::FAILURE;
@@ -632,9 +545,7 @@ fn main_job(a: MainArgs) -> ExitCode {
 }
 
 fn which(program: &str) -> bool {
-    std::env::var_os("PATH")
-        .map(|p| std::env::split_paths(&p).any(|d| d.join(program).is_file()))
-        .unwrap_or(false)
+    std::env::var_os("PATH").map(|p| std::env::split_paths(&p).any(|d| d.join(program).is_file())).unwrap_or(false)
 }
 
 fn environment_text(devices: &[String]) -> String {

@@ -10,11 +10,7 @@ use clap::{Args, Parser, Subcommand};
 mod bench;
 
 #[derive(Parser, Debug)]
-#[command(
-    name = "udpx",
-    version,
-    about = "UDP at the cost per byte of TCP: bench, probe and tools"
-)]
+#[command(name = "udpx", version, about = "UDP at the cost per byte of TCP: bench, probe and tools")]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -59,10 +55,7 @@ fn main() -> ExitCode {
     match cli.cmd {
         Cmd::Bench(args) => bench::main(args),
         Cmd::Probe(args) => {
-            let opts = udpx_bench::probe::ProbeOptions {
-                devices: args.devices,
-                json: args.json,
-            };
+            let opts = udpx_bench::probe::ProbeOptions { devices: args.devices, json: args.json };
             udpx_bench::probe::run(&opts)
         }
     }

@@ -7,10 +7,7 @@ use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
 fn udpx(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_udpx"))
-        .args(args)
-        .output()
-        .expect("run udpx")
+    Command::new(env!("CARGO_BIN_EXE_udpx")).args(args).output().expect("run udpx")
 }
 
 fn stderr(o: &Output) -> String {
@@ -33,10 +30,7 @@ fn bad_input_exits_2_and_names_the_flag() {
         (&["bench", "tx", "-D", "127.0.0.1", "-s", "0"], "-s 0"),
         (&["bench", "tx", "-D", "127.0.0.1", "-s", "65508"], "65507"),
         (&["bench", "tx", "-D", "::1", "-6", "-s", "65528"], "65527"),
-        (
-            &["bench", "tx", "-D", "127.0.0.1", "-s", "1472", "-S", "1472"],
-            "-S 1472",
-        ),
+        (&["bench", "tx", "-D", "127.0.0.1", "-s", "1472", "-S", "1472"], "-S 1472"),
         (&["bench", "tx", "-D", "127.0.0.1", "-S", "0"], "-S 0"),
         (&["bench", "tx", "-D", "127.0.0.1", "-l", "0"], "-l 0"),
         (&["bench", "tx", "-D", "127.0.0.1", "-C", "4096"], "-C 4096"),
@@ -50,11 +44,7 @@ fn bad_input_exits_2_and_names_the_flag() {
     for (args, needle) in cases {
         let o = udpx(args);
         assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
-        assert!(
-            stderr(&o).contains(needle),
-            "{args:?}: message should mention {needle:?}: {}",
-            stderr(&o)
-        );
+        assert!(stderr(&o).contains(needle), "{args:?}: message should mention {needle:?}: {}", stderr(&o));
     }
 }
 
@@ -68,19 +58,17 @@ fn port_in_use_is_a_usage_error() {
 }
 
 #[test]
-fn zerocopy_not_yet_supported_exits_4() {
-    let o = udpx(&["bench", "tx", "-D", "127.0.0.1", "-z", "-l", "1"]);
-    assert_eq!(o.status.code(), Some(4), "{}", stderr(&o));
-    assert!(stderr(&o).contains("zerocopy"), "{}", stderr(&o));
+fn zerocopy_flag_checks() {
+    let o = udpx(&["bench", "tx", "-D", "127.0.0.1", "-z", "-m", "tcp", "-l", "1"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("-z"), "{}", stderr(&o));
+    let o = udpx(&["bench", "tx", "-D", "127.0.0.1", "--zerocopy-forced", "-l", "1"]);
+    assert_eq!(o.status.code(), Some(2), "--zerocopy-forced needs -z: {}", stderr(&o));
 }
 
 fn json(o: &Output) -> serde_json::Value {
     let text = String::from_utf8_lossy(&o.stdout);
-    let line = text
-        .lines()
-        .rev()
-        .find(|l| l.starts_with('{'))
-        .unwrap_or_else(|| panic!("no JSON in {text}"));
+    let line = text.lines().rev().find(|l| l.starts_with('{')).unwrap_or_else(|| panic!("no JSON in {text}"));
     serde_json::from_str(line).unwrap()
 }
 
@@ -88,8 +76,12 @@ fn json(o: &Output) -> serde_json::Value {
 /// JSON, no loss, no corruption.
 #[test]
 fn roles_run_per_mode_over_loopback() {
-    for mode in ["sendmsg", "sendmmsg", "gso", "gso-sendmmsg", "tcp"] {
+    for mode in ["sendmsg", "sendmmsg", "gso", "gso-sendmmsg", "tcp", "gso-zerocopy"] {
         let port = free_port().to_string();
+        let (mode, zc) = match mode.strip_suffix("-zerocopy") {
+            Some(m) => (m, true),
+            None => (mode, false),
+        };
         let mut rx_args = vec!["bench", "rx", "-p", &port, "-l", "8", "--json", "--verify"];
         if mode == "tcp" {
             rx_args.push("-t");
@@ -101,22 +93,13 @@ fn roles_run_per_mode_over_loopback() {
             .spawn()
             .unwrap();
         std::thread::sleep(Duration::from_millis(300));
-        let tx = udpx(&[
-            "bench",
-            "tx",
-            "-D",
-            "127.0.0.1",
-            "-p",
-            &port,
-            "-m",
-            mode,
-            "-l",
-            "1",
-            "--json",
-            "--verify",
-            "--rate",
-            "20000000",
-        ]);
+        let mut tx_args =
+            vec!["bench", "tx", "-D", "127.0.0.1", "-p", &port, "-m", mode, "-l", "1", "--json", "--verify"];
+        tx_args.extend(["--rate", "20000000"]);
+        if zc {
+            tx_args.push("-z");
+        }
+        let tx = udpx(&tx_args);
         let rx = rx.wait_with_output().unwrap();
         assert_eq!(tx.status.code(), Some(0), "tx {mode}: {}", stderr(&tx));
         assert_eq!(rx.status.code(), Some(0), "rx {mode}: {}", stderr(&rx));
@@ -127,10 +110,7 @@ fn roles_run_per_mode_over_loopback() {
         let dgrams = t["result"]["datagrams"].as_u64().unwrap();
         assert!(sent > 0 && got > 0, "{mode}: sent {sent}, got {got}");
         assert!(got <= sent, "{mode}: received more than sent");
-        assert!(
-            calls >= 1 && dgrams >= calls,
-            "{mode}: datagrams per call below 1 ({dgrams}/{calls})"
-        );
+        assert!(calls >= 1 && dgrams >= calls, "{mode}: datagrams per call below 1 ({dgrams}/{calls})");
         if mode == "tcp" {
             assert_eq!(got, sent, "TCP delivers every byte");
         } else {
@@ -138,17 +118,20 @@ fn roles_run_per_mode_over_loopback() {
             let seq = &r["result"]["seq"];
             assert_eq!(seq["corrupt"].as_u64(), Some(0), "{mode}");
             assert_eq!(seq["gaps"].as_u64(), Some(0), "{mode}");
-            assert_eq!(
-                seq["next"].as_u64(),
-                Some(dgrams),
-                "{mode}: every sequence number seen"
-            );
+            assert_eq!(seq["next"].as_u64(), Some(dgrams), "{mode}: every sequence number seen");
         }
         if mode.starts_with("gso") {
+            assert!(t["result"]["gso_buffers"].as_u64().unwrap() > 0, "{mode}: no GSO buffer sent");
+        }
+        if zc {
+            let r = &t["result"];
             assert!(
-                t["result"]["gso_buffers"].as_u64().unwrap() > 0,
-                "{mode}: no GSO buffer sent"
+                r["zerocopy_sends"].as_u64().unwrap() > 0,
+                "zerocopy used: {t} args {tx_args:?} stderr {}",
+                stderr(&tx)
             );
+            assert_eq!(r["zerocopy_completed"], r["zerocopy_sends"], "audit: every zerocopy send completed");
+            assert_eq!(r["zerocopy_turned_off"], true, "loopback copies: detection turns zerocopy off");
         }
     }
 }
@@ -159,18 +142,7 @@ fn roles_run_per_mode_over_loopback() {
 fn main_job_runs_and_cleans_up() {
     let out = std::env::temp_dir().join(format!("udpx-cli-test-{}", std::process::id()));
     let out_s = out.to_string_lossy().to_string();
-    let o = udpx(&[
-        "bench",
-        "--duration",
-        "0.3",
-        "--repeat",
-        "1",
-        "--profiles",
-        "offload",
-        "--out",
-        &out_s,
-        "--json",
-    ]);
+    let o = udpx(&["bench", "--duration", "0.3", "--repeat", "1", "--profiles", "offload", "--out", &out_s, "--json"]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let v = json(&o);
     let rows = v["profiles"][0]["rows"].as_array().unwrap();
@@ -180,19 +152,11 @@ fn main_job_runs_and_cleans_up() {
         let runs = r["runs"].as_array().unwrap();
         assert_eq!(runs.len(), 1, "{id}: {:?}", r["errors"]);
         let m = &runs[0];
-        assert!(
-            m["recv_bytes"].as_u64().unwrap() > 0,
-            "{id}: nothing delivered"
-        );
+        assert!(m["recv_bytes"].as_u64().unwrap() > 0, "{id}: nothing delivered");
         assert!(m["recv_bytes"].as_u64() <= m["sent_bytes"].as_u64(), "{id}");
     }
     // The results folder has the three files.
-    let dir = std::fs::read_dir(&out)
-        .unwrap()
-        .next()
-        .unwrap()
-        .unwrap()
-        .path();
+    let dir = std::fs::read_dir(&out).unwrap().next().unwrap().unwrap().path();
     for f in ["report.json", "report.md", "cost.svg"] {
         assert!(dir.join(f).is_file(), "{f} missing");
     }
@@ -207,10 +171,7 @@ fn main_job_runs_and_cleans_up() {
         for l in ours {
             let pid: Option<u32> = l.split('-').nth(1).and_then(|p| p.parse().ok());
             if let Some(pid) = pid {
-                assert!(
-                    std::path::Path::new(&format!("/proc/{pid}")).exists(),
-                    "stale namespace {l}"
-                );
+                assert!(std::path::Path::new(&format!("/proc/{pid}")).exists(), "stale namespace {l}");
             }
         }
     }

@@ -58,10 +58,7 @@ pub fn run_bounded(cmd: &mut Command, timeout: Duration) -> Result<String, Error
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .map_err(|source| Error::Spawn {
-            cmd: line.clone(),
-            source,
-        })?;
+        .map_err(|source| Error::Spawn { cmd: line.clone(), source })?;
 
     let (tx, rx) = mpsc::channel::<(Stream, Option<Vec<u8>>)>();
     let mut readers = 0;
@@ -120,22 +117,14 @@ pub fn run_bounded(cmd: &mut Command, timeout: Duration) -> Result<String, Error
     if status.success() {
         Ok(String::from_utf8_lossy(&stdout).into_owned())
     } else {
-        Err(Error::Command {
-            cmd: line,
-            status,
-            stderr: String::from_utf8_lossy(&stderr).trim().to_owned(),
-        })
+        Err(Error::Command { cmd: line, status, stderr: String::from_utf8_lossy(&stderr).trim().to_owned() })
     }
 }
 
 /// Drains one pipe on its own thread, sending each chunk as it arrives and `None` at end of file
 /// (or on a read error, which ends the stream early). Send errors mean the caller has given up
 /// on this command; the thread then just finishes.
-fn spawn_reader(
-    which: Stream,
-    mut pipe: impl Read + Send + 'static,
-    tx: mpsc::Sender<(Stream, Option<Vec<u8>>)>,
-) {
+fn spawn_reader(which: Stream, mut pipe: impl Read + Send + 'static, tx: mpsc::Sender<(Stream, Option<Vec<u8>>)>) {
     thread::spawn(move || {
         let mut buf = [0u8; 4096];
         loop {
@@ -155,9 +144,7 @@ fn spawn_reader(
 }
 
 fn try_wait(child: &mut Child, line: &str) -> Result<Option<ExitStatus>, Error> {
-    child
-        .try_wait()
-        .map_err(|e| Error::io(format!("wait for `{line}`"), e))
+    child.try_wait().map_err(|e| Error::io(format!("wait for `{line}`"), e))
 }
 
 /// Kills and reaps a child that overran its time limit, and returns the error to report.
@@ -176,27 +163,17 @@ mod tests {
 
     #[test]
     fn returns_stdout_on_success() {
-        let out = run_bounded(
-            Command::new("sh").args(["-c", "echo hello; echo noise >&2"]),
-            Duration::from_secs(5),
-        )
-        .unwrap();
+        let out =
+            run_bounded(Command::new("sh").args(["-c", "echo hello; echo noise >&2"]), Duration::from_secs(5)).unwrap();
         assert_eq!(out, "hello\n");
     }
 
     #[test]
     fn failure_carries_stderr_and_status() {
-        let err = run_bounded(
-            Command::new("sh").args(["-c", "echo bad thing >&2; exit 3"]),
-            Duration::from_secs(5),
-        )
-        .unwrap_err();
+        let err = run_bounded(Command::new("sh").args(["-c", "echo bad thing >&2; exit 3"]), Duration::from_secs(5))
+            .unwrap_err();
         match err {
-            Error::Command {
-                cmd,
-                status,
-                stderr,
-            } => {
+            Error::Command { cmd, status, stderr } => {
                 assert!(cmd.starts_with("sh -c"), "{cmd}");
                 assert_eq!(status.code(), Some(3));
                 assert_eq!(stderr, "bad thing");
@@ -208,8 +185,7 @@ mod tests {
     #[test]
     fn overrun_is_killed() {
         let start = Instant::now();
-        let err =
-            run_bounded(Command::new("sleep").arg("10"), Duration::from_millis(200)).unwrap_err();
+        let err = run_bounded(Command::new("sleep").arg("10"), Duration::from_millis(200)).unwrap_err();
         assert!(matches!(err, Error::Timeout { .. }), "{err:?}");
         assert!(start.elapsed() < Duration::from_secs(3));
     }
@@ -218,22 +194,15 @@ mod tests {
     fn grandchild_holding_pipes_does_not_block() {
         // The shell exits at once; its background child keeps stdout open for 5 s.
         let start = Instant::now();
-        let out = run_bounded(
-            Command::new("sh").args(["-c", "echo early; sleep 5 & exit 0"]),
-            Duration::from_secs(4),
-        )
-        .unwrap();
+        let out = run_bounded(Command::new("sh").args(["-c", "echo early; sleep 5 & exit 0"]), Duration::from_secs(4))
+            .unwrap();
         assert_eq!(out, "early\n");
         assert!(start.elapsed() < Duration::from_secs(2));
     }
 
     #[test]
     fn missing_program_is_a_spawn_error() {
-        let err = run_bounded(
-            &mut Command::new("/nonexistent/udpx-netns-test"),
-            Duration::from_secs(1),
-        )
-        .unwrap_err();
+        let err = run_bounded(&mut Command::new("/nonexistent/udpx-netns-test"), Duration::from_secs(1)).unwrap_err();
         assert!(matches!(err, Error::Spawn { .. }), "{err:?}");
     }
 }

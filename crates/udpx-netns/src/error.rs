@@ -97,18 +97,12 @@ pub enum Error {
 impl Error {
     /// Builds [`Error::Io`] from a `nix` errno, so no `nix` type leaks into the public API.
     pub(crate) fn sys(what: impl Into<String>, errno: nix::errno::Errno) -> Error {
-        Error::Io {
-            what: what.into(),
-            source: io::Error::from_raw_os_error(errno as i32),
-        }
+        Error::Io { what: what.into(), source: io::Error::from_raw_os_error(errno as i32) }
     }
 
     /// Builds [`Error::Io`] from a `std` I/O error.
     pub(crate) fn io(what: impl Into<String>, source: io::Error) -> Error {
-        Error::Io {
-            what: what.into(),
-            source,
-        }
+        Error::Io { what: what.into(), source }
     }
 }
 
@@ -120,19 +114,17 @@ impl fmt::Display for Error {
                 "network namespaces need root (CAP_SYS_ADMIN and CAP_NET_ADMIN): run as root, \
                  e.g. with sudo"
             ),
-            Error::ToolMissing { tool } => write!(
-                f,
-                "`{tool}` is not on PATH: install it (Debian: apt-get install iproute2 ethtool)"
-            ),
+            Error::ToolMissing { tool } => {
+                write!(f, "`{tool}` is not on PATH: install it (Debian: apt-get install iproute2 ethtool)")
+            }
             Error::NamespacesUnavailable { source } => write!(
                 f,
                 "the kernel refused to create a network namespace ({source}): run as root on a \
                  host or a privileged container, with a kernel built with CONFIG_NET_NS"
             ),
-            Error::InvalidName { name, why } => write!(
-                f,
-                "invalid namespace name {name:?}: {why}; use letters, digits, '.', '_' and '-'"
-            ),
+            Error::InvalidName { name, why } => {
+                write!(f, "invalid namespace name {name:?}: {why}; use letters, digits, '.', '_' and '-'")
+            }
             Error::Exists { name } => write!(
                 f,
                 "network namespace {name:?} already exists and is not ours, so it was left \
@@ -145,20 +137,9 @@ impl fmt::Display for Error {
                  created: let the process finish"
             ),
             Error::InvalidConfig { why } => write!(f, "invalid test network config: {why}"),
-            Error::Command {
-                cmd,
-                status,
-                stderr,
-            } => {
-                let stderr = if stderr.is_empty() {
-                    "(no output)"
-                } else {
-                    stderr
-                };
-                write!(
-                    f,
-                    "`{cmd}` failed ({status}): {stderr}; run the command by hand to investigate"
-                )
+            Error::Command { cmd, status, stderr } => {
+                let stderr = if stderr.is_empty() { "(no output)" } else { stderr };
+                write!(f, "`{cmd}` failed ({status}): {stderr}; run the command by hand to investigate")
             }
             Error::Timeout { cmd, after } => write!(
                 f,
@@ -171,12 +152,7 @@ impl fmt::Display for Error {
                  PATH"
             ),
             Error::Io { what, source } => write!(f, "could not {what}: {source}"),
-            Error::SettingDidNotTake {
-                dev,
-                setting,
-                wanted,
-                got,
-            } => write!(
+            Error::SettingDidNotTake { dev, setting, wanted, got } => write!(
                 f,
                 "{dev}: set {setting} to {wanted} but it reads back as {got}: this kernel or \
                  driver does not support it; use the other profile or a newer kernel"
@@ -193,9 +169,9 @@ impl fmt::Display for Error {
 impl std::error::Error for Error {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            Error::NamespacesUnavailable { source }
-            | Error::Spawn { source, .. }
-            | Error::Io { source, .. } => Some(source),
+            Error::NamespacesUnavailable { source } | Error::Spawn { source, .. } | Error::Io { source, .. } => {
+                Some(source)
+            }
             _ => None,
         }
     }

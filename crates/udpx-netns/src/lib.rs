@@ -54,12 +54,12 @@ use nix::unistd::geteuid;
 pub use command::{display_command, run_bounded};
 pub use error::Error;
 pub use namespace::{
-    cleanup_on_signals, cleanup_stale, live_namespaces, remove_all_live, unique_name, Namespace,
-    EXEC_TIMEOUT, NAME_PREFIX, NETNS_RUN_DIR,
+    cleanup_on_signals, cleanup_stale, live_namespaces, remove_all_live, unique_name, Namespace, EXEC_TIMEOUT,
+    NAME_PREFIX, NETNS_RUN_DIR,
 };
 pub use testnet::{
-    parse_features, NapiThread, Profile, Side, TestNet, TestNetConfig, MAX_IFNAME_LEN, MAX_MTU,
-    MIN_MTU, RX_V4, RX_V6, TX_V4, TX_V6, V4_PREFIX, V6_PREFIX,
+    parse_features, NapiThread, Profile, Side, TestNet, TestNetConfig, MAX_IFNAME_LEN, MAX_MTU, MIN_MTU, RX_V4, RX_V6,
+    TX_V4, TX_V6, V4_PREFIX, V6_PREFIX,
 };
 
 /// Programs this crate runs.
@@ -104,9 +104,9 @@ pub fn check_capable() -> Result<(), Error> {
         None => Ok(()),
         Some(Missing::Root) => Err(Error::NotRoot),
         Some(Missing::Tool(tool)) => Err(Error::ToolMissing { tool }),
-        Some(Missing::Namespaces(errno)) => Err(Error::NamespacesUnavailable {
-            source: std::io::Error::from_raw_os_error(errno),
-        }),
+        Some(Missing::Namespaces(errno)) => {
+            Err(Error::NamespacesUnavailable { source: std::io::Error::from_raw_os_error(errno) })
+        }
     }
 }
 
@@ -128,11 +128,7 @@ pub fn record_skip(what: &str, why: &str) {
     println!("SKIP: {what}: {why}");
     if let Some(path) = std::env::var_os("UDPX_SKIP_LOG") {
         use std::io::Write;
-        if let Ok(mut f) = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)
-        {
+        if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(path) {
             let _ = writeln!(f, "{what}: {why}");
         }
     }
@@ -146,9 +142,7 @@ fn on_path(program: &str) -> bool {
     };
     std::env::split_paths(&path).any(|dir| {
         let candidate = Path::new(&dir).join(program);
-        candidate
-            .metadata()
-            .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        candidate.metadata().is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
     })
 }
 
@@ -164,9 +158,7 @@ mod tests {
 
     #[test]
     fn errors_say_what_to_do() {
-        let e = Error::Exists {
-            name: "x".to_owned(),
-        };
+        let e = Error::Exists { name: "x".to_owned() };
         assert!(e.to_string().contains("ip netns del x"), "{e}");
         assert!(Error::NotRoot.to_string().contains("run as root"));
     }

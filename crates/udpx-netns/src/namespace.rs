@@ -53,17 +53,12 @@ struct Registry {
     closed: bool,
 }
 
-static REGISTRY: Mutex<Registry> = Mutex::new(Registry {
-    live: BTreeSet::new(),
-    closed: false,
-});
+static REGISTRY: Mutex<Registry> = Mutex::new(Registry { live: BTreeSet::new(), closed: false });
 
 /// Locks the registry, ignoring poisoning: the set stays consistent because every update is a
 /// single insert or remove, and cleanup must work even after a panic elsewhere.
 fn registry() -> MutexGuard<'static, Registry> {
-    REGISTRY
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
+    REGISTRY.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// Returns the next value of this process's counter; used in namespace and device names.
@@ -113,29 +108,19 @@ impl Namespace {
             return Err(Error::ShuttingDown);
         }
         if path.exists() {
-            return Err(Error::Exists {
-                name: name.to_owned(),
-            });
+            return Err(Error::Exists { name: name.to_owned() });
         }
         // `ip netns add` creates the file with O_EXCL, so a racing creator makes it fail with
         // EEXIST rather than share the name: map that to `Exists` as well.
-        match run_bounded(
-            Command::new("ip").args(["netns", "add", name]),
-            TOOL_TIMEOUT,
-        ) {
+        match run_bounded(Command::new("ip").args(["netns", "add", name]), TOOL_TIMEOUT) {
             Ok(_) => {}
             Err(Error::Command { ref stderr, .. }) if stderr.contains("File exists") => {
-                return Err(Error::Exists {
-                    name: name.to_owned(),
-                })
+                return Err(Error::Exists { name: name.to_owned() })
             }
             Err(e) => return Err(e),
         }
         reg.live.insert(name.to_owned());
-        Ok(Namespace {
-            name: name.to_owned(),
-            path,
-        })
+        Ok(Namespace { name: name.to_owned(), path })
     }
 
     /// Creates a namespace named by [`unique_name`]`(role)`.
@@ -164,16 +149,12 @@ impl Namespace {
     /// is gone, or the process lacks CAP_SYS_ADMIN); [`Namespace::try_run`] returns those as
     /// errors instead.
     pub fn run<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> T {
-        self.try_run(f)
-            .unwrap_or_else(|e| panic!("cannot run in namespace {}: {e}", self.name))
+        self.try_run(f).unwrap_or_else(|e| panic!("cannot run in namespace {}: {e}", self.name))
     }
 
     /// Like [`Namespace::run`], but returns an error if the thread cannot enter the namespace.
     /// A panic in `f` is still propagated.
-    pub fn try_run<T: Send + 'static>(
-        &self,
-        f: impl FnOnce() -> T + Send + 'static,
-    ) -> Result<T, Error> {
+    pub fn try_run<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> Result<T, Error> {
         let handle = self.try_spawn(f)?;
         match handle.join() {
             Ok(value) => Ok(value),
@@ -188,23 +169,15 @@ impl Namespace {
     ///
     /// Panics if the thread cannot be started or cannot join the namespace;
     /// [`Namespace::try_spawn`] returns those as errors instead.
-    pub fn spawn<T: Send + 'static>(
-        &self,
-        f: impl FnOnce() -> T + Send + 'static,
-    ) -> JoinHandle<T> {
-        self.try_spawn(f)
-            .unwrap_or_else(|e| panic!("cannot spawn in namespace {}: {e}", self.name))
+    pub fn spawn<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> JoinHandle<T> {
+        self.try_spawn(f).unwrap_or_else(|e| panic!("cannot spawn in namespace {}: {e}", self.name))
     }
 
     /// Like [`Namespace::spawn`], but returns an error if the thread cannot be started or
     /// cannot enter the namespace. Waits until the thread has entered it.
-    pub fn try_spawn<T: Send + 'static>(
-        &self,
-        f: impl FnOnce() -> T + Send + 'static,
-    ) -> Result<JoinHandle<T>, Error> {
+    pub fn try_spawn<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> Result<JoinHandle<T>, Error> {
         // Open in the caller, so a missing namespace is reported here with its path.
-        let file = File::open(&self.path)
-            .map_err(|e| Error::io(format!("open {}", self.path.display()), e))?;
+        let file = File::open(&self.path).map_err(|e| Error::io(format!("open {}", self.path.display()), e))?;
         let (entered_tx, entered_rx) = mpsc::sync_channel::<Result<(), Errno>>(1);
         let handle = thread::Builder::new()
             .name(format!("netns {}", self.name))
@@ -228,10 +201,7 @@ impl Namespace {
             Ok(()) => Ok(handle),
             Err(errno) => {
                 let _ = handle.join();
-                Err(Error::sys(
-                    format!("enter namespace {} with setns(CLONE_NEWNET)", self.name),
-                    errno,
-                ))
+                Err(Error::sys(format!("enter namespace {} with setns(CLONE_NEWNET)", self.name), errno))
             }
         }
     }
@@ -256,9 +226,7 @@ impl Namespace {
     /// Like [`Namespace::exec`] with an explicit time limit.
     pub fn exec_timeout(&self, args: &[&str], timeout: Duration) -> Result<String, Error> {
         let Some((program, rest)) = args.split_first() else {
-            return Err(Error::InvalidConfig {
-                why: "Namespace::exec needs at least a program name".to_owned(),
-            });
+            return Err(Error::InvalidConfig { why: "Namespace::exec needs at least a program name".to_owned() });
         };
         let mut cmd = self.command(program);
         cmd.args(rest);
@@ -280,12 +248,7 @@ impl Drop for Namespace {
 
 /// Checks a namespace name against the rules documented on [`Namespace::create`].
 fn validate_name(name: &str) -> Result<(), Error> {
-    let bad = |why| {
-        Err(Error::InvalidName {
-            name: name.to_owned(),
-            why,
-        })
-    };
+    let bad = |why| Err(Error::InvalidName { name: name.to_owned(), why });
     if name.is_empty() {
         return bad("it is empty");
     }
@@ -298,10 +261,7 @@ fn validate_name(name: &str) -> Result<(), Error> {
     if name.starts_with('-') {
         return bad("it starts with '-', which `ip` would read as an option");
     }
-    if !name
-        .bytes()
-        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
-    {
+    if !name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-')) {
         return bad("it contains a character other than letters, digits, '.', '_' and '-'");
     }
     Ok(())
@@ -309,11 +269,7 @@ fn validate_name(name: &str) -> Result<(), Error> {
 
 /// `ip netns del <name>`.
 fn delete(name: &str) -> Result<(), Error> {
-    run_bounded(
-        Command::new("ip").args(["netns", "del", name]),
-        TOOL_TIMEOUT,
-    )
-    .map(|_| ())
+    run_bounded(Command::new("ip").args(["netns", "del", name]), TOOL_TIMEOUT).map(|_| ())
 }
 
 /// The names of namespaces this process created and has not removed yet.
@@ -367,8 +323,7 @@ pub fn cleanup_on_signals() -> Result<(), Error> {
     for signal in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP] {
         set.add(signal);
     }
-    set.thread_block()
-        .map_err(|e| Error::sys("block SIGINT, SIGTERM and SIGHUP", e))?;
+    set.thread_block().map_err(|e| Error::sys("block SIGINT, SIGTERM and SIGHUP", e))?;
     thread::Builder::new()
         .name("udpx-netns-signals".to_owned())
         .spawn(move || match set.wait() {
@@ -448,10 +403,7 @@ mod tests {
         }
         let long = "x".repeat(256);
         for bad in ["", ".", "..", "-x", "a/b", "a b", "é", long.as_str()] {
-            assert!(
-                matches!(validate_name(bad), Err(Error::InvalidName { .. })),
-                "{bad}"
-            );
+            assert!(matches!(validate_name(bad), Err(Error::InvalidName { .. })), "{bad}");
         }
     }
 

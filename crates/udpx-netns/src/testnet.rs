@@ -100,9 +100,9 @@ impl FromStr for Profile {
         match s {
             "offload" => Ok(Profile::Offload),
             "software" => Ok(Profile::Software),
-            other => Err(Error::InvalidConfig {
-                why: format!("unknown profile {other:?}: use \"offload\" or \"software\""),
-            }),
+            other => {
+                Err(Error::InvalidConfig { why: format!("unknown profile {other:?}: use \"offload\" or \"software\"") })
+            }
         }
     }
 }
@@ -146,39 +146,26 @@ pub struct TestNetConfig {
 impl Default for TestNetConfig {
     /// [`Profile::Offload`], MTU 1500, no CPU pinning.
     fn default() -> TestNetConfig {
-        TestNetConfig {
-            profile: Profile::Offload,
-            mtu: 1500,
-            tx_cpu: None,
-            rx_cpu: None,
-        }
+        TestNetConfig { profile: Profile::Offload, mtu: 1500, tx_cpu: None, rx_cpu: None }
     }
 }
 
 impl TestNetConfig {
     /// The default config with the given profile.
     pub fn new(profile: Profile) -> TestNetConfig {
-        TestNetConfig {
-            profile,
-            ..TestNetConfig::default()
-        }
+        TestNetConfig { profile, ..TestNetConfig::default() }
     }
 
     fn validate(&self) -> Result<(), Error> {
         if !(MIN_MTU..=MAX_MTU).contains(&self.mtu) {
             return Err(Error::InvalidConfig {
-                why: format!(
-                    "MTU {} is outside {MIN_MTU}..={MAX_MTU} (IPv6 needs at least {MIN_MTU})",
-                    self.mtu
-                ),
+                why: format!("MTU {} is outside {MIN_MTU}..={MAX_MTU} (IPv6 needs at least {MIN_MTU})", self.mtu),
             });
         }
         for (what, cpu) in [("tx_cpu", self.tx_cpu), ("rx_cpu", self.rx_cpu)] {
             if let Some(cpu) = cpu {
                 if cpu >= CpuSet::count() {
-                    return Err(Error::InvalidConfig {
-                        why: format!("{what} {cpu} is beyond the largest CPU set"),
-                    });
+                    return Err(Error::InvalidConfig { why: format!("{what} {cpu} is beyond the largest CPU set") });
                 }
             }
         }
@@ -250,20 +237,7 @@ impl TestNet {
         let tx = Namespace::create(&name_for(serial, "tx"))?;
         let rx = Namespace::create(&name_for(serial, "rx"))?;
 
-        ip(&[
-            "-n",
-            tx.name(),
-            "link",
-            "add",
-            &tx_dev,
-            "type",
-            "veth",
-            "peer",
-            "name",
-            &rx_dev,
-            "netns",
-            rx.name(),
-        ])?;
+        ip(&["-n", tx.name(), "link", "add", &tx_dev, "type", "veth", "peer", "name", &rx_dev, "netns", rx.name()])?;
         let mtu = cfg.mtu.to_string();
         for (ns, dev, v4, v6) in [(&tx, &tx_dev, TX_V4, TX_V6), (&rx, &rx_dev, RX_V4, RX_V6)] {
             let n = ns.name();
@@ -279,31 +253,15 @@ impl TestNet {
         // neighbour resolves, the kernel queues datagrams and flushes them later from another
         // context, which reorders the first ones and drops past its queue limit.
         let mac = |ns: &Namespace, dev: &str| -> Result<String, Error> {
-            Ok(ns
-                .exec(&["cat", &format!("/sys/class/net/{dev}/address")])?
-                .trim()
-                .to_owned())
+            Ok(ns.exec(&["cat", &format!("/sys/class/net/{dev}/address")])?.trim().to_owned())
         };
         let (tx_mac, rx_mac) = (mac(&tx, &tx_dev)?, mac(&rx, &rx_dev)?);
-        for (ns, dev, peer_v4, peer_v6, peer_mac) in [
-            (&tx, &tx_dev, RX_V4, RX_V6, &rx_mac),
-            (&rx, &rx_dev, TX_V4, TX_V6, &tx_mac),
-        ] {
+        for (ns, dev, peer_v4, peer_v6, peer_mac) in
+            [(&tx, &tx_dev, RX_V4, RX_V6, &rx_mac), (&rx, &rx_dev, TX_V4, TX_V6, &tx_mac)]
+        {
             for peer in [peer_v4.to_string(), peer_v6.to_string()] {
                 let n = ns.name();
-                ip(&[
-                    "-n",
-                    n,
-                    "neigh",
-                    "replace",
-                    &peer,
-                    "lladdr",
-                    peer_mac,
-                    "dev",
-                    dev,
-                    "nud",
-                    "permanent",
-                ])?;
+                ip(&["-n", n, "neigh", "replace", &peer, "lladdr", peer_mac, "dev", dev, "nud", "permanent"])?;
             }
         }
         for (ns, dev) in [(&tx, &tx_dev), (&rx, &rx_dev)] {
@@ -363,9 +321,7 @@ impl TestNet {
     /// The device features of one side, parsed from `ethtool -k` (see [`parse_features`]):
     /// `"tx-udp-segmentation" -> "on"`. For reports and checks.
     pub fn features(&self, side: Side) -> Result<BTreeMap<String, String>, Error> {
-        let out = self
-            .ns(side)
-            .exec_timeout(&["ethtool", "-k", self.dev(side)], TOOL_TIMEOUT)?;
+        let out = self.ns(side).exec_timeout(&["ethtool", "-k", self.dev(side)], TOOL_TIMEOUT)?;
         Ok(parse_features(&out))
     }
 
@@ -416,10 +372,7 @@ impl TestNet {
         // mounts a fresh sysfs for the target namespace, so the write must go through it. The
         // device name is ours (letters and digits), safe inside the shell string.
         let file = format!("/sys/class/net/{}/threaded", self.rx_dev);
-        let got = self.rx.exec_timeout(
-            &["sh", "-c", &format!("echo 1 > {file} && cat {file}")],
-            TOOL_TIMEOUT,
-        )?;
+        let got = self.rx.exec_timeout(&["sh", "-c", &format!("echo 1 > {file} && cat {file}")], TOOL_TIMEOUT)?;
         if got.trim() != "1" {
             return Err(Error::SettingDidNotTake {
                 dev: self.rx_dev.clone(),
@@ -436,9 +389,7 @@ impl TestNet {
                 break found;
             }
             if Instant::now() >= deadline {
-                return Err(Error::NapiThreadMissing {
-                    dev: self.rx_dev.clone(),
-                });
+                return Err(Error::NapiThreadMissing { dev: self.rx_dev.clone() });
             }
             thread::sleep(Duration::from_millis(10));
         };
@@ -461,17 +412,14 @@ fn ip(args: &[&str]) -> Result<String, Error> {
 fn link_mtu(ns: &Namespace, dev: &str) -> Result<u32, Error> {
     let out = ip(&["-n", ns.name(), "-o", "link", "show", "dev", dev])?;
     let mut words = out.split_whitespace();
-    words
-        .by_ref()
-        .find(|w| *w == "mtu")
-        .and_then(|_| words.next())
-        .and_then(|m| m.parse().ok())
-        .ok_or_else(|| Error::SettingDidNotTake {
+    words.by_ref().find(|w| *w == "mtu").and_then(|_| words.next()).and_then(|m| m.parse().ok()).ok_or_else(|| {
+        Error::SettingDidNotTake {
             dev: dev.to_owned(),
             setting: "mtu".to_owned(),
             wanted: "a readable value".to_owned(),
             got: out.trim().to_owned(),
-        })
+        }
+    })
 }
 
 /// Names the veth ends `ux<pid>t<n>` and `ux<pid>r<n>`.
@@ -520,11 +468,7 @@ fn find_napi_threads(dev: &str) -> Result<Vec<NapiThread>, Error> {
     let entries = std::fs::read_dir("/proc").map_err(|e| Error::io("list /proc", e))?;
     let mut found = Vec::new();
     for entry in entries.flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|s| s.parse::<u32>().ok())
-        else {
+        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
             continue;
         };
         // Processes come and go while scanning: a failed read just means "not this one".
@@ -532,14 +476,8 @@ fn find_napi_threads(dev: &str) -> Result<Vec<NapiThread>, Error> {
             continue;
         };
         let comm = comm.trim_end();
-        if comm
-            .strip_prefix(&prefix)
-            .is_some_and(|id| !id.is_empty() && id.bytes().all(|b| b.is_ascii_digit()))
-        {
-            found.push(NapiThread {
-                pid,
-                name: comm.to_owned(),
-            });
+        if comm.strip_prefix(&prefix).is_some_and(|id| !id.is_empty() && id.bytes().all(|b| b.is_ascii_digit())) {
+            found.push(NapiThread { pid, name: comm.to_owned() });
         }
     }
     found.sort_by_key(|t| t.pid);
@@ -549,17 +487,14 @@ fn find_napi_threads(dev: &str) -> Result<Vec<NapiThread>, Error> {
 /// Pins a NAPI thread to one CPU and checks that the kernel kept exactly that mask.
 fn pin_thread(t: &NapiThread, cpu: usize) -> Result<(), Error> {
     let what = || format!("pin {} (pid {}) to CPU {cpu}", t.name, t.pid);
-    let raw = i32::try_from(t.pid).map_err(|_| Error::InvalidConfig {
-        why: format!("pid {} of {} does not fit pid_t", t.pid, t.name),
-    })?;
+    let raw = i32::try_from(t.pid)
+        .map_err(|_| Error::InvalidConfig { why: format!("pid {} of {} does not fit pid_t", t.pid, t.name) })?;
     let pid = Pid::from_raw(raw);
     let mut set = CpuSet::new();
     set.set(cpu).map_err(|e| Error::sys(what(), e))?;
     sched_setaffinity(pid, &set).map_err(|e| Error::sys(what(), e))?;
     let got = sched_getaffinity(pid).map_err(|e| Error::sys(what(), e))?;
-    let cpus: Vec<usize> = (0..CpuSet::count())
-        .filter(|&c| got.is_set(c).unwrap_or(false))
-        .collect();
+    let cpus: Vec<usize> = (0..CpuSet::count()).filter(|&c| got.is_set(c).unwrap_or(false)).collect();
     if cpus != [cpu] {
         return Err(Error::SettingDidNotTake {
             dev: t.name.clone(),
@@ -613,16 +548,10 @@ mod tests {
     fn config_validation() {
         assert!(TestNetConfig::default().validate().is_ok());
         for mtu in [0, 1279, 65536] {
-            let cfg = TestNetConfig {
-                mtu,
-                ..TestNetConfig::default()
-            };
+            let cfg = TestNetConfig { mtu, ..TestNetConfig::default() };
             assert!(matches!(cfg.validate(), Err(Error::InvalidConfig { .. })));
         }
-        let cfg = TestNetConfig {
-            rx_cpu: Some(1 << 20),
-            ..TestNetConfig::default()
-        };
+        let cfg = TestNetConfig { rx_cpu: Some(1 << 20), ..TestNetConfig::default() };
         assert!(matches!(cfg.validate(), Err(Error::InvalidConfig { .. })));
     }
 

@@ -9,23 +9,15 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use udpx_netns::{
-    cleanup_stale, live_namespaces, run_bounded, Error, Namespace, Profile, Side, TestNet,
-    TestNetConfig,
+    cleanup_stale, live_namespaces, run_bounded, Error, Namespace, Profile, Side, TestNet, TestNetConfig,
 };
 
 const TIMEOUT: Duration = Duration::from_secs(1);
 
 /// The names `ip netns list` shows (it prints `name (id: N)` once a namespace has an id).
 fn listed_namespaces() -> Vec<String> {
-    let out = run_bounded(
-        Command::new("ip").args(["netns", "list"]),
-        Duration::from_secs(5),
-    )
-    .expect("ip netns list");
-    out.lines()
-        .filter_map(|l| l.split_whitespace().next())
-        .map(str::to_owned)
-        .collect()
+    let out = run_bounded(Command::new("ip").args(["netns", "list"]), Duration::from_secs(5)).expect("ip netns list");
+    out.lines().filter_map(|l| l.split_whitespace().next()).map(str::to_owned).collect()
 }
 
 /// Binds a receiver in `rx` and a sender in `tx`, sends one datagram to `dst`, and checks that
@@ -37,25 +29,19 @@ fn send_one(net: &TestNet, src: IpAddr, dst: IpAddr) {
         s.set_read_timeout(Some(TIMEOUT)).expect("read timeout");
         s
     });
-    let sender = net
-        .tx
-        .run(move || UdpSocket::bind(SocketAddr::new(src, 0)).expect("bind sender"));
+    let sender = net.tx.run(move || UdpSocket::bind(SocketAddr::new(src, 0)).expect("bind sender"));
     let to = receiver.local_addr().unwrap();
     let payload = format!("hello {dst} over {}", net.profile);
     sender.send_to(payload.as_bytes(), to).expect("send");
     let mut buf = [0u8; 2048];
-    let (n, from) = receiver
-        .recv_from(&mut buf)
-        .unwrap_or_else(|e| panic!("nothing arrived at {to} within {TIMEOUT:?}: {e}"));
+    let (n, from) =
+        receiver.recv_from(&mut buf).unwrap_or_else(|e| panic!("nothing arrived at {to} within {TIMEOUT:?}: {e}"));
     assert_eq!(&buf[..n], payload.as_bytes());
     assert_eq!(from, sender.local_addr().unwrap());
 }
 
 fn check_profile(profile: Profile, rx_cpu: Option<usize>) -> TestNet {
-    let cfg = TestNetConfig {
-        rx_cpu,
-        ..TestNetConfig::new(profile)
-    };
+    let cfg = TestNetConfig { rx_cpu, ..TestNetConfig::new(profile) };
     let net = TestNet::setup(&cfg).expect("setup");
     println!(
         "{profile}: setup took {:?}, devices {} / {}, NAPI threads {:?}",
@@ -93,16 +79,9 @@ fn software_profile_carries_udp_v4_and_v6() {
     assert_eq!(rx["rx-udp-gro-forwarding"], "on");
     assert!(!net.rx_napi_threads.is_empty());
     for t in &net.rx_napi_threads {
-        assert!(
-            t.name.starts_with(&format!("napi/{}-", net.rx_dev)),
-            "{t:?}"
-        );
+        assert!(t.name.starts_with(&format!("napi/{}-", net.rx_dev)), "{t:?}");
         let status = std::fs::read_to_string(format!("/proc/{}/status", t.pid)).unwrap();
-        let allowed = status
-            .lines()
-            .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
-            .unwrap()
-            .trim();
+        let allowed = status.lines().find_map(|l| l.strip_prefix("Cpus_allowed_list:")).unwrap().trim();
         assert_eq!(allowed, rx_cpu.to_string(), "{t:?}");
     }
 }
@@ -112,16 +91,10 @@ fn jumbo_mtu_is_applied() {
     if udpx_netns::skip_unless_capable("jumbo_mtu_is_applied") {
         return;
     }
-    let cfg = TestNetConfig {
-        mtu: 9000,
-        ..TestNetConfig::default()
-    };
+    let cfg = TestNetConfig { mtu: 9000, ..TestNetConfig::default() };
     let net = TestNet::setup(&cfg).unwrap();
     assert_eq!(net.mtu, 9000);
-    let link = net
-        .rx
-        .exec(&["ip", "-o", "link", "show", "dev", &net.rx_dev])
-        .unwrap();
+    let link = net.rx.exec(&["ip", "-o", "link", "show", "dev", &net.rx_dev]).unwrap();
     assert!(link.contains(" mtu 9000 "), "{link}");
 }
 
@@ -151,14 +124,8 @@ fn drop_removes_namespaces_and_napi_threads() {
     // The kernel frees the namespaces, and with them the veth and its NAPI thread,
     // asynchronously (cleanup_net runs from a workqueue).
     let deadline = Instant::now() + Duration::from_secs(3);
-    while napi
-        .iter()
-        .any(|pid| std::path::Path::new(&format!("/proc/{pid}")).exists())
-    {
-        assert!(
-            Instant::now() < deadline,
-            "NAPI threads {napi:?} outlived the veth"
-        );
+    while napi.iter().any(|pid| std::path::Path::new(&format!("/proc/{pid}")).exists()) {
+        assert!(Instant::now() < deadline, "NAPI threads {napi:?} outlived the veth");
         std::thread::sleep(Duration::from_millis(10));
     }
     println!("NAPI threads gone {:?} after drop", start.elapsed());
@@ -171,10 +138,7 @@ fn existing_name_is_refused_and_left_intact() {
     }
     let first = Namespace::create_unique("exists").unwrap();
     let err = Namespace::create(first.name()).unwrap_err();
-    assert!(
-        matches!(err, Error::Exists { ref name } if name == first.name()),
-        "{err:?}"
-    );
+    assert!(matches!(err, Error::Exists { ref name } if name == first.name()), "{err:?}");
     assert!(listed_namespaces().contains(&first.name().to_owned()));
     // Still usable: a thread can enter it and see its (down) loopback.
     let out = first.exec(&["ip", "-o", "link", "show", "lo"]).unwrap();
@@ -190,10 +154,7 @@ fn panic_inside_a_test_still_cleans_up() {
     let names = Mutex::new(Vec::new());
     let result = catch_unwind(AssertUnwindSafe(|| {
         let net = TestNet::setup(&TestNetConfig::default()).unwrap();
-        names
-            .lock()
-            .unwrap()
-            .extend([net.tx.name().to_owned(), net.rx.name().to_owned()]);
+        names.lock().unwrap().extend([net.tx.name().to_owned(), net.rx.name().to_owned()]);
         panic!("deliberate panic while a TestNet is alive");
     }));
     assert!(result.is_err());
@@ -201,10 +162,7 @@ fn panic_inside_a_test_still_cleans_up() {
     assert_eq!(names.len(), 2);
     let listed = listed_namespaces();
     for name in &names {
-        assert!(
-            !listed.contains(name),
-            "{name} survived the panic: {listed:?}"
-        );
+        assert!(!listed.contains(name), "{name} survived the panic: {listed:?}");
     }
 }
 
@@ -214,15 +172,9 @@ fn run_propagates_panics_and_spawn_runs_inside() {
         return;
     }
     let net = TestNet::setup(&TestNetConfig::default()).unwrap();
-    let caught = catch_unwind(AssertUnwindSafe(|| {
-        net.tx
-            .run(|| panic!("deliberate panic inside the namespace"))
-    }));
+    let caught = catch_unwind(AssertUnwindSafe(|| net.tx.run(|| panic!("deliberate panic inside the namespace"))));
     let payload = caught.unwrap_err();
-    assert_eq!(
-        payload.downcast_ref::<&str>().copied(),
-        Some("deliberate panic inside the namespace")
-    );
+    assert_eq!(payload.downcast_ref::<&str>().copied(), Some("deliberate panic inside the namespace"));
 
     // A long-lived receiver thread, as a benchmark server would use.
     let rx_addr = SocketAddr::new(net.rx_v4.into(), 0);
@@ -248,14 +200,8 @@ fn exec_returns_stdout_and_errors_carry_stderr() {
     let addrs = net.rx.exec(&["ip", "-o", "addr", "show"]).unwrap();
     assert!(addrs.contains("192.0.2.2/24"), "{addrs}");
     assert!(addrs.contains("2001:db8::2/64"), "{addrs}");
-    assert!(
-        !addrs.contains("192.0.2.1/"),
-        "tx address leaked into rx: {addrs}"
-    );
-    let err = net
-        .tx
-        .exec(&["sh", "-c", "echo something broke >&2; exit 7"])
-        .unwrap_err();
+    assert!(!addrs.contains("192.0.2.1/"), "tx address leaked into rx: {addrs}");
+    let err = net.tx.exec(&["sh", "-c", "echo something broke >&2; exit 7"]).unwrap_err();
     match err {
         Error::Command { status, stderr, .. } => {
             assert_eq!(status.code(), Some(7));
@@ -263,10 +209,7 @@ fn exec_returns_stdout_and_errors_carry_stderr() {
         }
         other => panic!("unexpected {other:?}"),
     }
-    let err = net
-        .tx
-        .exec_timeout(&["sleep", "5"], Duration::from_millis(200))
-        .unwrap_err();
+    let err = net.tx.exec_timeout(&["sleep", "5"], Duration::from_millis(200)).unwrap_err();
     assert!(matches!(err, Error::Timeout { .. }), "{err:?}");
 }
 
@@ -280,21 +223,14 @@ fn cleanup_stale_removes_dead_owners_only() {
     let dead = child.id();
     child.wait().unwrap();
     let stale = format!("udpx-{dead}-0-stale");
-    run_bounded(
-        Command::new("ip").args(["netns", "add", &stale]),
-        Duration::from_secs(5),
-    )
-    .unwrap();
+    run_bounded(Command::new("ip").args(["netns", "add", &stale]), Duration::from_secs(5)).unwrap();
     let mine = Namespace::create_unique("keep").unwrap();
 
     let removed = cleanup_stale();
     let listed = listed_namespaces();
     if listed.contains(&stale) {
         // Tidy up before failing, since nothing owns this one.
-        let _ = run_bounded(
-            Command::new("ip").args(["netns", "del", &stale]),
-            Duration::from_secs(5),
-        );
+        let _ = run_bounded(Command::new("ip").args(["netns", "del", &stale]), Duration::from_secs(5));
         panic!("stale namespace {stale} was not removed");
     }
     assert!(removed >= 1);

@@ -32,11 +32,7 @@ fn child() {
 }
 
 fn listed() -> String {
-    run_bounded(
-        Command::new("ip").args(["netns", "list"]),
-        Duration::from_secs(5),
-    )
-    .expect("ip netns list")
+    run_bounded(Command::new("ip").args(["netns", "list"]), Duration::from_secs(5)).expect("ip netns list")
 }
 
 fn parent() {
@@ -85,10 +81,7 @@ fn parent() {
     assert_eq!(status.code(), Some(130), "{status}");
     let after = listed();
     for name in &names {
-        assert!(
-            !after.contains(name.as_str()),
-            "{name} survived SIGINT: {after}"
-        );
+        assert!(!after.contains(name.as_str()), "{name} survived SIGINT: {after}");
     }
     println!("ok");
 }

@@ -28,10 +28,7 @@ fn main() {
     let dst = "192.0.2.2:4433".parse().unwrap();
     let other = "192.0.2.3:4433".parse().unwrap();
     let d = vec![0u8; 1200];
-    let mut batch = Batch::new(SegmentLimits {
-        segmenting: true,
-        max_segments: 128,
-    });
+    let mut batch = Batch::new(SegmentLimits { segmenting: true, max_segments: 128 });
     bench("Batch::push, one flow (per datagram)", 256, || {
         batch.clear();
         for _ in 0..256 {
@@ -42,9 +39,7 @@ fn main() {
     bench("Batch::push, two flows interleaved", 256, || {
         batch.clear();
         for i in 0..256 {
-            batch
-                .push(if i % 2 == 0 { dst } else { other }, black_box(&d))
-                .unwrap();
+            batch.push(if i % 2 == 0 { dst } else { other }, black_box(&d)).unwrap();
         }
         black_box(batch.transmits());
     });

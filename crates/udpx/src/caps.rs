@@ -98,13 +98,10 @@ impl KernelCaps {
 
 fn probe_kernel() -> KernelCaps {
     let opt_ok = |level, name, value: libc::c_int| {
-        sys::udp_socket(false)
-            .and_then(|fd| sys::setsockopt(fd.as_fd(), level, name, value))
-            .is_ok()
+        sys::udp_socket(false).and_then(|fd| sys::setsockopt(fd.as_fd(), level, name, value)).is_ok()
     };
-    let gso = sys::udp_socket(false)
-        .and_then(|fd| sys::getsockopt_int(fd.as_fd(), sys::SOL_UDP, sys::UDP_SEGMENT))
-        .is_ok();
+    let gso =
+        sys::udp_socket(false).and_then(|fd| sys::getsockopt_int(fd.as_fd(), sys::SOL_UDP, sys::UDP_SEGMENT)).is_ok();
     let (gso_max_segments, gso_limit_measured) = if gso {
         match probe_max_segments() {
             Some(n) => (Some(n), true),
@@ -115,10 +112,7 @@ fn probe_kernel() -> KernelCaps {
     };
     let txtime = sys::udp_socket(false)
         .and_then(|fd| {
-            let cfg = libc::sock_txtime {
-                clockid: libc::CLOCK_MONOTONIC,
-                flags: 0,
-            };
+            let cfg = libc::sock_txtime { clockid: libc::CLOCK_MONOTONIC, flags: 0 };
             sys::setsockopt(fd.as_fd(), libc::SOL_SOCKET, sys::SO_TXTIME, cfg)
         })
         .is_ok();
@@ -153,7 +147,7 @@ fn probe_max_segments() -> Option<usize> {
             ecn: None,
             txtime: None,
         };
-        match scratch.send(fd.as_fd(), false, &[msg], false, &faults) {
+        match scratch.send(fd.as_fd(), false, &[msg], false, 0, &faults) {
             Ok(_) => return Some(n),
             Err(e) if e.raw_os_error() == Some(libc::EINVAL) => continue,
             Err(_) => return None,
@@ -179,6 +173,10 @@ pub struct Capabilities {
     pub txtime: bool,
     /// `SO_ZEROCOPY` is available to this socket's kernel.
     pub zerocopy_available: bool,
+    /// Zerocopy sends are in use on this socket now (asked for, accepted, not turned off).
+    pub zerocopy: bool,
+    /// Why zerocopy was turned off at run time, if it was.
+    pub zerocopy_off_reason: Option<String>,
     /// Destination address on receive / source address on send.
     pub pktinfo: bool,
     /// ECN on receive.
@@ -203,23 +201,17 @@ impl fmt::Display for Capabilities {
             yn(self.gso),
             yn(k.gso_max_segments.is_some()),
             self.gso_max_segments,
-            if k.gso_limit_measured {
-                ", measured"
-            } else {
-                ", assumed"
-            }
+            if k.gso_limit_measured { ", measured" } else { ", assumed" }
         )?;
         if let Some(r) = &self.gso_off_reason {
             writeln!(f, "  turned off    {r}")?;
         }
         writeln!(f, "gro            {} (kernel: {})", yn(self.gro), yn(k.gro))?;
-        writeln!(
-            f,
-            "txtime         {} (kernel: {}; enforced only by an fq/etf qdisc)",
-            yn(self.txtime),
-            yn(k.txtime)
-        )?;
-        writeln!(f, "zerocopy       kernel: {}", yn(self.zerocopy_available))?;
+        writeln!(f, "txtime         {} (kernel: {}; enforced only by an fq/etf qdisc)", yn(self.txtime), yn(k.txtime))?;
+        writeln!(f, "zerocopy       {} (kernel: {})", yn(self.zerocopy), yn(self.zerocopy_available))?;
+        if let Some(r) = &self.zerocopy_off_reason {
+            writeln!(f, "  turned off    {r}")?;
+        }
         writeln!(f, "pktinfo        {}", yn(self.pktinfo))?;
         writeln!(f, "ecn            {}", yn(self.ecn))?;
         writeln!(f, "rxq_ovfl       {}", yn(self.rxq_ovfl))?;
@@ -239,6 +231,8 @@ pub(crate) struct CapState {
     pub pktinfo: bool,
     pub ecn: bool,
     pub rxq_ovfl: bool,
+    pub zerocopy: AtomicBool,
+    pub zerocopy_off_reason: OnceLock<String>,
     pub kernel: KernelCaps,
 }
 

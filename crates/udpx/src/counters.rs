@@ -63,6 +63,21 @@ counters! {
     segment_limit_lowered,
     /// EMSGSIZE answers reported to the caller.
     emsgsize,
+    /// Sends made with MSG_ZEROCOPY (each consumes one completion id).
+    zerocopy_sends,
+    /// Zerocopy ids completed by the kernel.
+    zerocopy_completed,
+    /// Of those, completions where the kernel copied after all (SO_EE_CODE_ZEROCOPY_COPIED).
+    zerocopy_copied,
+    /// Zerocopy sends refused with ENOBUFS (optmem) and sent by copying instead.
+    zerocopy_enobufs_copied,
+    /// Times zerocopy was turned off for the socket because the kernel kept copying.
+    zerocopy_turned_off,
+    /// Buffers still in flight when the socket was dropped, kept alive (leaked) so the kernel
+    /// never reads reused memory.
+    zerocopy_leaked_on_drop,
+    /// Extended errors from the error queue that were not zerocopy completions (ICMP).
+    icmp_errors,
     /// Other send errors reported to the caller.
     send_errors,
     /// Receive system calls that returned data (recvmsg or recvmmsg).

@@ -195,11 +195,7 @@ impl fmt::Display for SendError {
                 write!(f, "send would block after {} transmits", self.sent)
             }
             SendErrorKind::Invalid { index, reason } => write!(f, "transmit {index}: {reason}"),
-            SendErrorKind::MessageTooLarge {
-                len,
-                segment_size,
-                path_mtu,
-            } => {
+            SendErrorKind::MessageTooLarge { len, segment_size, path_mtu } => {
                 write!(f, "message of {len} bytes")?;
                 if let Some(s) = segment_size {
                     write!(f, " in segments of {s}")?;
@@ -213,11 +209,7 @@ impl fmt::Display for SendError {
                         m.saturating_sub(48)
                     )?;
                 }
-                write!(
-                    f,
-                    " after {} transmits; send smaller datagrams or segments",
-                    self.sent
-                )
+                write!(f, " after {} transmits; send smaller datagrams or segments", self.sent)
             }
             SendErrorKind::Io(e) => write!(f, "send failed after {} transmits: {e}", self.sent),
         }

@@ -40,10 +40,7 @@ pub struct SegmentLimits {
 impl SegmentLimits {
     /// The limits of a socket now: its send mode, and its probed (possibly lowered) limit.
     pub fn for_socket(s: &UdpSocket) -> Self {
-        SegmentLimits {
-            segmenting: s.caps.gso_enabled(),
-            max_segments: s.caps.max_segments(),
-        }
+        SegmentLimits { segmenting: s.caps.gso_enabled(), max_segments: s.caps.max_segments() }
     }
 }
 
@@ -96,12 +93,7 @@ pub struct Planned {
 impl Batch {
     /// An empty batch with the given limits.
     pub fn new(limits: SegmentLimits) -> Self {
-        Batch {
-            limits,
-            buf: Vec::new(),
-            groups: Vec::new(),
-            datagrams: 0,
-        }
+        Batch { limits, buf: Vec::new(), groups: Vec::new(), datagrams: 0 }
     }
 
     /// An empty batch planned for `socket` (its send mode and current GSO state).
@@ -128,12 +120,7 @@ impl Batch {
     }
 
     /// Appends one datagram with source, ECN or departure time.
-    pub fn push_with(
-        &mut self,
-        dst: SocketAddr,
-        meta: DatagramMeta,
-        datagram: &[u8],
-    ) -> Result<(), InvalidTransmit> {
+    pub fn push_with(&mut self, dst: SocketAddr, meta: DatagramMeta, datagram: &[u8]) -> Result<(), InvalidTransmit> {
         let len = datagram.len();
         let ceiling = max_payload(&dst);
         if len > ceiling {
@@ -158,15 +145,7 @@ impl Batch {
                 return Ok(());
             }
         }
-        self.groups.push(Group {
-            dst,
-            meta,
-            start,
-            len,
-            seg: len,
-            count: 1,
-            closed: len == 0,
-        });
+        self.groups.push(Group { dst, meta, start, len, seg: len, count: 1, closed: len == 0 });
         Ok(())
     }
 
@@ -237,16 +216,10 @@ mod tests {
     fn v6() -> SocketAddr {
         "[2001:db8::2]:1000".parse().unwrap()
     }
-    const GSO: SegmentLimits = SegmentLimits {
-        segmenting: true,
-        max_segments: 128,
-    };
+    const GSO: SegmentLimits = SegmentLimits { segmenting: true, max_segments: 128 };
 
     /// (destination, size) in; (destination, segment size, segments, bytes) out.
-    fn run(
-        limits: SegmentLimits,
-        input: &[(SocketAddr, usize)],
-    ) -> Vec<(SocketAddr, Option<usize>, usize, usize)> {
+    fn run(limits: SegmentLimits, input: &[(SocketAddr, usize)]) -> Vec<(SocketAddr, Option<usize>, usize, usize)> {
         let mut batch = Batch::new(limits);
         for (d, n) in input {
             batch.push(*d, &vec![7u8; *n]).unwrap();
@@ -254,83 +227,39 @@ mod tests {
         let plan = batch.plan();
         // Conservation: every byte and datagram is in exactly one transmit.
         assert_eq!(plan.iter().map(|p| p.segments).sum::<usize>(), input.len());
-        assert_eq!(
-            plan.iter().map(|p| p.len).sum::<usize>(),
-            input.iter().map(|x| x.1).sum::<usize>()
-        );
-        plan.into_iter()
-            .map(|p| (p.dst, p.segment_size, p.segments, p.len))
-            .collect()
+        assert_eq!(plan.iter().map(|p| p.len).sum::<usize>(), input.iter().map(|x| x.1).sum::<usize>());
+        plan.into_iter().map(|p| (p.dst, p.segment_size, p.segments, p.len)).collect()
     }
 
-    type Row = (
-        &'static str,
-        SegmentLimits,
-        Vec<(SocketAddr, usize)>,
-        Vec<(SocketAddr, Option<usize>, usize, usize)>,
-    );
+    type Row = (&'static str, SegmentLimits, Vec<(SocketAddr, usize)>, Vec<(SocketAddr, Option<usize>, usize, usize)>);
 
     #[test]
     fn truth_table() {
         let cases: Vec<Row> = vec![
             ("empty", GSO, vec![], vec![]),
-            (
-                "single datagram is plain",
-                GSO,
-                vec![(a(), 1200)],
-                vec![(a(), None, 1, 1200)],
-            ),
-            (
-                "equal sizes coalesce",
-                GSO,
-                vec![(a(), 1200); 3],
-                vec![(a(), Some(1200), 3, 3600)],
-            ),
+            ("single datagram is plain", GSO, vec![(a(), 1200)], vec![(a(), None, 1, 1200)]),
+            ("equal sizes coalesce", GSO, vec![(a(), 1200); 3], vec![(a(), Some(1200), 3, 3600)]),
             (
                 "short last joins and closes",
                 GSO,
                 vec![(a(), 1200), (a(), 1200), (a(), 700), (a(), 1200)],
                 vec![(a(), Some(1200), 3, 3100), (a(), None, 1, 1200)],
             ),
-            (
-                "larger breaks",
-                GSO,
-                vec![(a(), 700), (a(), 1200)],
-                vec![(a(), None, 1, 700), (a(), None, 1, 1200)],
-            ),
-            (
-                "short pair",
-                GSO,
-                vec![(a(), 1200), (a(), 1)],
-                vec![(a(), Some(1200), 2, 1201)],
-            ),
+            ("larger breaks", GSO, vec![(a(), 700), (a(), 1200)], vec![(a(), None, 1, 700), (a(), None, 1, 1200)]),
+            ("short pair", GSO, vec![(a(), 1200), (a(), 1)], vec![(a(), Some(1200), 2, 1201)]),
             (
                 "destination change breaks",
                 GSO,
                 vec![(a(), 100), (b(), 100), (b(), 100), (a(), 100)],
-                vec![
-                    (a(), None, 1, 100),
-                    (b(), Some(100), 2, 200),
-                    (a(), None, 1, 100),
-                ],
+                vec![(a(), None, 1, 100), (b(), Some(100), 2, 200), (a(), None, 1, 100)],
             ),
             (
                 "zero length alone",
                 GSO,
                 vec![(a(), 0), (a(), 0), (a(), 10), (a(), 0)],
-                vec![
-                    (a(), None, 1, 0),
-                    (a(), None, 1, 0),
-                    (a(), None, 1, 10),
-                    (a(), None, 1, 0),
-                ],
+                vec![(a(), None, 1, 0), (a(), None, 1, 0), (a(), None, 1, 10), (a(), None, 1, 0)],
             ),
-            (
-                "segment size 1",
-                GSO,
-                vec![(a(), 1); 5],
-                vec![(a(), Some(1), 5, 5)],
-            ),
+            ("segment size 1", GSO, vec![(a(), 1); 5], vec![(a(), Some(1), 5, 5)]),
             (
                 "max segments then a new group",
                 GSO,
@@ -339,10 +268,7 @@ mod tests {
             ),
             (
                 "limit 64",
-                SegmentLimits {
-                    segmenting: true,
-                    max_segments: 64,
-                },
+                SegmentLimits { segmenting: true, max_segments: 64 },
                 vec![(a(), 10); 65],
                 vec![(a(), Some(10), 64, 640), (a(), None, 1, 10)],
             ),
@@ -352,18 +278,8 @@ mod tests {
                 vec![(a(), 1472); 45],
                 vec![(a(), Some(1472), 44, 64768), (a(), None, 1, 1472)],
             ),
-            (
-                "exact v4 ceiling",
-                GSO,
-                vec![(a(), 65507 / 7); 7],
-                vec![(a(), Some(9358), 7, 65506)],
-            ),
-            (
-                "v6 ceiling is larger",
-                GSO,
-                vec![(v6(), 9361); 7],
-                vec![(v6(), Some(9361), 7, 65527)],
-            ),
+            ("exact v4 ceiling", GSO, vec![(a(), 65507 / 7); 7], vec![(a(), Some(9358), 7, 65506)]),
+            ("v6 ceiling is larger", GSO, vec![(v6(), 9361); 7], vec![(v6(), Some(9361), 7, 65527)]),
             (
                 "v4 same sizes split at ceiling",
                 GSO,
@@ -372,10 +288,7 @@ mod tests {
             ),
             (
                 "segmenting off",
-                SegmentLimits {
-                    segmenting: false,
-                    max_segments: 128,
-                },
+                SegmentLimits { segmenting: false, max_segments: 128 },
                 vec![(a(), 100); 3],
                 vec![(a(), None, 1, 100); 3],
             ),
@@ -388,33 +301,21 @@ mod tests {
     #[test]
     fn meta_breaks_groups() {
         let mut batch = Batch::new(GSO);
-        let ect = DatagramMeta {
-            ecn: Some(EcnCodepoint::Ect0),
-            ..Default::default()
-        };
+        let ect = DatagramMeta { ecn: Some(EcnCodepoint::Ect0), ..Default::default() };
         batch.push(a(), &[1; 10]).unwrap();
         batch.push_with(a(), ect, &[2; 10]).unwrap();
         batch.push_with(a(), ect, &[3; 10]).unwrap();
         let t = batch.transmits();
         assert_eq!(t.len(), 2);
         assert_eq!(t[1].ecn, Some(EcnCodepoint::Ect0));
-        assert_eq!(
-            t[1].contents,
-            &[2; 10].iter().chain(&[3; 10]).copied().collect::<Vec<_>>()[..]
-        );
+        assert_eq!(t[1].contents, &[2; 10].iter().chain(&[3; 10]).copied().collect::<Vec<_>>()[..]);
     }
 
     #[test]
     fn too_large_is_refused_and_nothing_added() {
         let mut batch = Batch::new(GSO);
         let err = batch.push(a(), &vec![0; 65508]).unwrap_err();
-        assert_eq!(
-            err,
-            InvalidTransmit::PayloadTooLarge {
-                len: 65508,
-                max: 65507
-            }
-        );
+        assert_eq!(err, InvalidTransmit::PayloadTooLarge { len: 65508, max: 65507 });
         assert!(batch.is_empty());
         batch.push(v6(), &vec![0; 65527]).unwrap();
         assert_eq!(batch.datagrams(), 1);

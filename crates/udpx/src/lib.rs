@@ -22,7 +22,7 @@
 //! | `UDP_GRO` | 5.0 | one receive per train of datagrams | one datagram per buffer |
 //! | `sendmmsg` / `recvmmsg` | 3.0 / 2.6.33 | fewer syscalls | — (always present) |
 //! | `SO_TXTIME` | 4.19 | departure times (needs fq/etf qdisc) | sent at once |
-//! | `SO_ZEROCOPY` | 4.14, UDP 5.0 | no copy for large sends | copy |
+//! | `SO_ZEROCOPY` | 4.14, UDP 5.0 | no copy for large sends (owned buffers back on completion) | copy; turned off when the kernel keeps copying |
 //! | `IP_PKTINFO` | any | reply from the address asked | kernel picks source |
 //! | `SO_RXQ_OVFL` | any | drops made visible | — |
 //!
@@ -56,6 +56,7 @@ mod socket;
 pub mod sys;
 pub mod transmit;
 pub mod txtime;
+pub mod zerocopy;
 
 pub use caps::{Capabilities, Feature, KernelCaps, Want};
 pub use counters::CounterSnapshot;
@@ -65,7 +66,8 @@ pub use recv::{RecvMeta, Segments, GRO_BUFFER};
 pub use socket::{Family, RecvMode, ReusePort, SocketConfig, UdpSocket};
 pub use sys::fault::Fault;
 pub use transmit::{
-    max_payload, messages, validate_transmit, EcnCodepoint, Message, PathLimits, SendMode,
-    Transmit, MAX_PAYLOAD_V4, MAX_PAYLOAD_V6,
+    max_payload, messages, validate_transmit, EcnCodepoint, Message, PathLimits, SendMode, Transmit, MAX_PAYLOAD_V4,
+    MAX_PAYLOAD_V6,
 };
 pub use txtime::Timestamp;
+pub use zerocopy::{ZcBuf, ZcConfig, ZcPool, ZcSendError};

@@ -71,16 +71,8 @@ impl RecvMeta {
     /// The datagrams of the buffer `buf` this metadata describes.
     pub fn segments<'b>(&self, buf: &'b [u8]) -> Segments<'b> {
         let data = &buf[..self.len.min(buf.len())];
-        let stride = if self.stride == 0 {
-            data.len().max(1)
-        } else {
-            self.stride
-        };
-        Segments {
-            data,
-            stride,
-            empty_pending: data.is_empty(),
-        }
+        let stride = if self.stride == 0 { data.len().max(1) } else { self.stride };
+        Segments { data, stride, empty_pending: data.is_empty() }
     }
 
     pub(crate) fn from_raw(r: &RawRecv, fallback_addr: SocketAddr) -> Self {
@@ -88,11 +80,7 @@ impl RecvMeta {
         RecvMeta {
             addr: r.addr.unwrap_or(fallback_addr),
             len: r.len,
-            stride: r
-                .gro
-                .map(usize::from)
-                .filter(|&s| s > 0 && s < r.len)
-                .unwrap_or(r.len),
+            stride: r.gro.map(usize::from).filter(|&s| s > 0 && s < r.len).unwrap_or(r.len),
             ecn: r.tos.and_then(EcnCodepoint::from_bits),
             dst_ip: r.dst_ip,
             ifindex: r.ifindex,
@@ -134,11 +122,7 @@ impl UdpSocket {
     pub fn recv(&self, bufs: &mut [IoSliceMut<'_>], meta: &mut [RecvMeta]) -> io::Result<usize> {
         if self.caps.gro {
             if let Some(b) = bufs.iter().find(|b| b.len() < GRO_BUFFER) {
-                return Err(Error::RecvBufferTooSmall {
-                    len: b.len(),
-                    need: GRO_BUFFER,
-                }
-                .into());
+                return Err(Error::RecvBufferTooSmall { len: b.len(), need: GRO_BUFFER }.into());
             }
         }
         let n = bufs.len().min(meta.len()).min(BATCH);
@@ -176,11 +160,7 @@ mod tests {
     use super::*;
 
     fn meta(len: usize, stride: usize) -> RecvMeta {
-        RecvMeta {
-            len,
-            stride,
-            ..Default::default()
-        }
+        RecvMeta { len, stride, ..Default::default() }
     }
 
     #[test]
@@ -200,11 +180,7 @@ mod tests {
         for &(len, stride, want) in cases {
             let m = meta(len, stride);
             let segs: Vec<&[u8]> = m.segments(&buf).collect();
-            assert_eq!(
-                segs.iter().map(|s| s.len()).collect::<Vec<_>>(),
-                want,
-                "len {len} stride {stride}"
-            );
+            assert_eq!(segs.iter().map(|s| s.len()).collect::<Vec<_>>(), want, "len {len} stride {stride}");
             assert_eq!(m.segment_count(), want.len());
             // The segments tile the buffer in order.
             let joined: Vec<u8> = segs.concat();
@@ -215,31 +191,15 @@ mod tests {
     #[test]
     fn raw_to_meta() {
         let from: SocketAddr = "192.0.2.9:53".parse().unwrap();
-        let r = RawRecv {
-            len: 2400,
-            flags: 0,
-            addr: Some(from),
-            gro: Some(1200),
-            tos: Some(0b11),
-            ..Default::default()
-        };
+        let r =
+            RawRecv { len: 2400, flags: 0, addr: Some(from), gro: Some(1200), tos: Some(0b11), ..Default::default() };
         let m = RecvMeta::from_raw(&r, from);
-        assert_eq!(
-            (m.stride, m.segment_count(), m.ecn),
-            (1200, 2, Some(EcnCodepoint::Ce))
-        );
+        assert_eq!((m.stride, m.segment_count(), m.ecn), (1200, 2, Some(EcnCodepoint::Ce)));
         // A GRO size of at least the length means one datagram.
-        let r = RawRecv {
-            len: 500,
-            gro: Some(1200),
-            ..r
-        };
+        let r = RawRecv { len: 500, gro: Some(1200), ..r };
         assert_eq!(RecvMeta::from_raw(&r, from).stride, 500);
         // MSG_TRUNC is surfaced.
-        let r = RawRecv {
-            flags: libc::MSG_TRUNC,
-            ..r
-        };
+        let r = RawRecv { flags: libc::MSG_TRUNC, ..r };
         assert!(RecvMeta::from_raw(&r, from).truncated);
     }
 }

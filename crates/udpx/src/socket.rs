@@ -103,6 +103,10 @@ pub struct SocketConfig {
     pub ecn: Want,
     /// The kernel's drop counter in every receive's metadata.
     pub rxq_ovfl: Want,
+    /// Zerocopy send (`SO_ZEROCOPY`) for [`UdpSocket::send_zerocopy`].
+    pub zerocopy: Want,
+    /// Zerocopy threshold and in-flight bound.
+    pub zerocopy_config: crate::zerocopy::ZcConfig,
     /// `IP_RECVERR`: ICMP errors queue on the socket's error queue instead of failing the next
     /// call at random.
     pub recv_err: bool,
@@ -130,6 +134,8 @@ impl SocketConfig {
             pktinfo: Want::IfAvailable,
             ecn: Want::IfAvailable,
             rxq_ovfl: Want::IfAvailable,
+            zerocopy: Want::Off,
+            zerocopy_config: crate::zerocopy::ZcConfig::default(),
             recv_err: true,
             pmtu_probe: true,
         }
@@ -168,6 +174,22 @@ impl SocketConfig {
     /// Sets [`SocketConfig::rxq_ovfl`].
     pub fn rxq_ovfl(mut self, w: Want) -> Self {
         self.rxq_ovfl = w;
+        self
+    }
+    /// Sets [`SocketConfig::zerocopy`].
+    pub fn zerocopy(mut self, w: Want) -> Self {
+        self.zerocopy = w;
+        self
+    }
+    /// Sets the zerocopy threshold: sends of at least this many bytes use MSG_ZEROCOPY. Must be
+    /// 1 to 65,527 (checked at bind).
+    pub fn zerocopy_threshold(mut self, bytes: usize) -> Self {
+        self.zerocopy_config.threshold = bytes;
+        self
+    }
+    /// Sets the whole zerocopy configuration.
+    pub fn zerocopy_config(mut self, c: crate::zerocopy::ZcConfig) -> Self {
+        self.zerocopy_config = c;
         self
     }
     /// Sets [`SocketConfig::connect`].
@@ -230,7 +252,14 @@ pub struct UdpSocket {
     pub(crate) send_scratch: Mutex<Box<sys::mmsg::SendScratch>>,
     pub(crate) recv_scratch: Mutex<Box<sys::mmsg::RecvScratch>>,
     pub(crate) logged_gso_off: AtomicBool,
+    pub(crate) zc: Option<Mutex<crate::zerocopy::ZcState>>,
     path_mtu: OnceLock<Option<usize>>,
+}
+
+impl Drop for UdpSocket {
+    fn drop(&mut self) {
+        self.settle_zerocopy();
+    }
 }
 
 impl fmt::Debug for UdpSocket {
@@ -251,20 +280,13 @@ fn io_err(op: impl Into<String>) -> impl FnOnce(io::Error) -> Error {
 
 /// Applies an optional feature: `Off` does nothing; otherwise try `set`, and a failure is an
 /// error only when `Required`.
-fn apply(
-    want: Want,
-    feature: Feature,
-    set: impl FnOnce() -> io::Result<()>,
-) -> Result<bool, Error> {
+fn apply(want: Want, feature: Feature, set: impl FnOnce() -> io::Result<()>) -> Result<bool, Error> {
     if !want.wanted() {
         return Ok(false);
     }
     match set() {
         Ok(()) => Ok(true),
-        Err(e) if want == Want::Required => Err(Error::Unsupported {
-            feature,
-            why: e.to_string(),
-        }),
+        Err(e) if want == Want::Required => Err(Error::Unsupported { feature, why: e.to_string() }),
         Err(e) => {
             log::debug!("udpx: {feature} not available: {e}");
             Ok(false)
@@ -288,30 +310,21 @@ impl UdpSocket {
         let fd = sys::udp_socket(v6).map_err(io_err("socket"))?;
         let b = fd.as_fd();
         if v6 {
-            sys::setsockopt(
-                b,
-                libc::IPPROTO_IPV6,
-                libc::IPV6_V6ONLY,
-                cfg.v6_only as libc::c_int,
-            )
-            .map_err(io_err("setsockopt IPV6_V6ONLY"))?;
+            sys::setsockopt(b, libc::IPPROTO_IPV6, libc::IPV6_V6ONLY, cfg.v6_only as libc::c_int)
+                .map_err(io_err("setsockopt IPV6_V6ONLY"))?;
         }
         if cfg.reuse_port == ReusePort::Enabled {
             sys::setsockopt(b, libc::SOL_SOCKET, libc::SO_REUSEPORT, 1 as libc::c_int)
                 .map_err(io_err("setsockopt SO_REUSEPORT"))?;
         }
         if let Some(n) = cfg.send_buffer {
-            set_buffer(b, libc::SO_SNDBUFFORCE, libc::SO_SNDBUF, n)
-                .map_err(io_err("set send buffer"))?;
+            set_buffer(b, libc::SO_SNDBUFFORCE, libc::SO_SNDBUF, n).map_err(io_err("set send buffer"))?;
         }
         if let Some(n) = cfg.recv_buffer {
-            set_buffer(b, libc::SO_RCVBUFFORCE, libc::SO_RCVBUF, n)
-                .map_err(io_err("set receive buffer"))?;
+            set_buffer(b, libc::SO_RCVBUFFORCE, libc::SO_RCVBUF, n).map_err(io_err("set receive buffer"))?;
         }
         sys::bind(b, &cfg.bind).map_err(io_err(format!("bind {}", cfg.bind)))?;
-        let local = sys::local_or_peer(b, false)
-            .map_err(io_err("getsockname"))?
-            .unwrap_or(cfg.bind);
+        let local = sys::local_or_peer(b, false).map_err(io_err("getsockname"))?.unwrap_or(cfg.bind);
         let family = if !v6 {
             Family::V4
         } else if cfg.v6_only || !matches!(cfg.bind.ip(), IpAddr::V6(ip) if ip.is_unspecified()) {
@@ -327,15 +340,11 @@ impl UdpSocket {
                     family.name()
                 )));
             }
-            sys::connect(
-                sock.fd.as_fd(),
-                &sys::addr::map_for_socket(&peer, family.is_v6()),
-            )
-            .map_err(io_err(format!("connect {peer}")))?;
-            return Ok(UdpSocket {
-                peer: Some(peer),
-                ..sock
-            });
+            sys::connect(sock.fd.as_fd(), &sys::addr::map_for_socket(&peer, family.is_v6()))
+                .map_err(io_err(format!("connect {peer}")))?;
+            let mut sock = sock;
+            sock.peer = Some(peer);
+            return Ok(sock);
         }
         Ok(sock)
     }
@@ -347,25 +356,21 @@ impl UdpSocket {
     pub fn adopt(socket: impl AsFd, cfg: SocketConfig) -> Result<UdpSocket, Error> {
         let fd = socket.as_fd().try_clone_to_owned().map_err(io_err("dup"))?;
         let b = fd.as_fd();
-        let ty = sys::getsockopt_int(b, libc::SOL_SOCKET, libc::SO_TYPE)
-            .map_err(io_err("getsockopt SO_TYPE"))?;
-        let proto = sys::getsockopt_int(b, libc::SOL_SOCKET, libc::SO_PROTOCOL)
-            .map_err(io_err("getsockopt SO_PROTOCOL"))?;
+        let ty = sys::getsockopt_int(b, libc::SOL_SOCKET, libc::SO_TYPE).map_err(io_err("getsockopt SO_TYPE"))?;
+        let proto =
+            sys::getsockopt_int(b, libc::SOL_SOCKET, libc::SO_PROTOCOL).map_err(io_err("getsockopt SO_PROTOCOL"))?;
         if ty != libc::SOCK_DGRAM || proto != libc::IPPROTO_UDP {
             return Err(Error::Config("the descriptor is not a UDP socket".into()));
         }
         let local = sys::local_or_peer(b, false)
             .map_err(io_err("getsockname"))?
-            .ok_or_else(|| {
-                Error::Config("the socket has no IPv4/IPv6 local address: bind it first".into())
-            })?;
-        let domain = sys::getsockopt_int(b, libc::SOL_SOCKET, libc::SO_DOMAIN)
-            .map_err(io_err("getsockopt SO_DOMAIN"))?;
+            .ok_or_else(|| Error::Config("the socket has no IPv4/IPv6 local address: bind it first".into()))?;
+        let domain =
+            sys::getsockopt_int(b, libc::SOL_SOCKET, libc::SO_DOMAIN).map_err(io_err("getsockopt SO_DOMAIN"))?;
         let family = if domain == libc::AF_INET {
             Family::V4
         } else {
-            let v6only =
-                sys::getsockopt_int(b, libc::IPPROTO_IPV6, libc::IPV6_V6ONLY).unwrap_or(1) != 0;
+            let v6only = sys::getsockopt_int(b, libc::IPPROTO_IPV6, libc::IPV6_V6ONLY).unwrap_or(1) != 0;
             if v6only || !matches!(local.ip(), IpAddr::V6(ip) if ip.is_unspecified()) {
                 Family::V6Only
             } else {
@@ -373,16 +378,15 @@ impl UdpSocket {
             }
         };
         if let Some(n) = cfg.send_buffer {
-            set_buffer(b, libc::SO_SNDBUFFORCE, libc::SO_SNDBUF, n)
-                .map_err(io_err("set send buffer"))?;
+            set_buffer(b, libc::SO_SNDBUFFORCE, libc::SO_SNDBUF, n).map_err(io_err("set send buffer"))?;
         }
         if let Some(n) = cfg.recv_buffer {
-            set_buffer(b, libc::SO_RCVBUFFORCE, libc::SO_RCVBUF, n)
-                .map_err(io_err("set receive buffer"))?;
+            set_buffer(b, libc::SO_RCVBUFFORCE, libc::SO_RCVBUF, n).map_err(io_err("set receive buffer"))?;
         }
         let peer = sys::local_or_peer(b, true).map_err(io_err("getpeername"))?;
-        let sock = Self::finish(fd, family, local, cfg.send_mode, cfg.recv_mode, &cfg)?;
-        Ok(UdpSocket { peer, ..sock })
+        let mut sock = Self::finish(fd, family, local, cfg.send_mode, cfg.recv_mode, &cfg)?;
+        sock.peer = peer;
+        Ok(sock)
     }
 
     /// Sets the per-socket options shared by `bind` and `adopt`, probes, and assembles.
@@ -399,45 +403,43 @@ impl UdpSocket {
         let dual = family == Family::DualStack;
         let int = |level, name, v: libc::c_int| sys::setsockopt(b, level, name, v);
         // Both IP levels on a dual-stack socket: its IPv4 traffic takes the IPv4 paths.
-        let both =
-            |l4: (libc::c_int, libc::c_int), l6: (libc::c_int, libc::c_int), v| -> io::Result<()> {
-                if v6 {
-                    int(libc::IPPROTO_IPV6, l6.1, v)?;
-                    if dual {
-                        int(libc::IPPROTO_IP, l4.1, v)?;
-                    }
-                    Ok(())
-                } else {
-                    int(libc::IPPROTO_IP, l4.1, v)
+        let both = |l4: (libc::c_int, libc::c_int), l6: (libc::c_int, libc::c_int), v| -> io::Result<()> {
+            if v6 {
+                int(libc::IPPROTO_IPV6, l6.1, v)?;
+                if dual {
+                    int(libc::IPPROTO_IP, l4.1, v)?;
                 }
-            };
+                Ok(())
+            } else {
+                int(libc::IPPROTO_IP, l4.1, v)
+            }
+        };
         if cfg.pmtu_probe {
-            both(
-                (0, libc::IP_MTU_DISCOVER),
-                (0, libc::IPV6_MTU_DISCOVER),
-                libc::IP_PMTUDISC_PROBE,
-            )
-            .map_err(io_err("setsockopt IP_MTU_DISCOVER"))?;
+            both((0, libc::IP_MTU_DISCOVER), (0, libc::IPV6_MTU_DISCOVER), libc::IP_PMTUDISC_PROBE)
+                .map_err(io_err("setsockopt IP_MTU_DISCOVER"))?;
         }
         if cfg.recv_err {
-            both((0, libc::IP_RECVERR), (0, libc::IPV6_RECVERR), 1)
-                .map_err(io_err("setsockopt IP_RECVERR"))?;
+            both((0, libc::IP_RECVERR), (0, libc::IPV6_RECVERR), 1).map_err(io_err("setsockopt IP_RECVERR"))?;
         }
-        let pktinfo = apply(cfg.pktinfo, Feature::PktInfo, || {
-            both((0, libc::IP_PKTINFO), (0, libc::IPV6_RECVPKTINFO), 1)
-        })?;
-        let ecn = apply(cfg.ecn, Feature::Ecn, || {
-            both((0, libc::IP_RECVTOS), (0, libc::IPV6_RECVTCLASS), 1)
-        })?;
-        let rxq_ovfl = apply(cfg.rxq_ovfl, Feature::RxqOvfl, || {
-            int(libc::SOL_SOCKET, sys::SO_RXQ_OVFL, 1)
-        })?;
+        let pktinfo =
+            apply(cfg.pktinfo, Feature::PktInfo, || both((0, libc::IP_PKTINFO), (0, libc::IPV6_RECVPKTINFO), 1))?;
+        let ecn = apply(cfg.ecn, Feature::Ecn, || both((0, libc::IP_RECVTOS), (0, libc::IPV6_RECVTCLASS), 1))?;
+        let rxq_ovfl = apply(cfg.rxq_ovfl, Feature::RxqOvfl, || int(libc::SOL_SOCKET, sys::SO_RXQ_OVFL, 1))?;
         let gro = apply(cfg.gro, Feature::Gro, || int(sys::SOL_UDP, sys::UDP_GRO, 1))?;
+        let zc_cfg = cfg.zerocopy_config;
+        if cfg.zerocopy.wanted() && !(1..=crate::transmit::MAX_PAYLOAD_V6).contains(&zc_cfg.threshold) {
+            return Err(Error::Config(format!(
+                "zerocopy threshold {}: give 1 to {} bytes (sends below it are copied)",
+                zc_cfg.threshold,
+                crate::transmit::MAX_PAYLOAD_V6
+            )));
+        }
+        if cfg.zerocopy.wanted() && zc_cfg.max_inflight == 0 {
+            return Err(Error::Config("zerocopy max_inflight 0: allow at least 1 send in flight".into()));
+        }
+        let zerocopy = apply(cfg.zerocopy, Feature::Zerocopy, || int(libc::SOL_SOCKET, sys::SO_ZEROCOPY, 1))?;
         let txtime = apply(cfg.txtime, Feature::TxTime, || {
-            let t = libc::sock_txtime {
-                clockid: libc::CLOCK_MONOTONIC,
-                flags: 0,
-            };
+            let t = libc::sock_txtime { clockid: libc::CLOCK_MONOTONIC, flags: 0 };
             sys::setsockopt(b, libc::SOL_SOCKET, sys::SO_TXTIME, t)
         })?;
         if cfg.nonblocking {
@@ -461,6 +463,8 @@ impl UdpSocket {
                 pktinfo,
                 ecn,
                 rxq_ovfl,
+                zerocopy: AtomicBool::new(zerocopy),
+                zerocopy_off_reason: OnceLock::new(),
                 kernel,
             },
             counters: Counters::default(),
@@ -468,6 +472,7 @@ impl UdpSocket {
             send_scratch: Mutex::new(sys::mmsg::SendScratch::new()),
             recv_scratch: Mutex::new(sys::mmsg::RecvScratch::new()),
             logged_gso_off: AtomicBool::new(false),
+            zc: zerocopy.then(|| Mutex::new(crate::zerocopy::ZcState::new(zc_cfg))),
             path_mtu: OnceLock::new(),
         })
     }
@@ -495,11 +500,7 @@ impl UdpSocket {
     /// What this socket has now, including fallbacks taken so far.
     pub fn capabilities(&self) -> Capabilities {
         let b = self.fd.as_fd();
-        let buf = |name| {
-            sys::getsockopt_int(b, libc::SOL_SOCKET, name)
-                .map(|v| v.max(0) as usize)
-                .unwrap_or(0)
-        };
+        let buf = |name| sys::getsockopt_int(b, libc::SOL_SOCKET, name).map(|v| v.max(0) as usize).unwrap_or(0);
         let c = &self.caps;
         Capabilities {
             gso: c.gso_enabled(),
@@ -508,6 +509,8 @@ impl UdpSocket {
             gro: c.gro,
             txtime: c.txtime,
             zerocopy_available: c.kernel.zerocopy,
+            zerocopy: c.zerocopy.load(std::sync::atomic::Ordering::Relaxed),
+            zerocopy_off_reason: c.zerocopy_off_reason.get().cloned(),
             pktinfo: c.pktinfo,
             ecn: c.ecn,
             rxq_ovfl: c.rxq_ovfl,
@@ -534,9 +537,7 @@ impl UdpSocket {
             } else {
                 (libc::IPPROTO_IP, libc::IP_MTU)
             };
-            sys::getsockopt_int(self.fd.as_fd(), level, name)
-                .ok()
-                .map(|m| m.max(0) as usize)
+            sys::getsockopt_int(self.fd.as_fd(), level, name).ok().map(|m| m.max(0) as usize)
         })
     }
 
@@ -570,12 +571,7 @@ impl UdpSocket {
     /// EINVAL: the one real, on-demand way to exercise the GSO fallback on a modern kernel.
     /// Useful for tests; no reason to call it otherwise.
     pub fn set_no_check(&self, on: bool) -> io::Result<()> {
-        sys::setsockopt(
-            self.fd.as_fd(),
-            libc::SOL_SOCKET,
-            sys::SO_NO_CHECK,
-            on as libc::c_int,
-        )
+        sys::setsockopt(self.fd.as_fd(), libc::SOL_SOCKET, sys::SO_NO_CHECK, on as libc::c_int)
     }
 
     /// Queues a fault for a later send call (test builds only, feature `fault-injection`).
@@ -599,18 +595,11 @@ impl AsRawFd for UdpSocket {
 
 /// Sets a buffer size with the `*FORCE` option (root may exceed `net.core.[rw]mem_max`),
 /// falling back to the plain option when not permitted.
-fn set_buffer(
-    fd: BorrowedFd<'_>,
-    force: libc::c_int,
-    plain: libc::c_int,
-    n: usize,
-) -> io::Result<()> {
+fn set_buffer(fd: BorrowedFd<'_>, force: libc::c_int, plain: libc::c_int, n: usize) -> io::Result<()> {
     let v = n.min(i32::MAX as usize / 2) as libc::c_int;
     match sys::setsockopt(fd, libc::SOL_SOCKET, force, v) {
         Ok(()) => Ok(()),
-        Err(e) if e.raw_os_error() == Some(libc::EPERM) => {
-            sys::setsockopt(fd, libc::SOL_SOCKET, plain, v)
-        }
+        Err(e) if e.raw_os_error() == Some(libc::EPERM) => sys::setsockopt(fd, libc::SOL_SOCKET, plain, v),
         Err(e) => Err(e),
     }
 }

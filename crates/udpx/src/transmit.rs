@@ -83,12 +83,7 @@ pub enum SendMode {
 
 impl SendMode {
     /// All four, in the order the bench reports them.
-    pub const ALL: [SendMode; 4] = [
-        SendMode::Sendmsg,
-        SendMode::Sendmmsg,
-        SendMode::GsoSendmsg,
-        SendMode::GsoSendmmsg,
-    ];
+    pub const ALL: [SendMode; 4] = [SendMode::Sendmsg, SendMode::Sendmmsg, SendMode::GsoSendmsg, SendMode::GsoSendmmsg];
 
     /// Whether this mode segments (uses GSO).
     pub fn segments(self) -> bool {
@@ -117,9 +112,7 @@ impl std::str::FromStr for SendMode {
         SendMode::ALL
             .into_iter()
             .find(|m| m.name() == s)
-            .ok_or_else(|| {
-                format!("unknown send mode {s:?}: use one of sendmsg, sendmmsg, gso, gso-sendmmsg")
-            })
+            .ok_or_else(|| format!("unknown send mode {s:?}: use one of sendmsg, sendmmsg, gso, gso-sendmmsg"))
     }
 }
 
@@ -150,14 +143,7 @@ pub struct Transmit<'a> {
 impl<'a> Transmit<'a> {
     /// One datagram to `destination`.
     pub fn new(destination: SocketAddr, contents: &'a [u8]) -> Self {
-        Transmit {
-            destination,
-            contents,
-            segment_size: None,
-            src_ip: None,
-            ecn: None,
-            departure: None,
-        }
+        Transmit { destination, contents, segment_size: None, src_ip: None, ecn: None, departure: None }
     }
 
     /// With a GSO segment size.
@@ -210,26 +196,16 @@ pub struct PathLimits {
 
 /// Checks a transmit without sending. `to_peer`: it goes to the connected peer, whose path MTU
 /// is in `limits`.
-pub fn validate_transmit(
-    t: &Transmit<'_>,
-    limits: &PathLimits,
-    to_peer: bool,
-) -> Result<(), InvalidTransmit> {
+pub fn validate_transmit(t: &Transmit<'_>, limits: &PathLimits, to_peer: bool) -> Result<(), InvalidTransmit> {
     if !limits.family.reaches(&t.destination) {
-        return Err(InvalidTransmit::WrongFamily {
-            destination: t.destination,
-            socket: limits.family.name(),
-        });
+        return Err(InvalidTransmit::WrongFamily { destination: t.destination, socket: limits.family.name() });
     }
     let ceiling = max_payload(&t.destination);
     if t.segment_size == Some(0) {
         return Err(InvalidTransmit::SegmentSizeZero);
     }
     if t.contents.len() > ceiling {
-        return Err(InvalidTransmit::PayloadTooLarge {
-            len: t.contents.len(),
-            max: ceiling,
-        });
+        return Err(InvalidTransmit::PayloadTooLarge { len: t.contents.len(), max: ceiling });
     }
     let Some(seg) = t.segment_size else {
         return Ok(());
@@ -238,26 +214,15 @@ pub fn validate_transmit(
         return Ok(()); // sent as one plain datagram
     }
     if let (Some(mtu), true) = (limits.path_mtu, to_peer) {
-        let hdr = if max_payload(&t.destination) == MAX_PAYLOAD_V4 {
-            28
-        } else {
-            48
-        };
+        let hdr = if max_payload(&t.destination) == MAX_PAYLOAD_V4 { 28 } else { 48 };
         let max = mtu.saturating_sub(hdr);
         if seg > max {
-            return Err(InvalidTransmit::SegmentTooLarge {
-                segment_size: seg,
-                max,
-                limit: "the path MTU",
-            });
+            return Err(InvalidTransmit::SegmentTooLarge { segment_size: seg, max, limit: "the path MTU" });
         }
     }
     if let Some(kmax) = limits.max_segments {
         if t.segments() > kmax {
-            return Err(InvalidTransmit::TooManySegments {
-                segments: t.segments(),
-                max: kmax,
-            });
+            return Err(InvalidTransmit::TooManySegments { segments: t.segments(), max: kmax });
         }
     }
     Ok(())
@@ -282,22 +247,14 @@ pub fn messages(t: &Transmit<'_>, gso: bool, max_segments: usize) -> Vec<Message
     let mut first = 0;
     while first < total {
         let (range, n, seg) = chunk(t, first, if gso { max_segments } else { 1 });
-        out.push(Message {
-            range,
-            segments: n,
-            segment_size: seg,
-        });
+        out.push(Message { range, segments: n, segment_size: seg });
         first += n;
     }
     out
 }
 
 /// The message of `t` starting at segment `first`, of at most `per_msg` segments.
-fn chunk(
-    t: &Transmit<'_>,
-    first: usize,
-    per_msg: usize,
-) -> (std::ops::Range<usize>, usize, Option<usize>) {
+fn chunk(t: &Transmit<'_>, first: usize, per_msg: usize) -> (std::ops::Range<usize>, usize, Option<usize>) {
     match t.segment_size {
         Some(seg) if t.segments() > 1 => {
             let n = per_msg.max(1).min(t.segments() - first);
@@ -326,45 +283,40 @@ impl UdpSocket {
     /// Returns the number sent, which is `transmits.len()` unless an error says otherwise (see
     /// [`SendError::sent`]). Invalid transmits are refused before anything is sent.
     pub fn send(&self, transmits: &[Transmit<'_>]) -> Result<usize, SendError> {
+        self.send_inner(transmits, 0, &mut 0)
+    }
+
+    /// The send loop. `flags` go to every send call (0 or MSG_ZEROCOPY); `zc_msgs` counts the
+    /// messages the kernel took with MSG_ZEROCOPY, each of which consumed one zerocopy id.
+    pub(crate) fn send_inner(
+        &self,
+        transmits: &[Transmit<'_>],
+        flags: libc::c_int,
+        zc_msgs: &mut u32,
+    ) -> Result<usize, SendError> {
+        let mut flags = flags;
         for (index, t) in transmits.iter().enumerate() {
-            self.validate(t).map_err(|reason| SendError {
-                sent: 0,
-                kind: SendErrorKind::Invalid { index, reason },
-            })?;
+            self.validate(t).map_err(|reason| SendError { sent: 0, kind: SendErrorKind::Invalid { index, reason } })?;
         }
         let mut scratch = self.send_scratch.lock().unwrap_or_else(|e| e.into_inner());
         let batched = self.send_mode.batches();
         let mut cur = Cursor::default();
-        let mut msgs: Vec<OutMsg<'_>> = Vec::with_capacity(if batched {
-            BATCH.min(transmits.len() * 2)
-        } else {
-            1
-        });
+        let mut msgs: Vec<OutMsg<'_>> = Vec::with_capacity(if batched { BATCH.min(transmits.len() * 2) } else { 1 });
         let mut spans: Vec<Span> = Vec::with_capacity(msgs.capacity());
         let mut enobufs = 0u32;
         // A transmit being re-sent plain after its GSO send was refused: (index, errno).
         let mut gso_suspect: Option<(usize, i32)> = None;
         let c = &self.counters;
         while cur.t < transmits.len() {
-            self.plan(
-                transmits,
-                cur,
-                if batched { BATCH } else { 1 },
-                gso_suspect.map(|s| s.0),
-                &mut msgs,
-                &mut spans,
-            );
-            let res = scratch.send(
-                self.fd_ref(),
-                self.family.is_v6(),
-                &msgs,
-                batched,
-                &self.faults,
-            );
+            self.plan(transmits, cur, if batched { BATCH } else { 1 }, gso_suspect.map(|s| s.0), &mut msgs, &mut spans);
+            let res = scratch.send(self.fd_ref(), self.family.is_v6(), &msgs, batched, flags, &self.faults);
             c.add(&c.send_calls, 1);
             match res {
                 Ok(n) => {
                     enobufs = 0;
+                    if flags & libc::MSG_ZEROCOPY != 0 {
+                        *zc_msgs += n as u32;
+                    }
                     if n < msgs.len() {
                         c.add(&c.partial_sends, 1);
                     }
@@ -376,10 +328,7 @@ impl UdpSocket {
                         cur = if s.last {
                             Cursor { t: s.t + 1, seg: 0 }
                         } else {
-                            Cursor {
-                                t: s.t,
-                                seg: s.first_seg + s.segs,
-                            }
+                            Cursor { t: s.t, seg: s.first_seg + s.segs }
                         };
                         if let Some((t, errno)) = gso_suspect {
                             if s.t == t && s.last {
@@ -401,24 +350,30 @@ impl UdpSocket {
                         libc::EAGAIN => {
                             c.add(&c.would_block, 1);
                             if cur.seg == 0 && gso_suspect.is_none() {
-                                return Err(SendError {
-                                    sent: cur.t,
-                                    kind: SendErrorKind::WouldBlock,
-                                });
+                                return Err(SendError { sent: cur.t, kind: SendErrorKind::WouldBlock });
                             }
                             // Inside a split transmit: finish it before returning.
                             if !self.wait_writable(FINISH_WAIT).unwrap_or(false) {
-                                return Err(self.fail(cur, SendErrorKind::Io(io::Error::new(
-                                    io::ErrorKind::TimedOut,
-                                    format!("socket stayed unwritable for {FINISH_WAIT:?} in the middle of a transmit"),
-                                ))));
+                                return Err(self.fail(
+                                    cur,
+                                    SendErrorKind::Io(io::Error::new(
+                                        io::ErrorKind::TimedOut,
+                                        format!(
+                                            "socket stayed unwritable for {FINISH_WAIT:?} in the middle of a transmit"
+                                        ),
+                                    )),
+                                ));
                             }
+                        }
+                        libc::ENOBUFS if flags & libc::MSG_ZEROCOPY != 0 => {
+                            // optmem exhausted by zerocopy notifications: copy instead, now.
+                            flags &= !libc::MSG_ZEROCOPY;
+                            c.add(&c.zerocopy_enobufs_copied, 1);
                         }
                         libc::ENOBUFS if enobufs < ENOBUFS_RETRIES => {
                             c.add(&c.enobufs_retries, 1);
                             std::thread::sleep(
-                                Duration::from_micros(50 << enobufs.min(8))
-                                    .min(Duration::from_millis(10)),
+                                Duration::from_micros(50 << enobufs.min(8)).min(Duration::from_millis(10)),
                             );
                             enobufs += 1;
                         }
@@ -429,10 +384,7 @@ impl UdpSocket {
                         {
                             self.caps.gso_max_segments.store(64, Ordering::Relaxed);
                             c.add(&c.segment_limit_lowered, 1);
-                            log::warn!(
-                                "udpx: kernel refused {} GSO segments; limit lowered to 64",
-                                first_span.segs
-                            );
+                            log::warn!("udpx: kernel refused {} GSO segments; limit lowered to 64", first_span.segs);
                         }
                         libc::EIO | libc::EINVAL if first.segment_size.is_some() => {
                             // Re-send this transmit plain at once; decide after.
@@ -442,16 +394,14 @@ impl UdpSocket {
                             c.add(&c.emsgsize, 1);
                             // A plain re-send after a GSO refusal failed on size: the refusal
                             // was about size, not the device. GSO stays on.
-                            let seg = first.segment_size.map(usize::from).or_else(|| {
-                                gso_suspect.and_then(|(t, _)| transmits[t].segment_size)
-                            });
+                            let seg = first
+                                .segment_size
+                                .map(usize::from)
+                                .or_else(|| gso_suspect.and_then(|(t, _)| transmits[t].segment_size));
                             return Err(self.fail(
                                 cur,
                                 SendErrorKind::MessageTooLarge {
-                                    len: first
-                                        .payload
-                                        .len()
-                                        .max(transmits[first_span.t].contents.len()),
+                                    len: first.payload.len().max(transmits[first_span.t].contents.len()),
                                     segment_size: seg,
                                     path_mtu: self.path_mtu(),
                                 },
@@ -497,30 +447,14 @@ impl UdpSocket {
                 txtime: t.departure.map(|d| d.as_nanos()),
             };
             let total = t.segments();
-            let per_msg = if gso && plain_t != Some(cur.t) {
-                max_segs
-            } else {
-                1
-            };
+            let per_msg = if gso && plain_t != Some(cur.t) { max_segs } else { 1 };
             while msgs.len() < cap && cur.seg < total {
                 let (range, n, seg) = chunk(t, cur.seg, per_msg);
-                msgs.push(OutMsg {
-                    payload: &t.contents[range],
-                    segment_size: seg.map(|s| s as u16),
-                    ..base
-                });
+                msgs.push(OutMsg { payload: &t.contents[range], segment_size: seg.map(|s| s as u16), ..base });
                 let last = cur.seg + n == total;
-                spans.push(Span {
-                    t: cur.t,
-                    first_seg: cur.seg,
-                    segs: n,
-                    last,
-                });
+                spans.push(Span { t: cur.t, first_seg: cur.seg, segs: n, last });
                 if last {
-                    cur = Cursor {
-                        t: cur.t + 1,
-                        seg: 0,
-                    };
+                    cur = Cursor { t: cur.t + 1, seg: 0 };
                     break;
                 }
                 cur.seg += n;

@@ -37,10 +37,7 @@ impl Timestamp {
 impl Add<Duration> for Timestamp {
     type Output = Timestamp;
     fn add(self, d: Duration) -> Timestamp {
-        Timestamp(
-            self.0
-                .saturating_add(d.as_nanos().min(u64::MAX as u128) as u64),
-        )
+        Timestamp(self.0.saturating_add(d.as_nanos().min(u64::MAX as u128) as u64))
     }
 }
 
@@ -52,14 +49,8 @@ mod tests {
     fn arithmetic() {
         let t = Timestamp::from_nanos(1_000);
         assert_eq!((t + Duration::from_micros(1)).as_nanos(), 2_000);
-        assert_eq!(
-            (t + Duration::from_micros(1)).saturating_since(t),
-            Duration::from_micros(1)
-        );
-        assert_eq!(
-            t.saturating_since(t + Duration::from_secs(1)),
-            Duration::ZERO
-        );
+        assert_eq!((t + Duration::from_micros(1)).saturating_since(t), Duration::from_micros(1));
+        assert_eq!(t.saturating_since(t + Duration::from_secs(1)), Duration::ZERO);
         assert!(Timestamp::now() <= Timestamp::now());
     }
 }

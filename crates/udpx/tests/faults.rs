@@ -16,10 +16,7 @@ struct Pair {
 }
 
 fn pair(mode: SendMode) -> Pair {
-    let rx = UdpSocket::builder(lo4())
-        .recv_buffer(16 << 20)
-        .bind()
-        .unwrap();
+    let rx = UdpSocket::builder(lo4()).recv_buffer(16 << 20).bind().unwrap();
     let tx = UdpSocket::builder(lo4()).send_mode(mode).bind().unwrap();
     Pair { tx, rx }
 }
@@ -50,12 +47,7 @@ fn run(p: &Pair, sent: &[Vec<u8>], faults: &[Fault]) -> Received {
             Err(e) => panic!("send: {e}"),
         }
     }
-    receive(
-        &p.rx,
-        sent.len(),
-        Duration::from_millis(300),
-        Duration::from_secs(5),
-    )
+    receive(&p.rx, sent.len(), Duration::from_millis(300), Duration::from_secs(5))
 }
 
 #[test]
@@ -71,22 +63,14 @@ fn gso_eio_falls_back_and_resends_the_batch() {
         let c = p.tx.counters();
         assert_eq!((c.gso_fallbacks, c.datagrams_sent), (1, 200));
         assert!(!p.tx.capabilities().gso);
-        assert!(p
-            .tx
-            .capabilities()
-            .gso_off_reason
-            .unwrap()
-            .contains("Input/output error"));
+        assert!(p.tx.capabilities().gso_off_reason.unwrap().contains("Input/output error"));
     }
 }
 
 #[test]
 fn gso_einval_then_emsgsize_is_about_size_and_keeps_gso() {
     if KernelCaps::get().gso_max_segments.is_none() {
-        return skip(
-            "gso_einval_then_emsgsize_is_about_size_and_keeps_gso",
-            "no UDP_SEGMENT",
-        );
+        return skip("gso_einval_then_emsgsize_is_about_size_and_keeps_gso", "no UDP_SEGMENT");
     }
     let p = pair(SendMode::GsoSendmmsg);
     let sent = datagrams(10, 1000);
@@ -98,33 +82,12 @@ fn gso_einval_then_emsgsize_is_about_size_and_keeps_gso() {
     }
     let e = p.tx.send(&batch.transmits()).unwrap_err();
     assert_eq!(e.sent, 0);
-    assert!(
-        matches!(
-            e.kind,
-            SendErrorKind::MessageTooLarge {
-                segment_size: Some(1000),
-                ..
-            }
-        ),
-        "{e}"
-    );
+    assert!(matches!(e.kind, SendErrorKind::MessageTooLarge { segment_size: Some(1000), .. }), "{e}");
     assert!(e.to_string().contains("1000"), "{e}");
-    assert!(
-        p.tx.capabilities().gso,
-        "a size problem must not turn GSO off"
-    );
+    assert!(p.tx.capabilities().gso, "a size problem must not turn GSO off");
     // The caller may resend: everything arrives.
     p.tx.send(&batch.transmits()).unwrap();
-    assert_same(
-        &sent,
-        &receive(
-            &p.rx,
-            10,
-            Duration::from_millis(300),
-            Duration::from_secs(2),
-        ),
-        "resend",
-    );
+    assert_same(&sent, &receive(&p.rx, 10, Duration::from_millis(300), Duration::from_secs(2)), "resend");
 }
 
 #[test]
@@ -157,16 +120,7 @@ fn enobufs_that_persists_is_reported_with_the_count_sent() {
     assert!(matches!(&e.kind, SendErrorKind::Io(io) if io.raw_os_error() == Some(libc::ENOBUFS)));
     // Resending from `sent` delivers everything exactly once.
     p.tx.send(&ts[e.sent..]).unwrap();
-    assert_same(
-        &sent,
-        &receive(
-            &p.rx,
-            100,
-            Duration::from_millis(300),
-            Duration::from_secs(2),
-        ),
-        "after ENOBUFS",
-    );
+    assert_same(&sent, &receive(&p.rx, 100, Duration::from_millis(300), Duration::from_secs(2)), "after ENOBUFS");
 }
 
 #[test]
@@ -174,12 +128,7 @@ fn short_sendmmsg_is_continued() {
     for mode in [SendMode::Sendmmsg, SendMode::GsoSendmmsg] {
         let p = pair(mode);
         let sent = datagrams(500, 700);
-        let faults = [
-            Fault::Short(1),
-            Fault::Short(3),
-            Fault::Short(2),
-            Fault::Short(1),
-        ];
+        let faults = [Fault::Short(1), Fault::Short(3), Fault::Short(2), Fault::Short(1)];
         let got = run(&p, &sent, &faults);
         assert_same(&sent, &got, mode.name());
         assert!(p.tx.counters().partial_sends >= 1, "{mode}");
@@ -192,11 +141,7 @@ fn eagain_returns_would_block_with_exact_count() {
         let p = pair(mode);
         let sent = datagrams(400, 300);
         // EAGAIN at the start, then after a partial batch.
-        let faults = [
-            Fault::Errno(libc::EAGAIN),
-            Fault::Short(2),
-            Fault::Errno(libc::EAGAIN),
-        ];
+        let faults = [Fault::Errno(libc::EAGAIN), Fault::Short(2), Fault::Errno(libc::EAGAIN)];
         let got = run(&p, &sent, &faults);
         assert_same(&sent, &got, mode.name());
         assert!(p.tx.counters().would_block >= 1);
@@ -213,12 +158,7 @@ fn eagain_inside_a_split_transmit_finishes_it() {
     p.tx.inject_fault(Fault::Short(4));
     p.tx.inject_fault(Fault::Errno(libc::EAGAIN));
     assert_eq!(p.tx.send(&[t]).unwrap(), 1);
-    let got = receive(
-        &p.rx,
-        10,
-        Duration::from_millis(300),
-        Duration::from_secs(2),
-    );
+    let got = receive(&p.rx, 10, Duration::from_millis(300), Duration::from_secs(2));
     let want: Vec<Vec<u8>> = (0..10).map(|i| payload(i, 100)).collect();
     assert_same(&want, &got, "split transmit");
 }
@@ -226,16 +166,10 @@ fn eagain_inside_a_split_transmit_finishes_it() {
 #[test]
 fn segment_limit_lowered_when_kernel_refuses_more_than_64() {
     let Some(max) = KernelCaps::get().gso_max_segments else {
-        return skip(
-            "segment_limit_lowered_when_kernel_refuses_more_than_64",
-            "no UDP_SEGMENT",
-        );
+        return skip("segment_limit_lowered_when_kernel_refuses_more_than_64", "no UDP_SEGMENT");
     };
     if max <= 64 {
-        return skip(
-            "segment_limit_lowered_when_kernel_refuses_more_than_64",
-            "kernel limit is already 64",
-        );
+        return skip("segment_limit_lowered_when_kernel_refuses_more_than_64", "kernel limit is already 64");
     }
     let p = pair(SendMode::GsoSendmmsg);
     let sent = datagrams(100, 10);

@@ -10,8 +10,8 @@ use std::time::Duration;
 use common::gso_cases::{self, check_plan, check_socket};
 use common::*;
 use udpx::{
-    Batch, DatagramMeta, EcnCodepoint, Error, Family, KernelCaps, RecvMeta, RecvMode,
-    SendErrorKind, SendMode, Transmit, UdpSocket, Want,
+    Batch, DatagramMeta, EcnCodepoint, Error, Family, KernelCaps, RecvMeta, RecvMode, SendErrorKind, SendMode,
+    Transmit, UdpSocket, Want,
 };
 
 fn kernel_max() -> Option<usize> {
@@ -19,11 +19,7 @@ fn kernel_max() -> Option<usize> {
 }
 
 fn rx_socket(addr: SocketAddr, gro: bool) -> UdpSocket {
-    UdpSocket::builder(addr)
-        .gro(if gro { Want::Required } else { Want::Off })
-        .recv_buffer(16 << 20)
-        .bind()
-        .unwrap()
+    UdpSocket::builder(addr).gro(if gro { Want::Required } else { Want::Off }).recv_buffer(16 << 20).bind().unwrap()
 }
 
 /// A mixed stream: full-size runs, short tails, tiny and empty datagrams.
@@ -48,28 +44,17 @@ fn every_mode(rx_addr: SocketAddr, full: usize) {
             let rx = rx_socket(rx_addr, gro);
             let tx = UdpSocket::builder(rx_addr).send_mode(mode).bind().unwrap();
             let sizes = mixed_sizes(1500, full);
-            let sent: Vec<Vec<u8>> = sizes
-                .iter()
-                .enumerate()
-                .map(|(i, &n)| payload(i as u32, n))
-                .collect();
+            let sent: Vec<Vec<u8>> = sizes.iter().enumerate().map(|(i, &n)| payload(i as u32, n)).collect();
             let what = format!("{mode} gro={gro} {}", rx_addr.ip());
             let got = send_paced(&tx, &rx, &sent, 200, Duration::from_millis(2));
             assert_same(&sent, &got, &what);
             let c = tx.counters();
             assert_eq!(c.datagrams_sent, sent.len() as u64, "{what}");
             if mode.segments() && kernel_max().is_some() {
-                assert!(
-                    c.gso_buffers_sent > 0 && c.datagrams_per_send_call() > 1.0,
-                    "{what}: {c:?}"
-                );
+                assert!(c.gso_buffers_sent > 0 && c.datagrams_per_send_call() > 1.0, "{what}: {c:?}");
             }
             if mode == SendMode::Sendmsg {
-                assert_eq!(
-                    c.send_calls,
-                    sent.len() as u64,
-                    "{what}: one call per datagram"
-                );
+                assert_eq!(c.send_calls, sent.len() as u64, "{what}: one call per datagram");
             }
             if gro && mode.segments() {
                 // Loopback delivers a GSO buffer whole to a GRO socket.
@@ -106,10 +91,7 @@ fn gso_edge_cases_loopback() {
         return skip("gso_edge_cases_loopback", "no UDP_SEGMENT in this kernel");
     };
     for connected in [false, true] {
-        for case in gso_cases::cases(max)
-            .into_iter()
-            .filter(|c| !c.mtu1500_only)
-        {
+        for case in gso_cases::cases(max).into_iter().filter(|c| !c.mtu1500_only) {
             let addr = if case.v6 { lo6() } else { lo4() };
             let rx = rx_socket(addr, false);
             let mut cfg = UdpSocket::builder(addr).send_mode(SendMode::GsoSendmmsg);
@@ -125,18 +107,11 @@ fn gso_edge_cases_loopback() {
 #[test]
 fn wrong_family_is_refused() {
     let tx = UdpSocket::bind(lo4()).unwrap();
-    let e = tx
-        .send(&[Transmit::new("[::1]:9".parse().unwrap(), b"x")])
-        .unwrap_err();
-    assert!(
-        matches!(e.kind, SendErrorKind::Invalid { index: 0, .. }),
-        "{e}"
-    );
+    let e = tx.send(&[Transmit::new("[::1]:9".parse().unwrap(), b"x")]).unwrap_err();
+    assert!(matches!(e.kind, SendErrorKind::Invalid { index: 0, .. }), "{e}");
     assert!(e.to_string().contains("IPv4"), "{e}");
     let tx6 = UdpSocket::builder(lo6()).v6_only(true).bind().unwrap();
-    let e = tx6
-        .send(&[Transmit::new("127.0.0.1:9".parse().unwrap(), b"x")])
-        .unwrap_err();
+    let e = tx6.send(&[Transmit::new("127.0.0.1:9".parse().unwrap(), b"x")]).unwrap_err();
     assert!(matches!(e.kind, SendErrorKind::Invalid { .. }), "{e}");
 }
 
@@ -144,41 +119,25 @@ fn wrong_family_is_refused() {
 fn dual_stack_reaches_ipv4_and_reports_plain_v4() {
     let rx4 = rx_socket(lo4(), false);
     let rx6 = rx_socket(lo6(), false);
-    let tx = UdpSocket::builder("[::]:0".parse().unwrap())
-        .bind()
-        .unwrap();
+    let tx = UdpSocket::builder("[::]:0".parse().unwrap()).bind().unwrap();
     assert_eq!(tx.family(), Family::DualStack);
-    tx.send(&[
-        Transmit::new(rx4.local_addr(), b"four"),
-        Transmit::new(rx6.local_addr(), b"six"),
-    ])
-    .unwrap();
+    tx.send(&[Transmit::new(rx4.local_addr(), b"four"), Transmit::new(rx6.local_addr(), b"six")]).unwrap();
     let g4 = receive(&rx4, 1, Duration::from_millis(300), Duration::from_secs(2));
     let g6 = receive(&rx6, 1, Duration::from_millis(300), Duration::from_secs(2));
     assert_eq!(g4.datagrams, vec![b"four".to_vec()]);
     assert_eq!(g6.datagrams, vec![b"six".to_vec()]);
-    assert!(
-        g4.metas[0].addr.is_ipv4(),
-        "sender seen as {}",
-        g4.metas[0].addr
-    );
+    assert!(g4.metas[0].addr.is_ipv4(), "sender seen as {}", g4.metas[0].addr);
 }
 
 #[test]
 fn truncation_is_reported_not_hidden() {
-    let rx = UdpSocket::builder(lo4())
-        .recv_mode(RecvMode::Recvmsg)
-        .bind()
-        .unwrap();
+    let rx = UdpSocket::builder(lo4()).recv_mode(RecvMode::Recvmsg).bind().unwrap();
     let tx = UdpSocket::bind(lo4()).unwrap();
-    tx.send(&[Transmit::new(rx.local_addr(), &[7u8; 500])])
-        .unwrap();
+    tx.send(&[Transmit::new(rx.local_addr(), &[7u8; 500])]).unwrap();
     rx.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
     let mut buf = [0u8; 100];
     let mut meta = [RecvMeta::default()];
-    let n = rx
-        .recv(&mut [IoSliceMut::new(&mut buf)], &mut meta)
-        .unwrap();
+    let n = rx.recv(&mut [IoSliceMut::new(&mut buf)], &mut meta).unwrap();
     assert_eq!(n, 1);
     assert!(meta[0].truncated);
     assert_eq!(meta[0].len, 100);
@@ -192,45 +151,21 @@ fn gro_refuses_small_buffers() {
     }
     let rx = rx_socket(lo4(), true);
     let mut buf = [0u8; 2048];
-    let err = rx
-        .recv(&mut [IoSliceMut::new(&mut buf)], &mut [RecvMeta::default()])
-        .unwrap_err();
+    let err = rx.recv(&mut [IoSliceMut::new(&mut buf)], &mut [RecvMeta::default()]).unwrap_err();
     assert_eq!(err.kind(), std::io::ErrorKind::InvalidInput);
     let inner = err.get_ref().and_then(|e| e.downcast_ref::<Error>());
-    assert!(
-        matches!(
-            inner,
-            Some(Error::RecvBufferTooSmall {
-                len: 2048,
-                need: 65536
-            })
-        ),
-        "{err}"
-    );
+    assert!(matches!(inner, Some(Error::RecvBufferTooSmall { len: 2048, need: 65536 })), "{err}");
 }
 
 #[test]
 fn pktinfo_and_ecn_round_trip() {
     for addr in [lo4(), lo6()] {
-        let rx = UdpSocket::builder(addr)
-            .pktinfo(Want::Required)
-            .ecn(Want::Required)
-            .bind()
-            .unwrap();
-        let tx = UdpSocket::builder(addr)
-            .pktinfo(Want::Required)
-            .bind()
-            .unwrap();
-        let meta = DatagramMeta {
-            src_ip: Some(addr.ip()),
-            ecn: Some(EcnCodepoint::Ect0),
-            departure: None,
-        };
+        let rx = UdpSocket::builder(addr).pktinfo(Want::Required).ecn(Want::Required).bind().unwrap();
+        let tx = UdpSocket::builder(addr).pktinfo(Want::Required).bind().unwrap();
+        let meta = DatagramMeta { src_ip: Some(addr.ip()), ecn: Some(EcnCodepoint::Ect0), departure: None };
         let mut batch = Batch::for_socket(&tx);
         for i in 0..3u32 {
-            batch
-                .push_with(rx.local_addr(), meta, &payload(i, 100))
-                .unwrap();
+            batch.push_with(rx.local_addr(), meta, &payload(i, 100)).unwrap();
         }
         tx.send(&batch.transmits()).unwrap();
         let got = receive(&rx, 3, Duration::from_millis(300), Duration::from_secs(2));
@@ -247,28 +182,18 @@ fn pktinfo_and_ecn_round_trip() {
 fn kernel_drops_are_surfaced() {
     // A receiver with a tiny buffer that nobody drains: the kernel drops, and says so.
     let rx = UdpSocket::builder(lo4()).recv_buffer(4096).bind().unwrap();
-    let tx = UdpSocket::builder(lo4())
-        .send_mode(SendMode::Sendmmsg)
-        .bind()
-        .unwrap();
+    let tx = UdpSocket::builder(lo4()).send_mode(SendMode::Sendmmsg).bind().unwrap();
     let d = vec![1u8; 1000];
-    let ts: Vec<Transmit<'_>> = (0..200)
-        .map(|_| Transmit::new(rx.local_addr(), &d))
-        .collect();
+    let ts: Vec<Transmit<'_>> = (0..200).map(|_| Transmit::new(rx.local_addr(), &d)).collect();
     tx.send(&ts).unwrap();
     let got = receive(&rx, 200, Duration::from_millis(200), Duration::from_secs(2));
     assert!(got.datagrams.len() < 200);
     // The kernel stamps its drop count on datagrams queued after the drops: send one more.
-    tx.send(&[Transmit::new(rx.local_addr(), b"after")])
-        .unwrap();
+    tx.send(&[Transmit::new(rx.local_addr(), b"after")]).unwrap();
     let after = receive(&rx, 1, Duration::from_millis(200), Duration::from_secs(2));
     assert_eq!(after.datagrams, vec![b"after".to_vec()]);
     let drops = after.metas[0].kernel_drops.unwrap_or(0);
-    assert_eq!(
-        drops as usize,
-        200 - got.datagrams.len(),
-        "SO_RXQ_OVFL must account for every lost datagram"
-    );
+    assert_eq!(drops as usize, 200 - got.datagrams.len(), "SO_RXQ_OVFL must account for every lost datagram");
     assert_eq!(rx.counters().kernel_drops, drops as u64);
 }
 
@@ -289,27 +214,14 @@ fn gso_refused_falls_back_and_loses_nothing() {
             batch.push(rx.local_addr(), d).unwrap();
         }
         let got = std::thread::scope(|s| {
-            let h = s.spawn(|| {
-                receive(
-                    &rx,
-                    sent.len(),
-                    Duration::from_millis(500),
-                    Duration::from_secs(5),
-                )
-            });
+            let h = s.spawn(|| receive(&rx, sent.len(), Duration::from_millis(500), Duration::from_secs(5)));
             tx.send(&batch.transmits()).unwrap();
             h.join().unwrap()
         });
         assert_same(&sent, &got, mode.name());
         let caps = tx.capabilities();
         assert!(!caps.gso, "GSO must be off after the refusal");
-        assert!(
-            caps.gso_off_reason
-                .as_deref()
-                .unwrap_or("")
-                .contains("Invalid argument"),
-            "{caps}"
-        );
+        assert!(caps.gso_off_reason.as_deref().unwrap_or("").contains("Invalid argument"), "{caps}");
         let c = tx.counters();
         assert_eq!(c.gso_fallbacks, 1);
         assert_eq!(c.datagrams_sent, 300);
@@ -317,19 +229,10 @@ fn gso_refused_falls_back_and_loses_nothing() {
         batch = Batch::for_socket(&tx);
         batch.push(rx.local_addr(), &[1; 100]).unwrap();
         batch.push(rx.local_addr(), &[2; 100]).unwrap();
-        assert_eq!(
-            batch.len(),
-            2,
-            "a batch planned after the fallback does not segment"
-        );
+        assert_eq!(batch.len(), 2, "a batch planned after the fallback does not segment");
         tx.send(&batch.transmits()).unwrap();
         assert_eq!(tx.counters().gso_fallbacks, 1);
-        assert_eq!(
-            receive(&rx, 2, Duration::from_millis(300), Duration::from_secs(2))
-                .datagrams
-                .len(),
-            2
-        );
+        assert_eq!(receive(&rx, 2, Duration::from_millis(300), Duration::from_secs(2)).datagrams.len(), 2);
     }
 }
 
@@ -339,8 +242,7 @@ fn adopt_existing_socket() {
     let rx = UdpSocket::adopt(&std_rx, udpx::SocketConfig::new(lo4())).unwrap();
     assert_eq!(rx.local_addr(), std_rx.local_addr().unwrap());
     let tx = UdpSocket::bind(lo4()).unwrap();
-    tx.send(&[Transmit::new(rx.local_addr(), b"adopted")])
-        .unwrap();
+    tx.send(&[Transmit::new(rx.local_addr(), b"adopted")]).unwrap();
     let got = receive(&rx, 1, Duration::from_millis(300), Duration::from_secs(2));
     assert_eq!(got.datagrams, vec![b"adopted".to_vec()]);
     // A TCP socket is refused with a clear error.
@@ -359,10 +261,7 @@ fn required_feature_missing_is_a_clear_error() {
         assert!(r.unwrap().capabilities().gro);
     } else {
         let e = r.unwrap_err();
-        assert!(
-            matches!(e, Error::Unsupported { .. }) && e.to_string().contains("IfAvailable"),
-            "{e}"
-        );
+        assert!(matches!(e, Error::Unsupported { .. }) && e.to_string().contains("IfAvailable"), "{e}");
     }
 }
 
@@ -370,8 +269,6 @@ fn required_feature_missing_is_a_clear_error() {
 fn nonblocking_empty_receive_would_block() {
     let rx = UdpSocket::builder(lo4()).nonblocking(true).bind().unwrap();
     let mut buf = [0u8; 64];
-    let e = rx
-        .recv(&mut [IoSliceMut::new(&mut buf)], &mut [RecvMeta::default()])
-        .unwrap_err();
+    let e = rx.recv(&mut [IoSliceMut::new(&mut buf)], &mut [RecvMeta::default()]).unwrap_err();
     assert_eq!(e.kind(), std::io::ErrorKind::WouldBlock);
 }

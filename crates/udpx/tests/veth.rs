@@ -14,26 +14,12 @@ use udpx::{Batch, KernelCaps, SendMode, UdpSocket, Want};
 use udpx_netns::{skip_unless_capable, Profile, Side, TestNet, TestNetConfig};
 
 fn net(profile: Profile) -> TestNet {
-    let cpus = std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(1);
-    TestNet::setup(&TestNetConfig {
-        profile,
-        mtu: 1500,
-        tx_cpu: None,
-        rx_cpu: Some(cpus - 1),
-    })
-    .expect("set up veth pair")
+    let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    TestNet::setup(&TestNetConfig { profile, mtu: 1500, tx_cpu: None, rx_cpu: Some(cpus - 1) })
+        .expect("set up veth pair")
 }
 
-fn bind_in(
-    net: &TestNet,
-    side: Side,
-    ip: IpAddr,
-    mode: SendMode,
-    gro: bool,
-    connect: Option<SocketAddr>,
-) -> UdpSocket {
+fn bind_in(net: &TestNet, side: Side, ip: IpAddr, mode: SendMode, gro: bool, connect: Option<SocketAddr>) -> UdpSocket {
     let mut cfg = UdpSocket::builder(SocketAddr::new(ip, 0))
         .send_mode(mode)
         .gro(if gro { Want::Required } else { Want::Off })
@@ -41,8 +27,7 @@ fn bind_in(
     if let Some(peer) = connect {
         cfg = cfg.connect(peer);
     }
-    net.ns(side)
-        .run(move || cfg.bind().expect("bind in namespace"))
+    net.ns(side).run(move || cfg.bind().expect("bind in namespace"))
 }
 
 #[test]
@@ -55,24 +40,11 @@ fn gso_edge_cases_veth_mtu_1500() {
     };
     let n = net(Profile::Offload);
     for connected in [false, true] {
-        for case in gso_cases::cases(max)
-            .into_iter()
-            .filter(|c| !c.big_mtu_only)
-        {
-            let (txip, rxip): (IpAddr, IpAddr) = if case.v6 {
-                (n.tx_v6.into(), n.rx_v6.into())
-            } else {
-                (n.tx_v4.into(), n.rx_v4.into())
-            };
+        for case in gso_cases::cases(max).into_iter().filter(|c| !c.big_mtu_only) {
+            let (txip, rxip): (IpAddr, IpAddr) =
+                if case.v6 { (n.tx_v6.into(), n.rx_v6.into()) } else { (n.tx_v4.into(), n.rx_v4.into()) };
             let rx = bind_in(&n, Side::Rx, rxip, SendMode::Sendmsg, false, None);
-            let tx = bind_in(
-                &n,
-                Side::Tx,
-                txip,
-                SendMode::GsoSendmmsg,
-                false,
-                connected.then(|| rx.local_addr()),
-            );
+            let tx = bind_in(&n, Side::Tx, txip, SendMode::GsoSendmmsg, false, connected.then(|| rx.local_addr()));
             check_socket(&case, &tx, &rx, rx.local_addr());
         }
     }
@@ -85,36 +57,21 @@ fn every_mode_over(profile: Profile) {
     }
     let n = net(profile);
     for v6 in [false, true] {
-        let (txip, rxip, full): (IpAddr, IpAddr, usize) = if v6 {
-            (n.tx_v6.into(), n.rx_v6.into(), 1452)
-        } else {
-            (n.tx_v4.into(), n.rx_v4.into(), 1472)
-        };
+        let (txip, rxip, full): (IpAddr, IpAddr, usize) =
+            if v6 { (n.tx_v6.into(), n.rx_v6.into(), 1452) } else { (n.tx_v4.into(), n.rx_v4.into(), 1472) };
         for gro in [false, true] {
             for mode in SendMode::ALL {
                 let rx = bind_in(&n, Side::Rx, rxip, SendMode::Sendmsg, gro, None);
                 let tx = bind_in(&n, Side::Tx, txip, mode, false, None);
                 let sent: Vec<Vec<u8>> = (0..1200u32)
-                    .map(|i| {
-                        payload(
-                            i,
-                            if i % 101 == 50 {
-                                1 + (i as usize % full)
-                            } else {
-                                full
-                            },
-                        )
-                    })
+                    .map(|i| payload(i, if i % 101 == 50 { 1 + (i as usize % full) } else { full }))
                     .collect();
                 let what = format!("{profile} {mode} gro={gro} v6={v6}");
                 let got = send_paced(&tx, &rx, &sent, 32, Duration::from_millis(2));
                 assert_same(&sent, &got, &what);
                 assert_eq!(tx.counters().datagrams_sent, sent.len() as u64, "{what}");
                 if gro && mode.segments() {
-                    assert!(
-                        got.gro_messages > 0,
-                        "{what}: GRO socket saw no coalesced buffer"
-                    );
+                    assert!(got.gro_messages > 0, "{what}: GRO socket saw no coalesced buffer");
                 }
             }
         }
@@ -138,14 +95,7 @@ fn gso_refused_over_veth_loses_nothing() {
     }
     let n = net(Profile::Offload);
     let rx = bind_in(&n, Side::Rx, n.rx_v4.into(), SendMode::Sendmsg, false, None);
-    let tx = bind_in(
-        &n,
-        Side::Tx,
-        n.tx_v4.into(),
-        SendMode::GsoSendmmsg,
-        false,
-        None,
-    );
+    let tx = bind_in(&n, Side::Tx, n.tx_v4.into(), SendMode::GsoSendmmsg, false, None);
     tx.set_no_check(true).unwrap();
     let sent: Vec<Vec<u8>> = (0..500).map(|i| payload(i, 1472)).collect();
     let got = send_paced(&tx, &rx, &sent, 100, Duration::from_millis(1));
@@ -158,8 +108,7 @@ fn gso_refused_over_veth_loses_nothing() {
 /// drops what exceeds its limit: real EAGAIN and real ENOBUFS.
 fn with_tbf(n: &TestNet, limit: &str) {
     n.tx.exec(&[
-        "tc", "qdisc", "replace", "dev", &n.tx_dev, "root", "tbf", "rate", "200mbit", "burst",
-        "128kb", "limit", limit,
+        "tc", "qdisc", "replace", "dev", &n.tx_dev, "root", "tbf", "rate", "200mbit", "burst", "128kb", "limit", limit,
     ])
     .expect("tbf qdisc");
 }
@@ -180,14 +129,7 @@ fn real_eagain_under_flood_loses_nothing() {
         let tx = n.tx.run(move || cfg.bind().unwrap());
         let sent: Vec<Vec<u8>> = (0..3000).map(|i| payload(i, 1000)).collect();
         let got = std::thread::scope(|s| {
-            let h = s.spawn(|| {
-                receive(
-                    &rx,
-                    sent.len(),
-                    Duration::from_millis(1000),
-                    Duration::from_secs(20),
-                )
-            });
+            let h = s.spawn(|| receive(&rx, sent.len(), Duration::from_millis(1000), Duration::from_secs(20)));
             let mut batch = Batch::for_socket(&tx);
             for d in &sent {
                 batch.push(rx.local_addr(), d).unwrap();
@@ -199,10 +141,7 @@ fn real_eagain_under_flood_loses_nothing() {
                     Ok(k) => from += k,
                     Err(e) if e.is_would_block() => {
                         from += e.sent;
-                        assert!(
-                            tx.wait_writable(Duration::from_secs(5)).unwrap(),
-                            "never writable again"
-                        );
+                        assert!(tx.wait_writable(Duration::from_secs(5)).unwrap(), "never writable again");
                     }
                     Err(e) => panic!("{mode}: {e}"),
                 }
@@ -211,11 +150,7 @@ fn real_eagain_under_flood_loses_nothing() {
         });
         // tbf's watchdog drains the queue from either CPU: order is the path's, not ours.
         assert_same_set(&sent, &got, &format!("EAGAIN {mode}"));
-        assert!(
-            tx.counters().would_block > 0,
-            "{mode}: the flood never met a full buffer: {:?}",
-            tx.counters()
-        );
+        assert!(tx.counters().would_block > 0, "{mode}: the flood never met a full buffer: {:?}", tx.counters());
     }
 }
 
@@ -229,36 +164,17 @@ fn real_enobufs_from_qdisc_is_retried() {
     let n = net(Profile::Offload);
     with_tbf(&n, "8kb");
     let rx = bind_in(&n, Side::Rx, n.rx_v4.into(), SendMode::Sendmsg, false, None);
-    let tx = bind_in(
-        &n,
-        Side::Tx,
-        n.tx_v4.into(),
-        SendMode::Sendmmsg,
-        false,
-        None,
-    );
+    let tx = bind_in(&n, Side::Tx, n.tx_v4.into(), SendMode::Sendmmsg, false, None);
     let sent: Vec<Vec<u8>> = (0..2000).map(|i| payload(i, 1000)).collect();
     let got = std::thread::scope(|s| {
-        let h = s.spawn(|| {
-            receive(
-                &rx,
-                sent.len(),
-                Duration::from_millis(1000),
-                Duration::from_secs(20),
-            )
-        });
+        let h = s.spawn(|| receive(&rx, sent.len(), Duration::from_millis(1000), Duration::from_secs(20)));
         let mut batch = Batch::for_socket(&tx);
         for d in &sent {
             batch.push(rx.local_addr(), d).unwrap();
         }
-        tx.send(&batch.transmits())
-            .expect("ENOBUFS must be retried, not reported, at this rate");
+        tx.send(&batch.transmits()).expect("ENOBUFS must be retried, not reported, at this rate");
         h.join().unwrap()
     });
     assert_same_set(&sent, &got, "ENOBUFS");
-    assert!(
-        tx.counters().enobufs_retries > 0,
-        "the qdisc never refused: {:?}",
-        tx.counters()
-    );
+    assert!(tx.counters().enobufs_retries > 0, "the qdisc never refused: {:?}", tx.counters());
 }

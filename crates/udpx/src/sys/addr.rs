@@ -18,10 +18,7 @@ impl SockAddr {
     pub(crate) fn empty() -> Self {
         // SAFETY: sockaddr_storage is plain old data; all-zero is a valid (AF_UNSPEC) value.
         let storage = unsafe { mem::zeroed::<libc::sockaddr_storage>() };
-        SockAddr {
-            storage,
-            len: mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t,
-        }
+        SockAddr { storage, len: mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t }
     }
 
     /// The address as given, in its own family.
@@ -45,10 +42,7 @@ impl SockAddr {
     }
 
     pub(crate) fn as_mut_parts(&mut self) -> (*mut libc::sockaddr, *mut libc::socklen_t) {
-        (
-            (&mut self.storage as *mut libc::sockaddr_storage).cast(),
-            &mut self.len,
-        )
+        ((&mut self.storage as *mut libc::sockaddr_storage).cast(), &mut self.len)
     }
 
     /// The address the kernel wrote, given the length it reported.
@@ -64,9 +58,7 @@ impl SockAddr {
 /// Maps an IPv4 address to `::ffff:a.b.c.d` for an AF_INET6 socket; leaves others alone.
 pub(crate) fn map_for_socket(addr: &SocketAddr, v6_socket: bool) -> SocketAddr {
     match addr {
-        SocketAddr::V4(v4) if v6_socket => {
-            SocketAddr::V6(SocketAddrV6::new(v4.ip().to_ipv6_mapped(), v4.port(), 0, 0))
-        }
+        SocketAddr::V4(v4) if v6_socket => SocketAddr::V6(SocketAddrV6::new(v4.ip().to_ipv6_mapped(), v4.port(), 0, 0)),
         other => *other,
     }
 }
@@ -78,18 +70,12 @@ pub(crate) fn write(addr: &SocketAddr, storage: &mut libc::sockaddr_storage) -> 
             let sin = libc::sockaddr_in {
                 sin_family: libc::AF_INET as libc::sa_family_t,
                 sin_port: a.port().to_be(),
-                sin_addr: libc::in_addr {
-                    s_addr: u32::from_ne_bytes(a.ip().octets()),
-                },
+                sin_addr: libc::in_addr { s_addr: u32::from_ne_bytes(a.ip().octets()) },
                 sin_zero: [0; 8],
             };
             // SAFETY: sockaddr_storage is larger than and aligned at least as strictly as
             // sockaddr_in (both are kernel ABI types designed for this cast).
-            unsafe {
-                (storage as *mut libc::sockaddr_storage)
-                    .cast::<libc::sockaddr_in>()
-                    .write(sin)
-            };
+            unsafe { (storage as *mut libc::sockaddr_storage).cast::<libc::sockaddr_in>().write(sin) };
             mem::size_of::<libc::sockaddr_in>() as libc::socklen_t
         }
         SocketAddr::V6(a) => {
@@ -97,17 +83,11 @@ pub(crate) fn write(addr: &SocketAddr, storage: &mut libc::sockaddr_storage) -> 
                 sin6_family: libc::AF_INET6 as libc::sa_family_t,
                 sin6_port: a.port().to_be(),
                 sin6_flowinfo: a.flowinfo(),
-                sin6_addr: libc::in6_addr {
-                    s6_addr: a.ip().octets(),
-                },
+                sin6_addr: libc::in6_addr { s6_addr: a.ip().octets() },
                 sin6_scope_id: a.scope_id(),
             };
             // SAFETY: as above, for sockaddr_in6.
-            unsafe {
-                (storage as *mut libc::sockaddr_storage)
-                    .cast::<libc::sockaddr_in6>()
-                    .write(sin6)
-            };
+            unsafe { (storage as *mut libc::sockaddr_storage).cast::<libc::sockaddr_in6>().write(sin6) };
             mem::size_of::<libc::sockaddr_in6>() as libc::socklen_t
         }
     }
@@ -121,29 +101,18 @@ pub(crate) fn read(storage: &libc::sockaddr_storage, len: libc::socklen_t) -> Op
         libc::AF_INET if len >= mem::size_of::<libc::sockaddr_in>() => {
             // SAFETY: the family says sockaddr_in and the length covers one; storage is
             // suitably aligned for it.
-            let sin =
-                unsafe { &*(storage as *const libc::sockaddr_storage).cast::<libc::sockaddr_in>() };
+            let sin = unsafe { &*(storage as *const libc::sockaddr_storage).cast::<libc::sockaddr_in>() };
             let ip = Ipv4Addr::from(sin.sin_addr.s_addr.to_ne_bytes());
-            Some(SocketAddr::V4(SocketAddrV4::new(
-                ip,
-                u16::from_be(sin.sin_port),
-            )))
+            Some(SocketAddr::V4(SocketAddrV4::new(ip, u16::from_be(sin.sin_port))))
         }
         libc::AF_INET6 if len >= mem::size_of::<libc::sockaddr_in6>() => {
             // SAFETY: as above, for sockaddr_in6.
-            let sin6 = unsafe {
-                &*(storage as *const libc::sockaddr_storage).cast::<libc::sockaddr_in6>()
-            };
+            let sin6 = unsafe { &*(storage as *const libc::sockaddr_storage).cast::<libc::sockaddr_in6>() };
             let ip = Ipv6Addr::from(sin6.sin6_addr.s6_addr);
             let port = u16::from_be(sin6.sin6_port);
             Some(match ip.to_ipv4_mapped() {
                 Some(v4) => SocketAddr::V4(SocketAddrV4::new(v4, port)),
-                None => SocketAddr::V6(SocketAddrV6::new(
-                    ip,
-                    port,
-                    sin6.sin6_flowinfo,
-                    sin6.sin6_scope_id,
-                )),
+                None => SocketAddr::V6(SocketAddrV6::new(ip, port, sin6.sin6_flowinfo, sin6.sin6_scope_id)),
             })
         }
         _ => None,
@@ -156,11 +125,8 @@ mod tests {
 
     #[test]
     fn round_trip_v4_v6_and_mapped() {
-        let cases: [SocketAddr; 3] = [
-            "192.0.2.7:4433".parse().unwrap(),
-            "[2001:db8::9]:53".parse().unwrap(),
-            "[fe80::1%3]:1".parse().unwrap(),
-        ];
+        let cases: [SocketAddr; 3] =
+            ["192.0.2.7:4433".parse().unwrap(), "[2001:db8::9]:53".parse().unwrap(), "[fe80::1%3]:1".parse().unwrap()];
         for a in cases {
             assert_eq!(SockAddr::from_std(&a).to_std(), Some(a));
             // A v6 socket sees v4 as mapped; reading back gives plain v4 again.

@@ -74,6 +74,9 @@ pub enum Cmsg {
     TxTime(u64),
     /// `SOL_SOCKET/SO_RXQ_OVFL`: datagrams the kernel dropped on this socket so far.
     RxqOvfl(u32),
+    /// `IP_RECVERR` / `IPV6_RECVERR` from the error queue: a `sock_extended_err` (ICMP errors,
+    /// and zerocopy completions with origin [`SO_EE_ORIGIN_ZEROCOPY`]).
+    ExtErr(ExtErr),
     /// Anything else, or a known type whose length is wrong.
     Unknown {
         /// `cmsg_level`.
@@ -95,10 +98,60 @@ impl Cmsg {
             Cmsg::PktInfoV6 { .. } => mem::size_of::<libc::in6_pktinfo>(),
             Cmsg::TxTime(_) => mem::size_of::<u64>(),
             Cmsg::RxqOvfl(_) => mem::size_of::<u32>(),
+            Cmsg::ExtErr(_) => ExtErr::LEN,
             Cmsg::Unknown { len, .. } => *len,
         };
         // SAFETY: CMSG_SPACE is pure arithmetic on its argument.
         unsafe { libc::CMSG_SPACE(data as u32) as usize }
+    }
+}
+
+/// `SO_EE_ORIGIN_ZEROCOPY` (`include/uapi/linux/errqueue.h`).
+pub const SO_EE_ORIGIN_ZEROCOPY: u8 = 5;
+/// `SO_EE_CODE_ZEROCOPY_COPIED`: the kernel copied the data after all.
+pub const SO_EE_CODE_ZEROCOPY_COPIED: u8 = 1;
+
+/// `struct sock_extended_err` (`include/uapi/linux/errqueue.h`), 16 bytes:
+///
+/// ```text
+///  ee_errno u32 │ ee_origin u8 │ ee_type u8 │ ee_code u8 │ ee_pad u8 │ ee_info u32 │ ee_data u32
+/// ```
+///
+/// For a zerocopy completion `ee_errno` is 0, `ee_origin` [`SO_EE_ORIGIN_ZEROCOPY`], and the
+/// completed send ids are the inclusive range `ee_info..=ee_data` (32-bit, wrapping).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ExtErr {
+    /// The error (0 for a zerocopy completion).
+    pub errno: u32,
+    /// Where it comes from (ICMP = 2, ICMP6 = 3, zerocopy = 5, ...).
+    pub origin: u8,
+    /// ICMP type.
+    pub ty: u8,
+    /// ICMP code, or zerocopy flags.
+    pub code: u8,
+    /// First id (zerocopy) or extra info.
+    pub info: u32,
+    /// Last id (zerocopy) or extra data.
+    pub data: u32,
+}
+
+impl ExtErr {
+    const LEN: usize = 16;
+
+    fn to_bytes(self) -> [u8; 16] {
+        let mut b = [0u8; 16];
+        b[0..4].copy_from_slice(&self.errno.to_ne_bytes());
+        b[4] = self.origin;
+        b[5] = self.ty;
+        b[6] = self.code;
+        b[8..12].copy_from_slice(&self.info.to_ne_bytes());
+        b[12..16].copy_from_slice(&self.data.to_ne_bytes());
+        b
+    }
+
+    fn from_bytes(d: &[u8]) -> Option<Self> {
+        let u = |i: usize| d.get(i..i + 4).and_then(|x| x.try_into().ok()).map(u32::from_ne_bytes);
+        Some(ExtErr { errno: u(0)?, origin: *d.get(4)?, ty: *d.get(5)?, code: *d.get(6)?, info: u(8)?, data: u(12)? })
     }
 }
 
@@ -140,31 +193,25 @@ impl<'a> Encoder<'a> {
             Cmsg::Segment(v) => self.push_raw(SOL_UDP, UDP_SEGMENT, v),
             Cmsg::Gro(v) => self.push_raw(SOL_UDP, UDP_GRO, v as libc::c_int),
             Cmsg::Tos(v) => self.push_raw(libc::IPPROTO_IP, libc::IP_TOS, v as libc::c_int),
-            Cmsg::TClass(v) => {
-                self.push_raw(libc::IPPROTO_IPV6, libc::IPV6_TCLASS, v as libc::c_int)
-            }
+            Cmsg::TClass(v) => self.push_raw(libc::IPPROTO_IPV6, libc::IPV6_TCLASS, v as libc::c_int),
             Cmsg::PktInfoV4 { ifindex, addr } => {
                 let info = libc::in_pktinfo {
                     ipi_ifindex: ifindex as libc::c_int,
                     // ipi_spec_dst sets the source address of the outgoing datagram.
-                    ipi_spec_dst: libc::in_addr {
-                        s_addr: u32::from_ne_bytes(addr.octets()),
-                    },
+                    ipi_spec_dst: libc::in_addr { s_addr: u32::from_ne_bytes(addr.octets()) },
                     ipi_addr: libc::in_addr { s_addr: 0 },
                 };
                 self.push_raw(libc::IPPROTO_IP, libc::IP_PKTINFO, info)
             }
             Cmsg::PktInfoV6 { ifindex, addr } => {
-                let info = libc::in6_pktinfo {
-                    ipi6_addr: libc::in6_addr {
-                        s6_addr: addr.octets(),
-                    },
-                    ipi6_ifindex: ifindex,
-                };
+                let info =
+                    libc::in6_pktinfo { ipi6_addr: libc::in6_addr { s6_addr: addr.octets() }, ipi6_ifindex: ifindex };
                 self.push_raw(libc::IPPROTO_IPV6, libc::IPV6_PKTINFO, info)
             }
             Cmsg::TxTime(t) => self.push_raw(libc::SOL_SOCKET, SO_TXTIME, t),
             Cmsg::RxqOvfl(v) => self.push_raw(libc::SOL_SOCKET, SO_RXQ_OVFL, v),
+            // Only the kernel sends these; encoded for tests (IPv4 level).
+            Cmsg::ExtErr(e) => self.push_bytes(libc::IPPROTO_IP, libc::IP_RECVERR, &e.to_bytes()),
             Cmsg::Unknown { level, ty, len } => {
                 // Only used by tests: data of `len` zero bytes.
                 let zeros = [0u8; 64];
@@ -177,9 +224,7 @@ impl<'a> Encoder<'a> {
     fn push_raw<T: Copy>(&mut self, level: libc::c_int, ty: libc::c_int, value: T) {
         // SAFETY: T is one of the plain-old-data types above (integers, in_pktinfo,
         // in6_pktinfo); viewing its bytes is sound (no padding in any of them).
-        let bytes = unsafe {
-            std::slice::from_raw_parts((&value as *const T).cast::<u8>(), mem::size_of::<T>())
-        };
+        let bytes = unsafe { std::slice::from_raw_parts((&value as *const T).cast::<u8>(), mem::size_of::<T>()) };
         self.push_bytes(level, ty, bytes)
     }
 
@@ -253,11 +298,7 @@ pub(crate) fn decode(hdr: &libc::msghdr, mut f: impl FnMut(Cmsg)) {
         let avail = end.saturating_sub(data as usize);
         if claimed > avail {
             // A header that claims more than the buffer holds (truncated control data).
-            f(Cmsg::Unknown {
-                level: c.cmsg_level,
-                ty: c.cmsg_type,
-                len: avail,
-            });
+            f(Cmsg::Unknown { level: c.cmsg_level, ty: c.cmsg_type, len: avail });
             return;
         }
         // SAFETY: `claimed` bytes from `data` are inside the control buffer (checked above).
@@ -302,20 +343,14 @@ fn classify(level: i32, ty: i32, d: &[u8]) -> Cmsg {
     fn arr<const N: usize>(d: &[u8]) -> Option<[u8; N]> {
         d.get(..N)?.try_into().ok()
     }
-    let unknown = Cmsg::Unknown {
-        level,
-        ty,
-        len: d.len(),
-    };
+    let unknown = Cmsg::Unknown { level, ty, len: d.len() };
     let int = || arr::<4>(d).map(i32::from_ne_bytes);
     match (level, ty) {
         (SOL_UDP, UDP_SEGMENT) if d.len() == 2 => Cmsg::Segment(u16::from_ne_bytes([d[0], d[1]])),
         // The kernel writes UDP_GRO as an int; accept a u16 too.
         (SOL_UDP, UDP_GRO) => match d.len() {
             2 => Cmsg::Gro(u16::from_ne_bytes([d[0], d[1]])),
-            4 => int()
-                .and_then(|v| u16::try_from(v).ok())
-                .map_or(unknown, Cmsg::Gro),
+            4 => int().and_then(|v| u16::try_from(v).ok()).map_or(unknown, Cmsg::Gro),
             _ => unknown,
         },
         (libc::IPPROTO_IP, libc::IP_TOS) => match d.len() {
@@ -323,9 +358,7 @@ fn classify(level: i32, ty: i32, d: &[u8]) -> Cmsg {
             4 => Cmsg::Tos(int().unwrap_or(0) as u8),
             _ => unknown,
         },
-        (libc::IPPROTO_IPV6, libc::IPV6_TCLASS) if d.len() == 4 => {
-            Cmsg::TClass(int().unwrap_or(0) as u8)
-        }
+        (libc::IPPROTO_IPV6, libc::IPV6_TCLASS) if d.len() == 4 => Cmsg::TClass(int().unwrap_or(0) as u8),
         (libc::IPPROTO_IP, libc::IP_PKTINFO) if d.len() == mem::size_of::<libc::in_pktinfo>() => {
             // in_pktinfo: ifindex (4), spec_dst (4), addr (4). On receive `ipi_addr` is the
             // header's destination address; on send `ipi_spec_dst` is the source. The decoder
@@ -336,15 +369,17 @@ fn classify(level: i32, ty: i32, d: &[u8]) -> Cmsg {
             let addr = if dst.is_unspecified() { spec } else { dst };
             Cmsg::PktInfoV4 { ifindex, addr }
         }
-        (libc::IPPROTO_IPV6, libc::IPV6_PKTINFO)
-            if d.len() == mem::size_of::<libc::in6_pktinfo>() =>
-        {
+        (libc::IPPROTO_IPV6, libc::IPV6_PKTINFO) if d.len() == mem::size_of::<libc::in6_pktinfo>() => {
             let addr = Ipv6Addr::from(arr::<16>(d).unwrap_or_default());
             let ifindex = u32::from_ne_bytes(arr::<4>(&d[16..]).unwrap_or_default());
             Cmsg::PktInfoV6 { ifindex, addr }
         }
         (libc::SOL_SOCKET, SO_TXTIME) if d.len() == 8 => {
             Cmsg::TxTime(u64::from_ne_bytes(arr::<8>(d).unwrap_or_default()))
+        }
+        (libc::IPPROTO_IP, libc::IP_RECVERR) | (libc::IPPROTO_IPV6, libc::IPV6_RECVERR) if d.len() >= ExtErr::LEN => {
+            // The extended error may be followed by the offender's address.
+            ExtErr::from_bytes(d).map_or(unknown, Cmsg::ExtErr)
         }
         (libc::SOL_SOCKET, SO_RXQ_OVFL) if d.len() == 4 => {
             Cmsg::RxqOvfl(u32::from_ne_bytes(arr::<4>(d).unwrap_or_default()))
@@ -364,25 +399,16 @@ mod tests {
             any::<u16>().prop_map(Cmsg::Gro),
             any::<u8>().prop_map(Cmsg::Tos),
             any::<u8>().prop_map(Cmsg::TClass),
-            (
-                any::<u32>(),
-                any::<[u8; 4]>().prop_filter("set", |a| *a != [0; 4])
-            )
-                .prop_map(|(i, a)| Cmsg::PktInfoV4 {
-                    ifindex: i & 0x7fff_ffff,
-                    addr: Ipv4Addr::from(a)
-                }),
-            (any::<u32>(), any::<[u8; 16]>()).prop_map(|(i, a)| Cmsg::PktInfoV6 {
-                ifindex: i,
-                addr: Ipv6Addr::from(a)
-            }),
+            (any::<u32>(), any::<[u8; 4]>().prop_filter("set", |a| *a != [0; 4]))
+                .prop_map(|(i, a)| Cmsg::PktInfoV4 { ifindex: i & 0x7fff_ffff, addr: Ipv4Addr::from(a) }),
+            (any::<u32>(), any::<[u8; 16]>())
+                .prop_map(|(i, a)| Cmsg::PktInfoV6 { ifindex: i, addr: Ipv6Addr::from(a) }),
             any::<u64>().prop_map(Cmsg::TxTime),
             any::<u32>().prop_map(Cmsg::RxqOvfl),
-            (0usize..40).prop_map(|len| Cmsg::Unknown {
-                level: 9999,
-                ty: 7,
-                len
-            }),
+            (any::<u32>(), any::<u8>(), any::<u8>(), any::<u8>(), any::<u32>(), any::<u32>()).prop_map(
+                |(errno, origin, ty, code, info, data)| Cmsg::ExtErr(ExtErr { errno, origin, ty, code, info, data })
+            ),
+            (0usize..40).prop_map(|len| Cmsg::Unknown { level: 9999, ty: 7, len }),
         ]
     }
 

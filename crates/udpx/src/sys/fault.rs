@@ -29,10 +29,7 @@ impl Faults {
     /// Queues a fault for a later send call.
     #[cfg(feature = "fault-injection")]
     pub(crate) fn push(&self, f: Fault) {
-        self.queue
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push_back(f);
+        self.queue.lock().unwrap_or_else(|e| e.into_inner()).push_back(f);
     }
 
     /// Takes the next fault, if any.
@@ -40,10 +37,7 @@ impl Faults {
     pub(crate) fn next(&self) -> Option<Fault> {
         #[cfg(feature = "fault-injection")]
         {
-            self.queue
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .pop_front()
+            self.queue.lock().unwrap_or_else(|e| e.into_inner()).pop_front()
         }
         #[cfg(not(feature = "fault-injection"))]
         {

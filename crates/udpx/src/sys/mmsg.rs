@@ -83,13 +83,10 @@ impl SendScratch {
         v6_socket: bool,
         msgs: &[OutMsg<'_>],
         mmsg: bool,
+        flags: libc::c_int,
         faults: &Faults,
     ) -> io::Result<usize> {
-        let mut n = if mmsg {
-            msgs.len().min(BATCH)
-        } else {
-            msgs.len().min(1)
-        };
+        let mut n = if mmsg { msgs.len().min(BATCH) } else { msgs.len().min(1) };
         if n == 0 {
             return Ok(0);
         }
@@ -103,16 +100,16 @@ impl SendScratch {
         }
         if mmsg {
             // sendmmsg(sockfd, msgvec, vlen, flags): msgvec[0..vlen] are initialized headers
-            // whose pointers target live buffers (filled above); flags 0 (blocking behaviour
-            // follows O_NONBLOCK).
+            // whose pointers target live buffers (filled above); flags: 0 or MSG_ZEROCOPY
+            // (blocking behaviour follows O_NONBLOCK).
             let sent = retry(|| {
                 // SAFETY: see the comment above; hdrs has BATCH ≥ n entries.
-                cvt(unsafe { libc::sendmmsg(fd.as_raw_fd(), self.hdrs.as_mut_ptr(), n as u32, 0) })
+                cvt(unsafe { libc::sendmmsg(fd.as_raw_fd(), self.hdrs.as_mut_ptr(), n as u32, flags) })
             })?;
             Ok(sent as usize)
         } else {
             // SAFETY: hdrs[0].msg_hdr was filled above with pointers into live buffers.
-            retry(|| cvt(unsafe { libc::sendmsg(fd.as_raw_fd(), &self.hdrs[0].msg_hdr, 0) }))?;
+            retry(|| cvt(unsafe { libc::sendmsg(fd.as_raw_fd(), &self.hdrs[0].msg_hdr, flags) }))?;
             Ok(1)
         }
     }
@@ -128,10 +125,7 @@ impl SendScratch {
             hdr.msg_namelen = self.names[i].len();
         }
         // The kernel only reads from iov_base on send; the cast to *mut is what iovec wants.
-        self.iovs[i] = libc::iovec {
-            iov_base: m.payload.as_ptr() as *mut libc::c_void,
-            iov_len: m.payload.len(),
-        };
+        self.iovs[i] = libc::iovec { iov_base: m.payload.as_ptr() as *mut libc::c_void, iov_len: m.payload.len() };
         hdr.msg_iov = &mut self.iovs[i];
         hdr.msg_iovlen = 1;
         let to_v4 = m.dst.is_ipv4() || !v6_socket;
@@ -147,11 +141,7 @@ impl SendScratch {
             None => {}
         }
         if let Some(ecn) = m.ecn {
-            enc.push(&if to_v4 {
-                Cmsg::Tos(ecn)
-            } else {
-                Cmsg::TClass(ecn)
-            });
+            enc.push(&if to_v4 { Cmsg::Tos(ecn) } else { Cmsg::TClass(ecn) });
         }
         if let Some(t) = m.txtime {
             enc.push(&Cmsg::TxTime(t));

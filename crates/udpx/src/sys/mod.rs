@@ -17,6 +17,7 @@
 
 pub(crate) mod addr;
 pub mod cmsg;
+pub(crate) mod errqueue;
 pub mod fault;
 pub(crate) mod mmsg;
 
@@ -94,23 +95,11 @@ pub(crate) fn setsockopt<T: Copy>(
 }
 
 /// `getsockopt(2)` for an `int`-valued option.
-pub(crate) fn getsockopt_int(
-    fd: BorrowedFd<'_>,
-    level: libc::c_int,
-    name: libc::c_int,
-) -> io::Result<libc::c_int> {
+pub(crate) fn getsockopt_int(fd: BorrowedFd<'_>, level: libc::c_int, name: libc::c_int) -> io::Result<libc::c_int> {
     let mut value: libc::c_int = 0;
     let mut len = mem::size_of::<libc::c_int>() as libc::socklen_t;
     // SAFETY: `value` and `len` are valid for writes; len says how many bytes value holds.
-    cvt(unsafe {
-        libc::getsockopt(
-            fd.as_raw_fd(),
-            level,
-            name,
-            (&mut value as *mut libc::c_int).cast(),
-            &mut len,
-        )
-    })?;
+    cvt(unsafe { libc::getsockopt(fd.as_raw_fd(), level, name, (&mut value as *mut libc::c_int).cast(), &mut len) })?;
     Ok(value)
 }
 
@@ -129,10 +118,7 @@ pub(crate) fn connect(fd: BorrowedFd<'_>, addr: &std::net::SocketAddr) -> io::Re
 }
 
 /// `getsockname(2)` or `getpeername(2)`.
-pub(crate) fn local_or_peer(
-    fd: BorrowedFd<'_>,
-    peer: bool,
-) -> io::Result<Option<std::net::SocketAddr>> {
+pub(crate) fn local_or_peer(fd: BorrowedFd<'_>, peer: bool) -> io::Result<Option<std::net::SocketAddr>> {
     let mut raw = addr::SockAddr::empty();
     let (ptr, len) = raw.as_mut_parts();
     let res = if peer {
@@ -154,11 +140,7 @@ pub(crate) fn local_or_peer(
 pub(crate) fn set_nonblocking(fd: BorrowedFd<'_>, on: bool) -> io::Result<()> {
     // SAFETY: F_GETFL takes no argument and only reads the descriptor's flags.
     let flags = cvt(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) })?;
-    let new = if on {
-        flags | libc::O_NONBLOCK
-    } else {
-        flags & !libc::O_NONBLOCK
-    };
+    let new = if on { flags | libc::O_NONBLOCK } else { flags & !libc::O_NONBLOCK };
     if new != flags {
         // SAFETY: F_SETFL takes an int flag set, which we pass.
         cvt(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, new) })?;
@@ -167,11 +149,7 @@ pub(crate) fn set_nonblocking(fd: BorrowedFd<'_>, on: bool) -> io::Result<()> {
 }
 
 /// `SO_RCVTIMEO` / `SO_SNDTIMEO`: `None` blocks forever.
-pub(crate) fn set_timeout(
-    fd: BorrowedFd<'_>,
-    name: libc::c_int,
-    t: Option<Duration>,
-) -> io::Result<()> {
+pub(crate) fn set_timeout(fd: BorrowedFd<'_>, name: libc::c_int, t: Option<Duration>) -> io::Result<()> {
     let tv = match t {
         Some(d) => {
             // A zero timeval means "forever" to the kernel: round up to 1 us.
@@ -181,25 +159,14 @@ pub(crate) fn set_timeout(
                 tv_usec: d.subsec_micros() as libc::suseconds_t,
             }
         }
-        None => libc::timeval {
-            tv_sec: 0,
-            tv_usec: 0,
-        },
+        None => libc::timeval { tv_sec: 0, tv_usec: 0 },
     };
     setsockopt(fd, libc::SOL_SOCKET, name, tv)
 }
 
 /// `poll(2)` on one descriptor; returns the `revents` (0 on timeout).
-pub(crate) fn poll_one(
-    fd: BorrowedFd<'_>,
-    events: libc::c_short,
-    timeout: Duration,
-) -> io::Result<libc::c_short> {
-    let mut pfd = libc::pollfd {
-        fd: fd.as_raw_fd(),
-        events,
-        revents: 0,
-    };
+pub(crate) fn poll_one(fd: BorrowedFd<'_>, events: libc::c_short, timeout: Duration) -> io::Result<libc::c_short> {
+    let mut pfd = libc::pollfd { fd: fd.as_raw_fd(), events, revents: 0 };
     let ms = timeout.as_millis().min(libc::c_int::MAX as u128) as libc::c_int;
     // SAFETY: one valid pollfd, count 1.
     retry(|| cvt(unsafe { libc::poll(&mut pfd, 1, ms) }))?;
@@ -208,10 +175,7 @@ pub(crate) fn poll_one(
 
 /// `CLOCK_MONOTONIC` in nanoseconds: the clock `SO_TXTIME` is configured with.
 pub(crate) fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     // SAFETY: `ts` is a valid timespec to write; CLOCK_MONOTONIC always exists on Linux.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     (ts.tv_sec as u64) * 1_000_000_000 + ts.tv_nsec as u64

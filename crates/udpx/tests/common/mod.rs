@@ -13,9 +13,7 @@ use udpx::{Batch, RecvMeta, UdpSocket, GRO_BUFFER};
 /// reordered, duplicated, truncated or corrupted datagram cannot match.
 /// Datagrams of 4 bytes or more start with the sequence number, so no two are alike.
 pub fn payload(seq: u32, len: usize) -> Vec<u8> {
-    let mut d: Vec<u8> = (0..len)
-        .map(|i| (seq.wrapping_mul(31).wrapping_add(i as u32 * 7) % 251) as u8)
-        .collect();
+    let mut d: Vec<u8> = (0..len).map(|i| (seq.wrapping_mul(31).wrapping_add(i as u32 * 7) % 251) as u8).collect();
     if len >= 4 {
         d[..4].copy_from_slice(&seq.to_be_bytes());
     }
@@ -34,8 +32,7 @@ pub struct Received {
 
 /// Receives until `expect` datagrams arrived, or nothing came for `idle`, or `limit` passed.
 pub fn receive(rx: &UdpSocket, expect: usize, idle: Duration, limit: Duration) -> Received {
-    rx.set_read_timeout(Some(Duration::from_millis(50)))
-        .unwrap();
+    rx.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
     let mut bufs: Vec<Vec<u8>> = (0..16).map(|_| vec![0u8; GRO_BUFFER]).collect();
     let mut metas = [RecvMeta::default(); 16];
     let mut out = Received::default();
@@ -64,22 +61,9 @@ pub fn receive(rx: &UdpSocket, expect: usize, idle: Duration, limit: Duration) -
 /// Sends `sent` from `tx` to `rx` through a [`Batch`] in chunks of `chunk` datagrams with
 /// `pause` between chunks (a correctness test paces so no queue on the path overflows),
 /// while a thread receives; returns what arrived.
-pub fn send_paced(
-    tx: &UdpSocket,
-    rx: &UdpSocket,
-    sent: &[Vec<u8>],
-    chunk: usize,
-    pause: Duration,
-) -> Received {
+pub fn send_paced(tx: &UdpSocket, rx: &UdpSocket, sent: &[Vec<u8>], chunk: usize, pause: Duration) -> Received {
     std::thread::scope(|s| {
-        let h = s.spawn(|| {
-            receive(
-                rx,
-                sent.len(),
-                Duration::from_millis(500),
-                Duration::from_secs(10),
-            )
-        });
+        let h = s.spawn(|| receive(rx, sent.len(), Duration::from_millis(500), Duration::from_secs(10)));
         let mut batch = Batch::for_socket(tx);
         for part in sent.chunks(chunk) {
             // Re-planned per chunk: a fallback may have changed the socket's limits.
@@ -97,12 +81,7 @@ pub fn send_paced(
 
 /// Asserts the receiver got exactly `sent`, in order, byte for byte.
 pub fn assert_same(sent: &[Vec<u8>], got: &Received, what: &str) {
-    assert_eq!(
-        got.datagrams.len(),
-        sent.len(),
-        "{what}: datagram count (truncated {})",
-        got.truncated
-    );
+    assert_eq!(got.datagrams.len(), sent.len(), "{what}: datagram count (truncated {})", got.truncated);
     for (i, (a, b)) in sent.iter().zip(&got.datagrams).enumerate() {
         if a != b {
             let at = sent.iter().position(|s| s == b);
@@ -110,7 +89,11 @@ pub fn assert_same(sent: &[Vec<u8>], got: &Received, what: &str) {
                 .iter()
                 .map(|d| sent.iter().position(|s| s == d))
                 .collect();
-            panic!("{what}: datagram {i} differs (sent {} B, got {} B, which is sent #{at:?}; next: {near:?})", a.len(), b.len());
+            panic!(
+                "{what}: datagram {i} differs (sent {} B, got {} B, which is sent #{at:?}; next: {near:?})",
+                a.len(),
+                b.len()
+            );
         }
     }
 }
@@ -124,10 +107,7 @@ pub fn assert_same_set(sent: &[Vec<u8>], got: &Received, what: &str) -> usize {
     let reordered = a.iter().zip(&b).filter(|(x, y)| x != y).count();
     a.sort();
     b.sort();
-    assert!(
-        a == b,
-        "{what}: the datagrams received are not the datagrams sent"
-    );
+    assert!(a == b, "{what}: the datagrams received are not the datagrams sent");
     reordered
 }
 

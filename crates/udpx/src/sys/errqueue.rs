@@ -1,0 +1,49 @@
+//! The socket error queue (`recvmsg(2)` with `MSG_ERRQUEUE`): zerocopy completions and, with
+//! `IP_RECVERR`, ICMP errors.
+//!
+//! From `msg_zerocopy.rst`: "Notifications are read by recvmsg with MSG_ERRQUEUE … The range
+//! ee_info..ee_data (inclusive) of send calls has completed"; reading never blocks
+//! (MSG_ERRQUEUE implies it), and `POLLERR` signals that the queue is non-empty.
+
+use std::io;
+use std::mem;
+use std::os::fd::{AsRawFd, BorrowedFd};
+
+use super::cmsg::{self, Cmsg, CmsgBuf, ExtErr};
+use super::{cvt, retry};
+
+/// Reads every queued error-queue message (up to `max`), calling `f` with each extended error.
+/// Returns how many were read; 0 when the queue is empty.
+pub(crate) fn drain(fd: BorrowedFd<'_>, max: usize, mut f: impl FnMut(ExtErr)) -> io::Result<usize> {
+    let mut n = 0;
+    let mut ctrl = CmsgBuf::default();
+    // The payload of an error-queue message is the original datagram (for ICMP errors); we
+    // only need the control data, so a small buffer with MSG_TRUNC set is fine.
+    let mut data = [0u8; 64];
+    while n < max {
+        let mut iov = libc::iovec { iov_base: data.as_mut_ptr().cast(), iov_len: data.len() };
+        // SAFETY: all-zero is a valid msghdr.
+        let mut hdr: libc::msghdr = unsafe { mem::zeroed() };
+        hdr.msg_iov = &mut iov;
+        hdr.msg_iovlen = 1;
+        hdr.msg_control = ctrl.0.as_mut_ptr().cast();
+        hdr.msg_controllen = cmsg::CMSG_CAP as _;
+        let res = retry(|| {
+            // SAFETY: hdr points at live iovec, data and control buffers for the call.
+            cvt(unsafe { libc::recvmsg(fd.as_raw_fd(), &mut hdr, libc::MSG_ERRQUEUE | libc::MSG_DONTWAIT) })
+        });
+        match res {
+            Ok(_) => {
+                n += 1;
+                cmsg::decode(&hdr, |c| {
+                    if let Cmsg::ExtErr(e) = c {
+                        f(e)
+                    }
+                });
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(n)
+}

@@ -1,0 +1,519 @@
+//! Zerocopy send (`MSG_ZEROCOPY`): owned buffers that come back only after the kernel's
+//! completion, and a policy that turns zerocopy off where the kernel copies anyway.
+//!
+//! ```text
+//!  ZcPool::get ─► ZcBuf (yours: fill it) ─► UdpSocket::send_zerocopy ─► in flight (the
+//!       ▲                                       socket's tracker owns it; you cannot reach it)
+//!       └──────── completion for every id it used (error queue, read by reap_completions)
+//! ```
+//!
+//! - Ownership makes early reuse impossible: a buffer is moved into the send and only the
+//!   tracker can hand it back, when every zerocopy id its send consumed has completed (the
+//!   kernel reports inclusive, 32-bit wrapping id ranges `ee_info..=ee_data`).
+//! - A socket dropped with sends in flight first waits (bounded) for their completions and then
+//!   *leaks* the rest: freed memory reused by the allocator could otherwise go out on the wire.
+//! - Zerocopy pays only for large sends (the paper: GSO super-buffers, cold data). Sends below
+//!   the threshold are copied. When completions keep saying "copied" (local delivery over lo
+//!   and veth always copies; a device without scatter-gather does too), the socket turns
+//!   zerocopy off: the pinning and notification would be pure cost. The change is recorded in
+//!   [`Capabilities`](crate::Capabilities), logged once and counted.
+//! - ENOBUFS on a zerocopy send (optmem exhausted by notifications) sends the same data by
+//!   copying at once, counted. At most `max_inflight` sends are outstanding: past that, a send
+//!   first waits for completions (backpressure instead of ENOBUFS).
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::net::SocketAddr;
+use std::ops::{Deref, DerefMut};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::error::{SendError, SendErrorKind};
+use crate::socket::UdpSocket;
+use crate::sys;
+use crate::sys::cmsg::{SO_EE_CODE_ZEROCOPY_COPIED, SO_EE_ORIGIN_ZEROCOPY};
+use crate::transmit::Transmit;
+
+/// Default size threshold: zerocopy for sends of at least this many bytes (GSO super-buffers).
+pub const DEFAULT_THRESHOLD: usize = 16 << 10;
+/// Default bound on sends in flight.
+pub const DEFAULT_MAX_INFLIGHT: usize = 256;
+/// Consecutive copied completions (with none zerocopied ever) after which zerocopy turns off.
+pub const COPIED_LIMIT: u64 = 8;
+/// How long a dropped socket waits for outstanding completions before leaking the buffers.
+pub const DROP_WAIT: Duration = Duration::from_secs(1);
+
+/// Settings for zerocopy on a socket ([`SocketConfig::zerocopy`](crate::SocketConfig)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ZcConfig {
+    /// Sends of at least this many bytes use MSG_ZEROCOPY; smaller ones are copied.
+    pub threshold: usize,
+    /// Most zerocopy sends in flight.
+    pub max_inflight: usize,
+    /// Turn zerocopy off after this many copied completions in a row when none ever avoided
+    /// the copy; 0 keeps it on regardless (to measure what zerocopy costs where it copies).
+    pub copied_limit: u64,
+}
+
+impl Default for ZcConfig {
+    fn default() -> Self {
+        ZcConfig { threshold: DEFAULT_THRESHOLD, max_inflight: DEFAULT_MAX_INFLIGHT, copied_limit: COPIED_LIMIT }
+    }
+}
+
+struct PoolInner {
+    /// FIFO: a returned buffer goes to the back, so a large pool rotates through all its
+    /// memory (cold data, as the paper's cache-thrashing runs).
+    free: Mutex<VecDeque<Box<[u8]>>>,
+    buf_size: usize,
+}
+
+/// A pool of equal-size send buffers. Clone it freely (it is shared).
+#[derive(Clone)]
+pub struct ZcPool(Arc<PoolInner>);
+
+impl fmt::Debug for ZcPool {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ZcPool").field("buf_size", &self.0.buf_size).field("free", &self.free()).finish()
+    }
+}
+
+impl ZcPool {
+    /// `count` buffers of `buf_size` bytes, allocated (zeroed) now.
+    pub fn new(buf_size: usize, count: usize) -> Self {
+        let free = (0..count).map(|_| vec![0u8; buf_size].into_boxed_slice()).collect();
+        ZcPool(Arc::new(PoolInner { free: Mutex::new(free), buf_size }))
+    }
+
+    /// A free buffer, or `None` when every buffer is in use or in flight.
+    pub fn get(&self) -> Option<ZcBuf> {
+        let data = self.0.free.lock().unwrap_or_else(|e| e.into_inner()).pop_front()?;
+        let len = data.len();
+        Some(ZcBuf { data: Some(data), len, pool: self.0.clone() })
+    }
+
+    /// Free buffers now.
+    pub fn free(&self) -> usize {
+        self.0.free.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    /// Size of every buffer.
+    pub fn buf_size(&self) -> usize {
+        self.0.buf_size
+    }
+}
+
+/// A buffer from a [`ZcPool`]. Dropping it returns it to the pool; sending it moves it into the
+/// socket until the kernel is done with it.
+pub struct ZcBuf {
+    data: Option<Box<[u8]>>,
+    len: usize,
+    pool: Arc<PoolInner>,
+}
+
+impl fmt::Debug for ZcBuf {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ZcBuf").field("len", &self.len).finish()
+    }
+}
+
+impl ZcBuf {
+    /// Sets how many bytes (from the start) are sent. At most the buffer's capacity.
+    pub fn set_len(&mut self, len: usize) {
+        self.len = len.min(self.capacity());
+    }
+
+    /// The whole buffer's size.
+    pub fn capacity(&self) -> usize {
+        self.data.as_ref().map_or(0, |d| d.len())
+    }
+
+    /// The whole buffer, to fill.
+    pub fn full_mut(&mut self) -> &mut [u8] {
+        self.data.as_deref_mut().unwrap_or(&mut [])
+    }
+
+    /// Keeps the memory alive forever: used when the kernel may still read it.
+    fn leak(mut self) {
+        if let Some(d) = self.data.take() {
+            Box::leak(d);
+        }
+    }
+}
+
+impl Deref for ZcBuf {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.data.as_deref().unwrap_or(&[])[..self.len]
+    }
+}
+
+impl DerefMut for ZcBuf {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        let len = self.len;
+        &mut self.data.as_deref_mut().unwrap_or(&mut [])[..len]
+    }
+}
+
+impl Drop for ZcBuf {
+    fn drop(&mut self) {
+        if let Some(d) = self.data.take() {
+            self.pool.free.lock().unwrap_or_else(|e| e.into_inner()).push_back(d);
+        }
+    }
+}
+
+/// Tracks zerocopy ids in flight: which item (buffer) owns which ids, and which completed.
+///
+/// Ids are handed out in order by the kernel, one per successful MSG_ZEROCOPY send call,
+/// starting at 0 and wrapping at 2^32. A send can consume several ids (a GSO send that fell
+/// back to one message per segment); its item comes back when all of them completed.
+#[derive(Debug)]
+pub struct CompletionTracker<T> {
+    /// Id of the front entry's first id.
+    front: u32,
+    entries: VecDeque<Entry<T>>,
+    /// Ids in flight (sum of entry sizes).
+    ids: u64,
+}
+
+#[derive(Debug)]
+struct Entry<T> {
+    done: Vec<bool>,
+    remaining: u32,
+    item: Option<T>,
+}
+
+impl<T> CompletionTracker<T> {
+    /// Starting at id `first` (0 for a new socket).
+    pub fn new(first: u32) -> Self {
+        CompletionTracker { front: first, entries: VecDeque::new(), ids: 0 }
+    }
+
+    /// The id the next send will get.
+    pub fn next_id(&self) -> u32 {
+        self.front.wrapping_add(self.ids as u32)
+    }
+
+    /// Items in flight.
+    pub fn len(&self) -> usize {
+        self.entries.iter().filter(|e| e.item.is_some()).count()
+    }
+
+    /// Nothing in flight.
+    pub fn is_empty(&self) -> bool {
+        self.ids == 0
+    }
+
+    /// Records a send that consumed `n` ids (≥ 1) and owns `item` until they complete.
+    pub fn push(&mut self, n: u32, item: T) {
+        let n = n.max(1);
+        self.entries.push_back(Entry { done: vec![false; n as usize], remaining: n, item: Some(item) });
+        self.ids += n as u64;
+    }
+
+    /// Marks the inclusive, wrapping range `lo..=hi` complete; returns the items whose ids have
+    /// all completed. Ids not in flight (duplicates, garbage) are ignored.
+    pub fn complete(&mut self, lo: u32, hi: u32) -> Vec<T> {
+        let mut out = Vec::new();
+        if self.ids == 0 {
+            return out;
+        }
+        // Offsets into the window [front, front + ids), in wrapping id space.
+        let span = hi.wrapping_sub(lo) as u64;
+        let (mut off, last) = if self.front.wrapping_sub(lo) as u64 <= span {
+            // The range starts at or before the window and reaches into it.
+            (0, hi.wrapping_sub(self.front) as u64)
+        } else {
+            let o = lo.wrapping_sub(self.front) as u64;
+            (o, o + span)
+        };
+        if off >= self.ids {
+            return out;
+        }
+        let end = last.min(self.ids - 1) + 1;
+        // Find the entry holding `off`.
+        let mut idx = 0;
+        let mut base = 0u64;
+        while idx < self.entries.len() && off < end {
+            let n = self.entries[idx].done.len() as u64;
+            if off >= base + n {
+                base += n;
+                idx += 1;
+                continue;
+            }
+            let e = &mut self.entries[idx];
+            let i = (off - base) as usize;
+            if !e.done[i] {
+                e.done[i] = true;
+                e.remaining -= 1;
+                if e.remaining == 0 {
+                    if let Some(item) = e.item.take() {
+                        out.push(item);
+                    }
+                }
+            }
+            off += 1;
+        }
+        // Retire finished entries at the front so the window moves on.
+        while let Some(e) = self.entries.front() {
+            if e.remaining != 0 {
+                break;
+            }
+            let n = e.done.len() as u32;
+            self.front = self.front.wrapping_add(n);
+            self.ids -= n as u64;
+            self.entries.pop_front();
+        }
+        out
+    }
+
+    /// Takes every item still in flight (for leaking on drop).
+    pub fn take_all(&mut self) -> Vec<T> {
+        let out = self.entries.iter_mut().filter_map(|e| e.item.take()).collect();
+        out
+    }
+}
+
+/// The zerocopy state of one socket.
+#[derive(Debug)]
+pub(crate) struct ZcState {
+    pub cfg: ZcConfig,
+    pub tracker: CompletionTracker<ZcBuf>,
+    /// Completions that said copied, in a row.
+    pub copied_in_row: u64,
+    /// Completions that did not copy, ever.
+    pub zerocopied: u64,
+}
+
+impl ZcState {
+    pub(crate) fn new(cfg: ZcConfig) -> Self {
+        ZcState { cfg, tracker: CompletionTracker::new(0), copied_in_row: 0, zerocopied: 0 }
+    }
+}
+
+/// A zerocopy send that did not go out: the buffer comes back with the reason.
+#[derive(Debug)]
+pub struct ZcSendError {
+    /// The buffer, untouched by the kernel (nothing of it was sent).
+    pub buf: Option<ZcBuf>,
+    /// Why.
+    pub error: SendError,
+}
+
+impl fmt::Display for ZcSendError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "zerocopy send: {}", self.error)
+    }
+}
+
+impl std::error::Error for ZcSendError {}
+
+impl UdpSocket {
+    /// Sends `buf` (its first `len` bytes) to `dst`, segmented by `segment_size` if given, with
+    /// MSG_ZEROCOPY when zerocopy is on for this socket and the send is at least the
+    /// threshold; otherwise by copying. The buffer returns to its pool once the kernel is done
+    /// (see [`UdpSocket::reap_completions`]); on error it comes back to the caller.
+    pub fn send_zerocopy(&self, dst: SocketAddr, buf: ZcBuf, segment_size: Option<usize>) -> Result<(), ZcSendError> {
+        let t = Transmit { segment_size, ..Transmit::new(dst, &buf) };
+        if let Err(reason) = self.validate(&t) {
+            let error = SendError { sent: 0, kind: SendErrorKind::Invalid { index: 0, reason } };
+            return Err(ZcSendError { buf: Some(buf), error });
+        }
+        let Some(zc) = self.zc.as_ref() else {
+            // Zerocopy not configured: an ordinary send, and the buffer goes back at once.
+            return self.send(&[t]).map(drop).map_err(|error| ZcSendError { buf: Some(buf), error });
+        };
+        let use_zc = self.caps.zerocopy.load(Ordering::Relaxed)
+            && buf.len() >= zc.lock().map(|z| z.cfg.threshold).unwrap_or(usize::MAX);
+        if !use_zc {
+            return self.send(&[t]).map(drop).map_err(|error| ZcSendError { buf: Some(buf), error });
+        }
+        // Backpressure: bound the sends in flight.
+        let max = zc.lock().map(|z| z.cfg.max_inflight).unwrap_or(DEFAULT_MAX_INFLIGHT);
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while self.zerocopy_in_flight() >= max && Instant::now() < deadline {
+            let _ = self.reap_completions(Some(Duration::from_millis(10)));
+        }
+        let mut msgs = 0u32;
+        let res = self.send_inner(&[t], libc::MSG_ZEROCOPY, &mut msgs);
+        let c = &self.counters;
+        c.add(&c.zerocopy_sends, msgs as u64);
+        let mut state = zc.lock().unwrap_or_else(|e| e.into_inner());
+        match res {
+            Ok(_) if msgs > 0 => {
+                state.tracker.push(msgs, buf);
+                Ok(())
+            }
+            // Sent, but by copying (the ENOBUFS fallback): the kernel holds no reference.
+            Ok(_) => Ok(()),
+            Err(error) if msgs > 0 => {
+                // Part of it went with MSG_ZEROCOPY: the kernel may read the buffer until those
+                // ids complete, so it stays with the tracker; the caller gets the error.
+                state.tracker.push(msgs, buf);
+                Err(ZcSendError { buf: None, error })
+            }
+            Err(error) => Err(ZcSendError { buf: Some(buf), error }),
+        }
+    }
+
+    /// Zerocopy sends whose buffers the kernel may still read.
+    pub fn zerocopy_in_flight(&self) -> usize {
+        self.zc.as_ref().map_or(0, |z| z.lock().map(|s| s.tracker.len()).unwrap_or(0))
+    }
+
+    /// Reads completions from the error queue (waiting up to `wait` for the first if none is
+    /// queued) and returns finished buffers to their pool. Returns how many buffers came back.
+    /// Also counts ICMP errors queued by IP_RECVERR.
+    pub fn reap_completions(&self, wait: Option<Duration>) -> std::io::Result<usize> {
+        let Some(zc) = self.zc.as_ref() else { return Ok(0) };
+        if let Some(w) = wait {
+            if zc.lock().map(|s| s.tracker.is_empty()).unwrap_or(true) {
+                return Ok(0);
+            }
+            // POLLERR is always reported; asking for no events waits for it alone.
+            sys::poll_one(self.fd_ref(), 0, w)?;
+        }
+        let mut released = 0;
+        let mut state = zc.lock().unwrap_or_else(|e| e.into_inner());
+        let c = &self.counters;
+        let mut turn_off = false;
+        sys::errqueue::drain(self.fd_ref(), 1024, |e| {
+            if e.origin != SO_EE_ORIGIN_ZEROCOPY || e.errno != 0 {
+                c.add(&c.icmp_errors, 1);
+                return;
+            }
+            let n = e.data.wrapping_sub(e.info) as u64 + 1;
+            c.add(&c.zerocopy_completed, n);
+            let bufs = state.tracker.complete(e.info, e.data);
+            released += bufs.len();
+            drop(bufs); // back to the pool
+            if e.code & SO_EE_CODE_ZEROCOPY_COPIED != 0 {
+                c.add(&c.zerocopy_copied, n);
+                state.copied_in_row += 1;
+                let limit = state.cfg.copied_limit;
+                if limit > 0 && state.zerocopied == 0 && state.copied_in_row >= limit {
+                    turn_off = true;
+                }
+            } else {
+                state.zerocopied += 1;
+                state.copied_in_row = 0;
+            }
+        })?;
+        drop(state);
+        if turn_off && self.caps.zerocopy.swap(false, Ordering::Relaxed) {
+            c.add(&c.zerocopy_turned_off, 1);
+            let why = "the kernel copied every zerocopy send so far (local delivery, or a device \
+                       without scatter-gather): copying is cheaper"
+                .to_string();
+            log::warn!("udpx: zerocopy turned off on {}: {why}", self.local);
+            let _ = self.caps.zerocopy_off_reason.set(why);
+        }
+        Ok(released)
+    }
+
+    /// On drop: wait (bounded) for completions, then keep whatever is still in flight alive.
+    pub(crate) fn settle_zerocopy(&mut self) {
+        let Some(zc) = self.zc.as_ref() else { return };
+        let deadline = Instant::now() + DROP_WAIT;
+        while self.zerocopy_in_flight() > 0 && Instant::now() < deadline {
+            if self.reap_completions(Some(Duration::from_millis(20))).is_err() {
+                break;
+            }
+        }
+        let left = zc.lock().map(|mut s| s.tracker.take_all()).unwrap_or_default();
+        if !left.is_empty() {
+            self.counters.add(&self.counters.zerocopy_leaked_on_drop, left.len() as u64);
+            log::warn!("udpx: {} zerocopy buffers still in flight at close; kept alive (leaked)", left.len());
+            for b in left {
+                b.leak();
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use std::collections::HashMap;
+
+    #[test]
+    fn pool_round_trip() {
+        let pool = ZcPool::new(100, 2);
+        let mut a = pool.get().unwrap();
+        let _b = pool.get().unwrap();
+        assert!(pool.get().is_none(), "all buffers out");
+        a.set_len(10);
+        a.copy_from_slice(&[7; 10]);
+        assert_eq!(&a[..], &[7; 10]);
+        drop(a);
+        assert_eq!(pool.free(), 1);
+    }
+
+    #[test]
+    fn tracker_basics_and_multi_id_sends() {
+        let mut t = CompletionTracker::new(0);
+        t.push(1, "a");
+        t.push(3, "b"); // ids 1..=3
+        t.push(1, "c"); // id 4
+        assert_eq!(t.next_id(), 5);
+        assert_eq!(t.complete(1, 2), Vec::<&str>::new(), "b needs id 3 too");
+        assert_eq!(t.complete(4, 4), vec!["c"], "out of order is fine");
+        assert_eq!(t.complete(0, 0), vec!["a"]);
+        assert_eq!(t.complete(3, 3), vec!["b"]);
+        assert!(t.is_empty());
+        assert_eq!(t.next_id(), 5);
+        assert_eq!(t.complete(9, 100), Vec::<&str>::new(), "ids not in flight are ignored");
+    }
+
+    #[test]
+    fn tracker_wraps_at_u32() {
+        let mut t = CompletionTracker::new(u32::MAX - 1);
+        t.push(1, 1);
+        t.push(2, 2); // ids MAX, 0
+        t.push(1, 3); // id 1
+        assert_eq!(t.complete(u32::MAX - 1, 1), vec![1, 2, 3], "one range across the wrap");
+        assert_eq!(t.next_id(), 2);
+    }
+
+    proptest! {
+        /// Differential: the tracker against a plain model (id -> item, item -> ids left).
+        #[test]
+        fn tracker_matches_model(
+            start in prop_oneof![Just(0u32), Just(u32::MAX - 20), any::<u32>()],
+            ops in proptest::collection::vec((1u32..4, 0u32..6, 0u32..6), 1..60),
+        ) {
+            let mut t = CompletionTracker::new(start);
+            let mut owner: HashMap<u32, usize> = HashMap::new();
+            let mut left: HashMap<usize, u32> = HashMap::new();
+            let mut next = start;
+            let mut released_model = Vec::new();
+            let mut released = Vec::new();
+            for (i, (n, a, b)) in ops.into_iter().enumerate() {
+                t.push(n, i);
+                for k in 0..n { owner.insert(next.wrapping_add(k), i); }
+                left.insert(i, n);
+                next = next.wrapping_add(n);
+                // Complete a range somewhere in the recent ids (possibly overlapping).
+                let lo = next.wrapping_sub(1 + a.min(next.wrapping_sub(start)));
+                let hi = lo.wrapping_add(b.min(next.wrapping_sub(lo).wrapping_sub(1)));
+                let mut id = lo;
+                loop {
+                    if let Some(item) = owner.remove(&id) {
+                        let l = left.get_mut(&item).unwrap();
+                        *l -= 1;
+                        if *l == 0 { released_model.push(item); }
+                    }
+                    if id == hi { break; }
+                    id = id.wrapping_add(1);
+                }
+                released.extend(t.complete(lo, hi));
+                let mut x = released.clone(); x.sort();
+                let mut y = released_model.clone(); y.sort();
+                prop_assert_eq!(x, y);
+            }
+        }
+    }
+}
