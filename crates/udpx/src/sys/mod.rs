@@ -103,6 +103,14 @@ pub(crate) fn getsockopt_int(fd: BorrowedFd<'_>, level: libc::c_int, name: libc:
     Ok(value)
 }
 
+/// `SO_ATTACH_REUSEPORT_CBPF`: attaches a classic-BPF program that picks the socket of the
+/// reuseport group (by index) for each datagram.
+pub(crate) fn attach_reuseport_cbpf(fd: BorrowedFd<'_>, prog: &[libc::sock_filter]) -> io::Result<()> {
+    let fprog = libc::sock_fprog { len: prog.len() as u16, filter: prog.as_ptr() as *mut libc::sock_filter };
+    // The kernel copies the program during the call; `prog` outlives it.
+    setsockopt(fd, libc::SOL_SOCKET, libc::SO_ATTACH_REUSEPORT_CBPF, fprog)
+}
+
 /// `bind(2)`.
 pub(crate) fn bind(fd: BorrowedFd<'_>, addr: &std::net::SocketAddr) -> io::Result<()> {
     let raw = addr::SockAddr::from_std(addr);

@@ -1,0 +1,83 @@
+//! Reuseport shard groups over loopback: the CPU steering program puts every datagram on the
+//! socket of the CPU that processed it (on loopback, the sender's CPU); the QUIC connection-ID
+//! program on the socket its DCID byte names; the kernel hash spreads flows and loses none.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use udpx::{ShardGroup, SocketConfig, Steering, Transmit, UdpSocket};
+
+fn pin(cpu: usize) {
+    let mut set = nix::sched::CpuSet::new();
+    set.set(cpu).unwrap();
+    nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set).unwrap();
+}
+
+/// Which socket of the group got each datagram (by its first byte), draining all of them.
+fn collect(group: &ShardGroup, expect: usize) -> Vec<Vec<Vec<u8>>> {
+    let per: Vec<Vec<Vec<u8>>> = group
+        .sockets
+        .iter()
+        .map(|s| receive(s, expect, Duration::from_millis(150), Duration::from_secs(2)).datagrams)
+        .collect();
+    assert_eq!(per.iter().map(Vec::len).sum::<usize>(), expect, "every datagram arrives exactly once");
+    per
+}
+
+#[test]
+fn cpu_steering_lands_on_the_senders_cpu() {
+    let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let group = ShardGroup::bind(SocketConfig::new(lo4()), cpus, Steering::Cpu).unwrap();
+    let dst = group.local_addr();
+    for k in 0..cpus {
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                pin(k);
+                let tx = UdpSocket::bind(lo4()).unwrap();
+                let d = [k as u8; 64];
+                let ts: Vec<Transmit<'_>> = (0..40).map(|_| Transmit::new(dst, &d)).collect();
+                tx.send(&ts).unwrap();
+            });
+        });
+        let per = collect(&group, 40);
+        assert_eq!(per[k].len(), 40, "CPU {k}: datagrams per socket {:?}", per.iter().map(Vec::len).collect::<Vec<_>>());
+    }
+}
+
+#[test]
+fn quic_cid_steering_follows_the_connection_id() {
+    let group = ShardGroup::bind(SocketConfig::new(lo4()), 4, Steering::QuicCid { offset: 1 }).unwrap();
+    let dst = group.local_addr();
+    let tx = UdpSocket::bind(lo4()).unwrap();
+    for cid in 0u8..8 {
+        let pkt = [0x41, cid, 0xaa, 0xbb, 0xcc];
+        tx.send(&[Transmit::new(dst, &pkt)]).unwrap();
+        let per = collect(&group, 1);
+        assert_eq!(per[(cid % 4) as usize].len(), 1, "DCID byte {cid}");
+    }
+    // Too short for the offset: the kernel falls back to its hash; it still arrives once.
+    tx.send(&[Transmit::new(dst, &[0x41])]).unwrap();
+    collect(&group, 1);
+}
+
+#[test]
+fn hash_steering_spreads_flows_and_loses_nothing() {
+    let group = ShardGroup::bind(SocketConfig::new(lo4()), 4, Steering::Hash).unwrap();
+    let dst = group.local_addr();
+    let senders: Vec<UdpSocket> = (0..64).map(|_| UdpSocket::bind(lo4()).unwrap()).collect();
+    for s in &senders {
+        s.send(&[Transmit::new(dst, b"flow")]).unwrap();
+    }
+    let per = collect(&group, 64);
+    assert!(per.iter().filter(|v| !v.is_empty()).count() >= 2, "64 flows all hashed to one socket");
+}
+
+#[test]
+fn bad_steering_is_refused() {
+    let e = ShardGroup::bind(SocketConfig::new(lo4()), 0, Steering::Hash).unwrap_err();
+    assert!(e.to_string().contains("at least 1"), "{e}");
+    let e = ShardGroup::bind(SocketConfig::new(lo4()), 2, Steering::QuicCid { offset: 70000 }).unwrap_err();
+    assert!(e.to_string().contains("offset 70000"), "{e}");
+}
