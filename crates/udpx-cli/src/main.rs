@@ -8,6 +8,7 @@ use std::process::ExitCode;
 use clap::{Args, Parser, Subcommand};
 
 mod bench;
+mod echo;
 
 #[derive(Parser, Debug)]
 #[command(name = "udpx", version, about = "UDP at the cost per byte of TCP: bench, probe and tools")]
@@ -23,6 +24,9 @@ enum Cmd {
     Bench(bench::BenchArgs),
     /// What this kernel and its devices support for fast UDP, and what to tune.
     Probe(ProbeArgs),
+    /// UDP transactions at scale: a reuseport-sharded echo server, its load generator, and the
+    /// table of modes (with sockperf's server as a reference).
+    Echo(echo::EchoArgs),
 }
 
 #[derive(Args, Debug)]
@@ -54,6 +58,7 @@ fn main() -> ExitCode {
     };
     match cli.cmd {
         Cmd::Bench(args) => bench::main(args),
+        Cmd::Echo(args) => echo::main(args),
         Cmd::Probe(args) => {
             let opts = udpx_bench::probe::ProbeOptions { devices: args.devices, json: args.json };
             udpx_bench::probe::run(&opts)

@@ -176,3 +176,74 @@ fn main_job_runs_and_cleans_up() {
         }
     }
 }
+
+#[test]
+fn echo_bad_input_exits_2() {
+    let cases: &[(&[&str], &str)] = &[
+        (&["echo", "serve", "--threads", "0"], "--threads 0"),
+        (&["echo", "serve", "--threads", "999"], "--allow-oversubscribe"),
+        (&["echo", "serve", "-m", "reuseport-cid", "--cid-offset", "70000"], "70000"),
+        (&["echo", "serve", "--rate-limit", "0"], "--rate-limit 0"),
+        (&["echo", "load", "-D", "127.0.0.1", "--size", "0"], "--size 0"),
+        (&["echo", "load", "-D", "127.0.0.1", "--size", "70000"], "--size 70000"),
+        (&["echo", "load", "-D", "127.0.0.1", "--rate", "0"], "--rate 0"),
+        (&["echo", "load", "-D", "127.0.0.1", "--flows", "0"], "--flows 0"),
+        (&["echo", "bench", "--duration", "0"], "--duration"),
+    ];
+    for (args, needle) in cases {
+        let o = udpx(args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
+        assert!(stderr(&o).contains(needle), "{args:?}: should mention {needle:?}: {}", stderr(&o));
+    }
+}
+
+#[test]
+fn echo_serve_and_load_agree() {
+    let port = free_port().to_string();
+    let srv = Command::new(env!("CARGO_BIN_EXE_udpx"))
+        .args([
+            "echo",
+            "serve",
+            "-B",
+            "127.0.0.1",
+            "-p",
+            &port,
+            "-m",
+            "reuseport",
+            "--threads",
+            "2",
+            "--batch",
+            "-l",
+            "3",
+            "--json",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let load = udpx(&["echo", "load", "-D", "127.0.0.1", "-p", &port, "-l", "1", "-f", "16", "--json"]);
+    let srv = srv.wait_with_output().unwrap();
+    assert_eq!(load.status.code(), Some(0), "{}", stderr(&load));
+    assert_eq!(srv.status.code(), Some(0), "{}", stderr(&srv));
+    let (l, s) = (json(&load), json(&srv));
+    let sent = l["load"]["sent"].as_u64().unwrap();
+    assert!(sent > 0);
+    assert_eq!(l["load"]["received"].as_u64(), Some(sent), "{l}");
+    assert_eq!(l["load"]["lost"].as_u64(), Some(0));
+    let served: u64 = s["shards"].as_array().unwrap().iter().map(|x| x["requests"].as_u64().unwrap()).sum();
+    assert_eq!(served, sent, "the server counted every request: {s}");
+}
+
+#[test]
+fn echo_bench_runs_every_mode() {
+    let o = udpx(&["echo", "bench", "--duration", "0.3", "--json"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let v = json(&o);
+    let rows = v["rows"].as_array().unwrap();
+    assert!(rows.len() >= 6);
+    for r in rows {
+        assert!(r["error"].is_null(), "{}: {}", r["label"], r["error"]);
+        assert!(r["load"]["received"].as_u64().unwrap() > 0, "{}", r["label"]);
+    }
+}

@@ -364,42 +364,48 @@ impl TestNet {
 
     fn apply_software_profile(&mut self, rx_cpu: Option<usize>) -> Result<(), Error> {
         self.set_features(Side::Tx, &[("tx-udp-segmentation", "off")])?;
+        self.rx_napi_threads = self.threaded_napi(Side::Rx, rx_cpu)?;
+        Ok(())
+    }
+
+    /// Moves receive processing on one side's veth into a threaded NAPI kernel thread (with GRO
+    /// and UDP GRO forwarding on), pinned to `cpu` if given, as a NIC's interrupt and softirq
+    /// would be on a real host. Returns the thread(s).
+    pub fn threaded_napi(&self, side: Side, cpu: Option<usize>) -> Result<Vec<NapiThread>, Error> {
         // GRO must be on before threaded NAPI: veth only has a NAPI instance while GRO (or XDP)
         // is on, and toggling GRO later destroys and recreates the thread.
-        self.set_features(Side::Rx, &[("gro", "on"), ("rx-udp-gro-forwarding", "on")])?;
-
+        self.set_features(side, &[("gro", "on"), ("rx-udp-gro-forwarding", "on")])?;
+        let dev = self.dev(side).to_owned();
         // /sys/class/net shows the devices of the namespace that mounted sysfs; `ip netns exec`
         // mounts a fresh sysfs for the target namespace, so the write must go through it. The
         // device name is ours (letters and digits), safe inside the shell string.
-        let file = format!("/sys/class/net/{}/threaded", self.rx_dev);
-        let got = self.rx.exec_timeout(&["sh", "-c", &format!("echo 1 > {file} && cat {file}")], TOOL_TIMEOUT)?;
+        let file = format!("/sys/class/net/{dev}/threaded");
+        let got = self.ns(side).exec_timeout(&["sh", "-c", &format!("echo 1 > {file} && cat {file}")], TOOL_TIMEOUT)?;
         if got.trim() != "1" {
             return Err(Error::SettingDidNotTake {
-                dev: self.rx_dev.clone(),
+                dev,
                 setting: "threaded".to_owned(),
                 wanted: "1".to_owned(),
                 got: got.trim().to_owned(),
             });
         }
-
         let deadline = Instant::now() + NAPI_THREAD_WAIT;
         let threads = loop {
-            let found = find_napi_threads(&self.rx_dev)?;
+            let found = find_napi_threads(&dev)?;
             if !found.is_empty() {
                 break found;
             }
             if Instant::now() >= deadline {
-                return Err(Error::NapiThreadMissing { dev: self.rx_dev.clone() });
+                return Err(Error::NapiThreadMissing { dev });
             }
             thread::sleep(Duration::from_millis(10));
         };
-        if let Some(cpu) = rx_cpu {
+        if let Some(cpu) = cpu {
             for t in &threads {
                 pin_thread(t, cpu)?;
             }
         }
-        self.rx_napi_threads = threads;
-        Ok(())
+        Ok(threads)
     }
 }
 

@@ -42,7 +42,12 @@ fn cpu_steering_lands_on_the_senders_cpu() {
             });
         });
         let per = collect(&group, 40);
-        assert_eq!(per[k].len(), 40, "CPU {k}: datagrams per socket {:?}", per.iter().map(Vec::len).collect::<Vec<_>>());
+        assert_eq!(
+            per[k].len(),
+            40,
+            "CPU {k}: datagrams per socket {:?}",
+            per.iter().map(Vec::len).collect::<Vec<_>>()
+        );
     }
 }
 

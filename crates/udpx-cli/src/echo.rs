@@ -1,0 +1,331 @@
+//! `udpx echo`: the transaction server, its load generator, and the table of modes.
+
+use std::net::{IpAddr, SocketAddr};
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::{Args, Subcommand, ValueEnum};
+use udpx_echo::bench::{self as echo_bench, EchoBenchConfig};
+use udpx_echo::load::{self, LoadConfig};
+use udpx_echo::server::{self, Mode, ServeConfig};
+
+use crate::exit;
+
+#[derive(Args, Debug)]
+pub struct EchoArgs {
+    #[command(subcommand)]
+    cmd: EchoCmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum EchoCmd {
+    /// Serve: echo every well-formed request (sockperf's ping-pong format) back to its sender.
+    Serve(ServeArgs),
+    /// Generate load against a server and measure transactions/s and latency percentiles.
+    Load(LoadArgs),
+    /// Run server and load generator through every mode and print the table (with sockperf).
+    Bench(EchoBenchArgs),
+}
+
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+enum ModeArg {
+    /// One socket, N threads (recvfrom/sendto).
+    Naive,
+    /// One socket per thread, kernel hash.
+    Reuseport,
+    /// One socket per CPU, threads pinned, cBPF steering by receiving CPU.
+    ReuseportCpu,
+    /// One socket per thread, cBPF steering by a QUIC DCID byte (--cid-offset).
+    ReuseportCid,
+}
+
+#[derive(Args, Debug)]
+struct ServeArgs {
+    /// Address to serve on.
+    #[arg(short = 'B', long, default_value = "0.0.0.0")]
+    bind: IpAddr,
+    /// Port.
+    #[arg(short = 'p', long, default_value_t = 11111)]
+    port: u16,
+    /// Mode.
+    #[arg(short = 'm', long, value_enum, default_value_t = ModeArg::ReuseportCpu)]
+    mode: ModeArg,
+    /// Threads (and sockets for the reuseport modes).
+    #[arg(short = 't', long, default_value_t = 1)]
+    threads: usize,
+    /// recvmmsg/sendmmsg batching.
+    #[arg(long)]
+    batch: bool,
+    /// For reuseport-cid: payload offset of the connection-ID byte that picks the shard.
+    #[arg(long, default_value_t = 1)]
+    cid_offset: u32,
+    /// Requests per second per source address at most.
+    #[arg(long)]
+    rate_limit: Option<u32>,
+    /// Allow more threads than CPUs.
+    #[arg(long)]
+    allow_oversubscribe: bool,
+    /// Stop after this many seconds (default: until Ctrl-C).
+    #[arg(short = 'l', long)]
+    duration: Option<f64>,
+    /// Print per-shard counters as JSON at exit.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args, Debug)]
+struct LoadArgs {
+    /// Server address.
+    #[arg(short = 'D', long)]
+    dst: IpAddr,
+    /// Server port.
+    #[arg(short = 'p', long, default_value_t = 11111)]
+    port: u16,
+    /// Flows (source ports).
+    #[arg(short = 'f', long, default_value_t = 64)]
+    flows: usize,
+    /// Request size in bytes (26 to 65507).
+    #[arg(short = 's', long, default_value_t = 100)]
+    size: usize,
+    /// Closed loop: requests outstanding per flow.
+    #[arg(short = 'o', long, default_value_t = 4)]
+    outstanding: usize,
+    /// Open loop: requests per second in all.
+    #[arg(short = 'r', long)]
+    rate: Option<u64>,
+    /// Seconds of load.
+    #[arg(short = 'l', long, default_value_t = 5.0)]
+    duration: f64,
+    /// Milliseconds after which an unanswered request counts as lost.
+    #[arg(long, default_value_t = 200)]
+    timeout_ms: u64,
+    /// One JSON object instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args, Debug)]
+struct EchoBenchArgs {
+    /// Seconds of load per mode.
+    #[arg(short = 'l', long, default_value_t = 2.0)]
+    duration: f64,
+    /// Flows.
+    #[arg(short = 'f', long, default_value_t = 64)]
+    flows: usize,
+    /// Requests outstanding per flow.
+    #[arg(short = 'o', long, default_value_t = 4)]
+    outstanding: usize,
+    /// Request size.
+    #[arg(short = 's', long, default_value_t = 100)]
+    size: usize,
+    /// Loopback even as root.
+    #[arg(long)]
+    loopback: bool,
+    /// Leave out sockperf.
+    #[arg(long)]
+    no_sockperf: bool,
+    /// One JSON object instead of the table.
+    #[arg(long)]
+    json: bool,
+}
+
+fn usage(msg: impl std::fmt::Display) -> ExitCode {
+    eprintln!("udpx echo: {msg}");
+    ExitCode::from(exit::USAGE)
+}
+
+fn secs(flag: &str, s: f64) -> Result<Duration, String> {
+    if !(s > 0.0 && s <= 3600.0) {
+        return Err(format!("{flag} {s}: give seconds, more than 0 and at most 3600"));
+    }
+    Ok(Duration::from_secs_f64(s))
+}
+
+pub fn main(a: EchoArgs) -> ExitCode {
+    match a.cmd {
+        EchoCmd::Serve(s) => serve(s),
+        EchoCmd::Load(l) => load_main(l),
+        EchoCmd::Bench(b) => bench(b),
+    }
+}
+
+fn serve(a: ServeArgs) -> ExitCode {
+    let mode = match a.mode {
+        ModeArg::Naive => Mode::Naive,
+        ModeArg::Reuseport => Mode::Reuseport,
+        ModeArg::ReuseportCpu => Mode::ReuseportCpu,
+        ModeArg::ReuseportCid => Mode::ReuseportCid { offset: a.cid_offset },
+    };
+    let cfg = ServeConfig {
+        bind: SocketAddr::new(a.bind, a.port),
+        mode,
+        threads: a.threads,
+        batch: a.batch,
+        rate_limit: a.rate_limit,
+        cpus: None,
+    };
+    if let Err(e) = server::check(&cfg, a.allow_oversubscribe) {
+        return usage(e);
+    }
+    if a.rate_limit == Some(0) {
+        return usage("--rate-limit 0: give at least 1 request per second, or leave it out");
+    }
+    let dur = match a.duration.map(|d| secs("--duration", d)).transpose() {
+        Ok(d) => d,
+        Err(e) => return usage(e),
+    };
+    let bound = match server::bind(&cfg) {
+        Ok(b) => b,
+        Err(e) if e.contains("Address in use") => return usage(format!("-p {}: port in use; pick another", a.port)),
+        Err(e) => {
+            eprintln!("udpx echo serve: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let srv = server::start(bound);
+    eprintln!("udpx echo serve: {} on {} ({} shards)", mode.name(), srv.addr, srv.stats().len());
+    let stop = Arc::new(AtomicBool::new(false));
+    {
+        // Ctrl-C / TERM end the server cleanly with its counters printed.
+        let stop = stop.clone();
+        let mut set = nix::sys::signal::SigSet::empty();
+        set.add(nix::sys::signal::Signal::SIGINT);
+        set.add(nix::sys::signal::Signal::SIGTERM);
+        if set.thread_block().is_ok() {
+            std::thread::spawn(move || {
+                let _ = set.wait();
+                stop.store(true, Ordering::Relaxed);
+            });
+        }
+    }
+    let start = std::time::Instant::now();
+    while !stop.load(Ordering::Relaxed) && dur.is_none_or(|d| start.elapsed() < d) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let stats = srv.stop();
+    if a.json {
+        println!("{}", serde_json::json!({ "mode": mode.name(), "shards": stats }));
+    } else {
+        for (i, s) in stats.iter().enumerate() {
+            println!(
+                "shard {i}: {} requests, {} replies, {} malformed, {} rate-limited, {:.1} requests/recv call, {} kernel drops",
+                s.requests, s.replies, s.malformed, s.rate_limited, s.batch, s.kernel_drops
+            );
+        }
+    }
+    ExitCode::SUCCESS
+}
+
+fn load_main(a: LoadArgs) -> ExitCode {
+    let dur = match secs("--duration", a.duration) {
+        Ok(d) => d,
+        Err(e) => return usage(e),
+    };
+    let bind: SocketAddr = if a.dst.is_ipv6() {
+        "[::]:0".parse().unwrap_or(SocketAddr::from(([0; 16], 0)))
+    } else {
+        SocketAddr::from(([0, 0, 0, 0], 0))
+    };
+    let cfg = LoadConfig {
+        dst: SocketAddr::new(a.dst, a.port),
+        bind,
+        flows: a.flows,
+        size: a.size,
+        outstanding: a.outstanding,
+        rate: a.rate,
+        duration: dur,
+        timeout: Duration::from_millis(a.timeout_ms.clamp(1, 60_000)),
+    };
+    if let Err(e) = load::check(&cfg) {
+        return usage(e);
+    }
+    let res = load::bind_flows(&cfg).and_then(|s| load::run(&cfg, s));
+    match res {
+        Ok(r) => {
+            if a.json {
+                println!("{}", serde_json::json!({ "load": r }));
+            } else {
+                println!(
+                    "{:.0} transactions/s; latency p50 {:.0} us, p90 {:.0} us, p99 {:.0} us, p99.9 {:.0} us, max {:.0} us; sent {}, answered {}, lost {}, unexpected {}",
+                    r.tps, r.p50_us, r.p90_us, r.p99_us, r.p999_us, r.max_us, r.sent, r.received, r.lost, r.unexpected
+                );
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("udpx echo load: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn bench(a: EchoBenchArgs) -> ExitCode {
+    let dur = match secs("--duration", a.duration) {
+        Ok(d) => d,
+        Err(e) => return usage(e),
+    };
+    let veth = !a.loopback && udpx_netns::check_capable().is_ok();
+    if veth {
+        if let Err(e) = udpx_netns::cleanup_on_signals() {
+            eprintln!("udpx echo bench: warning: no signal cleanup: {e}");
+        }
+    }
+    let cfg = EchoBenchConfig {
+        duration: dur,
+        flows: a.flows,
+        outstanding: a.outstanding,
+        size: a.size,
+        veth,
+        sockperf: !a.no_sockperf && which("sockperf") && which("taskset"),
+    };
+    let probe = LoadConfig {
+        dst: SocketAddr::from(([127, 0, 0, 1], 1)),
+        bind: SocketAddr::from(([127, 0, 0, 1], 0)),
+        flows: cfg.flows,
+        size: cfg.size,
+        outstanding: cfg.outstanding,
+        rate: None,
+        duration: dur,
+        timeout: Duration::from_millis(200),
+    };
+    if let Err(e) = load::check(&probe) {
+        return usage(e);
+    }
+    let mut progress = |l: &str| {
+        if !a.json {
+            eprintln!("udpx echo bench: {l}");
+        }
+    };
+    match echo_bench::run(&cfg, &mut progress) {
+        Ok((rows, path)) => {
+            let checks = echo_bench::checks(&rows);
+            if a.json {
+                println!("{}", serde_json::json!({ "path": path, "config": cfg, "rows": rows, "checks": checks }));
+            } else {
+                println!(
+                    "Path: {path}; {} flows x {} outstanding, {} B requests, {} s per mode.\n",
+                    cfg.flows, cfg.outstanding, cfg.size, a.duration
+                );
+                println!("{}", echo_bench::table(&rows));
+                for (what, ratio, at_most, met) in &checks {
+                    println!("  [{}] {what}: {ratio:.3} (target <= {at_most})", if *met { " met " } else { "MISSED" });
+                }
+            }
+            if rows.iter().any(|r| r.error.is_some()) {
+                ExitCode::FAILURE
+            } else {
+                ExitCode::SUCCESS
+            }
+        }
+        Err(e) => {
+            eprintln!("udpx echo bench: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn which(program: &str) -> bool {
+    std::env::var_os("PATH").map(|p| std::env::split_paths(&p).any(|d| d.join(program).is_file())).unwrap_or(false)
+}

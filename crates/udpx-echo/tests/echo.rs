@@ -1,0 +1,219 @@
+//! The echo server in every mode over loopback, driven by the load generator from many source
+//! ports: every request gets exactly its own reply; malformed requests get none; replies leave
+//! from the address asked; steering puts requests on the shard it should; sockperf's server
+//! answers the same generator.
+
+use std::net::{SocketAddr, UdpSocket as StdUdp};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use udpx_echo::load::{self, LoadConfig};
+use udpx_echo::proto::{self, Request};
+use udpx_echo::server::{self, Mode, ServeConfig};
+
+fn serve(mode: Mode, threads: usize, batch: bool, bind: &str) -> server::Server {
+    let cfg = ServeConfig { bind: bind.parse().unwrap(), mode, threads, batch, rate_limit: None, cpus: None };
+    server::start(server::bind(&cfg).unwrap())
+}
+
+fn load_cfg(dst: SocketAddr, flows: usize) -> LoadConfig {
+    LoadConfig {
+        dst,
+        bind: "127.0.0.1:0".parse().unwrap(),
+        flows,
+        size: 100,
+        outstanding: 4,
+        rate: None,
+        duration: Duration::from_millis(500),
+        timeout: Duration::from_millis(500),
+    }
+}
+
+fn request(seq: u64, size: usize) -> Vec<u8> {
+    let mut b = vec![0u8; size];
+    proto::write(&mut b, Request { seq, sent_ns: 0, flow: 0 });
+    b
+}
+
+#[test]
+fn every_mode_answers_every_request_exactly_once() {
+    let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    for mode in [Mode::Naive, Mode::Reuseport, Mode::ReuseportCpu, Mode::ReuseportCid { offset: 7 }] {
+        for batch in [false, true] {
+            let threads = if mode == Mode::Naive { cpus } else { 4 };
+            let srv = serve(mode, threads, batch, "127.0.0.1:0");
+            let cfg = load_cfg(srv.addr, 32);
+            let res = load::run(&cfg, load::bind_flows(&cfg).unwrap()).unwrap();
+            let stats = srv.stop();
+            let what = format!("{} batch={batch}", mode.name());
+            assert!(res.sent > 100, "{what}: {res:?}");
+            assert_eq!(res.lost, 0, "{what}: {res:?}");
+            assert_eq!(res.unexpected, 0, "{what}: a reply matched no request of its flow");
+            assert_eq!(res.received, res.sent, "{what}");
+            let served: u64 = stats.iter().map(|s| s.requests).sum();
+            let replied: u64 = stats.iter().map(|s| s.replies).sum();
+            assert_eq!((served, replied), (res.sent, res.sent), "{what}: {stats:?}");
+            let expect_shards = match mode {
+                Mode::Naive => cpus,
+                Mode::ReuseportCpu => udpx_bench::cpu::online_cpus().iter().max().unwrap() + 1,
+                _ => 4,
+            };
+            assert_eq!(stats.len(), expect_shards, "{what}");
+            if mode == Mode::Reuseport {
+                assert!(
+                    stats.iter().filter(|s| s.requests > 0).count() >= 2,
+                    "{what}: 32 flows on one shard: {stats:?}"
+                );
+            }
+            assert!(res.p99_us > 0.0 && res.p50_us <= res.p99_us, "{what}: {res:?}");
+        }
+    }
+}
+
+#[test]
+fn malformed_requests_get_no_reply() {
+    let srv = serve(Mode::Reuseport, 1, true, "127.0.0.1:0");
+    let c = StdUdp::bind("127.0.0.1:0").unwrap();
+    c.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
+    let mut no_pong = request(1, 100);
+    no_pong[9] = 0x01;
+    let mut wrong_len = request(2, 100);
+    wrong_len[13] = 99;
+    let bad: Vec<Vec<u8>> =
+        vec![vec![], vec![1, 2, 3], request(3, 100)[..50].to_vec(), no_pong, wrong_len, vec![0xff; 100]];
+    for b in &bad {
+        c.send_to(b, srv.addr).unwrap();
+    }
+    let mut buf = [0u8; 256];
+    assert!(c.recv_from(&mut buf).is_err(), "a malformed request was answered");
+    // A good one still is, and the reply is exactly as long as the request.
+    c.send_to(&request(9, 60), srv.addr).unwrap();
+    let (n, _) = c.recv_from(&mut buf).unwrap();
+    assert_eq!(n, 60);
+    assert_eq!(&buf[8..10], &[0, 2], "client flag cleared");
+    let stats = srv.stop();
+    assert_eq!(stats[0].malformed, bad.len() as u64);
+    assert_eq!(stats[0].requests, 1);
+}
+
+#[test]
+fn replies_leave_from_the_address_asked() {
+    // Bound to the wildcard, asked at 127.0.0.2: a connected client only accepts replies from
+    // 127.0.0.2, so every reply arriving proves the source was chosen by pktinfo.
+    let srv = serve(Mode::Reuseport, 2, true, "0.0.0.0:0");
+    let dst: SocketAddr = SocketAddr::new("127.0.0.2".parse().unwrap(), srv.addr.port());
+    let cfg = load_cfg(dst, 8);
+    let res = load::run(&cfg, load::bind_flows(&cfg).unwrap()).unwrap();
+    srv.stop();
+    assert!(res.sent > 0 && res.received == res.sent && res.lost == 0, "{res:?}");
+}
+
+#[test]
+fn cid_steering_picks_the_shard_named_by_the_cid_byte() {
+    let srv = serve(Mode::ReuseportCid { offset: 1 }, 4, false, "127.0.0.1:0");
+    let c = StdUdp::bind("127.0.0.1:0").unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(1))).unwrap();
+    let mut buf = [0u8; 256];
+    for k in 0u64..8 {
+        // Byte 1 of the message is byte 1 of the big-endian sequence number.
+        c.send_to(&request(k << 48, 64), srv.addr).unwrap();
+        c.recv_from(&mut buf).unwrap();
+        let per: Vec<u64> = srv.stats().iter().map(|s| s.requests).collect();
+        assert_eq!(per.iter().sum::<u64>(), k + 1);
+        assert_eq!(per[(k % 4) as usize], k / 4 + 1, "CID byte {k}: {per:?}");
+    }
+    srv.stop();
+}
+
+#[test]
+fn cpu_steering_puts_requests_on_the_receiving_cpus_shard() {
+    let srv = serve(Mode::ReuseportCpu, 0, true, "127.0.0.1:0");
+    let cpus = udpx_bench::cpu::online_cpus();
+    for &k in &cpus {
+        let before: Vec<u64> = srv.stats().iter().map(|s| s.requests).collect();
+        let addr = srv.addr;
+        std::thread::spawn(move || {
+            udpx_bench::cpu::pin_current_thread(k).unwrap();
+            let c = StdUdp::bind("127.0.0.1:0").unwrap();
+            c.set_read_timeout(Some(Duration::from_secs(1))).unwrap();
+            let mut buf = [0u8; 256];
+            for i in 0..20 {
+                c.send_to(&request(i, 64), addr).unwrap();
+                c.recv_from(&mut buf).unwrap();
+            }
+        })
+        .join()
+        .unwrap();
+        let after: Vec<u64> = srv.stats().iter().map(|s| s.requests).collect();
+        assert_eq!(after[k] - before[k], 20, "sender on CPU {k}: {before:?} -> {after:?}");
+    }
+    srv.stop();
+}
+
+#[test]
+fn rate_limit_per_source() {
+    let cfg = ServeConfig {
+        bind: "127.0.0.1:0".parse().unwrap(),
+        mode: Mode::Reuseport,
+        threads: 1,
+        batch: true,
+        rate_limit: Some(10),
+        cpus: None,
+    };
+    let srv = server::start(server::bind(&cfg).unwrap());
+    let c = StdUdp::bind("127.0.0.1:0").unwrap();
+    for i in 0..100 {
+        c.send_to(&request(i, 64), srv.addr).unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    let s = srv.stop();
+    assert!(s[0].requests <= 13 && s[0].requests >= 10, "{s:?}");
+    assert_eq!(s[0].requests + s[0].rate_limited, 100);
+}
+
+#[test]
+fn bad_configuration_is_refused() {
+    let base = ServeConfig {
+        bind: "127.0.0.1:0".parse().unwrap(),
+        mode: Mode::Reuseport,
+        threads: 0,
+        batch: true,
+        rate_limit: None,
+        cpus: None,
+    };
+    assert!(server::check(&base, false).unwrap_err().contains("--threads 0"));
+    let many = ServeConfig { threads: 4096, ..base.clone() };
+    assert!(server::check(&many, false).unwrap_err().contains("--allow-oversubscribe"));
+    assert!(server::check(&many, true).is_ok());
+    let far = ServeConfig { threads: 1, mode: Mode::ReuseportCid { offset: 70000 }, ..base };
+    assert!(server::check(&far, false).unwrap_err().contains("70000"));
+    let mut l = load_cfg("127.0.0.1:9".parse().unwrap(), 1);
+    l.size = 10;
+    assert!(load::check(&l).unwrap_err().contains("--size 10"));
+    l.size = 65508;
+    assert!(load::check(&l).is_err());
+}
+
+#[test]
+fn sockperf_server_answers_the_same_generator() {
+    if Command::new("sockperf").arg("--version").output().is_err() {
+        return udpx_netns::record_skip(
+            "sockperf_server_answers_the_same_generator",
+            "sockperf not installed (scripts/setup.sh)",
+        );
+    }
+    let port = StdUdp::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let mut child = Command::new("timeout")
+        .args(["20", "sockperf", "sr", "-i", "127.0.0.1", "-p", &port.to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    let cfg = load_cfg(SocketAddr::from(([127, 0, 0, 1], port)), 8);
+    let res = load::run(&cfg, load::bind_flows(&cfg).unwrap());
+    let _ = child.kill();
+    let _ = child.wait();
+    let res = res.unwrap();
+    assert!(res.sent > 0 && res.received == res.sent && res.unexpected == 0 && res.lost == 0, "{res:?}");
+}
