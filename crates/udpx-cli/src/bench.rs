@@ -17,6 +17,7 @@ use udpx_bench::tx::{run_tx, Interval, Proto, TxConfig};
 use udpx_netns::{Profile, TestNet, TestNetConfig};
 
 use crate::exit;
+use crate::util::{self, duration, which};
 
 #[derive(Args, Debug)]
 #[command(args_conflicts_with_subcommands = true)]
@@ -162,15 +163,7 @@ struct RxArgs {
 }
 
 fn usage(msg: impl std::fmt::Display) -> ExitCode {
-    eprintln!("udpx bench: {msg}");
-    ExitCode::from(exit::USAGE)
-}
-
-fn duration(flag: &str, secs: f64) -> Result<Duration, String> {
-    if !(secs > 0.0 && secs <= 3600.0) {
-        return Err(format!("{flag} {secs}: give a duration in seconds, more than 0 and at most 3600"));
-    }
-    Ok(Duration::from_secs_f64(secs))
+    util::usage("bench", msg)
 }
 
 fn check_cpu(cpu: Option<usize>) -> Result<(), String> {
@@ -542,10 +535,6 @@ fn main_job(a: MainArgs) -> ExitCode {
         return ExitCode::FAILURE;
     }
     ExitCode::SUCCESS
-}
-
-fn which(program: &str) -> bool {
-    std::env::var_os("PATH").map(|p| std::env::split_paths(&p).any(|d| d.join(program).is_file())).unwrap_or(false)
 }
 
 fn environment_text(devices: &[String]) -> String {

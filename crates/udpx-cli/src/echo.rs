@@ -11,7 +11,7 @@ use udpx_echo::bench::{self as echo_bench, EchoBenchConfig};
 use udpx_echo::load::{self, LoadConfig};
 use udpx_echo::server::{self, Mode, ServeConfig};
 
-use crate::exit;
+use crate::util::{self, duration, which};
 
 #[derive(Args, Debug)]
 pub struct EchoArgs {
@@ -132,15 +132,7 @@ struct EchoBenchArgs {
 }
 
 fn usage(msg: impl std::fmt::Display) -> ExitCode {
-    eprintln!("udpx echo: {msg}");
-    ExitCode::from(exit::USAGE)
-}
-
-fn secs(flag: &str, s: f64) -> Result<Duration, String> {
-    if !(s > 0.0 && s <= 3600.0) {
-        return Err(format!("{flag} {s}: give seconds, more than 0 and at most 3600"));
-    }
-    Ok(Duration::from_secs_f64(s))
+    util::usage("echo", msg)
 }
 
 pub fn main(a: EchoArgs) -> ExitCode {
@@ -172,7 +164,7 @@ fn serve(a: ServeArgs) -> ExitCode {
     if a.rate_limit == Some(0) {
         return usage("--rate-limit 0: give at least 1 request per second, or leave it out");
     }
-    let dur = match a.duration.map(|d| secs("--duration", d)).transpose() {
+    let dur = match a.duration.map(|d| duration("--duration", d)).transpose() {
         Ok(d) => d,
         Err(e) => return usage(e),
     };
@@ -219,7 +211,7 @@ fn serve(a: ServeArgs) -> ExitCode {
 }
 
 fn load_main(a: LoadArgs) -> ExitCode {
-    let dur = match secs("--duration", a.duration) {
+    let dur = match duration("--duration", a.duration) {
         Ok(d) => d,
         Err(e) => return usage(e),
     };
@@ -262,7 +254,7 @@ fn load_main(a: LoadArgs) -> ExitCode {
 }
 
 fn bench(a: EchoBenchArgs) -> ExitCode {
-    let dur = match secs("--duration", a.duration) {
+    let dur = match duration("--duration", a.duration) {
         Ok(d) => d,
         Err(e) => return usage(e),
     };
@@ -324,8 +316,4 @@ fn bench(a: EchoBenchArgs) -> ExitCode {
             ExitCode::FAILURE
         }
     }
-}
-
-fn which(program: &str) -> bool {
-    std::env::var_os("PATH").map(|p| std::env::split_paths(&p).any(|d| d.join(program).is_file())).unwrap_or(false)
 }

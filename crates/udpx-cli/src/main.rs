@@ -39,6 +39,31 @@ struct ProbeArgs {
     json: bool,
 }
 
+/// Helpers every subcommand shares.
+pub mod util {
+    use std::process::ExitCode;
+    use std::time::Duration;
+
+    /// Prints `udpx <cmd>: <msg>` and returns the usage exit code.
+    pub fn usage(cmd: &str, msg: impl std::fmt::Display) -> ExitCode {
+        eprintln!("udpx {cmd}: {msg}");
+        ExitCode::from(super::exit::USAGE)
+    }
+
+    /// A duration flag: seconds, more than 0 and at most an hour.
+    pub fn duration(flag: &str, secs: f64) -> Result<Duration, String> {
+        if !(secs > 0.0 && secs <= 3600.0) {
+            return Err(format!("{flag} {secs}: give a duration in seconds, more than 0 and at most 3600"));
+        }
+        Ok(Duration::from_secs_f64(secs))
+    }
+
+    /// Whether `program` is an executable file on PATH.
+    pub fn which(program: &str) -> bool {
+        std::env::var_os("PATH").map(|p| std::env::split_paths(&p).any(|d| d.join(program).is_file())).unwrap_or(false)
+    }
+}
+
 /// Exit codes.
 pub mod exit {
     /// A flag out of range or a malformed command line.
