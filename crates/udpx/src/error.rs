@@ -142,13 +142,17 @@ impl std::error::Error for InvalidTransmit {}
 
 /// A send that stopped before every transmit went out.
 ///
-/// `sent` transmits (from the start of the slice) went out whole; the transmit at index `sent`
-/// did not go out at all — udpx never leaves a transmit half-sent when it returns — so the
-/// caller continues from `transmits[sent..]`.
+/// `sent` transmits (from the start of the slice) went out whole. On `WouldBlock` the transmit
+/// at index `sent` did not go out at all (udpx finishes a transmit it has started before it
+/// reports would-block), so the caller continues from `transmits[sent..]`. After a hard error
+/// in the middle of a segmented transmit that was being sent as plain datagrams (GSO off),
+/// `partial_segments` of its segments did go out: resend from that segment, not from its start.
 #[derive(Debug)]
 pub struct SendError {
     /// Transmits sent whole before the stop.
     pub sent: usize,
+    /// Segments of `transmits[sent]` already sent (0 unless it was split into plain datagrams).
+    pub partial_segments: usize,
     /// Why it stopped.
     pub kind: SendErrorKind,
 }
@@ -211,6 +215,11 @@ impl fmt::Display for SendError {
                 }
                 write!(f, " after {} transmits; send smaller datagrams or segments", self.sent)
             }
+            SendErrorKind::Io(e) if self.partial_segments > 0 => write!(
+                f,
+                "send failed after {} transmits and {} segments of the next: {e}",
+                self.sent, self.partial_segments
+            ),
             SendErrorKind::Io(e) => write!(f, "send failed after {} transmits: {e}", self.sent),
         }
     }

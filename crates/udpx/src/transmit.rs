@@ -296,7 +296,11 @@ impl UdpSocket {
     ) -> Result<usize, SendError> {
         let mut flags = flags;
         for (index, t) in transmits.iter().enumerate() {
-            self.validate(t).map_err(|reason| SendError { sent: 0, kind: SendErrorKind::Invalid { index, reason } })?;
+            self.validate(t).map_err(|reason| SendError {
+                sent: 0,
+                partial_segments: 0,
+                kind: SendErrorKind::Invalid { index, reason },
+            })?;
         }
         let mut scratch = self.send_scratch.lock().unwrap_or_else(|e| e.into_inner());
         let batched = self.send_mode.batches();
@@ -350,7 +354,11 @@ impl UdpSocket {
                         libc::EAGAIN => {
                             c.add(&c.would_block, 1);
                             if cur.seg == 0 && gso_suspect.is_none() {
-                                return Err(SendError { sent: cur.t, kind: SendErrorKind::WouldBlock });
+                                return Err(SendError {
+                                    sent: cur.t,
+                                    partial_segments: 0,
+                                    kind: SendErrorKind::WouldBlock,
+                                });
                             }
                             // Inside a split transmit: finish it before returning.
                             if !self.wait_writable(FINISH_WAIT).unwrap_or(false) {
@@ -463,8 +471,7 @@ impl UdpSocket {
     }
 
     fn fail(&self, cur: Cursor, kind: SendErrorKind) -> SendError {
-        debug_assert_eq!(cur.seg, 0, "a transmit was left half-sent");
-        SendError { sent: cur.t, kind }
+        SendError { sent: cur.t, partial_segments: cur.seg, kind }
     }
 
     /// Records that the path refused GSO: off for this socket from now on.

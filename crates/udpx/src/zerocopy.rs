@@ -318,7 +318,7 @@ impl UdpSocket {
     pub fn send_zerocopy(&self, dst: SocketAddr, buf: ZcBuf, segment_size: Option<usize>) -> Result<(), ZcSendError> {
         let t = Transmit { segment_size, ..Transmit::new(dst, &buf) };
         if let Err(reason) = self.validate(&t) {
-            let error = SendError { sent: 0, kind: SendErrorKind::Invalid { index: 0, reason } };
+            let error = SendError { sent: 0, partial_segments: 0, kind: SendErrorKind::Invalid { index: 0, reason } };
             return Err(ZcSendError { buf: Some(buf), error });
         }
         let Some(zc) = self.zc.as_ref() else {

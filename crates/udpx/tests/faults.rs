@@ -195,3 +195,26 @@ fn other_errors_are_reported_not_swallowed() {
     assert!(matches!(&e.kind, SendErrorKind::Io(io) if io.raw_os_error() == Some(libc::EPERM)));
     assert_eq!(p.tx.counters().send_errors, 1);
 }
+
+#[test]
+fn hard_error_inside_a_split_transmit_reports_the_segments_sent() {
+    // A segmented transmit sent as plain datagrams (GSO off), a short batch, then a hard
+    // error: the error says how many of its segments went, and resending from there delivers
+    // every datagram exactly once.
+    let p = pair(SendMode::Sendmmsg);
+    let segs: Vec<Vec<u8>> = (0..10).map(|i| payload(i, 100)).collect();
+    let data = segs.concat();
+    let t = udpx::Transmit::new(p.rx.local_addr(), &data).segmented(100);
+    p.tx.inject_fault(Fault::Short(4));
+    p.tx.inject_fault(Fault::Errno(libc::EPERM));
+    let e = p.tx.send(&[t]).unwrap_err();
+    assert_eq!((e.sent, e.partial_segments), (0, 4), "{e}");
+    assert!(e.to_string().contains("4 segments"), "{e}");
+    let rest = udpx::Transmit::new(p.rx.local_addr(), &data[4 * 100..]).segmented(100);
+    p.tx.send(&[rest]).unwrap();
+    assert_same(
+        &segs,
+        &receive(&p.rx, 10, Duration::from_millis(300), Duration::from_secs(2)),
+        "resent from segment 4",
+    );
+}
