@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite, as CI runs it (.ci/run calls exactly this):
 #   setup (Debian packages the tests and bench need), format check, clippy with warnings as
-#   errors, micro benchmarks compiled, then every test of the workspace with the test-only
+#   errors, docs without broken links, micro benchmarks compiled, then every test of the workspace with the test-only
 #   fault-injection seam enabled.
 # Tests that need something this machine lacks (root, a kernel feature) print `SKIP: <why>`
 # and append a line to $UDPX_SKIP_LOG; the summary counts them as skipped, not passed.
@@ -13,6 +13,8 @@ echo "== cargo fmt --check"
 cargo fmt --all --check
 echo "== cargo clippy (warnings are errors)"
 cargo clippy --workspace --all-targets --all-features -q -- -D warnings
+echo "== docs build without broken links"
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps -q
 echo "== micro benchmarks compile"
 cargo bench --workspace --no-run -q 2>&1 | grep -v '^ *Executable' || true
 

@@ -373,7 +373,7 @@ pub fn parse_cpu_list(text: &str) -> Result<Vec<usize>, ParseError> {
 /// ```
 ///
 /// Strict about lines starting with `cpu` (a format change should fail loudly, not yield zero
-/// CPU time): each needs at least [`MIN_CPU_FIELDS`] numeric fields, a numeric CPU index and
+/// CPU time): each needs at least `MIN_CPU_FIELDS` numeric fields, a numeric CPU index and
 /// no repeat. At least one cpu line must be present.
 pub fn parse_proc_stat(text: &str) -> Result<Vec<(Option<usize>, CpuTimes)>, ParseError> {
     let mut out: Vec<(Option<usize>, CpuTimes)> = Vec::new();

@@ -1,6 +1,6 @@
 //! UDP transactions at scale (issue: `udpx echo`): an echo server over reuseport shards steered
 //! by CPU or QUIC connection ID, with batched system calls, and a load generator with latency
-//! percentiles. The table that compares the modes is in [`bench`].
+//! percentiles. The table that compares the modes is in [`mod@bench`].
 
 pub mod bench;
 pub mod load;

@@ -5,14 +5,14 @@
 //! `clippy::undocumented_unsafe_blocks`).
 //!
 //! One way to call the kernel:
-//! - [`cvt`] turns the C convention (`-1` and `errno`) into `io::Result`, keeping the errno;
-//! - [`retry`] is the one EINTR loop;
-//! - [`setsockopt`] / [`getsockopt`] are the one socket-option helper pair;
-//! - [`cmsg`] is the one control-message encoder (it finalizes `msg_controllen` on drop) and
+//! - `cvt` turns the C convention (`-1` and `errno`) into `io::Result`, keeping the errno;
+//! - `retry` is the one EINTR loop;
+//! - `setsockopt` / `getsockopt` are the one socket-option helper pair;
+//! - `cmsg` is the one control-message encoder (it finalizes `msg_controllen` on drop) and
 //!   decoder, over 8-byte-aligned buffers;
-//! - [`mmsg`] builds `mmsghdr` vectors for `sendmmsg`/`recvmmsg` (and their one-message
+//! - `mmsg` builds `mmsghdr` vectors for `sendmmsg`/`recvmmsg` (and their one-message
 //!   `sendmsg`/`recvmsg` forms);
-//! - [`fault`] is a test-only seam that makes the next send fail on demand.
+//! - `fault` is a test-only seam that makes the next send fail on demand.
 #![allow(unsafe_code)]
 
 pub(crate) mod addr;
