@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use clap::{Args, Subcommand, ValueEnum};
 use udpx::{SendMode, UdpSocket, Want};
-use udpx_bench::cpu::{online_cpus, pin_current_thread};
+use udpx_bench::cpu::{online_cpus, pin_current_thread, CpuSample, TickRate};
 use udpx_bench::matrix::{default_rows, run_matrix, ProfileResult};
 use udpx_bench::report;
 use udpx_bench::run::{Cpus, Path, RunConfig};
@@ -192,6 +192,48 @@ pub fn main(args: BenchArgs) -> ExitCode {
     }
 }
 
+/// The pinned CPU's busy time over a role's run, from /proc/stat (user, system, irq and
+/// softirq: on a veth or loopback path the receive stack runs in softirq on the sender's CPU).
+struct CpuWatch {
+    cpu: usize,
+    before: CpuSample,
+}
+
+impl CpuWatch {
+    fn start(cpu: Option<usize>) -> Option<CpuWatch> {
+        Some(CpuWatch { cpu: cpu?, before: CpuSample::now().ok()? })
+    }
+
+    /// (busy seconds, of which softirq seconds).
+    fn finish(&self) -> Option<(f64, f64)> {
+        let d = CpuSample::now().ok()?.diff(&self.before);
+        let rate = TickRate::system().ok()?;
+        let soft = d.times(Some(self.cpu)).map(|t| rate.to_secs_f64(t.softirq)).unwrap_or(0.0);
+        Some((d.busy_time(&[self.cpu], rate).as_secs_f64(), soft))
+    }
+
+    fn json(&self, bytes: u64) -> serde_json::Value {
+        match self.finish() {
+            Some((busy, soft)) => serde_json::json!({
+                "cpu": self.cpu, "busy_secs": busy, "softirq_secs": soft,
+                "busy_cpu_secs_per_gb": udpx_bench::run::per_gb(busy, bytes)
+            }),
+            None => serde_json::Value::Null,
+        }
+    }
+
+    fn text(&self, bytes: u64) -> String {
+        match self.finish() {
+            Some((busy, soft)) => format!(
+                "; pinned CPU {}: {busy:.2}s busy ({soft:.2}s softirq), {:.2} CPU-s/GB",
+                self.cpu,
+                udpx_bench::run::per_gb(busy, bytes)
+            ),
+            None => String::new(),
+        }
+    }
+}
+
 fn print_interval(side: &str, iv: &Interval) {
     let s = iv.secs.max(1e-9);
     println!(
@@ -260,6 +302,7 @@ fn tx(a: TxArgs) -> ExitCode {
             print_interval("tx", iv)
         }
     };
+    let watch = CpuWatch::start(a.common.cpu);
     let res = match proto {
         Proto::Udp(mode) => {
             let zc_cfg = udpx::ZcConfig {
@@ -289,11 +332,11 @@ fn tx(a: TxArgs) -> ExitCode {
             if json {
                 println!(
                     "{}",
-                    serde_json::json!({ "role": "tx", "dst": dst.to_string(), "mode": format!("{:?}", a.mode), "size": size, "result": r, "cpu_secs_per_gb": udpx_bench::run::per_gb(cpu, r.bytes) })
+                    serde_json::json!({ "role": "tx", "dst": dst.to_string(), "mode": format!("{:?}", a.mode), "size": size, "result": r, "cpu_secs_per_gb": udpx_bench::run::per_gb(cpu, r.bytes), "pinned_cpu": watch.as_ref().map(|w| w.json(r.bytes)) })
                 );
             } else {
                 println!(
-                    "tx summary: {:.1} MB/s, {:.2} Gbit/s, {:.0} calls/s, {:.0} datagrams/s, {:.1} datagrams/call, {:.2} CPU-s/GB (this thread: {:.2}s user + {:.2}s sys), {} GSO fallbacks",
+                    "tx summary: {:.1} MB/s, {:.2} Gbit/s, {:.0} calls/s, {:.0} datagrams/s, {:.1} datagrams/call, {:.2} CPU-s/GB (this thread: {:.2}s user + {:.2}s sys), {} GSO fallbacks{}",
                     r.bytes as f64 / r.secs / 1e6,
                     r.bytes as f64 * 8.0 / r.secs / 1e9,
                     r.calls as f64 / r.secs,
@@ -302,7 +345,8 @@ fn tx(a: TxArgs) -> ExitCode {
                     udpx_bench::run::per_gb(cpu, r.bytes),
                     r.user_secs,
                     r.sys_secs,
-                    r.gso_fallbacks
+                    r.gso_fallbacks,
+                    watch.as_ref().map(|w| w.text(r.bytes)).unwrap_or_default()
                 );
             }
             ExitCode::SUCCESS
@@ -333,6 +377,7 @@ fn rx(a: RxArgs) -> ExitCode {
             print_interval("rx", iv)
         }
     };
+    let watch = CpuWatch::start(a.common.cpu);
     let res = if a.tcp {
         let l = match std::net::TcpListener::bind(local) {
             Ok(l) => l,
@@ -363,11 +408,14 @@ fn rx(a: RxArgs) -> ExitCode {
     match res {
         Ok(r) => {
             if json {
-                println!("{}", serde_json::json!({ "role": "rx", "gro": a.gro, "result": r }));
+                println!(
+                    "{}",
+                    serde_json::json!({ "role": "rx", "gro": a.gro, "result": r, "pinned_cpu": watch.as_ref().map(|w| w.json(r.bytes)) })
+                );
             } else {
                 let s = r.secs.max(1e-9);
                 println!(
-                    "rx summary: {:.1} MB/s, {:.2} Gbit/s, {} datagrams, {:.0} calls/s, {:.1} datagrams/call, {} GRO buffers, {} truncated, {} kernel drops{}",
+                    "rx summary: {:.1} MB/s, {:.2} Gbit/s, {} datagrams, {:.0} calls/s, {:.1} datagrams/call, {} GRO buffers, {} truncated, {} kernel drops{}, this thread {:.2}s user + {:.2}s sys{}",
                     r.bytes as f64 / s / 1e6,
                     r.bytes as f64 * 8.0 / s / 1e9,
                     r.datagrams,
@@ -376,7 +424,10 @@ fn rx(a: RxArgs) -> ExitCode {
                     r.gro_buffers,
                     r.truncated,
                     r.kernel_drops,
-                    r.seq.as_ref().map(|t| format!(", lost {}, reordered {}, corrupt {}", t.lost(), t.reordered, t.corrupt)).unwrap_or_default()
+                    r.seq.as_ref().map(|t| format!(", lost {}, reordered {}, corrupt {}", t.lost(), t.reordered, t.corrupt)).unwrap_or_default(),
+                    r.user_secs,
+                    r.sys_secs,
+                    watch.as_ref().map(|w| w.text(r.bytes)).unwrap_or_default()
                 );
             }
             ExitCode::SUCCESS
