@@ -165,7 +165,7 @@ pub fn run_rx(
     if let Some(s) = sock {
         let c = s.counters().since(&c0);
         res.calls = c.recv_calls;
-        res.kernel_drops = s.counters().kernel_drops;
+        res.kernel_drops = s.kernel_drops().map(u64::from).unwrap_or(s.counters().kernel_drops);
     }
     res.seq = tracker;
     Ok(res)

@@ -120,6 +120,9 @@ struct EchoBenchArgs {
     /// Request size.
     #[arg(short = 's', long, default_value_t = 100)]
     size: usize,
+    /// Runs of every mode, interleaved; the table shows medians.
+    #[arg(long, default_value_t = 3)]
+    repeat: usize,
     /// Loopback even as root.
     #[arg(long)]
     loopback: bool,
@@ -271,7 +274,11 @@ fn bench(a: EchoBenchArgs) -> ExitCode {
         size: a.size,
         veth,
         sockperf: !a.no_sockperf && which("sockperf") && which("taskset"),
+        repeat: a.repeat,
     };
+    if a.repeat == 0 || a.repeat > 20 {
+        return usage(format!("--repeat {}: give 1 to 20 runs", a.repeat));
+    }
     let probe = LoadConfig {
         dst: SocketAddr::from(([127, 0, 0, 1], 1)),
         bind: SocketAddr::from(([127, 0, 0, 1], 0)),
@@ -297,8 +304,9 @@ fn bench(a: EchoBenchArgs) -> ExitCode {
                 println!("{}", serde_json::json!({ "path": path, "config": cfg, "rows": rows, "checks": checks }));
             } else {
                 println!(
-                    "Path: {path}; {} flows x {} outstanding, {} B requests, {} s per mode.\n",
-                    cfg.flows, cfg.outstanding, cfg.size, a.duration
+                    "Path: {path}; {} flows x {} outstanding, {} B requests, {} s per mode, median of {} interleaved runs.\n",
+                    cfg.flows, cfg.outstanding, cfg.size, a.duration,
+                    a.repeat
                 );
                 println!("{}", echo_bench::table(&rows));
                 for (what, ratio, at_most, met) in &checks {

@@ -237,7 +237,7 @@ fn echo_serve_and_load_agree() {
 
 #[test]
 fn echo_bench_runs_every_mode() {
-    let o = udpx(&["echo", "bench", "--duration", "0.3", "--json"]);
+    let o = udpx(&["echo", "bench", "--duration", "0.3", "--repeat", "1", "--json"]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let v = json(&o);
     let rows = v["rows"].as_array().unwrap();

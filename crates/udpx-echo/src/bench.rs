@@ -33,6 +33,8 @@ pub struct EchoBenchConfig {
     pub veth: bool,
     /// Include sockperf's server.
     pub sockperf: bool,
+    /// Runs of every row, interleaved (A B C … A B C …); the table shows medians.
+    pub repeat: usize,
 }
 
 /// One row of the table.
@@ -91,44 +93,87 @@ pub fn run(cfg: &EchoBenchConfig, progress: &mut dyn FnMut(&str)) -> Result<(Vec
         ),
         None => format!("LOOPBACK (not root); generator on CPU {gen_cpu}, server on CPU {srv_cpu}"),
     };
-    let mut out = Vec::new();
-    for (label, mode, batch) in rows() {
-        progress(&label);
-        let sc = ServeConfig {
-            bind: SocketAddr::new(srv_ip, 0),
-            mode,
-            threads: 1,
-            batch,
-            rate_limit: None,
-            cpus: Some(vec![srv_cpu]),
-        };
-        let bound = match &net {
-            Some(n) => n.ns(Side::Rx).run(move || server::bind(&sc)),
-            None => server::bind(&sc),
-        };
-        let row = match bound {
-            Ok(b) => {
-                let srv = server::start(b);
-                let measured = measure(cfg, net.as_ref(), gen_ip, srv.addr, srv_cpu, gen_cpu);
-                let shards = srv.stop();
-                match measured {
-                    Ok((load, cpu)) => EchoRow { label, load, server_cpu_s_per_m: cpu, shards, error: None },
-                    Err(e) => failed(label, e),
+    let mut runs: Vec<Vec<EchoRow>> = Vec::new();
+    for _ in 0..cfg.repeat.max(1) {
+        let mut out = Vec::new();
+        for (label, mode, batch) in rows() {
+            progress(&label);
+            let sc = ServeConfig {
+                bind: SocketAddr::new(srv_ip, 0),
+                mode,
+                threads: 1,
+                batch,
+                rate_limit: None,
+                cpus: Some(vec![srv_cpu]),
+            };
+            let bound = match &net {
+                Some(n) => n.ns(Side::Rx).run(move || server::bind(&sc)),
+                None => server::bind(&sc),
+            };
+            let row = match bound {
+                Ok(b) => {
+                    let srv = server::start(b);
+                    let measured = measure(cfg, net.as_ref(), gen_ip, srv.addr, srv_cpu, gen_cpu);
+                    let shards = srv.stop();
+                    match measured {
+                        Ok((load, cpu)) => EchoRow { label, load, server_cpu_s_per_m: cpu, shards, error: None },
+                        Err(e) => failed(label, e),
+                    }
                 }
-            }
-            Err(e) => failed(label, e),
-        };
-        out.push(row);
+                Err(e) => failed(label, e),
+            };
+            out.push(row);
+        }
+        if cfg.sockperf {
+            progress("sockperf sr");
+            let label = "sockperf server (reference)".to_string();
+            out.push(match sockperf_row(cfg, net.as_ref(), gen_ip, srv_ip, srv_cpu, gen_cpu) {
+                Ok((load, cpu)) => EchoRow { label, load, server_cpu_s_per_m: cpu, shards: Vec::new(), error: None },
+                Err(e) => failed(label, e),
+            });
+        }
+        runs.push(out);
     }
-    if cfg.sockperf {
-        progress("sockperf sr");
-        let label = "sockperf server (reference)".to_string();
-        out.push(match sockperf_row(cfg, net.as_ref(), gen_ip, srv_ip, srv_cpu, gen_cpu) {
-            Ok((load, cpu)) => EchoRow { label, load, server_cpu_s_per_m: cpu, shards: Vec::new(), error: None },
-            Err(e) => failed(label, e),
-        });
-    }
+    let out = (0..runs[0].len()).map(|i| merge(runs.iter().map(|r| r[i].clone()).collect())).collect();
     Ok((out, path))
+}
+
+/// Field-wise medians of one row's runs; losses add up; the first error wins.
+fn merge(rows: Vec<EchoRow>) -> EchoRow {
+    use udpx_bench::matrix::median;
+    let ok: Vec<&EchoRow> = rows.iter().filter(|r| r.error.is_none()).collect();
+    let Some(first) = ok.first() else {
+        return rows.into_iter().next().unwrap_or_else(|| failed(String::new(), "no run".into()));
+    };
+    let med = |f: fn(&EchoRow) -> f64| median(ok.iter().map(|r| f(r)).collect());
+    let mut load = first.load.clone();
+    load.tps = med(|r| r.load.tps);
+    load.p50_us = med(|r| r.load.p50_us);
+    load.p90_us = med(|r| r.load.p90_us);
+    load.p99_us = med(|r| r.load.p99_us);
+    load.p999_us = med(|r| r.load.p999_us);
+    load.max_us = ok.iter().map(|r| r.load.max_us).fold(0.0, f64::max);
+    load.sent = ok.iter().map(|r| r.load.sent).sum();
+    load.received = ok.iter().map(|r| r.load.received).sum();
+    load.lost = ok.iter().map(|r| r.load.lost).sum();
+    load.unexpected = ok.iter().map(|r| r.load.unexpected).sum();
+    let mut shards = first.shards.clone();
+    for r in &ok[1..] {
+        for (a, b) in shards.iter_mut().zip(&r.shards) {
+            a.requests += b.requests;
+            a.recv_calls += b.recv_calls;
+            a.replies += b.replies;
+            a.malformed += b.malformed;
+            a.kernel_drops += b.kernel_drops;
+        }
+    }
+    EchoRow {
+        label: first.label.clone(),
+        load,
+        server_cpu_s_per_m: med(|r| r.server_cpu_s_per_m),
+        shards,
+        error: rows.iter().find_map(|r| r.error.clone()),
+    }
 }
 
 fn failed(label: String, e: String) -> EchoRow {

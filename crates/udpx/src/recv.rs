@@ -126,24 +126,24 @@ impl UdpSocket {
             }
         }
         let n = bufs.len().min(meta.len()).min(BATCH);
-        let mut raw = [RawRecv::default(); BATCH];
-        let got = {
-            let mut scratch = self.recv_scratch.lock().unwrap_or_else(|e| e.into_inner());
-            let mmsg = self.recv_mode == crate::RecvMode::Recvmmsg;
-            scratch.recv(self.fd_ref(), &mut bufs[..n], &mut raw[..n], mmsg)?
-        };
         let fallback = self.peer.unwrap_or(self.local);
         let c = &self.counters;
         let (mut dgrams, mut bytes, mut gro, mut trunc, mut drops) = (0, 0, 0, 0, 0);
-        for (m, r) in meta.iter_mut().zip(&raw[..got]) {
-            *m = RecvMeta::from_raw(r, fallback);
-            let segs = m.segment_count() as u64;
-            dgrams += segs;
-            bytes += m.len as u64;
-            gro += (segs > 1) as u64;
-            trunc += m.truncated as u64;
-            drops = drops.max(m.kernel_drops.unwrap_or(0) as u64);
-        }
+        let got = {
+            let mut scratch = self.recv_scratch.lock().unwrap_or_else(|e| e.into_inner());
+            let mmsg = self.recv_mode == crate::RecvMode::Recvmmsg;
+            let got = scratch.recv(self.fd_ref(), &mut bufs[..n], mmsg)?;
+            for (m, r) in meta.iter_mut().zip(scratch.results(got)) {
+                *m = RecvMeta::from_raw(r, fallback);
+                let segs = m.segment_count() as u64;
+                dgrams += segs;
+                bytes += m.len as u64;
+                gro += (segs > 1) as u64;
+                trunc += m.truncated as u64;
+                drops = drops.max(m.kernel_drops.unwrap_or(0) as u64);
+            }
+            got
+        };
         c.add(&c.recv_calls, 1);
         c.add(&c.messages_received, got as u64);
         c.add(&c.datagrams_received, dgrams);

@@ -541,6 +541,12 @@ impl UdpSocket {
         })
     }
 
+    /// Datagrams the kernel has dropped on this socket so far (receive buffer full, checksum
+    /// errors), read with `SO_MEMINFO`: no per-datagram control message needed.
+    pub fn kernel_drops(&self) -> io::Result<u32> {
+        Ok(sys::meminfo(self.fd.as_fd())?[8])
+    }
+
     /// Sets or clears `O_NONBLOCK`.
     pub fn set_nonblocking(&self, on: bool) -> io::Result<()> {
         sys::set_nonblocking(self.fd.as_fd(), on)

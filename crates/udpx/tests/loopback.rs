@@ -272,3 +272,14 @@ fn nonblocking_empty_receive_would_block() {
     let e = rx.recv(&mut [IoSliceMut::new(&mut buf)], &mut [RecvMeta::default()]).unwrap_err();
     assert_eq!(e.kind(), std::io::ErrorKind::WouldBlock);
 }
+
+#[test]
+fn kernel_drops_readable_without_cmsgs() {
+    let rx = UdpSocket::builder(lo4()).recv_buffer(4096).rxq_ovfl(Want::Off).bind().unwrap();
+    let tx = UdpSocket::builder(lo4()).send_mode(SendMode::Sendmmsg).bind().unwrap();
+    let d = vec![1u8; 1000];
+    let ts: Vec<Transmit<'_>> = (0..200).map(|_| Transmit::new(rx.local_addr(), &d)).collect();
+    tx.send(&ts).unwrap();
+    let got = receive(&rx, 200, Duration::from_millis(200), Duration::from_secs(2));
+    assert_eq!(rx.kernel_drops().unwrap() as usize, 200 - got.datagrams.len());
+}

@@ -167,6 +167,8 @@ pub(crate) struct RecvScratch {
     hdrs: [libc::mmsghdr; BATCH],
     names: [SockAddr; BATCH],
     ctrl: [CmsgBuf; BATCH],
+    /// What the last call received, decoded (reused: no per-call initialization).
+    out: [RawRecv; BATCH],
 }
 
 // SAFETY: as for SendScratch: pointers are rewritten before each call and unused between.
@@ -179,20 +181,20 @@ impl RecvScratch {
             hdrs: unsafe { mem::zeroed() },
             names: [SockAddr::empty(); BATCH],
             ctrl: [CmsgBuf::default(); BATCH],
+            out: [RawRecv::default(); BATCH],
         })
+    }
+
+    /// The decoded results of the last [`RecvScratch::recv`] that returned `got`.
+    pub(crate) fn results(&self, got: usize) -> &[RawRecv] {
+        &self.out[..got.min(BATCH)]
     }
 
     /// Receives into `bufs` (one datagram or GRO buffer each): with `mmsg` as many as are
     /// queued, up to `bufs.len()` and [`BATCH`], in one `recvmmsg` (MSG_WAITFORONE: block for
     /// the first only); otherwise one with `recvmsg`.
-    pub(crate) fn recv(
-        &mut self,
-        fd: BorrowedFd<'_>,
-        bufs: &mut [IoSliceMut<'_>],
-        out: &mut [RawRecv],
-        mmsg: bool,
-    ) -> io::Result<usize> {
-        let n = bufs.len().min(out.len()).min(if mmsg { BATCH } else { 1 });
+    pub(crate) fn recv(&mut self, fd: BorrowedFd<'_>, bufs: &mut [IoSliceMut<'_>], mmsg: bool) -> io::Result<usize> {
+        let n = bufs.len().min(if mmsg { BATCH } else { 1 });
         if n == 0 {
             return Ok(0);
         }
@@ -263,7 +265,7 @@ impl RecvScratch {
                 Cmsg::RxqOvfl(d) => r.drops = Some(d),
                 _ => {}
             });
-            out[i] = r;
+            self.out[i] = r;
         }
         Ok(got)
     }

@@ -111,6 +111,20 @@ pub(crate) fn attach_reuseport_cbpf(fd: BorrowedFd<'_>, prog: &[libc::sock_filte
     setsockopt(fd, libc::SOL_SOCKET, libc::SO_ATTACH_REUSEPORT_CBPF, fprog)
 }
 
+/// `SO_MEMINFO`: the socket's memory counters (`include/uapi/linux/sock_diag.h`); index
+/// `SK_MEMINFO_DROPS` (8) is the drop count, the same number SO_RXQ_OVFL reports, read without
+/// a control message on every datagram.
+pub(crate) fn meminfo(fd: BorrowedFd<'_>) -> io::Result<[u32; 9]> {
+    let mut v = [0u32; 9];
+    let mut len = mem::size_of_val(&v) as libc::socklen_t;
+    // SAFETY: `v` and `len` are valid for writes; len says how many bytes v holds; the kernel
+    // writes at most that many.
+    cvt(unsafe {
+        libc::getsockopt(fd.as_raw_fd(), libc::SOL_SOCKET, libc::SO_MEMINFO, v.as_mut_ptr().cast(), &mut len)
+    })?;
+    Ok(v)
+}
+
 /// `bind(2)`.
 pub(crate) fn bind(fd: BorrowedFd<'_>, addr: &std::net::SocketAddr) -> io::Result<()> {
     let raw = addr::SockAddr::from_std(addr);
