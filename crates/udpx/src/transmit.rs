@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use crate::error::{InvalidTransmit, SendError, SendErrorKind};
 use crate::socket::{Family, UdpSocket};
-use crate::sys::mmsg::{OutMsg, BATCH};
+use crate::sys::mmsg::{MsgMeta, OutMsg, SendScratch, BATCH};
 use crate::txtime::Timestamp;
 
 /// Largest UDP payload over IPv4: 65,535 − 20 (IP header) − 8 (UDP header).
@@ -173,16 +173,6 @@ struct Cursor {
     seg: usize,
 }
 
-/// What one planned message covers.
-#[derive(Debug, Clone, Copy)]
-struct Span {
-    t: usize,
-    first_seg: usize,
-    segs: usize,
-    /// Whether this message finishes its transmit.
-    last: bool,
-}
-
 /// What a transmit is checked against: the socket's family and the kernel's limits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PathLimits {
@@ -305,15 +295,13 @@ impl UdpSocket {
         let mut scratch = self.send_scratch.lock().unwrap_or_else(|e| e.into_inner());
         let batched = self.send_mode.batches();
         let mut cur = Cursor::default();
-        let mut msgs: Vec<OutMsg<'_>> = Vec::with_capacity(if batched { BATCH.min(transmits.len() * 2) } else { 1 });
-        let mut spans: Vec<Span> = Vec::with_capacity(msgs.capacity());
         let mut enobufs = 0u32;
         // A transmit being re-sent plain after its GSO send was refused: (index, errno).
         let mut gso_suspect: Option<(usize, i32)> = None;
         let c = &self.counters;
         while cur.t < transmits.len() {
-            self.plan(transmits, cur, if batched { BATCH } else { 1 }, gso_suspect.map(|s| s.0), &mut msgs, &mut spans);
-            let res = scratch.send(self.fd_ref(), self.family.is_v6(), &msgs, batched, flags, &self.faults);
+            self.plan(transmits, cur, if batched { BATCH } else { 1 }, gso_suspect.map(|s| s.0), &mut scratch);
+            let res = scratch.send_filled(self.fd_ref(), batched, flags, &self.faults);
             c.add(&c.send_calls, 1);
             match res {
                 Ok(n) => {
@@ -321,14 +309,14 @@ impl UdpSocket {
                     if flags & libc::MSG_ZEROCOPY != 0 {
                         *zc_msgs += n as u32;
                     }
-                    if n < msgs.len() {
+                    if n < scratch.len() {
                         c.add(&c.partial_sends, 1);
                     }
                     let (mut dgrams, mut bytes, mut gso) = (0, 0, 0);
-                    for (m, s) in msgs[..n].iter().zip(&spans[..n]) {
+                    for s in &scratch.metas()[..n] {
                         dgrams += s.segs as u64;
-                        bytes += m.payload.len() as u64;
-                        gso += m.segment_size.is_some() as u64;
+                        bytes += s.len as u64;
+                        gso += s.segment_size.is_some() as u64;
                         cur = if s.last {
                             Cursor { t: s.t + 1, seg: 0 }
                         } else {
@@ -348,8 +336,8 @@ impl UdpSocket {
                 }
                 Err(e) => {
                     let errno = e.raw_os_error().unwrap_or(0);
-                    let first = msgs[0];
-                    let first_span = spans[0];
+                    let first_span = scratch.metas()[0];
+                    let first_seg = first_span.segment_size;
                     match errno {
                         libc::EAGAIN => {
                             c.add(&c.would_block, 1);
@@ -386,15 +374,13 @@ impl UdpSocket {
                             enobufs += 1;
                         }
                         libc::EINVAL
-                            if first.segment_size.is_some()
-                                && first_span.segs > 64
-                                && self.caps.max_segments() > 64 =>
+                            if first_seg.is_some() && first_span.segs > 64 && self.caps.max_segments() > 64 =>
                         {
                             self.caps.gso_max_segments.store(64, Ordering::Relaxed);
                             c.add(&c.segment_limit_lowered, 1);
                             log::warn!("udpx: kernel refused {} GSO segments; limit lowered to 64", first_span.segs);
                         }
-                        libc::EIO | libc::EINVAL if first.segment_size.is_some() => {
+                        libc::EIO | libc::EINVAL if first_seg.is_some() => {
                             // Re-send this transmit plain at once; decide after.
                             gso_suspect = Some((first_span.t, errno));
                         }
@@ -402,14 +388,13 @@ impl UdpSocket {
                             c.add(&c.emsgsize, 1);
                             // A plain re-send after a GSO refusal failed on size: the refusal
                             // was about size, not the device. GSO stays on.
-                            let seg = first
-                                .segment_size
+                            let seg = first_seg
                                 .map(usize::from)
                                 .or_else(|| gso_suspect.and_then(|(t, _)| transmits[t].segment_size));
                             return Err(self.fail(
                                 cur,
                                 SendErrorKind::MessageTooLarge {
-                                    len: first.payload.len().max(transmits[first_span.t].contents.len()),
+                                    len: first_span.len.max(transmits[first_span.t].contents.len()),
                                     segment_size: seg,
                                     path_mtu: self.path_mtu(),
                                 },
@@ -429,20 +414,19 @@ impl UdpSocket {
     /// Builds the next batch of messages from `cur`: GSO messages of at most the segment limit
     /// where segmenting is on, one message per segment where it is off (or `plain_t` says this
     /// transmit must go plain), whole contents otherwise.
-    fn plan<'a>(
+    fn plan(
         &self,
-        transmits: &[Transmit<'a>],
+        transmits: &[Transmit<'_>],
         mut cur: Cursor,
         cap: usize,
         plain_t: Option<usize>,
-        msgs: &mut Vec<OutMsg<'a>>,
-        spans: &mut Vec<Span>,
+        out: &mut SendScratch,
     ) {
-        msgs.clear();
-        spans.clear();
+        out.clear();
+        let v6 = self.family.is_v6();
         let gso = self.caps.gso_enabled();
         let max_segs = self.caps.max_segments().max(1);
-        while msgs.len() < cap && cur.t < transmits.len() {
+        while out.len() < cap && cur.t < transmits.len() {
             let t = &transmits[cur.t];
             let to_peer = self.peer == Some(t.destination);
             let base = OutMsg {
@@ -456,11 +440,11 @@ impl UdpSocket {
             };
             let total = t.segments();
             let per_msg = if gso && plain_t != Some(cur.t) { max_segs } else { 1 };
-            while msgs.len() < cap && cur.seg < total {
+            while out.len() < cap && cur.seg < total {
                 let (range, n, seg) = chunk(t, cur.seg, per_msg);
-                msgs.push(OutMsg { payload: &t.contents[range], segment_size: seg.map(|s| s as u16), ..base });
+                let msg = OutMsg { payload: &t.contents[range], segment_size: seg.map(|s| s as u16), ..base };
                 let last = cur.seg + n == total;
-                spans.push(Span { t: cur.t, first_seg: cur.seg, segs: n, last });
+                out.push(&msg, v6, MsgMeta { t: cur.t, first_seg: cur.seg, segs: n, last, ..MsgMeta::default() });
                 if last {
                     cur = Cursor { t: cur.t + 1, seg: 0 };
                     break;

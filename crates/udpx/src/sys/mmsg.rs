@@ -48,12 +48,33 @@ pub(crate) struct OutMsg<'a> {
     pub txtime: Option<u64>,
 }
 
-/// Reusable send vectors of one socket.
+/// What a planned message covers, kept beside its header for the accounting after the call.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct MsgMeta {
+    /// Index of the transmit.
+    pub t: usize,
+    /// Its first segment in this message.
+    pub first_seg: usize,
+    /// Segments (datagrams on the wire).
+    pub segs: usize,
+    /// This message finishes its transmit.
+    pub last: bool,
+    /// Payload bytes.
+    pub len: usize,
+    /// `UDP_SEGMENT` attached.
+    pub segment_size: Option<u16>,
+}
+
+/// Reusable send vectors of one socket. Messages are planned straight into it
+/// ([`SendScratch::push`]) and sent with [`SendScratch::send_filled`] in the same call, while
+/// the payloads the headers point at are still borrowed by the caller: no allocation per send.
 pub(crate) struct SendScratch {
     hdrs: [libc::mmsghdr; BATCH],
     iovs: [libc::iovec; BATCH],
     names: [SockAddr; BATCH],
     ctrl: [CmsgBuf; BATCH],
+    meta: [MsgMeta; BATCH],
+    len: usize,
 }
 
 // SAFETY: the raw pointers inside the headers are written at the start of every call and only
@@ -72,11 +93,72 @@ impl SendScratch {
             iovs: unsafe { mem::zeroed() },
             names: [SockAddr::empty(); BATCH],
             ctrl: [CmsgBuf::default(); BATCH],
+            meta: [MsgMeta::default(); BATCH],
+            len: 0,
         })
     }
 
-    /// Sends `msgs[..]`: with `mmsg`, up to [`BATCH`] of them in one `sendmmsg`; otherwise the
-    /// first one with `sendmsg`. Returns how many messages the kernel took (≥ 1 on success).
+    /// Forgets the planned messages.
+    pub(crate) fn clear(&mut self) {
+        self.len = 0;
+    }
+
+    /// Messages planned.
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// The planned messages' coverage, in order.
+    pub(crate) fn metas(&self) -> &[MsgMeta] {
+        &self.meta[..self.len]
+    }
+
+    /// Plans one more message (at most [`BATCH`]). The payload must stay alive until
+    /// [`SendScratch::send_filled`] returns, which every caller ensures by sending within the
+    /// borrow of its transmits.
+    pub(crate) fn push(&mut self, m: &OutMsg<'_>, v6_socket: bool, meta: MsgMeta) {
+        let i = self.len;
+        assert!(i < BATCH, "udpx bug: more than {BATCH} messages planned");
+        self.fill(i, m, v6_socket);
+        self.meta[i] = MsgMeta { len: m.payload.len(), segment_size: m.segment_size, ..meta };
+        self.len += 1;
+    }
+
+    /// Sends the planned messages: with `mmsg` all of them in one `sendmmsg`, otherwise the
+    /// first with `sendmsg`. Returns how many the kernel took (≥ 1 on success).
+    pub(crate) fn send_filled(
+        &mut self,
+        fd: BorrowedFd<'_>,
+        mmsg: bool,
+        flags: libc::c_int,
+        faults: &Faults,
+    ) -> io::Result<usize> {
+        let mut n = if mmsg { self.len } else { self.len.min(1) };
+        if n == 0 {
+            return Ok(0);
+        }
+        match faults.next() {
+            Some(Fault::Errno(e)) => return Err(io::Error::from_raw_os_error(e)),
+            Some(Fault::Short(k)) if mmsg => n = n.min(k.max(1)),
+            _ => {}
+        }
+        if mmsg {
+            // sendmmsg(sockfd, msgvec, vlen, flags): msgvec[0..vlen] are initialized headers
+            // whose pointers target live buffers (filled by push within the caller's borrow);
+            // flags: 0 or MSG_ZEROCOPY (blocking behaviour follows O_NONBLOCK).
+            let sent = retry(|| {
+                // SAFETY: see the comment above; hdrs has BATCH ≥ n entries.
+                cvt(unsafe { libc::sendmmsg(fd.as_raw_fd(), self.hdrs.as_mut_ptr(), n as u32, flags) })
+            })?;
+            Ok(sent as usize)
+        } else {
+            // SAFETY: hdrs[0].msg_hdr was filled by push with pointers into live buffers.
+            retry(|| cvt(unsafe { libc::sendmsg(fd.as_raw_fd(), &self.hdrs[0].msg_hdr, flags) }))?;
+            Ok(1)
+        }
+    }
+
+    /// Plans and sends `msgs` in one call (up to [`BATCH`]; one without `mmsg`).
     pub(crate) fn send(
         &mut self,
         fd: BorrowedFd<'_>,
@@ -86,32 +168,11 @@ impl SendScratch {
         flags: libc::c_int,
         faults: &Faults,
     ) -> io::Result<usize> {
-        let mut n = if mmsg { msgs.len().min(BATCH) } else { msgs.len().min(1) };
-        if n == 0 {
-            return Ok(0);
+        self.clear();
+        for m in msgs.iter().take(if mmsg { BATCH } else { 1 }) {
+            self.push(m, v6_socket, MsgMeta::default());
         }
-        for (i, m) in msgs[..n].iter().enumerate() {
-            self.fill(i, m, v6_socket);
-        }
-        match faults.next() {
-            Some(Fault::Errno(e)) => return Err(io::Error::from_raw_os_error(e)),
-            Some(Fault::Short(k)) if mmsg => n = n.min(k.max(1)),
-            _ => {}
-        }
-        if mmsg {
-            // sendmmsg(sockfd, msgvec, vlen, flags): msgvec[0..vlen] are initialized headers
-            // whose pointers target live buffers (filled above); flags: 0 or MSG_ZEROCOPY
-            // (blocking behaviour follows O_NONBLOCK).
-            let sent = retry(|| {
-                // SAFETY: see the comment above; hdrs has BATCH ≥ n entries.
-                cvt(unsafe { libc::sendmmsg(fd.as_raw_fd(), self.hdrs.as_mut_ptr(), n as u32, flags) })
-            })?;
-            Ok(sent as usize)
-        } else {
-            // SAFETY: hdrs[0].msg_hdr was filled above with pointers into live buffers.
-            retry(|| cvt(unsafe { libc::sendmsg(fd.as_raw_fd(), &self.hdrs[0].msg_hdr, flags) }))?;
-            Ok(1)
-        }
+        self.send_filled(fd, mmsg, flags, faults)
     }
 
     fn fill(&mut self, i: usize, m: &OutMsg<'_>, v6_socket: bool) {
