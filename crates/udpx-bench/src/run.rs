@@ -17,7 +17,7 @@ use udpx_netns::{run_bounded, Side, TestNet};
 
 use crate::cpu::{pin_current_thread, CpuSample, TickRate};
 use crate::rx::{run_rx, RxConfig, RxResult};
-use crate::tx::{run_tx, Proto, TxConfig, TxResult, Zc};
+use crate::tx::{prepare, run_prepared, Proto, TxConfig, TxResult, Zc};
 
 /// Where the traffic goes.
 #[derive(Debug, Clone, Copy)]
@@ -247,16 +247,22 @@ pub fn run_udpx(path: Path<'_>, kind: Kind, cfg: &RunConfig) -> Result<Measureme
     let (rxcpu, txcpu) = (cfg.cpus.rx, cfg.cpus.tx);
     let rx_handle = std::thread::spawn(move || {
         let _ = pin_current_thread(rxcpu);
-        b1.wait();
+        b1.wait(); // ready
+        b1.wait(); // go
         run_rx(&rx_cfg, rx_end.0.as_ref(), rx_end.1, &s1, &mut |_| {})
     });
     let tx_handle = std::thread::spawn(move || {
         let _ = pin_current_thread(txcpu);
-        b2.wait();
-        let r = run_tx(&txc, tx_end.0.as_ref(), tx_end.1, &s2, &mut |_| {});
+        // Buffers are made and touched before the clock starts (the barrier).
+        let prepared = prepare(&txc, tx_end.0.as_ref());
+        b2.wait(); // ready
+        b2.wait(); // go
+        let r = run_prepared(&txc, prepared, tx_end.0.as_ref(), tx_end.1, &s2, &mut |_| {});
         s2.store(true, Ordering::Relaxed);
         r
     });
+    // Both threads ready (buffers made, sockets pinned); then the clock starts, then they go.
+    barrier.wait();
     let before = CpuSample::now().map_err(|e| e.to_string())?;
     let t0 = Instant::now();
     barrier.wait();

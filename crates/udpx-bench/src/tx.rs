@@ -17,8 +17,45 @@ use crate::wire;
 
 /// Datagrams handed to one `UdpSocket::send` call.
 pub const PER_ITERATION: usize = 256;
-/// Working set for cache thrashing: larger than any last-level cache this runs on.
-pub const THRASH_BYTES: usize = 64 << 20;
+/// Smallest working set for cache thrashing.
+pub const THRASH_MIN: usize = 64 << 20;
+/// Largest working set for cache thrashing (memory is allocated and touched before each run).
+pub const THRASH_MAX: usize = 1 << 30;
+
+/// The last-level cache's size, from sysfs (`/sys/devices/system/cpu/cpu0/cache/index*/`).
+pub fn llc_bytes() -> Option<usize> {
+    let dir = std::fs::read_dir("/sys/devices/system/cpu/cpu0/cache").ok()?;
+    let mut best: Option<(u32, usize)> = None;
+    for e in dir.flatten() {
+        let p = e.path();
+        let level = std::fs::read_to_string(p.join("level")).ok().and_then(|l| l.trim().parse::<u32>().ok());
+        let size = std::fs::read_to_string(p.join("size")).ok().and_then(|s| parse_cache_size(&s));
+        if let (Some(l), Some(sz)) = (level, size) {
+            if best.is_none_or(|(bl, _)| l > bl) {
+                best = Some((l, sz));
+            }
+        }
+    }
+    best.map(|b| b.1)
+}
+
+/// Parses sysfs cache sizes: `32768K`, `2M`, `512`.
+pub fn parse_cache_size(s: &str) -> Option<usize> {
+    let s = s.trim();
+    let (num, mult) = match s.chars().last()? {
+        'K' | 'k' => (&s[..s.len() - 1], 1 << 10),
+        'M' | 'm' => (&s[..s.len() - 1], 1 << 20),
+        'G' | 'g' => (&s[..s.len() - 1], 1 << 30),
+        _ => (s, 1),
+    };
+    num.parse::<usize>().ok().map(|n| n * mult)
+}
+
+/// Working set for cache thrashing: twice the last-level cache, at least [`THRASH_MIN`] and at
+/// most [`THRASH_MAX`] (a VM may report its host's whole L3, hundreds of MiB).
+pub fn thrash_bytes() -> usize {
+    llc_bytes().map_or(THRASH_MIN, |l| (2 * l).clamp(THRASH_MIN, THRASH_MAX))
+}
 /// TCP write size (iperf3's default).
 pub const TCP_WRITE: usize = 128 << 10;
 
@@ -46,7 +83,7 @@ pub struct TxConfig {
     pub size: usize,
     /// How long to send.
     pub duration: Duration,
-    /// Rotate over [`THRASH_BYTES`] of buffers instead of reusing one.
+    /// Rotate over [`thrash_bytes`] of buffers instead of reusing one.
     pub cache_thrash: bool,
     /// Stamp a sequence number and checksum in every datagram.
     pub verify: bool,
@@ -120,6 +157,17 @@ pub struct TxResult {
     pub intervals: Vec<Interval>,
 }
 
+/// Buffers (and the zerocopy pool) made and touched before the clock starts, so a large
+/// cache-thrashing working set costs nothing inside the measurement.
+#[derive(Debug)]
+pub struct TxPrepared {
+    buf: Vec<u8>,
+    sums: Vec<u32>,
+    region: usize,
+    regions: usize,
+    zc_pool: Option<(ZcPool, usize)>,
+}
+
 /// Sends until `cfg.duration` passes or `stop` is set. `sock` is the UDP socket to use
 /// (created by the caller, possibly inside a namespace); for TCP, `tcp` is a connected stream.
 pub fn run_tx(
@@ -129,11 +177,17 @@ pub fn run_tx(
     stop: &AtomicBool,
     on_interval: &mut dyn FnMut(&Interval),
 ) -> std::io::Result<TxResult> {
+    let prepared = prepare(cfg, sock);
+    run_prepared(cfg, prepared, sock, tcp, stop, on_interval)
+}
+
+/// Makes the buffers [`run_prepared`] sends from.
+pub fn prepare(cfg: &TxConfig, sock: Option<&UdpSocket>) -> TxPrepared {
     let region = match cfg.proto {
         Proto::Udp(_) => PER_ITERATION * cfg.size,
         Proto::Tcp => TCP_WRITE,
     };
-    let regions = if cfg.cache_thrash { (THRASH_BYTES / region).max(2) } else { 1 };
+    let regions = if cfg.cache_thrash { (thrash_bytes() / region).max(2) } else { 1 };
     let mut buf = vec![0u8; region * regions];
     let mut sums = Vec::new();
     if cfg.verify && matches!(cfg.proto, Proto::Udp(_)) {
@@ -147,6 +201,23 @@ pub fn run_tx(
             *b = (i * 7 + 3) as u8;
         }
     }
+    let zc_pool = match (cfg.zerocopy, cfg.proto, sock) {
+        (true, Proto::Udp(_), Some(s)) => Some(zc_pool_for(cfg, s, regions)),
+        _ => None,
+    };
+    TxPrepared { buf, sums, region, regions, zc_pool }
+}
+
+/// Sends from prepared buffers until `cfg.duration` passes or `stop` is set.
+pub fn run_prepared(
+    cfg: &TxConfig,
+    prepared: TxPrepared,
+    sock: Option<&UdpSocket>,
+    tcp: Option<TcpStream>,
+    stop: &AtomicBool,
+    on_interval: &mut dyn FnMut(&Interval),
+) -> std::io::Result<TxResult> {
+    let TxPrepared { mut buf, sums, region, regions, zc_pool } = prepared;
     let cpu0 = ProcessCpu::thread().unwrap_or_default();
     let start = Instant::now();
     let mut res = TxResult::default();
@@ -155,7 +226,6 @@ pub fn run_tx(
     let mut seq: u64 = 0;
     let mut r = 0;
     let mut tcp = tcp;
-    let mut zc_pool: Option<(ZcPool, usize)> = None;
     let c0 = sock.map(|s| s.counters()).unwrap_or_default();
     loop {
         let now = Instant::now();
@@ -174,7 +244,7 @@ pub fn run_tx(
         match cfg.proto {
             Proto::Udp(_) if cfg.zerocopy => {
                 let sock = sock.ok_or_else(|| std::io::Error::other("UDP mode needs a socket"))?;
-                let pool = zc_pool.get_or_insert_with(|| zc_pool_for(cfg, sock, regions));
+                let pool = zc_pool.as_ref().ok_or_else(|| std::io::Error::other("zerocopy needs a prepared pool"))?;
                 seq = send_zerocopy_iteration(cfg, sock, pool, seq)?;
                 res.bytes += region as u64;
                 res.datagrams += PER_ITERATION as u64;
@@ -259,7 +329,7 @@ fn zc_pool_for(cfg: &TxConfig, sock: &UdpSocket, regions: usize) -> (ZcPool, usi
     let buf_size = per * cfg.size;
     // Without cache thrashing, about the copy mode's working set (PER_ITERATION datagrams):
     // buffers in flight wait for completions, which on lo/veth come back within the send.
-    let count = if regions > 1 { (THRASH_BYTES / buf_size).max(2) } else { (PER_ITERATION / per).max(1) + 2 };
+    let count = if regions > 1 { (thrash_bytes() / buf_size).max(2) } else { (PER_ITERATION / per).max(1) + 2 };
     let pool = ZcPool::new(buf_size, count);
     // Fill every buffer once: take them all, fill, return.
     let mut all = Vec::with_capacity(count);
@@ -336,6 +406,17 @@ pub fn plan_uniform<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cache_sizes_parse() {
+        assert_eq!(parse_cache_size("32768K\n"), Some(32 << 20));
+        assert_eq!(parse_cache_size("2M"), Some(2 << 20));
+        assert_eq!(parse_cache_size("512"), Some(512));
+        assert_eq!(parse_cache_size("lots"), None);
+        assert_eq!(parse_cache_size(""), None);
+        let t = thrash_bytes();
+        assert!((THRASH_MIN..=THRASH_MAX).contains(&t));
+    }
 
     #[test]
     fn uniform_plans() {

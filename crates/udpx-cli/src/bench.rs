@@ -508,8 +508,13 @@ fn main_job(a: MainArgs) -> ExitCode {
     let path_text;
     if veth {
         path_text = format!(
-            "Path: veth pair between two network namespaces, MTU 1500; sender pinned to CPU {}, receiver to CPU {}; {} s per row, median of {} interleaved runs.",
-            cpus.tx, cpus.rx, a.duration, a.repeat
+            "Path: veth pair between two network namespaces, MTU 1500; sender pinned to CPU {}, receiver to CPU {}; {} s per row, median of {} interleaved runs; cache-thrash working set {} MiB (last-level cache {}).",
+            cpus.tx,
+            cpus.rx,
+            a.duration,
+            a.repeat,
+            udpx_bench::tx::thrash_bytes() >> 20,
+            udpx_bench::tx::llc_bytes().map_or("unknown".to_string(), |l| format!("{} MiB", l >> 20))
         );
         for p in &profiles {
             let net = match TestNet::setup(&TestNetConfig {

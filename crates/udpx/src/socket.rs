@@ -383,6 +383,17 @@ impl UdpSocket {
         if let Some(n) = cfg.recv_buffer {
             set_buffer(b, libc::SO_RCVBUFFORCE, libc::SO_RCVBUF, n).map_err(io_err("set receive buffer"))?;
         }
+        // A socket-wide UDP_SEGMENT would segment every plain send udpx makes (udpx attaches
+        // the segment size per message, as a control message): clear it, and say so.
+        if let Ok(seg) = sys::getsockopt_int(b, sys::SOL_UDP, sys::UDP_SEGMENT) {
+            if seg > 0 {
+                sys::setsockopt(b, sys::SOL_UDP, sys::UDP_SEGMENT, 0 as libc::c_int)
+                    .map_err(io_err("clear the adopted socket's UDP_SEGMENT"))?;
+                log::warn!(
+                    "udpx: adopted socket had UDP_SEGMENT {seg} set socket-wide; cleared (udpx segments per message)"
+                );
+            }
+        }
         let peer = sys::local_or_peer(b, true).map_err(io_err("getpeername"))?;
         let mut sock = Self::finish(fd, family, local, cfg.send_mode, cfg.recv_mode, &cfg)?;
         sock.peer = peer;

@@ -283,3 +283,24 @@ fn kernel_drops_readable_without_cmsgs() {
     let got = receive(&rx, 200, Duration::from_millis(200), Duration::from_secs(2));
     assert_eq!(rx.kernel_drops().unwrap() as usize, 200 - got.datagrams.len());
 }
+
+#[test]
+fn adopted_socket_wide_udp_segment_is_cleared() {
+    // The socket option variant of UDP_SEGMENT: set socket-wide, the kernel would cut every
+    // plain send into segments. udpx segments per message (cmsg), so adopting clears it.
+    use nix::sys::socket::{setsockopt, sockopt::UdpGsoSegment};
+    let std_tx = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    setsockopt(&std_tx, UdpGsoSegment, &100).unwrap();
+    let rx = rx_socket(lo4(), false);
+    // Before adopting, the kernel segments a plain 1000-byte send into 10 datagrams.
+    std_tx.send_to(&payload(1, 1000), rx.local_addr()).unwrap();
+    assert_eq!(receive(&rx, 10, Duration::from_millis(200), Duration::from_secs(2)).datagrams.len(), 10);
+    let tx = UdpSocket::adopt(&std_tx, udpx::SocketConfig::new(lo4())).unwrap();
+    tx.send(&[Transmit::new(rx.local_addr(), &payload(2, 1000))]).unwrap();
+    let got = receive(&rx, 1, Duration::from_millis(200), Duration::from_secs(2));
+    assert_eq!(got.datagrams, vec![payload(2, 1000)], "one datagram, as sent");
+    // And a segmented transmit still segments, per message.
+    let data: Vec<u8> = (0..4).flat_map(|i| payload(i, 300)).collect();
+    tx.send(&[Transmit::new(rx.local_addr(), &data).segmented(300)]).unwrap();
+    assert_eq!(receive(&rx, 4, Duration::from_millis(200), Duration::from_secs(2)).datagrams.len(), 4);
+}
