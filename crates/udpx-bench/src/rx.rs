@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use udpx::{RecvMeta, UdpSocket, GRO_BUFFER};
 
 use crate::cpu::ProcessCpu;
-use crate::tx::Interval;
+use crate::tx::{Interval, Ticker};
 use crate::wire::SeqTracker;
 
 /// Receive buffers per call.
@@ -69,7 +69,7 @@ pub fn run_rx(
     let mut res = RxResult::default();
     let mut first: Option<Instant> = None;
     let mut last_data = Instant::now();
-    let mut tick = (Instant::now(), 0u64, 0u64, 0u64);
+    let mut ticker: Option<Ticker> = None;
     let mut tracker = cfg.verify.then(SeqTracker::default);
     let mut bufs: Vec<Vec<u8>> = (0..BUFFERS).map(|_| vec![0u8; GRO_BUFFER]).collect();
     let mut metas = [RecvMeta::default(); BUFFERS];
@@ -135,24 +135,15 @@ pub fn run_rx(
         if got {
             let now = Instant::now();
             first.get_or_insert(now);
+            ticker.get_or_insert(Ticker::new(now));
             last_data = now;
         }
         if let Some(s) = sock {
             res.calls = s.counters().since(&c0).recv_calls;
         }
-        if let Some(f) = first {
-            if now.duration_since(tick.0) >= Duration::from_secs(1) && now > f {
-                let iv = Interval {
-                    at: (now - f).as_secs_f64(),
-                    secs: (now - tick.0).as_secs_f64(),
-                    bytes: res.bytes - tick.1,
-                    datagrams: res.datagrams - tick.2,
-                    calls: res.calls - tick.3,
-                };
-                on_interval(&iv);
-                res.intervals.push(iv);
-                tick = (now, res.bytes, res.datagrams, res.calls);
-            }
+        if let Some(iv) = ticker.as_mut().and_then(|t| t.tick(now, res.bytes, res.datagrams, res.calls)) {
+            on_interval(&iv);
+            res.intervals.push(iv);
         }
     }
     res.secs = match first {

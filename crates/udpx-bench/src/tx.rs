@@ -123,6 +123,36 @@ pub struct Interval {
     pub calls: u64,
 }
 
+/// Cuts running totals into one [`Interval`] per second (both roles use it).
+#[derive(Debug, Clone, Copy)]
+pub struct Ticker {
+    origin: Instant,
+    last: (Instant, u64, u64, u64),
+}
+
+impl Ticker {
+    /// Starts counting at `origin` (totals zero).
+    pub fn new(origin: Instant) -> Self {
+        Ticker { origin, last: (origin, 0, 0, 0) }
+    }
+
+    /// The interval since the last one, if a second has passed by `now`.
+    pub fn tick(&mut self, now: Instant, bytes: u64, datagrams: u64, calls: u64) -> Option<Interval> {
+        if now.duration_since(self.last.0) < Duration::from_secs(1) {
+            return None;
+        }
+        let (t, b, d, c) = self.last;
+        self.last = (now, bytes, datagrams, calls);
+        Some(Interval {
+            at: (now - self.origin).as_secs_f64(),
+            secs: (now - t).as_secs_f64(),
+            bytes: bytes - b,
+            datagrams: datagrams - d,
+            calls: calls - c,
+        })
+    }
+}
+
 /// What a sender did.
 #[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct TxResult {
@@ -221,8 +251,7 @@ pub fn run_prepared(
     let cpu0 = ProcessCpu::thread().unwrap_or_default();
     let start = Instant::now();
     let mut res = TxResult::default();
-    let mut last = (start, 0u64, 0u64, 0u64);
-    let mut next_tick = start + Duration::from_secs(1);
+    let mut ticker = Ticker::new(start);
     let mut seq: u64 = 0;
     let mut r = 0;
     let mut tcp = tcp;
@@ -281,18 +310,9 @@ pub fn run_prepared(
         if let Some(s) = sock {
             res.calls = s.counters().since(&c0).send_calls;
         }
-        if now >= next_tick {
-            let iv = Interval {
-                at: (now - start).as_secs_f64(),
-                secs: (now - last.0).as_secs_f64(),
-                bytes: res.bytes - last.1,
-                datagrams: res.datagrams - last.2,
-                calls: res.calls - last.3,
-            };
+        if let Some(iv) = ticker.tick(now, res.bytes, res.datagrams, res.calls) {
             on_interval(&iv);
             res.intervals.push(iv);
-            last = (now, res.bytes, res.datagrams, res.calls);
-            next_tick += Duration::from_secs(1);
         }
     }
     if let (Some(s), Some(_)) = (sock, zc_pool.as_ref()) {
@@ -406,6 +426,19 @@ pub fn plan_uniform<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ticker_cuts_seconds() {
+        let t0 = Instant::now();
+        let mut t = Ticker::new(t0);
+        assert!(t.tick(t0 + Duration::from_millis(500), 10, 1, 1).is_none());
+        let iv = t.tick(t0 + Duration::from_millis(1200), 100, 10, 5).unwrap();
+        assert_eq!((iv.bytes, iv.datagrams, iv.calls), (100, 10, 5));
+        assert!((iv.secs - 1.2).abs() < 1e-9);
+        let iv = t.tick(t0 + Duration::from_millis(2300), 150, 12, 6).unwrap();
+        assert_eq!((iv.bytes, iv.datagrams, iv.calls), (50, 2, 1));
+        assert!((iv.at - 2.3).abs() < 1e-9);
+    }
 
     #[test]
     fn cache_sizes_parse() {
