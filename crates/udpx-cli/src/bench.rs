@@ -94,6 +94,9 @@ struct MainArgs {
     verify: bool,
 }
 
+/// The port of `bench tx`/`bench rx` when `-p` is not given.
+const DEFAULT_PORT: u16 = 8000;
+
 #[derive(Args, Debug)]
 struct Common {
     /// IPv4 (default).
@@ -102,9 +105,9 @@ struct Common {
     /// IPv6.
     #[arg(short = '6')]
     ipv6: bool,
-    /// Port.
-    #[arg(short = 'p', long, default_value_t = 8000)]
-    port: u16,
+    /// Port (default 8000).
+    #[arg(short = 'p', long)]
+    port: Option<u16>,
     /// Pin to this CPU.
     #[arg(short = 'C', long)]
     cpu: Option<usize>,
@@ -123,9 +126,9 @@ struct Common {
 struct TxArgs {
     #[command(flatten)]
     common: Common,
-    /// Destination address.
+    /// Destination: IP, IP:PORT or [IPv6]:PORT.
     #[arg(short = 'D', long)]
-    dst: IpAddr,
+    dst: util::Peer,
     /// How to send.
     #[arg(short = 'm', long, value_enum, default_value_t = ModeArg::Sendmsg)]
     mode: ModeArg,
@@ -248,7 +251,7 @@ fn print_interval(side: &str, iv: &Interval) {
 }
 
 fn tx(a: TxArgs) -> ExitCode {
-    let v6 = a.common.ipv6 || a.dst.is_ipv6();
+    let v6 = a.common.ipv6 || a.dst.ip.is_ipv6();
     let dur = match duration("-l", a.common.duration) {
         Ok(d) => d,
         Err(e) => return usage(e),
@@ -282,7 +285,10 @@ fn tx(a: TxArgs) -> ExitCode {
     if let Some(c) = a.common.cpu {
         let _ = pin_current_thread(c);
     }
-    let dst = SocketAddr::new(a.dst, a.common.port);
+    let dst = match a.dst.addr(a.common.port, DEFAULT_PORT) {
+        Ok(d) => d,
+        Err(e) => return usage(format!("-D: {e}")),
+    };
     let local: SocketAddr = if v6 { (Ipv6Addr::UNSPECIFIED, 0).into() } else { (Ipv4Addr::UNSPECIFIED, 0).into() };
     let cfg = TxConfig {
         dst,
@@ -368,7 +374,8 @@ fn rx(a: RxArgs) -> ExitCode {
     }
     let v6 = a.common.ipv6;
     let ip: IpAddr = if v6 { Ipv6Addr::UNSPECIFIED.into() } else { Ipv4Addr::UNSPECIFIED.into() };
-    let local = SocketAddr::new(ip, a.common.port);
+    let port = a.common.port.unwrap_or(DEFAULT_PORT);
+    let local = SocketAddr::new(ip, port);
     let cfg = RxConfig { verify: a.common.verify, idle: Duration::from_secs(2), max: dur };
     let stop = AtomicBool::new(false);
     let json = a.common.json;
@@ -382,7 +389,7 @@ fn rx(a: RxArgs) -> ExitCode {
         let l = match std::net::TcpListener::bind(local) {
             Ok(l) => l,
             Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
-                return usage(format!("-p {}: port in use; pick another with -p", a.common.port))
+                return usage(format!("-p {port}: port in use; pick another with -p"))
             }
             Err(e) => return failure(format!("bind {local}: {e}")),
         };
@@ -395,7 +402,7 @@ fn rx(a: RxArgs) -> ExitCode {
         let sock = match UdpSocket::builder(local).gro(gro).recv_buffer(32 << 20).bind() {
             Ok(s) => s,
             Err(udpx::Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::AddrInUse => {
-                return usage(format!("-p {}: port in use; pick another with -p", a.common.port))
+                return usage(format!("-p {port}: port in use; pick another with -p"))
             }
             Err(e @ udpx::Error::Unsupported { .. }) => {
                 eprintln!("udpx bench rx: {e}");

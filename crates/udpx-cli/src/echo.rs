@@ -77,12 +77,12 @@ struct ServeArgs {
 
 #[derive(Args, Debug)]
 struct LoadArgs {
-    /// Server address.
+    /// Server: IP, IP:PORT or [IPv6]:PORT.
     #[arg(short = 'D', long)]
-    dst: IpAddr,
-    /// Server port.
-    #[arg(short = 'p', long, default_value_t = 11111)]
-    port: u16,
+    dst: util::Peer,
+    /// Server port (default 11111).
+    #[arg(short = 'p', long)]
+    port: Option<u16>,
     /// Flows (source ports).
     #[arg(short = 'f', long, default_value_t = 64)]
     flows: usize,
@@ -218,13 +218,17 @@ fn load_main(a: LoadArgs) -> ExitCode {
         Ok(d) => d,
         Err(e) => return usage(e),
     };
-    let bind: SocketAddr = if a.dst.is_ipv6() {
+    let dst = match a.dst.addr(a.port, 11111) {
+        Ok(d) => d,
+        Err(e) => return usage(format!("-D: {e}")),
+    };
+    let bind: SocketAddr = if dst.is_ipv6() {
         "[::]:0".parse().unwrap_or(SocketAddr::from(([0; 16], 0)))
     } else {
         SocketAddr::from(([0, 0, 0, 0], 0))
     };
     let cfg = LoadConfig {
-        dst: SocketAddr::new(a.dst, a.port),
+        dst,
         bind,
         flows: a.flows,
         size: a.size,

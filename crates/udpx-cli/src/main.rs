@@ -58,6 +58,48 @@ pub mod util {
         Ok(Duration::from_secs_f64(secs))
     }
 
+    /// A peer named on the command line: `IP`, `IP:PORT` or `[IPv6]:PORT`. The port, when
+    /// given here, must agree with `-p`/`--port` if that flag was set too.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub struct Peer {
+        /// The address.
+        pub ip: std::net::IpAddr,
+        /// The port, if the argument carried one.
+        pub port: Option<u16>,
+    }
+
+    impl std::str::FromStr for Peer {
+        type Err = String;
+        fn from_str(s: &str) -> Result<Peer, String> {
+            if let Ok(ip) = s.parse::<std::net::IpAddr>() {
+                return Ok(Peer { ip, port: None });
+            }
+            match s.parse::<std::net::SocketAddr>() {
+                Ok(a) => Ok(Peer { ip: a.ip(), port: Some(a.port()) }),
+                Err(_) => Err(format!(
+                    "{s:?} is not an address: give an IP (127.0.0.1, ::1), IP:PORT (127.0.0.1:9) or [IPv6]:PORT ([::1]:9)"
+                )),
+            }
+        }
+    }
+
+    impl Peer {
+        /// The socket address: the port from the argument, else `port_flag`, else `default`.
+        /// `port_flag` is `-p` as given (`None` when left at its default); a port in both
+        /// places that differs is a usage error.
+        pub fn addr(&self, port_flag: Option<u16>, default: u16) -> Result<std::net::SocketAddr, String> {
+            let port = match (self.port, port_flag) {
+                (Some(a), Some(b)) if a != b => {
+                    return Err(format!("port {a} in the address and -p {b} disagree: give the port once"))
+                }
+                (Some(a), _) => a,
+                (None, Some(b)) => b,
+                (None, None) => default,
+            };
+            Ok(std::net::SocketAddr::new(self.ip, port))
+        }
+    }
+
     /// Whether `program` is an executable file on PATH.
     pub fn which(program: &str) -> bool {
         std::env::var_os("PATH").map(|p| std::env::split_paths(&p).any(|d| d.join(program).is_file())).unwrap_or(false)
@@ -87,6 +129,29 @@ fn main() -> ExitCode {
         Cmd::Probe(args) => {
             let opts = udpx_bench::probe::ProbeOptions { devices: args.devices, json: args.json };
             udpx_bench::probe::run(&opts)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::util::Peer;
+
+    #[test]
+    fn peers_parse_with_and_without_port() {
+        let p: Peer = "127.0.0.1".parse().unwrap();
+        assert_eq!(p.addr(None, 7).unwrap(), "127.0.0.1:7".parse().unwrap());
+        assert_eq!(p.addr(Some(9), 7).unwrap(), "127.0.0.1:9".parse().unwrap());
+        let p: Peer = "127.0.0.1:9".parse().unwrap();
+        assert_eq!(p.addr(None, 7).unwrap(), "127.0.0.1:9".parse().unwrap());
+        assert_eq!(p.addr(Some(9), 7).unwrap(), "127.0.0.1:9".parse().unwrap());
+        assert!(p.addr(Some(10), 7).unwrap_err().contains("disagree"));
+        let p: Peer = "[::1]:443".parse().unwrap();
+        assert_eq!(p.addr(None, 7).unwrap(), "[::1]:443".parse().unwrap());
+        let p: Peer = "::1".parse().unwrap();
+        assert_eq!(p.addr(None, 7).unwrap(), "[::1]:7".parse().unwrap());
+        for bad in ["", "localhost", "1.2.3.4:", "1.2.3.4:70000", "[::1]", "::1:9:x"] {
+            assert!(bad.parse::<Peer>().is_err(), "{bad:?} accepted");
         }
     }
 }
