@@ -178,6 +178,27 @@ fn pktinfo_and_ecn_round_trip() {
     }
 }
 
+/// A dual-stack socket sending to an IPv4 peer written v4-mapped (`::ffff:127.0.0.1`): the
+/// datagram takes the IPv4 path, so ECN and the source address must travel as IP_TOS and
+/// IP_PKTINFO (an IPV6_TCLASS cmsg is ignored there and the mark would be lost).
+#[test]
+fn ecn_and_source_reach_a_v4_mapped_destination() {
+    let rx = UdpSocket::builder(lo4()).pktinfo(Want::Required).ecn(Want::Required).bind().unwrap();
+    let tx = UdpSocket::builder("[::]:0".parse().unwrap()).pktinfo(Want::Required).bind().unwrap();
+    assert_eq!(tx.family(), Family::DualStack);
+    let SocketAddr::V4(v4) = rx.local_addr() else { unreachable!() };
+    let mapped = SocketAddr::new(v4.ip().to_ipv6_mapped().into(), v4.port());
+    let src: std::net::IpAddr = std::net::Ipv4Addr::LOCALHOST.to_ipv6_mapped().into();
+    for (ecn, src_ip) in [(EcnCodepoint::Ect0, None), (EcnCodepoint::Ce, Some(src))] {
+        let t = Transmit { ecn: Some(ecn), src_ip, ..Transmit::new(mapped, b"mapped") };
+        tx.send(&[t]).unwrap();
+        let got = receive(&rx, 1, Duration::from_millis(300), Duration::from_secs(2));
+        assert_eq!(got.datagrams.len(), 1);
+        assert_eq!(got.metas[0].ecn, Some(ecn), "ECN mark lost on the IPv4 path (src {src_ip:?})");
+        assert_eq!(got.metas[0].dst_ip, Some(std::net::Ipv4Addr::LOCALHOST.into()));
+    }
+}
+
 #[test]
 fn kernel_drops_are_surfaced() {
     // A receiver with a tiny buffer that nobody drains: the kernel drops, and says so.

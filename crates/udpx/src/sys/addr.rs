@@ -55,6 +55,22 @@ impl SockAddr {
     }
 }
 
+/// Whether `addr` is an IPv4 destination, written plain or v4-mapped.
+pub(crate) fn is_v4(addr: &SocketAddr) -> bool {
+    match addr {
+        SocketAddr::V4(_) => true,
+        SocketAddr::V6(a) => a.ip().to_ipv4_mapped().is_some(),
+    }
+}
+
+/// `::ffff:a.b.c.d` as `a.b.c.d`; every other address as it is.
+pub(crate) fn unmapped(ip: std::net::IpAddr) -> std::net::IpAddr {
+    match ip {
+        std::net::IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, std::net::IpAddr::V4),
+        v4 => v4,
+    }
+}
+
 /// Maps an IPv4 address to `::ffff:a.b.c.d` for an AF_INET6 socket; leaves others alone.
 pub(crate) fn map_for_socket(addr: &SocketAddr, v6_socket: bool) -> SocketAddr {
     match addr {

@@ -189,14 +189,15 @@ impl SendScratch {
         self.iovs[i] = libc::iovec { iov_base: m.payload.as_ptr() as *mut libc::c_void, iov_len: m.payload.len() };
         hdr.msg_iov = &mut self.iovs[i];
         hdr.msg_iovlen = 1;
-        let to_v4 = m.dst.is_ipv4() || !v6_socket;
+        // A datagram to an IPv4 address, written plain or v4-mapped (`::ffff:a.b.c.d`), leaves
+        // through the IPv4 path (`udpv6_sendmsg` hands it to `udp_sendmsg`), which reads only
+        // IPPROTO_IP control messages: its TOS and source must be IP_TOS and IP_PKTINFO.
+        let to_v4 = !v6_socket || super::addr::is_v4(&m.dst);
         let mut enc = Encoder::new(hdr, &mut self.ctrl[i]);
         if let Some(s) = m.segment_size {
             enc.push(&Cmsg::Segment(s));
         }
-        match m.src_ip {
-            // On a dual-stack socket an IPv4 destination goes through the IPv4 path, which
-            // reads IPPROTO_IP control messages.
+        match m.src_ip.map(super::addr::unmapped) {
             Some(IpAddr::V4(addr)) => enc.push(&Cmsg::PktInfoV4 { ifindex: 0, addr }),
             Some(IpAddr::V6(addr)) => enc.push(&Cmsg::PktInfoV6 { ifindex: 0, addr }),
             None => {}
