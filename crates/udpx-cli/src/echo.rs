@@ -37,7 +37,7 @@ enum ModeArg {
     Reuseport,
     /// One socket per CPU, threads pinned, cBPF steering by receiving CPU.
     ReuseportCpu,
-    /// One socket per thread, cBPF steering by a QUIC DCID byte (--cid-offset).
+    /// One socket per thread, cBPF steering by a QUIC DCID byte (--cid-byte).
     ReuseportCid,
 }
 
@@ -58,9 +58,10 @@ struct ServeArgs {
     /// recvmmsg/sendmmsg batching.
     #[arg(long)]
     batch: bool,
-    /// For reuseport-cid: payload offset of the connection-ID byte that picks the shard.
-    #[arg(long, default_value_t = 1)]
-    cid_offset: u32,
+    /// For reuseport-cid: which byte of the QUIC destination connection ID picks the shard
+    /// (0-19; short and long headers alike).
+    #[arg(long, default_value_t = 0)]
+    cid_byte: u8,
     /// Requests per second per source address at most.
     #[arg(long)]
     rate_limit: Option<u32>,
@@ -151,7 +152,7 @@ fn serve(a: ServeArgs) -> ExitCode {
         ModeArg::Naive => Mode::Naive,
         ModeArg::Reuseport => Mode::Reuseport,
         ModeArg::ReuseportCpu => Mode::ReuseportCpu,
-        ModeArg::ReuseportCid => Mode::ReuseportCid { offset: a.cid_offset },
+        ModeArg::ReuseportCid => Mode::ReuseportCid { cid_byte: a.cid_byte },
     };
     let cfg = ServeConfig {
         bind: SocketAddr::new(a.bind, a.port),

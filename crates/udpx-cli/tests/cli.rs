@@ -182,7 +182,7 @@ fn echo_bad_input_exits_2() {
     let cases: &[(&[&str], &str)] = &[
         (&["echo", "serve", "--threads", "0"], "--threads 0"),
         (&["echo", "serve", "--threads", "999"], "--allow-oversubscribe"),
-        (&["echo", "serve", "-m", "reuseport-cid", "--cid-offset", "70000"], "70000"),
+        (&["echo", "serve", "-m", "reuseport-cid", "--cid-byte", "20"], "--cid-byte 20"),
         (&["echo", "serve", "--rate-limit", "0"], "--rate-limit 0"),
         (&["echo", "load", "-D", "127.0.0.1", "--size", "0"], "--size 0"),
         (&["echo", "load", "-D", "127.0.0.1", "--size", "70000"], "--size 70000"),

@@ -34,10 +34,10 @@ pub enum Mode {
     Reuseport,
     /// One socket per CPU, threads pinned, cBPF steering by receiving CPU.
     ReuseportCpu,
-    /// N sockets, cBPF steering by a QUIC DCID byte at `offset`.
+    /// N sockets, cBPF steering by byte `cid_byte` of the QUIC destination connection ID.
     ReuseportCid {
-        /// Payload offset of the byte.
-        offset: u32,
+        /// Which byte of the DCID (0-19).
+        cid_byte: u8,
     },
 }
 
@@ -48,7 +48,7 @@ impl Mode {
             Mode::Naive => "naive".into(),
             Mode::Reuseport => "reuseport".into(),
             Mode::ReuseportCpu => "reuseport-cpu".into(),
-            Mode::ReuseportCid { offset } => format!("reuseport-cid@{offset}"),
+            Mode::ReuseportCid { cid_byte } => format!("reuseport-cid@{cid_byte}"),
         }
     }
 }
@@ -83,9 +83,13 @@ pub fn check(cfg: &ServeConfig, allow_oversubscribe: bool) -> Result<(), String>
             cfg.threads
         ));
     }
-    if let Mode::ReuseportCid { offset } = cfg.mode {
-        if offset as usize >= udpx::MAX_PAYLOAD_V6 {
-            return Err(format!("--cid-offset {offset}: past the end of any UDP payload"));
+    if let Mode::ReuseportCid { cid_byte } = cfg.mode {
+        if u32::from(cid_byte) >= udpx::shard::MAX_CID_LEN {
+            return Err(format!(
+                "--cid-byte {cid_byte}: connection IDs are at most {} bytes; give 0 to {}",
+                udpx::shard::MAX_CID_LEN,
+                udpx::shard::MAX_CID_LEN - 1
+            ));
         }
     }
     Ok(())
@@ -148,12 +152,30 @@ impl ShardCounters {
     }
 }
 
+/// The socket one server thread reads: its own, or its slot of a reuseport group (which keeps
+/// the whole group open, so the steering program's socket count stays true).
+#[derive(Debug)]
+enum ServerSocket {
+    Own(Box<UdpSocket>),
+    Shard(udpx::Shard),
+}
+
+impl std::ops::Deref for ServerSocket {
+    type Target = UdpSocket;
+    fn deref(&self) -> &UdpSocket {
+        match self {
+            ServerSocket::Own(s) => s,
+            ServerSocket::Shard(s) => s,
+        }
+    }
+}
+
 /// Sockets bound, threads not yet started (so sockets can be made inside a namespace).
 #[derive(Debug)]
 pub struct Bound {
     cfg: ServeConfig,
     /// One entry per thread: the socket it serves and the CPU to pin to.
-    shards: Vec<(UdpSocket, Option<usize>)>,
+    shards: Vec<(ServerSocket, Option<usize>)>,
     addr: SocketAddr,
 }
 
@@ -183,27 +205,37 @@ pub fn bind(cfg: &ServeConfig) -> Result<Bound, String> {
     let group = |n: usize, steering: Steering| {
         ShardGroup::bind(sock_cfg.clone(), n, steering).map_err(|e| format!("bind {}: {e}", cfg.bind))
     };
-    let shards: Vec<(UdpSocket, Option<usize>)> = match cfg.mode {
+    let shards: Vec<(ServerSocket, Option<usize>)> = match cfg.mode {
         Mode::Naive => {
             let one = sock_cfg.clone().bind().map_err(|e| format!("bind {}: {e}", cfg.bind))?;
             // Each thread gets its own handle (a dup of the same kernel socket), so the threads
             // contend in the kernel as a naive server's do, not on a lock of ours.
             let mut v = Vec::with_capacity(cfg.threads);
             for _ in 1..cfg.threads {
-                v.push((UdpSocket::adopt(&one, sock_cfg.clone()).map_err(|e| e.to_string())?, None));
+                let dup = UdpSocket::adopt(&one, sock_cfg.clone()).map_err(|e| e.to_string())?;
+                v.push((ServerSocket::Own(Box::new(dup)), None));
             }
-            v.insert(0, (one, None));
+            v.insert(0, (ServerSocket::Own(Box::new(one)), None));
             v
         }
-        Mode::Reuseport => group(cfg.threads, Steering::Hash)?.sockets.into_iter().map(|s| (s, None)).collect(),
-        Mode::ReuseportCid { offset } => {
-            group(cfg.threads, Steering::QuicCid { offset })?.sockets.into_iter().map(|s| (s, None)).collect()
+        Mode::Reuseport => {
+            group(cfg.threads, Steering::Hash)?.shards().into_iter().map(|s| (ServerSocket::Shard(s), None)).collect()
         }
+        Mode::ReuseportCid { cid_byte } => group(cfg.threads, Steering::QuicCid { cid_byte })?
+            .shards()
+            .into_iter()
+            .map(|s| (ServerSocket::Shard(s), None))
+            .collect(),
         Mode::ReuseportCpu => {
             // The program returns cpu % n: socket i must belong to CPU i, for every CPU.
             let cpus = online_cpus();
             let n = cpus.iter().max().map_or(1, |m| m + 1);
-            group(n, Steering::Cpu)?.sockets.into_iter().enumerate().map(|(i, s)| (s, Some(i))).collect()
+            group(n, Steering::Cpu)?
+                .shards()
+                .into_iter()
+                .map(|s| (Some(s.index()), ServerSocket::Shard(s)))
+                .map(|(c, s)| (s, c))
+                .collect()
         }
     };
     let mut shards = shards;

@@ -38,7 +38,7 @@ fn request(seq: u64, size: usize) -> Vec<u8> {
 #[test]
 fn every_mode_answers_every_request_exactly_once() {
     let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
-    for mode in [Mode::Naive, Mode::Reuseport, Mode::ReuseportCpu, Mode::ReuseportCid { offset: 7 }] {
+    for mode in [Mode::Naive, Mode::Reuseport, Mode::ReuseportCpu, Mode::ReuseportCid { cid_byte: 7 }] {
         for batch in [false, true] {
             let threads = if mode == Mode::Naive { cpus } else { 4 };
             let srv = serve(mode, threads, batch, "127.0.0.1:0");
@@ -110,7 +110,8 @@ fn replies_leave_from_the_address_asked() {
 
 #[test]
 fn cid_steering_picks_the_shard_named_by_the_cid_byte() {
-    let srv = serve(Mode::ReuseportCid { offset: 1 }, 4, false, "127.0.0.1:0");
+    // A short header (first bit 0): DCID byte 0 is payload byte 1.
+    let srv = serve(Mode::ReuseportCid { cid_byte: 0 }, 4, false, "127.0.0.1:0");
     let c = StdUdp::bind("127.0.0.1:0").unwrap();
     c.set_read_timeout(Some(Duration::from_secs(1))).unwrap();
     let mut buf = [0u8; 256];
@@ -185,8 +186,8 @@ fn bad_configuration_is_refused() {
     let many = ServeConfig { threads: 4096, ..base.clone() };
     assert!(server::check(&many, false).unwrap_err().contains("--allow-oversubscribe"));
     assert!(server::check(&many, true).is_ok());
-    let far = ServeConfig { threads: 1, mode: Mode::ReuseportCid { offset: 70000 }, ..base };
-    assert!(server::check(&far, false).unwrap_err().contains("70000"));
+    let far = ServeConfig { threads: 1, mode: Mode::ReuseportCid { cid_byte: 20 }, ..base };
+    assert!(server::check(&far, false).unwrap_err().contains("--cid-byte 20"));
     let mut l = load_cfg("127.0.0.1:9".parse().unwrap(), 1);
     l.size = 10;
     assert!(load::check(&l).unwrap_err().contains("--size 10"));

@@ -64,7 +64,7 @@ pub use counters::CounterSnapshot;
 pub use error::{Error, InvalidTransmit, SendError, SendErrorKind};
 pub use gso::{Batch, DatagramMeta, Planned, SegmentLimits};
 pub use recv::{RecvMeta, Segments, GRO_BUFFER};
-pub use shard::{ShardGroup, Steering};
+pub use shard::{Shard, ShardGroup, Steering};
 pub use socket::{Family, RecvMode, ReusePort, SocketConfig, UdpSocket};
 pub use sys::fault::Fault;
 pub use transmit::{

@@ -8,32 +8,49 @@
 //!
 //! - [`Steering::Cpu`]: the socket of the CPU that is processing the packet (`A = cpu % n`),
 //!   so with one pinned thread per socket a datagram never leaves its CPU (what msquic does).
-//! - [`Steering::QuicCid`]: for QUIC short-header packets, one byte of the destination
-//!   connection ID chooses the shard (`A = payload[offset] % n`), so a connection stays on its
-//!   shard even when the client's address changes. Packets too short for the offset return an
-//!   out-of-range index, which makes the kernel fall back to the flow hash.
+//! - [`Steering::QuicCid`]: one byte of the QUIC destination connection ID chooses the shard
+//!   (`A = dcid[k] % n`), so a connection stays on its shard even when the client's address
+//!   changes. The program reads the header form first: a short header carries the DCID right
+//!   after the first byte, a long header (Initial, Handshake, 0-RTT) after the version and a
+//!   DCID length byte. A packet too short for the byte, or a long header whose DCID is shorter
+//!   than `k + 1` or longer than 20 bytes (not QUIC v1/v2), gets an out-of-range index, which
+//!   makes the kernel fall back to its flow hash.
 //!
 //! ## Connection ID layout for [`Steering::QuicCid`]
 //!
 //! ```text
-//!  UDP payload of a QUIC short-header packet (RFC 9000 §17.3):
-//!   byte 0      1 ..                               1+len(DCID)
-//!  ┌────────┬────────────── Destination Connection ID ───────────┬──────────────
-//!  │0 1 S R │ c0   c1   c2 ...                                    │ packet number…
-//!  └────────┴────────────────────────────────────────────────────┴──────────────
-//!  offset = 1 + k selects byte c_k; shard = c_k mod n.
+//!  short header (RFC 9000 §17.3), first bit 0:
+//!   byte 0      1                                   1+len(DCID)
+//!  ┌────────┬──────────── Destination Connection ID ────────────┬──────────────
+//!  │0 1 S R │ c0   c1   c2 ...                                   │ packet number…
+//!  └────────┴───────────────────────────────────────────────────┴──────────────
+//!  long header (RFC 9000 §17.2), first bit 1:
+//!   byte 0      1 .. 4        5          6
+//!  ┌────────┬────────────┬──────────┬──────── Destination Connection ID ──┬─────
+//!  │1 1 T T │  version   │ DCID len │ c0   c1   c2 ...                    │ SCID len…
+//!  └────────┴────────────┴──────────┴─────────────────────────────────────┴─────
+//!  cid_byte = k selects c_k (payload byte 1 + k, or 6 + k); shard = c_k mod n.
 //! ```
 //!
 //! A server that issues connection IDs with its shard index in byte `c_k` gets every packet of
-//! the connection on that shard; an external load balancer can route on the same byte. The
-//! kernel runs the program with the packet data starting at the UDP payload.
+//! the connection on that shard from the handshake on (a client's first Initials carry a DCID
+//! the client chose at random; they all carry the same one, so they land together); an
+//! external load balancer can route on the same bytes. The kernel runs the program with the
+//! packet data starting at the UDP payload.
+//!
+//! The program bakes in the group size `n`. When one socket of a reuseport group closes, the
+//! kernel moves the group's last socket into its slot, so a program with a fixed `n` would send
+//! that socket's connections elsewhere: a [`ShardGroup`]'s sockets therefore close together,
+//! never one by one (threads get [`Shard`] handles that keep the whole group open).
 //!
 //! The programs are built as data ([`cpu_program`], [`cid_program`]) and [`run_cbpf`] runs them
 //! in user space, so their logic is tested over byte vectors without sockets.
 
 use std::fmt;
 use std::net::SocketAddr;
+use std::ops::Deref;
 use std::os::fd::AsFd;
+use std::sync::Arc;
 
 use crate::error::Error;
 use crate::socket::{ReusePort, SocketConfig, UdpSocket};
@@ -63,7 +80,9 @@ const B: u16 = 0x10;
 const ABS: u16 = 0x20;
 const LEN: u16 = 0x80;
 const MOD: u16 = 0x90;
+const JGT: u16 = 0x20;
 const JGE: u16 = 0x30;
+const JSET: u16 = 0x40;
 const K: u16 = 0x00;
 const X: u16 = 0x08;
 const A: u16 = 0x10;
@@ -79,17 +98,42 @@ pub fn cpu_program(n: u32) -> Vec<Insn> {
     vec![insn(LD | W | ABS, 0, 0, AD_CPU), insn(ALU | MOD | K, 0, 0, n.max(1)), insn(RET | A, 0, 0, 0)]
 }
 
-/// `if len > offset { A = payload[offset] % n; return A } else { return n }` (out of range:
-/// the kernel falls back to the flow hash).
-pub fn cid_program(offset: u32, n: u32) -> Vec<Insn> {
+/// The longest connection ID of QUIC v1 and v2 (RFC 9000 §17.2).
+pub const MAX_CID_LEN: u32 = 20;
+
+/// Steering by byte `cid_byte` of the destination connection ID over `n` sockets: returns
+/// `dcid[cid_byte] % n`, or `n` (out of range: the kernel's hash decides) when the packet is
+/// too short or a long header's DCID length does not cover the byte or exceeds 20.
+pub fn cid_program(cid_byte: u8, n: u32) -> Vec<Insn> {
+    let n = n.max(1);
+    let k = u32::from(cid_byte);
+    // Instruction indices of the three targets; `to(from, target)` is the relative jump.
+    const LONG: usize = 9;
+    const FALLBACK: usize = 17;
+    let to = |from: usize, target: usize| (target - from - 1) as u8;
     vec![
+        /* 0 */ insn(LD | W | LEN, 0, 0, 0),
+        /* 1 */ insn(JMP | JGE | K, 0, to(1, FALLBACK), 1),
+        /* 2 */ insn(LD | B | ABS, 0, 0, 0),
+        /* 3 */ insn(JMP | JSET | K, to(3, LONG), 0, 0x80),
+        // Short header: the DCID starts at byte 1; byte 1 + k must exist.
+        /* 4 */
         insn(LD | W | LEN, 0, 0, 0),
-        // A >= offset + 1 ? next : fallback
-        insn(JMP | JGE | K, 0, 3, offset + 1),
-        insn(LD | B | ABS, 0, 0, offset),
-        insn(ALU | MOD | K, 0, 0, n.max(1)),
-        insn(RET | A, 0, 0, 0),
-        insn(RET | K, 0, 0, n.max(1)),
+        /* 5 */ insn(JMP | JGE | K, 0, to(5, FALLBACK), 2 + k),
+        /* 6 */ insn(LD | B | ABS, 0, 0, 1 + k),
+        /* 7 */ insn(ALU | MOD | K, 0, 0, n),
+        /* 8 */ insn(RET | A, 0, 0, 0),
+        // Long header: DCID length at byte 5, the DCID from byte 6; byte 6 + k must exist.
+        /* 9 */
+        insn(LD | W | LEN, 0, 0, 0),
+        /* 10 */ insn(JMP | JGE | K, 0, to(10, FALLBACK), 7 + k),
+        /* 11 */ insn(LD | B | ABS, 0, 0, 5),
+        /* 12 */ insn(JMP | JGT | K, 0, to(12, FALLBACK), k),
+        /* 13 */ insn(JMP | JGT | K, to(13, FALLBACK), 0, MAX_CID_LEN),
+        /* 14 */ insn(LD | B | ABS, 0, 0, 6 + k),
+        /* 15 */ insn(ALU | MOD | K, 0, 0, n),
+        /* 16 */ insn(RET | A, 0, 0, 0),
+        /* 17 */ insn(RET | K, 0, 0, n),
     ]
 }
 
@@ -124,6 +168,8 @@ pub fn run_cbpf(prog: &[Insn], packet: &[u8], cpu: u32) -> Result<u32, CbpfError
             c if c == ALU | MOD | K => a = if i.k == 0 { return Ok(0) } else { a % i.k },
             c if c == ALU | MOD | X => a = if x == 0 { return Ok(0) } else { a % x },
             c if c == JMP | JGE | K => pc += if a >= i.k { i.jt as usize } else { i.jf as usize },
+            c if c == JMP | JGT | K => pc += if a > i.k { i.jt as usize } else { i.jf as usize },
+            c if c == JMP | JSET | K => pc += if a & i.k != 0 { i.jt as usize } else { i.jf as usize },
             c if c == RET | A => return Ok(a),
             c if c == RET | K => return Ok(i.k),
             other => return Err(CbpfError::Unsupported(other)),
@@ -139,10 +185,10 @@ pub enum Steering {
     Hash,
     /// The socket of the receiving CPU: socket `i` belongs to CPU `i` (`cpu % n`).
     Cpu,
-    /// A byte of the QUIC destination connection ID at this payload offset.
+    /// A byte of the QUIC destination connection ID, short or long header.
     QuicCid {
-        /// Offset in the UDP payload (1 = the first DCID byte of a short header).
-        offset: u32,
+        /// Which byte of the DCID (0 = its first byte); below [`MAX_CID_LEN`].
+        cid_byte: u8,
     },
 }
 
@@ -151,32 +197,45 @@ impl fmt::Display for Steering {
         match self {
             Steering::Hash => f.write_str("kernel hash"),
             Steering::Cpu => f.write_str("receiving CPU (cBPF)"),
-            Steering::QuicCid { offset } => write!(f, "QUIC DCID byte at payload offset {offset} (cBPF)"),
+            Steering::QuicCid { cid_byte } => write!(f, "QUIC DCID byte {cid_byte} (cBPF)"),
         }
     }
 }
 
-/// Sockets sharing one port.
+/// Most sockets one reuseport group holds (the kernel counts them in a `u16`).
+pub const MAX_SHARDS: usize = u16::MAX as usize;
+
+/// Sockets sharing one port. They close together when the group and every [`Shard`] handle
+/// are gone, never one at a time (see the module docs: the steering program counts on it).
 #[derive(Debug)]
 pub struct ShardGroup {
-    /// The sockets, in group order (index = what the steering program returns).
-    pub sockets: Vec<UdpSocket>,
-    /// How datagrams are spread.
-    pub steering: Steering,
+    sockets: Arc<[UdpSocket]>,
+    steering: Steering,
+}
+
+/// One socket of a [`ShardGroup`], for the thread that serves it. It dereferences to the
+/// socket and keeps the whole group open.
+#[derive(Debug, Clone)]
+pub struct Shard {
+    sockets: Arc<[UdpSocket]>,
+    index: usize,
 }
 
 impl ShardGroup {
     /// Binds `n` sockets to `cfg.bind` with SO_REUSEPORT (all with `cfg`'s other settings) and
     /// attaches the steering program. With port 0 the first socket's port is used for all.
     pub fn bind(cfg: SocketConfig, n: usize, steering: Steering) -> Result<ShardGroup, Error> {
-        if n == 0 {
-            return Err(Error::Config("a shard group needs at least 1 socket".into()));
+        if n == 0 || n > MAX_SHARDS {
+            return Err(Error::Config(format!(
+                "a shard group of {n} sockets: give at least 1 and at most {MAX_SHARDS}"
+            )));
         }
-        if let Steering::QuicCid { offset } = steering {
-            if offset as usize >= crate::transmit::MAX_PAYLOAD_V6 {
+        if let Steering::QuicCid { cid_byte } = steering {
+            if u32::from(cid_byte) >= MAX_CID_LEN {
                 return Err(Error::Config(format!(
-                    "steering offset {offset} is past the end of any UDP payload (at most {} bytes): use an offset inside the connection ID",
-                    crate::transmit::MAX_PAYLOAD_V6
+                    "connection-ID byte {cid_byte}: QUIC connection IDs are at most {MAX_CID_LEN} bytes, \
+                     give a byte index from 0 to {}",
+                    MAX_CID_LEN - 1
                 )));
             }
         }
@@ -192,7 +251,7 @@ impl ShardGroup {
         let prog = match steering {
             Steering::Hash => None,
             Steering::Cpu => Some(cpu_program(n as u32)),
-            Steering::QuicCid { offset } => Some(cid_program(offset, n as u32)),
+            Steering::QuicCid { cid_byte } => Some(cid_program(cid_byte, n as u32)),
         };
         if let Some(p) = prog {
             let raw: Vec<libc::sock_filter> =
@@ -205,12 +264,51 @@ impl ShardGroup {
                 ))
             })?;
         }
-        Ok(ShardGroup { sockets, steering })
+        Ok(ShardGroup { sockets: sockets.into(), steering })
     }
 
     /// The shared local address.
     pub fn local_addr(&self) -> SocketAddr {
         self.sockets[0].local_addr()
+    }
+
+    /// How datagrams are spread.
+    pub fn steering(&self) -> Steering {
+        self.steering
+    }
+
+    /// The sockets, in group order (index = what the steering program returns).
+    pub fn sockets(&self) -> &[UdpSocket] {
+        &self.sockets
+    }
+
+    /// Sockets in the group (at least 1).
+    pub fn len(&self) -> usize {
+        self.sockets.len()
+    }
+
+    /// Always false: a group has at least one socket.
+    pub fn is_empty(&self) -> bool {
+        self.sockets.is_empty()
+    }
+
+    /// One handle per socket, in group order, to hand to the threads that serve them.
+    pub fn shards(&self) -> Vec<Shard> {
+        (0..self.sockets.len()).map(|index| Shard { sockets: self.sockets.clone(), index }).collect()
+    }
+}
+
+impl Shard {
+    /// The socket's index in its group.
+    pub fn index(&self) -> usize {
+        self.index
+    }
+}
+
+impl Deref for Shard {
+    type Target = UdpSocket;
+    fn deref(&self) -> &UdpSocket {
+        &self.sockets[self.index]
     }
 }
 
@@ -226,25 +324,65 @@ mod tests {
         }
     }
 
+    /// A short-header packet whose DCID is `cid`.
+    fn short(cid: &[u8]) -> Vec<u8> {
+        [&[0x41u8][..], cid, &[0xee; 4]].concat()
+    }
+
+    /// A long-header (Initial, QUIC v1) packet whose DCID is `cid`.
+    fn long(cid: &[u8]) -> Vec<u8> {
+        [&[0xc3u8, 0, 0, 0, 1, cid.len() as u8][..], cid, &[8], &[0x55; 8], &[0; 20]].concat()
+    }
+
     #[test]
     fn cid_selector_over_byte_vectors() {
-        let p = cid_program(1, 4);
-        // Short header: 0x40 | bits, then the DCID.
-        let cases: &[(&[u8], u32)] = &[
-            (&[0x41, 0, 9, 9], 0),
-            (&[0x41, 1, 9, 9], 1),
-            (&[0x41, 6, 0, 0], 2),
-            (&[0x41, 255], 3),
-            (&[0x41], 4), // too short: out of range, the kernel falls back to the hash
-            (&[], 4),
+        let p = cid_program(0, 4);
+        let cases: &[(Vec<u8>, u32)] = &[
+            (short(&[0, 9, 9]), 0),
+            (short(&[1, 9, 9]), 1),
+            (short(&[6, 0, 0]), 2),
+            (vec![0x41, 255], 3),
+            (long(&[5, 1, 2, 3, 4, 5, 6, 7]), 1), // the DCID byte, not the version's 0
+            (long(&[7; 20]), 3),
+            (vec![0x41], 4), // too short: out of range, the kernel falls back to the hash
+            (vec![], 4),
+            (vec![0xc3, 0, 0, 0, 1, 0], 4),    // long header, empty DCID
+            (vec![0xc3, 0, 0, 0, 1, 8, 9], 1), // cut after the DCID's byte 0: that byte steers
+            ([&[0xc3u8, 0, 0, 0, 1, 21][..], &[1u8; 40][..]].concat(), 4), // DCID longer than 20
         ];
         for (pkt, want) in cases {
             assert_eq!(run_cbpf(&p, pkt, 0), Ok(*want), "{pkt:?}");
         }
-        // Offset past the packet end for every packet.
-        let far = cid_program(100, 4);
-        assert_eq!(run_cbpf(&far, &[1; 50], 0), Ok(4));
-        assert_eq!(run_cbpf(&far, &[7; 101], 0), Ok(3));
+        // The last byte of a 20-byte DCID, in both forms; and a DCID too short for it.
+        let p = cid_program(19, 3);
+        let cid: Vec<u8> = (0..20).collect();
+        assert_eq!(run_cbpf(&p, &short(&cid), 0), Ok(19 % 3));
+        assert_eq!(run_cbpf(&p, &long(&cid), 0), Ok(19 % 3));
+        assert_eq!(run_cbpf(&p, &long(&cid[..19]), 0), Ok(3));
+        // The widest byte index and the largest group build without overflow.
+        let wide = cid_program(u8::MAX, u32::MAX);
+        assert_eq!(run_cbpf(&wide, &short(&[1; 8]), 0), Ok(u32::MAX));
+    }
+
+    proptest::proptest! {
+        /// Whatever arrives, the program answers a socket index or the fallback, never an
+        /// interpreter error; and a well-formed packet of either form lands on `dcid[k] % n`.
+        #[test]
+        fn cid_program_is_total(
+            pkt in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..64),
+            k in 0u8..20,
+            n in 1u32..9,
+            cid in proptest::collection::vec(proptest::prelude::any::<u8>(), 1..=20),
+        ) {
+            let p = cid_program(k, n);
+            let got = run_cbpf(&p, &pkt, 0);
+            proptest::prop_assert!(matches!(got, Ok(v) if v <= n), "{:?}", got);
+            let want = cid.get(k as usize).map_or(n, |b| u32::from(*b) % n);
+            proptest::prop_assert_eq!(run_cbpf(&p, &long(&cid), 0), Ok(want));
+            if (k as usize) < cid.len() {
+                proptest::prop_assert_eq!(run_cbpf(&p, &short(&cid), 0), Ok(want));
+            }
+        }
     }
 
     #[test]
