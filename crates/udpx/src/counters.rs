@@ -92,6 +92,9 @@ counters! {
     gro_buffers_received,
     /// Messages cut short because the buffer was too small (MSG_TRUNC).
     truncated,
+    /// Messages whose control data the kernel cut (MSG_CTRUNC); on a GRO socket without the
+    /// segment size their datagrams are not handed out (see `RecvMeta::control_truncated`).
+    control_truncated,
     /// The kernel's drop counter for this socket (SO_RXQ_OVFL), last value seen.
     kernel_drops,
 }

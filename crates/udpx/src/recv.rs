@@ -41,6 +41,11 @@ pub struct RecvMeta {
     pub kernel_drops: Option<u32>,
     /// The datagram was longer than the buffer and was cut (MSG_TRUNC): the tail is lost.
     pub truncated: bool,
+    /// The kernel had more control data than fit (MSG_CTRUNC): some metadata above may be
+    /// missing. On a GRO socket whose segment size was lost this way the datagram boundaries
+    /// are unknown: `stride` is 0 and [`RecvMeta::segments`] yields nothing rather than guess
+    /// (the bytes are still in the buffer, `len` long). Counted in `control_truncated`.
+    pub control_truncated: bool,
 }
 
 impl Default for RecvMeta {
@@ -54,38 +59,62 @@ impl Default for RecvMeta {
             ifindex: 0,
             kernel_drops: None,
             truncated: false,
+            control_truncated: false,
         }
     }
 }
 
 impl RecvMeta {
-    /// Datagrams in the buffer (at least 1: a zero-length datagram is one).
+    /// Datagrams in the buffer: at least 1 (a zero-length datagram is one), except 0 when
+    /// the boundaries are unknown (see [`RecvMeta::control_truncated`]).
     pub fn segment_count(&self) -> usize {
-        if self.len == 0 || self.stride == 0 {
+        if self.boundaries_unknown() {
+            0
+        } else if self.len == 0 || self.stride == 0 {
             1
         } else {
             self.len.div_ceil(self.stride)
         }
     }
 
-    /// The datagrams of the buffer `buf` this metadata describes.
+    /// The datagrams of the buffer `buf` this metadata describes (none when the boundaries
+    /// are unknown).
     pub fn segments<'b>(&self, buf: &'b [u8]) -> Segments<'b> {
+        if self.boundaries_unknown() {
+            return Segments { data: &[], stride: 1, empty_pending: false };
+        }
         let data = &buf[..self.len.min(buf.len())];
         let stride = if self.stride == 0 { data.len().max(1) } else { self.stride };
         Segments { data, stride, empty_pending: data.is_empty() }
     }
 
-    pub(crate) fn from_raw(r: &RawRecv, fallback_addr: SocketAddr) -> Self {
+    fn boundaries_unknown(&self) -> bool {
+        self.control_truncated && self.stride == 0 && self.len > 0
+    }
+
+    /// `gro_on`: the socket has UDP_GRO, so a buffer may hold several datagrams whose size
+    /// only the (possibly cut) control data tells.
+    pub(crate) fn from_raw(r: &RawRecv, fallback_addr: SocketAddr, gro_on: bool) -> Self {
         let truncated = r.flags & libc::MSG_TRUNC != 0;
+        let control_truncated = r.flags & libc::MSG_CTRUNC != 0;
+        let stride = match r.gro.map(usize::from) {
+            Some(s) if s > 0 && s < r.len => s,
+            Some(_) => r.len,
+            // Without the GRO size a buffer is one datagram, unless the control data was cut
+            // on a GRO socket: then nobody knows, and guessing would hand out wrong datagrams.
+            None if control_truncated && gro_on => 0,
+            None => r.len,
+        };
         RecvMeta {
             addr: r.addr.unwrap_or(fallback_addr),
             len: r.len,
-            stride: r.gro.map(usize::from).filter(|&s| s > 0 && s < r.len).unwrap_or(r.len),
+            stride,
             ecn: r.tos.and_then(EcnCodepoint::from_bits),
             dst_ip: r.dst_ip,
             ifindex: r.ifindex,
             kernel_drops: r.drops,
             truncated,
+            control_truncated,
         }
     }
 }
@@ -128,13 +157,14 @@ impl UdpSocket {
         let n = bufs.len().min(meta.len()).min(BATCH);
         let fallback = self.peer.unwrap_or(self.local);
         let c = &self.counters;
-        let (mut dgrams, mut bytes, mut gro, mut trunc, mut drops) = (0, 0, 0, 0, 0);
+        let (mut dgrams, mut bytes, mut gro, mut trunc, mut drops, mut ctrunc) = (0, 0, 0, 0, 0, 0);
         let got = {
             let mut scratch = self.recv_scratch.lock().unwrap_or_else(|e| e.into_inner());
             let mmsg = self.recv_mode == crate::RecvMode::Recvmmsg;
-            let got = scratch.recv(self.fd_ref(), &mut bufs[..n], mmsg)?;
+            let got = scratch.recv(self.fd_ref(), &mut bufs[..n], mmsg, self.faults.recv_control_len())?;
             for (m, r) in meta.iter_mut().zip(scratch.results(got)) {
-                *m = RecvMeta::from_raw(r, fallback);
+                *m = RecvMeta::from_raw(r, fallback, self.caps.gro);
+                ctrunc += m.control_truncated as u64;
                 let segs = m.segment_count() as u64;
                 dgrams += segs;
                 bytes += m.len as u64;
@@ -150,6 +180,17 @@ impl UdpSocket {
         c.add(&c.bytes_received, bytes);
         c.add(&c.gro_buffers_received, gro);
         c.add(&c.truncated, trunc);
+        if ctrunc > 0 {
+            c.add(&c.control_truncated, ctrunc);
+            if !self.logged_ctrunc.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                log::warn!(
+                    "udpx: control data cut (MSG_CTRUNC) on {}: an option set outside udpx adds control \
+                     messages beyond the {} bytes udpx reserves",
+                    self.local,
+                    crate::sys::cmsg::CMSG_CAP
+                );
+            }
+        }
         c.max(&c.kernel_drops, drops);
         Ok(got)
     }
@@ -193,13 +234,35 @@ mod tests {
         let from: SocketAddr = "192.0.2.9:53".parse().unwrap();
         let r =
             RawRecv { len: 2400, flags: 0, addr: Some(from), gro: Some(1200), tos: Some(0b11), ..Default::default() };
-        let m = RecvMeta::from_raw(&r, from);
+        let m = RecvMeta::from_raw(&r, from, true);
         assert_eq!((m.stride, m.segment_count(), m.ecn), (1200, 2, Some(EcnCodepoint::Ce)));
         // A GRO size of at least the length means one datagram.
         let r = RawRecv { len: 500, gro: Some(1200), ..r };
-        assert_eq!(RecvMeta::from_raw(&r, from).stride, 500);
+        assert_eq!(RecvMeta::from_raw(&r, from, true).stride, 500);
         // MSG_TRUNC is surfaced.
         let r = RawRecv { flags: libc::MSG_TRUNC, ..r };
-        assert!(RecvMeta::from_raw(&r, from).truncated);
+        assert!(RecvMeta::from_raw(&r, from, true).truncated);
+    }
+
+    #[test]
+    fn cut_control_data_never_mis_splits() {
+        let from: SocketAddr = "192.0.2.9:53".parse().unwrap();
+        let buf = [7u8; 4000];
+        // (GRO on the socket, GRO size decoded, MSG_CTRUNC) -> datagrams handed out
+        let cases: &[(bool, Option<u16>, bool, &[usize])] = &[
+            (true, None, true, &[]),                             // boundaries lost: none, not one of 4000
+            (true, Some(1000), true, &[1000, 1000, 1000, 1000]), // the GRO size made it; later cmsgs cut
+            (false, None, true, &[4000]),                        // no GRO: a buffer is one datagram
+            (true, None, false, &[4000]),                        // nothing cut: no GRO size means one
+        ];
+        for &(gro_on, gro, cut, want) in cases {
+            let flags = if cut { libc::MSG_CTRUNC } else { 0 };
+            let r = RawRecv { len: 4000, flags, addr: Some(from), gro, ..Default::default() };
+            let m = RecvMeta::from_raw(&r, from, gro_on);
+            assert_eq!(m.control_truncated, cut);
+            let got: Vec<usize> = m.segments(&buf).map(<[u8]>::len).collect();
+            assert_eq!(got, want, "gro_on {gro_on} gro {gro:?} cut {cut}");
+            assert_eq!(m.segment_count(), want.len());
+        }
     }
 }

@@ -252,6 +252,7 @@ pub struct UdpSocket {
     pub(crate) send_scratch: Mutex<Box<sys::mmsg::SendScratch>>,
     pub(crate) recv_scratch: Mutex<Box<sys::mmsg::RecvScratch>>,
     pub(crate) logged_gso_off: AtomicBool,
+    pub(crate) logged_ctrunc: AtomicBool,
     pub(crate) zc: Option<Mutex<crate::zerocopy::ZcState>>,
     path_mtu: OnceLock<Option<usize>>,
 }
@@ -483,6 +484,7 @@ impl UdpSocket {
             send_scratch: Mutex::new(sys::mmsg::SendScratch::new()),
             recv_scratch: Mutex::new(sys::mmsg::RecvScratch::new()),
             logged_gso_off: AtomicBool::new(false),
+            logged_ctrunc: AtomicBool::new(false),
             zc: zerocopy.then(|| Mutex::new(crate::zerocopy::ZcState::new(zc_cfg))),
             path_mtu: OnceLock::new(),
         })
@@ -595,6 +597,14 @@ impl UdpSocket {
     #[cfg(feature = "fault-injection")]
     pub fn inject_fault(&self, fault: crate::Fault) {
         self.faults.push(fault);
+    }
+
+    /// Offers the kernel only `len` bytes of control buffer per received message from now on
+    /// (0 restores the full buffer), so the kernel cuts control data with MSG_CTRUNC (test
+    /// builds only, feature `fault-injection`).
+    #[cfg(feature = "fault-injection")]
+    pub fn limit_recv_control(&self, len: usize) {
+        self.faults.limit_recv_control(len);
     }
 }
 

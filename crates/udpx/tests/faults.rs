@@ -218,3 +218,33 @@ fn hard_error_inside_a_split_transmit_reports_the_segments_sent() {
         "resent from segment 4",
     );
 }
+
+/// The kernel cuts control data it has no room for (MSG_CTRUNC). On a GRO socket that can
+/// take the segment size with it: the buffer then holds several datagrams of unknown size.
+/// udpx must not hand it out as one datagram: it reports the cut, counts it, and yields no
+/// datagrams from that buffer; with room again, the next train splits correctly.
+#[test]
+fn cut_control_data_is_reported_and_never_mis_split() {
+    let Some(_) = KernelCaps::get().gso_max_segments.filter(|_| KernelCaps::get().gro) else {
+        return skip("cut_control_data_is_reported_and_never_mis_split", "no UDP GSO/GRO");
+    };
+    let rx = UdpSocket::builder(lo4()).gro(udpx::Want::Required).bind().unwrap();
+    let tx = UdpSocket::builder(lo4()).send_mode(SendMode::GsoSendmsg).bind().unwrap();
+    let train: Vec<u8> = (0..4).flat_map(|i| payload(i, 1000)).collect();
+    let send = || tx.send(&[udpx::Transmit::new(rx.local_addr(), &train).segmented(1000)]).unwrap();
+    // Room for a cmsghdr but not for the 4-byte GRO size behind it.
+    rx.limit_recv_control(16);
+    send();
+    let got = receive(&rx, 1, Duration::from_millis(300), Duration::from_secs(2));
+    assert_eq!(got.messages, 1, "one coalesced buffer");
+    let m = got.metas[0];
+    assert!(m.control_truncated, "MSG_CTRUNC not reported: {m:?}");
+    assert_eq!((m.len, m.stride, m.segment_count()), (4000, 0, 0), "{m:?}");
+    assert!(got.datagrams.is_empty(), "a cut buffer was handed out as {} datagrams", got.datagrams.len());
+    assert_eq!(rx.counters().control_truncated, 1);
+    rx.limit_recv_control(0);
+    send();
+    let got = receive(&rx, 4, Duration::from_millis(300), Duration::from_secs(2));
+    assert_eq!(got.datagrams, (0..4).map(|i| payload(i, 1000)).collect::<Vec<_>>());
+    assert!(!got.metas[0].control_truncated);
+}

@@ -23,6 +23,10 @@ pub enum Fault {
 pub(crate) struct Faults {
     #[cfg(feature = "fault-injection")]
     queue: std::sync::Mutex<std::collections::VecDeque<Fault>>,
+    /// Receive control-buffer bytes offered to the kernel (0: the full buffer), so a test can
+    /// make the kernel itself cut the control data (MSG_CTRUNC).
+    #[cfg(feature = "fault-injection")]
+    recv_control: std::sync::atomic::AtomicUsize,
 }
 
 impl Faults {
@@ -30,6 +34,28 @@ impl Faults {
     #[cfg(feature = "fault-injection")]
     pub(crate) fn push(&self, f: Fault) {
         self.queue.lock().unwrap_or_else(|e| e.into_inner()).push_back(f);
+    }
+
+    /// Offers only `len` bytes of control buffer to later receives (0: the whole buffer).
+    #[cfg(feature = "fault-injection")]
+    pub(crate) fn limit_recv_control(&self, len: usize) {
+        self.recv_control.store(len, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Control-buffer bytes a receive offers the kernel.
+    #[inline]
+    pub(crate) fn recv_control_len(&self) -> usize {
+        #[cfg(feature = "fault-injection")]
+        {
+            match self.recv_control.load(std::sync::atomic::Ordering::Relaxed) {
+                0 => super::cmsg::CMSG_CAP,
+                n => n.min(super::cmsg::CMSG_CAP),
+            }
+        }
+        #[cfg(not(feature = "fault-injection"))]
+        {
+            super::cmsg::CMSG_CAP
+        }
     }
 
     /// Takes the next fault, if any.

@@ -255,7 +255,15 @@ impl RecvScratch {
     /// Receives into `bufs` (one datagram or GRO buffer each): with `mmsg` as many as are
     /// queued, up to `bufs.len()` and [`BATCH`], in one `recvmmsg` (MSG_WAITFORONE: block for
     /// the first only); otherwise one with `recvmsg`.
-    pub(crate) fn recv(&mut self, fd: BorrowedFd<'_>, bufs: &mut [IoSliceMut<'_>], mmsg: bool) -> io::Result<usize> {
+    ///
+    /// `ctrl_len` is the control space offered per message, normally [`cmsg::CMSG_CAP`].
+    pub(crate) fn recv(
+        &mut self,
+        fd: BorrowedFd<'_>,
+        bufs: &mut [IoSliceMut<'_>],
+        mmsg: bool,
+        ctrl_len: usize,
+    ) -> io::Result<usize> {
         let n = bufs.len().min(if mmsg { BATCH } else { 1 });
         if n == 0 {
             return Ok(0);
@@ -275,7 +283,7 @@ impl RecvScratch {
             hdr.msg_iov = (&mut bufs[i] as *mut IoSliceMut<'_>).cast();
             hdr.msg_iovlen = 1;
             hdr.msg_control = self.ctrl[i].0.as_mut_ptr().cast();
-            hdr.msg_controllen = cmsg::CMSG_CAP as _;
+            hdr.msg_controllen = ctrl_len.min(cmsg::CMSG_CAP) as _;
         }
         let got = if mmsg {
             // recvmmsg(sockfd, msgvec, vlen, flags, timeout): n initialized headers pointing
