@@ -183,6 +183,8 @@ pub struct Capabilities {
     pub ecn: bool,
     /// Kernel drop counter on receive.
     pub rxq_ovfl: bool,
+    /// `IP_RECVERR`: ICMP errors on the error queue (see [`crate::icmp`]).
+    pub recv_err: bool,
     /// Effective send buffer (what the kernel reports, i.e. doubled for its bookkeeping).
     pub send_buffer: usize,
     /// Effective receive buffer.
@@ -215,6 +217,7 @@ impl fmt::Display for Capabilities {
         writeln!(f, "pktinfo        {}", yn(self.pktinfo))?;
         writeln!(f, "ecn            {}", yn(self.ecn))?;
         writeln!(f, "rxq_ovfl       {}", yn(self.rxq_ovfl))?;
+        writeln!(f, "recv_err       {}", yn(self.recv_err))?;
         writeln!(f, "send buffer    {} B", self.send_buffer)?;
         write!(f, "recv buffer    {} B", self.recv_buffer)
     }
@@ -231,6 +234,7 @@ pub(crate) struct CapState {
     pub pktinfo: bool,
     pub ecn: bool,
     pub rxq_ovfl: bool,
+    pub recv_err: bool,
     pub zerocopy: AtomicBool,
     pub zerocopy_off_reason: OnceLock<String>,
     pub kernel: KernelCaps,

@@ -63,8 +63,13 @@ counters! {
     segment_limit_lowered,
     /// EMSGSIZE answers reported to the caller.
     emsgsize,
-    /// Sends made with MSG_ZEROCOPY (each consumes one completion id).
+    /// Messages the kernel took with MSG_ZEROCOPY (each consumes one completion id).
     zerocopy_sends,
+    /// Zerocopy ids consumed by send calls that failed after the kernel built the packet
+    /// (EINVAL from SO_NO_CHECK, EIO, a qdisc or netfilter drop): their completions arrive
+    /// too. Every id completes: `zerocopy_completed == zerocopy_sends + zerocopy_failed_ids`
+    /// once nothing is in flight.
+    zerocopy_failed_ids,
     /// Zerocopy ids completed by the kernel.
     zerocopy_completed,
     /// Of those, completions where the kernel copied after all (SO_EE_CODE_ZEROCOPY_COPIED).
@@ -76,8 +81,12 @@ counters! {
     /// Buffers still in flight when the socket was dropped, kept alive (leaked) so the kernel
     /// never reads reused memory.
     zerocopy_leaked_on_drop,
-    /// Extended errors from the error queue that were not zerocopy completions (ICMP).
+    /// Extended errors from the error queue that were not zerocopy completions (ICMP errors,
+    /// with IP_RECVERR).
     icmp_errors,
+    /// Sends and receives retried after a pending ICMP error failed them (IP_RECVERR,
+    /// unconnected sockets).
+    icmp_retries,
     /// Other send errors reported to the caller.
     send_errors,
     /// Receive system calls that returned data (recvmsg or recvmmsg).

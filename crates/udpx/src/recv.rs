@@ -161,7 +161,27 @@ impl UdpSocket {
         let got = {
             let mut scratch = self.recv_scratch.lock().unwrap_or_else(|e| e.into_inner());
             let mmsg = self.recv_mode == crate::RecvMode::Recvmmsg;
-            let got = scratch.recv(self.fd_ref(), &mut bufs[..n], mmsg, self.faults.recv_control_len())?;
+            let mut retries = 0;
+            let got = loop {
+                match scratch.recv(self.fd_ref(), &mut bufs[..n], mmsg, self.faults.recv_control_len()) {
+                    Ok(got) => break got,
+                    // A pending error left by an ICMP error about some earlier datagram
+                    // (IP_RECVERR): nothing was received; read the queue and receive again.
+                    Err(e)
+                        if self.caps.recv_err
+                            && self.peer.is_none()
+                            && retries < crate::icmp::ICMP_RETRIES
+                            && e.raw_os_error().is_some_and(crate::icmp::is_icmp_errno) =>
+                    {
+                        if self.drain_error_queue(None, None, &mut |_| {})?.icmp == 0 {
+                            return Err(e);
+                        }
+                        retries += 1;
+                        c.add(&c.icmp_retries, 1);
+                    }
+                    Err(e) => return Err(e),
+                }
+            };
             for (m, r) in meta.iter_mut().zip(scratch.results(got)) {
                 *m = RecvMeta::from_raw(r, fallback, self.caps.gro);
                 ctrunc += m.control_truncated as u64;

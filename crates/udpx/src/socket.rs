@@ -107,8 +107,13 @@ pub struct SocketConfig {
     pub zerocopy: Want,
     /// Zerocopy threshold and in-flight bound.
     pub zerocopy_config: crate::zerocopy::ZcConfig,
-    /// `IP_RECVERR`: ICMP errors queue on the socket's error queue instead of failing the next
-    /// call at random.
+    /// `IP_RECVERR`: ICMP errors about datagrams this socket sent are queued on its error
+    /// queue (read and counted by udpx, or by [`UdpSocket::drain_errors`]). On by default,
+    /// because without it the kernel reports a datagram the egress qdisc dropped as sent
+    /// (`udp_send_skb` turns ENOBUFS into success): the drop would be silent. The pending
+    /// error it leaves for the next call is drained and retried, never returned to the caller
+    /// of an unconnected socket (see [`crate::icmp`]). Turn it off only where the qdisc
+    /// cannot drop.
     pub recv_err: bool,
     /// `IP_MTU_DISCOVER = IP_PMTUDISC_PROBE`: set DF, ignore the path MTU cache, so a too-large
     /// datagram is refused with EMSGSIZE rather than fragmented.
@@ -221,6 +226,11 @@ impl SocketConfig {
     /// Sets [`SocketConfig::nonblocking`].
     pub fn nonblocking(mut self, on: bool) -> Self {
         self.nonblocking = on;
+        self
+    }
+    /// Sets [`SocketConfig::recv_err`].
+    pub fn recv_err(mut self, on: bool) -> Self {
+        self.recv_err = on;
         self
     }
     /// Sets [`SocketConfig::v6_only`].
@@ -430,9 +440,9 @@ impl UdpSocket {
             both((0, libc::IP_MTU_DISCOVER), (0, libc::IPV6_MTU_DISCOVER), libc::IP_PMTUDISC_PROBE)
                 .map_err(io_err("setsockopt IP_MTU_DISCOVER"))?;
         }
-        if cfg.recv_err {
-            both((0, libc::IP_RECVERR), (0, libc::IPV6_RECVERR), 1).map_err(io_err("setsockopt IP_RECVERR"))?;
-        }
+        // Set either way: an adopted socket may come with it on.
+        both((0, libc::IP_RECVERR), (0, libc::IPV6_RECVERR), cfg.recv_err as libc::c_int)
+            .map_err(io_err("setsockopt IP_RECVERR"))?;
         let pktinfo =
             apply(cfg.pktinfo, Feature::PktInfo, || both((0, libc::IP_PKTINFO), (0, libc::IPV6_RECVPKTINFO), 1))?;
         let ecn = apply(cfg.ecn, Feature::Ecn, || both((0, libc::IP_RECVTOS), (0, libc::IPV6_RECVTCLASS), 1))?;
@@ -475,6 +485,7 @@ impl UdpSocket {
                 pktinfo,
                 ecn,
                 rxq_ovfl,
+                recv_err: cfg.recv_err,
                 zerocopy: AtomicBool::new(zerocopy),
                 zerocopy_off_reason: OnceLock::new(),
                 kernel,
@@ -527,6 +538,7 @@ impl UdpSocket {
             pktinfo: c.pktinfo,
             ecn: c.ecn,
             rxq_ovfl: c.rxq_ovfl,
+            recv_err: c.recv_err,
             send_buffer: buf(libc::SO_SNDBUF),
             recv_buffer: buf(libc::SO_RCVBUF),
             kernel: c.kernel,
@@ -576,14 +588,17 @@ impl UdpSocket {
         sys::set_timeout(self.fd.as_fd(), libc::SO_SNDTIMEO, t)
     }
 
-    /// Waits until the socket is readable or `timeout` passes; returns whether it is.
+    /// Waits until the socket is readable or `timeout` passes; returns whether it is. Error
+    /// queue entries that show up meanwhile are read (see [`crate::icmp`]) and the wait goes
+    /// on; a connected socket's pending error (its peer refused) is returned.
     pub fn wait_readable(&self, timeout: Duration) -> io::Result<bool> {
-        Ok(sys::poll_one(self.fd.as_fd(), libc::POLLIN, timeout)? & libc::POLLIN != 0)
+        self.wait_for(libc::POLLIN, timeout, None)
     }
 
-    /// Waits until the socket is writable or `timeout` passes; returns whether it is.
+    /// Waits until the socket is writable or `timeout` passes; returns whether it is (error
+    /// queue entries as for [`UdpSocket::wait_readable`]).
     pub fn wait_writable(&self, timeout: Duration) -> io::Result<bool> {
-        Ok(sys::poll_one(self.fd.as_fd(), libc::POLLOUT, timeout)? & libc::POLLOUT != 0)
+        self.wait_for(libc::POLLOUT, timeout, None)
     }
 
     /// Sets `SO_NO_CHECK` (no UDP checksum on send). The kernel then refuses GSO sends with

@@ -273,18 +273,21 @@ impl UdpSocket {
     /// Returns the number sent, which is `transmits.len()` unless an error says otherwise (see
     /// [`SendError::sent`]). Invalid transmits are refused before anything is sent.
     pub fn send(&self, transmits: &[Transmit<'_>]) -> Result<usize, SendError> {
-        self.send_inner(transmits, 0, &mut 0)
+        self.send_inner(transmits, None)
     }
 
-    /// The send loop. `flags` go to every send call (0 or MSG_ZEROCOPY); `zc_msgs` counts the
-    /// messages the kernel took with MSG_ZEROCOPY, each of which consumed one zerocopy id.
+    /// The send loop. With `zc` (a zerocopy send, its state locked and an entry open in its
+    /// tracker) every call carries MSG_ZEROCOPY, and every id the kernel consumes is added to
+    /// the open entry: one per message it took, and one per failed call that used one (found
+    /// by reading the error queue right after the failure, where the kernel has already
+    /// queued that id's completion).
     pub(crate) fn send_inner(
         &self,
         transmits: &[Transmit<'_>],
-        flags: libc::c_int,
-        zc_msgs: &mut u32,
+        mut zc: Option<&mut crate::zerocopy::ZcState>,
     ) -> Result<usize, SendError> {
-        let mut flags = flags;
+        let mut flags = if zc.is_some() { libc::MSG_ZEROCOPY } else { 0 };
+        let mut icmp_retries = 0;
         for (index, t) in transmits.iter().enumerate() {
             self.validate(t).map_err(|reason| SendError {
                 sent: 0,
@@ -303,14 +306,21 @@ impl UdpSocket {
             self.plan(transmits, cur, if batched { BATCH } else { 1 }, gso_suspect.map(|s| s.0), &mut scratch);
             let res = scratch.send_filled(self.fd_ref(), batched, flags, &self.faults);
             c.add(&c.send_calls, 1);
+            let zc_call = flags & libc::MSG_ZEROCOPY != 0;
             match res {
                 Ok(n) => {
                     enobufs = 0;
-                    if flags & libc::MSG_ZEROCOPY != 0 {
-                        *zc_msgs += n as u32;
+                    if let (true, Some(z)) = (zc_call, zc.as_deref_mut()) {
+                        z.tracker.extend_open(n as u32);
+                        c.add(&c.zerocopy_sends, n as u64);
                     }
                     if n < scratch.len() {
                         c.add(&c.partial_sends, 1);
+                        if zc_call {
+                            // The message the kernel stopped at may have failed after taking
+                            // an id.
+                            self.after_failed_call(zc.as_deref_mut(), true);
+                        }
                     }
                     let (mut dgrams, mut bytes, mut gso) = (0, 0, 0);
                     for s in &scratch.metas()[..n] {
@@ -336,6 +346,20 @@ impl UdpSocket {
                 }
                 Err(e) => {
                     let errno = e.raw_os_error().unwrap_or(0);
+                    let icmp_kind = self.caps.recv_err && crate::icmp::is_icmp_errno(errno);
+                    let drained = if zc_call || icmp_kind {
+                        self.after_failed_call(zc.as_deref_mut(), zc_call)
+                    } else {
+                        Default::default()
+                    };
+                    if icmp_kind && self.peer.is_none() && drained.icmp > 0 && icmp_retries < crate::icmp::ICMP_RETRIES
+                    {
+                        // A pending error left by someone else's ICMP (IP_RECVERR): this call
+                        // sent nothing; the queue is read now, so send again.
+                        icmp_retries += 1;
+                        c.add(&c.icmp_retries, 1);
+                        continue;
+                    }
                     let first_span = scratch.metas()[0];
                     let first_seg = first_span.segment_size;
                     match errno {
@@ -349,7 +373,7 @@ impl UdpSocket {
                                 });
                             }
                             // Inside a split transmit: finish it before returning.
-                            if !self.wait_writable(FINISH_WAIT).unwrap_or(false) {
+                            if !self.wait_for(libc::POLLOUT, FINISH_WAIT, zc.as_deref_mut()).unwrap_or(false) {
                                 return Err(self.fail(
                                     cur,
                                     SendErrorKind::Io(io::Error::new(
@@ -452,6 +476,21 @@ impl UdpSocket {
                 cur.seg += n;
             }
         }
+    }
+
+    /// After a send call failed (or a sendmmsg stopped short): reads the error queue. With
+    /// `zc_call`, a completion covering the next zerocopy id means the failed call consumed it
+    /// (the kernel built the packet, then refused it): the id joins the send's open entry,
+    /// already complete, so later ids line up with the kernel's.
+    fn after_failed_call(&self, mut zc: Option<&mut crate::zerocopy::ZcState>, zc_call: bool) -> crate::icmp::Drained {
+        let watch = zc.as_deref().filter(|_| zc_call).map(|z| z.tracker.next_id());
+        let d = self.drain_error_queue(zc.as_deref_mut(), watch, &mut |_| {}).unwrap_or_default();
+        if let (Some(id), true, Some(z)) = (watch, d.watched_completed, zc) {
+            z.tracker.extend_open(1);
+            drop(z.tracker.complete(id, id));
+            self.counters.add(&self.counters.zerocopy_failed_ids, 1);
+        }
+        d
     }
 
     fn fail(&self, cur: Cursor, kind: SendErrorKind) -> SendError {

@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 use crate::error::{SendError, SendErrorKind};
 use crate::socket::UdpSocket;
 use crate::sys;
-use crate::sys::cmsg::{SO_EE_CODE_ZEROCOPY_COPIED, SO_EE_ORIGIN_ZEROCOPY};
+use crate::sys::cmsg::SO_EE_CODE_ZEROCOPY_COPIED;
 use crate::transmit::Transmit;
 
 /// Default size threshold: zerocopy for sends of at least this many bytes (GSO super-buffers).
@@ -166,9 +166,17 @@ impl Drop for ZcBuf {
 
 /// Tracks zerocopy ids in flight: which item (buffer) owns which ids, and which completed.
 ///
-/// Ids are handed out in order by the kernel, one per successful MSG_ZEROCOPY send call,
-/// starting at 0 and wrapping at 2^32. A send can consume several ids (a GSO send that fell
-/// back to one message per segment); its item comes back when all of them completed.
+/// The kernel hands out ids in order, starting at 0 and wrapping at 2^32: one per send call
+/// it took with MSG_ZEROCOPY, and also one per call that failed *after* it built the packet
+/// (`udp_send_skb`: EINVAL for SO_NO_CHECK or too many segments, EIO, a qdisc or netfilter
+/// drop); such a call's id is completed at once, while the call is still returning. A send of
+/// one buffer can consume several ids (a GSO transmit re-sent as plain datagrams); its item
+/// comes back when all of them completed.
+///
+/// A send in progress is an *open* entry: [`CompletionTracker::open`], then
+/// [`CompletionTracker::extend_open`] for each id its calls consume, then
+/// [`CompletionTracker::close_open`] with the item. Completions that arrive while it is open
+/// are recorded against it, and nothing is released or retired before it closes.
 #[derive(Debug)]
 pub struct CompletionTracker<T> {
     /// Id of the front entry's first id.
@@ -183,6 +191,7 @@ struct Entry<T> {
     done: Vec<bool>,
     remaining: u32,
     item: Option<T>,
+    open: bool,
 }
 
 impl<T> CompletionTracker<T> {
@@ -209,8 +218,42 @@ impl<T> CompletionTracker<T> {
     /// Records a send that consumed `n` ids (≥ 1) and owns `item` until they complete.
     pub fn push(&mut self, n: u32, item: T) {
         let n = n.max(1);
-        self.entries.push_back(Entry { done: vec![false; n as usize], remaining: n, item: Some(item) });
-        self.ids += n as u64;
+        self.entries.push_back(Entry { done: vec![false; n as usize], remaining: n, item: Some(item), open: false });
+        self.ids += u64::from(n);
+    }
+
+    /// Starts the entry of a send in progress (no ids yet).
+    pub fn open(&mut self) {
+        self.entries.push_back(Entry { done: Vec::new(), remaining: 0, item: None, open: true });
+    }
+
+    /// The open entry consumed `n` more ids (the next ones). No-op without an open entry.
+    pub fn extend_open(&mut self, n: u32) {
+        if let Some(e) = self.entries.back_mut().filter(|e| e.open) {
+            e.done.resize(e.done.len() + n as usize, false);
+            e.remaining += n;
+            self.ids += u64::from(n);
+        }
+    }
+
+    /// Ids the open entry has consumed so far (0 without one).
+    pub fn open_ids(&self) -> u32 {
+        self.entries.back().filter(|e| e.open).map_or(0, |e| e.done.len() as u32)
+    }
+
+    /// Closes the open entry, which owns `item` until its ids complete. Returns the item at
+    /// once when none is outstanding (no id consumed, or all completed already).
+    pub fn close_open(&mut self, item: T) -> Option<T> {
+        let Some(e) = self.entries.back_mut().filter(|e| e.open) else { return Some(item) };
+        e.open = false;
+        let back = if e.remaining == 0 {
+            Some(item)
+        } else {
+            e.item = Some(item);
+            None
+        };
+        self.retire();
+        back
     }
 
     /// Marks the inclusive, wrapping range `lo..=hi` complete; returns the items whose ids have
@@ -248,7 +291,7 @@ impl<T> CompletionTracker<T> {
             if !e.done[i] {
                 e.done[i] = true;
                 e.remaining -= 1;
-                if e.remaining == 0 {
+                if e.remaining == 0 && !e.open {
                     if let Some(item) = e.item.take() {
                         out.push(item);
                     }
@@ -256,9 +299,14 @@ impl<T> CompletionTracker<T> {
             }
             off += 1;
         }
-        // Retire finished entries at the front so the window moves on.
+        self.retire();
+        out
+    }
+
+    /// Retires finished, closed entries at the front so the window moves on.
+    fn retire(&mut self) {
         while let Some(e) = self.entries.front() {
-            if e.remaining != 0 {
+            if e.remaining != 0 || e.open {
                 break;
             }
             let n = e.done.len() as u32;
@@ -266,7 +314,6 @@ impl<T> CompletionTracker<T> {
             self.ids -= n as u64;
             self.entries.pop_front();
         }
-        out
     }
 
     /// Takes every item still in flight (for leaking on drop).
@@ -314,7 +361,8 @@ impl UdpSocket {
     /// Sends `buf` (its first `len` bytes) to `dst`, segmented by `segment_size` if given, with
     /// MSG_ZEROCOPY when zerocopy is on for this socket and the send is at least the
     /// threshold; otherwise by copying. The buffer returns to its pool once the kernel is done
-    /// (see [`UdpSocket::reap_completions`]); on error it comes back to the caller.
+    /// (see [`UdpSocket::reap_completions`]); on error it comes back to the caller unless the
+    /// kernel may still read part of it.
     pub fn send_zerocopy(&self, dst: SocketAddr, buf: ZcBuf, segment_size: Option<usize>) -> Result<(), ZcSendError> {
         let t = Transmit { segment_size, ..Transmit::new(dst, &buf) };
         if let Err(reason) = self.validate(&t) {
@@ -325,36 +373,38 @@ impl UdpSocket {
             // Zerocopy not configured: an ordinary send, and the buffer goes back at once.
             return self.send(&[t]).map(drop).map_err(|error| ZcSendError { buf: Some(buf), error });
         };
-        let use_zc = self.caps.zerocopy.load(Ordering::Relaxed)
-            && buf.len() >= zc.lock().map(|z| z.cfg.threshold).unwrap_or(usize::MAX);
-        if !use_zc {
+        // The state stays locked for the whole send: error-queue reads during it (after a
+        // failed call) must record completions against this send's open entry.
+        let mut state = zc.lock().unwrap_or_else(|e| e.into_inner());
+        if !self.caps.zerocopy.load(Ordering::Relaxed) || buf.len() < state.cfg.threshold {
+            drop(state);
             return self.send(&[t]).map(drop).map_err(|error| ZcSendError { buf: Some(buf), error });
         }
         // Backpressure: bound the sends in flight.
-        let max = zc.lock().map(|z| z.cfg.max_inflight).unwrap_or(DEFAULT_MAX_INFLIGHT);
         let deadline = Instant::now() + Duration::from_secs(2);
-        while self.zerocopy_in_flight() >= max && Instant::now() < deadline {
-            let _ = self.reap_completions(Some(Duration::from_millis(10)));
+        while state.tracker.len() >= state.cfg.max_inflight && Instant::now() < deadline {
+            // POLLERR is always reported; asking for no events waits for it alone.
+            let _ = sys::poll_one(self.fd_ref(), 0, Duration::from_millis(10));
+            let _ = self.drain_error_queue(Some(&mut state), None, &mut |_| {});
         }
-        let mut msgs = 0u32;
-        let res = self.send_inner(&[t], libc::MSG_ZEROCOPY, &mut msgs);
-        let c = &self.counters;
-        c.add(&c.zerocopy_sends, msgs as u64);
-        let mut state = zc.lock().unwrap_or_else(|e| e.into_inner());
+        state.tracker.open();
+        let res = self.send_inner(&[t], Some(&mut state));
+        let consumed = state.tracker.open_ids();
         match res {
-            Ok(_) if msgs > 0 => {
-                state.tracker.push(msgs, buf);
+            // The tracker keeps the buffer until every id it consumed completed; one whose ids
+            // all completed already (or that went by copying) comes back here and is dropped
+            // into its pool.
+            Ok(_) => {
+                drop(state.tracker.close_open(buf));
                 Ok(())
             }
-            // Sent, but by copying (the ENOBUFS fallback): the kernel holds no reference.
-            Ok(_) => Ok(()),
-            Err(error) if msgs > 0 => {
+            Err(error) if consumed > 0 => {
                 // Part of it went with MSG_ZEROCOPY: the kernel may read the buffer until those
                 // ids complete, so it stays with the tracker; the caller gets the error.
-                state.tracker.push(msgs, buf);
+                drop(state.tracker.close_open(buf));
                 Err(ZcSendError { buf: None, error })
             }
-            Err(error) => Err(ZcSendError { buf: Some(buf), error }),
+            Err(error) => Err(ZcSendError { buf: state.tracker.close_open(buf), error }),
         }
     }
 
@@ -363,9 +413,16 @@ impl UdpSocket {
         self.zc.as_ref().map_or(0, |z| z.lock().map(|s| s.tracker.len()).unwrap_or(0))
     }
 
+    /// The id the kernel will give the next zerocopy send call (0 on a new socket); with every
+    /// completion read, the last completed id is one less.
+    pub fn zerocopy_next_id(&self) -> Option<u32> {
+        self.zc.as_ref().map(|z| z.lock().unwrap_or_else(|e| e.into_inner()).tracker.next_id())
+    }
+
     /// Reads completions from the error queue (waiting up to `wait` for the first if none is
-    /// queued) and returns finished buffers to their pool. Returns how many buffers came back.
-    /// Also counts ICMP errors queued by IP_RECVERR.
+    /// queued and sends are in flight) and returns finished buffers to their pool. Returns how
+    /// many buffers came back. ICMP errors read on the way are counted (see
+    /// [`UdpSocket::drain_errors`] to see them).
     pub fn reap_completions(&self, wait: Option<Duration>) -> std::io::Result<usize> {
         let Some(zc) = self.zc.as_ref() else { return Ok(0) };
         if let Some(w) = wait {
@@ -375,34 +432,40 @@ impl UdpSocket {
             // POLLERR is always reported; asking for no events waits for it alone.
             sys::poll_one(self.fd_ref(), 0, w)?;
         }
-        let mut released = 0;
-        let mut state = zc.lock().unwrap_or_else(|e| e.into_inner());
+        Ok(self.drain_error_queue(None, None, &mut |_| {})?.released)
+    }
+
+    /// One zerocopy completion (ids `e.info..=e.data`): releases the buffers it finishes and,
+    /// with `judge`, tracks the copied streak. Returns (buffers released, zerocopy should turn
+    /// off).
+    pub(crate) fn zerocopy_completion(
+        &self,
+        state: &mut ZcState,
+        e: &crate::sys::cmsg::ExtErr,
+        judge: bool,
+    ) -> (usize, bool) {
         let c = &self.counters;
-        let mut turn_off = false;
-        sys::errqueue::drain(self.fd_ref(), 1024, |e| {
-            if e.origin != SO_EE_ORIGIN_ZEROCOPY || e.errno != 0 {
-                c.add(&c.icmp_errors, 1);
-                return;
-            }
-            let n = e.data.wrapping_sub(e.info) as u64 + 1;
-            c.add(&c.zerocopy_completed, n);
-            let bufs = state.tracker.complete(e.info, e.data);
-            released += bufs.len();
-            drop(bufs); // back to the pool
-            if e.code & SO_EE_CODE_ZEROCOPY_COPIED != 0 {
-                c.add(&c.zerocopy_copied, n);
-                state.copied_in_row += 1;
-                let limit = state.cfg.copied_limit;
-                if limit > 0 && state.zerocopied == 0 && state.copied_in_row >= limit {
-                    turn_off = true;
-                }
-            } else {
-                state.zerocopied += 1;
-                state.copied_in_row = 0;
-            }
-        })?;
-        drop(state);
-        if turn_off && self.caps.zerocopy.swap(false, Ordering::Relaxed) {
+        let n = e.data.wrapping_sub(e.info) as u64 + 1;
+        c.add(&c.zerocopy_completed, n);
+        let released = state.tracker.complete(e.info, e.data).len(); // dropped: back to the pool
+        if !judge {
+            (released, false)
+        } else if e.code & SO_EE_CODE_ZEROCOPY_COPIED != 0 {
+            c.add(&c.zerocopy_copied, n);
+            state.copied_in_row += 1;
+            let limit = state.cfg.copied_limit;
+            (released, limit > 0 && state.zerocopied == 0 && state.copied_in_row >= limit)
+        } else {
+            state.zerocopied += 1;
+            state.copied_in_row = 0;
+            (released, false)
+        }
+    }
+
+    /// Turns zerocopy off for this socket (once): recorded, logged, counted.
+    pub(crate) fn turn_off_zerocopy(&self) {
+        if self.caps.zerocopy.swap(false, Ordering::Relaxed) {
+            let c = &self.counters;
             c.add(&c.zerocopy_turned_off, 1);
             let why = "the kernel copied every zerocopy send so far (local delivery, or a device \
                        without scatter-gather): copying is cheaper"
@@ -410,7 +473,6 @@ impl UdpSocket {
             log::warn!("udpx: zerocopy turned off on {}: {why}", self.local);
             let _ = self.caps.zerocopy_off_reason.set(why);
         }
-        Ok(released)
     }
 
     /// On drop: wait (bounded) for completions, then keep whatever is still in flight alive.

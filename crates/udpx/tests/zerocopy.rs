@@ -154,3 +154,58 @@ fn enobufs_on_zerocopy_copies_instead() {
     assert_eq!(pool.free(), 1, "copied: the kernel holds no reference, the buffer is back");
     assert_same(&sent, &receive(&rx, SEGS, Duration::from_millis(300), Duration::from_secs(2)), "ENOBUFS copy");
 }
+
+/// A GSO zerocopy send the kernel refuses after it built the packet (SO_NO_CHECK: EINVAL in
+/// `udp_send_skb`) still consumes a zerocopy id and completes it; udpx re-sends the segments
+/// plain, with MSG_ZEROCOPY. The tracker must count that id too, or every later buffer is
+/// released one completion early (on a NIC that reads memory after the call: corruption) and
+/// the last one never comes back.
+#[test]
+fn a_refused_zerocopy_call_keeps_the_ids_in_step() {
+    let k = KernelCaps::get();
+    if !k.zerocopy || k.gso_max_segments.is_none() {
+        return skip("a_refused_zerocopy_call_keeps_the_ids_in_step", "no SO_ZEROCOPY or no UDP GSO");
+    }
+    let rx = UdpSocket::builder(lo4()).recv_buffer(4 << 20).bind().unwrap();
+    let tx = zc_socket(lo4(), 0).zerocopy_threshold(1).bind().unwrap();
+    tx.set_no_check(true).unwrap();
+    let pool = ZcPool::new(3 * SEG, 2);
+    let fill = |first: u32, segs: usize| {
+        let mut b = pool.get().expect("a free buffer");
+        b.set_len(segs * SEG);
+        for (i, chunk) in b.chunks_mut(SEG).enumerate() {
+            chunk.copy_from_slice(&payload(first + i as u32, SEG));
+        }
+        b
+    };
+    tx.send_zerocopy(rx.local_addr(), fill(0, 3), Some(SEG)).unwrap();
+    let c = tx.counters();
+    assert_eq!(c.gso_fallbacks, 1, "the GSO send was refused and re-sent plain: {c:?}");
+    assert_eq!((c.zerocopy_failed_ids, c.zerocopy_sends), (1, 3), "{c:?}");
+    // A good send after the fallback (GSO allowed again, one more id).
+    tx.set_no_check(false).unwrap();
+    tx.send_zerocopy(rx.local_addr(), fill(3, 1), None).unwrap();
+    while tx.zerocopy_in_flight() > 0 {
+        tx.reap_completions(Some(Duration::from_secs(2))).unwrap();
+    }
+    let c = tx.counters();
+    assert_eq!(c.zerocopy_completed, c.zerocopy_sends + c.zerocopy_failed_ids, "every id completed: {c:?}");
+    assert_eq!(tx.zerocopy_next_id(), Some(5), "ids 0 (refused), 1-3 (plain re-send), 4 (the next send)");
+    assert_eq!(pool.free(), 2, "both buffers came back, neither early nor never");
+    let got = receive(&rx, 4, Duration::from_millis(300), Duration::from_secs(2));
+    assert_same(&(0..4).map(|i| payload(i, SEG)).collect::<Vec<_>>(), &got, "refused zerocopy");
+    // The refused call's completion says "not copied" (nothing was delivered): that is no
+    // evidence that zerocopy works here, so detection still turns zerocopy off.
+    let tx = zc_socket(lo4(), 2).zerocopy_threshold(1).bind().unwrap();
+    tx.set_no_check(true).unwrap();
+    for first in [10, 20, 30] {
+        let mut b = pool.get().expect("a free buffer");
+        b.set_len(2 * SEG);
+        b.fill(first as u8);
+        tx.send_zerocopy(rx.local_addr(), b, Some(SEG)).unwrap();
+        while tx.zerocopy_in_flight() > 0 {
+            tx.reap_completions(Some(Duration::from_secs(2))).unwrap();
+        }
+    }
+    assert!(!tx.capabilities().zerocopy, "copied completions turn zerocopy off: {:?}", tx.counters());
+}

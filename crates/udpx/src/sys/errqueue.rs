@@ -7,14 +7,22 @@
 
 use std::io;
 use std::mem;
+use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, BorrowedFd};
 
+use super::addr::SockAddr;
 use super::cmsg::{self, Cmsg, CmsgBuf, ExtErr};
 use super::{cvt, retry};
 
-/// Reads every queued error-queue message (up to `max`), calling `f` with each extended error.
-/// Returns how many were read; 0 when the queue is empty.
-pub(crate) fn drain(fd: BorrowedFd<'_>, max: usize, mut f: impl FnMut(ExtErr)) -> io::Result<usize> {
+/// Reads every queued error-queue message (up to `max`), calling `f` with each extended error
+/// and, for an ICMP error, the destination of the datagram that caused it (the kernel puts it
+/// in `msg_name`: `ip_recv_error`, `ipv6_recv_error`). Returns how many were read; 0 when the
+/// queue is empty.
+pub(crate) fn drain(
+    fd: BorrowedFd<'_>,
+    max: usize,
+    mut f: impl FnMut(ExtErr, Option<SocketAddr>),
+) -> io::Result<usize> {
     let mut n = 0;
     let mut ctrl = CmsgBuf::default();
     // The payload of an error-queue message is the original datagram (for ICMP errors); we
@@ -22,8 +30,13 @@ pub(crate) fn drain(fd: BorrowedFd<'_>, max: usize, mut f: impl FnMut(ExtErr)) -
     let mut data = [0u8; 64];
     while n < max {
         let mut iov = libc::iovec { iov_base: data.as_mut_ptr().cast(), iov_len: data.len() };
+        let mut name = SockAddr::empty();
+        let name_len = name.len();
+        let (name_ptr, _) = name.as_mut_parts();
         // SAFETY: all-zero is a valid msghdr.
         let mut hdr: libc::msghdr = unsafe { mem::zeroed() };
+        hdr.msg_name = name_ptr.cast();
+        hdr.msg_namelen = name_len;
         hdr.msg_iov = &mut iov;
         hdr.msg_iovlen = 1;
         hdr.msg_control = ctrl.0.as_mut_ptr().cast();
@@ -35,9 +48,10 @@ pub(crate) fn drain(fd: BorrowedFd<'_>, max: usize, mut f: impl FnMut(ExtErr)) -
         match res {
             Ok(_) => {
                 n += 1;
+                let dst = name.with_len(hdr.msg_namelen);
                 cmsg::decode(&hdr, |c| {
                     if let Cmsg::ExtErr(e) = c {
-                        f(e)
+                        f(e, dst)
                     }
                 });
             }
