@@ -11,10 +11,12 @@
 //! is tried first, then 64 (since 4.18).
 
 use std::fmt;
-use std::net::{Ipv4Addr, SocketAddr};
+use std::io;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 use crate::sys;
 
@@ -161,11 +163,14 @@ fn probe_max_segments() -> Option<usize> {
 #[non_exhaustive]
 pub struct Capabilities {
     /// GSO sends are in use on this socket now (the send mode segments, the kernel has GSO,
-    /// and no fallback has turned it off).
+    /// and the socket as a whole is not in a refusal back-off).
     pub gso: bool,
     /// Segments per GSO send: the probed kernel limit, possibly lowered at run time.
     pub gso_max_segments: usize,
-    /// Why GSO was turned off at run time, if it was.
+    /// Destinations that datagrams go to plain for now because the kernel refused a GSO send
+    /// to them (each until its back-off ends).
+    pub gso_refused_destinations: usize,
+    /// The last GSO refusal: the errno, the destination, and what udpx does about it.
     pub gso_off_reason: Option<String>,
     /// `UDP_GRO` is on for this socket.
     pub gro: bool,
@@ -205,8 +210,11 @@ impl fmt::Display for Capabilities {
             self.gso_max_segments,
             if k.gso_limit_measured { ", measured" } else { ", assumed" }
         )?;
+        if self.gso_refused_destinations > 0 {
+            writeln!(f, "  plain to      {} destination(s) in GSO refusal back-off", self.gso_refused_destinations)?;
+        }
         if let Some(r) = &self.gso_off_reason {
-            writeln!(f, "  turned off    {r}")?;
+            writeln!(f, "  last refusal  {r}")?;
         }
         writeln!(f, "gro            {} (kernel: {})", yn(self.gro), yn(k.gro))?;
         writeln!(f, "txtime         {} (kernel: {}; enforced only by an fq/etf qdisc)", yn(self.txtime), yn(k.txtime))?;
@@ -223,12 +231,83 @@ impl fmt::Display for Capabilities {
     }
 }
 
+/// First back-off after the kernel refused GSO towards a destination; it doubles with every
+/// refusal after a retry, up to [`GSO_RETRY_MAX`].
+pub const GSO_RETRY_FIRST: Duration = Duration::from_secs(1);
+/// Longest GSO refusal back-off.
+pub const GSO_RETRY_MAX: Duration = Duration::from_secs(300);
+/// Destinations remembered with a GSO refusal; past this many at once, the whole socket
+/// backs off.
+pub const MAX_REFUSED_DESTINATIONS: usize = 64;
+
+/// One GSO refusal back-off: for a destination, or (no `ip`) the whole socket.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Refusal {
+    ip: Option<IpAddr>,
+    until: Instant,
+    backoff: Duration,
+}
+
+impl Refusal {
+    fn renew(&mut self, now: Instant) {
+        self.backoff = (self.backoff * 2).min(GSO_RETRY_MAX);
+        self.until = now + self.backoff;
+    }
+}
+
+/// Where the kernel refused GSO (EIO from a device or tunnel that cannot segment, EINVAL
+/// without UDP checksum offload or with SO_NO_CHECK). These conditions belong to a route, not
+/// to the socket, so one bad peer must not cost every other peer its GSO: datagrams to a
+/// refused destination go plain until its back-off ends, then GSO is tried again (a refused
+/// try is re-sent plain at once, so a retry never loses anything).
+#[derive(Debug, Default)]
+pub(crate) struct GsoRefusals {
+    by_dst: Vec<Refusal>,
+    socket_wide: Option<Refusal>,
+    last_reason: Option<String>,
+}
+
+impl GsoRefusals {
+    /// Whether GSO towards `ip` is in back-off at `now`.
+    fn refused(&self, ip: IpAddr, now: Instant) -> bool {
+        self.socket_wide.is_some_and(|r| now < r.until) || self.by_dst.iter().any(|r| r.ip == Some(ip) && now < r.until)
+    }
+
+    /// Records a refusal towards `ip`; returns the back-off it starts.
+    fn record(&mut self, ip: IpAddr, now: Instant) -> Duration {
+        let fresh = |ip| Refusal { ip, until: now + GSO_RETRY_FIRST, backoff: GSO_RETRY_FIRST };
+        if let Some(r) = self.by_dst.iter_mut().find(|r| r.ip == Some(ip)) {
+            r.renew(now);
+            return r.backoff;
+        }
+        if self.by_dst.len() >= MAX_REFUSED_DESTINATIONS {
+            // Make room from an entry whose back-off ended; else the socket backs off whole.
+            if let Some(i) = self.by_dst.iter().position(|r| now >= r.until) {
+                self.by_dst.swap_remove(i);
+            } else {
+                let r = self.socket_wide.get_or_insert(fresh(None));
+                r.renew(now);
+                return r.backoff;
+            }
+        }
+        self.by_dst.push(fresh(Some(ip)));
+        GSO_RETRY_FIRST
+    }
+
+    fn active(&self, now: Instant) -> usize {
+        self.by_dst.iter().filter(|r| now < r.until).count()
+    }
+}
+
 /// The mutable, run-time part of a socket's capabilities.
 #[derive(Debug)]
 pub(crate) struct CapState {
+    /// The send mode segments and the kernel has GSO (fixed at creation).
     pub gso: AtomicBool,
     pub gso_max_segments: AtomicUsize,
-    pub gso_off_reason: OnceLock<String>,
+    /// Set once any GSO refusal was recorded: until then no lock is taken per transmit.
+    pub gso_refused_any: AtomicBool,
+    pub gso_refusals: Mutex<GsoRefusals>,
     pub gro: bool,
     pub txtime: bool,
     pub pktinfo: bool,
@@ -241,11 +320,89 @@ pub(crate) struct CapState {
 }
 
 impl CapState {
+    /// Whether the socket segments at all now (no socket-wide refusal back-off).
     pub(crate) fn gso_enabled(&self) -> bool {
         self.gso.load(Ordering::Relaxed)
+            && (!self.gso_refused_any.load(Ordering::Relaxed)
+                || self.refusals().socket_wide.map_or(true, |r| Instant::now() >= r.until))
+    }
+
+    /// Whether a transmit to `dst` may be segmented now.
+    pub(crate) fn gso_for(&self, dst: &SocketAddr) -> bool {
+        if !self.gso.load(Ordering::Relaxed) {
+            return false;
+        }
+        if !self.gso_refused_any.load(Ordering::Relaxed) {
+            return true;
+        }
+        !self.refusals().refused(crate::sys::addr::unmapped(dst.ip()), Instant::now())
+    }
+
+    /// Records that the kernel refused GSO towards `dst` with `errno` (the plain re-send went
+    /// through); returns the reason text.
+    pub(crate) fn gso_refused(&self, dst: &SocketAddr, errno: i32) -> String {
+        let ip = crate::sys::addr::unmapped(dst.ip());
+        let mut r = self.refusals();
+        let backoff = r.record(ip, Instant::now());
+        self.gso_refused_any.store(true, Ordering::Relaxed);
+        let cause = match errno {
+            libc::EIO => "the route's device or a tunnel/IPsec transform cannot segment UDP",
+            libc::EINVAL => "no UDP checksum offload on the route's device, or SO_NO_CHECK on the socket",
+            _ => "the path refused segmentation",
+        };
+        let why = format!(
+            "the kernel refused a GSO send to {ip} with {} ({cause}); the refused batch was re-sent as plain \
+             datagrams, and datagrams to {ip} go plain for {backoff:?} before GSO is tried again",
+            io::Error::from_raw_os_error(errno)
+        );
+        r.last_reason = Some(why.clone());
+        why
+    }
+
+    /// (destinations in back-off now, the last refusal's reason).
+    pub(crate) fn refusal_summary(&self) -> (usize, Option<String>) {
+        let r = self.refusals();
+        (r.active(Instant::now()), r.last_reason.clone())
+    }
+
+    fn refusals(&self) -> std::sync::MutexGuard<'_, GsoRefusals> {
+        self.gso_refusals.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     pub(crate) fn max_segments(&self) -> usize {
         self.gso_max_segments.load(Ordering::Relaxed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refusals_back_off_per_destination_then_socket_wide_when_full() {
+        let mut r = GsoRefusals::default();
+        let t0 = Instant::now();
+        let ip = |i: u32| IpAddr::from(Ipv4Addr::from(0x0a00_0000 + i));
+        assert_eq!(r.record(ip(0), t0), GSO_RETRY_FIRST);
+        assert!(r.refused(ip(0), t0) && !r.refused(ip(1), t0));
+        assert!(!r.refused(ip(0), t0 + GSO_RETRY_FIRST), "retried when the back-off ends");
+        assert_eq!(r.record(ip(0), t0), GSO_RETRY_FIRST * 2, "a refused retry doubles it");
+        for _ in 0..20 {
+            r.record(ip(0), t0);
+        }
+        assert_eq!(r.record(ip(0), t0), GSO_RETRY_MAX, "bounded");
+        for i in 1..MAX_REFUSED_DESTINATIONS as u32 {
+            r.record(ip(i), t0);
+        }
+        assert_eq!(r.active(t0), MAX_REFUSED_DESTINATIONS);
+        assert!(r.socket_wide.is_none());
+        // One more, none expired: the whole socket backs off rather than forget anyone.
+        r.record(ip(999), t0);
+        assert!(r.refused(ip(12345), t0), "socket-wide back-off covers every destination");
+        // Later, with expired entries, a new destination takes an expired slot.
+        let later = t0 + GSO_RETRY_MAX + Duration::from_secs(1);
+        r.record(ip(1000), later);
+        assert!(r.refused(ip(1000), later) && !r.refused(ip(12345), later));
+        assert_eq!(r.by_dst.len(), MAX_REFUSED_DESTINATIONS);
     }
 }

@@ -18,7 +18,7 @@
 //! | feature | kernel | used for | when missing |
 //! | --- | --- | --- | --- |
 //! | `UDP_SEGMENT` (GSO) | 4.18 (64 segments), 6.9 (128) | one stack traversal per 64 KiB | plain datagrams; limit probed 128 → 64 |
-//! | GSO refused by a device (EIO) or `SO_NO_CHECK` (EINVAL) | any | — | GSO off for the socket, batch re-sent plain, counted |
+//! | GSO refused by a device (EIO) or `SO_NO_CHECK` (EINVAL) | any | — | batch re-sent plain, that destination plain for a back-off, then GSO retried; counted |
 //! | `UDP_GRO` | 5.0 | one receive per train of datagrams | one datagram per buffer |
 //! | `sendmmsg` / `recvmmsg` | 3.0 / 2.6.33 | fewer syscalls | — (always present) |
 //! | `SO_TXTIME` | 4.19 | departure times (needs fq/etf qdisc) | sent at once |

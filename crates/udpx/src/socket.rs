@@ -479,7 +479,8 @@ impl UdpSocket {
             caps: CapState {
                 gso: AtomicBool::new(gso),
                 gso_max_segments: AtomicUsize::new(kernel.gso_max_segments.unwrap_or(1)),
-                gso_off_reason: OnceLock::new(),
+                gso_refused_any: AtomicBool::new(false),
+                gso_refusals: Default::default(),
                 gro,
                 txtime,
                 pktinfo,
@@ -526,10 +527,12 @@ impl UdpSocket {
         let b = self.fd.as_fd();
         let buf = |name| sys::getsockopt_int(b, libc::SOL_SOCKET, name).map(|v| v.max(0) as usize).unwrap_or(0);
         let c = &self.caps;
+        let (gso_refused_destinations, gso_off_reason) = c.refusal_summary();
         Capabilities {
             gso: c.gso_enabled(),
             gso_max_segments: c.max_segments(),
-            gso_off_reason: c.gso_off_reason.get().cloned(),
+            gso_refused_destinations,
+            gso_off_reason,
             gro: c.gro,
             txtime: c.txtime,
             zerocopy_available: c.kernel.zerocopy,

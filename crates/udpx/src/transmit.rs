@@ -11,7 +11,7 @@
 //! | EAGAIN inside a split transmit | waits (bounded) for writability and finishes it, so no transmit is ever half-sent |
 //! | ENOBUFS | backs off (50 us doubling to 10 ms, at most [`ENOBUFS_RETRIES`] times), counted |
 //! | EINVAL on more than 64 segments | lowers the segment limit to 64, re-sends |
-//! | EIO / EINVAL on a GSO message | re-sends that transmit at once as plain datagrams; if that works, GSO is off for the socket (recorded, logged once, counted); if the plain send says EMSGSIZE, the problem was size: GSO stays on and EMSGSIZE is reported |
+//! | EIO / EINVAL on a GSO message | re-sends that transmit at once as plain datagrams; if that works, datagrams to that destination go plain for a back-off (1 s, doubling to 5 min, then GSO is tried again; recorded with the errno, logged once, counted); if the plain send says EMSGSIZE, the problem was size: GSO stays on and EMSGSIZE is reported |
 //! | EMSGSIZE | reported with the sizes involved |
 
 use std::io;
@@ -336,7 +336,7 @@ impl UdpSocket {
                             if s.t == t && s.last {
                                 // The plain re-send went through: the path refuses GSO.
                                 gso_suspect = None;
-                                self.gso_refused(errno);
+                                self.gso_refused(&transmits[t].destination, errno);
                             }
                         }
                     }
@@ -448,7 +448,6 @@ impl UdpSocket {
     ) {
         out.clear();
         let v6 = self.family.is_v6();
-        let gso = self.caps.gso_enabled();
         let max_segs = self.caps.max_segments().max(1);
         while out.len() < cap && cur.t < transmits.len() {
             let t = &transmits[cur.t];
@@ -463,7 +462,7 @@ impl UdpSocket {
                 txtime: t.departure.map(|d| d.as_nanos()),
             };
             let total = t.segments();
-            let per_msg = if gso && plain_t != Some(cur.t) { max_segs } else { 1 };
+            let per_msg = if plain_t != Some(cur.t) && self.caps.gso_for(&t.destination) { max_segs } else { 1 };
             while out.len() < cap && cur.seg < total {
                 let (range, n, seg) = chunk(t, cur.seg, per_msg);
                 let msg = OutMsg { payload: &t.contents[range], segment_size: seg.map(|s| s as u16), ..base };
@@ -497,18 +496,15 @@ impl UdpSocket {
         SendError { sent: cur.t, partial_segments: cur.seg, kind }
     }
 
-    /// Records that the path refused GSO: off for this socket from now on.
-    fn gso_refused(&self, errno: i32) {
-        self.caps.gso.store(false, Ordering::Relaxed);
+    /// Records that the path to `dst` refused GSO (see `GsoRefusals`): counted, logged once
+    /// per socket at warn level (every time at debug).
+    fn gso_refused(&self, dst: &SocketAddr, errno: i32) {
         self.counters.add(&self.counters.gso_fallbacks, 1);
-        let why = format!(
-            "the kernel refused a GSO send with {} (no UDP checksum offload on the path, or SO_NO_CHECK); \
-             sending plain datagrams, the refused batch was re-sent",
-            io::Error::from_raw_os_error(errno)
-        );
-        let _ = self.caps.gso_off_reason.set(why.clone());
+        let why = self.caps.gso_refused(dst, errno);
         if !self.logged_gso_off.swap(true, Ordering::Relaxed) {
-            log::warn!("udpx: {} on {}: {why}", "GSO turned off", self.local);
+            log::warn!("udpx: GSO refused on {}: {why}", self.local);
+        } else {
+            log::debug!("udpx: GSO refused on {}: {why}", self.local);
         }
     }
 

@@ -62,8 +62,9 @@ fn gso_eio_falls_back_and_resends_the_batch() {
         assert_same(&sent, &got, "EIO");
         let c = p.tx.counters();
         assert_eq!((c.gso_fallbacks, c.datagrams_sent), (1, 200));
-        assert!(!p.tx.capabilities().gso);
-        assert!(p.tx.capabilities().gso_off_reason.unwrap().contains("Input/output error"));
+        let caps = p.tx.capabilities();
+        assert_eq!(caps.gso_refused_destinations, 1, "{caps}");
+        assert!(caps.gso_off_reason.unwrap().contains("Input/output error"));
     }
 }
 
@@ -247,4 +248,42 @@ fn cut_control_data_is_reported_and_never_mis_split() {
     let got = receive(&rx, 4, Duration::from_millis(300), Duration::from_secs(2));
     assert_eq!(got.datagrams, (0..4).map(|i| payload(i, 1000)).collect::<Vec<_>>());
     assert!(!got.metas[0].control_truncated);
+}
+
+/// A GSO refusal belongs to the route it happened on: another destination keeps GSO, the
+/// refused one goes plain until its back-off ends and then gets GSO again; a second refusal
+/// doubles the back-off. Nothing is lost on the way.
+#[test]
+fn gso_refusal_is_per_destination_and_retried_after_its_back_off() {
+    if KernelCaps::get().gso_max_segments.is_none() {
+        return skip("gso_refusal_is_per_destination_and_retried_after_its_back_off", "no UDP_SEGMENT");
+    }
+    let tx = UdpSocket::builder(lo4()).send_mode(SendMode::GsoSendmsg).bind().unwrap();
+    // Refusals are kept per destination address (a route property), so the other receiver
+    // listens on another loopback address.
+    let (a, b) = (UdpSocket::bind(lo4()).unwrap(), UdpSocket::bind("127.0.0.2:0".parse().unwrap()).unwrap());
+    let mut seq = 0u32;
+    let mut send_four = |dst: &UdpSocket| {
+        let train: Vec<Vec<u8>> = (seq..seq + 4).map(|i| payload(i, 500)).collect();
+        seq += 4;
+        tx.send(&[udpx::Transmit::new(dst.local_addr(), &train.concat()).segmented(500)]).unwrap();
+        let got = receive(dst, 4, Duration::from_millis(300), Duration::from_secs(2));
+        assert_same(&train, &got, "train");
+        tx.counters()
+    };
+    tx.inject_fault(Fault::Errno(libc::EIO));
+    let c = send_four(&a);
+    assert_eq!((c.gso_fallbacks, c.gso_buffers_sent), (1, 0), "refused and re-sent plain: {c:?}");
+    let c = send_four(&b);
+    assert_eq!((c.gso_fallbacks, c.gso_buffers_sent), (1, 1), "another destination keeps GSO: {c:?}");
+    let c = send_four(&a);
+    assert_eq!((c.gso_fallbacks, c.gso_buffers_sent), (1, 1), "plain during the back-off: {c:?}");
+    std::thread::sleep(udpx::caps::GSO_RETRY_FIRST + Duration::from_millis(100));
+    let c = send_four(&a);
+    assert_eq!((c.gso_fallbacks, c.gso_buffers_sent), (1, 2), "GSO again after the back-off: {c:?}");
+    tx.inject_fault(Fault::Errno(libc::EIO));
+    let c = send_four(&a);
+    assert_eq!(c.gso_fallbacks, 2, "{c:?}");
+    let caps = tx.capabilities();
+    assert!(caps.gso_off_reason.as_deref().unwrap_or("").contains("for 2s"), "back-off doubled: {caps}");
 }
