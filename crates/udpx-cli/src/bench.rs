@@ -126,7 +126,7 @@ struct Common {
 struct TxArgs {
     #[command(flatten)]
     common: Common,
-    /// Destination: IP, IP:PORT or [IPv6]:PORT.
+    /// Destination: IP, IP:PORT or `[IPv6]:PORT`.
     #[arg(short = 'D', long)]
     dst: util::Peer,
     /// How to send.

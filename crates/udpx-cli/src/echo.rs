@@ -78,7 +78,7 @@ struct ServeArgs {
 
 #[derive(Args, Debug)]
 struct LoadArgs {
-    /// Server: IP, IP:PORT or [IPv6]:PORT.
+    /// Server: IP, IP:PORT or `[IPv6]:PORT`.
     #[arg(short = 'D', long)]
     dst: util::Peer,
     /// Server port (default 11111).

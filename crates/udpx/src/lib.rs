@@ -52,6 +52,7 @@ pub mod counters;
 mod error;
 pub mod gso;
 pub mod icmp;
+pub mod rcvbuf;
 pub mod recv;
 pub mod shard;
 mod socket;

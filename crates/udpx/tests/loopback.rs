@@ -202,7 +202,7 @@ fn ecn_and_source_reach_a_v4_mapped_destination() {
 #[test]
 fn kernel_drops_are_surfaced() {
     // A receiver with a tiny buffer that nobody drains: the kernel drops, and says so.
-    let rx = UdpSocket::builder(lo4()).recv_buffer(4096).bind().unwrap();
+    let rx = UdpSocket::builder(lo4()).recv_buffer(4096).rxq_ovfl(Want::Required).bind().unwrap();
     let tx = UdpSocket::builder(lo4()).send_mode(SendMode::Sendmmsg).bind().unwrap();
     let d = vec![1u8; 1000];
     let ts: Vec<Transmit<'_>> = (0..200).map(|_| Transmit::new(rx.local_addr(), &d)).collect();
@@ -325,4 +325,24 @@ fn adopted_socket_wide_udp_segment_is_cleared() {
     let data: Vec<u8> = (0..4).flat_map(|i| payload(i, 300)).collect();
     tx.send(&[Transmit::new(rx.local_addr(), &data).segmented(300)]).unwrap();
     assert_eq!(receive(&rx, 4, Duration::from_millis(200), Duration::from_secs(2)).datagrams.len(), 4);
+}
+
+/// The receive-buffer sizing rule counts in the kernel's terms: what a queued datagram costs
+/// (`udpx::rcvbuf::truesize`) is what the kernel charges here.
+#[test]
+fn rcvbuf_model_matches_what_the_kernel_charges() {
+    for size in [1usize, 100, 1000, 1472, 4000, 32000, 60000] {
+        let rx = UdpSocket::builder(lo4()).recv_buffer(8 << 20).bind().unwrap();
+        let tx = UdpSocket::builder(lo4()).send_mode(SendMode::Sendmmsg).bind().unwrap();
+        let d = vec![7u8; size];
+        let ts: Vec<Transmit<'_>> = (0..20).map(|_| Transmit::new(rx.local_addr(), &d)).collect();
+        tx.send(&ts).unwrap();
+        let charged = rx.queued_bytes().unwrap() / 20;
+        let model = udpx::rcvbuf::truesize(size);
+        let off = charged.abs_diff(model) as f64 / model as f64;
+        assert!(off <= 0.1, "payload {size}: the kernel charges {charged} B per datagram, the model says {model}");
+        // And the plan for a burst of them fits that burst.
+        let p = udpx::rcvbuf::plan(udpx::rcvbuf::RecvRole::Server { clients: 20, burst: 1, datagram: size });
+        assert!(p.effective >= 20 * charged, "{p:?}");
+    }
 }
