@@ -182,6 +182,25 @@ pub fn zerocopy_audit(p: &ProfileResult) -> String {
     s
 }
 
+/// A line saying how much time the hypervisor stole from the pinned CPUs, if any: stolen
+/// time is not counted as busy, but it means another guest ran on this machine meanwhile, so
+/// the figures are noisier than usual. `None` when nothing was stolen.
+pub fn steal_note(profiles: &[ProfileResult]) -> Option<String> {
+    let runs: Vec<f64> = profiles.iter().flat_map(|p| &p.rows).flat_map(|r| &r.runs).map(|m| m.steal_secs).collect();
+    let stolen: Vec<f64> = runs.iter().copied().filter(|s| *s > 0.0).collect();
+    if stolen.is_empty() {
+        return None;
+    }
+    Some(format!(
+        "note: the hypervisor stole {:.2} CPU-s from the pinned CPUs in {} of {} measurements (at most {:.2} s in one); \
+         steal is not counted as busy (steal_secs per run in report.json)",
+        stolen.iter().sum::<f64>(),
+        stolen.len(),
+        runs.len(),
+        stolen.iter().copied().fold(0.0, f64::max)
+    ))
+}
+
 /// Checks as text lines.
 pub fn checks_text(cs: &[Check]) -> String {
     let mut s = String::new();
@@ -270,10 +289,14 @@ pub fn markdown(title: &str, setup: &str, profiles: &[ProfileResult], cs: &[Chec
     let _ = writeln!(s, "## Targets\n\n```\n{}```\n", checks_text(cs));
     let audit: String = profiles.iter().map(zerocopy_audit).collect();
     let _ = writeln!(s, "## Zerocopy audit\n\n```\n{audit}```\n");
+    if let Some(note) = steal_note(profiles) {
+        let _ = writeln!(s, "{note}\n");
+    }
     let _ = writeln!(s, "## Environment\n\n{environment}\n");
     s.push_str(
         "## How to read this\n\n- Gbit/s: delivered (received) payload over the sending time.\n\
-         - CPU-s/GB: busy time of both pinned CPUs from /proc/stat (user, system, irq, softirq), per GB delivered; \
+         - CPU-s/GB: busy time of both pinned CPUs from /proc/stat (user, system, irq, softirq; not steal, which is the hypervisor \
+         running another guest, reported apart; not nice, which is other people's niced work unless the bench itself runs niced), per GB delivered; \
          tx-CPU and rx-CPU split it by CPU; tx/sent is the sender CPU's busy time per GB *sent* (the paper's Figure 1 \
          measures the sender alone; on the `software` profile the receive stack runs on the other CPU).\n- speed-up: the `UDP sendmsg` row's cost per byte divided by this row's.\n\
          - delivered: received / sent datagrams (TCP: bytes).\n- Medians over the repetitions, which ran interleaved.\n",

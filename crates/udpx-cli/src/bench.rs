@@ -196,7 +196,8 @@ pub fn main(args: BenchArgs) -> ExitCode {
 }
 
 /// The pinned CPU's busy time over a role's run, from /proc/stat (user, system, irq and
-/// softirq: on a veth or loopback path the receive stack runs in softirq on the sender's CPU).
+/// softirq: on a veth or loopback path the receive stack runs in softirq on the sender's CPU;
+/// steal apart).
 struct CpuWatch {
     cpu: usize,
     before: CpuSample,
@@ -207,18 +208,19 @@ impl CpuWatch {
         Some(CpuWatch { cpu: cpu?, before: CpuSample::now().ok()? })
     }
 
-    /// (busy seconds, of which softirq seconds).
-    fn finish(&self) -> Option<(f64, f64)> {
+    /// (busy seconds, of which softirq seconds, stolen seconds: not in busy).
+    fn finish(&self) -> Option<(f64, f64, f64)> {
         let d = CpuSample::now().ok()?.diff(&self.before);
         let rate = TickRate::system().ok()?;
         let soft = d.times(Some(self.cpu)).map(|t| rate.to_secs_f64(t.softirq)).unwrap_or(0.0);
-        Some((d.busy_time(&[self.cpu], rate).as_secs_f64(), soft))
+        let steal = d.steal_time(&[self.cpu], rate).as_secs_f64();
+        Some((d.busy_time(&[self.cpu], rate).as_secs_f64(), soft, steal))
     }
 
     fn json(&self, bytes: u64) -> serde_json::Value {
         match self.finish() {
-            Some((busy, soft)) => serde_json::json!({
-                "cpu": self.cpu, "busy_secs": busy, "softirq_secs": soft,
+            Some((busy, soft, steal)) => serde_json::json!({
+                "cpu": self.cpu, "busy_secs": busy, "softirq_secs": soft, "steal_secs": steal,
                 "busy_cpu_secs_per_gb": udpx_bench::run::per_gb(busy, bytes)
             }),
             None => serde_json::Value::Null,
@@ -227,10 +229,15 @@ impl CpuWatch {
 
     fn text(&self, bytes: u64) -> String {
         match self.finish() {
-            Some((busy, soft)) => format!(
-                "; pinned CPU {}: {busy:.2}s busy ({soft:.2}s softirq), {:.2} CPU-s/GB",
+            Some((busy, soft, steal)) => format!(
+                "; pinned CPU {}: {busy:.2}s busy ({soft:.2}s softirq), {:.2} CPU-s/GB{}",
                 self.cpu,
-                udpx_bench::run::per_gb(busy, bytes)
+                udpx_bench::run::per_gb(busy, bytes),
+                if steal > 0.0 {
+                    format!(" ({steal:.2}s stolen by the hypervisor, not counted)")
+                } else {
+                    String::new()
+                }
             ),
             None => String::new(),
         }
@@ -586,6 +593,9 @@ fn main_job(a: MainArgs) -> ExitCode {
         println!("== targets (cost per delivered byte, both CPUs)\n{}", report::checks_text(&checks));
         let audit: String = results.iter().map(report::zerocopy_audit).collect();
         println!("== zerocopy audit\n{audit}");
+        if let Some(note) = report::steal_note(&results) {
+            println!("{note}\n");
+        }
         println!("== environment\n{env_text}\n");
     }
     match write {
