@@ -438,7 +438,7 @@ fn rx(a: RxArgs) -> ExitCode {
                     r.gro_buffers,
                     r.truncated,
                     r.kernel_drops,
-                    r.seq.as_ref().map(|t| format!(", lost {}, reordered {}, corrupt {}", t.lost(), t.reordered, t.corrupt)).unwrap_or_default(),
+                    r.seq.as_ref().map(|t| format!(", lost {}, reordered {}, duplicates {}, corrupt {}", t.lost(), t.reordered, t.duplicates, t.corrupt)).unwrap_or_default(),
                     r.user_secs,
                     r.sys_secs,
                     watch.as_ref().map(|w| w.text(r.bytes)).unwrap_or_default()
