@@ -97,6 +97,31 @@ struct MainArgs {
 /// The port of `bench tx`/`bench rx` when `-p` is not given.
 const DEFAULT_PORT: u16 = 8000;
 
+/// MTU of the main job's veth pair: the common Ethernet MTU, so a GSO segment is a real
+/// wire-sized datagram.
+const VETH_MTU: u32 = 1500;
+
+/// IPv4 and UDP headers: a datagram (or GSO segment) over a path of MTU `m` carries at most
+/// `m - 28` bytes without fragmenting (IPv6: 48).
+fn max_datagram(mtu: u32, v6: bool) -> usize {
+    let headers = if v6 { 48 } else { 28 };
+    let ceiling = if v6 { udpx::MAX_PAYLOAD_V6 } else { udpx::MAX_PAYLOAD_V4 };
+    (mtu as usize).saturating_sub(headers).min(ceiling)
+}
+
+/// The loopback device's MTU from sysfs; `None` if it cannot be read.
+fn loopback_mtu() -> Option<u32> {
+    std::fs::read_to_string("/sys/class/net/lo/mtu").ok()?.trim().parse().ok()
+}
+
+/// `-p 0` would bind an ephemeral port nobody can know (rx) or send to port 0 (tx).
+fn check_port(port: Option<u16>) -> Result<(), String> {
+    match port {
+        Some(0) => Err(format!("-p 0: give a fixed port both sides know (default {DEFAULT_PORT})")),
+        _ => Ok(()),
+    }
+}
+
 #[derive(Args, Debug)]
 struct Common {
     /// IPv4 (default).
@@ -263,8 +288,13 @@ fn tx(a: TxArgs) -> ExitCode {
         Ok(d) => d,
         Err(e) => return usage(e),
     };
-    if let Err(e) = check_size("-s", a.size, v6).and(check_cpu(a.common.cpu)) {
+    if let Err(e) = check_size("-s", a.size, v6).and(check_cpu(a.common.cpu)).and(check_port(a.common.port)) {
         return usage(e);
+    }
+    if a.rate == Some(0) {
+        return usage(
+            "--rate 0: that sends nothing; give bytes per second above 0, or leave --rate out for full speed",
+        );
     }
     if a.zerocopy && a.mode == ModeArg::Tcp {
         return usage("-z: zerocopy here is for UDP; TCP zerocopy is not measured by udpx");
@@ -373,7 +403,7 @@ fn rx(a: RxArgs) -> ExitCode {
         Ok(d) => d,
         Err(e) => return usage(e),
     };
-    if let Err(e) = check_cpu(a.common.cpu) {
+    if let Err(e) = check_cpu(a.common.cpu).and(check_port(a.common.port)) {
         return usage(e);
     }
     if let Some(c) = a.common.cpu {
@@ -491,6 +521,18 @@ fn main_job(a: MainArgs) -> ExitCode {
         }
     }
     let veth = !a.loopback && udpx_netns::check_capable().is_ok();
+    // Every UDP row sends datagrams (or GSO segments) of --size: over the path used, not
+    // fragmented, or every row would fail with EMSGSIZE after the whole job's setup.
+    let (mtu, path_name) = if veth { (Some(VETH_MTU), "veth pair") } else { (loopback_mtu(), "loopback") };
+    if let Some(mtu) = mtu {
+        let max = max_datagram(mtu, false);
+        if a.size > max {
+            return usage(format!(
+                "--size {}: the {path_name}'s MTU is {mtu}, so a datagram is at most {max} bytes over IPv4; give --size {max} or less",
+                a.size
+            ));
+        }
+    }
     if veth {
         // Before any thread exists: Ctrl-C, TERM and HUP remove our namespaces, then exit.
         if let Err(e) = udpx_netns::cleanup_on_signals() {
@@ -522,7 +564,7 @@ fn main_job(a: MainArgs) -> ExitCode {
     let path_text;
     if veth {
         path_text = format!(
-            "Path: veth pair between two network namespaces, MTU 1500; sender pinned to CPU {}, receiver to CPU {}; {} s per row, median of {} interleaved runs; cache-thrash working set {} MiB (last-level cache {}).",
+            "Path: veth pair between two network namespaces, MTU {VETH_MTU}; sender pinned to CPU {}, receiver to CPU {}; {} s per row, median of {} interleaved runs; cache-thrash working set {} MiB (last-level cache {}).",
             cpus.tx,
             cpus.rx,
             a.duration,
@@ -533,7 +575,7 @@ fn main_job(a: MainArgs) -> ExitCode {
         for p in &profiles {
             let net = match TestNet::setup(&TestNetConfig {
                 profile: *p,
-                mtu: 1500,
+                mtu: VETH_MTU,
                 tx_cpu: Some(cpus.tx),
                 rx_cpu: Some(cpus.rx),
             }) {
@@ -616,4 +658,19 @@ fn environment_text(devices: &[String]) -> String {
         s.push_str(&format!("\n- {d}"));
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn datagram_limits_follow_the_mtu() {
+        assert_eq!(max_datagram(1500, false), 1472);
+        assert_eq!(max_datagram(1500, true), 1452);
+        // Loopback's 65536: the IPv4 UDP ceiling, not MTU - 28; IPv6 has a 40-byte header.
+        assert_eq!(max_datagram(65536, false), udpx::MAX_PAYLOAD_V4);
+        assert_eq!(max_datagram(65536, true), 65536 - 48);
+        assert_eq!(max_datagram(20, false), 0);
+    }
 }
