@@ -104,6 +104,9 @@ pub struct RunConfig {
 /// One measurement of one row.
 #[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct Measurement {
+    /// Which pass of the matrix (0-based): runs of different rows with the same number ran
+    /// in the same pass, side by side, and are compared with each other.
+    pub run: usize,
     /// Seconds from the start of sending to the end of receiving.
     pub wall_secs: f64,
     /// Busy CPU seconds over the run, both CPUs (user, system, irq, softirq; /proc/stat).

@@ -9,9 +9,9 @@ use std::time::Duration;
 use clap::{Args, Subcommand, ValueEnum};
 use udpx::{SendMode, UdpSocket, Want};
 use udpx_bench::cpu::{online_cpus, pin_current_thread, CpuSample, TickRate};
-use udpx_bench::matrix::{default_rows, run_matrix, ProfileResult};
+use udpx_bench::matrix::{default_rows, run_matrix, Preset, ProfileResult};
 use udpx_bench::report;
-use udpx_bench::run::{Cpus, Path, RunConfig};
+use udpx_bench::run::{Cpus, Kind, Path, RunConfig};
 use udpx_bench::rx::{run_rx, RxConfig};
 use udpx_bench::tx::{run_tx, Interval, Proto, TxConfig};
 use udpx_netns::{Profile, TestNet, TestNetConfig};
@@ -65,12 +65,16 @@ impl ModeArg {
 
 #[derive(Args, Debug)]
 struct MainArgs {
-    /// Seconds each row sends.
-    #[arg(short = 'l', long, default_value_t = 1.5)]
-    duration: f64,
-    /// Repetitions of every row, interleaved; the tables show medians.
-    #[arg(long, default_value_t = 2)]
-    repeat: usize,
+    /// Seconds each row sends (default: the preset's, 1.5; --thorough 3).
+    #[arg(short = 'l', long)]
+    duration: Option<f64>,
+    /// Runs of every row, interleaved; each row shows its median run and the spread, and a
+    /// target needs 3 runs for a verdict (default: the preset's, 3; --thorough 7).
+    #[arg(long, visible_alias = "runs")]
+    repeat: Option<usize>,
+    /// The longer preset for figures to publish (7 runs of 3 s rows, about 13 minutes).
+    #[arg(long)]
+    thorough: bool,
     /// Datagram size in bytes (UDP payload).
     #[arg(short = 's', long, default_value_t = 1472)]
     size: usize,
@@ -503,12 +507,16 @@ fn stamp() -> String {
 }
 
 fn main_job(a: MainArgs) -> ExitCode {
-    let dur = match duration("--duration", a.duration) {
+    // The preset, then any flag given on top of it.
+    let preset = if a.thorough { Preset::THOROUGH } else { Preset::DEFAULT };
+    let preset = Preset { runs: a.repeat.unwrap_or(preset.runs), row_secs: a.duration.unwrap_or(preset.row_secs) };
+    let dur = match duration("--duration", preset.row_secs) {
         Ok(d) => d,
         Err(e) => return usage(e),
     };
-    if a.repeat == 0 || a.repeat > 20 {
-        return usage(format!("--repeat {}: give 1 to 20 repetitions", a.repeat));
+    let repeat = preset.runs;
+    if repeat == 0 || repeat > 20 {
+        return usage(format!("--repeat {repeat}: give 1 to 20 runs (3 or more for a verdict on the targets)"));
     }
     if let Err(e) = check_size("--size", a.size, false) {
         return usage(e);
@@ -545,7 +553,16 @@ fn main_job(a: MainArgs) -> ExitCode {
     let rows = default_rows(iperf3);
     let cfg = RunConfig { duration: dur, size: a.size, v6: false, verify: a.verify, cpus };
     let n_profiles = if veth { profiles.len() } else { 1 };
-    let total = (rows.len() * a.repeat * n_profiles) as u64;
+    let total = (rows.len() * repeat * n_profiles) as u64;
+    let iperf3_rows = rows.iter().filter(|r| matches!(r.kind, Kind::Iperf3 { .. })).count();
+    let estimate = preset.estimate(rows.len(), iperf3_rows, n_profiles).as_secs().div_ceil(60);
+    if !a.json {
+        eprintln!(
+            "udpx bench: {} rows x {repeat} runs x {} s x {n_profiles} profile(s): about {estimate} min",
+            rows.len(),
+            preset.row_secs
+        );
+    }
     let bar = indicatif::ProgressBar::new(total);
     bar.set_style(
         indicatif::ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} {msg}")
@@ -564,11 +581,11 @@ fn main_job(a: MainArgs) -> ExitCode {
     let path_text;
     if veth {
         path_text = format!(
-            "Path: veth pair between two network namespaces, MTU {VETH_MTU}; sender pinned to CPU {}, receiver to CPU {}; {} s per row, median of {} interleaved runs; cache-thrash working set {} MiB (last-level cache {}).",
+            "Path: veth pair between two network namespaces, MTU {VETH_MTU}; sender pinned to CPU {}, receiver to CPU {}; {} s per row, median run of {} interleaved runs; cache-thrash working set {} MiB (last-level cache {}).",
             cpus.tx,
             cpus.rx,
-            a.duration,
-            a.repeat,
+            preset.row_secs,
+            repeat,
             udpx_bench::tx::thrash_bytes() >> 20,
             udpx_bench::tx::llc_bytes().map_or("unknown".to_string(), |l| format!("{} MiB", l >> 20))
         );
@@ -592,7 +609,7 @@ fn main_job(a: MainArgs) -> ExitCode {
                         .join(", ");
                 devices.push(format!("{p} {side:?} veth ({}): {pick}", net.dev(side)));
             }
-            results.push(run_matrix(p.as_str(), Path::Veth(&net), &rows, &cfg, a.repeat, &mut progress));
+            results.push(run_matrix(p.as_str(), Path::Veth(&net), &rows, &cfg, repeat, &mut progress));
         }
     } else {
         let why = if a.loopback {
@@ -602,10 +619,10 @@ fn main_job(a: MainArgs) -> ExitCode {
         };
         eprintln!("udpx bench: measuring over LOOPBACK ({why}); run as root for the veth path between two namespaces");
         path_text = format!(
-            "Path: LOOPBACK (not a device path: {why}); sender on CPU {}, receiver on CPU {}; {} s per row, median of {} runs.",
-            cpus.tx, cpus.rx, a.duration, a.repeat
+            "Path: LOOPBACK (not a device path: {why}); sender on CPU {}, receiver on CPU {}; {} s per row, median run of {} interleaved runs.",
+            cpus.tx, cpus.rx, preset.row_secs, repeat
         );
-        results.push(run_matrix("loopback", Path::Loopback, &rows, &cfg, a.repeat, &mut progress));
+        results.push(run_matrix("loopback", Path::Loopback, &rows, &cfg, repeat, &mut progress));
     }
     bar.finish_and_clear();
     let checks: Vec<report::Check> = results.iter().flat_map(report::checks).collect();
@@ -614,6 +631,8 @@ fn main_job(a: MainArgs) -> ExitCode {
     let json = serde_json::json!({
         "path": path_text,
         "config": cfg,
+        "preset": preset,
+        "verdict_rule": report::verdict_rule(repeat),
         "profiles": results,
         "checks": checks,
         "environment": env_text,
@@ -632,7 +651,11 @@ fn main_job(a: MainArgs) -> ExitCode {
             println!("== {} profile: send side (paper Figure 1)\n{}", p.profile, report::send_table(p));
             println!("== {} profile: receive side (paper Figure 5)\n{}", p.profile, report::recv_table(p));
         }
-        println!("== targets (cost per delivered byte, both CPUs)\n{}", report::checks_text(&checks));
+        println!(
+            "== targets (cost per delivered byte, both CPUs)\n{}\n{}",
+            report::verdict_rule(repeat),
+            report::checks_text(&checks)
+        );
         let audit: String = results.iter().map(report::zerocopy_audit).collect();
         println!("== zerocopy audit\n{audit}");
         if let Some(note) = report::steal_note(&results) {

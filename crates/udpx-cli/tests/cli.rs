@@ -175,6 +175,14 @@ fn main_job_runs_and_cleans_up() {
         let m = &runs[0];
         assert!(m["recv_bytes"].as_u64().unwrap() > 0, "{id}: nothing delivered");
         assert!(m["recv_bytes"].as_u64() <= m["sent_bytes"].as_u64(), "{id}");
+        assert!(m["steal_secs"].as_f64().is_some(), "{id}: steal reported apart");
+        assert_eq!(r["median_run"].as_u64(), Some(0), "{id}: the one run is the median run");
+    }
+    // One run has no spread: every target is inconclusive, never met or missed.
+    let checks = v["checks"].as_array().unwrap();
+    assert!(!checks.is_empty());
+    for c in checks {
+        assert_eq!(c["verdict"], "inconclusive", "{c}");
     }
     // The results folder has the three files.
     let dir = std::fs::read_dir(&out).unwrap().next().unwrap().unwrap().path();
