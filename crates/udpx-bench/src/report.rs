@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
-use crate::matrix::{Figures, ProfileResult};
+use crate::matrix::{Figures, ProfileResult, RowResult};
 use crate::stats::{minmax_coverage, paired_ratios, verdict, Spread, Verdict, MIN_RUNS_FOR_VERDICT};
 
 /// A target from the issues, judged from the per-run ratios ([`crate::stats`]).
@@ -131,12 +131,14 @@ fn pm(v: f64, lo: f64, hi: f64) -> String {
     }
 }
 
-/// Speed-up over the `udp` row: its cost per byte divided by this row's.
-fn speedup(p: &ProfileResult, f: &Figures) -> f64 {
-    match p.get("udp") {
-        Some(base) if f.cpu_per_gb > 0.0 => base.median.cpu_per_gb / f.cpu_per_gb,
-        _ => f64::NAN,
-    }
+/// Speed-up over the `udp` row: its cost per byte divided by this row's, for the median runs,
+/// and `±` from the per-run ratios (pass i of `udp` over pass i of this row).
+fn speedup(p: &ProfileResult, r: &RowResult) -> (f64, String) {
+    let Some(base) = p.get("udp") else { return (f64::NAN, "-".into()) };
+    let cost = |x: &RowResult| x.per_run(p.passes, |f| f.cpu_per_gb);
+    let per_run = Spread::of(&paired_ratios(&cost(base), &cost(r)));
+    let v = base.median.cpu_per_gb / r.median.cpu_per_gb;
+    (v, pm(v, per_run.min, per_run.max))
 }
 
 /// The send-side table (Figure 1 of the paper, with cost per byte instead of cycles). Each
@@ -145,7 +147,7 @@ pub fn send_table(p: &ProfileResult) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "{:<24} {:>7} {:>5} {:>8} {:>7} {:>8} {:>5} {:>6} {:>6} {:>7} {:>9} {:>8} {:>4}",
+        "{:<24} {:>7} {:>5} {:>8} {:>7} {:>8} {:>5} {:>6} {:>6} {:>7} {:>9} {:>8} {:>5} {:>4}",
         "row",
         "Gbit/s",
         "±",
@@ -158,6 +160,7 @@ pub fn send_table(p: &ProfileResult) -> String {
         "tx/sent",
         "delivered",
         "speed-up",
+        "±",
         "runs"
     );
     for r in &p.rows {
@@ -169,9 +172,10 @@ pub fn send_table(p: &ProfileResult) -> String {
         let f = &r.median;
         let calls = if f.send_calls_per_s > 0.0 { si(f.send_calls_per_s) } else { "-".into() };
         let per_call = if f.datagrams_per_call > 0.0 { num(f.datagrams_per_call, 1) } else { "-".into() };
+        let (up, up_pm) = speedup(p, r);
         let _ = writeln!(
             s,
-            "{:<24} {:>7} {:>5} {:>8} {:>7} {:>8} {:>5} {:>6} {:>6} {:>7} {:>8.1}% {:>7}x {:>4}",
+            "{:<24} {:>7} {:>5} {:>8} {:>7} {:>8} {:>5} {:>6} {:>6} {:>7} {:>8.1}% {:>7}x {:>5} {:>4}",
             r.row.label,
             num(f.gbits, 2),
             pm(f.gbits, r.min.gbits, r.max.gbits),
@@ -183,7 +187,8 @@ pub fn send_table(p: &ProfileResult) -> String {
             num(f.rx_cpu_per_gb, 2),
             num(f.tx_cpu_per_gb_sent, 2),
             f.delivered * 100.0,
-            num(speedup(p, f), 1),
+            num(up, 1),
+            up_pm,
             r.runs.len()
         );
     }

@@ -21,7 +21,7 @@ use std::time::Duration;
 use serde::Serialize;
 use udpx_bench::cpu::{online_cpus, pin_current_thread, CpuSample, TickRate};
 use udpx_bench::report::{self, Check};
-use udpx_bench::stats::{median_run, Spread, Verdict};
+use udpx_bench::stats::{median_run, paired_ratios, Spread, Verdict};
 use udpx_netns::{Profile, Side, TestNet, TestNetConfig};
 
 use crate::load::{self, LoadConfig, LoadResult};
@@ -55,6 +55,8 @@ pub struct EchoRow {
     pub load: LoadResult,
     /// Busy seconds of the server's CPU per million transactions.
     pub server_cpu_s_per_m: f64,
+    /// Seconds the hypervisor stole from the server's CPU (not in the cost; a contended VM).
+    pub server_steal_secs: f64,
     /// Per-shard counters (udpx rows).
     pub shards: Vec<ShardStats>,
     /// Why the row failed, if it did.
@@ -75,6 +77,8 @@ pub struct EchoRun {
     pub server_cpu_s_per_m: f64,
     /// Requests unanswered.
     pub lost: u64,
+    /// Seconds stolen from the server's CPU.
+    pub steal_secs: f64,
 }
 
 /// The server's and the generator's CPUs: the last online CPU serves, the first loads.
@@ -144,7 +148,7 @@ pub fn run(cfg: &EchoBenchConfig, progress: &mut dyn FnMut(&str)) -> Result<(Vec
                     let measured = measure(cfg, net.as_ref(), gen_ip, srv.addr, srv_cpu, gen_cpu);
                     let shards = srv.stop();
                     match measured {
-                        Ok((load, cpu)) => ok_row(label, load, cpu, shards),
+                        Ok((load, cpu, steal)) => ok_row(label, load, (cpu, steal), shards),
                         Err(e) => failed(label, e),
                     }
                 }
@@ -156,7 +160,7 @@ pub fn run(cfg: &EchoBenchConfig, progress: &mut dyn FnMut(&str)) -> Result<(Vec
             progress("sockperf sr");
             let label = "sockperf server (reference)".to_string();
             out.push(match sockperf_row(cfg, net.as_ref(), gen_ip, srv_ip, srv_cpu, gen_cpu) {
-                Ok((load, cpu)) => ok_row(label, load, cpu, Vec::new()),
+                Ok((load, cpu, steal)) => ok_row(label, load, (cpu, steal), Vec::new()),
                 Err(e) => failed(label, e),
             });
         }
@@ -176,6 +180,7 @@ fn merge(rows: Vec<EchoRow>) -> EchoRow {
                 tps: r.load.tps,
                 server_cpu_s_per_m: r.server_cpu_s_per_m,
                 lost: r.load.lost,
+                steal_secs: r.server_steal_secs,
             })
         })
         .collect();
@@ -191,8 +196,18 @@ fn merge(rows: Vec<EchoRow>) -> EchoRow {
     row
 }
 
-fn ok_row(label: String, load: LoadResult, cpu: f64, shards: Vec<ShardStats>) -> EchoRow {
-    EchoRow { label, load, server_cpu_s_per_m: cpu, shards, error: None, runs: Vec::new(), median_run: None }
+/// A measured row: `(cpu, steal)` are the server cost per million and its CPU's stolen seconds.
+fn ok_row(label: String, load: LoadResult, (cpu, steal): (f64, f64), shards: Vec<ShardStats>) -> EchoRow {
+    EchoRow {
+        label,
+        load,
+        server_cpu_s_per_m: cpu,
+        server_steal_secs: steal,
+        shards,
+        error: None,
+        runs: Vec::new(),
+        median_run: None,
+    }
 }
 
 fn failed(label: String, e: String) -> EchoRow {
@@ -200,6 +215,7 @@ fn failed(label: String, e: String) -> EchoRow {
         label,
         load: LoadResult::default(),
         server_cpu_s_per_m: f64::NAN,
+        server_steal_secs: 0.0,
         shards: Vec::new(),
         error: Some(e),
         runs: Vec::new(),
@@ -215,7 +231,7 @@ fn measure(
     dst: SocketAddr,
     srv_cpu: usize,
     gen_cpu: usize,
-) -> Result<(LoadResult, f64), String> {
+) -> Result<(LoadResult, f64, f64), String> {
     let lc = LoadConfig {
         dst,
         bind: SocketAddr::new(gen_ip, 0),
@@ -241,9 +257,11 @@ fn measure(
     .map_err(|_| "load generator panicked".to_string())??;
     let after = CpuSample::now().map_err(|e| e.to_string())?;
     let rate = TickRate::system().map_err(|e| e.to_string())?;
-    let busy = after.diff(&before).busy_time(&[srv_cpu], rate).as_secs_f64();
+    let d = after.diff(&before);
+    let busy = d.busy_time(&[srv_cpu], rate).as_secs_f64();
+    let steal = d.steal_time(&[srv_cpu], rate).as_secs_f64();
     let per_m = if res.received > 0 { busy / (res.received as f64 / 1e6) } else { f64::INFINITY };
-    Ok((res, per_m))
+    Ok((res, per_m, steal))
 }
 
 struct Killed(Child);
@@ -262,7 +280,7 @@ fn sockperf_row(
     srv_ip: IpAddr,
     srv_cpu: usize,
     gen_cpu: usize,
-) -> Result<(LoadResult, f64), String> {
+) -> Result<(LoadResult, f64, f64), String> {
     let port = 11111u16;
     let port = match net {
         Some(_) => port,
@@ -301,11 +319,26 @@ fn pm(v: f64, all: impl Iterator<Item = f64>) -> String {
 pub fn table(rows: &[EchoRow]) -> String {
     use std::fmt::Write;
     let base = rows.first().map(|r| r.server_cpu_s_per_m).unwrap_or(f64::NAN);
+    // `vs naive` per pass, for its `±`: pass i of a row over pass i of `naive`.
+    let cost = |r: &EchoRow| -> Vec<Option<f64>> { r.runs.iter().map(|x| x.map(|x| x.server_cpu_s_per_m)).collect() };
+    let base_runs = rows.first().map(cost).unwrap_or_default();
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "{:<28} {:>9} {:>5} {:>10} {:>5} {:>7} {:>7} {:>8} {:>6} {:>8} {:>8} {:>4}",
-        "mode", "trans/s", "±", "CPU-s/M", "±", "p50 us", "p99 us", "p99.9 us", "lost", "req/recv", "vs naive", "runs"
+        "{:<28} {:>9} {:>5} {:>10} {:>5} {:>7} {:>7} {:>8} {:>6} {:>8} {:>8} {:>5} {:>4}",
+        "mode",
+        "trans/s",
+        "±",
+        "CPU-s/M",
+        "±",
+        "p50 us",
+        "p99 us",
+        "p99.9 us",
+        "lost",
+        "req/recv",
+        "vs naive",
+        "±",
+        "runs"
     );
     for r in rows {
         if let Some(e) = &r.error {
@@ -322,7 +355,7 @@ pub fn table(rows: &[EchoRow]) -> String {
         let ok = || r.runs.iter().flatten();
         let _ = writeln!(
             s,
-            "{:<28} {:>9.0} {:>5} {:>10.2} {:>5} {:>7.0} {:>7.0} {:>8.0} {:>6} {:>8} {:>7.2}x {:>4}",
+            "{:<28} {:>9.0} {:>5} {:>10.2} {:>5} {:>7.0} {:>7.0} {:>8.0} {:>6} {:>8} {:>7.2}x {:>5} {:>4}",
             r.label,
             r.load.tps,
             pm(r.load.tps, ok().map(|x| x.tps)),
@@ -334,7 +367,15 @@ pub fn table(rows: &[EchoRow]) -> String {
             r.load.lost,
             batch,
             r.server_cpu_s_per_m / base,
+            pm(r.server_cpu_s_per_m / base, paired_ratios(&cost(r), &base_runs).into_iter()),
             ok().count()
+        );
+    }
+    let stolen: f64 = rows.iter().flat_map(|r| r.runs.iter().flatten()).map(|x| x.steal_secs).sum();
+    if stolen > 0.0 {
+        let _ = writeln!(
+            s,
+            "\nnote: the hypervisor stole {stolen:.2} s from the server's CPU over all runs (not counted in CPU-s/M)"
         );
     }
     let judged = judge(rows);
@@ -379,7 +420,7 @@ mod tests {
 
     fn run(label: &str, tps: f64, cost: f64, lost: u64) -> EchoRow {
         let load = LoadResult { tps, lost, ..LoadResult::default() };
-        ok_row(label.to_string(), load, cost, Vec::new())
+        ok_row(label.to_string(), load, (cost, 0.0), Vec::new())
     }
 
     #[test]
