@@ -285,7 +285,7 @@ pub fn checks_text(cs: &[Check]) -> String {
     for c in cs {
         let _ = writeln!(
             s,
-            "  {:<14} {:<8} {:<52} {:>6.3} [{:.3}-{:.3}, {} runs] (target <= {:.3})",
+            "  {:<14} {:<8} {:<52} {:>6.3} [{:.3}-{:.3}, {} runs, {}] (target <= {:.3})",
             format!("[{}]", c.verdict),
             c.profile,
             c.what,
@@ -293,6 +293,7 @@ pub fn checks_text(cs: &[Check]) -> String {
             c.min,
             c.max,
             c.ratios.len(),
+            pm(c.ratio, c.min, c.max),
             c.at_most
         );
     }
@@ -454,10 +455,20 @@ mod tests {
         assert_eq!((c.ratios.len(), c.verdict), (2, Verdict::Inconclusive));
         let text = checks_text(&cs);
         assert!(text.contains("[met] ") && text.contains("[inconclusive]"), "{text}");
-        assert!(text.contains("[0.500-0.600, 3 runs]"), "{text}");
+        assert!(text.contains("[0.500-0.600, 3 runs, ±20%]"), "{text}");
         // A missing row means no check, not a pass.
         let q = profile(&[("udp", &[3.0])]);
         assert!(checks(&q).is_empty());
+    }
+
+    #[test]
+    fn stolen_time_is_noted_only_when_there_was_some() {
+        let mut p = profile(&[("udp", &[1.0, 1.0])]);
+        assert_eq!(steal_note(std::slice::from_ref(&p)), None);
+        let row = p.rows.iter_mut().find(|r| r.row.id == "udp").unwrap();
+        row.runs[1].steal_secs = 0.25;
+        let note = steal_note(&[p]).unwrap();
+        assert!(note.contains("0.25 CPU-s") && note.contains("1 of 2 measurements"), "{note}");
     }
 
     #[test]

@@ -327,6 +327,9 @@ fn tx(a: TxArgs) -> ExitCode {
         let _ = pin_current_thread(c);
     }
     let dst = match a.dst.addr(a.common.port, DEFAULT_PORT) {
+        Ok(d) if d.port() == 0 => {
+            return usage(format!("-D {d}: port 0 reaches no receiver; give the receiver's port"))
+        }
         Ok(d) => d,
         Err(e) => return usage(format!("-D: {e}")),
     };

@@ -43,6 +43,10 @@ fn bad_input_exits_2_and_names_the_flag() {
         (&["bench", "tx", "-D", "127.0.0.1", "--rate", "0"], "--rate 0"),
         (&["bench", "rx", "-p", "0"], "-p 0"),
         (&["bench", "tx", "-D", "127.0.0.1", "-p", "0"], "-p 0"),
+        (&["bench", "tx", "-D", "127.0.0.1:0"], "port 0"),
+        // Flags given on top of --thorough win over its preset.
+        (&["bench", "--thorough", "--repeat", "0"], "--repeat 0"),
+        (&["bench", "--runs", "21"], "--repeat 21"),
         (&["nonsense"], "nonsense"),
     ];
     for (args, needle) in cases {
