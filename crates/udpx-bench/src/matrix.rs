@@ -181,17 +181,8 @@ impl Figures {
 }
 
 /// Median (mean of the middle two for an even count; NaN for none).
-pub fn median(mut v: Vec<f64>) -> f64 {
-    if v.is_empty() {
-        return f64::NAN;
-    }
-    v.sort_by(|a, b| a.total_cmp(b));
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
+pub fn median(v: Vec<f64>) -> f64 {
+    crate::stats::Spread::of(&v).median
 }
 
 /// A row's results in one profile.

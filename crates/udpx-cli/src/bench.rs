@@ -65,14 +65,15 @@ impl ModeArg {
 
 #[derive(Args, Debug)]
 struct MainArgs {
-    /// Seconds each row sends (default: the preset's, 1.5; --thorough 3).
+    /// Seconds each row sends (default: the preset's, printed at the start; see --thorough).
     #[arg(short = 'l', long)]
     duration: Option<f64>,
-    /// Runs of every row, interleaved; each row shows its median run and the spread, and a
-    /// target needs 3 runs for a verdict (default: the preset's, 3; --thorough 7).
+    /// Runs of every row, interleaved; each row shows its median run and the spread over
+    /// runs; too few runs leave every target inconclusive (default: the preset's).
     #[arg(long, visible_alias = "runs")]
     repeat: Option<usize>,
-    /// The longer preset for figures to publish (7 runs of 3 s rows, about 13 minutes).
+    /// The longer preset for figures to publish: more runs of longer rows (the start of the
+    /// run prints how many and the estimated time).
     #[arg(long)]
     thorough: bool,
     /// Datagram size in bytes (UDP payload).
