@@ -156,8 +156,8 @@ struct Common {
 struct TxArgs {
     #[command(flatten)]
     common: Common,
-    /// Destination: IP, IP:PORT or [IPv6]:PORT.
-    #[arg(short = 'D', long)]
+    // The help as an attribute, not a doc comment: rustdoc would read `[IPv6]` as a link.
+    #[arg(short = 'D', long, help = "Destination: IP, IP:PORT or [IPv6]:PORT.")]
     dst: util::Peer,
     /// How to send.
     #[arg(short = 'm', long, value_enum, default_value_t = ModeArg::Sendmsg)]
