@@ -201,6 +201,9 @@ pub struct RowResult {
     pub min: Figures,
     /// Field-wise largest figures over the runs.
     pub max: Figures,
+    /// Seconds the hypervisor stole from the two CPUs, all runs together (each run's is in
+    /// `runs[].steal_secs`); not counted as busy.
+    pub steal_secs: f64,
     /// Why a repetition failed, if one did.
     pub errors: Vec<String>,
 }
@@ -209,7 +212,16 @@ impl RowResult {
     /// A row before it has run.
     pub fn new(row: Row) -> RowResult {
         let f = Figures::default();
-        RowResult { row, runs: Vec::new(), median: f, median_run: None, min: f, max: f, errors: Vec::new() }
+        RowResult {
+            row,
+            runs: Vec::new(),
+            median: f,
+            median_run: None,
+            min: f,
+            max: f,
+            steal_secs: 0.0,
+            errors: Vec::new(),
+        }
     }
 
     /// Sets `median`, `min` and `max` from the runs.
@@ -220,6 +232,7 @@ impl RowResult {
         self.median = at.map(|i| figs[i]).unwrap_or_default();
         self.median_run = at.map(|i| self.runs[i].run);
         (self.min, self.max) = Figures::range(&figs);
+        self.steal_secs = self.runs.iter().map(|m| m.steal_secs).sum();
     }
 
     /// One figure per pass `0..passes`: `None` where that pass failed.
@@ -295,6 +308,7 @@ mod tests {
             recv_bytes: 1_000_000_000,
             sent_bytes: 1_000_000_000,
             send_secs: 8.0 / gbits,
+            steal_secs: 0.25,
             ..Measurement::default()
         };
         let mut r = RowResult::new(default_rows(false)[0].clone());
@@ -305,6 +319,7 @@ mod tests {
         assert!((r.median.gbits - 2.0).abs() < 1e-9, "the same run's throughput");
         assert!((r.min.cpu_per_gb - 0.8).abs() < 1e-9 && (r.max.cpu_per_gb - 1.2).abs() < 1e-9);
         assert!((r.min.gbits - 2.0).abs() < 1e-9 && (r.max.gbits - 4.0).abs() < 1e-9);
+        assert_eq!(r.steal_secs, 0.75, "stolen time of every run, reported per row");
         // Pass 1 failed in another row: figures per pass line up by pass, not by position.
         r.runs.remove(1);
         assert_eq!(r.per_run(3, |f| f.cpu_per_gb).iter().map(Option::is_some).collect::<Vec<_>>(), [true, false, true]);

@@ -559,10 +559,11 @@ fn main_job(a: MainArgs) -> ExitCode {
     let n_profiles = if veth { profiles.len() } else { 1 };
     let total = (rows.len() * repeat * n_profiles) as u64;
     let iperf3_rows = rows.iter().filter(|r| matches!(r.kind, Kind::Iperf3 { .. })).count();
-    let estimate = preset.estimate(rows.len(), iperf3_rows, n_profiles).as_secs().div_ceil(60);
+    let secs = preset.estimate(rows.len(), iperf3_rows, n_profiles).as_secs_f64();
+    let estimate = if secs < 90.0 { format!("{secs:.0} s") } else { format!("{:.0} min", secs / 60.0) };
     if !a.json {
         eprintln!(
-            "udpx bench: {} rows x {repeat} runs x {} s x {n_profiles} profile(s): about {estimate} min",
+            "udpx bench: {} rows x {repeat} runs x {} s x {n_profiles} profile(s): about {estimate}",
             rows.len(),
             preset.row_secs
         );
