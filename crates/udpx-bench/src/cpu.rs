@@ -63,14 +63,26 @@ pub struct CpuTimes {
 }
 
 impl CpuTimes {
-    /// Ticks spent doing anything: everything but `idle` and `iowait`.
+    /// Ticks of work: `user + system + irq + softirq`.
     ///
-    /// `steal` counts as busy: the CPU was not available to us, and leaving it out would make
-    /// a contended VM look idle.
+    /// `steal` is left out: it is time the hypervisor ran someone else while we waited, not
+    /// work, and on a shared VM it would inflate every cost per byte; it is reported apart
+    /// ([`CpuTimes::steal`]). `nice` is left out too: it is the work of *niced* processes, and
+    /// the bench does not run niced, so on the pinned CPUs that is other people's work (a
+    /// compiler run with `nice`). When this process *is* niced its own work lands in `nice`:
+    /// use [`CpuTimes::busy_as`] with [`Accounting::for_this_process`], as
+    /// [`CpuDelta::busy_time`] does.
     pub fn busy(&self) -> u64 {
-        [self.user, self.nice, self.system, self.irq, self.softirq, self.steal]
-            .into_iter()
-            .fold(0u64, u64::saturating_add)
+        [self.user, self.system, self.irq, self.softirq].into_iter().fold(0u64, u64::saturating_add)
+    }
+
+    /// [`busy`](CpuTimes::busy), plus `nice` when `acc` says our own work runs niced.
+    pub fn busy_as(&self, acc: Accounting) -> u64 {
+        if acc.nice {
+            self.busy().saturating_add(self.nice)
+        } else {
+            self.busy()
+        }
     }
 
     /// Ticks spent idle: `idle + iowait`.
@@ -78,9 +90,10 @@ impl CpuTimes {
         self.idle.saturating_add(self.iowait)
     }
 
-    /// All ticks: [`busy`](CpuTimes::busy) plus [`idle_total`](CpuTimes::idle_total).
+    /// All ticks: [`busy`](CpuTimes::busy), `nice`, `steal` and
+    /// [`idle_total`](CpuTimes::idle_total).
     pub fn total(&self) -> u64 {
-        self.busy().saturating_add(self.idle_total())
+        [self.busy(), self.nice, self.steal, self.idle_total()].into_iter().fold(0u64, u64::saturating_add)
     }
 
     /// `self - earlier` field by field, saturating at zero (see the module docs for why a
@@ -98,7 +111,7 @@ impl CpuTimes {
         }
     }
 
-    /// Busy share of all ticks, 0.0 to 1.0; `None` if no ticks passed.
+    /// [`busy`](CpuTimes::busy) share of all ticks, 0.0 to 1.0; `None` if no ticks passed.
     pub fn utilization(&self) -> Option<f64> {
         let total = self.total();
         (total > 0).then(|| self.busy() as f64 / total as f64)
@@ -116,6 +129,33 @@ impl CpuTimes {
             steal: self.steal.saturating_add(other.steal),
         }
     }
+}
+
+/// Which `/proc/stat` times count as our work (see [`CpuTimes::busy`] for why).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Accounting {
+    /// Count `nice` time as ours: this process runs niced, so its own work is counted there.
+    pub nice: bool,
+}
+
+impl Accounting {
+    /// For this process: `nice` counts when our nice value (`/proc/self/stat`) is above zero.
+    /// Read once and cached; if it cannot be read, `nice` is left out (the usual case).
+    pub fn for_this_process() -> Accounting {
+        static ACC: OnceLock<Accounting> = OnceLock::new();
+        *ACC.get_or_init(|| {
+            let niced = std::fs::read_to_string("/proc/self/stat").ok().and_then(|t| parse_nice(&t)).unwrap_or(0);
+            Accounting { nice: niced > 0 }
+        })
+    }
+}
+
+/// The nice value from `/proc/<pid>/stat` text: field 19 (proc(5)). The command name (field
+/// 2) is in parentheses and may hold spaces and `)`, so fields are counted after the last `)`.
+pub fn parse_nice(stat: &str) -> Option<i64> {
+    let rest = &stat[stat.rfind(')')? + 1..];
+    // After `)`: field 3 (state) is the first word, so field 19 is the 17th.
+    rest.split_whitespace().nth(16)?.parse().ok()
 }
 
 /// Clock ticks per second of `/proc/stat` (`sysconf(_SC_CLK_TCK)`, `USER_HZ`): 100 on every
@@ -228,11 +268,20 @@ impl CpuDelta {
         }
     }
 
-    /// Busy time of the given CPUs together, converted with `rate`. CPUs not sampled add
-    /// nothing.
+    /// Busy time of the given CPUs together ([`CpuTimes::busy_as`] with this process's
+    /// [`Accounting`]), converted with `rate`. CPUs not sampled add nothing.
     pub fn busy_time(&self, cpus: &[usize], rate: TickRate) -> Duration {
-        let ticks = cpus.iter().filter_map(|n| self.per_cpu.get(n)).fold(0u64, |sum, t| sum.saturating_add(t.busy()));
-        rate.to_duration(ticks)
+        let acc = Accounting::for_this_process();
+        rate.to_duration(self.sum(cpus, |t| t.busy_as(acc)))
+    }
+
+    /// Time the hypervisor stole from the given CPUs (not counted as busy; reported apart).
+    pub fn steal_time(&self, cpus: &[usize], rate: TickRate) -> Duration {
+        rate.to_duration(self.sum(cpus, |t| t.steal))
+    }
+
+    fn sum(&self, cpus: &[usize], f: impl Fn(&CpuTimes) -> u64) -> u64 {
+        cpus.iter().filter_map(|n| self.per_cpu.get(n)).fold(0u64, |sum, t| sum.saturating_add(f(t)))
     }
 }
 
@@ -586,14 +635,35 @@ softirq 409213 0 108244 1 2 3 4 5 6 7 8
     }
 
     #[test]
-    fn busy_excludes_idle_and_iowait_only() {
+    fn busy_is_user_system_irq_softirq() {
+        // user 1, nice 2, system 3, idle 100, iowait 200, irq 4, softirq 5, steal 6.
         let t = times([1, 2, 3, 100, 200, 4, 5, 6]);
-        assert_eq!(t.busy(), 1 + 2 + 3 + 4 + 5 + 6);
+        // Steal is the hypervisor running someone else, nice is niced processes: not ours.
+        assert_eq!(t.busy(), 1 + 3 + 4 + 5);
+        assert_eq!(t.busy_as(Accounting { nice: false }), 1 + 3 + 4 + 5);
+        assert_eq!(t.busy_as(Accounting { nice: true }), 1 + 2 + 3 + 4 + 5);
         assert_eq!(t.idle_total(), 300);
         assert_eq!(t.total(), 321);
         assert_eq!(times([0; 8]).utilization(), None);
         assert_eq!(times([1, 0, 0, 3, 0, 0, 0, 0]).utilization(), Some(0.25));
+        // A CPU stolen half the time and busy the other half: utilization 0.5, not 1.0.
+        assert_eq!(times([1, 0, 0, 0, 0, 0, 0, 1]).utilization(), Some(0.5));
         assert_eq!(times([u64::MAX, 1, 0, 0, 0, 0, 0, 0]).busy(), u64::MAX);
+        let d = CpuDelta { elapsed: Duration::ZERO, total: t, per_cpu: [(0, t), (1, t)].into() };
+        let rate = TickRate::new(100).unwrap();
+        assert_eq!(d.steal_time(&[0, 1], rate), Duration::from_millis(120));
+    }
+
+    #[test]
+    fn nice_value_from_proc_self_stat() {
+        // A command name with spaces and a `)`; nice is field 19 (here 5).
+        let stat = "4242 (a b) c) S 1 4242 4242 0 -1 4194560 100 0 0 0 7 3 0 0 20 5 1 0 123 4096 100";
+        assert_eq!(parse_nice(stat), Some(5));
+        assert_eq!(parse_nice("1 (init) S 0 1 1 0 -1 0 0 0 0 0 0 0 0 0 20 -3 1"), Some(-3));
+        assert_eq!(parse_nice("1 (short) S 0"), None);
+        assert_eq!(parse_nice("no parenthesis"), None);
+        let own = std::fs::read_to_string("/proc/self/stat").unwrap();
+        assert!(parse_nice(&own).is_some(), "{own}");
     }
 
     #[test]

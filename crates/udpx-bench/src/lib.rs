@@ -11,5 +11,6 @@ pub mod probe;
 pub mod report;
 pub mod run;
 pub mod rx;
+pub mod stats;
 pub mod tx;
 pub mod wire;

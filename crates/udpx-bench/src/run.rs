@@ -104,6 +104,9 @@ pub struct RunConfig {
 /// One measurement of one row.
 #[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct Measurement {
+    /// Which pass of the matrix (0-based): runs of different rows with the same number ran
+    /// in the same pass, side by side, and are compared with each other.
+    pub run: usize,
     /// Seconds from the start of sending to the end of receiving.
     pub wall_secs: f64,
     /// Busy CPU seconds over the run, both CPUs (user, system, irq, softirq; /proc/stat).
@@ -114,6 +117,9 @@ pub struct Measurement {
     pub busy_rx_cpu_secs: f64,
     /// Softirq seconds, both CPUs.
     pub softirq_secs: f64,
+    /// Seconds the hypervisor stole from the two CPUs (a shared VM): not in `busy_secs`, since
+    /// nothing of ours ran then, but non-zero means the machine was contended during the run.
+    pub steal_secs: f64,
     /// Bytes the sender sent.
     pub sent_bytes: u64,
     /// Datagrams the sender sent.
@@ -301,6 +307,7 @@ fn cpu_fields(before: &CpuSample, after: &CpuSample, cpus: Cpus) -> Result<Measu
         busy_tx_cpu_secs: d.busy_time(&[cpus.tx], rate).as_secs_f64(),
         busy_rx_cpu_secs: d.busy_time(&[cpus.rx], rate).as_secs_f64(),
         softirq_secs: rate.to_secs_f64(softirq),
+        steal_secs: d.steal_time(&both, rate).as_secs_f64(),
         ..Measurement::default()
     })
 }

@@ -76,38 +76,86 @@ pub fn check(d: &[u8]) -> Check {
     Check::Ok(seq)
 }
 
-/// Tracks sequence numbers: loss (gaps), reordering and duplicates.
+/// How far behind the highest sequence number seen a late datagram can still be told apart
+/// as reordered or duplicate: a bitmap of this many bits (8 KiB). Older arrivals are counted
+/// in `too_late` (a queue this deep at 1472 B is 96 MB: far beyond any socket buffer here).
+pub const SEQ_WINDOW: u64 = 1 << 16;
+
+/// Tracks sequence numbers: loss (gaps), reordering and duplicates, counted apart.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
 pub struct SeqTracker {
     /// Next sequence number expected.
     pub next: u64,
-    /// Datagrams that arrived with a lower number than expected (late or duplicate).
+    /// Datagrams that arrived after a higher number, the first time their number was seen
+    /// (each fills one of the `gaps`).
     pub reordered: u64,
+    /// Datagrams whose number was already seen (they fill no gap).
+    pub duplicates: u64,
+    /// Late datagrams more than [`SEQ_WINDOW`] behind: reordered or duplicate, not known which.
+    pub too_late: u64,
     /// Sequence numbers skipped over (may later arrive as `reordered`).
     pub gaps: u64,
     /// Datagrams whose contents did not match their header.
     pub corrupt: u64,
     /// Datagrams too short to verify.
     pub short: u64,
+    /// Which of the last [`SEQ_WINDOW`] numbers arrived: bit `seq % SEQ_WINDOW`.
+    #[serde(skip)]
+    seen: Vec<u64>,
 }
 
 impl SeqTracker {
     /// Accounts for one received datagram.
     pub fn see(&mut self, d: &[u8]) {
         match check(d) {
-            Check::Ok(seq) if seq >= self.next => {
-                self.gaps += seq - self.next;
-                self.next = seq + 1;
-            }
-            Check::Ok(_) => self.reordered += 1,
+            Check::Ok(seq) => self.see_seq(seq),
             Check::Short => self.short += 1,
             Check::Corrupt => self.corrupt += 1,
         }
     }
 
-    /// Datagrams lost for good: gaps not filled by late arrivals.
+    /// Accounts for an intact datagram numbered `seq`.
+    pub fn see_seq(&mut self, seq: u64) {
+        if self.seen.is_empty() {
+            self.seen = vec![0; (SEQ_WINDOW / 64) as usize];
+        }
+        if seq >= self.next {
+            // The skipped numbers' bits still hold numbers one window older: clear them
+            // (all of the window at most).
+            for s in self.next.max(seq.saturating_sub(SEQ_WINDOW))..seq {
+                self.set(s, false);
+            }
+            self.gaps += seq - self.next;
+            self.next = seq + 1;
+            self.set(seq, true);
+        } else if self.next - seq > SEQ_WINDOW {
+            self.too_late += 1;
+        } else if self.get(seq) {
+            self.duplicates += 1;
+        } else {
+            self.set(seq, true);
+            self.reordered += 1;
+        }
+    }
+
+    fn get(&self, seq: u64) -> bool {
+        let bit = seq % SEQ_WINDOW;
+        self.seen[(bit / 64) as usize] & (1 << (bit % 64)) != 0
+    }
+
+    fn set(&mut self, seq: u64, on: bool) {
+        let bit = seq % SEQ_WINDOW;
+        let word = &mut self.seen[(bit / 64) as usize];
+        if on {
+            *word |= 1 << (bit % 64);
+        } else {
+            *word &= !(1 << (bit % 64));
+        }
+    }
+
+    /// Datagrams lost for good: gaps not filled by late arrivals (duplicates fill none).
     pub fn lost(&self) -> u64 {
-        self.gaps.saturating_sub(self.reordered)
+        self.gaps.saturating_sub(self.reordered + self.too_late)
     }
 }
 
@@ -143,5 +191,33 @@ mod tests {
             t.see(&mk(s));
         }
         assert_eq!((t.next, t.gaps, t.reordered, t.lost()), (9, 3, 1, 2));
+    }
+
+    #[test]
+    fn tracker_counts_duplicates_apart_from_reordering() {
+        let mut t = SeqTracker::default();
+        // 1 twice in order, 2 late once and then again, 0 again much later.
+        for s in [0, 1, 1, 3, 2, 2, 4, 0] {
+            t.see_seq(s);
+        }
+        assert_eq!((t.reordered, t.duplicates, t.gaps, t.lost(), t.too_late), (1, 3, 1, 0, 0));
+        // A duplicate does not hide a loss: 5 never arrives, 6 arrives twice.
+        for s in [6, 6] {
+            t.see_seq(s);
+        }
+        assert_eq!((t.gaps, t.duplicates, t.lost()), (2, 4, 1));
+    }
+
+    #[test]
+    fn tracker_window_wraps() {
+        let mut t = SeqTracker::default();
+        t.see_seq(0);
+        // Jump by more than a window: 0's bit must not make a later arrival look duplicate.
+        t.see_seq(SEQ_WINDOW + 5);
+        t.see_seq(SEQ_WINDOW); // late, same bit as 0 had
+        assert_eq!((t.reordered, t.duplicates), (1, 0));
+        t.see_seq(1); // a window and more behind: cannot tell
+        assert_eq!(t.too_late, 1);
+        assert_eq!(t.lost(), SEQ_WINDOW + 4 - 2);
     }
 }

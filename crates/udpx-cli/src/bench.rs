@@ -9,9 +9,9 @@ use std::time::Duration;
 use clap::{Args, Subcommand, ValueEnum};
 use udpx::{SendMode, UdpSocket, Want};
 use udpx_bench::cpu::{online_cpus, pin_current_thread, CpuSample, TickRate};
-use udpx_bench::matrix::{default_rows, run_matrix, ProfileResult};
+use udpx_bench::matrix::{default_rows, run_matrix, Preset, ProfileResult};
 use udpx_bench::report;
-use udpx_bench::run::{Cpus, Path, RunConfig};
+use udpx_bench::run::{Cpus, Kind, Path, RunConfig};
 use udpx_bench::rx::{run_rx, RxConfig};
 use udpx_bench::tx::{run_tx, Interval, Proto, TxConfig};
 use udpx_netns::{Profile, TestNet, TestNetConfig};
@@ -65,12 +65,17 @@ impl ModeArg {
 
 #[derive(Args, Debug)]
 struct MainArgs {
-    /// Seconds each row sends.
-    #[arg(short = 'l', long, default_value_t = 1.5)]
-    duration: f64,
-    /// Repetitions of every row, interleaved; the tables show medians.
-    #[arg(long, default_value_t = 2)]
-    repeat: usize,
+    /// Seconds each row sends (default: the preset's, printed at the start; see --thorough).
+    #[arg(short = 'l', long)]
+    duration: Option<f64>,
+    /// Runs of every row, interleaved; each row shows its median run and the spread over
+    /// runs; too few runs leave every target inconclusive (default: the preset's).
+    #[arg(long, visible_alias = "runs")]
+    repeat: Option<usize>,
+    /// The longer preset for figures to publish: more runs of longer rows (the start of the
+    /// run prints how many and the estimated time).
+    #[arg(long)]
+    thorough: bool,
     /// Datagram size in bytes (UDP payload).
     #[arg(short = 's', long, default_value_t = 1472)]
     size: usize,
@@ -96,6 +101,31 @@ struct MainArgs {
 
 /// The port of `bench tx`/`bench rx` when `-p` is not given.
 const DEFAULT_PORT: u16 = 8000;
+
+/// MTU of the main job's veth pair: the common Ethernet MTU, so a GSO segment is a real
+/// wire-sized datagram.
+const VETH_MTU: u32 = 1500;
+
+/// IPv4 and UDP headers: a datagram (or GSO segment) over a path of MTU `m` carries at most
+/// `m - 28` bytes without fragmenting (IPv6: 48).
+fn max_datagram(mtu: u32, v6: bool) -> usize {
+    let headers = if v6 { 48 } else { 28 };
+    let ceiling = if v6 { udpx::MAX_PAYLOAD_V6 } else { udpx::MAX_PAYLOAD_V4 };
+    (mtu as usize).saturating_sub(headers).min(ceiling)
+}
+
+/// The loopback device's MTU from sysfs; `None` if it cannot be read.
+fn loopback_mtu() -> Option<u32> {
+    std::fs::read_to_string("/sys/class/net/lo/mtu").ok()?.trim().parse().ok()
+}
+
+/// `-p 0` would bind an ephemeral port nobody can know (rx) or send to port 0 (tx).
+fn check_port(port: Option<u16>) -> Result<(), String> {
+    match port {
+        Some(0) => Err(format!("-p 0: give a fixed port both sides know (default {DEFAULT_PORT})")),
+        _ => Ok(()),
+    }
+}
 
 #[derive(Args, Debug)]
 struct Common {
@@ -126,8 +156,8 @@ struct Common {
 struct TxArgs {
     #[command(flatten)]
     common: Common,
-    /// Destination: IP, IP:PORT or `[IPv6]:PORT`.
-    #[arg(short = 'D', long)]
+    // The help as an attribute, not a doc comment: rustdoc would read `[IPv6]` as a link.
+    #[arg(short = 'D', long, help = "Destination: IP, IP:PORT or [IPv6]:PORT.")]
     dst: util::Peer,
     /// How to send.
     #[arg(short = 'm', long, value_enum, default_value_t = ModeArg::Sendmsg)]
@@ -196,7 +226,8 @@ pub fn main(args: BenchArgs) -> ExitCode {
 }
 
 /// The pinned CPU's busy time over a role's run, from /proc/stat (user, system, irq and
-/// softirq: on a veth or loopback path the receive stack runs in softirq on the sender's CPU).
+/// softirq: on a veth or loopback path the receive stack runs in softirq on the sender's CPU;
+/// steal apart).
 struct CpuWatch {
     cpu: usize,
     before: CpuSample,
@@ -207,18 +238,19 @@ impl CpuWatch {
         Some(CpuWatch { cpu: cpu?, before: CpuSample::now().ok()? })
     }
 
-    /// (busy seconds, of which softirq seconds).
-    fn finish(&self) -> Option<(f64, f64)> {
+    /// (busy seconds, of which softirq seconds, stolen seconds: not in busy).
+    fn finish(&self) -> Option<(f64, f64, f64)> {
         let d = CpuSample::now().ok()?.diff(&self.before);
         let rate = TickRate::system().ok()?;
         let soft = d.times(Some(self.cpu)).map(|t| rate.to_secs_f64(t.softirq)).unwrap_or(0.0);
-        Some((d.busy_time(&[self.cpu], rate).as_secs_f64(), soft))
+        let steal = d.steal_time(&[self.cpu], rate).as_secs_f64();
+        Some((d.busy_time(&[self.cpu], rate).as_secs_f64(), soft, steal))
     }
 
     fn json(&self, bytes: u64) -> serde_json::Value {
         match self.finish() {
-            Some((busy, soft)) => serde_json::json!({
-                "cpu": self.cpu, "busy_secs": busy, "softirq_secs": soft,
+            Some((busy, soft, steal)) => serde_json::json!({
+                "cpu": self.cpu, "busy_secs": busy, "softirq_secs": soft, "steal_secs": steal,
                 "busy_cpu_secs_per_gb": udpx_bench::run::per_gb(busy, bytes)
             }),
             None => serde_json::Value::Null,
@@ -227,10 +259,15 @@ impl CpuWatch {
 
     fn text(&self, bytes: u64) -> String {
         match self.finish() {
-            Some((busy, soft)) => format!(
-                "; pinned CPU {}: {busy:.2}s busy ({soft:.2}s softirq), {:.2} CPU-s/GB",
+            Some((busy, soft, steal)) => format!(
+                "; pinned CPU {}: {busy:.2}s busy ({soft:.2}s softirq), {:.2} CPU-s/GB{}",
                 self.cpu,
-                udpx_bench::run::per_gb(busy, bytes)
+                udpx_bench::run::per_gb(busy, bytes),
+                if steal > 0.0 {
+                    format!(" ({steal:.2}s stolen by the hypervisor, not counted)")
+                } else {
+                    String::new()
+                }
             ),
             None => String::new(),
         }
@@ -256,8 +293,13 @@ fn tx(a: TxArgs) -> ExitCode {
         Ok(d) => d,
         Err(e) => return usage(e),
     };
-    if let Err(e) = check_size("-s", a.size, v6).and(check_cpu(a.common.cpu)) {
+    if let Err(e) = check_size("-s", a.size, v6).and(check_cpu(a.common.cpu)).and(check_port(a.common.port)) {
         return usage(e);
+    }
+    if a.rate == Some(0) {
+        return usage(
+            "--rate 0: that sends nothing; give bytes per second above 0, or leave --rate out for full speed",
+        );
     }
     if a.zerocopy && a.mode == ModeArg::Tcp {
         return usage("-z: zerocopy here is for UDP; TCP zerocopy is not measured by udpx");
@@ -286,6 +328,9 @@ fn tx(a: TxArgs) -> ExitCode {
         let _ = pin_current_thread(c);
     }
     let dst = match a.dst.addr(a.common.port, DEFAULT_PORT) {
+        Ok(d) if d.port() == 0 => {
+            return usage(format!("-D {d}: port 0 reaches no receiver; give the receiver's port"))
+        }
         Ok(d) => d,
         Err(e) => return usage(format!("-D: {e}")),
     };
@@ -366,7 +411,7 @@ fn rx(a: RxArgs) -> ExitCode {
         Ok(d) => d,
         Err(e) => return usage(e),
     };
-    if let Err(e) = check_cpu(a.common.cpu) {
+    if let Err(e) = check_cpu(a.common.cpu).and(check_port(a.common.port)) {
         return usage(e);
     }
     if let Some(c) = a.common.cpu {
@@ -431,7 +476,7 @@ fn rx(a: RxArgs) -> ExitCode {
                     r.gro_buffers,
                     r.truncated,
                     r.kernel_drops,
-                    r.seq.as_ref().map(|t| format!(", lost {}, reordered {}, corrupt {}", t.lost(), t.reordered, t.corrupt)).unwrap_or_default(),
+                    r.seq.as_ref().map(|t| format!(", lost {}, reordered {}, duplicates {}, corrupt {}", t.lost(), t.reordered, t.duplicates, t.corrupt)).unwrap_or_default(),
                     r.user_secs,
                     r.sys_secs,
                     watch.as_ref().map(|w| w.text(r.bytes)).unwrap_or_default()
@@ -466,12 +511,16 @@ fn stamp() -> String {
 }
 
 fn main_job(a: MainArgs) -> ExitCode {
-    let dur = match duration("--duration", a.duration) {
+    // The preset, then any flag given on top of it.
+    let preset = if a.thorough { Preset::THOROUGH } else { Preset::DEFAULT };
+    let preset = Preset { runs: a.repeat.unwrap_or(preset.runs), row_secs: a.duration.unwrap_or(preset.row_secs) };
+    let dur = match duration("--duration", preset.row_secs) {
         Ok(d) => d,
         Err(e) => return usage(e),
     };
-    if a.repeat == 0 || a.repeat > 20 {
-        return usage(format!("--repeat {}: give 1 to 20 repetitions", a.repeat));
+    let repeat = preset.runs;
+    if repeat == 0 || repeat > 20 {
+        return usage(format!("--repeat {repeat}: give 1 to 20 runs (3 or more for a verdict on the targets)"));
     }
     if let Err(e) = check_size("--size", a.size, false) {
         return usage(e);
@@ -484,6 +533,18 @@ fn main_job(a: MainArgs) -> ExitCode {
         }
     }
     let veth = !a.loopback && udpx_netns::check_capable().is_ok();
+    // Every UDP row sends datagrams (or GSO segments) of --size: over the path used, not
+    // fragmented, or every row would fail with EMSGSIZE after the whole job's setup.
+    let (mtu, path_name) = if veth { (Some(VETH_MTU), "veth pair") } else { (loopback_mtu(), "loopback") };
+    if let Some(mtu) = mtu {
+        let max = max_datagram(mtu, false);
+        if a.size > max {
+            return usage(format!(
+                "--size {}: the {path_name}'s MTU is {mtu}, so a datagram is at most {max} bytes over IPv4; give --size {max} or less",
+                a.size
+            ));
+        }
+    }
     if veth {
         // Before any thread exists: Ctrl-C, TERM and HUP remove our namespaces, then exit.
         if let Err(e) = udpx_netns::cleanup_on_signals() {
@@ -496,7 +557,17 @@ fn main_job(a: MainArgs) -> ExitCode {
     let rows = default_rows(iperf3);
     let cfg = RunConfig { duration: dur, size: a.size, v6: false, verify: a.verify, cpus };
     let n_profiles = if veth { profiles.len() } else { 1 };
-    let total = (rows.len() * a.repeat * n_profiles) as u64;
+    let total = (rows.len() * repeat * n_profiles) as u64;
+    let iperf3_rows = rows.iter().filter(|r| matches!(r.kind, Kind::Iperf3 { .. })).count();
+    let secs = preset.estimate(rows.len(), iperf3_rows, n_profiles).as_secs_f64();
+    let estimate = if secs < 90.0 { format!("{secs:.0} s") } else { format!("{:.0} min", secs / 60.0) };
+    if !a.json {
+        eprintln!(
+            "udpx bench: {} rows x {repeat} runs x {} s x {n_profiles} profile(s): about {estimate}",
+            rows.len(),
+            preset.row_secs
+        );
+    }
     let bar = indicatif::ProgressBar::new(total);
     bar.set_style(
         indicatif::ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} {msg}")
@@ -515,18 +586,18 @@ fn main_job(a: MainArgs) -> ExitCode {
     let path_text;
     if veth {
         path_text = format!(
-            "Path: veth pair between two network namespaces, MTU 1500; sender pinned to CPU {}, receiver to CPU {}; {} s per row, median of {} interleaved runs; cache-thrash working set {} MiB (last-level cache {}).",
+            "Path: veth pair between two network namespaces, MTU {VETH_MTU}; sender pinned to CPU {}, receiver to CPU {}; {} s per row, median run of {} interleaved runs; cache-thrash working set {} MiB (last-level cache {}).",
             cpus.tx,
             cpus.rx,
-            a.duration,
-            a.repeat,
+            preset.row_secs,
+            repeat,
             udpx_bench::tx::thrash_bytes() >> 20,
             udpx_bench::tx::llc_bytes().map_or("unknown".to_string(), |l| format!("{} MiB", l >> 20))
         );
         for p in &profiles {
             let net = match TestNet::setup(&TestNetConfig {
                 profile: *p,
-                mtu: 1500,
+                mtu: VETH_MTU,
                 tx_cpu: Some(cpus.tx),
                 rx_cpu: Some(cpus.rx),
             }) {
@@ -543,7 +614,7 @@ fn main_job(a: MainArgs) -> ExitCode {
                         .join(", ");
                 devices.push(format!("{p} {side:?} veth ({}): {pick}", net.dev(side)));
             }
-            results.push(run_matrix(p.as_str(), Path::Veth(&net), &rows, &cfg, a.repeat, &mut progress));
+            results.push(run_matrix(p.as_str(), Path::Veth(&net), &rows, &cfg, repeat, &mut progress));
         }
     } else {
         let why = if a.loopback {
@@ -553,10 +624,10 @@ fn main_job(a: MainArgs) -> ExitCode {
         };
         eprintln!("udpx bench: measuring over LOOPBACK ({why}); run as root for the veth path between two namespaces");
         path_text = format!(
-            "Path: LOOPBACK (not a device path: {why}); sender on CPU {}, receiver on CPU {}; {} s per row, median of {} runs.",
-            cpus.tx, cpus.rx, a.duration, a.repeat
+            "Path: LOOPBACK (not a device path: {why}); sender on CPU {}, receiver on CPU {}; {} s per row, median run of {} interleaved runs.",
+            cpus.tx, cpus.rx, preset.row_secs, repeat
         );
-        results.push(run_matrix("loopback", Path::Loopback, &rows, &cfg, a.repeat, &mut progress));
+        results.push(run_matrix("loopback", Path::Loopback, &rows, &cfg, repeat, &mut progress));
     }
     bar.finish_and_clear();
     let checks: Vec<report::Check> = results.iter().flat_map(report::checks).collect();
@@ -565,6 +636,8 @@ fn main_job(a: MainArgs) -> ExitCode {
     let json = serde_json::json!({
         "path": path_text,
         "config": cfg,
+        "preset": preset,
+        "verdict_rule": report::verdict_rule(repeat),
         "profiles": results,
         "checks": checks,
         "environment": env_text,
@@ -583,9 +656,16 @@ fn main_job(a: MainArgs) -> ExitCode {
             println!("== {} profile: send side (paper Figure 1)\n{}", p.profile, report::send_table(p));
             println!("== {} profile: receive side (paper Figure 5)\n{}", p.profile, report::recv_table(p));
         }
-        println!("== targets (cost per delivered byte, both CPUs)\n{}", report::checks_text(&checks));
+        println!(
+            "== targets (cost per delivered byte, both CPUs)\n{}\n{}",
+            report::verdict_rule(repeat),
+            report::checks_text(&checks)
+        );
         let audit: String = results.iter().map(report::zerocopy_audit).collect();
         println!("== zerocopy audit\n{audit}");
+        if let Some(note) = report::steal_note(&results) {
+            println!("{note}\n");
+        }
         println!("== environment\n{env_text}\n");
     }
     match write {
@@ -606,4 +686,19 @@ fn environment_text(devices: &[String]) -> String {
         s.push_str(&format!("\n- {d}"));
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn datagram_limits_follow_the_mtu() {
+        assert_eq!(max_datagram(1500, false), 1472);
+        assert_eq!(max_datagram(1500, true), 1452);
+        // Loopback's 65536: the IPv4 UDP ceiling, not MTU - 28; IPv6 has a 40-byte header.
+        assert_eq!(max_datagram(65536, false), udpx::MAX_PAYLOAD_V4);
+        assert_eq!(max_datagram(65536, true), 65536 - 48);
+        assert_eq!(max_datagram(20, false), 0);
+    }
 }

@@ -78,8 +78,8 @@ struct ServeArgs {
 
 #[derive(Args, Debug)]
 struct LoadArgs {
-    /// Server: IP, IP:PORT or `[IPv6]:PORT`.
-    #[arg(short = 'D', long)]
+    // The help as an attribute, not a doc comment: rustdoc would read `[IPv6]` as a link.
+    #[arg(short = 'D', long, help = "Server: IP, IP:PORT or [IPv6]:PORT.")]
     dst: util::Peer,
     /// Server port (default 11111).
     #[arg(short = 'p', long)]

@@ -39,6 +39,14 @@ fn bad_input_exits_2_and_names_the_flag() {
         (&["bench", "--duration", "0"], "--duration"),
         (&["bench", "--profiles", "fastest"], "--profiles fastest"),
         (&["bench", "--size", "0"], "--size 0"),
+        // A rate of 0 would sleep the whole run away; port 0 is a port nobody can know.
+        (&["bench", "tx", "-D", "127.0.0.1", "--rate", "0"], "--rate 0"),
+        (&["bench", "rx", "-p", "0"], "-p 0"),
+        (&["bench", "tx", "-D", "127.0.0.1", "-p", "0"], "-p 0"),
+        (&["bench", "tx", "-D", "127.0.0.1:0"], "port 0"),
+        // Flags given on top of --thorough win over its preset.
+        (&["bench", "--thorough", "--repeat", "0"], "--repeat 0"),
+        (&["bench", "--runs", "21"], "--repeat 21"),
         (&["nonsense"], "nonsense"),
     ];
     for (args, needle) in cases {
@@ -46,6 +54,23 @@ fn bad_input_exits_2_and_names_the_flag() {
         assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
         assert!(stderr(&o).contains(needle), "{args:?}: message should mention {needle:?}: {}", stderr(&o));
     }
+}
+
+/// `-s` is checked against the MTU of the path the main job will use, before any setup: as
+/// root that is the veth pair at MTU 1500 (so at most 1472 bytes over IPv4), and 9000 bytes
+/// would otherwise fail every row with EMSGSIZE. Over loopback (MTU 65536) 9000 is fine, so
+/// the case needs the veth path. Short settings bound the run if the check ever lets it by.
+#[test]
+fn main_job_size_is_checked_against_the_path_mtu() {
+    if udpx_netns::check_capable().is_err() {
+        println!("SKIP: the veth path needs root (namespaces); loopback's MTU allows -s 9000");
+        return;
+    }
+    let o = udpx(&["bench", "-s", "9000", "--duration", "0.1", "--repeat", "1", "--profiles", "offload", "--json"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let e = stderr(&o);
+    assert!(e.contains("--size 9000") && e.contains("1500") && e.contains("1472"), "{e}");
+    assert_eq!(e.lines().count(), 1, "one line: {e}");
 }
 
 #[test]
@@ -154,6 +179,14 @@ fn main_job_runs_and_cleans_up() {
         let m = &runs[0];
         assert!(m["recv_bytes"].as_u64().unwrap() > 0, "{id}: nothing delivered");
         assert!(m["recv_bytes"].as_u64() <= m["sent_bytes"].as_u64(), "{id}");
+        assert!(m["steal_secs"].as_f64().is_some(), "{id}: steal reported apart");
+        assert_eq!(r["median_run"].as_u64(), Some(0), "{id}: the one run is the median run");
+    }
+    // One run has no spread: every target is inconclusive, never met or missed.
+    let checks = v["checks"].as_array().unwrap();
+    assert!(!checks.is_empty());
+    for c in checks {
+        assert_eq!(c["verdict"], "inconclusive", "{c}");
     }
     // The results folder has the three files.
     let dir = std::fs::read_dir(&out).unwrap().next().unwrap().unwrap().path();

@@ -5,7 +5,14 @@
 //! under the same generator as a reference row.
 //!
 //! Server cost is the busy time of the server's CPU from `/proc/stat` (its threads, the NAPI
-//! thread, softirqs: everything the server's CPU did) per million transactions.
+//! thread, softirqs: everything the server's CPU did) per million transactions. Each row is its
+//! median run by that cost, reported whole (throughput, latency and losses of the same run),
+//! with the range over runs; targets are judged from per-run ratios as the main job does
+//! (`udpx_bench::stats`).
+//!
+//! Over loopback the generator's replies are received in softirq on the CPU that sent them,
+//! the server's: their receive work is charged to the server. The veth path (as root, the
+//! default) moves it to the generator's CPU with a threaded NAPI there.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::process::{Child, Command, Stdio};
@@ -13,6 +20,8 @@ use std::time::Duration;
 
 use serde::Serialize;
 use udpx_bench::cpu::{online_cpus, pin_current_thread, CpuSample, TickRate};
+use udpx_bench::report::{self, Check};
+use udpx_bench::stats::{median_run, paired_ratios, Spread, Verdict};
 use udpx_netns::{Profile, Side, TestNet, TestNetConfig};
 
 use crate::load::{self, LoadConfig, LoadResult};
@@ -46,10 +55,30 @@ pub struct EchoRow {
     pub load: LoadResult,
     /// Busy seconds of the server's CPU per million transactions.
     pub server_cpu_s_per_m: f64,
+    /// Seconds the hypervisor stole from the server's CPU (not in the cost; a contended VM).
+    pub server_steal_secs: f64,
     /// Per-shard counters (udpx rows).
     pub shards: Vec<ShardStats>,
     /// Why the row failed, if it did.
     pub error: Option<String>,
+    /// Every run of this row in pass order, `None` where it failed; the figures above are
+    /// the median run's (by server cost), `median_run` says which.
+    pub runs: Vec<Option<EchoRun>>,
+    /// Which pass is the median run.
+    pub median_run: Option<usize>,
+}
+
+/// One run of a row: what the table's `±` and the targets' ranges are made of.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct EchoRun {
+    /// Transactions per second.
+    pub tps: f64,
+    /// Server CPU seconds per million transactions.
+    pub server_cpu_s_per_m: f64,
+    /// Requests unanswered.
+    pub lost: u64,
+    /// Seconds stolen from the server's CPU.
+    pub steal_secs: f64,
 }
 
 /// The server's and the generator's CPUs: the last online CPU serves, the first loads.
@@ -91,7 +120,10 @@ pub fn run(cfg: &EchoBenchConfig, progress: &mut dyn FnMut(&str)) -> Result<(Vec
             "veth pair between two namespaces (threaded NAPI on both ends: the server's receive processing on its CPU {srv_cpu}, \
              the generator's on CPU {gen_cpu}); generator on CPU {gen_cpu}, server on CPU {srv_cpu}"
         ),
-        None => format!("LOOPBACK (not root); generator on CPU {gen_cpu}, server on CPU {srv_cpu}"),
+        None => format!(
+            "LOOPBACK (not root); generator on CPU {gen_cpu}, server on CPU {srv_cpu}; the replies' receive \
+             processing runs in softirq on the server's CPU and is charged to the server (the veth path as root is not)"
+        ),
     };
     let mut runs: Vec<Vec<EchoRow>> = Vec::new();
     for _ in 0..cfg.repeat.max(1) {
@@ -116,7 +148,7 @@ pub fn run(cfg: &EchoBenchConfig, progress: &mut dyn FnMut(&str)) -> Result<(Vec
                     let measured = measure(cfg, net.as_ref(), gen_ip, srv.addr, srv_cpu, gen_cpu);
                     let shards = srv.stop();
                     match measured {
-                        Ok((load, cpu)) => EchoRow { label, load, server_cpu_s_per_m: cpu, shards, error: None },
+                        Ok((load, cpu, steal)) => ok_row(label, load, (cpu, steal), shards),
                         Err(e) => failed(label, e),
                     }
                 }
@@ -128,7 +160,7 @@ pub fn run(cfg: &EchoBenchConfig, progress: &mut dyn FnMut(&str)) -> Result<(Vec
             progress("sockperf sr");
             let label = "sockperf server (reference)".to_string();
             out.push(match sockperf_row(cfg, net.as_ref(), gen_ip, srv_ip, srv_cpu, gen_cpu) {
-                Ok((load, cpu)) => EchoRow { label, load, server_cpu_s_per_m: cpu, shards: Vec::new(), error: None },
+                Ok((load, cpu, steal)) => ok_row(label, load, (cpu, steal), Vec::new()),
                 Err(e) => failed(label, e),
             });
         }
@@ -138,46 +170,57 @@ pub fn run(cfg: &EchoBenchConfig, progress: &mut dyn FnMut(&str)) -> Result<(Vec
     Ok((out, path))
 }
 
-/// Field-wise medians of one row's runs; losses add up; the first error wins.
+/// One row from its runs (in pass order): the median run by server cost, whole, with every
+/// run's figures beside it. A row with no successful run keeps the first error.
 fn merge(rows: Vec<EchoRow>) -> EchoRow {
-    use udpx_bench::matrix::median;
-    let ok: Vec<&EchoRow> = rows.iter().filter(|r| r.error.is_none()).collect();
-    let Some(first) = ok.first() else {
-        return rows.into_iter().next().unwrap_or_else(|| failed(String::new(), "no run".into()));
+    let runs: Vec<Option<EchoRun>> = rows
+        .iter()
+        .map(|r| {
+            r.error.is_none().then_some(EchoRun {
+                tps: r.load.tps,
+                server_cpu_s_per_m: r.server_cpu_s_per_m,
+                lost: r.load.lost,
+                steal_secs: r.server_steal_secs,
+            })
+        })
+        .collect();
+    let ok: Vec<usize> = (0..rows.len()).filter(|&i| runs[i].is_some()).collect();
+    let costs: Vec<f64> = ok.iter().map(|&i| rows[i].server_cpu_s_per_m).collect();
+    let Some(at) = median_run(&costs).map(|k| ok[k]) else {
+        let first = rows.into_iter().next().unwrap_or_else(|| failed(String::new(), "no run".into()));
+        return EchoRow { runs, ..first };
     };
-    let med = |f: fn(&EchoRow) -> f64| median(ok.iter().map(|r| f(r)).collect());
-    let mut load = first.load.clone();
-    load.tps = med(|r| r.load.tps);
-    load.p50_us = med(|r| r.load.p50_us);
-    load.p90_us = med(|r| r.load.p90_us);
-    load.p99_us = med(|r| r.load.p99_us);
-    load.p999_us = med(|r| r.load.p999_us);
-    load.max_us = ok.iter().map(|r| r.load.max_us).fold(0.0, f64::max);
-    load.sent = ok.iter().map(|r| r.load.sent).sum();
-    load.received = ok.iter().map(|r| r.load.received).sum();
-    load.lost = ok.iter().map(|r| r.load.lost).sum();
-    load.unexpected = ok.iter().map(|r| r.load.unexpected).sum();
-    let mut shards = first.shards.clone();
-    for r in &ok[1..] {
-        for (a, b) in shards.iter_mut().zip(&r.shards) {
-            a.requests += b.requests;
-            a.recv_calls += b.recv_calls;
-            a.replies += b.replies;
-            a.malformed += b.malformed;
-            a.kernel_drops += b.kernel_drops;
-        }
-    }
+    let mut row = rows.into_iter().nth(at).unwrap_or_else(|| failed(String::new(), "no run".into()));
+    row.runs = runs;
+    row.median_run = Some(at);
+    row
+}
+
+/// A measured row: `(cpu, steal)` are the server cost per million and its CPU's stolen seconds.
+fn ok_row(label: String, load: LoadResult, (cpu, steal): (f64, f64), shards: Vec<ShardStats>) -> EchoRow {
     EchoRow {
-        label: first.label.clone(),
+        label,
         load,
-        server_cpu_s_per_m: med(|r| r.server_cpu_s_per_m),
+        server_cpu_s_per_m: cpu,
+        server_steal_secs: steal,
         shards,
-        error: rows.iter().find_map(|r| r.error.clone()),
+        error: None,
+        runs: Vec::new(),
+        median_run: None,
     }
 }
 
 fn failed(label: String, e: String) -> EchoRow {
-    EchoRow { label, load: LoadResult::default(), server_cpu_s_per_m: f64::NAN, shards: Vec::new(), error: Some(e) }
+    EchoRow {
+        label,
+        load: LoadResult::default(),
+        server_cpu_s_per_m: f64::NAN,
+        server_steal_secs: 0.0,
+        shards: Vec::new(),
+        error: Some(e),
+        runs: Vec::new(),
+        median_run: None,
+    }
 }
 
 /// Runs the generator against `dst` and measures the server CPU's busy time.
@@ -188,7 +231,7 @@ fn measure(
     dst: SocketAddr,
     srv_cpu: usize,
     gen_cpu: usize,
-) -> Result<(LoadResult, f64), String> {
+) -> Result<(LoadResult, f64, f64), String> {
     let lc = LoadConfig {
         dst,
         bind: SocketAddr::new(gen_ip, 0),
@@ -214,9 +257,11 @@ fn measure(
     .map_err(|_| "load generator panicked".to_string())??;
     let after = CpuSample::now().map_err(|e| e.to_string())?;
     let rate = TickRate::system().map_err(|e| e.to_string())?;
-    let busy = after.diff(&before).busy_time(&[srv_cpu], rate).as_secs_f64();
+    let d = after.diff(&before);
+    let busy = d.busy_time(&[srv_cpu], rate).as_secs_f64();
+    let steal = d.steal_time(&[srv_cpu], rate).as_secs_f64();
     let per_m = if res.received > 0 { busy / (res.received as f64 / 1e6) } else { f64::INFINITY };
-    Ok((res, per_m))
+    Ok((res, per_m, steal))
 }
 
 struct Killed(Child);
@@ -235,7 +280,7 @@ fn sockperf_row(
     srv_ip: IpAddr,
     srv_cpu: usize,
     gen_cpu: usize,
-) -> Result<(LoadResult, f64), String> {
+) -> Result<(LoadResult, f64, f64), String> {
     let port = 11111u16;
     let port = match net {
         Some(_) => port,
@@ -258,15 +303,42 @@ fn sockperf_row(
     r
 }
 
-/// The table as text, with ratios against `naive`.
+/// `±x%` of `v`: the larger distance to the smallest or largest of `all`; `-` if unknown.
+fn pm(v: f64, all: impl Iterator<Item = f64>) -> String {
+    let s = Spread::of(&all.collect::<Vec<_>>());
+    let d = (s.max - v).max(v - s.min) / v * 100.0;
+    if d.is_finite() && v > 0.0 {
+        format!("±{d:.0}%")
+    } else {
+        "-".into()
+    }
+}
+
+/// The table as text, with ratios against `naive` (each row its median run; `lost` is that
+/// run's), followed by the judged targets ([`judge`]).
 pub fn table(rows: &[EchoRow]) -> String {
     use std::fmt::Write;
     let base = rows.first().map(|r| r.server_cpu_s_per_m).unwrap_or(f64::NAN);
+    // `vs naive` per pass, for its `±`: pass i of a row over pass i of `naive`.
+    let cost = |r: &EchoRow| -> Vec<Option<f64>> { r.runs.iter().map(|x| x.map(|x| x.server_cpu_s_per_m)).collect() };
+    let base_runs = rows.first().map(cost).unwrap_or_default();
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "{:<28} {:>9} {:>10} {:>7} {:>7} {:>8} {:>6} {:>8} {:>8}",
-        "mode", "trans/s", "CPU-s/M", "p50 us", "p99 us", "p99.9 us", "lost", "req/recv", "vs naive"
+        "{:<28} {:>9} {:>5} {:>10} {:>5} {:>7} {:>7} {:>8} {:>6} {:>8} {:>8} {:>5} {:>4}",
+        "mode",
+        "trans/s",
+        "±",
+        "CPU-s/M",
+        "±",
+        "p50 us",
+        "p99 us",
+        "p99.9 us",
+        "lost",
+        "req/recv",
+        "vs naive",
+        "±",
+        "runs"
     );
     for r in rows {
         if let Some(e) = &r.error {
@@ -280,33 +352,109 @@ pub fn table(rows: &[EchoRow]) -> String {
             let calls: u64 = r.shards.iter().map(|x| x.recv_calls).sum();
             format!("{:.1}", req as f64 / calls.max(1) as f64)
         };
+        let ok = || r.runs.iter().flatten();
         let _ = writeln!(
             s,
-            "{:<28} {:>9.0} {:>10.2} {:>7.0} {:>7.0} {:>8.0} {:>6} {:>8} {:>7.2}x",
+            "{:<28} {:>9.0} {:>5} {:>10.2} {:>5} {:>7.0} {:>7.0} {:>8.0} {:>6} {:>8} {:>7.2}x {:>5} {:>4}",
             r.label,
             r.load.tps,
+            pm(r.load.tps, ok().map(|x| x.tps)),
             r.server_cpu_s_per_m,
+            pm(r.server_cpu_s_per_m, ok().map(|x| x.server_cpu_s_per_m)),
             r.load.p50_us,
             r.load.p99_us,
             r.load.p999_us,
             r.load.lost,
             batch,
-            r.server_cpu_s_per_m / base
+            r.server_cpu_s_per_m / base,
+            pm(r.server_cpu_s_per_m / base, paired_ratios(&cost(r), &base_runs).into_iter()),
+            ok().count()
         );
+    }
+    let stolen: f64 = rows.iter().flat_map(|r| r.runs.iter().flatten()).map(|x| x.steal_secs).sum();
+    if stolen > 0.0 {
+        let _ = writeln!(
+            s,
+            "\nnote: the hypervisor stole {stolen:.2} s from the server's CPU over all runs (not counted in CPU-s/M)"
+        );
+    }
+    let judged = judge(rows);
+    if !judged.is_empty() {
+        let passes = rows.iter().map(|r| r.runs.len()).max().unwrap_or(0);
+        let _ = write!(s, "\n{}\n{}", report::verdict_rule(passes), report::checks_text(&judged));
     }
     s
 }
 
 /// The issue's targets: `reuseport-cpu +batch` at most half of `naive` per transaction, and no
-/// more than sockperf's server.
-pub fn checks(rows: &[EchoRow]) -> Vec<(String, f64, f64, bool)> {
-    let get = |l: &str| rows.iter().find(|r| r.label.starts_with(l) && r.error.is_none()).map(|r| r.server_cpu_s_per_m);
+/// more than sockperf's server; judged from per-run ratios (met, MISSED or inconclusive).
+pub fn judge(rows: &[EchoRow]) -> Vec<Check> {
+    let per_run = |l: &str| -> Option<Vec<Option<f64>>> {
+        let r = rows.iter().find(|r| r.label.starts_with(l))?;
+        Some(r.runs.iter().map(|x| x.map(|x| x.server_cpu_s_per_m).filter(|c| c.is_finite())).collect())
+    };
     let mut out = Vec::new();
-    if let (Some(best), Some(naive)) = (get("reuseport-cpu +batch"), get("naive")) {
-        out.push(("reuseport-cpu +batch / naive".to_string(), best / naive, 0.5, best / naive <= 0.5));
-    }
-    if let (Some(best), Some(sp)) = (get("reuseport-cpu +batch"), get("sockperf")) {
-        out.push(("reuseport-cpu +batch / sockperf".to_string(), best / sp, 1.0, best / sp <= 1.0));
+    for (what, other, at_most) in
+        [("reuseport-cpu +batch / naive", "naive", 0.5), ("reuseport-cpu +batch / sockperf", "sockperf", 1.0)]
+    {
+        if let (Some(a), Some(b)) = (per_run("reuseport-cpu +batch"), per_run(other)) {
+            out.extend(Check::judge("echo", what, &a, &b, at_most));
+        }
     }
     out
+}
+
+/// The decided targets as `(what, median ratio, target, met)`: only those met or missed
+/// ([`judge`] has all three verdicts, with ranges; [`table`] prints them).
+pub fn checks(rows: &[EchoRow]) -> Vec<(String, f64, f64, bool)> {
+    judge(rows)
+        .into_iter()
+        .filter(|c| c.verdict != Verdict::Inconclusive)
+        .map(|c| (c.what, c.ratio, c.at_most, c.verdict == Verdict::Met))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(label: &str, tps: f64, cost: f64, lost: u64) -> EchoRow {
+        let load = LoadResult { tps, lost, ..LoadResult::default() };
+        ok_row(label.to_string(), load, (cost, 0.0), Vec::new())
+    }
+
+    #[test]
+    fn a_row_is_its_median_run_whole() {
+        // By cost the median is pass 0 (3.0); its throughput and its losses are reported, not
+        // the median throughput (300) nor the losses summed over runs (12).
+        let row = merge(vec![run("naive", 250.0, 3.0, 2), run("naive", 300.0, 2.0, 0), run("naive", 400.0, 4.0, 10)]);
+        assert_eq!(row.median_run, Some(0));
+        assert_eq!((row.load.tps, row.server_cpu_s_per_m, row.load.lost), (250.0, 3.0, 2));
+        assert_eq!(row.runs.len(), 3);
+        // A failed run is skipped but keeps its place.
+        let row =
+            merge(vec![failed("naive".into(), "x".into()), run("naive", 300.0, 2.0, 0), run("naive", 1.0, 5.0, 0)]);
+        assert_eq!((row.median_run, row.error.is_none()), (Some(1), true));
+        assert!(row.runs[0].is_none());
+        let row = merge(vec![failed("naive".into(), "x".into())]);
+        assert!(row.error.is_some() && row.median_run.is_none());
+    }
+
+    #[test]
+    fn targets_are_judged_per_run() {
+        let merged = |label: &str, costs: &[f64]| merge(costs.iter().map(|c| run(label, 1.0, *c, 0)).collect());
+        let rows = vec![
+            merged("naive", &[3.5, 3.6, 3.4]),
+            merged("reuseport-cpu +batch", &[2.5, 2.6, 2.4]),
+            merged("sockperf server (reference)", &[2.4, 2.7, 2.5]),
+        ];
+        let j = judge(&rows);
+        // 2.5/3.5 .. : all above 0.5: missed. 2.5/2.4, 2.6/2.7, 2.4/2.5 straddle 1.0.
+        assert_eq!(j[0].verdict, Verdict::Missed);
+        assert_eq!(j[1].verdict, Verdict::Inconclusive);
+        let decided = checks(&rows);
+        assert_eq!(decided.len(), 1, "inconclusive targets are not reported as met or missed");
+        assert!(!decided[0].3);
+        assert!(table(&rows).contains("[inconclusive]"));
+    }
 }
