@@ -6,7 +6,7 @@
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use udpx::sys::cmsg::{decode_bytes, encode_bytes, Cmsg};
+use udpx::internals::{decode_bytes, encode_bytes, Cmsg};
 use udpx::{messages, Batch, SegmentLimits, Transmit};
 
 fn bench(name: &str, per_iter: u64, mut f: impl FnMut()) {

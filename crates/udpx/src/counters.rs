@@ -54,7 +54,9 @@ counters! {
     partial_sends,
     /// Sends that returned EAGAIN.
     would_block,
-    /// ENOBUFS answers retried after a backoff.
+    /// ENOBUFS answers (device queue or qdisc full) the send mechanism stopped at.
+    no_buffers,
+    /// Of those, retried by the blocking send after a back-off.
     enobufs_retries,
     /// Times GSO was turned off after the path refused a segmented send (EIO/EINVAL); the
     /// refused batch was re-sent as plain datagrams.

@@ -142,11 +142,12 @@ impl std::error::Error for InvalidTransmit {}
 
 /// A send that stopped before every transmit went out.
 ///
-/// `sent` transmits (from the start of the slice) went out whole. On `WouldBlock` the transmit
-/// at index `sent` did not go out at all (udpx finishes a transmit it has started before it
-/// reports would-block), so the caller continues from `transmits[sent..]`. After a hard error
-/// in the middle of a segmented transmit that was being sent as plain datagrams (GSO off),
-/// `partial_segments` of its segments did go out: resend from that segment, not from its start.
+/// `sent` transmits (from the start of the slice) went out whole, and `partial_segments`
+/// segments of the next one (nonzero only when that transmit goes as several messages: GSO
+/// off towards its destination, or more segments than one GSO call takes). Together they are
+/// the [`SendError::cursor`] to resend from: never from a transmit's start once part of it
+/// went. [`UdpSocket::send`](crate::UdpSocket::send) finishes a started transmit before it
+/// reports `WouldBlock`, so there `partial_segments` is 0 for `WouldBlock`.
 #[derive(Debug)]
 pub struct SendError {
     /// Transmits sent whole before the stop.
@@ -157,14 +158,24 @@ pub struct SendError {
     pub kind: SendErrorKind,
 }
 
+impl SendError {
+    /// Where to resend from: the first transmit not sent whole and its segments already sent.
+    pub fn cursor(&self) -> crate::SendCursor {
+        crate::SendCursor { transmit: self.sent, segment: self.partial_segments }
+    }
+}
+
 /// Why a send stopped.
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum SendErrorKind {
     /// The socket is non-blocking and its send buffer is full: wait for writability, resend
-    /// the rest.
+    /// the rest from [`SendError::cursor`].
     WouldBlock,
-    /// The transmit at index `index` is invalid; nothing was sent (`sent` is 0).
+    /// ENOBUFS: the device queue or the qdisc is full (reported by the kernel with
+    /// IP_RECVERR). Back off, resend the rest from [`SendError::cursor`].
+    NoBuffers,
+    /// The transmit at index `index` is invalid; nothing of the call was sent.
     Invalid {
         /// Index of the offending transmit.
         index: usize,
@@ -198,6 +209,11 @@ impl fmt::Display for SendError {
             SendErrorKind::WouldBlock => {
                 write!(f, "send would block after {} transmits", self.sent)
             }
+            SendErrorKind::NoBuffers => write!(
+                f,
+                "the device queue or qdisc is full (ENOBUFS) after {} transmits: back off and resend the rest",
+                self.sent
+            ),
             SendErrorKind::Invalid { index, reason } => write!(f, "transmit {index}: {reason}"),
             SendErrorKind::MessageTooLarge { len, segment_size, path_mtu } => {
                 write!(f, "message of {len} bytes")?;
@@ -239,6 +255,7 @@ impl From<SendError> for io::Error {
     fn from(e: SendError) -> io::Error {
         match e.kind {
             SendErrorKind::WouldBlock => io::ErrorKind::WouldBlock.into(),
+            SendErrorKind::NoBuffers => io::Error::from_raw_os_error(libc::ENOBUFS),
             SendErrorKind::Io(inner) => inner,
             _ => io::Error::new(io::ErrorKind::InvalidInput, e),
         }

@@ -29,7 +29,6 @@
 
 use std::io;
 use std::net::SocketAddr;
-use std::time::{Duration, Instant};
 
 use crate::socket::UdpSocket;
 use crate::sys;
@@ -174,34 +173,6 @@ impl UdpSocket {
             self.turn_off_zerocopy();
         }
         Ok(d)
-    }
-
-    /// Waits up to `timeout` for `events` (POLLIN or POLLOUT). POLLERR on the way (an
-    /// error-queue entry) is read and the wait goes on; a pending socket error with an empty
-    /// queue (a connected socket's peer refused) is returned as the error.
-    pub(crate) fn wait_for(
-        &self,
-        events: libc::c_short,
-        timeout: Duration,
-        mut zc: Option<&mut ZcState>,
-    ) -> io::Result<bool> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            let rev = sys::poll_one(self.fd_ref(), events, left)?;
-            if rev & events != 0 {
-                return Ok(true);
-            }
-            if rev & libc::POLLERR == 0 || left.is_zero() {
-                return Ok(false);
-            }
-            if self.drain_error_queue(zc.as_deref_mut(), None, &mut |_| {})?.read == 0 {
-                let err = sys::getsockopt_int(self.fd_ref(), libc::SOL_SOCKET, libc::SO_ERROR)?;
-                if err != 0 {
-                    return Err(io::Error::from_raw_os_error(err));
-                }
-            }
-        }
     }
 }
 

@@ -47,6 +47,7 @@
 #![deny(unsafe_code)]
 #![cfg(target_os = "linux")]
 
+mod blocking;
 pub mod caps;
 pub mod counters;
 mod error;
@@ -54,25 +55,36 @@ pub mod gso;
 pub mod icmp;
 pub mod rcvbuf;
 pub mod recv;
+mod send;
 pub mod shard;
 mod socket;
-pub mod sys;
+mod sys;
 pub mod transmit;
 pub mod txtime;
 pub mod zerocopy;
 
+pub use blocking::{ENOBUFS_RETRIES, FINISH_WAIT};
 pub use caps::{Capabilities, Feature, KernelCaps, Want};
 pub use counters::CounterSnapshot;
 pub use error::{Error, InvalidTransmit, SendError, SendErrorKind};
 pub use gso::{Batch, DatagramMeta, Planned, SegmentLimits};
 pub use icmp::{ErrorOrigin, IcmpError};
 pub use recv::{RecvMeta, Segments, GRO_BUFFER};
+pub use send::SendBuffers;
 pub use shard::{Shard, ShardGroup, Steering};
 pub use socket::{Family, RecvMode, ReusePort, SocketConfig, UdpSocket};
+#[cfg(feature = "fault-injection")]
 pub use sys::fault::Fault;
+
+/// The control-message codec, for fuzz targets and micro benchmarks (feature `internals`):
+/// not a stable API.
+#[cfg(feature = "internals")]
+pub mod internals {
+    pub use crate::sys::cmsg::{decode_bytes, encode_bytes, Cmsg, ExtErr, CMSG_CAP};
+}
 pub use transmit::{
-    max_payload, messages, validate_transmit, EcnCodepoint, Message, PathLimits, SendMode, Transmit, MAX_PAYLOAD_V4,
-    MAX_PAYLOAD_V6,
+    max_payload, messages, validate_transmit, EcnCodepoint, Message, PathLimits, SendCursor, SendMode, Transmit,
+    MAX_PAYLOAD_V4, MAX_PAYLOAD_V6,
 };
 pub use txtime::Timestamp;
 pub use zerocopy::{ZcBuf, ZcConfig, ZcPool, ZcSendError};

@@ -266,7 +266,9 @@ pub struct UdpSocket {
     pub(crate) caps: CapState,
     pub(crate) counters: Counters,
     pub(crate) faults: sys::fault::Faults,
-    pub(crate) send_scratch: Mutex<Box<sys::mmsg::SendScratch>>,
+    /// Scratch for the blocking [`UdpSocket::send`] and zerocopy sends (lock order: this, then
+    /// the zerocopy state).
+    pub(crate) send_scratch: Mutex<crate::send::SendBuffers>,
     pub(crate) recv_scratch: Mutex<Box<sys::mmsg::RecvScratch>>,
     pub(crate) logged_gso_off: AtomicBool,
     pub(crate) logged_ctrunc: AtomicBool,
@@ -500,7 +502,7 @@ impl UdpSocket {
             },
             counters: Counters::default(),
             faults: Default::default(),
-            send_scratch: Mutex::new(sys::mmsg::SendScratch::new()),
+            send_scratch: Mutex::new(crate::send::SendBuffers::new()),
             recv_scratch: Mutex::new(sys::mmsg::RecvScratch::new()),
             logged_gso_off: AtomicBool::new(false),
             logged_ctrunc: AtomicBool::new(false),
@@ -603,19 +605,6 @@ impl UdpSocket {
     /// Bounds how long a blocking send waits for buffer space (`SO_SNDTIMEO`).
     pub fn set_write_timeout(&self, t: Option<Duration>) -> io::Result<()> {
         sys::set_timeout(self.fd.as_fd(), libc::SO_SNDTIMEO, t)
-    }
-
-    /// Waits until the socket is readable or `timeout` passes; returns whether it is. Error
-    /// queue entries that show up meanwhile are read (see [`crate::icmp`]) and the wait goes
-    /// on; a connected socket's pending error (its peer refused) is returned.
-    pub fn wait_readable(&self, timeout: Duration) -> io::Result<bool> {
-        self.wait_for(libc::POLLIN, timeout, None)
-    }
-
-    /// Waits until the socket is writable or `timeout` passes; returns whether it is (error
-    /// queue entries as for [`UdpSocket::wait_readable`]).
-    pub fn wait_writable(&self, timeout: Duration) -> io::Result<bool> {
-        self.wait_for(libc::POLLOUT, timeout, None)
     }
 
     /// Sets `SO_NO_CHECK` (no UDP checksum on send). The kernel then refuses GSO sends with

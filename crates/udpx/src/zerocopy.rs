@@ -374,11 +374,14 @@ impl UdpSocket {
             return self.send(&[t]).map(drop).map_err(|error| ZcSendError { buf: Some(buf), error });
         };
         // The state stays locked for the whole send: error-queue reads during it (after a
-        // failed call) must record completions against this send's open entry.
+        // failed call) must record completions against this send's open entry. Lock order:
+        // the send scratch, then the state.
+        let mut scratch = self.send_scratch.lock().unwrap_or_else(|e| e.into_inner());
         let mut state = zc.lock().unwrap_or_else(|e| e.into_inner());
         if !self.caps.zerocopy.load(Ordering::Relaxed) || buf.len() < state.cfg.threshold {
             drop(state);
-            return self.send(&[t]).map(drop).map_err(|error| ZcSendError { buf: Some(buf), error });
+            let res = self.send_blocking(&mut scratch.0, &[t], None);
+            return res.map(drop).map_err(|error| ZcSendError { buf: Some(buf), error });
         }
         // Backpressure: bound the sends in flight.
         let deadline = Instant::now() + Duration::from_secs(2);
@@ -388,7 +391,7 @@ impl UdpSocket {
             let _ = self.drain_error_queue(Some(&mut state), None, &mut |_| {});
         }
         state.tracker.open();
-        let res = self.send_inner(&[t], Some(&mut state));
+        let res = self.send_blocking(&mut scratch.0, &[t], Some(&mut state));
         let consumed = state.tracker.open_ids();
         match res {
             // The tracker keeps the buffer until every id it consumed completed; one whose ids

@@ -8,7 +8,7 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use udpx::{Batch, Fault, KernelCaps, SendErrorKind, SendMode, UdpSocket};
+use udpx::{Batch, Fault, KernelCaps, SendBuffers, SendCursor, SendErrorKind, SendMode, Transmit, UdpSocket};
 
 struct Pair {
     tx: UdpSocket,
@@ -113,12 +113,13 @@ fn enobufs_that_persists_is_reported_with_the_count_sent() {
     }
     let ts = batch.transmits();
     p.tx.inject_fault(Fault::Short(10));
-    for _ in 0..=udpx::transmit::ENOBUFS_RETRIES {
+    for _ in 0..=udpx::ENOBUFS_RETRIES {
         p.tx.inject_fault(Fault::Errno(libc::ENOBUFS));
     }
     let e = p.tx.send(&ts).unwrap_err();
     assert_eq!(e.sent, 10, "{e}");
-    assert!(matches!(&e.kind, SendErrorKind::Io(io) if io.raw_os_error() == Some(libc::ENOBUFS)));
+    assert!(matches!(&e.kind, SendErrorKind::NoBuffers), "{e}");
+    assert_eq!(p.tx.counters().enobufs_retries, udpx::ENOBUFS_RETRIES as u64);
     // Resending from `sent` delivers everything exactly once.
     p.tx.send(&ts[e.sent..]).unwrap();
     assert_same(&sent, &receive(&p.rx, 100, Duration::from_millis(300), Duration::from_secs(2)), "after ENOBUFS");
@@ -286,4 +287,82 @@ fn gso_refusal_is_per_destination_and_retried_after_its_back_off() {
     assert_eq!(c.gso_fallbacks, 2, "{c:?}");
     let caps = tx.capabilities();
     assert!(caps.gso_off_reason.as_deref().unwrap_or("").contains("for 2s"), "back-off doubled: {caps}");
+}
+
+/// The mechanism never waits: EAGAIN and ENOBUFS come straight back with the exact cursor
+/// (after one system call), also in the middle of a transmit that goes as several messages;
+/// continuing from the cursor sends every datagram exactly once, in order.
+#[test]
+fn try_send_returns_at_once_with_an_exact_cursor() {
+    let p = pair(SendMode::Sendmmsg);
+    let sent = datagrams(40, 300);
+    // One transmit of 40 segments that goes plain (sendmmsg mode: a message per segment).
+    let train = sent.concat();
+    let ts = [Transmit::new(p.rx.local_addr(), &train).segmented(300)];
+    let mut bufs = SendBuffers::new();
+    p.tx.inject_fault(Fault::Short(7));
+    p.tx.inject_fault(Fault::Errno(libc::EAGAIN));
+    let e = p.tx.try_send(&mut bufs, &ts, SendCursor::default()).unwrap_err();
+    assert!(e.is_would_block(), "{e}");
+    assert_eq!(e.cursor(), SendCursor { transmit: 0, segment: 7 }, "stopped inside the transmit");
+    assert_eq!(p.tx.counters().send_calls, 2, "returned after the EAGAIN, no wait");
+    p.tx.inject_fault(Fault::Errno(libc::ENOBUFS));
+    let e = p.tx.try_send(&mut bufs, &ts, e.cursor()).unwrap_err();
+    assert!(matches!(e.kind, SendErrorKind::NoBuffers), "{e}");
+    assert_eq!(e.cursor(), SendCursor { transmit: 0, segment: 7 });
+    let c = p.tx.counters();
+    assert_eq!((c.send_calls, c.no_buffers, c.enobufs_retries), (3, 1, 0), "no back-off inside the mechanism");
+    assert_eq!(p.tx.try_send(&mut bufs, &ts, e.cursor()).unwrap(), 1);
+    let got = receive(&p.rx, sent.len(), Duration::from_millis(300), Duration::from_secs(2));
+    assert_same(&sent, &got, "resumed from the cursor");
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::test_runner::Config { cases: 24, ..Default::default() })]
+    /// Any sequence of stops and kernel answers (EAGAIN, ENOBUFS, short sendmmsg counts, a GSO
+    /// refusal) with the caller continuing from the cursor each time: every datagram arrives
+    /// exactly once, in order.
+    #[test]
+    fn resuming_from_the_cursor_never_loses_or_repeats(
+        faults in proptest::collection::vec(0u8..5, 0..12),
+        gso in proptest::bool::ANY,
+        n in 1u32..120,
+    ) {
+        let mode = if gso && KernelCaps::get().gso_max_segments.is_some() { SendMode::GsoSendmmsg } else { SendMode::Sendmmsg };
+        let p = pair(mode);
+        let sent = datagrams(n, 200);
+        let mut batch = Batch::for_socket(&p.tx);
+        for d in &sent {
+            batch.push(p.rx.local_addr(), d).unwrap();
+        }
+        let ts = batch.transmits();
+        for (i, f) in faults.iter().enumerate() {
+            p.tx.inject_fault(match f {
+                0 => Fault::Errno(libc::EAGAIN),
+                1 => Fault::Errno(libc::ENOBUFS),
+                2 => Fault::Short(1),
+                3 => Fault::Short(3),
+                // A device refuses GSO on a segmented message: the first call of a GSO send
+                // of at least two datagrams is one. (EIO on a plain message is a hard error.)
+                _ if i == 0 && mode == SendMode::GsoSendmmsg && n >= 2 => Fault::Errno(libc::EIO),
+                _ => Fault::Short(2),
+            });
+        }
+        let mut bufs = SendBuffers::new();
+        let mut cur = SendCursor::default();
+        let mut stops = 0;
+        loop {
+            match p.tx.try_send(&mut bufs, &ts, cur) {
+                Ok(_) => break,
+                Err(e) if e.is_would_block() || matches!(e.kind, SendErrorKind::NoBuffers) => {
+                    cur = e.cursor();
+                    stops += 1;
+                    proptest::prop_assert!(stops <= faults.len(), "more stops than faults");
+                }
+                Err(e) => proptest::prop_assert!(false, "unexpected: {}", e),
+            }
+        }
+        let got = receive(&p.rx, sent.len(), Duration::from_millis(200), Duration::from_secs(3));
+        assert_same(&sent, &got, "resumed sends");
+    }
 }

@@ -90,6 +90,7 @@ pub enum Cmsg {
 
 impl Cmsg {
     /// Bytes of control space this message takes when encoded (`CMSG_SPACE`).
+    #[cfg(any(test, feature = "internals"))]
     pub fn space(&self) -> usize {
         let data = match self {
             Cmsg::Segment(_) => mem::size_of::<u16>(),
@@ -311,6 +312,7 @@ pub(crate) fn decode(hdr: &libc::msghdr, mut f: impl FnMut(Cmsg)) {
 }
 
 /// Decodes a raw control buffer (as tests and fuzzers produce them).
+#[cfg(any(test, feature = "internals"))]
 pub fn decode_bytes(control: &[u8]) -> Vec<Cmsg> {
     let mut buf = CmsgBuf::default();
     let n = control.len().min(CMSG_CAP);
@@ -325,6 +327,7 @@ pub fn decode_bytes(control: &[u8]) -> Vec<Cmsg> {
 }
 
 /// Encodes messages into a fresh buffer and returns the bytes the kernel would see.
+#[cfg(any(test, feature = "internals"))]
 pub fn encode_bytes(msgs: &[Cmsg]) -> Vec<u8> {
     let mut buf = CmsgBuf::default();
     // SAFETY: an all-zero msghdr is a valid empty message header.

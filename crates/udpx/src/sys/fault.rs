@@ -9,6 +9,8 @@
 /// One injected fault, consumed by the next send syscall on the socket.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
+// Constructed only by tests, through the `fault-injection` feature.
+#[cfg_attr(not(feature = "fault-injection"), allow(dead_code))]
 pub enum Fault {
     /// The call fails with this errno and sends nothing (as the kernel does when the first
     /// message of a batch fails).
