@@ -52,7 +52,7 @@ struct ServeArgs {
     /// Mode.
     #[arg(short = 'm', long, value_enum, default_value_t = ModeArg::ReuseportCpu)]
     mode: ModeArg,
-    /// Threads (and sockets for the reuseport modes).
+    /// Threads (and sockets for the reuseport modes), 1 to 1024.
     #[arg(short = 't', long, default_value_t = 1)]
     threads: usize,
     /// recvmmsg/sendmmsg batching.
@@ -61,7 +61,7 @@ struct ServeArgs {
     /// For reuseport-cid: payload offset of the connection-ID byte that picks the shard.
     #[arg(long, default_value_t = 1)]
     cid_offset: u32,
-    /// Requests per second per source address at most.
+    /// Requests per second per source address at most, over all threads together.
     #[arg(long)]
     rate_limit: Option<u32>,
     /// Allow more threads than CPUs.
@@ -204,9 +204,11 @@ fn serve(a: ServeArgs) -> ExitCode {
         println!("{}", serde_json::json!({ "mode": mode.name(), "shards": stats }));
     } else {
         for (i, s) in stats.iter().enumerate() {
+            let dropped = s.dropped_invalid + s.dropped_too_large + s.dropped_send_error;
             println!(
-                "shard {i}: {} requests, {} replies, {} malformed, {} rate-limited, {:.1} requests/recv call, {} kernel drops",
-                s.requests, s.replies, s.malformed, s.rate_limited, s.batch, s.kernel_drops
+                "shard {i}: {} requests, {} replies ({} resent after a send error, {dropped} dropped: {} invalid, {} too large, {} send error), {} malformed, {} rate-limited, {:.1} requests/recv call, {} kernel drops",
+                s.requests, s.replies, s.send_retries, s.dropped_invalid, s.dropped_too_large, s.dropped_send_error,
+                s.malformed, s.rate_limited, s.batch, s.kernel_drops
             );
         }
     }

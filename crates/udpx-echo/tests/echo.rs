@@ -150,6 +150,34 @@ fn cpu_steering_puts_requests_on_the_receiving_cpus_shard() {
     srv.stop();
 }
 
+/// A send that fails with someone else's pending ICMP error (here injected: ECONNREFUSED on
+/// the next send syscall) costs a retry, not the reply.
+#[cfg(feature = "fault-injection")]
+#[test]
+fn a_failed_send_is_retried_and_the_reply_arrives() {
+    for batch in [false, true] {
+        let cfg = ServeConfig {
+            bind: "127.0.0.1:0".parse().unwrap(),
+            mode: Mode::Reuseport,
+            threads: 1,
+            batch,
+            rate_limit: None,
+            cpus: None,
+        };
+        let bound = server::bind(&cfg).unwrap();
+        bound.inject_fault(0, udpx::Fault::Errno(nix::errno::Errno::ECONNREFUSED as i32));
+        let srv = server::start(bound);
+        let c = StdUdp::bind("127.0.0.1:0").unwrap();
+        c.set_read_timeout(Some(Duration::from_millis(500))).unwrap();
+        c.send_to(&request(1, 64), srv.addr).unwrap();
+        let mut buf = [0u8; 256];
+        let got = c.recv_from(&mut buf);
+        let s = srv.stop();
+        assert_eq!(got.map(|(n, _)| n).ok(), Some(64), "batch={batch}: no reply: {s:?}");
+        assert_eq!((s[0].replies, s[0].send_retries, s[0].dropped_send_error), (1, 1, 0), "batch={batch}");
+    }
+}
+
 #[test]
 fn rate_limit_per_source() {
     let cfg = ServeConfig {
@@ -171,6 +199,35 @@ fn rate_limit_per_source() {
     assert_eq!(s[0].requests + s[0].rate_limited, 100);
 }
 
+/// One limit per source address for the whole server: a source that varies its port, and so
+/// its reuseport shard, gets the limit once, not once per shard.
+#[test]
+fn rate_limit_holds_across_shards() {
+    let cfg = ServeConfig {
+        bind: "127.0.0.1:0".parse().unwrap(),
+        mode: Mode::Reuseport,
+        threads: 4,
+        batch: true,
+        rate_limit: Some(10),
+        cpus: None,
+    };
+    let srv = server::start(server::bind(&cfg).unwrap());
+    let ports: Vec<StdUdp> = (0..40).map(|_| StdUdp::bind("127.0.0.1:0").unwrap()).collect();
+    for (i, c) in ports.iter().enumerate() {
+        for k in 0..25 {
+            c.send_to(&request((i * 100 + k) as u64, 64), srv.addr).unwrap();
+        }
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    let s = srv.stop();
+    let admitted: u64 = s.iter().map(|x| x.requests).sum();
+    let limited: u64 = s.iter().map(|x| x.rate_limited).sum();
+    assert!(s.iter().filter(|x| x.requests + x.rate_limited > 0).count() >= 2, "one shard only: {s:?}");
+    assert_eq!(admitted + limited, 1000, "{s:?}");
+    // 10 at once, plus what refills while the test runs (under a second: at most 10 more).
+    assert!((10..=20).contains(&admitted), "{admitted} admitted for a limit of 10/s: {s:?}");
+}
+
 #[test]
 fn bad_configuration_is_refused() {
     let base = ServeConfig {
@@ -182,9 +239,13 @@ fn bad_configuration_is_refused() {
         cpus: None,
     };
     assert!(server::check(&base, false).unwrap_err().contains("--threads 0"));
-    let many = ServeConfig { threads: 4096, ..base.clone() };
+    let many = ServeConfig { threads: server::MAX_THREADS, ..base.clone() };
     assert!(server::check(&many, false).unwrap_err().contains("--allow-oversubscribe"));
     assert!(server::check(&many, true).is_ok());
+    for threads in [server::MAX_THREADS + 1, usize::MAX] {
+        let absurd = ServeConfig { threads, ..base.clone() };
+        assert!(server::check(&absurd, true).unwrap_err().contains("give 1 to 1024"), "{threads}");
+    }
     let far = ServeConfig { threads: 1, mode: Mode::ReuseportCid { offset: 70000 }, ..base };
     assert!(server::check(&far, false).unwrap_err().contains("70000"));
     let mut l = load_cfg("127.0.0.1:9".parse().unwrap(), 1);
