@@ -188,6 +188,12 @@ fn echo_bad_input_exits_2() {
         (&["echo", "load", "-D", "127.0.0.1", "--size", "70000"], "--size 70000"),
         (&["echo", "load", "-D", "127.0.0.1", "--rate", "0"], "--rate 0"),
         (&["echo", "load", "-D", "127.0.0.1", "--flows", "0"], "--flows 0"),
+        (&["echo", "load", "-D", "127.0.0.1", "--timeout-ms", "0"], "--timeout-ms 0"),
+        (&["echo", "load", "-D", "127.0.0.1", "--timeout-ms", "60001"], "--timeout-ms 60001"),
+        (
+            &["echo", "serve", "-m", "reuseport", "-t", "18446744073709551615", "--allow-oversubscribe"],
+            "give 1 to 1024 threads",
+        ),
         (&["echo", "bench", "--duration", "0"], "--duration"),
     ];
     for (args, needle) in cases {
@@ -195,6 +201,15 @@ fn echo_bad_input_exits_2() {
         assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
         assert!(stderr(&o).contains(needle), "{args:?}: should mention {needle:?}: {}", stderr(&o));
     }
+}
+
+/// Nothing listens: the generator says so and fails, rather than reporting 0 transactions/s.
+#[test]
+fn echo_load_with_nobody_answering_fails() {
+    let port = free_port().to_string();
+    let o = udpx(&["echo", "load", "-D", "127.0.0.1", "-p", &port, "-l", "0.3", "-f", "2", "--timeout-ms", "50"]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(stderr(&o).contains("nothing answered"), "{}", stderr(&o));
 }
 
 #[test]
@@ -231,8 +246,11 @@ fn echo_serve_and_load_agree() {
     assert!(sent > 0);
     assert_eq!(l["load"]["received"].as_u64(), Some(sent), "{l}");
     assert_eq!(l["load"]["lost"].as_u64(), Some(0));
+    assert_eq!(l["load"]["send_failures"].as_u64(), Some(0), "{l}");
     let served: u64 = s["shards"].as_array().unwrap().iter().map(|x| x["requests"].as_u64().unwrap()).sum();
     assert_eq!(served, sent, "the server counted every request: {s}");
+    let retried: u64 = s["shards"].as_array().unwrap().iter().map(|x| x["send_retries"].as_u64().unwrap()).sum();
+    assert_eq!(retried, 0, "{s}");
 }
 
 #[test]

@@ -70,6 +70,67 @@ fn every_mode_answers_every_request_exactly_once() {
     }
 }
 
+/// The generator starts before the server: its first sends meet ICMP port unreachable
+/// (ECONNREFUSED). They are counted, and every flow's window is full again once the server
+/// answers, instead of settling near one request outstanding.
+#[test]
+fn closed_loop_refills_the_window_after_failed_sends() {
+    let port = StdUdp::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let dst = SocketAddr::from(([127, 0, 0, 1], port));
+    let cfg =
+        LoadConfig { duration: Duration::from_millis(1200), timeout: Duration::from_millis(100), ..load_cfg(dst, 8) };
+    let socks = load::bind_flows(&cfg).unwrap();
+    let gen = std::thread::spawn({
+        let cfg = cfg.clone();
+        move || load::run(&cfg, socks)
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    let srv = serve(Mode::Reuseport, 1, true, &dst.to_string());
+    let res = gen.join().unwrap().unwrap();
+    let stats = srv.stop();
+    assert!(res.send_failures > 0 && res.refused > 0, "the early sends failed and were counted: {res:?}");
+    assert_eq!(res.in_flight_at_end, 8 * 4, "every window full when sending ended: {res:?}");
+    assert!(res.received > 0, "{res:?}");
+    assert_eq!(res.sent, res.received + res.lost, "every request sent is answered or lost: {res:?}");
+    let served: u64 = stats.iter().map(|s| s.requests).sum();
+    assert!(served >= res.received, "{stats:?}");
+}
+
+/// Open loop at a rate no generator reaches: latency counts from each request's scheduled
+/// time, so the generator's own backlog shows (from the actual send, it would be a loopback
+/// round trip), and requests due but never sent are counted, not silently skipped.
+#[test]
+fn open_loop_latency_counts_from_the_schedule() {
+    let srv = serve(Mode::Reuseport, 1, true, "127.0.0.1:0");
+    let rate = 2_000_000;
+    let cfg = LoadConfig { rate: Some(rate), duration: Duration::from_millis(300), ..load_cfg(srv.addr, 4) };
+    let res = load::run(&cfg, load::bind_flows(&cfg).unwrap()).unwrap();
+    srv.stop();
+    assert_eq!(res.sent + res.unsent, rate * 3 / 10, "every scheduled request is sent or counted: {res:?}");
+    assert!(res.unsent > 0, "{res:?}");
+    assert!(res.max_us > 50_000.0, "a backlog of more than 50 ms hidden from the latency: {res:?}");
+}
+
+/// Send failures in the open loop (injected ECONNREFUSED on every flow's socket) leave the
+/// scheduled request due: it is sent on a later pass, and the failures are counted.
+#[cfg(feature = "fault-injection")]
+#[test]
+fn open_loop_retries_a_failed_send() {
+    let srv = serve(Mode::Reuseport, 1, true, "127.0.0.1:0");
+    let cfg = LoadConfig { rate: Some(1000), duration: Duration::from_millis(500), ..load_cfg(srv.addr, 4) };
+    let socks = load::bind_flows(&cfg).unwrap();
+    for s in &socks {
+        for _ in 0..3 {
+            s.inject_fault(udpx::Fault::Errno(nix::errno::Errno::ECONNREFUSED as i32));
+        }
+    }
+    let res = load::run(&cfg, socks).unwrap();
+    srv.stop();
+    assert_eq!(res.send_failures, 12, "{res:?}");
+    assert_eq!(res.sent + res.unsent, 500, "{res:?}");
+    assert_eq!((res.received, res.lost), (res.sent, 0), "{res:?}");
+}
+
 #[test]
 fn malformed_requests_get_no_reply() {
     let srv = serve(Mode::Reuseport, 1, true, "127.0.0.1:0");
