@@ -3,8 +3,12 @@
 //! is consistent; the main job runs end to end (over the veth pair when root), bounded.
 
 use std::net::UdpSocket as StdUdp;
-use std::process::{Command, Output, Stdio};
+use std::os::unix::process::CommandExt;
+use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
+
+use nix::sys::signal::{killpg, Signal};
+use nix::unistd::Pid;
 
 fn udpx(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_udpx")).args(args).output().expect("run udpx")
@@ -215,30 +219,30 @@ fn echo_load_with_nobody_answering_fails() {
 #[test]
 fn echo_serve_and_load_agree() {
     let port = free_port().to_string();
-    let srv = Command::new(env!("CARGO_BIN_EXE_udpx"))
-        .args([
-            "echo",
-            "serve",
-            "-B",
-            "127.0.0.1",
-            "-p",
-            &port,
-            "-m",
-            "reuseport",
-            "--threads",
-            "2",
-            "--batch",
-            "-l",
-            "3",
-            "--json",
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let srv = Group::spawn(
+        Command::new(env!("CARGO_BIN_EXE_udpx"))
+            .args([
+                "echo",
+                "serve",
+                "-B",
+                "127.0.0.1",
+                "-p",
+                &port,
+                "-m",
+                "reuseport",
+                "--threads",
+                "2",
+                "--batch",
+                "-l",
+                "3",
+                "--json",
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped()),
+    );
     std::thread::sleep(Duration::from_millis(300));
     let load = udpx(&["echo", "load", "-D", "127.0.0.1", "-p", &port, "-l", "1", "-f", "16", "--json"]);
-    let srv = srv.wait_with_output().unwrap();
+    let srv = srv.wait_with_output();
     assert_eq!(load.status.code(), Some(0), "{}", stderr(&load));
     assert_eq!(srv.status.code(), Some(0), "{}", stderr(&srv));
     let (l, s) = (json(&load), json(&srv));
@@ -251,6 +255,31 @@ fn echo_serve_and_load_agree() {
     assert_eq!(served, sent, "the server counted every request: {s}");
     let retried: u64 = s["shards"].as_array().unwrap().iter().map(|x| x["send_retries"].as_u64().unwrap()).sum();
     assert_eq!(retried, 0, "{s}");
+}
+
+/// A child process started in a process group of its own. Dropped before it was waited for
+/// (a failed assertion), it kills the whole group with SIGKILL and reaps the child, so nothing
+/// a test started outlives it.
+struct Group(Option<Child>);
+
+impl Group {
+    fn spawn(cmd: &mut Command) -> Group {
+        Group(Some(cmd.process_group(0).spawn().expect("spawn")))
+    }
+
+    fn wait_with_output(mut self) -> Output {
+        self.0.take().expect("not yet waited for").wait_with_output().expect("wait")
+    }
+}
+
+impl Drop for Group {
+    fn drop(&mut self) {
+        if let Some(child) = self.0.as_mut() {
+            // The group's id is the child's pid, reserved until the child is reaped below.
+            let _ = killpg(Pid::from_raw(child.id() as i32), Signal::SIGKILL);
+            let _ = child.wait();
+        }
+    }
 }
 
 #[test]

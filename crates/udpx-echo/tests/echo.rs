@@ -4,9 +4,12 @@
 //! answers the same generator.
 
 use std::net::{SocketAddr, UdpSocket as StdUdp};
-use std::process::{Command, Stdio};
+use std::os::unix::process::CommandExt;
+use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use nix::sys::signal::{killpg, Signal};
+use nix::unistd::Pid;
 use udpx_echo::load::{self, LoadConfig};
 use udpx_echo::proto::{self, Request};
 use udpx_echo::server::{self, Mode, ServeConfig};
@@ -325,17 +328,36 @@ fn sockperf_server_answers_the_same_generator() {
         );
     }
     let port = StdUdp::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let mut child = Command::new("timeout")
-        .args(["20", "sockperf", "sr", "-i", "127.0.0.1", "-p", &port.to_string()])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    // `timeout -s KILL` bounds sockperf even if this test process is killed outright (sockperf
+    // ignores SIGTERM); the guard ends it, and `timeout` with it, when the test ends or fails.
+    let _server = Group::spawn(
+        Command::new("timeout")
+            .args(["-s", "KILL", "30", "sockperf", "sr", "-i", "127.0.0.1", "-p", &port.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null()),
+    );
     std::thread::sleep(Duration::from_millis(500));
     let cfg = load_cfg(SocketAddr::from(([127, 0, 0, 1], port)), 8);
-    let res = load::run(&cfg, load::bind_flows(&cfg).unwrap());
-    let _ = child.kill();
-    let _ = child.wait();
-    let res = res.unwrap();
+    let res = load::run(&cfg, load::bind_flows(&cfg).unwrap()).unwrap();
     assert!(res.sent > 0 && res.received == res.sent && res.unexpected == 0 && res.lost == 0, "{res:?}");
+}
+
+/// A child process started in a process group of its own; dropping it (also on a failed
+/// assertion) kills the whole group with SIGKILL, so nothing it started outlives the test, and
+/// reaps the child.
+struct Group(Child);
+
+impl Group {
+    fn spawn(cmd: &mut Command) -> Group {
+        Group(cmd.process_group(0).spawn().expect("spawn"))
+    }
+}
+
+impl Drop for Group {
+    fn drop(&mut self) {
+        // The group's id is the child's pid, and it stays reserved until the child is reaped
+        // below, so this cannot hit an unrelated group.
+        let _ = killpg(Pid::from_raw(self.0.id() as i32), Signal::SIGKILL);
+        let _ = self.0.wait();
+    }
 }
