@@ -77,8 +77,8 @@ struct ServeArgs {
 
 #[derive(Args, Debug)]
 struct LoadArgs {
-    /// Server: IP, IP:PORT or [IPv6]:PORT.
-    #[arg(short = 'D', long)]
+    // The help text as an attribute: in a doc comment rustdoc reads `[IPv6]` as a link.
+    #[arg(short = 'D', long, help = "Server: IP, IP:PORT or [IPv6]:PORT")]
     dst: util::Peer,
     /// Server port (default 11111).
     #[arg(short = 'p', long)]

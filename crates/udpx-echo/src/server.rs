@@ -68,15 +68,15 @@ pub struct ServeConfig {
     /// recvmmsg/sendmmsg.
     pub batch: bool,
     /// Requests per second per source address at most, over all shards together (excess
-    /// dropped and counted). See [`RateLimit`].
+    /// dropped and counted; a burst of up to one second's worth is admitted at once).
     pub rate_limit: Option<u32>,
     /// CPUs the shard threads are pinned to, round robin (`reuseport-cpu` pins each socket's
     /// thread to its own CPU regardless). `None`: not pinned.
     pub cpus: Option<Vec<usize>>,
 }
 
-/// Most threads (and sockets) a server may have, oversubscribed or not: each thread has a
-/// 2 MiB receive arena, and far past the CPU count more threads only add contention.
+/// Most threads (and sockets) a server may have, oversubscribed or not: far past the CPU count
+/// more threads only add contention, and each holds up to 2 MiB of receive buffers.
 pub const MAX_THREADS: usize = 1024;
 
 /// Why a configuration is refused (usage errors: the message says what to change).
@@ -106,7 +106,8 @@ pub struct ShardCounters {
     pub requests: AtomicU64,
     /// Replies sent.
     pub replies: AtomicU64,
-    /// Replies sent a second time after a hard send error (see [`send_replies`]).
+    /// Replies sent a second time after a hard send error: usually a pending ICMP error for
+    /// an earlier reply to someone else, reported on whichever send comes next.
     pub send_retries: AtomicU64,
     /// Replies dropped because udpx refused them as invalid.
     pub dropped_invalid: AtomicU64,
