@@ -32,8 +32,9 @@ left_behind() {
 set +e
 # One test thread per core at most: several tests build veth pairs and flood them. tee reads
 # from a process substitution, not a pipeline, so a left-behind process still holding the
-# output open cannot keep the script waiting: it is found and killed first.
-UDPX_TEST_RUN="$run_id" cargo test --workspace --all-features -- --test-threads=2 > >(tee "$log") 2>&1
+# output open cannot keep the script waiting: it is found and killed first. (The braces make
+# the shell itself start tee, so that $! names it.)
+{ UDPX_TEST_RUN="$run_id" cargo test --workspace --all-features -- --test-threads=2; } > >(tee "$log") 2>&1
 status=$?
 tee_pid=$!
 set -e
