@@ -2,7 +2,7 @@
 # The whole test suite, as CI runs it (.ci/run calls exactly this):
 #   setup (Debian packages the tests and bench need), format check, clippy with warnings as
 #   errors, docs without broken links, micro benchmarks compiled, then every test of the workspace with the test-only
-#   fault-injection seam enabled.
+#   fault-injection seam enabled, and a check that the tests left no process running.
 # Tests that need something this machine lacks (root, a kernel feature) print `SKIP: <why>`
 # and append a line to $UDPX_SKIP_LOG; the summary counts them as skipped, not passed.
 set -euo pipefail
@@ -23,16 +23,36 @@ log=$(mktemp)
 trap 'rm -f "$skips" "$log"' EXIT
 export UDPX_SKIP_LOG="$skips"
 echo "== cargo test"
+# Every process the tests start inherits this marker in its environment (whatever its process
+# group or session), so any still alive afterwards was started by this run and left behind.
+run_id="$$-$(date +%s%N)"
+left_behind() {
+  grep -lsxz "UDPX_TEST_RUN=$run_id" /proc/[0-9]*/environ | cut -d/ -f3 | paste -sd, -
+}
 set +e
-# One test thread per core at most: several tests build veth pairs and flood them.
-cargo test --workspace --all-features -- --test-threads=2 2>&1 | tee "$log"
-status=${PIPESTATUS[0]}
+# One test thread per core at most: several tests build veth pairs and flood them. tee reads
+# from a process substitution, not a pipeline, so a left-behind process still holding the
+# output open cannot keep the script waiting: it is found and killed first. (The braces make
+# the shell itself start tee, so that $! names it.)
+{ UDPX_TEST_RUN="$run_id" cargo test --workspace --all-features -- --test-threads=2; } > >(tee "$log") 2>&1
+status=$?
+tee_pid=$!
 set -e
+left=$(left_behind || true)
+if [ -n "$left" ]; then
+  ps -o pid=,args= -p "$left" | sed 's/^/  left running: /' || true
+  kill -KILL ${left//,/ } 2>/dev/null || true
+fi
+wait "$tee_pid" 2>/dev/null || true
+if [ -n "$left" ]; then
+  echo "FAIL: the tests left the processes above running (killed now); a test must end what it starts"
+  status=1
+fi
 
 passed=$(grep -Eo '^test result: [A-Za-z]+\. [0-9]+ passed' "$log" | awk '{s+=$4} END {print s+0}')
 failed=$(grep -Eo '[0-9]+ failed;' "$log" | awk '{s+=$1} END {print s+0}')
 skipped=$(sort -u "$skips" | grep -c . || true)
-if [ "$status" -ne 0 ] && [ "$failed" -eq 0 ]; then
+if [ "$status" -ne 0 ] && [ "$failed" -eq 0 ] && [ -z "$left" ]; then
   failed=1 # a test binary that crashed or failed to build
 fi
 echo
@@ -40,5 +60,6 @@ if [ "$skipped" -gt 0 ]; then
   echo "skipped tests:"
   sort -u "$skips" | sed 's/^/  SKIP: /'
 fi
-echo "summary: $((passed - skipped)) passed, $failed failed, $skipped skipped"
+left_n=$(echo "$left" | tr , '\n' | grep -c . || true)
+echo "summary: $((passed - skipped)) passed, $failed failed, $skipped skipped, $left_n processes left running"
 exit "$status"

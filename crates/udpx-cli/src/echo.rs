@@ -52,7 +52,7 @@ struct ServeArgs {
     /// Mode.
     #[arg(short = 'm', long, value_enum, default_value_t = ModeArg::ReuseportCpu)]
     mode: ModeArg,
-    /// Threads (and sockets for the reuseport modes).
+    /// Threads (and sockets for the reuseport modes), 1 to 1024.
     #[arg(short = 't', long, default_value_t = 1)]
     threads: usize,
     /// recvmmsg/sendmmsg batching.
@@ -62,7 +62,7 @@ struct ServeArgs {
     /// (0-19; short and long headers alike).
     #[arg(long, default_value_t = 0)]
     cid_byte: u8,
-    /// Requests per second per source address at most.
+    /// Requests per second per source address at most, over all threads together.
     #[arg(long)]
     rate_limit: Option<u32>,
     /// Allow more threads than CPUs.
@@ -99,7 +99,7 @@ struct LoadArgs {
     /// Seconds of load.
     #[arg(short = 'l', long, default_value_t = 5.0)]
     duration: f64,
-    /// Milliseconds after which an unanswered request counts as lost.
+    /// Milliseconds after which an unanswered request counts as lost (1 to 60000).
     #[arg(long, default_value_t = 200)]
     timeout_ms: u64,
     /// One JSON object instead of text.
@@ -205,9 +205,11 @@ fn serve(a: ServeArgs) -> ExitCode {
         println!("{}", serde_json::json!({ "mode": mode.name(), "shards": stats }));
     } else {
         for (i, s) in stats.iter().enumerate() {
+            let dropped = s.dropped_invalid + s.dropped_too_large + s.dropped_send_error;
             println!(
-                "shard {i}: {} requests, {} replies, {} malformed, {} rate-limited, {:.1} requests/recv call, {} kernel drops",
-                s.requests, s.replies, s.malformed, s.rate_limited, s.batch, s.kernel_drops
+                "shard {i}: {} requests, {} replies ({} resent after a send error, {dropped} dropped: {} invalid, {} too large, {} send error), {} malformed, {} rate-limited, {:.1} requests/recv call, {} kernel drops",
+                s.requests, s.replies, s.send_retries, s.dropped_invalid, s.dropped_too_large, s.dropped_send_error,
+                s.malformed, s.rate_limited, s.batch, s.kernel_drops
             );
         }
     }
@@ -236,29 +238,39 @@ fn load_main(a: LoadArgs) -> ExitCode {
         outstanding: a.outstanding,
         rate: a.rate,
         duration: dur,
-        timeout: Duration::from_millis(a.timeout_ms.clamp(1, 60_000)),
+        timeout: Duration::from_millis(a.timeout_ms),
     };
     if let Err(e) = load::check(&cfg) {
         return usage(e);
     }
     let res = load::bind_flows(&cfg).and_then(|s| load::run(&cfg, s));
-    match res {
-        Ok(r) => {
-            if a.json {
-                println!("{}", serde_json::json!({ "load": r }));
-            } else {
-                println!(
-                    "{:.0} transactions/s; latency p50 {:.0} us, p90 {:.0} us, p99 {:.0} us, p99.9 {:.0} us, max {:.0} us; sent {}, answered {}, lost {}, unexpected {}",
-                    r.tps, r.p50_us, r.p90_us, r.p99_us, r.p999_us, r.max_us, r.sent, r.received, r.lost, r.unexpected
-                );
-            }
-            ExitCode::SUCCESS
-        }
+    let r = match res {
+        Ok(r) => r,
         Err(e) => {
             eprintln!("udpx echo load: {e}");
-            ExitCode::FAILURE
+            return ExitCode::FAILURE;
         }
+    };
+    if a.json {
+        println!("{}", serde_json::json!({ "load": r }));
+    } else {
+        println!(
+            "{:.0} transactions/s; latency p50 {:.0} us, p90 {:.0} us, p99 {:.0} us, p99.9 {:.0} us, max {:.0} us; sent {}, answered {}, lost {}, unexpected {}, failed sends {}, unsent {}",
+            r.tps, r.p50_us, r.p90_us, r.p99_us, r.p999_us, r.max_us, r.sent, r.received, r.lost, r.unexpected,
+            r.send_failures, r.unsent
+        );
     }
+    if r.received == 0 {
+        // A run in which nothing answered measured nothing: say so and fail, not "0 transactions/s".
+        let why = if r.refused > 0 {
+            format!("{} ICMP port-unreachable reports: nothing listens there", r.refused)
+        } else {
+            format!("{} requests sent, none answered within {} ms", r.sent, a.timeout_ms)
+        };
+        eprintln!("udpx echo load: nothing answered at {dst} ({why})");
+        return ExitCode::FAILURE;
+    }
+    ExitCode::SUCCESS
 }
 
 fn bench(a: EchoBenchArgs) -> ExitCode {

@@ -3,8 +3,12 @@
 //! is consistent; the main job runs end to end (over the veth pair when root), bounded.
 
 use std::net::UdpSocket as StdUdp;
-use std::process::{Command, Output, Stdio};
+use std::os::unix::process::CommandExt;
+use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
+
+use nix::sys::signal::{killpg, Signal};
+use nix::unistd::Pid;
 
 fn udpx(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_udpx")).args(args).output().expect("run udpx")
@@ -221,6 +225,12 @@ fn echo_bad_input_exits_2() {
         (&["echo", "load", "-D", "127.0.0.1", "--size", "70000"], "--size 70000"),
         (&["echo", "load", "-D", "127.0.0.1", "--rate", "0"], "--rate 0"),
         (&["echo", "load", "-D", "127.0.0.1", "--flows", "0"], "--flows 0"),
+        (&["echo", "load", "-D", "127.0.0.1", "--timeout-ms", "0"], "--timeout-ms 0"),
+        (&["echo", "load", "-D", "127.0.0.1", "--timeout-ms", "60001"], "--timeout-ms 60001"),
+        (
+            &["echo", "serve", "-m", "reuseport", "-t", "18446744073709551615", "--allow-oversubscribe"],
+            "give 1 to 1024 threads",
+        ),
         (&["echo", "bench", "--duration", "0"], "--duration"),
     ];
     for (args, needle) in cases {
@@ -230,33 +240,42 @@ fn echo_bad_input_exits_2() {
     }
 }
 
+/// Nothing listens: the generator says so and fails, rather than reporting 0 transactions/s.
+#[test]
+fn echo_load_with_nobody_answering_fails() {
+    let port = free_port().to_string();
+    let o = udpx(&["echo", "load", "-D", "127.0.0.1", "-p", &port, "-l", "0.3", "-f", "2", "--timeout-ms", "50"]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(stderr(&o).contains("nothing answered"), "{}", stderr(&o));
+}
+
 #[test]
 fn echo_serve_and_load_agree() {
     let port = free_port().to_string();
-    let srv = Command::new(env!("CARGO_BIN_EXE_udpx"))
-        .args([
-            "echo",
-            "serve",
-            "-B",
-            "127.0.0.1",
-            "-p",
-            &port,
-            "-m",
-            "reuseport",
-            "--threads",
-            "2",
-            "--batch",
-            "-l",
-            "3",
-            "--json",
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let srv = Group::spawn(
+        Command::new(env!("CARGO_BIN_EXE_udpx"))
+            .args([
+                "echo",
+                "serve",
+                "-B",
+                "127.0.0.1",
+                "-p",
+                &port,
+                "-m",
+                "reuseport",
+                "--threads",
+                "2",
+                "--batch",
+                "-l",
+                "3",
+                "--json",
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped()),
+    );
     std::thread::sleep(Duration::from_millis(300));
     let load = udpx(&["echo", "load", "-D", "127.0.0.1", "-p", &port, "-l", "1", "-f", "16", "--json"]);
-    let srv = srv.wait_with_output().unwrap();
+    let srv = srv.wait_with_output();
     assert_eq!(load.status.code(), Some(0), "{}", stderr(&load));
     assert_eq!(srv.status.code(), Some(0), "{}", stderr(&srv));
     let (l, s) = (json(&load), json(&srv));
@@ -264,8 +283,36 @@ fn echo_serve_and_load_agree() {
     assert!(sent > 0);
     assert_eq!(l["load"]["received"].as_u64(), Some(sent), "{l}");
     assert_eq!(l["load"]["lost"].as_u64(), Some(0));
+    assert_eq!(l["load"]["send_failures"].as_u64(), Some(0), "{l}");
     let served: u64 = s["shards"].as_array().unwrap().iter().map(|x| x["requests"].as_u64().unwrap()).sum();
     assert_eq!(served, sent, "the server counted every request: {s}");
+    let retried: u64 = s["shards"].as_array().unwrap().iter().map(|x| x["send_retries"].as_u64().unwrap()).sum();
+    assert_eq!(retried, 0, "{s}");
+}
+
+/// A child process started in a process group of its own. Dropped before it was waited for
+/// (a failed assertion), it kills the whole group with SIGKILL and reaps the child, so nothing
+/// a test started outlives it.
+struct Group(Option<Child>);
+
+impl Group {
+    fn spawn(cmd: &mut Command) -> Group {
+        Group(Some(cmd.process_group(0).spawn().expect("spawn")))
+    }
+
+    fn wait_with_output(mut self) -> Output {
+        self.0.take().expect("not yet waited for").wait_with_output().expect("wait")
+    }
+}
+
+impl Drop for Group {
+    fn drop(&mut self) {
+        if let Some(child) = self.0.as_mut() {
+            // The group's id is the child's pid, reserved until the child is reaped below.
+            let _ = killpg(Pid::from_raw(child.id() as i32), Signal::SIGKILL);
+            let _ = child.wait();
+        }
+    }
 }
 
 #[test]

@@ -1,19 +1,26 @@
 //! `udpx echo load`: the load generator. Many flows (one socket, one source port each, so the
 //! kernel's hash spreads them), closed loop (a fixed number of requests outstanding per flow)
-//! or open loop (a target rate), bounded in time always. Latency per transaction from the
-//! timestamp in the request, into an HDR histogram; a request unanswered within the timeout
-//! is a loss, counted, and (closed loop) replaced.
+//! or open loop (a target rate), bounded in time always. Latency per transaction into an HDR
+//! histogram; a request unanswered within the timeout is a loss, counted, and (closed loop)
+//! replaced.
+//!
+//! Closed loop, every flow's window is kept full: a reply, a loss or a failed send (the server
+//! not up yet, a full send buffer) leaves a slot that the next pass fills, so the load offered
+//! is `flows x outstanding` whatever happened before. Open loop, latency counts from the time
+//! the schedule said a request was due, not from when it actually left (which would hide the
+//! generator's own queueing under overload: coordinated omission); a request that cannot be
+//! sent stays due and is tried again, and one still unsent when the run ends is counted.
 
 use std::collections::HashMap;
-use std::io::IoSliceMut;
+use std::io::{self, IoSliceMut};
 use std::net::SocketAddr;
 use std::os::fd::AsFd;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use hdrhistogram::Histogram;
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use serde::Serialize;
-use udpx::{RecvMeta, SendMode, Timestamp, Transmit, UdpSocket, Want};
+use udpx::{RecvMeta, SendErrorKind, SendMode, Timestamp, Transmit, UdpSocket, Want};
 
 use crate::proto::{self, Request};
 
@@ -49,11 +56,22 @@ pub struct LoadResult {
     pub lost: u64,
     /// Replies that matched no outstanding request (late, duplicated, or foreign).
     pub unexpected: u64,
+    /// Send calls that failed (EAGAIN, ECONNREFUSED from an earlier ICMP error, ...); each
+    /// request is tried again.
+    pub send_failures: u64,
+    /// ECONNREFUSED reports on the flows' sockets: ICMP port unreachable, nothing listening.
+    pub refused: u64,
+    /// Open loop: requests the schedule called for that had not gone out when sending ended.
+    pub unsent: u64,
+    /// Requests outstanding when sending ended (closed loop: flows x outstanding when every
+    /// window is full).
+    pub in_flight_at_end: u64,
     /// Seconds of sending.
     pub secs: f64,
     /// Transactions per second.
     pub tps: f64,
-    /// Latency percentiles in microseconds.
+    /// Latency percentiles in microseconds: reply time minus the time the request was due
+    /// (open loop: its scheduled time; closed loop: when it was sent).
     pub p50_us: f64,
     /// p90.
     pub p90_us: f64,
@@ -82,14 +100,53 @@ pub fn check(cfg: &LoadConfig) -> Result<(), String> {
     if cfg.duration.is_zero() || cfg.duration > Duration::from_secs(3600) {
         return Err("--duration: more than 0 and at most 3600 seconds".into());
     }
+    if cfg.timeout.is_zero() || cfg.timeout > Duration::from_secs(60) {
+        return Err(format!("--timeout-ms {}: give 1 to 60000 milliseconds", cfg.timeout.as_millis()));
+    }
     Ok(())
 }
 
 struct Flow {
     sock: UdpSocket,
     next_seq: u64,
-    /// seq -> send time (ns).
-    pending: HashMap<u64, u64>,
+    pending: HashMap<u64, Pending>,
+}
+
+/// An outstanding request: latency counts from `due`, the timeout from `sent`.
+#[derive(Clone, Copy)]
+struct Pending {
+    due: u64,
+    sent: u64,
+}
+
+impl Flow {
+    /// Sends the next request of flow number `flow`, due at `due` (ns); false if the send
+    /// failed (counted; the caller tries again later).
+    fn send(&mut self, flow: u32, due: u64, dst: SocketAddr, buf: &mut [u8], res: &mut LoadResult) -> bool {
+        let now = Timestamp::now().as_nanos();
+        let r = Request { seq: self.next_seq, sent_ns: now, flow };
+        proto::write(buf, r);
+        match self.sock.send(&[Transmit::new(dst, buf)]) {
+            Ok(_) => {
+                self.pending.insert(r.seq, Pending { due, sent: now });
+                self.next_seq += 1;
+                res.sent += 1;
+                true
+            }
+            Err(e) => {
+                res.send_failures += 1;
+                if matches!(&e.kind, SendErrorKind::Io(io) if io.kind() == io::ErrorKind::ConnectionRefused) {
+                    res.refused += 1;
+                }
+                false
+            }
+        }
+    }
+
+    /// Closed loop: sends until `outstanding` requests are in flight or a send fails.
+    fn fill(&mut self, flow: u32, outstanding: usize, dst: SocketAddr, buf: &mut [u8], res: &mut LoadResult) {
+        while self.pending.len() < outstanding && self.send(flow, Timestamp::now().as_nanos(), dst, buf, res) {}
+    }
 }
 
 /// Binds the flows' sockets (call inside the client's namespace).
@@ -119,62 +176,68 @@ pub fn run(cfg: &LoadConfig, socks: Vec<UdpSocket>) -> Result<LoadResult, String
     let mut buf = vec![0u8; cfg.size];
     let mut rbufs: Vec<Vec<u8>> = (0..16).map(|_| vec![0u8; 2048.max(cfg.size)]).collect();
     let mut metas = [RecvMeta::default(); 16];
-    let start = Instant::now();
-    let end = start + cfg.duration;
+    let (dst, closed) = (cfg.dst, cfg.rate.is_none());
+    let start = Timestamp::now().as_nanos();
+    let end = start + cfg.duration.as_nanos() as u64;
     let timeout_ns = cfg.timeout.as_nanos() as u64;
-    let mut last_sweep = Instant::now();
-    let interval_ns = cfg.rate.map(|r| 1_000_000_000 / r.max(1));
-    let mut next_open = Timestamp::now().as_nanos();
-    let mut rr = 0usize;
-    let send = |f: &mut Flow, flow: u32, buf: &mut [u8], res: &mut LoadResult| {
-        let now = Timestamp::now().as_nanos();
-        let r = Request { seq: f.next_seq, sent_ns: now, flow };
-        proto::write(buf, r);
-        match f.sock.send(&[Transmit::new(cfg.dst, buf)]) {
-            Ok(_) => {
-                f.pending.insert(r.seq, now);
-                f.next_seq += 1;
-                res.sent += 1;
-            }
-            Err(e) if e.is_would_block() => {}
-            Err(_) => {}
-        }
-    };
-    // Closed loop: fill the window of every flow.
-    if cfg.rate.is_none() {
-        for (i, f) in flows.iter_mut().enumerate() {
-            for _ in 0..cfg.outstanding {
-                send(f, i as u32, &mut buf, &mut res);
-            }
-        }
-    }
+    let mut last_sweep = start;
+    let interval_ns = cfg.rate.map(|r| (1_000_000_000 / r.max(1)).max(1));
+    // Open loop: when the next request is due, and on which flow.
+    let (mut next_due, mut rr) = (start, 0usize);
+    let mut sending = true;
     loop {
-        let now_i = Instant::now();
-        let sending = now_i < end;
-        if !sending && (flows.iter().all(|f| f.pending.is_empty()) || now_i > end + cfg.timeout) {
+        let now = Timestamp::now().as_nanos();
+        if sending && now >= end {
+            sending = false;
+            res.in_flight_at_end = flows.iter().map(|f| f.pending.len() as u64).sum();
+            if let Some(iv) = interval_ns {
+                res.unsent = end.saturating_sub(next_due).div_ceil(iv);
+            }
+        }
+        if !sending && (flows.iter().all(|f| f.pending.is_empty()) || now > end + timeout_ns) {
             break;
         }
-        // Open loop: send what the schedule says is due.
-        if let (Some(iv), true) = (interval_ns, sending) {
-            let now = Timestamp::now().as_nanos();
-            let mut budget = 64;
-            while next_open <= now && budget > 0 {
-                let i = rr % flows.len();
-                rr += 1;
-                send(&mut flows[i], i as u32, &mut buf, &mut res);
-                next_open += iv;
-                budget -= 1;
+        if sending {
+            match interval_ns {
+                // Closed loop: top up every window (slots left by failed sends and losses).
+                None => {
+                    for (i, f) in flows.iter_mut().enumerate() {
+                        f.fill(i as u32, cfg.outstanding, dst, &mut buf, &mut res);
+                    }
+                }
+                // Open loop: send what the schedule says is due, a bounded burst per pass so
+                // replies are read; a failed send leaves the request due for the next pass.
+                Some(iv) => {
+                    for _ in 0..64 {
+                        if next_due > now || next_due >= end {
+                            break;
+                        }
+                        let i = rr % flows.len();
+                        rr += 1;
+                        if !flows[i].send(i as u32, next_due, dst, &mut buf, &mut res) {
+                            break;
+                        }
+                        next_due += iv;
+                    }
+                }
             }
         }
         // Receive whatever is there, on every flow.
         let mut any = false;
-        #[allow(clippy::needless_range_loop)] // `send` needs the flow and its index
-        for i in 0..flows.len() {
+        for (i, f) in flows.iter_mut().enumerate() {
             loop {
                 let got = {
                     let mut slices: Vec<IoSliceMut<'_>> = rbufs.iter_mut().map(|b| IoSliceMut::new(b)).collect();
-                    // Nothing queued (EAGAIN) or an ICMP error for a flow: nothing to read now.
-                    flows[i].sock.recv(&mut slices, &mut metas).unwrap_or_default()
+                    match f.sock.recv(&mut slices, &mut metas) {
+                        Ok(n) => n,
+                        // An ICMP error for this flow, reported once: nothing to read now.
+                        Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => {
+                            res.refused += 1;
+                            0
+                        }
+                        // Nothing queued (EAGAIN).
+                        Err(_) => 0,
+                    }
                 };
                 if got == 0 {
                     break;
@@ -184,51 +247,41 @@ pub fn run(cfg: &LoadConfig, socks: Vec<UdpSocket>) -> Result<LoadResult, String
                 for (m, b) in metas[..got].iter().zip(&rbufs) {
                     let matched = proto::parse_reply(&b[..m.len])
                         .filter(|r| r.flow as usize == i)
-                        .and_then(|r| flows[i].pending.remove(&r.seq).map(|t| (r, t)));
+                        .and_then(|r| f.pending.remove(&r.seq));
                     match matched {
-                        Some((_, t)) => {
+                        Some(p) => {
                             res.received += 1;
-                            let _ = hist.record((now.saturating_sub(t) / 1000).max(1));
-                            if cfg.rate.is_none() && sending {
-                                send(&mut flows[i], i as u32, &mut buf, &mut res);
-                            }
+                            hist.saturating_record((now.saturating_sub(p.due) / 1000).max(1));
                         }
                         None => res.unexpected += 1,
                     }
                 }
-            }
-        }
-        // Sweep for timeouts every few ms.
-        if last_sweep.elapsed() > Duration::from_millis(5) {
-            last_sweep = Instant::now();
-            let now = Timestamp::now().as_nanos();
-            #[allow(clippy::needless_range_loop)] // as above
-            for i in 0..flows.len() {
-                let expired: Vec<u64> = flows[i]
-                    .pending
-                    .iter()
-                    .filter(|(_, &t)| now.saturating_sub(t) > timeout_ns)
-                    .map(|(s, _)| *s)
-                    .collect();
-                for s in expired {
-                    flows[i].pending.remove(&s);
-                    res.lost += 1;
-                    if cfg.rate.is_none() && Instant::now() < end {
-                        send(&mut flows[i], i as u32, &mut buf, &mut res);
-                    }
+                if closed && sending {
+                    f.fill(i as u32, cfg.outstanding, dst, &mut buf, &mut res);
                 }
             }
         }
+        // Sweep for timeouts every few ms (closed loop: the next pass refills the slots).
+        let now = Timestamp::now().as_nanos();
+        if now.saturating_sub(last_sweep) > 5_000_000 {
+            last_sweep = now;
+            for f in &mut flows {
+                let before = f.pending.len();
+                f.pending.retain(|_, p| now.saturating_sub(p.sent) <= timeout_ns);
+                res.lost += (before - f.pending.len()) as u64;
+            }
+        }
         if !any {
-            let wait = if interval_ns.is_some() && sending { 0 } else { 1 };
+            let wait = if interval_ns.is_some() && sending { 0u8 } else { 1 };
             let mut fds: Vec<PollFd<'_>> =
                 flows.iter().map(|f| PollFd::new(f.sock.as_fd(), PollFlags::POLLIN)).collect();
-            let _ = poll(&mut fds, PollTimeout::from(wait as u8));
+            let _ = poll(&mut fds, PollTimeout::from(wait));
         }
     }
     // Whatever is still pending after the timeout is lost.
     res.lost += flows.iter().map(|f| f.pending.len() as u64).sum::<u64>();
-    res.secs = cfg.duration.as_secs_f64().min(start.elapsed().as_secs_f64());
+    let elapsed = Duration::from_nanos(Timestamp::now().as_nanos().saturating_sub(start));
+    res.secs = cfg.duration.as_secs_f64().min(elapsed.as_secs_f64());
     res.tps = res.received as f64 / res.secs.max(1e-9);
     let q = |p: f64| hist.value_at_quantile(p) as f64;
     if !hist.is_empty() {

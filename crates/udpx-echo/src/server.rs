@@ -11,7 +11,7 @@
 //! request arrived at (pktinfo), so a multi-homed server answers correctly; a reply is the
 //! request itself with sockperf's client flag cleared, never larger. Malformed requests are counted and dropped.
 
-use std::collections::HashMap;
+use std::hash::BuildHasher;
 use std::io::IoSliceMut;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
@@ -20,7 +20,10 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
-use udpx::{RecvMeta, RecvMode, SendMode, ShardGroup, SocketConfig, Steering, Transmit, UdpSocket, Want};
+use udpx::{
+    RecvMeta, RecvMode, SendError, SendErrorKind, SendMode, ShardGroup, SocketConfig, Steering, Transmit, UdpSocket,
+    Want,
+};
 use udpx_bench::cpu::{online_cpus, pin_current_thread, ProcessCpu};
 
 use crate::proto;
@@ -64,18 +67,23 @@ pub struct ServeConfig {
     pub threads: usize,
     /// recvmmsg/sendmmsg.
     pub batch: bool,
-    /// Requests per second per source address at most (excess dropped and counted).
+    /// Requests per second per source address at most, over all shards together (excess
+    /// dropped and counted; a burst of up to one second's worth is admitted at once).
     pub rate_limit: Option<u32>,
     /// CPUs the shard threads are pinned to, round robin (`reuseport-cpu` pins each socket's
     /// thread to its own CPU regardless). `None`: not pinned.
     pub cpus: Option<Vec<usize>>,
 }
 
+/// Most threads (and sockets) a server may have, oversubscribed or not: far past the CPU count
+/// more threads only add contention, and each holds up to 2 MiB of receive buffers.
+pub const MAX_THREADS: usize = 1024;
+
 /// Why a configuration is refused (usage errors: the message says what to change).
 pub fn check(cfg: &ServeConfig, allow_oversubscribe: bool) -> Result<(), String> {
     let cpus = online_cpus().len();
-    if cfg.threads == 0 {
-        return Err("--threads 0: give at least 1 thread".into());
+    if cfg.threads == 0 || cfg.threads > MAX_THREADS {
+        return Err(format!("--threads {}: give 1 to {MAX_THREADS} threads", cfg.threads));
     }
     if cfg.threads > cpus && !allow_oversubscribe {
         return Err(format!(
@@ -102,6 +110,15 @@ pub struct ShardCounters {
     pub requests: AtomicU64,
     /// Replies sent.
     pub replies: AtomicU64,
+    /// Replies sent a second time after a hard send error: usually a pending ICMP error for
+    /// an earlier reply to someone else, reported on whichever send comes next.
+    pub send_retries: AtomicU64,
+    /// Replies dropped because udpx refused them as invalid.
+    pub dropped_invalid: AtomicU64,
+    /// Replies dropped because the kernel said they were too large (EMSGSIZE), twice.
+    pub dropped_too_large: AtomicU64,
+    /// Replies dropped because their send failed twice with another error.
+    pub dropped_send_error: AtomicU64,
     /// Malformed or truncated requests dropped.
     pub malformed: AtomicU64,
     /// Requests over the per-source rate limit, dropped.
@@ -121,6 +138,14 @@ pub struct ShardStats {
     pub requests: u64,
     /// Replies.
     pub replies: u64,
+    /// Replies sent again after a hard send error.
+    pub send_retries: u64,
+    /// Replies dropped: invalid.
+    pub dropped_invalid: u64,
+    /// Replies dropped: too large.
+    pub dropped_too_large: u64,
+    /// Replies dropped: another send error.
+    pub dropped_send_error: u64,
     /// Malformed requests dropped.
     pub malformed: u64,
     /// Rate-limited requests dropped.
@@ -142,6 +167,10 @@ impl ShardCounters {
         ShardStats {
             requests: req,
             replies: self.replies.load(Relaxed),
+            send_retries: self.send_retries.load(Relaxed),
+            dropped_invalid: self.dropped_invalid.load(Relaxed),
+            dropped_too_large: self.dropped_too_large.load(Relaxed),
+            dropped_send_error: self.dropped_send_error.load(Relaxed),
             malformed: self.malformed.load(Relaxed),
             rate_limited: self.rate_limited.load(Relaxed),
             recv_calls: calls,
@@ -183,6 +212,12 @@ impl Bound {
     /// The address clients send to.
     pub fn local_addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// Queues a fault for the next send on shard `shard`'s socket (tests only).
+    #[cfg(feature = "fault-injection")]
+    pub fn inject_fault(&self, shard: usize, fault: udpx::Fault) {
+        self.shards[shard].0.inject_fault(fault);
     }
 }
 
@@ -266,16 +301,19 @@ pub fn start(bound: Bound) -> Server {
     let mut threads = Vec::new();
     let mut counters = Vec::new();
     let (cfg, addr) = (bound.cfg.clone(), bound.addr);
+    // One limiter for the whole server: per shard, a source that varies its port over N shards
+    // would get N times the limit.
+    let limit = cfg.rate_limit.map(|per_sec| Arc::new(RateLimit::new(per_sec, RateLimit::CELLS)));
     for (sock, cpu) in bound.shards {
         let c = Arc::new(ShardCounters::default());
         counters.push(c.clone());
-        let (stop, cfg) = (stop.clone(), cfg.clone());
+        let (stop, cfg, limit) = (stop.clone(), cfg.clone(), limit.clone());
         threads.push(std::thread::spawn(move || {
             if let Some(cpu) = cpu {
                 let _ = pin_current_thread(cpu);
             }
             let t0 = ProcessCpu::thread().unwrap_or_default();
-            serve_shard(&sock, &cfg, &stop, &c);
+            serve_shard(&sock, &cfg, limit.as_deref(), &stop, &c);
             let t = ProcessCpu::thread().unwrap_or_default().diff(&t0);
             c.cpu_micros.store(t.total().as_micros() as u64, Relaxed);
             c.kernel_drops.store(sock.kernel_drops().unwrap_or(0) as u64, Relaxed);
@@ -300,40 +338,126 @@ impl Server {
     }
 }
 
-/// A token bucket per source address.
-struct RateLimit {
-    per_sec: u32,
-    buckets: HashMap<IpAddr, (f64, Instant)>,
+/// Requests per second per source address, one limiter shared by every shard of a server.
+///
+/// A fixed table of cells indexed by a keyed hash of the source address, each an `AtomicU64`
+/// holding a GCRA "theoretical arrival time" (ns since the limiter started): a request is
+/// admitted if admitting it keeps that time at most one second's worth of requests ahead of
+/// now, which is a token bucket of `per_sec` tokens refilled at `per_sec` a second, without a
+/// lock. Memory is fixed when the server starts and nothing is ever cleared, so no number of
+/// (spoofed) sources resets anyone's bucket. Sources whose hashes collide share a cell and so
+/// a limit: a collision makes the limit stricter, never looser, and the random key (one per
+/// server) keeps a sender from choosing whose cell it lands in.
+#[derive(Debug)]
+pub(crate) struct RateLimit {
+    interval_ns: u64,
+    burst_ns: u64,
+    cells: Box<[AtomicU64]>,
+    key: std::collections::hash_map::RandomState,
+    start: Instant,
 }
 
 impl RateLimit {
-    fn allow(&mut self, src: IpAddr) -> bool {
-        let now = Instant::now();
-        let cap = self.per_sec as f64;
-        let e = self.buckets.entry(src).or_insert((cap, now));
-        e.0 = (e.0 + now.duration_since(e.1).as_secs_f64() * cap).min(cap);
-        e.1 = now;
-        if self.buckets.len() > 100_000 {
-            // Bounded memory under a spoofed-source flood: forget everyone, start over.
-            self.buckets.clear();
-            return true;
+    /// Cells of a server's limiter: 512 KiB; about 65k sources before two share a limit.
+    const CELLS: usize = 1 << 16;
+
+    fn new(per_sec: u32, cells: usize) -> RateLimit {
+        let interval_ns = (1_000_000_000 / u64::from(per_sec.max(1))).max(1);
+        RateLimit {
+            interval_ns,
+            burst_ns: interval_ns * u64::from(per_sec.max(1)),
+            cells: (0..cells.max(1)).map(|_| AtomicU64::new(0)).collect(),
+            key: Default::default(),
+            start: Instant::now(),
         }
-        match self.buckets.get_mut(&src) {
-            Some(b) if b.0 >= 1.0 => {
-                b.0 -= 1.0;
-                true
+    }
+
+    fn allow(&self, src: IpAddr) -> bool {
+        self.allow_at(src, self.start.elapsed().as_nanos() as u64)
+    }
+
+    /// Whether a request from `src` at `now` (ns since start) is admitted; admitting it takes
+    /// its share of the cell.
+    fn allow_at(&self, src: IpAddr, now: u64) -> bool {
+        // An IPv4 client of a dual-stack socket is the same source as over a v4 socket.
+        let i = (self.key.hash_one(src.to_canonical()) % self.cells.len() as u64) as usize;
+        let cell = &self.cells[i];
+        let mut tat = cell.load(Relaxed);
+        loop {
+            let next = tat.max(now) + self.interval_ns;
+            if next - now > self.burst_ns {
+                return false;
             }
-            _ => false,
+            match cell.compare_exchange_weak(tat, next, Relaxed, Relaxed) {
+                Ok(_) => return true,
+                Err(t) => tat = t,
+            }
         }
     }
 }
 
-fn serve_shard(sock: &UdpSocket, cfg: &ServeConfig, stop: &AtomicBool, c: &ShardCounters) {
+/// What became of one batch of replies.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct Sent {
+    ok: usize,
+    retries: usize,
+    dropped_invalid: usize,
+    dropped_too_large: usize,
+    dropped_send_error: usize,
+}
+
+/// Sends every reply of a batch with `send`, dropping only a reply that is itself at fault.
+///
+/// A hard error on the first message of a send call is usually not about that message: the
+/// kernel reports a pending socket error (`sk_err`, set by an ICMP error for an earlier reply
+/// to someone else) on the next send call, whoever it is for, and clears it. So the message
+/// is sent once more, and dropped only if that fails too. An invalid transmit makes udpx
+/// refuse the whole call with nothing sent: that one is dropped and the rest, before and after
+/// it, sent. `wait` is called when the socket's buffer is full.
+fn send_replies<T>(
+    replies: &mut Vec<T>,
+    mut send: impl FnMut(&[T]) -> Result<usize, SendError>,
+    mut wait: impl FnMut(),
+) -> Sent {
+    let mut out = Sent::default();
+    let (mut from, mut retried) = (0, None);
+    while from < replies.len() {
+        let e = match send(&replies[from..]) {
+            Ok(k) => {
+                (from, out.ok) = (from + k, out.ok + k);
+                continue;
+            }
+            Err(e) => e,
+        };
+        (from, out.ok) = (from + e.sent, out.ok + e.sent);
+        match e.kind {
+            SendErrorKind::WouldBlock => wait(),
+            SendErrorKind::Invalid { index, .. } => {
+                // Nothing of the call went out; only the transmit at `index` is wrong.
+                replies.remove(from + index);
+                (out.dropped_invalid, retried) = (out.dropped_invalid + 1, None);
+            }
+            _ if retried != Some(from) => {
+                retried = Some(from);
+                out.retries += 1;
+            }
+            kind => {
+                match kind {
+                    SendErrorKind::MessageTooLarge { .. } => out.dropped_too_large += 1,
+                    _ => out.dropped_send_error += 1,
+                }
+                from += 1;
+            }
+        }
+    }
+    out
+}
+
+fn serve_shard(sock: &UdpSocket, cfg: &ServeConfig, limit: Option<&RateLimit>, stop: &AtomicBool, c: &ShardCounters) {
     let _ = sock.set_read_timeout(Some(Duration::from_millis(100)));
     let n = if cfg.batch { 32 } else { 1 };
     let mut bufs: Vec<Vec<u8>> = (0..n).map(|_| vec![0u8; 1 << 16]).collect();
     let mut metas = vec![RecvMeta::default(); n];
-    let mut limit = cfg.rate_limit.map(|per_sec| RateLimit { per_sec, buckets: HashMap::new() });
     let mut keep = Vec::with_capacity(n);
     while !stop.load(Relaxed) {
         let got = {
@@ -351,7 +475,7 @@ fn serve_shard(sock: &UdpSocket, cfg: &ServeConfig, stop: &AtomicBool, c: &Shard
                 c.malformed.fetch_add(1, Relaxed);
                 continue;
             }
-            if let Some(l) = limit.as_mut() {
+            if let Some(l) = limit {
                 if !l.allow(m.addr.ip()) {
                     c.rate_limited.fetch_add(1, Relaxed);
                     continue;
@@ -361,7 +485,7 @@ fn serve_shard(sock: &UdpSocket, cfg: &ServeConfig, stop: &AtomicBool, c: &Shard
             keep.push(i);
         }
         c.requests.fetch_add(keep.len() as u64, Relaxed);
-        let replies: Vec<Transmit<'_>> = keep
+        let mut replies: Vec<Transmit<'_>> = keep
             .iter()
             .map(|&i| {
                 let m = &metas[i];
@@ -369,20 +493,132 @@ fn serve_shard(sock: &UdpSocket, cfg: &ServeConfig, stop: &AtomicBool, c: &Shard
                 Transmit { src_ip: m.dst_ip, ..Transmit::new(m.addr, &bufs[i][..m.len]) }
             })
             .collect();
-        let (mut from, mut ok) = (0, 0);
-        while from < replies.len() {
-            match sock.send(&replies[from..]) {
-                Ok(k) => (from, ok) = (from + k, ok + k),
-                Err(e) if e.is_would_block() => {
-                    (from, ok) = (from + e.sent, ok + e.sent);
-                    let _ = sock.wait_writable(Duration::from_millis(10));
+        let s = send_replies(
+            &mut replies,
+            |r| sock.send(r),
+            || {
+                let _ = sock.wait_writable(Duration::from_millis(10));
+            },
+        );
+        c.replies.fetch_add(s.ok as u64, Relaxed);
+        c.send_retries.fetch_add(s.retries as u64, Relaxed);
+        c.dropped_invalid.fetch_add(s.dropped_invalid as u64, Relaxed);
+        c.dropped_too_large.fetch_add(s.dropped_too_large as u64, Relaxed);
+        c.dropped_send_error.fetch_add(s.dropped_send_error as u64, Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io;
+    use std::net::Ipv4Addr;
+
+    use udpx::InvalidTransmit;
+
+    use super::*;
+
+    fn err(sent: usize, kind: SendErrorKind) -> SendError {
+        SendError { sent, partial_segments: 0, kind }
+    }
+
+    fn refused() -> SendErrorKind {
+        SendErrorKind::Io(io::Error::from_raw_os_error(nix::errno::Errno::ECONNREFUSED as i32))
+    }
+
+    /// Runs `send_replies` over replies 0..n against a fake socket: `fail(i, attempt)` says
+    /// how the send of reply `i` fails on its `attempt`-th try (a sendmmsg: the first failing
+    /// message ends the call, a hard error on the first message fails the call).
+    fn run(n: u32, fail: impl Fn(u32, usize) -> Option<SendErrorKind>) -> (Vec<u32>, Sent) {
+        let mut replies: Vec<u32> = (0..n).collect();
+        let mut wire = Vec::new();
+        let mut tries = std::collections::HashMap::<u32, usize>::new();
+        let s = send_replies(
+            &mut replies,
+            |batch: &[u32]| {
+                // udpx checks every transmit before sending any.
+                if let Some(i) = batch.iter().position(|&r| matches!(fail(r, 0), Some(SendErrorKind::Invalid { .. }))) {
+                    let reason = InvalidTransmit::SegmentSizeZero;
+                    return Err(err(0, SendErrorKind::Invalid { index: i, reason }));
                 }
-                Err(e) => {
-                    // Counted by the socket's error counters; skip the one that failed.
-                    (from, ok) = (from + e.sent + 1, ok + e.sent);
+                for (k, &r) in batch.iter().enumerate() {
+                    let t = tries.entry(r).or_default();
+                    *t += 1;
+                    if let Some(kind) = fail(r, *t) {
+                        return Err(err(k, kind));
+                    }
+                    wire.push(r);
                 }
-            }
-        }
-        c.replies.fetch_add(ok as u64, Relaxed);
+                Ok(batch.len())
+            },
+            || {},
+        );
+        (wire, s)
+    }
+
+    #[test]
+    fn a_pending_error_costs_a_retry_not_a_reply() {
+        // Reply 0's first try meets someone else's ICMP error: sent on the second.
+        let (wire, s) = run(3, |r, t| (r == 0 && t == 1).then(refused));
+        assert_eq!(wire, [0, 1, 2]);
+        assert_eq!(s, Sent { ok: 3, retries: 1, ..Sent::default() });
+        // The same in the middle of a batch.
+        let (wire, s) = run(4, |r, t| (r == 2 && t == 1).then(refused));
+        assert_eq!(wire, [0, 1, 2, 3]);
+        assert_eq!(s, Sent { ok: 4, retries: 1, ..Sent::default() });
+    }
+
+    #[test]
+    fn only_the_reply_at_fault_is_dropped() {
+        // Fails every time: retried once, then dropped alone.
+        let (wire, s) = run(3, |r, _| (r == 1).then(refused));
+        assert_eq!(wire, [0, 2]);
+        assert_eq!(s, Sent { ok: 2, retries: 1, dropped_send_error: 1, ..Sent::default() });
+        let too_large = || SendErrorKind::MessageTooLarge { len: 9000, segment_size: None, path_mtu: None };
+        let (wire, s) = run(2, |r, _| (r == 0).then(too_large));
+        assert_eq!(wire, [1]);
+        assert_eq!(s, Sent { ok: 1, retries: 1, dropped_too_large: 1, ..Sent::default() });
+        // Invalid: nothing of the call went out; the valid replies before and after it do.
+        let invalid = || SendErrorKind::Invalid { index: 0, reason: InvalidTransmit::SegmentSizeZero };
+        let (wire, s) = run(5, |r, _| (r == 2 || r == 4).then(invalid));
+        assert_eq!(wire, [0, 1, 3]);
+        assert_eq!(s, Sent { ok: 3, dropped_invalid: 2, ..Sent::default() });
+    }
+
+    #[test]
+    fn would_block_waits_and_resends_the_rest() {
+        let (wire, s) = run(3, |r, t| (r == 1 && t == 1).then_some(SendErrorKind::WouldBlock));
+        assert_eq!(wire, [0, 1, 2]);
+        assert_eq!(s, Sent { ok: 3, ..Sent::default() });
+    }
+
+    #[test]
+    fn rate_limit_is_a_bucket_per_source() {
+        let l = RateLimit::new(10, 1024);
+        let a = IpAddr::from(Ipv4Addr::new(10, 0, 0, 1));
+        let t0 = 5_000_000_000;
+        assert_eq!((0..100).filter(|_| l.allow_at(a, t0)).count(), 10, "a full bucket: 10 at once");
+        assert!(!l.allow_at(a, t0 + 50_000_000), "half a token later");
+        assert!(l.allow_at(a, t0 + 100_000_000), "one token later");
+        assert_eq!((0..100).filter(|_| l.allow_at(a, t0 + 2_000_000_000)).count(), 10, "refilled, not beyond");
+        // The same source seen through a dual-stack socket shares the bucket.
+        let mapped = IpAddr::from(Ipv4Addr::new(10, 0, 0, 1).to_ipv6_mapped());
+        assert!(!l.allow_at(mapped, t0 + 2_000_000_000));
+    }
+
+    #[test]
+    fn a_flood_of_sources_neither_grows_the_table_nor_resets_it() {
+        let l = RateLimit::new(1, 1024);
+        let now = 3_000_000_000;
+        let victim = IpAddr::from(Ipv4Addr::new(192, 0, 2, 1));
+        assert!(l.allow_at(victim, now));
+        assert!(!l.allow_at(victim, now));
+        // 200k distinct sources at the same instant: each cell admits its one token at most.
+        let admitted =
+            (0u32..200_000).filter(|&i| l.allow_at(IpAddr::from(Ipv4Addr::from(0x0a00_0000 + i)), now)).count();
+        assert!(admitted <= 1024, "{admitted} admitted past 1024 one-token cells");
+        assert_eq!(l.cells.len(), 1024, "the table is fixed");
+        // Nobody's bucket was refilled by the flood.
+        assert!(!l.allow_at(victim, now), "the flood reset the victim's bucket");
+        assert!(l.allow_at(victim, now + 1_000_000_000), "a second later it has a token again");
     }
 }

@@ -4,9 +4,12 @@
 //! answers the same generator.
 
 use std::net::{SocketAddr, UdpSocket as StdUdp};
-use std::process::{Command, Stdio};
+use std::os::unix::process::CommandExt;
+use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use nix::sys::signal::{killpg, Signal};
+use nix::unistd::Pid;
 use udpx_echo::load::{self, LoadConfig};
 use udpx_echo::proto::{self, Request};
 use udpx_echo::server::{self, Mode, ServeConfig};
@@ -68,6 +71,67 @@ fn every_mode_answers_every_request_exactly_once() {
             assert!(res.p99_us > 0.0 && res.p50_us <= res.p99_us, "{what}: {res:?}");
         }
     }
+}
+
+/// The generator starts before the server: its first sends meet ICMP port unreachable
+/// (ECONNREFUSED). They are counted, and every flow's window is full again once the server
+/// answers, instead of settling near one request outstanding.
+#[test]
+fn closed_loop_refills_the_window_after_failed_sends() {
+    let port = StdUdp::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let dst = SocketAddr::from(([127, 0, 0, 1], port));
+    let cfg =
+        LoadConfig { duration: Duration::from_millis(1200), timeout: Duration::from_millis(100), ..load_cfg(dst, 8) };
+    let socks = load::bind_flows(&cfg).unwrap();
+    let gen = std::thread::spawn({
+        let cfg = cfg.clone();
+        move || load::run(&cfg, socks)
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    let srv = serve(Mode::Reuseport, 1, true, &dst.to_string());
+    let res = gen.join().unwrap().unwrap();
+    let stats = srv.stop();
+    assert!(res.send_failures > 0 && res.refused > 0, "the early sends failed and were counted: {res:?}");
+    assert_eq!(res.in_flight_at_end, 8 * 4, "every window full when sending ended: {res:?}");
+    assert!(res.received > 0, "{res:?}");
+    assert_eq!(res.sent, res.received + res.lost, "every request sent is answered or lost: {res:?}");
+    let served: u64 = stats.iter().map(|s| s.requests).sum();
+    assert!(served >= res.received, "{stats:?}");
+}
+
+/// Open loop at a rate no generator reaches: latency counts from each request's scheduled
+/// time, so the generator's own backlog shows (from the actual send, it would be a loopback
+/// round trip), and requests due but never sent are counted, not silently skipped.
+#[test]
+fn open_loop_latency_counts_from_the_schedule() {
+    let srv = serve(Mode::Reuseport, 1, true, "127.0.0.1:0");
+    let rate = 2_000_000;
+    let cfg = LoadConfig { rate: Some(rate), duration: Duration::from_millis(300), ..load_cfg(srv.addr, 4) };
+    let res = load::run(&cfg, load::bind_flows(&cfg).unwrap()).unwrap();
+    srv.stop();
+    assert_eq!(res.sent + res.unsent, rate * 3 / 10, "every scheduled request is sent or counted: {res:?}");
+    assert!(res.unsent > 0, "{res:?}");
+    assert!(res.max_us > 50_000.0, "a backlog of more than 50 ms hidden from the latency: {res:?}");
+}
+
+/// Send failures in the open loop (injected ECONNREFUSED on every flow's socket) leave the
+/// scheduled request due: it is sent on a later pass, and the failures are counted.
+#[cfg(feature = "fault-injection")]
+#[test]
+fn open_loop_retries_a_failed_send() {
+    let srv = serve(Mode::Reuseport, 1, true, "127.0.0.1:0");
+    let cfg = LoadConfig { rate: Some(1000), duration: Duration::from_millis(500), ..load_cfg(srv.addr, 4) };
+    let socks = load::bind_flows(&cfg).unwrap();
+    for s in &socks {
+        for _ in 0..3 {
+            s.inject_fault(udpx::Fault::Errno(nix::errno::Errno::ECONNREFUSED as i32));
+        }
+    }
+    let res = load::run(&cfg, socks).unwrap();
+    srv.stop();
+    assert_eq!(res.send_failures, 12, "{res:?}");
+    assert_eq!(res.sent + res.unsent, 500, "{res:?}");
+    assert_eq!((res.received, res.lost), (res.sent, 0), "{res:?}");
 }
 
 #[test]
@@ -151,6 +215,34 @@ fn cpu_steering_puts_requests_on_the_receiving_cpus_shard() {
     srv.stop();
 }
 
+/// A send that fails with someone else's pending ICMP error (here injected: ECONNREFUSED on
+/// the next send syscall) costs a retry, not the reply.
+#[cfg(feature = "fault-injection")]
+#[test]
+fn a_failed_send_is_retried_and_the_reply_arrives() {
+    for batch in [false, true] {
+        let cfg = ServeConfig {
+            bind: "127.0.0.1:0".parse().unwrap(),
+            mode: Mode::Reuseport,
+            threads: 1,
+            batch,
+            rate_limit: None,
+            cpus: None,
+        };
+        let bound = server::bind(&cfg).unwrap();
+        bound.inject_fault(0, udpx::Fault::Errno(nix::errno::Errno::ECONNREFUSED as i32));
+        let srv = server::start(bound);
+        let c = StdUdp::bind("127.0.0.1:0").unwrap();
+        c.set_read_timeout(Some(Duration::from_millis(500))).unwrap();
+        c.send_to(&request(1, 64), srv.addr).unwrap();
+        let mut buf = [0u8; 256];
+        let got = c.recv_from(&mut buf);
+        let s = srv.stop();
+        assert_eq!(got.map(|(n, _)| n).ok(), Some(64), "batch={batch}: no reply: {s:?}");
+        assert_eq!((s[0].replies, s[0].send_retries, s[0].dropped_send_error), (1, 1, 0), "batch={batch}");
+    }
+}
+
 #[test]
 fn rate_limit_per_source() {
     let cfg = ServeConfig {
@@ -172,6 +264,35 @@ fn rate_limit_per_source() {
     assert_eq!(s[0].requests + s[0].rate_limited, 100);
 }
 
+/// One limit per source address for the whole server: a source that varies its port, and so
+/// its reuseport shard, gets the limit once, not once per shard.
+#[test]
+fn rate_limit_holds_across_shards() {
+    let cfg = ServeConfig {
+        bind: "127.0.0.1:0".parse().unwrap(),
+        mode: Mode::Reuseport,
+        threads: 4,
+        batch: true,
+        rate_limit: Some(10),
+        cpus: None,
+    };
+    let srv = server::start(server::bind(&cfg).unwrap());
+    let ports: Vec<StdUdp> = (0..40).map(|_| StdUdp::bind("127.0.0.1:0").unwrap()).collect();
+    for (i, c) in ports.iter().enumerate() {
+        for k in 0..25 {
+            c.send_to(&request((i * 100 + k) as u64, 64), srv.addr).unwrap();
+        }
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    let s = srv.stop();
+    let admitted: u64 = s.iter().map(|x| x.requests).sum();
+    let limited: u64 = s.iter().map(|x| x.rate_limited).sum();
+    assert!(s.iter().filter(|x| x.requests + x.rate_limited > 0).count() >= 2, "one shard only: {s:?}");
+    assert_eq!(admitted + limited, 1000, "{s:?}");
+    // 10 at once, plus what refills while the test runs (under a second: at most 10 more).
+    assert!((10..=20).contains(&admitted), "{admitted} admitted for a limit of 10/s: {s:?}");
+}
+
 #[test]
 fn bad_configuration_is_refused() {
     let base = ServeConfig {
@@ -183,9 +304,13 @@ fn bad_configuration_is_refused() {
         cpus: None,
     };
     assert!(server::check(&base, false).unwrap_err().contains("--threads 0"));
-    let many = ServeConfig { threads: 4096, ..base.clone() };
+    let many = ServeConfig { threads: server::MAX_THREADS, ..base.clone() };
     assert!(server::check(&many, false).unwrap_err().contains("--allow-oversubscribe"));
     assert!(server::check(&many, true).is_ok());
+    for threads in [server::MAX_THREADS + 1, usize::MAX] {
+        let absurd = ServeConfig { threads, ..base.clone() };
+        assert!(server::check(&absurd, true).unwrap_err().contains("give 1 to 1024"), "{threads}");
+    }
     let far = ServeConfig { threads: 1, mode: Mode::ReuseportCid { cid_byte: 20 }, ..base };
     assert!(server::check(&far, false).unwrap_err().contains("--cid-byte 20"));
     let mut l = load_cfg("127.0.0.1:9".parse().unwrap(), 1);
@@ -204,17 +329,36 @@ fn sockperf_server_answers_the_same_generator() {
         );
     }
     let port = StdUdp::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let mut child = Command::new("timeout")
-        .args(["20", "sockperf", "sr", "-i", "127.0.0.1", "-p", &port.to_string()])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    // `timeout -s KILL` bounds sockperf even if this test process is killed outright (sockperf
+    // ignores SIGTERM); the guard ends it, and `timeout` with it, when the test ends or fails.
+    let _server = Group::spawn(
+        Command::new("timeout")
+            .args(["-s", "KILL", "30", "sockperf", "sr", "-i", "127.0.0.1", "-p", &port.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null()),
+    );
     std::thread::sleep(Duration::from_millis(500));
     let cfg = load_cfg(SocketAddr::from(([127, 0, 0, 1], port)), 8);
-    let res = load::run(&cfg, load::bind_flows(&cfg).unwrap());
-    let _ = child.kill();
-    let _ = child.wait();
-    let res = res.unwrap();
+    let res = load::run(&cfg, load::bind_flows(&cfg).unwrap()).unwrap();
     assert!(res.sent > 0 && res.received == res.sent && res.unexpected == 0 && res.lost == 0, "{res:?}");
+}
+
+/// A child process started in a process group of its own; dropping it (also on a failed
+/// assertion) kills the whole group with SIGKILL, so nothing it started outlives the test, and
+/// reaps the child.
+struct Group(Child);
+
+impl Group {
+    fn spawn(cmd: &mut Command) -> Group {
+        Group(cmd.process_group(0).spawn().expect("spawn"))
+    }
+}
+
+impl Drop for Group {
+    fn drop(&mut self) {
+        // The group's id is the child's pid, and it stays reserved until the child is reaped
+        // below, so this cannot hit an unrelated group.
+        let _ = killpg(Pid::from_raw(self.0.id() as i32), Signal::SIGKILL);
+        let _ = self.0.wait();
+    }
 }
