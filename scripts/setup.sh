@@ -3,7 +3,9 @@
 #   - ethtool: the bench and tests switch veth offloads (tx-udp-segmentation, GRO forwarding)
 #   - iproute2: `ip netns` and veth pairs for the namespace tests and the bench path
 #   - iperf3, sockperf: independent peers the bench compares against
-# Rust itself comes from rustup, which the machine image provides.
+#   - cargo-fuzz (from crates.io): the fuzz targets under fuzz/, run by scripts/fuzz.sh
+# Rust itself (stable, and the nightly that cargo-fuzz needs) comes from rustup, which the
+# machine image provides; without a nightly the fuzz targets are skipped, not failed.
 set -euo pipefail
 
 need=()
@@ -21,4 +23,9 @@ if [ "${#need[@]}" -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq >/dev/null
   apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+
+if ! command -v cargo-fuzz >/dev/null 2>&1; then
+  echo "setup: installing cargo-fuzz from crates.io" >&2
+  cargo install cargo-fuzz --locked -q || echo "setup: cargo-fuzz did not install; the fuzz targets will be skipped" >&2
 fi

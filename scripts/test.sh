@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The whole test suite, as CI runs it (.ci/run calls exactly this):
 #   setup (Debian packages the tests and bench need), format check, clippy with warnings as
-#   errors, docs without broken links, micro benchmarks compiled, then every test of the workspace with the test-only
-#   fault-injection seam enabled, and a check that the tests left no process running.
+#   errors, docs without broken links, micro benchmarks compiled, then every test of the
+#   workspace with the test-only fault-injection seam enabled, a check that the tests left no
+#   process running, and every fuzz target for FUZZ_SECS seconds (default 20; scripts/fuzz.sh).
 # Tests that need something this machine lacks (root, a kernel feature) print `SKIP: <why>`
 # and append a line to $UDPX_SKIP_LOG; the summary counts them as skipped, not passed.
 set -euo pipefail
@@ -16,7 +17,7 @@ cargo clippy --workspace --all-targets --all-features -q -- -D warnings
 echo "== docs build without broken links"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps -q
 echo "== micro benchmarks compile"
-cargo bench --workspace --no-run -q 2>&1 | grep -v '^ *Executable' || true
+cargo bench --workspace --all-features --no-run -q 2>&1 | grep -v '^ *Executable' || true
 
 skips=$(mktemp)
 log=$(mktemp)
@@ -49,9 +50,27 @@ if [ -n "$left" ]; then
   status=1
 fi
 
+echo "== fuzz targets, ${FUZZ_SECS:-20} s each"
+fuzz_log=$(mktemp)
+set +e
+bash scripts/fuzz.sh 2>&1 | tee "$fuzz_log"
+fuzz_status=${PIPESTATUS[0]}
+set -e
+fuzz_line=$(grep -E '^fuzz: [0-9]+ passed' "$fuzz_log" | tail -1)
+grep -E '^SKIP: fuzz' "$fuzz_log" | sed 's/^SKIP: //' >>"$skips" || true
+rm -f "$fuzz_log"
+fuzz_passed=$(echo "$fuzz_line" | grep -Eo '[0-9]+ passed' | grep -Eo '[0-9]+' || echo 0)
+fuzz_failed=$(echo "$fuzz_line" | grep -Eo '[0-9]+ failed' | grep -Eo '[0-9]+' || echo 0)
+if [ "$fuzz_status" -ne 0 ]; then
+  status=1
+  [ "$fuzz_failed" -gt 0 ] || fuzz_failed=1
+fi
+
 passed=$(grep -Eo '^test result: [A-Za-z]+\. [0-9]+ passed' "$log" | awk '{s+=$4} END {print s+0}')
 failed=$(grep -Eo '[0-9]+ failed;' "$log" | awk '{s+=$1} END {print s+0}')
 skipped=$(sort -u "$skips" | grep -c . || true)
+# Skipped tests ran (and "passed") under cargo; skipped fuzz targets did not run at all.
+skipped_tests=$(sort -u "$skips" | grep -vc '^fuzz ' || true)
 if [ "$status" -ne 0 ] && [ "$failed" -eq 0 ] && [ -z "$left" ]; then
   failed=1 # a test binary that crashed or failed to build
 fi
@@ -61,5 +80,6 @@ if [ "$skipped" -gt 0 ]; then
   sort -u "$skips" | sed 's/^/  SKIP: /'
 fi
 left_n=$(echo "$left" | tr , '\n' | grep -c . || true)
-echo "summary: $((passed - skipped)) passed, $failed failed, $skipped skipped, $left_n processes left running"
+echo "processes left running by the tests: $left_n"
+echo "summary: $((passed + fuzz_passed - skipped_tests)) passed, $((failed + fuzz_failed)) failed, $skipped skipped"
 exit "$status"
