@@ -48,6 +48,9 @@ wait "$tee_pid" 2>/dev/null || true
 if [ -n "$left" ]; then
   echo "FAIL: the tests left the processes above running (killed now); a test must end what it starts"
   status=1
+  left_failure=1
+else
+  left_failure=0
 fi
 
 echo "== fuzz targets, ${FUZZ_SECS:-20} s each"
@@ -81,5 +84,5 @@ if [ "$skipped" -gt 0 ]; then
 fi
 left_n=$(echo "$left" | tr , '\n' | grep -c . || true)
 echo "processes left running by the tests: $left_n"
-echo "summary: $((passed + fuzz_passed - skipped_tests)) passed, $((failed + fuzz_failed)) failed, $skipped skipped"
+echo "summary: $((passed + fuzz_passed - skipped_tests)) passed, $((failed + fuzz_failed + left_failure)) failed, $skipped skipped"
 exit "$status"

@@ -192,12 +192,19 @@ mod tests {
 
     #[test]
     fn grandchild_holding_pipes_does_not_block() {
-        // The shell exits at once; its background child keeps stdout open for 5 s.
+        // The shell exits at once; its background child keeps stdout open for 5 s. It writes
+        // its pid to a file so the test can end it afterwards (a test ends what it starts).
+        let pid_file = std::env::temp_dir().join(format!("udpx-netns-grandchild-{}", std::process::id()));
+        let script = format!("echo early; sleep 5 & echo $! > {}; exit 0", pid_file.display());
         let start = Instant::now();
-        let out = run_bounded(Command::new("sh").args(["-c", "echo early; sleep 5 & exit 0"]), Duration::from_secs(4))
-            .unwrap();
-        assert_eq!(out, "early\n");
-        assert!(start.elapsed() < Duration::from_secs(2));
+        let out = run_bounded(Command::new("sh").args(["-c", &script]), Duration::from_secs(4));
+        let elapsed = start.elapsed();
+        if let Some(pid) = std::fs::read_to_string(&pid_file).ok().and_then(|p| p.trim().parse::<i32>().ok()) {
+            let _ = Command::new("kill").args(["-KILL", &pid.to_string()]).status();
+        }
+        let _ = std::fs::remove_file(&pid_file);
+        assert_eq!(out.unwrap(), "early\n");
+        assert!(elapsed < Duration::from_secs(2));
     }
 
     #[test]
