@@ -74,6 +74,10 @@ struct ServeArgs {
     /// Print per-shard counters as JSON at exit.
     #[arg(long)]
     json: bool,
+    /// Serve Prometheus metrics on this address (`GET /metrics`): the library's counters and
+    /// the server's, per shard. Port 0 picks one (printed).
+    #[arg(long, value_name = "ADDR")]
+    metrics: Option<SocketAddr>,
 }
 
 #[derive(Args, Debug)]
@@ -172,6 +176,13 @@ fn serve(a: ServeArgs) -> ExitCode {
         Ok(d) => d,
         Err(e) => return usage(e),
     };
+    // SIGINT and SIGTERM are blocked before any thread starts, so every thread inherits the
+    // mask and the signal waits for the one thread that takes it (below), instead of killing
+    // the process from whichever thread the kernel picks.
+    let mut set = nix::sys::signal::SigSet::empty();
+    set.add(nix::sys::signal::Signal::SIGINT);
+    set.add(nix::sys::signal::Signal::SIGTERM);
+    let signals = set.thread_block().is_ok().then_some(set);
     let bound = match server::bind(&cfg) {
         Ok(b) => b,
         Err(e) if e.contains("Address in use") => return usage(format!("-p {}: port in use; pick another", a.port)),
@@ -182,25 +193,31 @@ fn serve(a: ServeArgs) -> ExitCode {
     };
     let srv = server::start(bound);
     eprintln!("udpx echo serve: {} on {} ({} shards)", mode.name(), srv.addr, srv.stats().len());
+    let metrics = match a.metrics.map(|addr| srv.serve_metrics(addr)).transpose() {
+        Ok(m) => m,
+        Err(e) => {
+            srv.stop();
+            return usage(format!("--metrics: {e}; pick another address"));
+        }
+    };
+    if let Some(m) = &metrics {
+        eprintln!("udpx echo serve: metrics on http://{}/metrics", m.local_addr());
+    }
     let stop = Arc::new(AtomicBool::new(false));
-    {
+    if let Some(set) = signals {
         // Ctrl-C / TERM end the server cleanly with its counters printed.
         let stop = stop.clone();
-        let mut set = nix::sys::signal::SigSet::empty();
-        set.add(nix::sys::signal::Signal::SIGINT);
-        set.add(nix::sys::signal::Signal::SIGTERM);
-        if set.thread_block().is_ok() {
-            std::thread::spawn(move || {
-                let _ = set.wait();
-                stop.store(true, Ordering::Relaxed);
-            });
-        }
+        std::thread::spawn(move || {
+            let _ = set.wait();
+            stop.store(true, Ordering::Relaxed);
+        });
     }
     let start = std::time::Instant::now();
     while !stop.load(Ordering::Relaxed) && dur.is_none_or(|d| start.elapsed() < d) {
         std::thread::sleep(Duration::from_millis(50));
     }
     let stats = srv.stop();
+    drop(metrics);
     if a.json {
         println!("{}", serde_json::json!({ "mode": mode.name(), "shards": stats }));
     } else {

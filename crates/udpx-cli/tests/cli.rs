@@ -327,3 +327,38 @@ fn echo_bench_runs_every_mode() {
         assert!(r["load"]["received"].as_u64().unwrap() > 0, "{}", r["label"]);
     }
 }
+
+/// `echo serve --metrics`: the address is printed, a scrape answers with the server's
+/// counters, and SIGTERM ends the server cleanly: summary printed, exit 0, listener closed.
+#[test]
+fn echo_serve_metrics_and_sigterm() {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let port = free_port().to_string();
+    let mut srv = Group::spawn(
+        Command::new(env!("CARGO_BIN_EXE_udpx"))
+            .args(["echo", "serve", "-B", "127.0.0.1", "-p", &port, "-m", "reuseport", "--threads", "2"])
+            .args(["--metrics", "127.0.0.1:0", "-l", "30"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped()),
+    );
+    let child = srv.0.as_mut().expect("running");
+    let mut err = BufReader::new(child.stderr.take().expect("stderr"));
+    let mut line = String::new();
+    let addr = loop {
+        line.clear();
+        assert!(err.read_line(&mut line).expect("stderr") > 0, "no metrics line");
+        if let Some(a) = line.trim().strip_prefix("udpx echo serve: metrics on http://") {
+            break a.trim_end_matches("/metrics").to_string();
+        }
+    };
+    let mut s = std::net::TcpStream::connect(&addr).expect("metrics listener");
+    write!(s, "GET /metrics HTTP/1.0\r\n\r\n").unwrap();
+    let mut body = String::new();
+    s.read_to_string(&mut body).unwrap();
+    assert!(body.contains("echo_requests_total{shard=\"1\"} 0"), "{body}");
+    assert!(body.contains("udpx_datagrams_received_total{shard=\"0\"}"), "{body}");
+    killpg(Pid::from_raw(child.id() as i32), Signal::SIGTERM).expect("SIGTERM");
+    let out = srv.wait_with_output();
+    assert_eq!(out.status.code(), Some(0), "SIGTERM is a clean stop");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("shard 1: 0 requests"), "summary printed");
+}

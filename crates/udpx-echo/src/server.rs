@@ -289,6 +289,7 @@ pub struct Server {
     stop: Arc<AtomicBool>,
     threads: Vec<JoinHandle<()>>,
     counters: Vec<Arc<ShardCounters>>,
+    sockets: Vec<Arc<ServerSocket>>,
     /// The address clients send to.
     pub addr: SocketAddr,
     /// The mode.
@@ -304,9 +305,12 @@ pub fn start(bound: Bound) -> Server {
     // One limiter for the whole server: per shard, a source that varies its port over N shards
     // would get N times the limit.
     let limit = cfg.rate_limit.map(|per_sec| Arc::new(RateLimit::new(per_sec, RateLimit::CELLS)));
+    let mut sockets = Vec::new();
     for (sock, cpu) in bound.shards {
         let c = Arc::new(ShardCounters::default());
         counters.push(c.clone());
+        let sock = Arc::new(sock);
+        sockets.push(sock.clone());
         let (stop, cfg, limit) = (stop.clone(), cfg.clone(), limit.clone());
         threads.push(std::thread::spawn(move || {
             if let Some(cpu) = cpu {
@@ -319,13 +323,62 @@ pub fn start(bound: Bound) -> Server {
             c.kernel_drops.store(sock.kernel_drops().unwrap_or(0) as u64, Relaxed);
         }));
     }
-    Server { stop, threads, counters, addr, mode: cfg.mode }
+    Server { stop, threads, counters, sockets, addr, mode: cfg.mode }
+}
+
+/// The echo server's counters at scrape time (`--metrics`): each shard's socket counters and
+/// its own.
+struct MetricsSource {
+    shards: Vec<(Arc<ServerSocket>, Arc<ShardCounters>)>,
+}
+
+impl udpx_metrics::Source for MetricsSource {
+    fn sample(&self) -> Vec<udpx_metrics::ShardSample> {
+        use udpx_metrics::Extra;
+        let counter = |name, help, value| Extra { name, help, value, gauge: false };
+        self.shards
+            .iter()
+            .map(|(sock, c)| {
+                let s = c.snapshot();
+                udpx_metrics::ShardSample {
+                    socket: sock.counters(),
+                    kernel_drops: sock.kernel_drops().map(u64::from).unwrap_or(0),
+                    extra: vec![
+                        counter("echo_requests", "Well-formed requests", s.requests),
+                        counter("echo_replies", "Replies sent", s.replies),
+                        counter("echo_send_retries", "Replies sent again after a hard send error", s.send_retries),
+                        counter("echo_dropped_invalid", "Replies dropped: refused as invalid", s.dropped_invalid),
+                        counter("echo_dropped_too_large", "Replies dropped: EMSGSIZE twice", s.dropped_too_large),
+                        counter(
+                            "echo_dropped_send_error",
+                            "Replies dropped: another error twice",
+                            s.dropped_send_error,
+                        ),
+                        counter("echo_malformed", "Malformed or truncated requests dropped", s.malformed),
+                        counter(
+                            "echo_rate_limited",
+                            "Requests over the per-source rate limit, dropped",
+                            s.rate_limited,
+                        ),
+                        counter("echo_recv_calls", "Receive calls that returned data", s.recv_calls),
+                    ],
+                }
+            })
+            .collect()
+    }
 }
 
 impl Server {
     /// Counters now (CPU seconds are filled in when the server stops).
     pub fn stats(&self) -> Vec<ShardStats> {
         self.counters.iter().map(|c| c.snapshot()).collect()
+    }
+
+    /// Serves this server's counters as Prometheus text on `addr` (`GET /metrics`) until the
+    /// returned server is dropped.
+    pub fn serve_metrics(&self, addr: SocketAddr) -> std::io::Result<udpx_metrics::MetricsServer> {
+        let shards = self.sockets.iter().cloned().zip(self.counters.iter().cloned()).collect();
+        udpx_metrics::MetricsServer::start(addr, Arc::new(MetricsSource { shards }))
     }
 
     /// Stops every thread and returns the final per-shard counters.

@@ -362,3 +362,48 @@ impl Drop for Group {
         let _ = self.0.wait();
     }
 }
+
+/// Sums a counter over the shards in a Prometheus scrape.
+fn metric(body: &str, name: &str) -> u64 {
+    body.lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
+}
+
+fn scrape(addr: SocketAddr) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    write!(s, "GET /metrics HTTP/1.0\r\n\r\n").unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    out
+}
+
+/// `--metrics` under load: the counters move while the load runs, and at the end the
+/// library's and the server's counters agree with each other and with the load generator.
+#[test]
+fn metrics_move_under_load_and_agree_with_the_generator() {
+    let srv = serve(Mode::Reuseport, 2, true, "127.0.0.1:0");
+    let m = srv.serve_metrics("127.0.0.1:0".parse().unwrap()).unwrap();
+    let mut cfg = load_cfg(srv.addr, 8);
+    cfg.duration = Duration::from_millis(800);
+    let res = std::thread::scope(|s| {
+        let h = s.spawn(|| load::run(&cfg, load::bind_flows(&cfg).unwrap()).unwrap());
+        std::thread::sleep(Duration::from_millis(200));
+        let a = metric(&scrape(m.local_addr()), "echo_requests_total");
+        std::thread::sleep(Duration::from_millis(300));
+        let b = metric(&scrape(m.local_addr()), "echo_requests_total");
+        assert!(b > a && a > 0, "requests did not move under load: {a} then {b}");
+        h.join().unwrap()
+    });
+    let body = scrape(m.local_addr());
+    let (requests, replies) = (metric(&body, "echo_requests_total"), metric(&body, "echo_replies_total"));
+    assert_eq!(requests, res.sent, "every request sent reached the server (loopback): {res:?}");
+    assert_eq!(replies, requests, "every request answered");
+    assert_eq!(metric(&body, "udpx_datagrams_sent_total"), replies, "library and server agree on replies");
+    assert_eq!(metric(&body, "udpx_datagrams_received_total"), requests);
+    assert!(res.received <= replies && res.received + res.lost >= replies.min(res.sent), "{res:?}");
+    drop(m);
+    srv.stop();
+}

@@ -6,7 +6,7 @@
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 macro_rules! counters {
-    ($( $(#[$doc:meta])* $name:ident ),* $(,)?) => {
+    ($( $(#[doc = $doc:literal])* $name:ident ),* $(,)?) => {
         /// The live counters of one socket.
         #[derive(Debug, Default)]
         pub(crate) struct Counters { $( pub(crate) $name: AtomicU64, )* }
@@ -14,7 +14,7 @@ macro_rules! counters {
         /// A snapshot of a socket's counters ([`UdpSocket::counters`](crate::UdpSocket::counters)).
         #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
         #[non_exhaustive]
-        pub struct CounterSnapshot { $( $(#[$doc])* pub $name: u64, )* }
+        pub struct CounterSnapshot { $( $(#[doc = $doc])* pub $name: u64, )* }
 
         impl Counters {
             pub(crate) fn snapshot(&self) -> CounterSnapshot {
@@ -36,6 +36,12 @@ macro_rules! counters {
             /// `(name, value)` pairs, for reports.
             pub fn fields(&self) -> Vec<(&'static str, u64)> {
                 vec![ $( (stringify!($name), self.$name), )* ]
+            }
+
+            /// `(name, what it counts, value)`, for metrics endpoints: the text is this
+            /// field's documentation.
+            pub fn fields_with_help(&self) -> Vec<(&'static str, &'static str, u64)> {
+                vec![ $( (stringify!($name), concat!($($doc),*), self.$name), )* ]
             }
         }
     };
