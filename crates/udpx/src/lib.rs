@@ -69,7 +69,7 @@ pub use counters::CounterSnapshot;
 pub use error::{Error, InvalidTransmit, SendError, SendErrorKind};
 pub use gso::{Batch, DatagramMeta, Planned, SegmentLimits};
 pub use icmp::{ErrorOrigin, IcmpError};
-pub use recv::{RecvMeta, Segments, GRO_BUFFER};
+pub use recv::{RecvBuffers, RecvMeta, Segments, GRO_BUFFER};
 pub use send::SendBuffers;
 pub use shard::{Shard, ShardGroup, Steering};
 pub use socket::{Family, RecvMode, ReusePort, SocketConfig, UdpSocket};

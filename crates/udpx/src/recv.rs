@@ -13,7 +13,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 
 use crate::error::Error;
 use crate::socket::UdpSocket;
-use crate::sys::mmsg::{RawRecv, BATCH};
+use crate::sys::mmsg::{OwnedSlots, RawRecv, RecvScratch, BATCH};
 use crate::transmit::EcnCodepoint;
 
 /// Receive buffer size that no GRO super-buffer can exceed (the GRO layer stops merging
@@ -140,6 +140,85 @@ impl<'b> Iterator for Segments<'b> {
     }
 }
 
+/// Caller-owned receive space: `count` buffers of `size` bytes, their metadata, and the
+/// message vectors of one call, all set up once. [`UdpSocket::recv_into`] and
+/// [`UdpSocket::try_recv_into`] fill it without locking anything or allocating, and lend the
+/// received data out of it ([`RecvBuffers::messages`], [`RecvBuffers::datagrams`]). Keep one
+/// per receiving thread or event loop.
+pub struct RecvBuffers {
+    slots: OwnedSlots,
+    scratch: Box<RecvScratch>,
+    metas: Box<[RecvMeta]>,
+    got: usize,
+}
+
+impl std::fmt::Debug for RecvBuffers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RecvBuffers")
+            .field("count", &self.slots.count())
+            .field("size", &self.slots.size())
+            .field("received", &self.got)
+            .finish()
+    }
+}
+
+impl RecvBuffers {
+    /// `count` buffers (1 to 64: one system call fills at most 64) of `size` bytes each. A
+    /// socket with GRO needs [`GRO_BUFFER`]-byte buffers; without GRO a buffer smaller than a
+    /// datagram cuts it (reported as `truncated`).
+    pub fn new(count: usize, size: usize) -> Self {
+        let count = count.clamp(1, BATCH);
+        RecvBuffers {
+            slots: OwnedSlots::new(count, size.max(1)),
+            scratch: RecvScratch::new(),
+            metas: vec![RecvMeta::default(); count].into_boxed_slice(),
+            got: 0,
+        }
+    }
+
+    /// `count` buffers of the size `socket` needs: [`GRO_BUFFER`] with GRO, else the largest
+    /// datagram of its family.
+    pub fn for_socket(socket: &UdpSocket, count: usize) -> Self {
+        let size = if socket.caps.gro { GRO_BUFFER } else { crate::transmit::MAX_PAYLOAD_V6 };
+        Self::new(count, size)
+    }
+
+    /// Messages the last receive returned (a GRO buffer is one message).
+    pub fn len(&self) -> usize {
+        self.got
+    }
+
+    /// The last receive returned nothing (or none happened yet).
+    pub fn is_empty(&self) -> bool {
+        self.got == 0
+    }
+
+    /// Message `i` of the last receive: its metadata and its bytes. Panics past [`len`](Self::len).
+    pub fn message(&self, i: usize) -> (&RecvMeta, &[u8]) {
+        assert!(i < self.got, "message {i} of {}", self.got);
+        let m = &self.metas[i];
+        (m, &self.slots.slot(i)[..m.len.min(self.slots.size())])
+    }
+
+    /// Message `i`, writable (to turn a request into its reply in place).
+    pub fn message_mut(&mut self, i: usize) -> (&RecvMeta, &mut [u8]) {
+        assert!(i < self.got, "message {i} of {}", self.got);
+        let m = &self.metas[i];
+        let len = m.len.min(self.slots.size());
+        (m, &mut self.slots.slot_mut(i)[..len])
+    }
+
+    /// The messages of the last receive.
+    pub fn messages(&self) -> impl Iterator<Item = (&RecvMeta, &[u8])> + '_ {
+        (0..self.got).map(|i| self.message(i))
+    }
+
+    /// The datagrams of the last receive, GRO buffers split (see [`RecvMeta::segments`]).
+    pub fn datagrams(&self) -> impl Iterator<Item = (&RecvMeta, &[u8])> + '_ {
+        self.messages().flat_map(|(m, b)| m.segments(b).map(move |d| (m, d)))
+    }
+}
+
 impl UdpSocket {
     /// Receives up to `bufs.len()` messages (one `recvmmsg`, or one `recvmsg` in
     /// [`RecvMode::Recvmsg`](crate::RecvMode::Recvmsg)), filling `meta` for each.
@@ -147,53 +226,88 @@ impl UdpSocket {
     /// Blocks for the first message on a blocking socket (bounded by
     /// [`set_read_timeout`](UdpSocket::set_read_timeout)); returns `WouldBlock` when nothing is
     /// queued on a non-blocking one. With GRO on, every buffer must hold [`GRO_BUFFER`] bytes,
-    /// or the call fails with [`Error::RecvBufferTooSmall`] (as `InvalidInput`).
+    /// or the call fails with [`Error::RecvBufferTooSmall`] (as `InvalidInput`). Uses the
+    /// socket's own scratch space behind a lock; [`UdpSocket::recv_into`] takes the caller's.
     pub fn recv(&self, bufs: &mut [IoSliceMut<'_>], meta: &mut [RecvMeta]) -> io::Result<usize> {
-        if self.caps.gro {
-            if let Some(b) = bufs.iter().find(|b| b.len() < GRO_BUFFER) {
-                return Err(Error::RecvBufferTooSmall { len: b.len(), need: GRO_BUFFER }.into());
-            }
+        if let Some(b) = bufs.iter().find(|b| self.caps.gro && b.len() < GRO_BUFFER) {
+            return Err(Error::RecvBufferTooSmall { len: b.len(), need: GRO_BUFFER }.into());
         }
         let n = bufs.len().min(meta.len()).min(BATCH);
+        let mut scratch = self.recv_scratch.lock().unwrap_or_else(|e| e.into_inner());
+        self.recv_with(&mut scratch, &mut meta[..n], 0, |s, mmsg, ctrl, flags| {
+            s.recv(self.fd_ref(), &mut bufs[..n], mmsg, ctrl, flags)
+        })
+    }
+
+    /// Receives into `bufs` as [`UdpSocket::recv`] does (blocking as the socket is set up),
+    /// without any lock or allocation: the caller owns the buffers and the scratch space.
+    pub fn recv_into(&self, bufs: &mut RecvBuffers) -> io::Result<usize> {
+        self.recv_owned(bufs, 0)
+    }
+
+    /// Receives into `bufs` and never waits: `WouldBlock` when nothing is queued, whatever the
+    /// socket's blocking mode (`MSG_DONTWAIT`). For event loops.
+    pub fn try_recv_into(&self, bufs: &mut RecvBuffers) -> io::Result<usize> {
+        self.recv_owned(bufs, libc::MSG_DONTWAIT)
+    }
+
+    fn recv_owned(&self, bufs: &mut RecvBuffers, flags: libc::c_int) -> io::Result<usize> {
+        bufs.got = 0;
+        if self.caps.gro && bufs.slots.size() < GRO_BUFFER {
+            return Err(Error::RecvBufferTooSmall { len: bufs.slots.size(), need: GRO_BUFFER }.into());
+        }
+        let RecvBuffers { slots, scratch, metas, .. } = bufs;
+        let got = self.recv_with(scratch, metas, flags, |s, mmsg, ctrl, flags| {
+            s.recv_iovs(self.fd_ref(), slots.iovs(), mmsg, ctrl, flags)
+        })?;
+        bufs.got = got;
+        Ok(got)
+    }
+
+    /// The receive path: one call (retried after draining a pending ICMP error on an
+    /// unconnected socket), the metadata decoded into `meta`, the counters.
+    fn recv_with(
+        &self,
+        scratch: &mut RecvScratch,
+        meta: &mut [RecvMeta],
+        flags: libc::c_int,
+        mut call: impl FnMut(&mut RecvScratch, bool, usize, libc::c_int) -> io::Result<usize>,
+    ) -> io::Result<usize> {
         let fallback = self.peer.unwrap_or(self.local);
         let c = &self.counters;
-        let (mut dgrams, mut bytes, mut gro, mut trunc, mut drops, mut ctrunc) = (0, 0, 0, 0, 0, 0);
-        let got = {
-            let mut scratch = self.recv_scratch.lock().unwrap_or_else(|e| e.into_inner());
-            let mmsg = self.recv_mode == crate::RecvMode::Recvmmsg;
-            let mut retries = 0;
-            let got = loop {
-                match scratch.recv(self.fd_ref(), &mut bufs[..n], mmsg, self.faults.recv_control_len()) {
-                    Ok(got) => break got,
-                    // A pending error left by an ICMP error about some earlier datagram
-                    // (IP_RECVERR): nothing was received; read the queue and receive again.
-                    Err(e)
-                        if self.caps.recv_err
-                            && self.peer.is_none()
-                            && retries < crate::icmp::ICMP_RETRIES
-                            && e.raw_os_error().is_some_and(crate::icmp::is_icmp_errno) =>
-                    {
-                        if self.drain_error_queue(None, None, &mut |_| {})?.icmp == 0 {
-                            return Err(e);
-                        }
-                        retries += 1;
-                        c.add(&c.icmp_retries, 1);
+        let mmsg = self.recv_mode == crate::RecvMode::Recvmmsg;
+        let mut retries = 0;
+        let got = loop {
+            match call(scratch, mmsg, self.faults.recv_control_len(), flags) {
+                Ok(got) => break got,
+                // A pending error left by an ICMP error about some earlier datagram
+                // (IP_RECVERR): nothing was received; read the queue and receive again.
+                Err(e)
+                    if self.caps.recv_err
+                        && self.peer.is_none()
+                        && retries < crate::icmp::ICMP_RETRIES
+                        && e.raw_os_error().is_some_and(crate::icmp::is_icmp_errno) =>
+                {
+                    if self.drain_error_queue(None, None, &mut |_| {})?.icmp == 0 {
+                        return Err(e);
                     }
-                    Err(e) => return Err(e),
+                    retries += 1;
+                    c.add(&c.icmp_retries, 1);
                 }
-            };
-            for (m, r) in meta.iter_mut().zip(scratch.results(got)) {
-                *m = RecvMeta::from_raw(r, fallback, self.caps.gro);
-                ctrunc += m.control_truncated as u64;
-                let segs = m.segment_count() as u64;
-                dgrams += segs;
-                bytes += m.len as u64;
-                gro += (segs > 1) as u64;
-                trunc += m.truncated as u64;
-                drops = drops.max(m.kernel_drops.unwrap_or(0) as u64);
+                Err(e) => return Err(e),
             }
-            got
         };
+        let (mut dgrams, mut bytes, mut gro, mut trunc, mut drops, mut ctrunc) = (0, 0, 0, 0, 0, 0);
+        for (m, r) in meta.iter_mut().zip(scratch.results(got)) {
+            *m = RecvMeta::from_raw(r, fallback, self.caps.gro);
+            ctrunc += m.control_truncated as u64;
+            let segs = m.segment_count() as u64;
+            dgrams += segs;
+            bytes += m.len as u64;
+            gro += (segs > 1) as u64;
+            trunc += m.truncated as u64;
+            drops = drops.max(m.kernel_drops.unwrap_or(0) as u64);
+        }
         c.add(&c.recv_calls, 1);
         c.add(&c.messages_received, got as u64);
         c.add(&c.datagrams_received, dgrams);

@@ -346,3 +346,53 @@ fn rcvbuf_model_matches_what_the_kernel_charges() {
         assert!(p.effective >= 20 * charged, "{p:?}");
     }
 }
+
+/// Caller-owned receive buffers: GRO trains split into their datagrams, plain datagrams one per
+/// buffer, metadata beside each, data writable in place; `try_recv_into` never waits, even on
+/// a blocking socket.
+#[test]
+fn recv_into_caller_owned_buffers() {
+    use udpx::RecvBuffers;
+    let gro = KernelCaps::get().gro && kernel_max().is_some();
+    let rx = UdpSocket::builder(lo4()).gro(if gro { Want::Required } else { Want::Off }).bind().unwrap();
+    let tx = UdpSocket::builder(lo4()).bind().unwrap();
+    let mut bufs = RecvBuffers::for_socket(&rx, 8);
+    // Nothing queued: WouldBlock at once although the socket blocks (a hang here is the bug).
+    let e = rx.try_recv_into(&mut bufs).unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::WouldBlock);
+    assert!(bufs.is_empty());
+    let sent: Vec<Vec<u8>> = (0..10).map(|i| payload(i, 1000)).collect();
+    let mut batch = Batch::for_socket(&tx);
+    for d in &sent {
+        batch.push(rx.local_addr(), d).unwrap();
+    }
+    tx.send(&batch.transmits()).unwrap();
+    tx.send(&[Transmit::new(rx.local_addr(), b"last")]).unwrap();
+    rx.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    let mut got: Vec<Vec<u8>> = Vec::new();
+    while got.len() < 11 {
+        let n = rx.recv_into(&mut bufs).unwrap();
+        assert_eq!(n, bufs.len());
+        got.extend(bufs.datagrams().map(|(m, d)| {
+            assert_eq!(m.addr, tx.local_addr());
+            d.to_vec()
+        }));
+        if n > 0 {
+            // In place: the first message's bytes are the caller's to change.
+            let before = bufs.message(0).1[0];
+            bufs.message_mut(0).1[0] ^= 0xff;
+            assert_eq!(bufs.message(0).1[0], before ^ 0xff);
+        }
+    }
+    let mut want = sent.clone();
+    want.push(b"last".to_vec());
+    assert_eq!(got, want);
+    if gro {
+        assert!(rx.counters().gro_buffers_received >= 1, "{:?}", rx.counters());
+    }
+    // GRO needs GRO-sized buffers.
+    if gro {
+        let e = rx.recv_into(&mut udpx::RecvBuffers::new(4, 2048)).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::InvalidInput);
+    }
+}

@@ -37,6 +37,11 @@ impl SockAddr {
         (&self.storage as *const libc::sockaddr_storage).cast()
     }
 
+    /// The room for an address: what to offer the kernel as `msg_namelen`.
+    pub(crate) fn capacity(&self) -> libc::socklen_t {
+        mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t
+    }
+
     pub(crate) fn len(&self) -> libc::socklen_t {
         self.len
     }

@@ -224,6 +224,50 @@ pub(crate) struct RawRecv {
     pub drops: Option<u32>,
 }
 
+/// Receive buffers that own their memory: `count` slots of `size` bytes in one allocation,
+/// with their iovecs pointing into it, set up once (the memory never moves).
+pub(crate) struct OwnedSlots {
+    data: Box<[u8]>,
+    iovs: Box<[libc::iovec]>,
+    size: usize,
+}
+
+// SAFETY: the iovecs point only into `data`, which this struct owns and never reallocates;
+// moving the struct to another thread moves the allocation's owner with them.
+unsafe impl Send for OwnedSlots {}
+
+impl OwnedSlots {
+    pub(crate) fn new(count: usize, size: usize) -> Self {
+        let mut data = vec![0u8; count * size].into_boxed_slice();
+        let base = data.as_mut_ptr();
+        // `base + i * size` stays inside `data` for every slot (computed without unsafe).
+        let iovs =
+            (0..count).map(|i| libc::iovec { iov_base: base.wrapping_add(i * size).cast(), iov_len: size }).collect();
+        OwnedSlots { data, iovs, size }
+    }
+
+    pub(crate) fn count(&self) -> usize {
+        self.iovs.len()
+    }
+
+    pub(crate) fn size(&self) -> usize {
+        self.size
+    }
+
+    pub(crate) fn slot(&self, i: usize) -> &[u8] {
+        &self.data[i * self.size..(i + 1) * self.size]
+    }
+
+    pub(crate) fn slot_mut(&mut self, i: usize) -> &mut [u8] {
+        &mut self.data[i * self.size..(i + 1) * self.size]
+    }
+
+    /// The iovecs, for [`RecvScratch::recv_iovs`].
+    pub(crate) fn iovs(&mut self) -> &mut [libc::iovec] {
+        &mut self.iovs
+    }
+}
+
 /// Reusable receive vectors of one socket.
 pub(crate) struct RecvScratch {
     hdrs: [libc::mmsghdr; BATCH],
@@ -254,7 +298,8 @@ impl RecvScratch {
 
     /// Receives into `bufs` (one datagram or GRO buffer each): with `mmsg` as many as are
     /// queued, up to `bufs.len()` and [`BATCH`], in one `recvmmsg` (MSG_WAITFORONE: block for
-    /// the first only); otherwise one with `recvmsg`.
+    /// the first only); otherwise one with `recvmsg`. `flags` adds to the call's flags
+    /// (MSG_DONTWAIT: never block).
     ///
     /// `ctrl_len` is the control space offered per message, normally [`cmsg::CMSG_CAP`].
     pub(crate) fn recv(
@@ -263,32 +308,50 @@ impl RecvScratch {
         bufs: &mut [IoSliceMut<'_>],
         mmsg: bool,
         ctrl_len: usize,
+        flags: libc::c_int,
     ) -> io::Result<usize> {
-        let n = bufs.len().min(if mmsg { BATCH } else { 1 });
+        // IoSliceMut is guaranteed ABI-compatible with iovec on Unix (std's documentation).
+        let iovs = bufs.as_mut_ptr().cast::<libc::iovec>();
+        // SAFETY: `bufs` is a live, exclusively borrowed slice of iovec-compatible values.
+        let iovs = unsafe { std::slice::from_raw_parts_mut(iovs, bufs.len()) };
+        self.recv_iovs(fd, iovs, mmsg, ctrl_len, flags)
+    }
+
+    /// [`RecvScratch::recv`] on raw iovecs (owned slots or a caller's slices). Each header is
+    /// pointed at its buffer, name and control space; nothing is zeroed: the kernel writes
+    /// the address, the lengths and the flags it reports.
+    pub(crate) fn recv_iovs(
+        &mut self,
+        fd: BorrowedFd<'_>,
+        iovs: &mut [libc::iovec],
+        mmsg: bool,
+        ctrl_len: usize,
+        flags: libc::c_int,
+    ) -> io::Result<usize> {
+        let n = iovs.len().min(if mmsg { BATCH } else { 1 });
         if n == 0 {
             return Ok(0);
         }
+        let ctrl_len = ctrl_len.min(cmsg::CMSG_CAP);
         #[allow(clippy::needless_range_loop)] // four arrays indexed in step
         for i in 0..n {
-            // SAFETY: all-zero is a valid msghdr.
-            self.hdrs[i].msg_hdr = unsafe { mem::zeroed() };
-            self.hdrs[i].msg_len = 0;
-            self.names[i] = SockAddr::empty();
-            let namelen = self.names[i].len();
+            let namelen = self.names[i].capacity();
             let (name, _) = self.names[i].as_mut_parts();
-            let hdr = &mut self.hdrs[i].msg_hdr;
+            let h = &mut self.hdrs[i];
+            h.msg_len = 0;
+            let hdr = &mut h.msg_hdr;
             hdr.msg_name = name.cast();
             hdr.msg_namelen = namelen;
-            // IoSliceMut is guaranteed ABI-compatible with iovec on Unix.
-            hdr.msg_iov = (&mut bufs[i] as *mut IoSliceMut<'_>).cast();
+            hdr.msg_iov = &mut iovs[i];
             hdr.msg_iovlen = 1;
-            hdr.msg_control = self.ctrl[i].0.as_mut_ptr().cast();
-            hdr.msg_controllen = ctrl_len.min(cmsg::CMSG_CAP) as _;
+            hdr.msg_control = if ctrl_len == 0 { std::ptr::null_mut() } else { self.ctrl[i].0.as_mut_ptr().cast() };
+            hdr.msg_controllen = ctrl_len as _;
+            hdr.msg_flags = 0;
         }
         let got = if mmsg {
-            // recvmmsg(sockfd, msgvec, vlen, flags, timeout): n initialized headers pointing
-            // at live buffers; MSG_WAITFORONE turns on MSG_DONTWAIT after the first message;
-            // timeout NULL (SO_RCVTIMEO still bounds the first wait).
+            // recvmmsg(sockfd, msgvec, vlen, flags, timeout): n headers pointing at live
+            // buffers; MSG_WAITFORONE turns on MSG_DONTWAIT after the first message; timeout
+            // NULL (SO_RCVTIMEO still bounds the first wait).
             retry(|| {
                 // SAFETY: see the comment above.
                 cvt(unsafe {
@@ -296,7 +359,7 @@ impl RecvScratch {
                         fd.as_raw_fd(),
                         self.hdrs.as_mut_ptr(),
                         n as u32,
-                        libc::MSG_WAITFORONE,
+                        libc::MSG_WAITFORONE | flags,
                         std::ptr::null_mut(),
                     )
                 })
@@ -304,7 +367,7 @@ impl RecvScratch {
         } else {
             let len = retry(|| {
                 // SAFETY: hdrs[0].msg_hdr points at live name, buffer and control storage.
-                cvt(unsafe { libc::recvmsg(fd.as_raw_fd(), &mut self.hdrs[0].msg_hdr, 0) })
+                cvt(unsafe { libc::recvmsg(fd.as_raw_fd(), &mut self.hdrs[0].msg_hdr, flags) })
             })?;
             self.hdrs[0].msg_len = len as u32;
             1
