@@ -8,6 +8,7 @@ pub mod cpu;
 pub mod env;
 pub mod matrix;
 pub mod probe;
+pub mod raw;
 pub mod report;
 pub mod run;
 pub mod rx;
