@@ -229,6 +229,7 @@ pub fn run_udpx(path: Path<'_>, kind: Kind, cfg: &RunConfig) -> Result<Measureme
         verify: cfg.verify,
         rate: None,
         max_segments: None,
+        send_size: None,
         zerocopy: zerocopy != Zc::Off,
     };
     // Sockets, made in their namespaces: (UDP socket, TCP stream) for each end.

@@ -170,10 +170,11 @@ struct TxArgs {
     /// How to send.
     #[arg(short = 'm', long, value_enum, default_value_t = ModeArg::Sendmsg)]
     mode: ModeArg,
-    /// Datagram size (with -S: bytes per GSO send).
+    /// Datagram size (with -S: bytes per send call, exactly, as udpgso_bench_tx).
     #[arg(short = 's', long, default_value_t = 1472)]
     size: usize,
-    /// GSO segment size: send super-buffers of --size bytes cut into segments of this size.
+    /// GSO segment size: every call sends one buffer of exactly --size bytes cut into
+    /// ceil(size / S) segments of this size (the last shorter if S does not divide it).
     #[arg(short = 'S', long)]
     gso_size: Option<usize>,
     /// Rotate over a working set larger than the last-level cache.
@@ -323,6 +324,7 @@ fn tx(a: TxArgs) -> ExitCode {
     let mut proto = a.mode.proto();
     let mut size = a.size;
     let mut max_segments = None;
+    let mut send_size = None;
     if let Some(s) = a.gso_size {
         if s == 0 || s >= a.size {
             return usage(format!("-S {s}: the GSO segment size must be at least 1 and smaller than -s {}", a.size));
@@ -330,10 +332,20 @@ fn tx(a: TxArgs) -> ExitCode {
         if a.mode == ModeArg::Tcp {
             return usage("-S: GSO applies to UDP, not -m tcp");
         }
+        let segments = a.size.div_ceil(s);
+        let kernel_max = udpx::KernelCaps::get().gso_max_segments.unwrap_or(0);
+        if segments > kernel_max {
+            return usage(format!(
+                "-s {} -S {s}: {segments} segments per send; this kernel takes at most {kernel_max}",
+                a.size
+            ));
+        }
         if !matches!(proto, Proto::Udp(SendMode::GsoSendmmsg)) {
             proto = Proto::Udp(SendMode::GsoSendmsg);
         }
+        // Zerocopy sends keep their own pool of whole segments (at most this many each).
         max_segments = Some(a.size / s);
+        send_size = Some(a.size);
         size = s;
     }
     if let Some(c) = a.common.cpu {
@@ -356,6 +368,7 @@ fn tx(a: TxArgs) -> ExitCode {
         verify: a.common.verify,
         rate: a.rate,
         max_segments,
+        send_size,
         zerocopy: a.zerocopy,
     };
     let stop = AtomicBool::new(false);
@@ -395,7 +408,7 @@ fn tx(a: TxArgs) -> ExitCode {
             if json {
                 println!(
                     "{}",
-                    serde_json::json!({ "role": "tx", "dst": dst.to_string(), "mode": format!("{:?}", a.mode), "size": size, "result": r, "cpu_secs_per_gb": udpx_bench::run::per_gb(cpu, r.bytes), "pinned_cpu": watch.as_ref().map(|w| w.json(r.bytes)) })
+                    serde_json::json!({ "role": "tx", "dst": dst.to_string(), "mode": format!("{:?}", a.mode), "size": size, "send_size": send_size, "result": r, "cpu_secs_per_gb": udpx_bench::run::per_gb(cpu, r.bytes), "pinned_cpu": watch.as_ref().map(|w| w.json(r.bytes)) })
                 );
             } else {
                 println!(

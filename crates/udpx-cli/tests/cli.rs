@@ -32,6 +32,10 @@ fn bad_input_exits_2_and_names_the_flag() {
         (&["bench", "tx", "-D", "::1", "-6", "-s", "65528"], "65527"),
         (&["bench", "tx", "-D", "127.0.0.1", "-s", "1472", "-S", "1472"], "-S 1472"),
         (&["bench", "tx", "-D", "127.0.0.1", "-S", "0"], "-S 0"),
+        // 650 segments per send: more than any kernel takes (64 or 128).
+        (&["bench", "tx", "-D", "127.0.0.1", "-s", "65000", "-S", "100"], "650 segments"),
+        (&["bench", "rx", "--rcvbuf", "0"], "--rcvbuf 0"),
+        (&["bench", "--rcvbuf", "0"], "--rcvbuf 0"),
         (&["bench", "tx", "-D", "127.0.0.1", "-l", "0"], "-l 0"),
         (&["bench", "tx", "-D", "127.0.0.1", "-C", "4096"], "-C 4096"),
         (&["bench", "tx", "-D", "127.0.0.1", "-m", "warp"], "warp"),
