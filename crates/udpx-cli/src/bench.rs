@@ -645,8 +645,9 @@ fn main_job(a: MainArgs) -> ExitCode {
             rows.len(),
             preset.row_secs
         );
-        eprint!("{}", report::left_out_text(&left_out));
     }
+    // Also with --json: a missing peer is never silent.
+    eprint!("{}", report::left_out_text(&left_out));
     let bar = indicatif::ProgressBar::new(total);
     bar.set_style(
         indicatif::ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} {msg}")

@@ -214,6 +214,57 @@ fn main_job_runs_and_cleans_up() {
     }
 }
 
+/// Without iperf3 on PATH the main job names the iperf3 rows it leaves out, and why, on the
+/// terminal and in the JSON, and its cheapest-TCP target says it had udpx's TCP alone; every
+/// UDP receiver gets the `--rcvbuf` asked for (the JSON reports the kernel's doubled size),
+/// except the row that measures 32 MiB. Over loopback (no `ip` without PATH), short rows.
+#[test]
+fn left_out_peers_are_named_and_rcvbuf_is_honoured() {
+    let out = std::env::temp_dir().join(format!("udpx-cli-leftout-{}", std::process::id()));
+    let o = Command::new(env!("CARGO_BIN_EXE_udpx"))
+        .args(["bench", "--loopback", "--duration", "0.1", "--repeat", "1", "--rcvbuf", "600000", "--json", "--out"])
+        .arg(&out)
+        .env("PATH", "/nonexistent")
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_dir_all(&out);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let e = stderr(&o);
+    assert!(e.contains("left out: TCP (iperf3)") && e.contains("left out: UDP (iperf3)"), "{e}");
+    assert!(e.contains("iperf3 is not on PATH"), "{e}");
+    let v = json(&o);
+    let left: Vec<&str> = v["left_out"].as_array().unwrap().iter().map(|x| x["id"].as_str().unwrap()).collect();
+    assert!(left.contains(&"iperf3-tcp") && left.contains(&"iperf3-udp"), "{left:?}");
+    let checks = v["checks"].as_array().unwrap();
+    assert!(
+        checks.iter().any(|c| c["what"].as_str().unwrap().contains("udpx TCP only: iperf3 left out")),
+        "{checks:?}"
+    );
+    assert_eq!(v["rcvbuf_set"].as_u64(), Some(600_000));
+    let rows = v["profiles"][0]["rows"].as_array().unwrap();
+    let mut udp_rows = 0;
+    for r in rows {
+        let id = r["row"]["id"].as_str().unwrap();
+        assert!(!id.starts_with("iperf3"), "{id} ran without iperf3");
+        for m in r["runs"].as_array().unwrap() {
+            match (id, m["rcvbuf_effective"].as_u64()) {
+                ("tcp", b) => assert_eq!(b, None),
+                ("udp-gso-gro-32m", b) => assert!(b.unwrap() > 1_200_000, "{id}: {b:?}"),
+                (_, b) => {
+                    assert_eq!(b, Some(1_200_000), "{id}: the kernel doubles the 600000 set");
+                    udp_rows += 1;
+                }
+            }
+        }
+    }
+    assert!(udp_rows >= 10, "raw and udpx UDP rows: {udp_rows}");
+    // The receiving role reports it too.
+    let port = free_port().to_string();
+    let o = udpx(&["bench", "rx", "-p", &port, "-l", "0.5", "--rcvbuf", "500000", "--json"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(json(&o)["result"]["rcvbuf_effective"].as_u64(), Some(1_000_000));
+}
+
 #[test]
 fn echo_bad_input_exits_2() {
     let cases: &[(&[&str], &str)] = &[
