@@ -300,7 +300,8 @@ pub fn run_prepared(
                 }
                 let data = &buf[off..off + region];
                 // Built per iteration: it borrows the buffer that the next iteration stamps.
-                let mut transmits: Vec<Transmit<'_>> = Vec::with_capacity(PER_ITERATION);
+                let mut transmits: Vec<Transmit<'_>> =
+                    Vec::with_capacity(if cfg.send_size.is_some() { 1 } else { PER_ITERATION });
                 if cfg.send_size.is_some() {
                     plan_send_size(&mut transmits, cfg.dst, data, cfg.size);
                 } else {
