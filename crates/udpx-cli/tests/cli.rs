@@ -265,6 +265,32 @@ fn left_out_peers_are_named_and_rcvbuf_is_honoured() {
     assert_eq!(json(&o)["result"]["rcvbuf_effective"].as_u64(), Some(1_000_000));
 }
 
+/// `bench rx` stopped by SIGINT or SIGTERM prints its summary (and exits 0) instead of dying
+/// with it.
+#[test]
+fn rx_prints_its_summary_on_sigint_and_sigterm() {
+    use nix::sys::signal::{kill, Signal};
+    use nix::unistd::Pid;
+    for sig in [Signal::SIGINT, Signal::SIGTERM] {
+        let port = free_port().to_string();
+        let rx = Command::new(env!("CARGO_BIN_EXE_udpx"))
+            .args(["bench", "rx", "-p", &port, "-l", "30", "--json"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(400));
+        let tx = udpx(&["bench", "tx", "-D", "127.0.0.1", "-p", &port, "-l", "0.2", "--rate", "10000000"]);
+        assert_eq!(tx.status.code(), Some(0), "{}", stderr(&tx));
+        kill(Pid::from_raw(rx.id() as i32), sig).unwrap();
+        let started = std::time::Instant::now();
+        let o = rx.wait_with_output().unwrap();
+        assert!(started.elapsed() < Duration::from_secs(5), "{sig}: stopped promptly");
+        assert_eq!(o.status.code(), Some(0), "{sig}: {}", stderr(&o));
+        assert!(json(&o)["result"]["bytes"].as_u64().unwrap() > 0, "{sig}: the summary has what arrived");
+    }
+}
+
 #[test]
 fn echo_bad_input_exits_2() {
     let cases: &[(&[&str], &str)] = &[
