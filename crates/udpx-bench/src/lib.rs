@@ -7,6 +7,7 @@
 pub mod cpu;
 pub mod env;
 pub mod matrix;
+pub mod paced;
 pub mod probe;
 pub mod raw;
 pub mod report;

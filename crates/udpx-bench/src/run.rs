@@ -127,6 +127,9 @@ pub struct RunConfig {
     /// `--rcvbuf`, else [`crate::rx::default_rcvbuf`]. The same for the raw and the udpx
     /// receivers, so rows compare the code, not the queue.
     pub rcvbuf: usize,
+    /// Pace the raw sender to this many payload bytes per second (the paced phase,
+    /// [`crate::paced`]); `None`: as fast as it can. udpx's own sender is never paced here.
+    pub pace: Option<u64>,
 }
 
 /// One measurement of one row.
@@ -331,7 +334,7 @@ pub fn run_raw(path: Path<'_>, kind: Kind, cfg: &RunConfig) -> Result<Measuremen
         .run(Side::Tx, move || raw::tx_socket(SocketAddr::new(tx_ip, 0), dst))
         .map_err(|e| format!("sender socket: {e}"))?;
     let (idle, max) = (Duration::from_secs(2), cfg.duration + Duration::from_secs(10));
-    let duration = cfg.duration;
+    let (duration, pace) = (cfg.duration, cfg.pace);
     side_by_side(
         cfg.cpus,
         move |go, stop| {
@@ -356,7 +359,7 @@ pub fn run_raw(path: Path<'_>, kind: Kind, cfg: &RunConfig) -> Result<Measuremen
         },
         move |go, stop| {
             go();
-            raw::run_tx(&tx_sock, shape, size, duration, None, stop)
+            raw::run_tx(&tx_sock, shape, size, duration, pace, stop)
         },
     )
 }

@@ -10,10 +10,10 @@ use clap::{Args, Subcommand, ValueEnum};
 use udpx::{SendMode, UdpSocket, Want};
 use udpx_bench::cpu::{online_cpus, pin_current_thread, CpuSample, TickRate};
 use udpx_bench::matrix::{default_rows, left_out, run_matrix, Preset, ProfileResult};
-use udpx_bench::report;
 use udpx_bench::run::{Cpus, Kind, Path, RunConfig};
 use udpx_bench::rx::{default_rcvbuf, run_rx, rx_socket_config, RxConfig};
 use udpx_bench::tx::{run_tx, Interval, Proto, TxConfig};
+use udpx_bench::{paced, report};
 use udpx_netns::{Profile, TestNet, TestNetConfig};
 
 use crate::exit;
@@ -101,6 +101,11 @@ struct MainArgs {
     /// kernel doubles it). Default: sized from the expected burst (printed at the start).
     #[arg(long)]
     rcvbuf: Option<usize>,
+    /// After the main rows, judge each raw/udpx receiver pair at a paced rate both sustain
+    /// with at least 99 % delivered (2 rows, up to 3 rates, per shape and profile: adds about
+    /// a third to the run).
+    #[arg(long)]
+    paced: bool,
     /// Run every row, also those the default job leaves out to stay near 3 minutes (cache
     /// thrashing, plain into GRO, forced and cache-thrashing zerocopy); --thorough implies it.
     #[arg(long)]
@@ -633,7 +638,7 @@ fn main_job(a: MainArgs) -> ExitCode {
             udpx_bench::rx::BULK_GAP.as_micros()
         ),
     };
-    let cfg = RunConfig { duration: dur, size: a.size, v6: false, verify: a.verify, cpus, rcvbuf };
+    let cfg = RunConfig { duration: dur, size: a.size, v6: false, verify: a.verify, cpus, rcvbuf, pace: None };
     let n_profiles = if veth { profiles.len() } else { 1 };
     let total = (rows.len() * repeat * n_profiles) as u64;
     let iperf3_rows = rows.iter().filter(|r| matches!(r.kind, Kind::Iperf3 { .. })).count();
@@ -662,6 +667,7 @@ fn main_job(a: MainArgs) -> ExitCode {
         bar.inc(1);
     };
     let mut results: Vec<ProfileResult> = Vec::new();
+    let mut paced_results: Vec<(String, Vec<paced::PacedPair>)> = Vec::new();
     let mut devices: Vec<String> = Vec::new();
     let path_text;
     if veth {
@@ -694,7 +700,13 @@ fn main_job(a: MainArgs) -> ExitCode {
                         .join(", ");
                 devices.push(format!("{p} {side:?} veth ({}): {pick}", net.dev(side)));
             }
-            results.push(run_matrix(p.as_str(), Path::Veth(&net), &rows, &cfg, repeat, &mut progress));
+            let r = run_matrix(p.as_str(), Path::Veth(&net), &rows, &cfg, repeat, &mut progress);
+            if a.paced {
+                bar.inc_length((2 * paced::PAIRS.len() * repeat) as u64);
+                paced_results
+                    .push((r.profile.clone(), paced::run_paced(&r, Path::Veth(&net), &cfg, repeat, &mut progress)));
+            }
+            results.push(r);
         }
     } else {
         let why = if a.loopback {
@@ -707,10 +719,19 @@ fn main_job(a: MainArgs) -> ExitCode {
             "Path: LOOPBACK (not a device path: {why}); sender on CPU {}, receiver on CPU {}; {} s per row, median run of {} interleaved runs; {rcvbuf_text} (effective size per run in report.json).",
             cpus.tx, cpus.rx, preset.row_secs, repeat
         );
-        results.push(run_matrix("loopback", Path::Loopback, &rows, &cfg, repeat, &mut progress));
+        let r = run_matrix("loopback", Path::Loopback, &rows, &cfg, repeat, &mut progress);
+        if a.paced {
+            bar.inc_length((2 * paced::PAIRS.len() * repeat) as u64);
+            paced_results.push((r.profile.clone(), paced::run_paced(&r, Path::Loopback, &cfg, repeat, &mut progress)));
+        }
+        results.push(r);
     }
     bar.finish_and_clear();
-    let checks: Vec<report::Check> = results.iter().flat_map(report::checks).collect();
+    let mut checks: Vec<report::Check> = results.iter().flat_map(report::checks).collect();
+    for (profile, pairs) in &paced_results {
+        checks.extend(paced::checks(profile, pairs, repeat));
+    }
+    let paced_text: String = paced_results.iter().map(|(profile, pairs)| paced::table(profile, pairs)).collect();
     let env_text = environment_text(&devices);
     let dir = format!("{}/{}", a.out, stamp());
     let json = serde_json::json!({
@@ -720,11 +741,17 @@ fn main_job(a: MainArgs) -> ExitCode {
         "verdict_rule": report::verdict_rule(repeat),
         "rcvbuf_set": rcvbuf,
         "left_out": left_out,
+        "paced": paced_results.iter().map(|(profile, pairs)| serde_json::json!({ "profile": profile, "pairs": pairs })).collect::<Vec<_>>(),
         "profiles": results,
         "checks": checks,
         "environment": env_text,
     });
-    let md = report::markdown("udpx bench", &path_text, &results, &checks, &env_text, &left_out);
+    let mut md = report::markdown("udpx bench", &path_text, &results, &checks, &env_text, &left_out);
+    if !paced_results.is_empty() {
+        md.push_str(&format!(
+            "\n## Paced pairs (raw sender paced; both receivers must deliver >= 99 % in every run)\n\n```\n{paced_text}```\n"
+        ));
+    }
     let write = std::fs::create_dir_all(&dir).and_then(|_| {
         std::fs::write(format!("{dir}/report.json"), serde_json::to_string_pretty(&json).unwrap_or_default())?;
         std::fs::write(format!("{dir}/report.md"), &md)?;
@@ -744,6 +771,12 @@ fn main_job(a: MainArgs) -> ExitCode {
                 "== {} profile: against the raw reference (same shape, same receive buffer)\n{}",
                 p.profile,
                 report::raw_table(p)
+            );
+        }
+        if !paced_results.is_empty() {
+            println!(
+                "== paced pairs: the raw sender paced to a rate both receivers sustain (>= 99 % delivered in every run; \
+                 started at 90 % of the slower one's unpaced rate, 0.7x per failed try, 3 tries at most)\n{paced_text}"
             );
         }
         println!(
