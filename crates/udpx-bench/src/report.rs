@@ -220,7 +220,7 @@ pub fn send_table(p: &ProfileResult) -> String {
 }
 
 /// The receive-side table (Figure 5 of the paper): the same senders into a socket without and
-/// with UDP GRO.
+/// with UDP GRO, the raw receivers of each shape beside them.
 pub fn recv_table(p: &ProfileResult) -> String {
     let mut s = String::new();
     let _ = writeln!(
@@ -228,7 +228,18 @@ pub fn recv_table(p: &ProfileResult) -> String {
         "{:<28} {:>7} {:>9} {:>7} {:>9} {:>5} {:>9}",
         "row", "Gbit/s", "recv/s", "dg/recv", "rx-CPU/GB", "±", "delivered"
     );
-    for id in ["udp", "udp-gro", "udp-gso", "udp-gso-gro", "udp-gso-mmsg", "udp-gso-mmsg-gro"] {
+    for id in [
+        "udp",
+        "raw",
+        "udp-gro",
+        "udp-gso",
+        "raw-gso",
+        "udp-gso-gro",
+        "raw-gso-gro",
+        "raw-gso>udpx-gro",
+        "udp-gso-mmsg",
+        "udp-gso-mmsg-gro",
+    ] {
         if let Some(r) = p.get(id) {
             let f = &r.median;
             let _ = writeln!(
