@@ -3,11 +3,17 @@
 //! Figures are only comparable when measured the same way, so the tools measure with this
 //! crate: [`cpu`] turns kernel counters into CPU time (this machine has no hardware
 //! counters), and test networks come from `udpx-netns`.
+//!
+//! Every udpx row is judged against bare system calls of the same shape ([`raw`]: the loops
+//! of the kernel's `udpgso_bench`, run in the same job with the same receive buffer), and
+//! [`paced`] compares receivers at a rate both sustain.
 
 pub mod cpu;
 pub mod env;
 pub mod matrix;
+pub mod paced;
 pub mod probe;
+pub mod raw;
 pub mod report;
 pub mod run;
 pub mod rx;

@@ -8,8 +8,9 @@ use std::time::Duration;
 use serde::Serialize;
 use udpx::SendMode;
 
-use crate::run::{per_gb, run_iperf3, run_udpx, Kind, Measurement, Path, RunConfig};
-use crate::stats::median_run;
+use crate::raw::Shape;
+use crate::run::{per_gb, run_iperf3, run_raw, run_udpx, Kind, Measurement, Path, RawRx, RunConfig};
+use crate::stats::{median_run, paired_ratios, Spread};
 use crate::tx::{Proto, Zc};
 
 /// How long the main job measures: passes over the matrix and seconds per row. The one place
@@ -22,15 +23,18 @@ pub struct Preset {
     pub runs: usize,
     /// Seconds each row sends.
     pub row_secs: f64,
+    /// Run the [`extended_rows`] too.
+    pub all_rows: bool,
 }
 
 impl Preset {
-    /// `udpx bench`: about 3 minutes for the two veth profiles with iperf3 (see
-    /// [`Preset::estimate`]).
-    pub const DEFAULT: Preset = Preset { runs: 3, row_secs: 1.5 };
-    /// `udpx bench --thorough`, for figures to publish: 7 runs (min-max covers the median
-    /// ratio 98 % of the time) of 3 s rows; about 13 minutes.
-    pub const THOROUGH: Preset = Preset { runs: 7, row_secs: 3.0 };
+    /// `udpx bench`: about 3.4 minutes for the two veth profiles with iperf3 (see
+    /// [`Preset::estimate`]; 18 rows since the raw reference came in, the [`extended_rows`]
+    /// left out).
+    pub const DEFAULT: Preset = Preset { runs: 3, row_secs: 1.5, all_rows: false };
+    /// `udpx bench --thorough`, for figures to publish: every row, 7 runs (min-max covers the
+    /// median ratio 98 % of the time) of 3 s rows; about 30 minutes.
+    pub const THOROUGH: Preset = Preset { runs: 7, row_secs: 3.0, all_rows: true };
 
     /// Estimated wall time of `rows` rows (`iperf3_rows` of them iperf3, which runs whole
     /// seconds) over `profiles` profiles: the sending time plus [`SETUP_SECS_PER_ROW`] per
@@ -72,44 +76,181 @@ const fn udpx(
     gro: bool,
     cache_thrash: bool,
 ) -> Row {
-    Row { id, label, kind: Kind::Udpx { proto, gro, batch_rx, cache_thrash, zerocopy: Zc::Off } }
+    Row { id, label, kind: Kind::Udpx { proto, gro, batch_rx, cache_thrash, zerocopy: Zc::Off, rcvbuf: None } }
+}
+
+const fn raw(id: &'static str, label: &'static str, shape: Shape, rx: RawRx) -> Row {
+    Row { id, label, kind: Kind::Raw { shape, rx } }
 }
 
 const fn zc(id: &'static str, label: &'static str, cache_thrash: bool, zerocopy: Zc) -> Row {
     let proto = Proto::Udp(SendMode::GsoSendmsg);
-    Row { id, label, kind: Kind::Udpx { proto, gro: false, batch_rx: false, cache_thrash, zerocopy } }
+    Row { id, label, kind: Kind::Udpx { proto, gro: false, batch_rx: false, cache_thrash, zerocopy, rcvbuf: None } }
 }
 
-/// The default rows. `iperf3`: include the iperf3 rows.
+/// The receive buffer of the `rcvbuf-32m` row: the old forced default (64 MiB effective).
+pub const RCVBUF_32M: usize = 32 << 20;
+
+/// The rows of the main job. `iperf3`: include the iperf3 rows; `all`: also the rows the
+/// default leaves out to stay near 3 minutes ([`extended_rows`]).
 ///
 /// The baseline `udp` is the stock program: one `sendmsg` and one `recvmsg` per datagram, as
 /// the kernel's udpgso_bench and iperf3 do. Rows that change the sender keep that receiver, so
 /// each row isolates one mechanism (the paper's Figure 1); the batched rows batch both sides;
-/// the GRO rows change the receiver (Figure 5).
-pub fn default_rows(iperf3: bool) -> Vec<Row> {
+/// the GRO rows change the receiver (Figure 5). The `raw` rows are the bare system calls of
+/// the same shapes ([`crate::raw`]); `raw …>udpx` rows put udpx's receiver behind the raw
+/// sender, to judge the receiver alone.
+pub fn default_rows(iperf3: bool, all: bool) -> Vec<Row> {
     use Proto::{Tcp, Udp};
     use SendMode::*;
     let mut rows = vec![
-        udpx("tcp", "TCP (udpx)", Tcp, false, false, false),
+        udpx("tcp", TCP_LABEL, Tcp, false, false, false),
         udpx("udp", "UDP sendmsg>recvmsg", Udp(Sendmsg), false, false, false),
         udpx("udp-mmsg", "UDP sendmmsg>recvmmsg", Udp(Sendmmsg), true, false, false),
         udpx("udp-gso", "UDP GSO>recvmsg", Udp(GsoSendmsg), false, false, false),
         udpx("udp-gso-mmsg", "UDP GSO+mmsg>recvmmsg", Udp(GsoSendmmsg), true, false, false),
-        udpx("udp-ct", "UDP (CT)", Udp(Sendmsg), false, false, true),
-        udpx("udp-gso-ct", "UDP GSO (CT)", Udp(GsoSendmsg), false, false, true),
-        udpx("udp-gro", "UDP>GRO", Udp(Sendmsg), false, true, false),
         udpx("udp-gso-gro", "UDP GSO>GRO", Udp(GsoSendmsg), false, true, false),
         udpx("udp-gso-mmsg-gro", "UDP GSO+mmsg>GRO+mmsg", Udp(GsoSendmmsg), true, true, false),
+        Row {
+            id: "udp-gso-gro-32m",
+            label: "UDP GSO>GRO rcvbuf 32M",
+            kind: Kind::Udpx {
+                proto: Udp(GsoSendmsg),
+                gro: true,
+                batch_rx: false,
+                cache_thrash: false,
+                zerocopy: Zc::Off,
+                rcvbuf: Some(RCVBUF_32M),
+            },
+        },
         zc("udp-gso-zc", "UDP GSO+zerocopy", false, Zc::Auto),
-        zc("udp-gso-zc-forced", "UDP GSO+zerocopy forced", false, Zc::Forced),
-        zc("udp-gso-ct-zc", "UDP GSO (CT)+zerocopy", true, Zc::Auto),
-        zc("udp-gso-ct-zc-forced", "UDP GSO (CT)+zc forced", true, Zc::Forced),
+        raw("raw", "raw send>recv", Shape::Plain, RawRx::Raw),
+        raw("raw-gso", "raw GSO>recv", Shape::Gso, RawRx::Raw),
+        raw("raw-gso-gro", "raw GSO>GRO recv", Shape::GsoGro, RawRx::Raw),
+        raw("raw>udpx", "raw send>udpx recvmsg", Shape::Plain, RawRx::Udpx { pktinfo_ecn: false }),
+        raw("raw-gso>udpx", "raw GSO>udpx recvmsg", Shape::Gso, RawRx::Udpx { pktinfo_ecn: false }),
+        raw("raw-gso>udpx-gro", "raw GSO>udpx GRO", Shape::GsoGro, RawRx::Udpx { pktinfo_ecn: false }),
+        raw("raw-gso>udpx-gro-meta", "raw GSO>udpx GRO+pktinfo+ECN", Shape::GsoGro, RawRx::Udpx { pktinfo_ecn: true }),
     ];
+    if all {
+        rows.extend(extended_rows());
+    }
     if iperf3 {
         rows.insert(1, Row { id: "iperf3-tcp", label: "TCP (iperf3)", kind: Kind::Iperf3 { udp: false } });
         rows.push(Row { id: "iperf3-udp", label: "UDP (iperf3)", kind: Kind::Iperf3 { udp: true } });
     }
     rows
+}
+
+/// The label of udpx's TCP row, with its write size.
+pub const TCP_LABEL: &str = "TCP (udpx, 128K writes)";
+const _: () = assert!(crate::tx::TCP_WRITE == 128 << 10, "TCP_LABEL names the write size");
+
+/// Rows run only with `--all-rows` (and `--thorough`): cache thrashing, plain UDP into a GRO
+/// socket, and forced or cache-thrashing zerocopy. They were the least informative for the
+/// default job once the raw rows came in (each measured a mechanism once: cache thrashing
+/// costs the GSO sender about 28 % per byte; forced zerocopy 21-29 % on lo and veth, where
+/// the kernel always copies).
+pub fn extended_rows() -> Vec<Row> {
+    use Proto::Udp;
+    use SendMode::*;
+    vec![
+        udpx("udp-ct", "UDP (CT)", Udp(Sendmsg), false, false, true),
+        udpx("udp-gso-ct", "UDP GSO (CT)", Udp(GsoSendmsg), false, false, true),
+        udpx("udp-gro", "UDP>GRO", Udp(Sendmsg), false, true, false),
+        zc("udp-gso-zc-forced", "UDP GSO+zerocopy forced", false, Zc::Forced),
+        zc("udp-gso-ct-zc", "UDP GSO (CT)+zerocopy", true, Zc::Auto),
+        zc("udp-gso-ct-zc-forced", "UDP GSO (CT)+zc forced", true, Zc::Forced),
+    ]
+}
+
+/// A row the job did not run, and why (printed and in the JSON, so a missing peer is never
+/// silent).
+#[derive(Debug, Clone, Serialize)]
+pub struct LeftOut {
+    /// The row's id.
+    pub id: &'static str,
+    /// Its label.
+    pub label: &'static str,
+    /// Why.
+    pub why: String,
+}
+
+/// The rows left out of a job: the iperf3 peers when `iperf3_why` says why (not on `PATH`,
+/// or `--no-iperf3`), and the [`extended_rows`] unless `all`.
+pub fn left_out(iperf3_why: Option<&str>, all: bool) -> Vec<LeftOut> {
+    let mut v = Vec::new();
+    if let Some(why) = iperf3_why {
+        for (id, label) in [("iperf3-tcp", "TCP (iperf3)"), ("iperf3-udp", "UDP (iperf3)")] {
+            v.push(LeftOut { id, label, why: why.to_string() });
+        }
+    }
+    if !all {
+        for r in extended_rows() {
+            v.push(LeftOut { id: r.id, label: r.label, why: "not in the default job (run with --all-rows)".into() });
+        }
+    }
+    v
+}
+
+/// The raw row of the same shape as row `kind`, by id: the plain, GSO and GSO+GRO udpx rows
+/// (sendmmsg and GSO+sendmmsg map to the shape of their receiver), and the raw>udpx rows
+/// (judged against the raw receiver behind the same sender). `None` for the others (TCP,
+/// cache thrashing, zerocopy, plain into GRO, iperf3, the raw rows themselves).
+pub fn raw_ref(kind: &Kind) -> Option<&'static str> {
+    let id = |shape: Shape| match shape {
+        Shape::Plain => "raw",
+        Shape::Gso => "raw-gso",
+        Shape::GsoGro => "raw-gso-gro",
+    };
+    match *kind {
+        Kind::Udpx { proto: Proto::Udp(mode), gro, cache_thrash: false, zerocopy: Zc::Off, .. } => {
+            let gso = matches!(mode, SendMode::GsoSendmsg | SendMode::GsoSendmmsg);
+            match (gso, gro) {
+                (false, false) => Some(id(Shape::Plain)),
+                (true, false) => Some(id(Shape::Gso)),
+                (true, true) => Some(id(Shape::GsoGro)),
+                (false, true) => None,
+            }
+        }
+        Kind::Raw { shape, rx: RawRx::Udpx { .. } } => Some(id(shape)),
+        _ => None,
+    }
+}
+
+/// A row against the raw row of its shape: per-run ratios of cost (CPU-s per delivered GB,
+/// both CPUs) and of delivery (delivered fraction), median with min-max ([`crate::stats`]).
+#[derive(Debug, Clone, Serialize)]
+pub struct VsRaw {
+    /// The raw row's id.
+    pub raw: &'static str,
+    /// This row's cost over the raw row's, per run.
+    pub cost: Spread,
+    /// This row's delivered fraction over the raw row's, per run.
+    pub delivered: Spread,
+}
+
+/// Fills [`RowResult::vs_raw`] for every row that has a raw row of its shape in `p`.
+pub fn attach_vs_raw(p: &mut ProfileResult) {
+    let passes = p.passes;
+    type PerRun = Vec<Option<f64>>;
+    let figures: Vec<(PerRun, PerRun)> = p
+        .rows
+        .iter()
+        .map(|r| {
+            let finite = |v: Vec<Option<f64>>| v.into_iter().map(|x| x.filter(|c| c.is_finite())).collect();
+            (finite(r.per_run(passes, |f| f.cpu_per_gb)), r.per_run(passes, |f| f.delivered))
+        })
+        .collect();
+    for i in 0..p.rows.len() {
+        let Some(raw) = raw_ref(&p.rows[i].row.kind) else { continue };
+        let Some(j) = p.rows.iter().position(|r| r.row.id == raw && !r.runs.is_empty()) else { continue };
+        let cost = Spread::of(&paired_ratios(&figures[i].0, &figures[j].0));
+        let delivered = Spread::of(&paired_ratios(&figures[i].1, &figures[j].1));
+        if cost.n > 0 {
+            p.rows[i].vs_raw = Some(VsRaw { raw, cost, delivered });
+        }
+    }
 }
 
 /// The figures of one measurement, derived.
@@ -206,6 +347,8 @@ pub struct RowResult {
     pub steal_secs: f64,
     /// Why a repetition failed, if one did.
     pub errors: Vec<String>,
+    /// Against the raw row of the same shape, when there is one ([`attach_vs_raw`]).
+    pub vs_raw: Option<VsRaw>,
 }
 
 impl RowResult {
@@ -221,6 +364,7 @@ impl RowResult {
             max: f,
             steal_secs: 0.0,
             errors: Vec::new(),
+            vs_raw: None,
         }
     }
 
@@ -275,6 +419,7 @@ pub fn run_matrix(
             progress(&format!("{profile}: {}", r.row.label));
             let m = match r.row.kind {
                 k @ Kind::Udpx { .. } => run_udpx(path, k, cfg),
+                k @ Kind::Raw { .. } => run_raw(path, k, cfg),
                 Kind::Iperf3 { udp } => run_iperf3(path, udp, cfg),
             };
             match m {
@@ -284,7 +429,9 @@ pub fn run_matrix(
         }
     }
     results.iter_mut().for_each(RowResult::summarize);
-    ProfileResult { profile: profile.to_string(), passes: repeat, rows: results }
+    let mut p = ProfileResult { profile: profile.to_string(), passes: repeat, rows: results };
+    attach_vs_raw(&mut p);
+    p
 }
 
 #[cfg(test)]
@@ -311,7 +458,7 @@ mod tests {
             steal_secs: 0.25,
             ..Measurement::default()
         };
-        let mut r = RowResult::new(default_rows(false)[0].clone());
+        let mut r = RowResult::new(default_rows(false, false)[0].clone());
         r.runs = vec![run(0, 1.2, 3.0), run(1, 0.8, 4.0), run(2, 1.0, 2.0)];
         r.summarize();
         assert_eq!(r.median_run, Some(2));
@@ -327,20 +474,92 @@ mod tests {
 
     #[test]
     fn presets_estimate_their_wall_time() {
-        // 16 rows (2 iperf3), 2 profiles: the default stays near 3 minutes, thorough is longer.
-        let default = Preset::DEFAULT.estimate(16, 2, 2).as_secs_f64();
-        let thorough = Preset::THOROUGH.estimate(16, 2, 2).as_secs_f64();
+        // The default rows with iperf3, 2 profiles: the default stays under 3.5 minutes,
+        // thorough (every row) is longer.
+        let (d, t) = (default_rows(true, false).len(), default_rows(true, true).len());
+        let default = Preset::DEFAULT.estimate(d, 2, 2).as_secs_f64();
+        let thorough = Preset::THOROUGH.estimate(t, 2, 2).as_secs_f64();
         assert!((150.0..=210.0).contains(&default), "{default}");
         assert!(thorough > 3.0 * default, "{thorough}");
     }
 
     #[test]
+    fn udpx_rows_map_to_their_raw_shape() {
+        let rows = default_rows(true, true);
+        let refs: Vec<(&str, Option<&str>)> = rows.iter().map(|r| (r.id, raw_ref(&r.kind))).collect();
+        let want = [
+            ("udp", Some("raw")),
+            ("udp-mmsg", Some("raw")),
+            ("udp-gso", Some("raw-gso")),
+            ("udp-gso-mmsg", Some("raw-gso")),
+            ("udp-gso-gro", Some("raw-gso-gro")),
+            ("udp-gso-mmsg-gro", Some("raw-gso-gro")),
+            ("udp-gso-gro-32m", Some("raw-gso-gro")),
+            ("raw>udpx", Some("raw")),
+            ("raw-gso>udpx", Some("raw-gso")),
+            ("raw-gso>udpx-gro", Some("raw-gso-gro")),
+            ("raw-gso>udpx-gro-meta", Some("raw-gso-gro")),
+            ("tcp", None),
+            ("raw", None),
+            ("udp-gro", None),
+            ("udp-gso-ct", None),
+            ("udp-gso-zc", None),
+            ("iperf3-udp", None),
+        ];
+        for (id, r) in want {
+            assert_eq!(refs.iter().find(|x| x.0 == id).map(|x| x.1), Some(r), "{id}");
+        }
+    }
+
+    #[test]
+    fn vs_raw_pairs_runs() {
+        let run = |pass, busy: f64, got: u64| Measurement {
+            run: pass,
+            busy_secs: busy,
+            recv_bytes: 1_000_000_000,
+            sent_bytes: 1_000_000_000,
+            sent_datagrams: 100,
+            recv_datagrams: got,
+            send_secs: 1.0,
+            ..Measurement::default()
+        };
+        let rows = default_rows(false, false);
+        let mut p = ProfileResult { profile: "offload".into(), passes: 3, rows: Vec::new() };
+        for id in ["udp", "raw", "tcp"] {
+            let mut r = RowResult::new(rows.iter().find(|r| r.id == id).unwrap().clone());
+            r.runs = match id {
+                "udp" => vec![run(0, 1.2, 90), run(1, 1.0, 100), run(2, 1.5, 100)],
+                "raw" => vec![run(0, 1.0, 100), run(1, 1.0, 100), run(2, 1.0, 80)],
+                _ => vec![run(0, 1.0, 100)],
+            };
+            r.summarize();
+            p.rows.push(r);
+        }
+        attach_vs_raw(&mut p);
+        let v = p.get("udp").unwrap().vs_raw.as_ref().unwrap();
+        assert_eq!(v.raw, "raw");
+        assert_eq!((v.cost.median, v.cost.min, v.cost.max, v.cost.n), (1.2, 1.0, 1.5, 3));
+        assert_eq!((v.delivered.min, v.delivered.max), (0.9, 1.25));
+        assert!(p.get("raw").unwrap().vs_raw.is_none() && p.get("tcp").unwrap().vs_raw.is_none());
+    }
+
+    #[test]
+    fn left_out_rows_are_named_with_a_reason() {
+        let l = left_out(Some("iperf3 is not on PATH"), false);
+        assert!(l.iter().any(|x| x.id == "iperf3-tcp" && x.why.contains("PATH")));
+        assert!(l.iter().any(|x| x.id == "iperf3-udp"));
+        assert_eq!(l.len(), 2 + extended_rows().len());
+        assert!(left_out(None, true).is_empty());
+    }
+
+    #[test]
     fn rows_are_unique_and_iperf3_optional() {
-        let rows = default_rows(true);
+        let rows = default_rows(true, true);
         let mut ids: Vec<_> = rows.iter().map(|r| r.id).collect();
         ids.sort();
         ids.dedup();
         assert_eq!(ids.len(), rows.len());
-        assert_eq!(default_rows(false).len() + 2, rows.len());
+        assert_eq!(default_rows(false, true).len() + 2, rows.len());
+        assert_eq!(default_rows(true, false).len() + extended_rows().len(), rows.len());
     }
 }

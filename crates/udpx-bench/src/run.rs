@@ -12,11 +12,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
-use udpx::{RecvMode, SendMode, UdpSocket, Want, ZcConfig};
+use udpx::{SendMode, UdpSocket, Want, ZcConfig};
 use udpx_netns::{run_bounded, Side, TestNet};
 
 use crate::cpu::{pin_current_thread, CpuSample, TickRate};
-use crate::rx::{run_rx, RxConfig, RxResult};
+use crate::raw::{self, Shape};
+use crate::rx::{run_rx, rx_socket_config, RxConfig, RxResult};
 use crate::tx::{prepare, run_prepared, Proto, TxConfig, TxResult, Zc};
 
 /// Where the traffic goes.
@@ -69,11 +70,34 @@ pub enum Kind {
         cache_thrash: bool,
         /// Zerocopy send.
         zerocopy: Zc,
+        /// This receive buffer (the value to set) instead of the run's
+        /// ([`RunConfig::rcvbuf`]): the rows that show what the size does.
+        rcvbuf: Option<usize>,
+    },
+    /// The raw reference sender ([`crate::raw`]) of one shape, into the raw receiver or into
+    /// udpx's receiver of the same shape (one `recvmsg` per call, GRO as the shape says).
+    Raw {
+        /// Which shape.
+        shape: Shape,
+        /// Which receiver.
+        rx: RawRx,
     },
     /// iperf3 client and server (an independent peer).
     Iperf3 {
         /// UDP (`-u -b 0 -l <size>`) rather than TCP.
         udp: bool,
+    },
+}
+
+/// The receiver of a [`Kind::Raw`] row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub enum RawRx {
+    /// The raw `recv` loop.
+    Raw,
+    /// udpx's receiver (`recvmsg` mode), with or without pktinfo and ECN.
+    Udpx {
+        /// Ask for pktinfo and ECN on every datagram (what the QUIC host reads).
+        pktinfo_ecn: bool,
     },
 }
 
@@ -99,6 +123,13 @@ pub struct RunConfig {
     pub verify: bool,
     /// Pinning.
     pub cpus: Cpus,
+    /// Receive buffer of every UDP receiver, the value to set (the kernel doubles it): from
+    /// `--rcvbuf`, else [`crate::rx::default_rcvbuf`]. The same for the raw and the udpx
+    /// receivers, so rows compare the code, not the queue.
+    pub rcvbuf: usize,
+    /// Pace the raw sender to this many payload bytes per second (the paced phase,
+    /// [`crate::paced`]); `None`: as fast as it can. udpx's own sender is never paced here.
+    pub pace: Option<u64>,
 }
 
 /// One measurement of one row.
@@ -138,6 +169,9 @@ pub struct Measurement {
     pub tx_thread_secs: Option<f64>,
     /// Receiver thread CPU seconds, when the receiver is ours.
     pub rx_thread_secs: Option<f64>,
+    /// The receive buffer in effect (`SO_RCVBUF` as the kernel reports it: twice the value
+    /// set), UDP rows.
+    pub rcvbuf_effective: Option<usize>,
     /// The udpx sender's details.
     pub tx: Option<TxResult>,
     /// The udpx receiver's details.
@@ -183,12 +217,10 @@ pub type Result<T> = std::result::Result<T, String>;
 
 /// Runs one udpx row.
 pub fn run_udpx(path: Path<'_>, kind: Kind, cfg: &RunConfig) -> Result<Measurement> {
-    let Kind::Udpx { proto, gro, batch_rx, cache_thrash, zerocopy } = kind else {
+    let Kind::Udpx { proto, gro, batch_rx, cache_thrash, zerocopy, rcvbuf } = kind else {
         return Err("run_udpx needs a udpx row".into());
     };
     let (tx_ip, rx_ip) = path.addrs(cfg.v6);
-    let stop = Arc::new(AtomicBool::new(false));
-    let barrier = Arc::new(Barrier::new(3));
     let rx_cfg =
         RxConfig { verify: cfg.verify, idle: Duration::from_secs(2), max: cfg.duration + Duration::from_secs(10) };
     let tx_base = TxConfig {
@@ -200,23 +232,22 @@ pub fn run_udpx(path: Path<'_>, kind: Kind, cfg: &RunConfig) -> Result<Measureme
         verify: cfg.verify,
         rate: None,
         max_segments: None,
+        // A GSO sendmsg row sends what the raw GSO sender does, one buffer of 42 segments per
+        // call (udpgso_bench_tx's 61,824 bytes at 1,472), so the two compare the same calls.
+        // GSO+sendmmsg keeps its batch of PER_ITERATION datagrams: batching is its mechanism.
+        send_size: (proto == Proto::Udp(SendMode::GsoSendmsg) && zerocopy == Zc::Off)
+            .then(|| Shape::Gso.send_bytes(cfg.size)),
         zerocopy: zerocopy != Zc::Off,
     };
     // Sockets, made in their namespaces: (UDP socket, TCP stream) for each end.
     type Ends = (Option<UdpSocket>, Option<TcpStream>);
     let (txc, rx_end, tx_end): (TxConfig, Ends, Ends) = match proto {
         Proto::Udp(mode) => {
+            let set = rcvbuf.unwrap_or(cfg.rcvbuf);
             let rx_sock = path
                 .run(Side::Rx, move || {
                     // No receive metadata the bench does not read: each is a cmsg per datagram.
-                    UdpSocket::builder(SocketAddr::new(rx_ip, 0))
-                        .gro(if gro { Want::Required } else { Want::Off })
-                        .recv_mode(if batch_rx { RecvMode::Recvmmsg } else { RecvMode::Recvmsg })
-                        .pktinfo(Want::Off)
-                        .ecn(Want::Off)
-                        .rxq_ovfl(Want::Off)
-                        .recv_buffer(32 << 20)
-                        .bind()
+                    rx_socket_config(SocketAddr::new(rx_ip, 0), gro, batch_rx, false, set).bind()
                 })
                 .map_err(|e| format!("receiver socket: {e}"))?;
             let dst = rx_sock.local_addr();
@@ -248,22 +279,118 @@ pub fn run_udpx(path: Path<'_>, kind: Kind, cfg: &RunConfig) -> Result<Measureme
             (TxConfig { dst, ..tx_base }, (None, Some(conn)), (None, Some(stream)))
         }
     };
-    // One receiver and one sender thread, each pinned, released together by the barrier.
+    let mut m = side_by_side(
+        cfg.cpus,
+        move |go, stop| {
+            go();
+            run_rx(&rx_cfg, rx_end.0.as_ref(), rx_end.1, stop, &mut |_| {})
+        },
+        move |go, stop| {
+            // Buffers are made and touched before the clock starts.
+            let prepared = prepare(&txc, tx_end.0.as_ref());
+            go();
+            run_prepared(&txc, prepared, tx_end.0.as_ref(), tx_end.1, stop, &mut |_| {})
+        },
+    )?;
+    if proto == Proto::Tcp {
+        // A TCP "datagram" is a write on one side and a read on the other: compare bytes.
+        m.recv_datagrams = if m.sent_bytes == 0 { 0 } else { (m.recv_bytes * m.sent_datagrams).div_ceil(m.sent_bytes) };
+    }
+    Ok(m)
+}
+
+/// The receiving side of a [`Kind::Raw`] row: the raw socket or udpx's.
+enum RawEnd {
+    Raw(std::net::UdpSocket, usize),
+    Udpx(Box<UdpSocket>),
+}
+
+/// Runs one [`Kind::Raw`] row: the raw sender of `shape` into the raw receiver or udpx's.
+pub fn run_raw(path: Path<'_>, kind: Kind, cfg: &RunConfig) -> Result<Measurement> {
+    let Kind::Raw { shape, rx } = kind else {
+        return Err("run_raw needs a raw row".into());
+    };
+    let (tx_ip, rx_ip) = path.addrs(cfg.v6);
+    let (set, size, verify) = (cfg.rcvbuf, cfg.size, cfg.verify);
+    let end = path
+        .run(Side::Rx, move || -> std::io::Result<RawEnd> {
+            let bind = SocketAddr::new(rx_ip, 0);
+            Ok(match rx {
+                RawRx::Raw => {
+                    let (s, eff) = raw::rx_socket(bind, shape.gro(), set)?;
+                    RawEnd::Raw(s, eff)
+                }
+                RawRx::Udpx { pktinfo_ecn } => {
+                    RawEnd::Udpx(Box::new(rx_socket_config(bind, shape.gro(), false, pktinfo_ecn, set).bind()?))
+                }
+            })
+        })
+        .map_err(|e| format!("receiver socket: {e}"))?;
+    let dst = match &end {
+        RawEnd::Raw(s, _) => s.local_addr().map_err(|e| e.to_string())?,
+        RawEnd::Udpx(s) => s.local_addr(),
+    };
+    let tx_sock = path
+        .run(Side::Tx, move || raw::tx_socket(SocketAddr::new(tx_ip, 0), dst))
+        .map_err(|e| format!("sender socket: {e}"))?;
+    let (idle, max) = (Duration::from_secs(2), cfg.duration + Duration::from_secs(10));
+    let (duration, pace) = (cfg.duration, cfg.pace);
+    side_by_side(
+        cfg.cpus,
+        move |go, stop| {
+            go();
+            match end {
+                RawEnd::Raw(s, eff) => {
+                    let (mut r, check) = raw::run_rx(&s, size, verify, idle, max, stop)?;
+                    if check.bad_bytes > 0 {
+                        return Err(std::io::Error::other(format!(
+                            "{} received bytes differ from what was sent",
+                            check.bad_bytes
+                        )));
+                    }
+                    r.rcvbuf_effective = Some(eff);
+                    Ok(r)
+                }
+                RawEnd::Udpx(s) => {
+                    let rx_cfg = RxConfig { verify: false, idle, max };
+                    run_rx(&rx_cfg, Some(&s), None, stop, &mut |_| {})
+                }
+            }
+        },
+        move |go, stop| {
+            go();
+            raw::run_tx(&tx_sock, shape, size, duration, pace, stop)
+        },
+    )
+}
+
+/// Runs a receiver and a sender on their own threads, each pinned, released together once
+/// both are ready (`go()` waits for the start: the sender makes its buffers before it), with
+/// the CPU clock read between ready and go. The sender sets `stop` when it is done; the
+/// receiver drains and returns.
+fn side_by_side<R, T>(cpus: Cpus, rx: R, tx: T) -> Result<Measurement>
+where
+    R: FnOnce(&dyn Fn(), &AtomicBool) -> std::io::Result<RxResult> + Send + 'static,
+    T: FnOnce(&dyn Fn(), &AtomicBool) -> std::io::Result<TxResult> + Send + 'static,
+{
+    let stop = Arc::new(AtomicBool::new(false));
+    let barrier = Arc::new(Barrier::new(3));
     let (s1, b1, s2, b2) = (stop.clone(), barrier.clone(), stop.clone(), barrier.clone());
-    let (rxcpu, txcpu) = (cfg.cpus.rx, cfg.cpus.tx);
     let rx_handle = std::thread::spawn(move || {
-        let _ = pin_current_thread(rxcpu);
-        b1.wait(); // ready
-        b1.wait(); // go
-        run_rx(&rx_cfg, rx_end.0.as_ref(), rx_end.1, &s1, &mut |_| {})
+        let _ = pin_current_thread(cpus.rx);
+        let go = || {
+            b1.wait(); // ready
+            b1.wait(); // go
+        };
+        rx(&go, &s1)
     });
     let tx_handle = std::thread::spawn(move || {
-        let _ = pin_current_thread(txcpu);
-        // Buffers are made and touched before the clock starts (the barrier).
-        let prepared = prepare(&txc, tx_end.0.as_ref());
-        b2.wait(); // ready
-        b2.wait(); // go
-        let r = run_prepared(&txc, prepared, tx_end.0.as_ref(), tx_end.1, &s2, &mut |_| {});
+        let _ = pin_current_thread(cpus.tx);
+        let go = || {
+            b2.wait();
+            b2.wait();
+        };
+        let r = tx(&go, &s2);
         s2.store(true, Ordering::Relaxed);
         r
     });
@@ -277,7 +404,7 @@ pub fn run_udpx(path: Path<'_>, kind: Kind, cfg: &RunConfig) -> Result<Measureme
         rx_handle.join().map_err(|_| "receiver thread panicked".to_string())?.map_err(|e| format!("receiver: {e}"))?;
     let wall = t0.elapsed();
     let after = CpuSample::now().map_err(|e| e.to_string())?;
-    let mut m = cpu_fields(&before, &after, cfg.cpus)?;
+    let mut m = cpu_fields(&before, &after, cpus)?;
     m.wall_secs = wall.as_secs_f64();
     m.sent_bytes = tx.bytes;
     m.sent_datagrams = tx.datagrams;
@@ -286,12 +413,9 @@ pub fn run_udpx(path: Path<'_>, kind: Kind, cfg: &RunConfig) -> Result<Measureme
     m.recv_bytes = rx.bytes;
     m.recv_datagrams = rx.datagrams;
     m.recv_calls = rx.calls;
-    if proto == Proto::Tcp {
-        // A TCP "datagram" is a write on one side and a read on the other: compare bytes.
-        m.recv_datagrams = if tx.bytes == 0 { 0 } else { (rx.bytes * tx.datagrams).div_ceil(tx.bytes) };
-    }
     m.tx_thread_secs = Some(tx.user_secs + tx.sys_secs);
     m.rx_thread_secs = Some(rx.user_secs + rx.sys_secs);
+    m.rcvbuf_effective = rx.rcvbuf_effective;
     m.tx = Some(tx);
     m.rx = Some(rx);
     Ok(m)

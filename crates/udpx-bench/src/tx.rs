@@ -89,9 +89,15 @@ pub struct TxConfig {
     pub verify: bool,
     /// Bytes per second at most (`None`: as fast as possible).
     pub rate: Option<u64>,
-    /// Segments per GSO send at most (`-S`: the send size over the segment size); `None`: as
-    /// many as the kernel and the payload ceiling allow.
+    /// Segments per GSO send at most (zerocopy sends); `None`: as many as the kernel and the
+    /// payload ceiling allow.
     pub max_segments: Option<usize>,
+    /// Bytes per send call (`bench tx -s N -S SEG`, as `udpgso_bench_tx`): every call hands
+    /// the library one buffer of exactly this many bytes cut into `size`-byte segments,
+    /// `ceil(N / size)` of them, the last shorter when `size` does not divide it
+    /// ([`plan_send_size`]). `None`: [`PER_ITERATION`] datagrams per loop, planned by
+    /// [`plan_uniform`].
+    pub send_size: Option<usize>,
     /// Send with MSG_ZEROCOPY from owned buffers (the socket must have zerocopy configured).
     pub zerocopy: bool,
 }
@@ -214,16 +220,21 @@ pub fn run_tx(
 /// Makes the buffers [`run_prepared`] sends from.
 pub fn prepare(cfg: &TxConfig, sock: Option<&UdpSocket>) -> TxPrepared {
     let region = match cfg.proto {
-        Proto::Udp(_) => PER_ITERATION * cfg.size,
+        Proto::Udp(_) => cfg.send_size.unwrap_or(PER_ITERATION * cfg.size),
         Proto::Tcp => TCP_WRITE,
     };
     let regions = if cfg.cache_thrash { (thrash_bytes() / region).max(2) } else { 1 };
     let mut buf = vec![0u8; region * regions];
     let mut sums = Vec::new();
     if cfg.verify && matches!(cfg.proto, Proto::Udp(_)) {
-        for (i, d) in buf.chunks_mut(cfg.size).enumerate() {
-            wire::stamp(d, i as u64);
-            sums.push(wire::fnv1a(d.get(wire::HEADER..).unwrap_or(&[])));
+        // Datagram by datagram within each region (a region need not be a multiple of size).
+        let mut i = 0u64;
+        for reg in buf.chunks_mut(region) {
+            for d in reg.chunks_mut(cfg.size) {
+                wire::stamp(d, i);
+                sums.push(wire::fnv1a(d.get(wire::HEADER..).unwrap_or(&[])));
+                i += 1;
+            }
         }
     } else {
         // Not all zeros: no page or compression trick may make the copy cheaper than real data.
@@ -280,24 +291,30 @@ pub fn run_prepared(
             }
             Proto::Udp(_) => {
                 let sock = sock.ok_or_else(|| std::io::Error::other("UDP mode needs a socket"))?;
+                let per_region = region.div_ceil(cfg.size);
                 if cfg.verify {
-                    let first = off / cfg.size;
+                    let first = off / region * per_region;
                     for (i, d) in buf[off..off + region].chunks_mut(cfg.size).enumerate() {
                         wire::restamp_header(d, seq + i as u64, sums[first + i]);
                     }
                 }
                 let data = &buf[off..off + region];
                 // Built per iteration: it borrows the buffer that the next iteration stamps.
-                let mut transmits: Vec<Transmit<'_>> = Vec::with_capacity(PER_ITERATION);
-                let mut limits = SegmentLimits::for_socket(sock);
-                if let Some(m) = cfg.max_segments {
-                    limits.max_segments = limits.max_segments.min(m.max(1));
+                let mut transmits: Vec<Transmit<'_>> =
+                    Vec::with_capacity(if cfg.send_size.is_some() { 1 } else { PER_ITERATION });
+                if cfg.send_size.is_some() {
+                    plan_send_size(&mut transmits, cfg.dst, data, cfg.size);
+                } else {
+                    let mut limits = SegmentLimits::for_socket(sock);
+                    if let Some(m) = cfg.max_segments {
+                        limits.max_segments = limits.max_segments.min(m.max(1));
+                    }
+                    plan_uniform(&mut transmits, cfg.dst, data, cfg.size, limits);
                 }
-                plan_uniform(&mut transmits, cfg.dst, data, cfg.size, limits);
                 sock.send(&transmits).map_err(std::io::Error::from)?;
-                seq += PER_ITERATION as u64;
+                seq += per_region as u64;
                 res.bytes += region as u64;
-                res.datagrams += PER_ITERATION as u64;
+                res.datagrams += per_region as u64;
             }
             Proto::Tcp => {
                 let s = tcp.as_mut().ok_or_else(|| std::io::Error::other("TCP mode needs a stream"))?;
@@ -423,6 +440,15 @@ pub fn plan_uniform<'a>(
     }
 }
 
+/// The transmit of one `udpgso_bench_tx`-style send: all of `data` (N bytes) in one buffer
+/// cut into `seg`-byte segments, `ceil(N / seg)` of them (the last shorter when `seg` does not
+/// divide N); a plain datagram when N fits one segment. The caller keeps N within the payload
+/// ceiling and the segment count within the kernel's limit (`bench tx` checks both).
+pub fn plan_send_size<'a>(out: &mut Vec<Transmit<'a>>, dst: SocketAddr, data: &'a [u8], seg: usize) {
+    let t = Transmit::new(dst, data);
+    out.push(if seg > 0 && data.len() > seg { t.segmented(seg) } else { t });
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -449,6 +475,21 @@ mod tests {
         assert_eq!(parse_cache_size(""), None);
         let t = thrash_bytes();
         assert!((THRASH_MIN..=THRASH_MAX).contains(&t));
+    }
+
+    #[test]
+    fn send_size_plans_exactly_ceil_n_over_seg_segments_per_call() {
+        let dst: SocketAddr = "192.0.2.2:1".parse().unwrap();
+        // (N, SEG): udpgso_bench_tx's 61,824 = 42 x 1,472; a ragged tail; N = SEG + 1; one
+        // segment; the IPv4 ceiling in 1,000-byte segments.
+        for (n, seg) in [(61_824, 1472), (61_000, 1472), (1473, 1472), (1000, 1472), (65_507, 1000), (10, 3)] {
+            let data = vec![0u8; n];
+            let mut out = Vec::new();
+            plan_send_size(&mut out, dst, &data, seg);
+            assert_eq!(out.len(), 1, "one call's worth: one buffer (N {n}, SEG {seg})");
+            assert_eq!(out[0].segments(), n.div_ceil(seg), "N {n}, SEG {seg}");
+            assert_eq!(out[0].contents.len(), n, "exactly N bytes");
+        }
     }
 
     #[test]

@@ -9,11 +9,11 @@ use std::time::Duration;
 use clap::{Args, Subcommand, ValueEnum};
 use udpx::{SendMode, UdpSocket, Want};
 use udpx_bench::cpu::{online_cpus, pin_current_thread, CpuSample, TickRate};
-use udpx_bench::matrix::{default_rows, run_matrix, Preset, ProfileResult};
-use udpx_bench::report;
+use udpx_bench::matrix::{default_rows, left_out, run_matrix, Preset, ProfileResult};
 use udpx_bench::run::{Cpus, Kind, Path, RunConfig};
-use udpx_bench::rx::{run_rx, RxConfig};
+use udpx_bench::rx::{default_rcvbuf, run_rx, rx_socket_config, RxConfig};
 use udpx_bench::tx::{run_tx, Interval, Proto, TxConfig};
+use udpx_bench::{paced, report};
 use udpx_netns::{Profile, TestNet, TestNetConfig};
 
 use crate::exit;
@@ -97,6 +97,19 @@ struct MainArgs {
     /// Verify sequence numbers and checksums in every datagram (slower).
     #[arg(long)]
     verify: bool,
+    /// Receive buffer of every UDP receiver, raw and udpx alike, in bytes (the value set; the
+    /// kernel doubles it). Default: sized from the expected burst (printed at the start).
+    #[arg(long)]
+    rcvbuf: Option<usize>,
+    /// After the main rows, judge each raw/udpx receiver pair at a paced rate both sustain
+    /// with at least 99 % delivered (2 rows, up to 3 rates, per shape and profile: adds about
+    /// a third to the run).
+    #[arg(long)]
+    paced: bool,
+    /// Run every row, also those the default job leaves out to stay near 3 minutes (cache
+    /// thrashing, plain into GRO, forced and cache-thrashing zerocopy); --thorough implies it.
+    #[arg(long)]
+    all_rows: bool,
 }
 
 /// The port of `bench tx`/`bench rx` when `-p` is not given.
@@ -162,10 +175,11 @@ struct TxArgs {
     /// How to send.
     #[arg(short = 'm', long, value_enum, default_value_t = ModeArg::Sendmsg)]
     mode: ModeArg,
-    /// Datagram size (with -S: bytes per GSO send).
+    /// Datagram size (with -S: bytes per send call, exactly, as udpgso_bench_tx).
     #[arg(short = 's', long, default_value_t = 1472)]
     size: usize,
-    /// GSO segment size: send super-buffers of --size bytes cut into segments of this size.
+    /// GSO segment size: every call sends one buffer of exactly --size bytes cut into
+    /// ceil(size / S) segments of this size (the last shorter if S does not divide it).
     #[arg(short = 'S', long)]
     gso_size: Option<usize>,
     /// Rotate over a working set larger than the last-level cache.
@@ -193,6 +207,10 @@ struct RxArgs {
     /// TCP instead of UDP.
     #[arg(short = 't', long)]
     tcp: bool,
+    /// Receive buffer in bytes (the value set; the kernel doubles it). Default: sized from
+    /// the expected burst; the summary reports the effective size.
+    #[arg(long)]
+    rcvbuf: Option<usize>,
 }
 
 fn usage(msg: impl std::fmt::Display) -> ExitCode {
@@ -311,6 +329,7 @@ fn tx(a: TxArgs) -> ExitCode {
     let mut proto = a.mode.proto();
     let mut size = a.size;
     let mut max_segments = None;
+    let mut send_size = None;
     if let Some(s) = a.gso_size {
         if s == 0 || s >= a.size {
             return usage(format!("-S {s}: the GSO segment size must be at least 1 and smaller than -s {}", a.size));
@@ -318,10 +337,20 @@ fn tx(a: TxArgs) -> ExitCode {
         if a.mode == ModeArg::Tcp {
             return usage("-S: GSO applies to UDP, not -m tcp");
         }
+        let segments = a.size.div_ceil(s);
+        let kernel_max = udpx::KernelCaps::get().gso_max_segments.unwrap_or(0);
+        if segments > kernel_max {
+            return usage(format!(
+                "-s {} -S {s}: {segments} segments per send; this kernel takes at most {kernel_max}",
+                a.size
+            ));
+        }
         if !matches!(proto, Proto::Udp(SendMode::GsoSendmmsg)) {
             proto = Proto::Udp(SendMode::GsoSendmsg);
         }
+        // Zerocopy sends keep their own pool of whole segments (at most this many each).
         max_segments = Some(a.size / s);
+        send_size = Some(a.size);
         size = s;
     }
     if let Some(c) = a.common.cpu {
@@ -344,6 +373,7 @@ fn tx(a: TxArgs) -> ExitCode {
         verify: a.common.verify,
         rate: a.rate,
         max_segments,
+        send_size,
         zerocopy: a.zerocopy,
     };
     let stop = AtomicBool::new(false);
@@ -383,7 +413,7 @@ fn tx(a: TxArgs) -> ExitCode {
             if json {
                 println!(
                     "{}",
-                    serde_json::json!({ "role": "tx", "dst": dst.to_string(), "mode": format!("{:?}", a.mode), "size": size, "result": r, "cpu_secs_per_gb": udpx_bench::run::per_gb(cpu, r.bytes), "pinned_cpu": watch.as_ref().map(|w| w.json(r.bytes)) })
+                    serde_json::json!({ "role": "tx", "dst": dst.to_string(), "mode": format!("{:?}", a.mode), "size": size, "send_size": send_size, "result": r, "cpu_secs_per_gb": udpx_bench::run::per_gb(cpu, r.bytes), "pinned_cpu": watch.as_ref().map(|w| w.json(r.bytes)) })
                 );
             } else {
                 println!(
@@ -421,8 +451,11 @@ fn rx(a: RxArgs) -> ExitCode {
     let ip: IpAddr = if v6 { Ipv6Addr::UNSPECIFIED.into() } else { Ipv4Addr::UNSPECIFIED.into() };
     let port = a.common.port.unwrap_or(DEFAULT_PORT);
     let local = SocketAddr::new(ip, port);
+    if a.rcvbuf == Some(0) {
+        return usage("--rcvbuf 0: give a receive buffer size in bytes, or leave it out to size it from the burst");
+    }
+    let rcvbuf = a.rcvbuf.unwrap_or_else(|| default_rcvbuf(1472).set);
     let cfg = RxConfig { verify: a.common.verify, idle: Duration::from_secs(2), max: dur };
-    let stop = AtomicBool::new(false);
     let json = a.common.json;
     let mut on = |iv: &Interval| {
         if !json {
@@ -439,12 +472,13 @@ fn rx(a: RxArgs) -> ExitCode {
             Err(e) => return failure(format!("bind {local}: {e}")),
         };
         match l.accept() {
-            Ok((s, _)) => run_rx(&cfg, None, Some(s), &stop, &mut on),
+            // From here SIGINT and SIGTERM end the run, and the summary is still printed.
+            Ok((s, _)) => run_rx(&cfg, None, Some(s), stop_on_signals(), &mut on),
             Err(e) => return failure(format!("accept: {e}")),
         }
     } else {
-        let gro = if a.gro { Want::Required } else { Want::Off };
-        let sock = match UdpSocket::builder(local).gro(gro).recv_buffer(32 << 20).bind() {
+        // No per-datagram control message this role does not read (see rx_socket_config).
+        let sock = match rx_socket_config(local, a.gro, true, false, rcvbuf).bind() {
             Ok(s) => s,
             Err(udpx::Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::AddrInUse => {
                 return usage(format!("-p {port}: port in use; pick another with -p"))
@@ -455,19 +489,19 @@ fn rx(a: RxArgs) -> ExitCode {
             }
             Err(e) => return failure(format!("socket: {e}")),
         };
-        run_rx(&cfg, Some(&sock), None, &stop, &mut on)
+        run_rx(&cfg, Some(&sock), None, stop_on_signals(), &mut on)
     };
     match res {
         Ok(r) => {
             if json {
                 println!(
                     "{}",
-                    serde_json::json!({ "role": "rx", "gro": a.gro, "result": r, "pinned_cpu": watch.as_ref().map(|w| w.json(r.bytes)) })
+                    serde_json::json!({ "role": "rx", "gro": a.gro, "rcvbuf_set": (!a.tcp).then_some(rcvbuf), "result": r, "pinned_cpu": watch.as_ref().map(|w| w.json(r.bytes)) })
                 );
             } else {
                 let s = r.secs.max(1e-9);
                 println!(
-                    "rx summary: {:.1} MB/s, {:.2} Gbit/s, {} datagrams, {:.0} calls/s, {:.1} datagrams/call, {} GRO buffers, {} truncated, {} kernel drops{}, this thread {:.2}s user + {:.2}s sys{}",
+                    "rx summary: {:.1} MB/s, {:.2} Gbit/s, {} datagrams, {:.0} calls/s, {:.1} datagrams/call, {} GRO buffers, {} truncated, {} kernel drops{}{}, this thread {:.2}s user + {:.2}s sys{}",
                     r.bytes as f64 / s / 1e6,
                     r.bytes as f64 * 8.0 / s / 1e9,
                     r.datagrams,
@@ -477,6 +511,7 @@ fn rx(a: RxArgs) -> ExitCode {
                     r.truncated,
                     r.kernel_drops,
                     r.seq.as_ref().map(|t| format!(", lost {}, reordered {}, duplicates {}, corrupt {}", t.lost(), t.reordered, t.duplicates, t.corrupt)).unwrap_or_default(),
+                    r.rcvbuf_effective.map(|b| format!(", receive buffer {b} B effective ({rcvbuf} set)")).unwrap_or_default(),
                     r.user_secs,
                     r.sys_secs,
                     watch.as_ref().map(|w| w.text(r.bytes)).unwrap_or_default()
@@ -486,6 +521,27 @@ fn rx(a: RxArgs) -> ExitCode {
         }
         Err(e) => failure(format!("receive: {e}")),
     }
+}
+
+/// A flag set by SIGINT or SIGTERM (a thread waits for them; they are blocked in every other
+/// thread), so a receiving role stops and still prints its summary.
+fn stop_on_signals() -> &'static AtomicBool {
+    use nix::sys::signal::{SigSet, Signal};
+    static STOP: AtomicBool = AtomicBool::new(false);
+    let mut set = SigSet::empty();
+    set.add(Signal::SIGINT);
+    set.add(Signal::SIGTERM);
+    if set.thread_block().is_ok() {
+        let spawned = std::thread::Builder::new().name("udpx-signals".into()).spawn(move || {
+            if set.wait().is_ok() {
+                STOP.store(true, std::sync::atomic::Ordering::Relaxed);
+            }
+        });
+        if spawned.is_err() {
+            let _ = set.thread_unblock();
+        }
+    }
+    &STOP
 }
 
 fn failure(msg: String) -> ExitCode {
@@ -513,7 +569,11 @@ fn stamp() -> String {
 fn main_job(a: MainArgs) -> ExitCode {
     // The preset, then any flag given on top of it.
     let preset = if a.thorough { Preset::THOROUGH } else { Preset::DEFAULT };
-    let preset = Preset { runs: a.repeat.unwrap_or(preset.runs), row_secs: a.duration.unwrap_or(preset.row_secs) };
+    let preset = Preset {
+        runs: a.repeat.unwrap_or(preset.runs),
+        row_secs: a.duration.unwrap_or(preset.row_secs),
+        all_rows: preset.all_rows || a.all_rows,
+    };
     let dur = match duration("--duration", preset.row_secs) {
         Ok(d) => d,
         Err(e) => return usage(e),
@@ -553,9 +613,32 @@ fn main_job(a: MainArgs) -> ExitCode {
     }
     let cpus_online = online_cpus();
     let cpus = Cpus { tx: cpus_online[0], rx: *cpus_online.get(1).unwrap_or(&cpus_online[0]) };
-    let iperf3 = !a.no_iperf3 && which("iperf3");
-    let rows = default_rows(iperf3);
-    let cfg = RunConfig { duration: dur, size: a.size, v6: false, verify: a.verify, cpus };
+    let iperf3_why = if a.no_iperf3 {
+        Some("--no-iperf3 given".to_string())
+    } else if !which("iperf3") {
+        Some("iperf3 is not on PATH (scripts/setup.sh installs it)".to_string())
+    } else {
+        None
+    };
+    let rows = default_rows(iperf3_why.is_none(), preset.all_rows);
+    let left_out = left_out(iperf3_why.as_deref(), preset.all_rows);
+    if a.rcvbuf == Some(0) {
+        return usage("--rcvbuf 0: give a receive buffer size in bytes, or leave it out to size it from the burst");
+    }
+    let plan = default_rcvbuf(a.size);
+    let rcvbuf = a.rcvbuf.unwrap_or(plan.set);
+    let rcvbuf_text = match a.rcvbuf {
+        Some(n) => format!("receive buffer {n} B set (--rcvbuf)"),
+        None => format!(
+            "receive buffer {} B set, sized for {} datagrams of {} B arriving at {} GB/s during {} us (udpx::rcvbuf::plan)",
+            plan.set,
+            plan.datagrams,
+            a.size,
+            udpx_bench::rx::BULK_RATE / 1_000_000_000,
+            udpx_bench::rx::BULK_GAP.as_micros()
+        ),
+    };
+    let cfg = RunConfig { duration: dur, size: a.size, v6: false, verify: a.verify, cpus, rcvbuf, pace: None };
     let n_profiles = if veth { profiles.len() } else { 1 };
     let total = (rows.len() * repeat * n_profiles) as u64;
     let iperf3_rows = rows.iter().filter(|r| matches!(r.kind, Kind::Iperf3 { .. })).count();
@@ -568,6 +651,8 @@ fn main_job(a: MainArgs) -> ExitCode {
             preset.row_secs
         );
     }
+    // Also with --json: a missing peer is never silent.
+    eprint!("{}", report::left_out_text(&left_out));
     let bar = indicatif::ProgressBar::new(total);
     bar.set_style(
         indicatif::ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} {msg}")
@@ -582,11 +667,12 @@ fn main_job(a: MainArgs) -> ExitCode {
         bar.inc(1);
     };
     let mut results: Vec<ProfileResult> = Vec::new();
+    let mut paced_results: Vec<(String, Vec<paced::PacedPair>)> = Vec::new();
     let mut devices: Vec<String> = Vec::new();
     let path_text;
     if veth {
         path_text = format!(
-            "Path: veth pair between two network namespaces, MTU {VETH_MTU}; sender pinned to CPU {}, receiver to CPU {}; {} s per row, median run of {} interleaved runs; cache-thrash working set {} MiB (last-level cache {}).",
+            "Path: veth pair between two network namespaces, MTU {VETH_MTU}; sender pinned to CPU {}, receiver to CPU {}; {} s per row, median run of {} interleaved runs; cache-thrash working set {} MiB (last-level cache {}); {rcvbuf_text} (effective size per run in report.json).",
             cpus.tx,
             cpus.rx,
             preset.row_secs,
@@ -614,7 +700,13 @@ fn main_job(a: MainArgs) -> ExitCode {
                         .join(", ");
                 devices.push(format!("{p} {side:?} veth ({}): {pick}", net.dev(side)));
             }
-            results.push(run_matrix(p.as_str(), Path::Veth(&net), &rows, &cfg, repeat, &mut progress));
+            let r = run_matrix(p.as_str(), Path::Veth(&net), &rows, &cfg, repeat, &mut progress);
+            if a.paced {
+                bar.inc_length((2 * paced::PAIRS.len() * repeat) as u64);
+                paced_results
+                    .push((r.profile.clone(), paced::run_paced(&r, Path::Veth(&net), &cfg, repeat, &mut progress)));
+            }
+            results.push(r);
         }
     } else {
         let why = if a.loopback {
@@ -624,13 +716,22 @@ fn main_job(a: MainArgs) -> ExitCode {
         };
         eprintln!("udpx bench: measuring over LOOPBACK ({why}); run as root for the veth path between two namespaces");
         path_text = format!(
-            "Path: LOOPBACK (not a device path: {why}); sender on CPU {}, receiver on CPU {}; {} s per row, median run of {} interleaved runs.",
+            "Path: LOOPBACK (not a device path: {why}); sender on CPU {}, receiver on CPU {}; {} s per row, median run of {} interleaved runs; {rcvbuf_text} (effective size per run in report.json).",
             cpus.tx, cpus.rx, preset.row_secs, repeat
         );
-        results.push(run_matrix("loopback", Path::Loopback, &rows, &cfg, repeat, &mut progress));
+        let r = run_matrix("loopback", Path::Loopback, &rows, &cfg, repeat, &mut progress);
+        if a.paced {
+            bar.inc_length((2 * paced::PAIRS.len() * repeat) as u64);
+            paced_results.push((r.profile.clone(), paced::run_paced(&r, Path::Loopback, &cfg, repeat, &mut progress)));
+        }
+        results.push(r);
     }
     bar.finish_and_clear();
-    let checks: Vec<report::Check> = results.iter().flat_map(report::checks).collect();
+    let mut checks: Vec<report::Check> = results.iter().flat_map(report::checks).collect();
+    for (profile, pairs) in &paced_results {
+        checks.extend(paced::checks(profile, pairs, repeat));
+    }
+    let paced_text: String = paced_results.iter().map(|(profile, pairs)| paced::table(profile, pairs)).collect();
     let env_text = environment_text(&devices);
     let dir = format!("{}/{}", a.out, stamp());
     let json = serde_json::json!({
@@ -638,11 +739,19 @@ fn main_job(a: MainArgs) -> ExitCode {
         "config": cfg,
         "preset": preset,
         "verdict_rule": report::verdict_rule(repeat),
+        "rcvbuf_set": rcvbuf,
+        "left_out": left_out,
+        "paced": paced_results.iter().map(|(profile, pairs)| serde_json::json!({ "profile": profile, "pairs": pairs })).collect::<Vec<_>>(),
         "profiles": results,
         "checks": checks,
         "environment": env_text,
     });
-    let md = report::markdown("udpx bench", &path_text, &results, &checks, &env_text);
+    let mut md = report::markdown("udpx bench", &path_text, &results, &checks, &env_text, &left_out);
+    if !paced_results.is_empty() {
+        md.push_str(&format!(
+            "\n## Paced pairs (raw sender paced; both receivers must deliver >= 99 % in every run)\n\n```\n{paced_text}```\n"
+        ));
+    }
     let write = std::fs::create_dir_all(&dir).and_then(|_| {
         std::fs::write(format!("{dir}/report.json"), serde_json::to_string_pretty(&json).unwrap_or_default())?;
         std::fs::write(format!("{dir}/report.md"), &md)?;
@@ -652,9 +761,23 @@ fn main_job(a: MainArgs) -> ExitCode {
         println!("{json}");
     } else {
         println!("{path_text}\n");
+        if !left_out.is_empty() {
+            println!("== rows left out\n{}", report::left_out_text(&left_out));
+        }
         for p in &results {
             println!("== {} profile: send side (paper Figure 1)\n{}", p.profile, report::send_table(p));
             println!("== {} profile: receive side (paper Figure 5)\n{}", p.profile, report::recv_table(p));
+            println!(
+                "== {} profile: against the raw reference (same shape, same receive buffer)\n{}",
+                p.profile,
+                report::raw_table(p)
+            );
+        }
+        if !paced_results.is_empty() {
+            println!(
+                "== paced pairs: the raw sender paced to a rate both receivers sustain (>= 99 % delivered in every run; \
+                 started at 90 % of the slower one's unpaced rate, 0.7x per failed try, 3 tries at most)\n{paced_text}"
+            );
         }
         println!(
             "== targets (cost per delivered byte, both CPUs)\n{}\n{}",

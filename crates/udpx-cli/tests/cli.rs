@@ -36,6 +36,10 @@ fn bad_input_exits_2_and_names_the_flag() {
         (&["bench", "tx", "-D", "::1", "-6", "-s", "65528"], "65527"),
         (&["bench", "tx", "-D", "127.0.0.1", "-s", "1472", "-S", "1472"], "-S 1472"),
         (&["bench", "tx", "-D", "127.0.0.1", "-S", "0"], "-S 0"),
+        // 650 segments per send: more than any kernel takes (64 or 128).
+        (&["bench", "tx", "-D", "127.0.0.1", "-s", "65000", "-S", "100"], "650 segments"),
+        (&["bench", "rx", "--rcvbuf", "0"], "--rcvbuf 0"),
+        (&["bench", "--rcvbuf", "0"], "--rcvbuf 0"),
         (&["bench", "tx", "-D", "127.0.0.1", "-l", "0"], "-l 0"),
         (&["bench", "tx", "-D", "127.0.0.1", "-C", "4096"], "-C 4096"),
         (&["bench", "tx", "-D", "127.0.0.1", "-m", "warp"], "warp"),
@@ -211,6 +215,83 @@ fn main_job_runs_and_cleans_up() {
                 assert!(std::path::Path::new(&format!("/proc/{pid}")).exists(), "stale namespace {l}");
             }
         }
+    }
+}
+
+/// Without iperf3 on PATH the main job names the iperf3 rows it leaves out, and why, on the
+/// terminal and in the JSON, and its cheapest-TCP target says it had udpx's TCP alone; every
+/// UDP receiver gets the `--rcvbuf` asked for (the JSON reports the kernel's doubled size),
+/// except the row that measures 32 MiB. Over loopback (no `ip` without PATH), short rows.
+#[test]
+fn left_out_peers_are_named_and_rcvbuf_is_honoured() {
+    let out = std::env::temp_dir().join(format!("udpx-cli-leftout-{}", std::process::id()));
+    let o = Command::new(env!("CARGO_BIN_EXE_udpx"))
+        .args(["bench", "--loopback", "--duration", "0.1", "--repeat", "1", "--rcvbuf", "600000", "--json", "--out"])
+        .arg(&out)
+        .env("PATH", "/nonexistent")
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_dir_all(&out);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let e = stderr(&o);
+    assert!(e.contains("left out: TCP (iperf3)") && e.contains("left out: UDP (iperf3)"), "{e}");
+    assert!(e.contains("iperf3 is not on PATH"), "{e}");
+    let v = json(&o);
+    let left: Vec<&str> = v["left_out"].as_array().unwrap().iter().map(|x| x["id"].as_str().unwrap()).collect();
+    assert!(left.contains(&"iperf3-tcp") && left.contains(&"iperf3-udp"), "{left:?}");
+    let checks = v["checks"].as_array().unwrap();
+    assert!(
+        checks.iter().any(|c| c["what"].as_str().unwrap().contains("udpx TCP only: iperf3 left out")),
+        "{checks:?}"
+    );
+    assert_eq!(v["rcvbuf_set"].as_u64(), Some(600_000));
+    let rows = v["profiles"][0]["rows"].as_array().unwrap();
+    let mut udp_rows = 0;
+    for r in rows {
+        let id = r["row"]["id"].as_str().unwrap();
+        assert!(!id.starts_with("iperf3"), "{id} ran without iperf3");
+        for m in r["runs"].as_array().unwrap() {
+            match (id, m["rcvbuf_effective"].as_u64()) {
+                ("tcp", b) => assert_eq!(b, None),
+                ("udp-gso-gro-32m", b) => assert!(b.unwrap() > 1_200_000, "{id}: {b:?}"),
+                (_, b) => {
+                    assert_eq!(b, Some(1_200_000), "{id}: the kernel doubles the 600000 set");
+                    udp_rows += 1;
+                }
+            }
+        }
+    }
+    assert!(udp_rows >= 10, "raw and udpx UDP rows: {udp_rows}");
+    // The receiving role reports it too.
+    let port = free_port().to_string();
+    let o = udpx(&["bench", "rx", "-p", &port, "-l", "0.5", "--rcvbuf", "500000", "--json"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(json(&o)["result"]["rcvbuf_effective"].as_u64(), Some(1_000_000));
+}
+
+/// `bench rx` stopped by SIGINT or SIGTERM prints its summary (and exits 0) instead of dying
+/// with it.
+#[test]
+fn rx_prints_its_summary_on_sigint_and_sigterm() {
+    use nix::sys::signal::{kill, Signal};
+    use nix::unistd::Pid;
+    for sig in [Signal::SIGINT, Signal::SIGTERM] {
+        let port = free_port().to_string();
+        let rx = Command::new(env!("CARGO_BIN_EXE_udpx"))
+            .args(["bench", "rx", "-p", &port, "-l", "30", "--json"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(400));
+        let tx = udpx(&["bench", "tx", "-D", "127.0.0.1", "-p", &port, "-l", "0.2", "--rate", "10000000"]);
+        assert_eq!(tx.status.code(), Some(0), "{}", stderr(&tx));
+        kill(Pid::from_raw(rx.id() as i32), sig).unwrap();
+        let started = std::time::Instant::now();
+        let o = rx.wait_with_output().unwrap();
+        assert!(started.elapsed() < Duration::from_secs(5), "{sig}: stopped promptly");
+        assert_eq!(o.status.code(), Some(0), "{sig}: {}", stderr(&o));
+        assert!(json(&o)["result"]["bytes"].as_u64().unwrap() > 0, "{sig}: the summary has what arrived");
     }
 }
 
