@@ -8,8 +8,7 @@
 //! of the kernel's `udpgso_bench`, run in the same job with the same receive buffer), and
 //! [`paced`] compares receivers at a rate both sustain.
 
-pub mod cpu;
-pub mod env;
+pub mod echo;
 pub mod matrix;
 pub mod paced;
 pub mod probe;
@@ -17,6 +16,8 @@ pub mod raw;
 pub mod report;
 pub mod run;
 pub mod rx;
-pub mod stats;
 pub mod tx;
 pub mod wire;
+
+// The lab's measuring tools, under the paths the tables have always used.
+pub use udpx_lab::{cpu, env, stats};

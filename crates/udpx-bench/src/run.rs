@@ -13,7 +13,7 @@ use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 use udpx::{SendMode, UdpSocket, Want, ZcConfig};
-use udpx_netns::{run_bounded, Side, TestNet};
+use udpx_lab::netns::{run_bounded, Side, TestNet};
 
 use crate::cpu::{pin_current_thread, CpuSample, TickRate};
 use crate::raw::{self, Shape};

@@ -14,7 +14,7 @@ use udpx_bench::run::{Cpus, Kind, Path, RunConfig};
 use udpx_bench::rx::{default_rcvbuf, run_rx, rx_socket_config, RxConfig};
 use udpx_bench::tx::{run_tx, Interval, Proto, TxConfig};
 use udpx_bench::{paced, report};
-use udpx_netns::{Profile, TestNet, TestNetConfig};
+use udpx_lab::netns::{Profile, TestNet, TestNetConfig};
 
 use crate::exit;
 use crate::util::{self, duration, which};
@@ -592,7 +592,7 @@ fn main_job(a: MainArgs) -> ExitCode {
             Err(_) => return usage(format!("--profiles {p}: use offload, software or both (offload,software)")),
         }
     }
-    let veth = !a.loopback && udpx_netns::check_capable().is_ok();
+    let veth = !a.loopback && udpx_lab::netns::check_capable().is_ok();
     // Every UDP row sends datagrams (or GSO segments) of --size: over the path used, not
     // fragmented, or every row would fail with EMSGSIZE after the whole job's setup.
     let (mtu, path_name) = if veth { (Some(VETH_MTU), "veth pair") } else { (loopback_mtu(), "loopback") };
@@ -607,7 +607,7 @@ fn main_job(a: MainArgs) -> ExitCode {
     }
     if veth {
         // Before any thread exists: Ctrl-C, TERM and HUP remove our namespaces, then exit.
-        if let Err(e) = udpx_netns::cleanup_on_signals() {
+        if let Err(e) = udpx_lab::netns::cleanup_on_signals() {
             eprintln!("udpx bench: warning: no signal cleanup: {e}");
         }
     }
@@ -690,7 +690,7 @@ fn main_job(a: MainArgs) -> ExitCode {
                 Ok(n) => n,
                 Err(e) => return failure(format!("setting up the {p} path: {e}")),
             };
-            for side in [udpx_netns::Side::Tx, udpx_netns::Side::Rx] {
+            for side in [udpx_lab::netns::Side::Tx, udpx_lab::netns::Side::Rx] {
                 let f = net.features(side).unwrap_or_default();
                 let pick =
                     ["tx-udp-segmentation", "tx-checksumming", "generic-receive-offload", "rx-udp-gro-forwarding"]
@@ -712,7 +712,7 @@ fn main_job(a: MainArgs) -> ExitCode {
         let why = if a.loopback {
             "--loopback given".to_string()
         } else {
-            udpx_netns::check_capable().err().map(|e| e.to_string()).unwrap_or_default()
+            udpx_lab::netns::check_capable().err().map(|e| e.to_string()).unwrap_or_default()
         };
         eprintln!("udpx bench: measuring over LOOPBACK ({why}); run as root for the veth path between two namespaces");
         path_text = format!(

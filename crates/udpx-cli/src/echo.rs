@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Args, Subcommand, ValueEnum};
-use udpx_echo::bench::{self as echo_bench, EchoBenchConfig};
+use udpx_bench::echo::{self as echo_bench, EchoBenchConfig};
 use udpx_echo::load::{self, LoadConfig};
 use udpx_echo::server::{self, Mode, ServeConfig};
 
@@ -295,9 +295,9 @@ fn bench(a: EchoBenchArgs) -> ExitCode {
         Ok(d) => d,
         Err(e) => return usage(e),
     };
-    let veth = !a.loopback && udpx_netns::check_capable().is_ok();
+    let veth = !a.loopback && udpx_lab::netns::check_capable().is_ok();
     if veth {
-        if let Err(e) = udpx_netns::cleanup_on_signals() {
+        if let Err(e) = udpx_lab::netns::cleanup_on_signals() {
             eprintln!("udpx echo bench: warning: no signal cleanup: {e}");
         }
     }

@@ -70,7 +70,7 @@ fn bad_input_exits_2_and_names_the_flag() {
 /// the case needs the veth path. Short settings bound the run if the check ever lets it by.
 #[test]
 fn main_job_size_is_checked_against_the_path_mtu() {
-    if udpx_netns::check_capable().is_err() {
+    if udpx_lab::netns::check_capable().is_err() {
         println!("SKIP: the veth path needs root (namespaces); loopback's MTU allows -s 9000");
         return;
     }

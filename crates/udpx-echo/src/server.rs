@@ -24,7 +24,7 @@ use udpx::{
     RecvMeta, RecvMode, SendError, SendErrorKind, SendMode, ShardGroup, SocketConfig, Steering, Transmit, UdpSocket,
     Want,
 };
-use udpx_bench::cpu::{online_cpus, pin_current_thread, ProcessCpu};
+use udpx_lab::cpu::{online_cpus, pin_current_thread, ProcessCpu};
 
 use crate::proto;
 

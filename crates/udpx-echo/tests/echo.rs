@@ -58,7 +58,7 @@ fn every_mode_answers_every_request_exactly_once() {
             assert_eq!((served, replied), (res.sent, res.sent), "{what}: {stats:?}");
             let expect_shards = match mode {
                 Mode::Naive => cpus,
-                Mode::ReuseportCpu => udpx_bench::cpu::online_cpus().iter().max().unwrap() + 1,
+                Mode::ReuseportCpu => udpx_lab::cpu::online_cpus().iter().max().unwrap() + 1,
                 _ => 4,
             };
             assert_eq!(stats.len(), expect_shards, "{what}");
@@ -193,12 +193,12 @@ fn cid_steering_picks_the_shard_named_by_the_cid_byte() {
 #[test]
 fn cpu_steering_puts_requests_on_the_receiving_cpus_shard() {
     let srv = serve(Mode::ReuseportCpu, 0, true, "127.0.0.1:0");
-    let cpus = udpx_bench::cpu::online_cpus();
+    let cpus = udpx_lab::cpu::online_cpus();
     for &k in &cpus {
         let before: Vec<u64> = srv.stats().iter().map(|s| s.requests).collect();
         let addr = srv.addr;
         std::thread::spawn(move || {
-            udpx_bench::cpu::pin_current_thread(k).unwrap();
+            udpx_lab::cpu::pin_current_thread(k).unwrap();
             let c = StdUdp::bind("127.0.0.1:0").unwrap();
             c.set_read_timeout(Some(Duration::from_secs(1))).unwrap();
             let mut buf = [0u8; 256];
@@ -323,7 +323,7 @@ fn bad_configuration_is_refused() {
 #[test]
 fn sockperf_server_answers_the_same_generator() {
     if Command::new("sockperf").arg("--version").output().is_err() {
-        return udpx_netns::record_skip(
+        return udpx_lab::netns::record_skip(
             "sockperf_server_answers_the_same_generator",
             "sockperf not installed (scripts/setup.sh)",
         );

@@ -24,7 +24,7 @@ use std::io::{self, Write};
 use std::process::ExitCode;
 
 use serde::{Deserialize, Serialize};
-use udpx_netns::Namespace;
+use udpx_lab::netns::Namespace;
 
 use crate::env::{bytes, format_cpumask, parse_cpumask, Availability, DeviceInfo, Environment};
 

@@ -633,7 +633,7 @@ fn yes_no(b: bool) -> String {
 }
 
 /// `4 MiB`, `128 KiB` or `212992 B`.
-pub(crate) fn bytes(v: Option<u64>) -> String {
+pub fn bytes(v: Option<u64>) -> String {
     match v {
         None => "?".to_owned(),
         Some(n) if n >= 1 << 20 && n % (1 << 20) == 0 => format!("{} MiB", n >> 20),

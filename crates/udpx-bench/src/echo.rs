@@ -8,7 +8,7 @@
 //! thread, softirqs: everything the server's CPU did) per million transactions. Each row is its
 //! median run by that cost, reported whole (throughput, latency and losses of the same run),
 //! with the range over runs; targets are judged from per-run ratios as the main job does
-//! (`udpx_bench::stats`).
+//! ([`crate::stats`]).
 //!
 //! Over loopback the generator's replies are received in softirq on the CPU that sent them,
 //! the server's: their receive work is charged to the server. The veth path (as root, the
@@ -18,14 +18,14 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use crate::cpu::{online_cpus, pin_current_thread, CpuSample, TickRate};
+use crate::report::{self, Check};
+use crate::stats::{median_run, paired_ratios, Spread, Verdict};
 use serde::Serialize;
-use udpx_bench::cpu::{online_cpus, pin_current_thread, CpuSample, TickRate};
-use udpx_bench::report::{self, Check};
-use udpx_bench::stats::{median_run, paired_ratios, Spread, Verdict};
-use udpx_netns::{Profile, Side, TestNet, TestNetConfig};
+use udpx_lab::netns::{Profile, Side, TestNet, TestNetConfig};
 
-use crate::load::{self, LoadConfig, LoadResult};
-use crate::server::{self, Mode, ServeConfig, ShardStats};
+use udpx_echo::load::{self, LoadConfig, LoadResult};
+use udpx_echo::server::{self, Mode, ServeConfig, ShardStats};
 
 /// Bench settings.
 #[derive(Debug, Clone, Serialize)]

@@ -1,0 +1,20 @@
+//! The measurement lab: what every udpx tool measures with, so that their figures are taken
+//! the same way and can be compared.
+//!
+//! - [`cpu`]: CPU time from `/proc/stat` (per CPU, softirq included) and `getrusage` (this
+//!   machine has no hardware counters), pinning, online CPUs.
+//! - [`stats`]: medians of interleaved runs, spreads, paired ratios and the met / missed /
+//!   inconclusive rule.
+//! - [`env`](mod@env): the environment record printed beside every figure (kernel, CPU, qdiscs,
+//!   device features, sysctls).
+//! - [`netns`]: network namespaces and veth pairs, removed on drop (the `udpx-netns` crate,
+//!   which the datapath library's own tests use directly).
+//!
+//! Tools (echo, stream, h3, lb) depend on this crate and the library, never on each other;
+//! the tables that compare them live in `udpx-bench`, above the tools.
+
+pub mod cpu;
+pub mod env;
+pub mod stats;
+
+pub use udpx_netns as netns;
