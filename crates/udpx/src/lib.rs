@@ -61,6 +61,7 @@ mod socket;
 mod sys;
 pub mod transmit;
 pub mod txtime;
+mod zc_send;
 pub mod zerocopy;
 
 pub use blocking::{ENOBUFS_RETRIES, FINISH_WAIT};
@@ -70,9 +71,8 @@ pub use error::{Error, InvalidTransmit, SendError, SendErrorKind};
 pub use gso::{Batch, DatagramMeta, Planned, SegmentLimits};
 pub use icmp::{ErrorOrigin, IcmpError};
 pub use recv::{RecvBuffers, RecvMeta, Segments, GRO_BUFFER};
-pub use send::SendBuffers;
 pub use shard::{Shard, ShardGroup, Steering};
-pub use socket::{Family, RecvMode, ReusePort, SocketConfig, UdpSocket};
+pub use socket::{RecvMode, ReusePort, SocketConfig, UdpSocket};
 #[cfg(feature = "fault-injection")]
 pub use sys::fault::Fault;
 
@@ -83,8 +83,8 @@ pub mod internals {
     pub use crate::sys::cmsg::{decode_bytes, encode_bytes, Cmsg, ExtErr, CMSG_CAP};
 }
 pub use transmit::{
-    max_payload, messages, validate_transmit, EcnCodepoint, Message, PathLimits, SendCursor, SendMode, Transmit,
-    MAX_PAYLOAD_V4, MAX_PAYLOAD_V6,
+    max_payload, messages, validate_transmit, EcnCodepoint, Family, Message, PathLimits, SendBuffers, SendCursor,
+    SendMode, Transmit, MAX_PAYLOAD_V4, MAX_PAYLOAD_V6,
 };
 pub use txtime::Timestamp;
 pub use zerocopy::{ZcBuf, ZcConfig, ZcPool, ZcSendError};

@@ -11,33 +11,21 @@
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 
-use crate::error::{SendError, SendErrorKind};
+use crate::error::{InvalidTransmit, SendError, SendErrorKind};
 use crate::socket::UdpSocket;
 use crate::sys::mmsg::{MsgMeta, OutMsg, SendScratch, BATCH};
-use crate::transmit::{chunk, SendCursor, Transmit};
+use crate::transmit::{chunk, validate_transmit, PathLimits, SendBuffers, SendCursor, Transmit};
 use crate::zerocopy::ZcState;
 
-/// Caller-owned scratch space for sending: the message vectors of one system call (about
-/// 30 KiB), reused by every call so that sending allocates nothing. Keep one per sending
-/// thread (or per event loop) and pass it to [`UdpSocket::try_send`].
-pub struct SendBuffers(pub(crate) Box<SendScratch>);
-
-impl SendBuffers {
-    /// Fresh scratch space.
-    pub fn new() -> Self {
-        SendBuffers(SendScratch::new())
-    }
-}
-
-impl Default for SendBuffers {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl std::fmt::Debug for SendBuffers {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("SendBuffers")
+impl UdpSocket {
+    /// Checks a transmit against the socket and the kernel's limits without sending.
+    pub fn validate(&self, t: &Transmit<'_>) -> Result<(), InvalidTransmit> {
+        let limits = PathLimits {
+            family: self.family,
+            path_mtu: self.path_mtu(),
+            max_segments: self.caps.kernel.gso_max_segments,
+        };
+        validate_transmit(t, &limits, self.peer == Some(t.destination))
     }
 }
 

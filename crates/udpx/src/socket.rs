@@ -12,7 +12,7 @@ use crate::caps::{CapState, Capabilities, Feature, KernelCaps, Want};
 use crate::counters::{CounterSnapshot, Counters};
 use crate::error::Error;
 use crate::sys;
-use crate::transmit::SendMode;
+use crate::transmit::{Family, SendMode};
 
 /// Whether a socket joins a reuseport group, so several sockets share one port and the kernel
 /// spreads datagrams over them.
@@ -33,40 +33,6 @@ pub enum RecvMode {
     /// `recvmmsg`: as many queued messages as buffers given, in one call.
     #[default]
     Recvmmsg,
-}
-
-/// The socket's address family, as it matters for sending.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Family {
-    /// AF_INET.
-    V4,
-    /// AF_INET6 with `IPV6_V6ONLY`, or bound to a specific IPv6 address.
-    V6Only,
-    /// AF_INET6 bound to `[::]` without `IPV6_V6ONLY`: reaches IPv4 and IPv6.
-    DualStack,
-}
-
-impl Family {
-    pub(crate) fn name(self) -> &'static str {
-        match self {
-            Family::V4 => "IPv4",
-            Family::V6Only => "IPv6-only",
-            Family::DualStack => "dual-stack",
-        }
-    }
-
-    pub(crate) fn is_v6(self) -> bool {
-        self != Family::V4
-    }
-
-    /// Whether a datagram to `dst` can leave this socket.
-    pub(crate) fn reaches(self, dst: &SocketAddr) -> bool {
-        match (self, dst) {
-            (Family::V4, SocketAddr::V4(_)) | (Family::DualStack, _) => true,
-            (Family::V6Only, SocketAddr::V6(a)) => a.ip().to_ipv4_mapped().is_none(),
-            _ => false,
-        }
-    }
 }
 
 /// How to create a socket. Every field has a sensible default; see [`SocketConfig::new`].
@@ -268,7 +234,7 @@ pub struct UdpSocket {
     pub(crate) faults: sys::fault::Faults,
     /// Scratch for the blocking [`UdpSocket::send`] and zerocopy sends (lock order: this, then
     /// the zerocopy state).
-    pub(crate) send_scratch: Mutex<crate::send::SendBuffers>,
+    pub(crate) send_scratch: Mutex<crate::transmit::SendBuffers>,
     pub(crate) recv_scratch: Mutex<Box<sys::mmsg::RecvScratch>>,
     pub(crate) logged_gso_off: AtomicBool,
     pub(crate) logged_ctrunc: AtomicBool,
@@ -502,7 +468,7 @@ impl UdpSocket {
             },
             counters: Counters::default(),
             faults: Default::default(),
-            send_scratch: Mutex::new(crate::send::SendBuffers::new()),
+            send_scratch: Mutex::new(crate::transmit::SendBuffers::new()),
             recv_scratch: Mutex::new(sys::mmsg::RecvScratch::new()),
             logged_gso_off: AtomicBool::new(false),
             logged_ctrunc: AtomicBool::new(false),

@@ -1,8 +1,8 @@
 //! What a send is: [`Transmit`], the four [`SendMode`]s, checking a transmit against the
 //! path, and cutting it into messages (pure; the system calls are in `send.rs`).
 //!
-//! The send loop's promise: a datagram handed to [`UdpSocket::try_send`] or
-//! [`UdpSocket::send`] is sent, or the call returns an error whose cursor says exactly which
+//! The send loop's promise: a datagram handed to [`UdpSocket::try_send`](crate::UdpSocket::try_send) or
+//! [`UdpSocket::send`](crate::UdpSocket::send) is sent, or the call returns an error whose cursor says exactly which
 //! datagrams went out: never a silent drop.
 //!
 //! | kernel answer | what udpx does |
@@ -20,7 +20,7 @@
 use std::net::{IpAddr, SocketAddr};
 
 use crate::error::InvalidTransmit;
-use crate::socket::{Family, UdpSocket};
+use crate::sys::mmsg::SendScratch;
 use crate::txtime::Timestamp;
 
 /// Largest UDP payload over IPv4: 65,535 − 20 (IP header) − 8 (UDP header).
@@ -161,6 +161,64 @@ pub(crate) fn segment_count(len: usize, seg: Option<usize>) -> usize {
     }
 }
 
+/// The socket's address family, as it matters for sending.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Family {
+    /// AF_INET.
+    V4,
+    /// AF_INET6 with `IPV6_V6ONLY`, or bound to a specific IPv6 address.
+    V6Only,
+    /// AF_INET6 bound to `[::]` without `IPV6_V6ONLY`: reaches IPv4 and IPv6.
+    DualStack,
+}
+
+impl Family {
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Family::V4 => "IPv4",
+            Family::V6Only => "IPv6-only",
+            Family::DualStack => "dual-stack",
+        }
+    }
+
+    pub(crate) fn is_v6(self) -> bool {
+        self != Family::V4
+    }
+
+    /// Whether a datagram to `dst` can leave this socket.
+    pub(crate) fn reaches(self, dst: &SocketAddr) -> bool {
+        match (self, dst) {
+            (Family::V4, SocketAddr::V4(_)) | (Family::DualStack, _) => true,
+            (Family::V6Only, SocketAddr::V6(a)) => a.ip().to_ipv4_mapped().is_none(),
+            _ => false,
+        }
+    }
+}
+
+/// Caller-owned scratch space for sending: the message vectors of one system call (about
+/// 30 KiB), reused by every call so that sending allocates nothing. Keep one per sending
+/// thread (or per event loop) and pass it to [`UdpSocket::try_send`](crate::UdpSocket::try_send).
+pub struct SendBuffers(pub(crate) Box<SendScratch>);
+
+impl SendBuffers {
+    /// Fresh scratch space.
+    pub fn new() -> Self {
+        SendBuffers(SendScratch::new())
+    }
+}
+
+impl Default for SendBuffers {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl std::fmt::Debug for SendBuffers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SendBuffers")
+    }
+}
+
 /// Where a send stands in the caller's transmits: `transmit` is the first one not sent whole,
 /// `segment` how many of its segments went already (nonzero only when a transmit goes as
 /// several messages: GSO off towards its destination, or more segments than one GSO call
@@ -254,17 +312,5 @@ pub(crate) fn chunk(t: &Transmit<'_>, first: usize, per_msg: usize) -> (std::ops
             (start..end, n, (n > 1).then_some(seg))
         }
         _ => (0..t.contents.len(), 1, None),
-    }
-}
-
-impl UdpSocket {
-    /// Checks a transmit against the socket and the kernel's limits without sending.
-    pub fn validate(&self, t: &Transmit<'_>) -> Result<(), InvalidTransmit> {
-        let limits = PathLimits {
-            family: self.family,
-            path_mtu: self.path_mtu(),
-            max_segments: self.caps.kernel.gso_max_segments,
-        };
-        validate_transmit(t, &limits, self.peer == Some(t.destination))
     }
 }

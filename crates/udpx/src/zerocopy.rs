@@ -1,5 +1,7 @@
 //! Zerocopy send (`MSG_ZEROCOPY`): owned buffers that come back only after the kernel's
-//! completion, and a policy that turns zerocopy off where the kernel copies anyway.
+//! completion, and a policy that turns zerocopy off where the kernel copies anyway. This file
+//! holds the pure parts (pool, buffers, the completion tracker, the per-socket state); the
+//! socket's zerocopy methods are in `zc_send.rs`.
 //!
 //! ```text
 //!  ZcPool::get ─► ZcBuf (yours: fill it) ─► UdpSocket::send_zerocopy ─► in flight (the
@@ -23,17 +25,11 @@
 
 use std::collections::VecDeque;
 use std::fmt;
-use std::net::SocketAddr;
 use std::ops::{Deref, DerefMut};
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use crate::error::{SendError, SendErrorKind};
-use crate::socket::UdpSocket;
-use crate::sys;
-use crate::sys::cmsg::SO_EE_CODE_ZEROCOPY_COPIED;
-use crate::transmit::Transmit;
+use crate::error::SendError;
 
 /// Default size threshold: zerocopy for sends of at least this many bytes (GSO super-buffers).
 pub const DEFAULT_THRESHOLD: usize = 16 << 10;
@@ -135,7 +131,7 @@ impl ZcBuf {
     }
 
     /// Keeps the memory alive forever: used when the kernel may still read it.
-    fn leak(mut self) {
+    pub(crate) fn leak(mut self) {
         if let Some(d) = self.data.take() {
             Box::leak(d);
         }
@@ -356,147 +352,6 @@ impl fmt::Display for ZcSendError {
 }
 
 impl std::error::Error for ZcSendError {}
-
-impl UdpSocket {
-    /// Sends `buf` (its first `len` bytes) to `dst`, segmented by `segment_size` if given, with
-    /// MSG_ZEROCOPY when zerocopy is on for this socket and the send is at least the
-    /// threshold; otherwise by copying. The buffer returns to its pool once the kernel is done
-    /// (see [`UdpSocket::reap_completions`]); on error it comes back to the caller unless the
-    /// kernel may still read part of it.
-    pub fn send_zerocopy(&self, dst: SocketAddr, buf: ZcBuf, segment_size: Option<usize>) -> Result<(), ZcSendError> {
-        let t = Transmit { segment_size, ..Transmit::new(dst, &buf) };
-        if let Err(reason) = self.validate(&t) {
-            let error = SendError { sent: 0, partial_segments: 0, kind: SendErrorKind::Invalid { index: 0, reason } };
-            return Err(ZcSendError { buf: Some(buf), error });
-        }
-        let Some(zc) = self.zc.as_ref() else {
-            // Zerocopy not configured: an ordinary send, and the buffer goes back at once.
-            return self.send(&[t]).map(drop).map_err(|error| ZcSendError { buf: Some(buf), error });
-        };
-        // The state stays locked for the whole send: error-queue reads during it (after a
-        // failed call) must record completions against this send's open entry. Lock order:
-        // the send scratch, then the state.
-        let mut scratch = self.send_scratch.lock().unwrap_or_else(|e| e.into_inner());
-        let mut state = zc.lock().unwrap_or_else(|e| e.into_inner());
-        if !self.caps.zerocopy.load(Ordering::Relaxed) || buf.len() < state.cfg.threshold {
-            drop(state);
-            let res = self.send_blocking(&mut scratch.0, &[t], None);
-            return res.map(drop).map_err(|error| ZcSendError { buf: Some(buf), error });
-        }
-        // Backpressure: bound the sends in flight.
-        let deadline = Instant::now() + Duration::from_secs(2);
-        while state.tracker.len() >= state.cfg.max_inflight && Instant::now() < deadline {
-            // POLLERR is always reported; asking for no events waits for it alone.
-            let _ = sys::poll_one(self.fd_ref(), 0, Duration::from_millis(10));
-            let _ = self.drain_error_queue(Some(&mut state), None, &mut |_| {});
-        }
-        state.tracker.open();
-        let res = self.send_blocking(&mut scratch.0, &[t], Some(&mut state));
-        let consumed = state.tracker.open_ids();
-        match res {
-            // The tracker keeps the buffer until every id it consumed completed; one whose ids
-            // all completed already (or that went by copying) comes back here and is dropped
-            // into its pool.
-            Ok(_) => {
-                drop(state.tracker.close_open(buf));
-                Ok(())
-            }
-            Err(error) if consumed > 0 => {
-                // Part of it went with MSG_ZEROCOPY: the kernel may read the buffer until those
-                // ids complete, so it stays with the tracker; the caller gets the error.
-                drop(state.tracker.close_open(buf));
-                Err(ZcSendError { buf: None, error })
-            }
-            Err(error) => Err(ZcSendError { buf: state.tracker.close_open(buf), error }),
-        }
-    }
-
-    /// Zerocopy sends whose buffers the kernel may still read.
-    pub fn zerocopy_in_flight(&self) -> usize {
-        self.zc.as_ref().map_or(0, |z| z.lock().map(|s| s.tracker.len()).unwrap_or(0))
-    }
-
-    /// The id the kernel will give the next zerocopy send call (0 on a new socket); with every
-    /// completion read, the last completed id is one less.
-    pub fn zerocopy_next_id(&self) -> Option<u32> {
-        self.zc.as_ref().map(|z| z.lock().unwrap_or_else(|e| e.into_inner()).tracker.next_id())
-    }
-
-    /// Reads completions from the error queue (waiting up to `wait` for the first if none is
-    /// queued and sends are in flight) and returns finished buffers to their pool. Returns how
-    /// many buffers came back. ICMP errors read on the way are counted (see
-    /// [`UdpSocket::drain_errors`] to see them).
-    pub fn reap_completions(&self, wait: Option<Duration>) -> std::io::Result<usize> {
-        let Some(zc) = self.zc.as_ref() else { return Ok(0) };
-        if let Some(w) = wait {
-            if zc.lock().map(|s| s.tracker.is_empty()).unwrap_or(true) {
-                return Ok(0);
-            }
-            // POLLERR is always reported; asking for no events waits for it alone.
-            sys::poll_one(self.fd_ref(), 0, w)?;
-        }
-        Ok(self.drain_error_queue(None, None, &mut |_| {})?.released)
-    }
-
-    /// One zerocopy completion (ids `e.info..=e.data`): releases the buffers it finishes and,
-    /// with `judge`, tracks the copied streak. Returns (buffers released, zerocopy should turn
-    /// off).
-    pub(crate) fn zerocopy_completion(
-        &self,
-        state: &mut ZcState,
-        e: &crate::sys::cmsg::ExtErr,
-        judge: bool,
-    ) -> (usize, bool) {
-        let c = &self.counters;
-        let n = e.data.wrapping_sub(e.info) as u64 + 1;
-        c.add(&c.zerocopy_completed, n);
-        let released = state.tracker.complete(e.info, e.data).len(); // dropped: back to the pool
-        if !judge {
-            (released, false)
-        } else if e.code & SO_EE_CODE_ZEROCOPY_COPIED != 0 {
-            c.add(&c.zerocopy_copied, n);
-            state.copied_in_row += 1;
-            let limit = state.cfg.copied_limit;
-            (released, limit > 0 && state.zerocopied == 0 && state.copied_in_row >= limit)
-        } else {
-            state.zerocopied += 1;
-            state.copied_in_row = 0;
-            (released, false)
-        }
-    }
-
-    /// Turns zerocopy off for this socket (once): recorded, logged, counted.
-    pub(crate) fn turn_off_zerocopy(&self) {
-        if self.caps.zerocopy.swap(false, Ordering::Relaxed) {
-            let c = &self.counters;
-            c.add(&c.zerocopy_turned_off, 1);
-            let why = "the kernel copied every zerocopy send so far (local delivery, or a device \
-                       without scatter-gather): copying is cheaper"
-                .to_string();
-            log::warn!("udpx: zerocopy turned off on {}: {why}", self.local);
-            let _ = self.caps.zerocopy_off_reason.set(why);
-        }
-    }
-
-    /// On drop: wait (bounded) for completions, then keep whatever is still in flight alive.
-    pub(crate) fn settle_zerocopy(&mut self) {
-        let Some(zc) = self.zc.as_ref() else { return };
-        let deadline = Instant::now() + DROP_WAIT;
-        while self.zerocopy_in_flight() > 0 && Instant::now() < deadline {
-            if self.reap_completions(Some(Duration::from_millis(20))).is_err() {
-                break;
-            }
-        }
-        let left = zc.lock().map(|mut s| s.tracker.take_all()).unwrap_or_default();
-        if !left.is_empty() {
-            self.counters.add(&self.counters.zerocopy_leaked_on_drop, left.len() as u64);
-            log::warn!("udpx: {} zerocopy buffers still in flight at close; kept alive (leaked)", left.len());
-            for b in left {
-                b.leak();
-            }
-        }
-    }
-}
 
 #[cfg(test)]
 mod tests {
