@@ -137,6 +137,7 @@ pub fn run(cfg: &EchoBenchConfig, progress: &mut dyn FnMut(&str)) -> Result<(Vec
                 batch,
                 rate_limit: None,
                 cpus: Some(vec![srv_cpu]),
+                recv_buffer: None,
             };
             let bound = match &net {
                 Some(n) => n.ns(Side::Rx).run(move || server::bind(&sc)),

@@ -65,6 +65,10 @@ struct ServeArgs {
     /// Requests per second per source address at most, over all threads together.
     #[arg(long)]
     rate_limit: Option<u32>,
+    /// Receive buffer per shard in bytes (the kernel doubles it); default: room for a burst of
+    /// 4 requests from 1,024 clients at once.
+    #[arg(long, value_name = "BYTES")]
+    rcvbuf: Option<usize>,
     /// Allow more threads than CPUs.
     #[arg(long)]
     allow_oversubscribe: bool,
@@ -165,6 +169,7 @@ fn serve(a: ServeArgs) -> ExitCode {
         batch: a.batch,
         rate_limit: a.rate_limit,
         cpus: None,
+        recv_buffer: a.rcvbuf,
     };
     if let Err(e) = server::check(&cfg, a.allow_oversubscribe) {
         return usage(e);
@@ -191,8 +196,15 @@ fn serve(a: ServeArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let rcvbuf = bound.recv_buffer();
     let srv = server::start(bound);
-    eprintln!("udpx echo serve: {} on {} ({} shards)", mode.name(), srv.addr, srv.stats().len());
+    eprintln!(
+        "udpx echo serve: {} on {} ({} shards, receive buffer {} KiB each)",
+        mode.name(),
+        srv.addr,
+        srv.stats().len(),
+        rcvbuf >> 10
+    );
     let metrics = match a.metrics.map(|addr| srv.serve_metrics(addr)).transpose() {
         Ok(m) => m,
         Err(e) => {

@@ -12,7 +12,7 @@
 //! sent stays due and is tried again, and one still unsent when the run ends is counted.
 
 use std::collections::HashMap;
-use std::io::{self, IoSliceMut};
+use std::io;
 use std::net::SocketAddr;
 use std::os::fd::AsFd;
 use std::time::Duration;
@@ -20,7 +20,7 @@ use std::time::Duration;
 use hdrhistogram::Histogram;
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use serde::Serialize;
-use udpx::{RecvMeta, SendErrorKind, SendMode, Timestamp, Transmit, UdpSocket, Want};
+use udpx::{RecvBuffers, SendErrorKind, SendMode, Timestamp, Transmit, UdpSocket, Want};
 
 use crate::proto::{self, Request};
 
@@ -158,7 +158,13 @@ pub fn bind_flows(cfg: &LoadConfig) -> Result<Vec<UdpSocket>, String> {
                 .pktinfo(Want::Off)
                 .ecn(Want::Off)
                 .rxq_ovfl(Want::Off)
-                .buffers(1 << 20, 1 << 20)
+                // Replies of one flow in flight at once: its window (a burst of at least 64 in
+                // the open loop), sized in the kernel's terms.
+                .buffers(1 << 20, {
+                    let burst = if cfg.rate.is_some() { 64 } else { cfg.outstanding.max(64) };
+                    let role = udpx::rcvbuf::RecvRole::Server { clients: 1, burst, datagram: cfg.size };
+                    udpx::rcvbuf::plan(role).set
+                })
                 .nonblocking(true)
                 .connect(cfg.dst)
                 .bind()
@@ -174,8 +180,7 @@ pub fn run(cfg: &LoadConfig, socks: Vec<UdpSocket>) -> Result<LoadResult, String
     let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).map_err(|e| e.to_string())?;
     let mut res = LoadResult::default();
     let mut buf = vec![0u8; cfg.size];
-    let mut rbufs: Vec<Vec<u8>> = (0..16).map(|_| vec![0u8; 2048.max(cfg.size)]).collect();
-    let mut metas = [RecvMeta::default(); 16];
+    let mut rbufs = RecvBuffers::new(16, 2048.max(cfg.size));
     let (dst, closed) = (cfg.dst, cfg.rate.is_none());
     let start = Timestamp::now().as_nanos();
     let end = start + cfg.duration.as_nanos() as u64;
@@ -226,28 +231,24 @@ pub fn run(cfg: &LoadConfig, socks: Vec<UdpSocket>) -> Result<LoadResult, String
         let mut any = false;
         for (i, f) in flows.iter_mut().enumerate() {
             loop {
-                let got = {
-                    let mut slices: Vec<IoSliceMut<'_>> = rbufs.iter_mut().map(|b| IoSliceMut::new(b)).collect();
-                    match f.sock.recv(&mut slices, &mut metas) {
-                        Ok(n) => n,
-                        // An ICMP error for this flow, reported once: nothing to read now.
-                        Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => {
-                            res.refused += 1;
-                            0
-                        }
-                        // Nothing queued (EAGAIN).
-                        Err(_) => 0,
+                let got = match f.sock.recv_into(&mut rbufs) {
+                    Ok(n) => n,
+                    // An ICMP error for this flow, reported once: nothing to read now.
+                    Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => {
+                        res.refused += 1;
+                        0
                     }
+                    // Nothing queued (EAGAIN).
+                    Err(_) => 0,
                 };
                 if got == 0 {
                     break;
                 }
                 any = true;
                 let now = Timestamp::now().as_nanos();
-                for (m, b) in metas[..got].iter().zip(&rbufs) {
-                    let matched = proto::parse_reply(&b[..m.len])
-                        .filter(|r| r.flow as usize == i)
-                        .and_then(|r| f.pending.remove(&r.seq));
+                for (_, b) in rbufs.messages() {
+                    let matched =
+                        proto::parse_reply(b).filter(|r| r.flow as usize == i).and_then(|r| f.pending.remove(&r.seq));
                     match matched {
                         Some(p) => {
                             res.received += 1;

@@ -12,7 +12,6 @@
 //! request itself with sockperf's client flag cleared, never larger. Malformed requests are counted and dropped.
 
 use std::hash::BuildHasher;
-use std::io::IoSliceMut;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
@@ -21,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use udpx::{
-    RecvMeta, RecvMode, SendError, SendErrorKind, SendMode, ShardGroup, SocketConfig, Steering, Transmit, UdpSocket,
+    RecvBuffers, RecvMode, SendError, SendErrorKind, SendMode, ShardGroup, SocketConfig, Steering, Transmit, UdpSocket,
     Want,
 };
 use udpx_lab::cpu::{online_cpus, pin_current_thread, ProcessCpu};
@@ -73,6 +72,16 @@ pub struct ServeConfig {
     /// CPUs the shard threads are pinned to, round robin (`reuseport-cpu` pins each socket's
     /// thread to its own CPU regardless). `None`: not pinned.
     pub cpus: Option<Vec<usize>>,
+    /// Receive buffer per shard socket (`SO_RCVBUF`, doubled by the kernel); `None`: sized by
+    /// [`default_recv_buffer`].
+    pub recv_buffer: Option<usize>,
+}
+
+/// The receive buffer a shard asks for by default: room for a burst of 4 requests from each
+/// of 1,024 clients at once, of 256 bytes each (sockperf's are 14 to 64), in the kernel's
+/// terms ([`udpx::rcvbuf`]); a server that expects more says so with `--rcvbuf`.
+pub fn default_recv_buffer() -> usize {
+    udpx::rcvbuf::plan(udpx::rcvbuf::RecvRole::Server { clients: 1024, burst: 4, datagram: 256 }).set
 }
 
 /// Most threads (and sockets) a server may have, oversubscribed or not: far past the CPU count
@@ -214,6 +223,11 @@ impl Bound {
         self.addr
     }
 
+    /// Each shard's effective receive buffer (what the kernel reports: twice what was set).
+    pub fn recv_buffer(&self) -> usize {
+        self.shards.first().map_or(0, |(s, _)| s.capabilities().recv_buffer)
+    }
+
     /// Queues a fault for the next send on shard `shard`'s socket (tests only).
     #[cfg(feature = "fault-injection")]
     pub fn inject_fault(&self, shard: usize, fault: udpx::Fault) {
@@ -236,7 +250,7 @@ pub fn bind(cfg: &ServeConfig) -> Result<Bound, String> {
         .ecn(Want::Off)
         // Drops are read once with SO_MEMINFO at exit, not as a cmsg on every datagram.
         .rxq_ovfl(Want::Off)
-        .buffers(4 << 20, 4 << 20);
+        .buffers(4 << 20, cfg.recv_buffer.unwrap_or_else(default_recv_buffer));
     let group = |n: usize, steering: Steering| {
         ShardGroup::bind(sock_cfg.clone(), n, steering).map_err(|e| format!("bind {}: {e}", cfg.bind))
     };
@@ -509,22 +523,20 @@ fn send_replies<T>(
 fn serve_shard(sock: &UdpSocket, cfg: &ServeConfig, limit: Option<&RateLimit>, stop: &AtomicBool, c: &ShardCounters) {
     let _ = sock.set_read_timeout(Some(Duration::from_millis(100)));
     let n = if cfg.batch { 32 } else { 1 };
-    let mut bufs: Vec<Vec<u8>> = (0..n).map(|_| vec![0u8; 1 << 16]).collect();
-    let mut metas = vec![RecvMeta::default(); n];
+    // Buffers, metadata and message vectors set up once: a receive allocates nothing.
+    let mut bufs = RecvBuffers::new(n, 1 << 16);
     let mut keep = Vec::with_capacity(n);
     while !stop.load(Relaxed) {
-        let got = {
-            let mut slices: Vec<IoSliceMut<'_>> = bufs.iter_mut().map(|b| IoSliceMut::new(b)).collect();
-            match sock.recv(&mut slices, &mut metas) {
-                Ok(k) => k,
-                Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => continue,
-                Err(_) => continue,
-            }
+        let got = match sock.recv_into(&mut bufs) {
+            Ok(k) => k,
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => continue,
+            Err(_) => continue,
         };
         c.recv_calls.fetch_add(1, Relaxed);
         keep.clear();
-        for (i, m) in metas[..got].iter().enumerate() {
-            if m.truncated || !proto::is_request(&bufs[i][..m.len]) {
+        for i in 0..got {
+            let (m, data) = bufs.message_mut(i);
+            if m.truncated || !proto::is_request(data) {
                 c.malformed.fetch_add(1, Relaxed);
                 continue;
             }
@@ -534,16 +546,16 @@ fn serve_shard(sock: &UdpSocket, cfg: &ServeConfig, limit: Option<&RateLimit>, s
                     continue;
                 }
             }
-            proto::make_reply(&mut bufs[i][..m.len]);
+            proto::make_reply(data);
             keep.push(i);
         }
         c.requests.fetch_add(keep.len() as u64, Relaxed);
         let mut replies: Vec<Transmit<'_>> = keep
             .iter()
             .map(|&i| {
-                let m = &metas[i];
+                let (m, data) = bufs.message(i);
                 // The request itself goes back: a reply is never larger than its request.
-                Transmit { src_ip: m.dst_ip, ..Transmit::new(m.addr, &bufs[i][..m.len]) }
+                Transmit { src_ip: m.dst_ip, ..Transmit::new(m.addr, data) }
             })
             .collect();
         let s = send_replies(

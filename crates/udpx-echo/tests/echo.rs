@@ -15,7 +15,15 @@ use udpx_echo::proto::{self, Request};
 use udpx_echo::server::{self, Mode, ServeConfig};
 
 fn serve(mode: Mode, threads: usize, batch: bool, bind: &str) -> server::Server {
-    let cfg = ServeConfig { bind: bind.parse().unwrap(), mode, threads, batch, rate_limit: None, cpus: None };
+    let cfg = ServeConfig {
+        bind: bind.parse().unwrap(),
+        mode,
+        threads,
+        batch,
+        rate_limit: None,
+        cpus: None,
+        recv_buffer: None,
+    };
     server::start(server::bind(&cfg).unwrap())
 }
 
@@ -228,6 +236,7 @@ fn a_failed_send_is_retried_and_the_reply_arrives() {
             batch,
             rate_limit: None,
             cpus: None,
+            recv_buffer: None,
         };
         let bound = server::bind(&cfg).unwrap();
         bound.inject_fault(0, udpx::Fault::Errno(nix::errno::Errno::ECONNREFUSED as i32));
@@ -252,6 +261,7 @@ fn rate_limit_per_source() {
         batch: true,
         rate_limit: Some(10),
         cpus: None,
+        recv_buffer: None,
     };
     let srv = server::start(server::bind(&cfg).unwrap());
     let c = StdUdp::bind("127.0.0.1:0").unwrap();
@@ -275,6 +285,7 @@ fn rate_limit_holds_across_shards() {
         batch: true,
         rate_limit: Some(10),
         cpus: None,
+        recv_buffer: None,
     };
     let srv = server::start(server::bind(&cfg).unwrap());
     let ports: Vec<StdUdp> = (0..40).map(|_| StdUdp::bind("127.0.0.1:0").unwrap()).collect();
@@ -302,6 +313,7 @@ fn bad_configuration_is_refused() {
         batch: true,
         rate_limit: None,
         cpus: None,
+        recv_buffer: None,
     };
     assert!(server::check(&base, false).unwrap_err().contains("--threads 0"));
     let many = ServeConfig { threads: server::MAX_THREADS, ..base.clone() };
@@ -406,4 +418,23 @@ fn metrics_move_under_load_and_agree_with_the_generator() {
     assert!(res.received <= replies && res.received + res.lost >= replies.min(res.sent), "{res:?}");
     drop(m);
     srv.stop();
+}
+
+/// The receive buffer is sized from the burst by default (no fixed megabytes) and `--rcvbuf`
+/// is honoured; the kernel reports twice what was set.
+#[test]
+fn receive_buffer_default_and_override() {
+    let base = ServeConfig {
+        bind: "127.0.0.1:0".parse().unwrap(),
+        mode: Mode::Reuseport,
+        threads: 2,
+        batch: true,
+        rate_limit: None,
+        cpus: None,
+        recv_buffer: None,
+    };
+    let b = server::bind(&base).unwrap();
+    assert_eq!(b.recv_buffer(), 2 * server::default_recv_buffer(), "as root the size is set exactly");
+    let b = server::bind(&ServeConfig { recv_buffer: Some(300_000), ..base }).unwrap();
+    assert_eq!(b.recv_buffer(), 600_000);
 }
