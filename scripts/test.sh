@@ -35,7 +35,16 @@ set +e
 # from a process substitution, not a pipeline, so a left-behind process still holding the
 # output open cannot keep the script waiting: it is found and killed first. (The braces make
 # the shell itself start tee, so that $! names it.)
-{ UDPX_TEST_RUN="$run_id" cargo test --workspace --all-features -- --test-threads=2; } > >(tee "$log") 2>&1
+{
+  UDPX_TEST_RUN="$run_id" cargo test --workspace --all-features -- --test-threads=2
+  main_status=$?
+  # Tests that flood a veth pair and must have both cores to themselves: their own step, one
+  # at a time (they are #[ignore]d in the run above).
+  echo "== tests that run alone"
+  UDPX_TEST_RUN="$run_id" cargo test -p udpx --all-features --test veth_alone -- --ignored --test-threads=1
+  alone_status=$?
+  [ "$main_status" -eq 0 ] && [ "$alone_status" -eq 0 ]
+} > >(tee "$log") 2>&1
 status=$?
 tee_pid=$!
 set -e
