@@ -276,9 +276,14 @@ impl UdpSocket {
         let fallback = self.peer.unwrap_or(self.local);
         let c = &self.counters;
         let mmsg = self.recv_mode == crate::RecvMode::Recvmmsg;
+        // Control space only for the control messages this socket asked for: none means no
+        // per-call control work, and one datagram per call then goes by recvfrom(2).
+        let caps = &self.caps;
+        let wants_control = caps.gro || caps.pktinfo || caps.ecn || caps.rxq_ovfl;
+        let ctrl = if wants_control { self.faults.recv_control_len() } else { 0 };
         let mut retries = 0;
         let got = loop {
-            match call(scratch, mmsg, self.faults.recv_control_len(), flags) {
+            match call(scratch, mmsg, ctrl, flags) {
                 Ok(got) => break got,
                 // A pending error left by an ICMP error about some earlier datagram
                 // (IP_RECVERR): nothing was received; read the queue and receive again.

@@ -268,6 +268,32 @@ impl OwnedSlots {
     }
 }
 
+impl RecvScratch {
+    /// One datagram with `recvfrom(2)`, for a socket that wants no control message: the
+    /// kernel's `udpgso_bench_rx` shape plus the source address, without the msghdr and iovec
+    /// that `recvmsg` copies in per call. MSG_TRUNC makes the kernel return the datagram's real
+    /// length, so a cut datagram is still reported as one.
+    fn recv_from(&mut self, fd: BorrowedFd<'_>, iov: &mut libc::iovec, flags: libc::c_int) -> io::Result<usize> {
+        let mut namelen = self.names[0].capacity();
+        let (name, _) = self.names[0].as_mut_parts();
+        let len = retry(|| {
+            // SAFETY: iov describes a live, exclusively borrowed buffer of iov_len bytes; name
+            // points at a sockaddr_storage of `namelen` bytes owned by this scratch.
+            cvt(unsafe {
+                libc::recvfrom(fd.as_raw_fd(), iov.iov_base, iov.iov_len, flags | libc::MSG_TRUNC, name, &mut namelen)
+            })
+        })? as usize;
+        let cut = len > iov.iov_len;
+        self.out[0] = RawRecv {
+            len: len.min(iov.iov_len),
+            flags: if cut { libc::MSG_TRUNC } else { 0 },
+            addr: self.names[0].with_len(namelen),
+            ..RawRecv::default()
+        };
+        Ok(1)
+    }
+}
+
 /// Reusable receive vectors of one socket.
 pub(crate) struct RecvScratch {
     hdrs: [libc::mmsghdr; BATCH],
@@ -347,6 +373,9 @@ impl RecvScratch {
             hdr.msg_control = if ctrl_len == 0 { std::ptr::null_mut() } else { self.ctrl[i].0.as_mut_ptr().cast() };
             hdr.msg_controllen = ctrl_len as _;
             hdr.msg_flags = 0;
+        }
+        if !mmsg && ctrl_len == 0 {
+            return self.recv_from(fd, &mut iovs[0], flags);
         }
         let got = if mmsg {
             // recvmmsg(sockfd, msgvec, vlen, flags, timeout): n headers pointing at live
