@@ -86,7 +86,7 @@ pub struct FlowConfig {
     /// twice the batch, so a release up to one interval late loses no rate.
     pub burst: Option<u32>,
     /// Whether the flow always has data (a streaming source, like the paper's video server) or
-    /// sends only what `Pacer::enqueue` gave it.
+    /// sends only what [`Pacer::enqueue`](crate::Pacer::enqueue) gave it.
     pub source: Source,
 }
 
@@ -177,11 +177,12 @@ impl FlowParams {
     }
 
     /// How far behind its schedule a flow may fall and still catch up: the burst beyond one
-    /// batch, in time, less 1 ns for the rounding up of [`duration_ns`](Self::duration_ns).
-    /// With it, a flow's sends over any span `d` stay within `rate x d + burst` datagrams.
+    /// batch, in time (rounded down). With it, a flow's sends over any span `d` stay within
+    /// `rate x (d + 1 ns) + burst` datagrams (the 1 ns is [`duration_ns`](Self::duration_ns)
+    /// rounding up).
     pub fn catch_up_ns(&self) -> u64 {
         let bytes_ns = u128::from(self.burst - self.batch) * u128::from(self.size) * NS_PER_SEC;
-        ((bytes_ns / u128::from(self.rate)).min(u64::MAX.into()) as u64).saturating_sub(1)
+        (bytes_ns / u128::from(self.rate)).min(u64::MAX.into()) as u64
     }
 }
 
@@ -259,14 +260,15 @@ mod tests {
         }
     }
 
-    /// Rounding: durations up, datagrams down, catch-up leaves 1 ns for rounding.
+    /// Rounding: durations up, datagrams down, catch-up down.
     #[test]
     fn rounding() {
         let p = flow(3, 1, Granularity::Segments(1), Some(3)).validate(1).unwrap();
         assert_eq!(p.duration_ns(1), 333_333_334);
         assert_eq!(p.datagrams_in(333_333_333), 0);
         assert_eq!(p.datagrams_in(333_333_334), 1);
-        assert_eq!(p.catch_up_ns(), 666_666_665);
+        assert_eq!(p.catch_up_ns(), 666_666_666);
+        assert_eq!(p.datagrams_in(p.catch_up_ns()), 1, "2/3 s at 3 B/s pays for 1 more than 1 s - 1/3 s");
         let tight = flow(4_000, 1_200, Granularity::Segments(2), Some(2)).validate(SLOT).unwrap();
         assert_eq!(tight.catch_up_ns(), 0);
     }
