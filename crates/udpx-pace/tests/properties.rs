@@ -102,10 +102,10 @@ proptest! {
         }
     }
 
-    /// Flows added, removed, fed and advanced in any order: only live flows are released, each
+    /// Flows added, removed, fed, re-rated and advanced in any order: only live flows are released, each
     /// at most once per call, never before due, never more than enqueued; no panic.
     #[test]
-    fn churn(ops in proptest::collection::vec((0u8..4, any::<u32>(), 0u64..2_000_000), 1..300)) {
+    fn churn(ops in proptest::collection::vec((0u8..5, any::<u32>(), 0u64..2_000_000), 1..300)) {
         let mut p = Pacer::new(PacerConfig { max_flows: 16, ..PacerConfig::default() }, T0).unwrap();
         let mut live: BTreeMap<u32, (Source, u64)> = BTreeMap::new(); // flow -> (source, left to send)
         let mut out: Vec<Release> = Vec::new();
@@ -134,6 +134,12 @@ proptest! {
                     if entry.0 == Source::Queued {
                         entry.1 += n;
                     }
+                }
+                3 if !live.is_empty() => {
+                    let id = *live.keys().nth(pick as usize % live.len()).unwrap();
+                    let source = live[&id].0;
+                    let cfg = FlowConfig { source, ..FlowConfig::new(10_000 + arg, 1_000) };
+                    p.update_flow(id, cfg, now).unwrap();
                 }
                 _ => {
                     now += arg;
