@@ -63,7 +63,7 @@ impl Pacer {
         let n = cfg.max_flows;
         Ok(Pacer {
             cfg,
-            wheel: Wheel::new(cfg.slot_ns, cfg.slots, n, now_ns),
+            wheel: Wheel::new(cfg.slot_ns, cfg.slots, n, now_ns)?,
             flows: vec![VACANT; n as usize],
             free: (0..n).rev().collect(),
             expired: Vec::with_capacity(n as usize),

@@ -10,6 +10,8 @@
 //! slot_ns`, so an entry never leaves before its due time and at most one slot (plus the wake-up
 //! latency) after it.
 
+use crate::error::PaceError;
+
 const NIL: u32 = u32::MAX;
 
 /// The wheel. See the module docs.
@@ -31,11 +33,16 @@ pub struct Wheel {
 
 impl Wheel {
     /// A wheel of `slots` slots (a power of two, at least 64) of `slot_ns` each, for entries
-    /// `0..capacity`, starting at time `start_ns`. The caller has validated the arguments.
-    pub fn new(slot_ns: u64, slots: u32, capacity: u32, start_ns: u64) -> Self {
-        debug_assert!(slots.is_power_of_two() && slots >= 64 && slot_ns > 0);
+    /// `0..capacity`, starting at time `start_ns`.
+    pub fn new(slot_ns: u64, slots: u32, capacity: u32, start_ns: u64) -> Result<Self, PaceError> {
+        if slot_ns == 0 {
+            return Err(PaceError::ZeroSlot);
+        }
+        if !slots.is_power_of_two() || slots < 64 {
+            return Err(PaceError::SlotCount { slots });
+        }
         let cap = capacity as usize;
-        Wheel {
+        Ok(Wheel {
             slot_ns,
             mask: u64::from(slots) - 1,
             cursor: start_ns / slot_ns,
@@ -45,7 +52,7 @@ impl Wheel {
             prev: vec![NIL; cap],
             slot_of: vec![NIL; cap],
             len: 0,
-        }
+        })
     }
 
     /// The slot length, ns.
@@ -78,10 +85,14 @@ impl Wheel {
         self.cursor
     }
 
-    /// Puts `entry` (not in the wheel) in the slot of `due_ns`: the current tick if that is
-    /// past, the last slot of the horizon if it is beyond. Returns the tick used.
+    /// Puts `entry` in the slot of `due_ns` (moving it if it was in the wheel): the current
+    /// tick if that is past, the last slot of the horizon if it is beyond. Returns the tick
+    /// used.
+    ///
+    /// # Panics
+    /// If `entry` is not below the capacity given to [`Wheel::new`], like a slice index.
     pub fn insert(&mut self, entry: u32, due_ns: u64) -> u64 {
-        debug_assert!(!self.contains(entry));
+        self.remove(entry);
         let tick = (due_ns / self.slot_ns).clamp(self.cursor, self.cursor + self.mask);
         let slot = (tick & self.mask) as usize;
         let head = self.heads[slot];
@@ -99,6 +110,9 @@ impl Wheel {
     }
 
     /// Takes `entry` out of the wheel; false if it was not in.
+    ///
+    /// # Panics
+    /// If `entry` is not below the capacity given to [`Wheel::new`].
     pub fn remove(&mut self, entry: u32) -> bool {
         let e = entry as usize;
         let slot = self.slot_of[e];
@@ -189,7 +203,7 @@ mod tests {
     const SLOT: u64 = 250_000;
 
     fn wheel() -> Wheel {
-        Wheel::new(SLOT, 64, 16, 0)
+        Wheel::new(SLOT, 64, 16, 0).unwrap()
     }
 
     fn expire(w: &mut Wheel, now: u64) -> Vec<u32> {
@@ -249,6 +263,18 @@ mod tests {
         assert_eq!(w.next_busy_tick(), None, "bit cleared with the last entry");
     }
 
+    /// Bad shapes are refused; inserting an entry already in moves it.
+    #[test]
+    fn shapes_and_reinsert() {
+        assert_eq!(Wheel::new(0, 64, 1, 0).err(), Some(PaceError::ZeroSlot));
+        assert_eq!(Wheel::new(SLOT, 96, 1, 0).err(), Some(PaceError::SlotCount { slots: 96 }));
+        assert_eq!(Wheel::new(SLOT, 0, 1, 0).err(), Some(PaceError::SlotCount { slots: 0 }));
+        let mut w = wheel();
+        w.insert(2, 3 * SLOT);
+        w.insert(2, 9 * SLOT);
+        assert_eq!((w.len(), w.next_busy_tick()), (1, Some(9)));
+    }
+
     /// The wheel wraps: entries keep their order across many rotations.
     #[test]
     fn wraps_many_times() {
@@ -269,7 +295,7 @@ mod tests {
     /// A big jump (a stall) expires every slot, in tick order, across the wrap.
     #[test]
     fn stall_expires_in_order() {
-        let mut w = Wheel::new(SLOT, 64, 64, 40 * SLOT);
+        let mut w = Wheel::new(SLOT, 64, 64, 40 * SLOT).unwrap();
         for e in 0..64u32 {
             w.insert(e, (40 + u64::from(e)) * SLOT);
         }

@@ -175,7 +175,7 @@ proptest! {
     #[test]
     fn wheel_matches_model(ops in proptest::collection::vec((0u8..3, 0u32..32, 0u64..200), 1..400)) {
         const SLOTS: u64 = 64;
-        let mut w = Wheel::new(SLOT, SLOTS as u32, 32, T0);
+        let mut w = Wheel::new(SLOT, SLOTS as u32, 32, T0).unwrap();
         let mut model: HashMap<u32, u64> = HashMap::new();
         let mut now = T0;
         let mut out = Vec::new();
