@@ -122,4 +122,4 @@ pub mod wheel;
 
 pub use config::{FlowConfig, FlowParams, Granularity, PacerConfig, Source, MAX_DATAGRAM, MAX_RATE, MAX_SEGMENTS};
 pub use error::PaceError;
-pub use pacer::{phase, Pacer, Release};
+pub use pacer::{phase, FlowState, Pacer, Release};

@@ -19,6 +19,17 @@ pub struct Release {
     pub due_ns: u64,
 }
 
+/// What [`Pacer::flow_state`] tells about a flow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FlowState {
+    /// The earliest departure time of its next batch, ns.
+    pub edt_ns: u64,
+    /// Datagrams waiting to be released (queued flows; 0 for streaming ones).
+    pub queued: u64,
+    /// The numbers it is paced by (batch, burst, ...), as derived from its [`FlowConfig`].
+    pub params: FlowParams,
+}
+
 /// A flow's state: its parameters and its clock.
 #[derive(Debug, Clone, Copy)]
 struct Flow {
@@ -159,9 +170,9 @@ impl Pacer {
         Ok(())
     }
 
-    /// A flow's next departure time and queued datagrams.
-    pub fn flow_state(&self, flow: u32) -> Result<(u64, u64), PaceError> {
-        self.get(flow).map(|f| (f.edt, f.queued))
+    /// A flow's clock and queue.
+    pub fn flow_state(&self, flow: u32) -> Result<FlowState, PaceError> {
+        self.get(flow).map(|f| FlowState { edt_ns: f.edt, queued: f.queued, params: f.params })
     }
 
     /// When the next busy slot has elapsed: sleep until then and call
@@ -174,8 +185,8 @@ impl Pacer {
     /// Never reads a clock: `now_ns` is the caller's. A `now_ns` earlier than one seen before
     /// counts as that one.
     ///
-    /// Per flow, with `slack = (burst - batch) x size / rate` (the catch-up it may make):
-    /// `start = max(edt, now - slack)`; it sends its batch, or, when more than a slot late,
+    /// Per flow, with `catch_up = (burst - batch) x size / rate`:
+    /// `start = max(edt, now - catch_up)`; it sends its batch, or, when more than a slot late,
     /// as many as the rate has paid for since `start` (never more than its burst); then
     /// `edt = start + datagrams x size / rate`. This is a token bucket of depth `burst`
     /// datagrams read off `now`, so over any span `d` a flow sends at most
@@ -273,7 +284,7 @@ mod tests {
         let mut p = pacer(4);
         let f = p.add_flow(flow(4_000, 1_200, 2, 4), T0).unwrap();
         let first = T0 + phase(p.config().seed, f, 600 * MS);
-        assert_eq!(p.flow_state(f).unwrap().0, first);
+        assert_eq!(p.flow_state(f).unwrap().edt_ns, first);
         let mut out = Vec::new();
         for k in 0..20u64 {
             let wake = p.next_wakeup().unwrap();
@@ -466,21 +477,21 @@ mod tests {
         let first = p.next_wakeup().unwrap();
         p.advance_to(first, &mut out);
         let due = out[0].due_ns;
-        assert_eq!(p.flow_state(f).unwrap().0, due + 600 * MS);
+        assert_eq!(p.flow_state(f).unwrap().edt_ns, due + 600 * MS);
         // 100x faster: the next departure comes within the new 6 ms interval
         p.update_flow(f, flow(400_000, 1_200, 2, 4), first).unwrap();
-        assert_eq!(p.flow_state(f).unwrap().0, first + 6 * MS);
+        assert_eq!(p.flow_state(f).unwrap().edt_ns, first + 6 * MS);
         let wake = p.next_wakeup().unwrap();
         assert!(wake <= first + 6 * MS + SLOT);
         p.advance_to(wake, &mut out);
         assert_eq!(out.len(), 1);
-        assert_eq!(p.flow_state(f).unwrap().0, first + 12 * MS);
+        assert_eq!(p.flow_state(f).unwrap().edt_ns, first + 12 * MS);
         // slower: the next departure stays, the one after follows the new rate
         p.update_flow(f, flow(40_000, 1_200, 2, 4), wake).unwrap();
-        assert_eq!(p.flow_state(f).unwrap().0, first + 12 * MS);
+        assert_eq!(p.flow_state(f).unwrap().edt_ns, first + 12 * MS);
         let wake = p.next_wakeup().unwrap();
         p.advance_to(wake, &mut out);
-        assert_eq!(p.flow_state(f).unwrap().0, first + 12 * MS + 60 * MS);
+        assert_eq!(p.flow_state(f).unwrap().edt_ns, first + 12 * MS + 60 * MS);
         // to queued, nothing queued: off the wheel; bad config: refused, flow unchanged
         p.update_flow(f, FlowConfig { source: Source::Queued, ..flow(40_000, 1_200, 2, 4) }, wake).unwrap();
         assert_eq!(p.next_wakeup(), None);
@@ -511,7 +522,7 @@ mod tests {
             assert!(at >= due && at - due <= SLOT);
         }
         assert!(wakes < 250, "a wake per horizon, not per slot: {wakes}");
-        assert_eq!(p.flow_state(f).unwrap().0 - releases[4].1, 600 * MS);
+        assert_eq!(p.flow_state(f).unwrap().edt_ns - releases[4].1, 600 * MS);
     }
 
     /// Queued flows send what they have, go idle, and come back with at most their burst.
@@ -529,7 +540,7 @@ mod tests {
             got.extend(out.iter().map(|r| r.datagrams));
         }
         assert_eq!(got, vec![2, 2, 1]);
-        assert_eq!(p.flow_state(f).unwrap().1, 0);
+        assert_eq!(p.flow_state(f).unwrap().queued, 0);
         // a second of idleness keeps only the burst's worth of credit
         let later = T0 + 1_000 * MS;
         p.enqueue(f, 100, later).unwrap();
@@ -542,7 +553,7 @@ mod tests {
         // streaming flows ignore enqueue
         let s = p.add_flow(flow(4_000, 1_200, 2, 4), T0).unwrap();
         p.enqueue(s, 10, later).unwrap();
-        assert_eq!(p.flow_state(s).unwrap().1, 0);
+        assert_eq!(p.flow_state(s).unwrap().queued, 0);
     }
 
     /// Flows come and go while the pacer runs: a removed flow is never released, its index is

@@ -161,10 +161,9 @@ proptest! {
             }
             prop_assert_eq!(p.len(), live.len());
             for (&id, &(_, left)) in &live {
-                if let Ok((_, queued)) = p.flow_state(id) {
-                    if live[&id].0 == Source::Queued {
-                        prop_assert_eq!(queued, left);
-                    }
+                let state = p.flow_state(id).unwrap();
+                if live[&id].0 == Source::Queued {
+                    prop_assert_eq!(state.queued, left);
                 }
             }
         }
