@@ -37,6 +37,23 @@ pub fn default_rcvbuf(datagram: usize) -> RcvbufPlan {
     plan(RecvRole::Bulk { rate: BULK_RATE, gap: BULK_GAP, datagram })
 }
 
+/// The rate the `software` veth profile carries at most (about 24 Gbit/s of UDP with GRO
+/// here: the receive work runs in a NAPI thread on the receiver's CPU).
+pub const SHARED_RATE: u64 = 3_000_000_000;
+/// The gap a receiver that shares its CPU with the NAPI thread must absorb: a scheduler slice
+/// or two while the NAPI thread runs and data keeps arriving.
+pub const SHARED_GAP: Duration = Duration::from_millis(3);
+
+/// The default receive buffer for a path profile: on `offload` the receiver has its CPU to
+/// itself ([`default_rcvbuf`]); on `software` it shares it with the NAPI thread that feeds it,
+/// so it must absorb [`SHARED_RATE`] for [`SHARED_GAP`].
+pub fn default_rcvbuf_for(profile: udpx_lab::netns::Profile, datagram: usize) -> RcvbufPlan {
+    match profile {
+        udpx_lab::netns::Profile::Software => plan(RecvRole::Bulk { rate: SHARED_RATE, gap: SHARED_GAP, datagram }),
+        _ => default_rcvbuf(datagram),
+    }
+}
+
 /// The bench receiver's socket configuration: GRO and the receive call as asked, the receive
 /// buffer `rcvbuf` (the value to set; the kernel doubles it), and no per-datagram control
 /// message it does not read: pktinfo and ECN only with `meta` (to measure what a server that
@@ -233,5 +250,17 @@ mod tests {
         // 10 GB/s for 100 us = 1 MB = 680 datagrams, plus a batch of 64, at 2304 bytes each.
         assert_eq!((p.datagrams, p.truesize), (744, 2304));
         assert!(p.effective < 2 << 20, "well under the old forced 32 MiB: {p:?}");
+    }
+
+    #[test]
+    fn a_receiver_sharing_its_cpu_gets_room_for_a_scheduler_slice() {
+        use udpx_lab::netns::Profile;
+        let own = default_rcvbuf_for(Profile::Offload, 1472);
+        let shared = default_rcvbuf_for(Profile::Software, 1472);
+        assert_eq!(own, default_rcvbuf(1472));
+        // 3 GB/s for 3 ms: 6,114 datagrams of 1,472 B (+64 in flight), 2,304 B each.
+        assert_eq!(shared.datagrams, 9_000_000usize.div_ceil(1472) + 64);
+        assert_eq!(shared.set, (shared.datagrams * 2304).div_ceil(2));
+        assert!(shared.set > 8 * own.set && shared.set < 32 << 20, "{shared:?}");
     }
 }

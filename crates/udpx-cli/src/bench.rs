@@ -629,14 +629,22 @@ fn main_job(a: MainArgs) -> ExitCode {
     let rcvbuf = a.rcvbuf.unwrap_or(plan.set);
     let rcvbuf_text = match a.rcvbuf {
         Some(n) => format!("receive buffer {n} B set (--rcvbuf)"),
-        None => format!(
-            "receive buffer {} B set, sized for {} datagrams of {} B arriving at {} GB/s during {} us (udpx::rcvbuf::plan)",
-            plan.set,
-            plan.datagrams,
-            a.size,
-            udpx_bench::rx::BULK_RATE / 1_000_000_000,
-            udpx_bench::rx::BULK_GAP.as_micros()
-        ),
+        None => {
+            let shared = udpx_bench::rx::default_rcvbuf_for(udpx_lab::netns::Profile::Software, a.size);
+            format!(
+                "receive buffer sized by udpx::rcvbuf::plan: {} B set for {} datagrams of {} B arriving at {} GB/s \
+                 during {} us (offload, loopback); {} B set for {} GB/s during {} ms (software: the receiver \
+                 shares its CPU with the NAPI thread)",
+                plan.set,
+                plan.datagrams,
+                a.size,
+                udpx_bench::rx::BULK_RATE / 1_000_000_000,
+                udpx_bench::rx::BULK_GAP.as_micros(),
+                shared.set,
+                udpx_bench::rx::SHARED_RATE / 1_000_000_000,
+                udpx_bench::rx::SHARED_GAP.as_millis()
+            )
+        }
     };
     let cfg = RunConfig { duration: dur, size: a.size, v6: false, verify: a.verify, cpus, rcvbuf, pace: None };
     let n_profiles = if veth { profiles.len() } else { 1 };
@@ -700,6 +708,8 @@ fn main_job(a: MainArgs) -> ExitCode {
                         .join(", ");
                 devices.push(format!("{p} {side:?} veth ({}): {pick}", net.dev(side)));
             }
+            let sized = udpx_bench::rx::default_rcvbuf_for(*p, a.size);
+            let cfg = RunConfig { rcvbuf: a.rcvbuf.unwrap_or(sized.set), ..cfg.clone() };
             let r = run_matrix(p.as_str(), Path::Veth(&net), &rows, &cfg, repeat, &mut progress);
             if a.paced {
                 bar.inc_length((2 * paced::PAIRS.len() * repeat) as u64);
