@@ -108,6 +108,11 @@ pub(crate) struct Drained {
     pub read: usize,
     /// ICMP or local errors among them.
     pub icmp: usize,
+    /// Of those, errors that came from the network (ICMP, ICMPv6): the ones that leave a
+    /// pending error on the socket for some later, unrelated call. A local error
+    /// (`SO_EE_ORIGIN_LOCAL`, e.g. EMSGSIZE for a datagram over the route's MTU) belongs to the
+    /// call that just failed and must not make it retry.
+    pub remote: usize,
     /// Zerocopy buffers released.
     pub released: usize,
     /// A completion covered the watched zerocopy id.
@@ -166,6 +171,7 @@ impl UdpSocket {
                 return;
             }
             d.icmp += 1;
+            d.remote += matches!(e.origin, 2 | 3) as usize;
             c.add(&c.icmp_errors, 1);
             on_icmp(&IcmpError::from_ext(&e, dst));
         })?;

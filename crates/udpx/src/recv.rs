@@ -293,7 +293,7 @@ impl UdpSocket {
                         && retries < crate::icmp::ICMP_RETRIES
                         && e.raw_os_error().is_some_and(crate::icmp::is_icmp_errno) =>
                 {
-                    if self.drain_error_queue(None, None, &mut |_| {})?.icmp == 0 {
+                    if self.drain_error_queue(None, None, &mut |_| {})?.remote == 0 {
                         return Err(e);
                     }
                     retries += 1;

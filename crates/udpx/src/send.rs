@@ -82,6 +82,8 @@ impl UdpSocket {
             let zc_call = flags & libc::MSG_ZEROCOPY != 0;
             match res {
                 Ok(n) => {
+                    // The retry budget bounds a flood against one stuck call, not a long send.
+                    icmp_retries = 0;
                     if let (true, Some(z)) = (zc_call, zc.as_deref_mut()) {
                         z.tracker.extend_open(n as u32);
                         c.add(&c.zerocopy_sends, n as u64);
@@ -124,7 +126,10 @@ impl UdpSocket {
                     } else {
                         Default::default()
                     };
-                    if icmp_kind && self.peer.is_none() && drained.icmp > 0 && icmp_retries < crate::icmp::ICMP_RETRIES
+                    if icmp_kind
+                        && self.peer.is_none()
+                        && drained.remote > 0
+                        && icmp_retries < crate::icmp::ICMP_RETRIES
                     {
                         // A pending error left by someone else's ICMP (IP_RECVERR): this call
                         // sent nothing; the queue is read now, so send again.

@@ -47,7 +47,6 @@ impl UdpSocket {
         }
         state.tracker.open();
         let res = self.send_blocking(&mut scratch.0, &[t], Some(&mut state));
-        let consumed = state.tracker.open_ids();
         match res {
             // The tracker keeps the buffer until every id it consumed completed; one whose ids
             // all completed already (or that went by copying) comes back here and is dropped
@@ -56,19 +55,18 @@ impl UdpSocket {
                 drop(state.tracker.close_open(buf));
                 Ok(())
             }
-            Err(error) if consumed > 0 => {
-                // Part of it went with MSG_ZEROCOPY: the kernel may read the buffer until those
-                // ids complete, so it stays with the tracker; the caller gets the error.
-                drop(state.tracker.close_open(buf));
-                Err(ZcSendError { buf: None, error })
-            }
+            // While any id of the send is outstanding (part of it went with MSG_ZEROCOPY), the
+            // kernel may read the buffer: the tracker keeps it and the caller gets the error
+            // alone. Otherwise (nothing went, or only a refused call's id, already complete)
+            // the buffer comes back with the error, to be sent again.
             Err(error) => Err(ZcSendError { buf: state.tracker.close_open(buf), error }),
         }
     }
 
     /// Zerocopy sends whose buffers the kernel may still read.
     pub fn zerocopy_in_flight(&self) -> usize {
-        self.zc.as_ref().map_or(0, |z| z.lock().map(|s| s.tracker.len()).unwrap_or(0))
+        // A lock poisoned by a panic still holds the truth about buffers the kernel may read.
+        self.zc.as_ref().map_or(0, |z| z.lock().unwrap_or_else(|e| e.into_inner()).tracker.len())
     }
 
     /// The id the kernel will give the next zerocopy send call (0 on a new socket); with every
@@ -84,7 +82,7 @@ impl UdpSocket {
     pub fn reap_completions(&self, wait: Option<Duration>) -> std::io::Result<usize> {
         let Some(zc) = self.zc.as_ref() else { return Ok(0) };
         if let Some(w) = wait {
-            if zc.lock().map(|s| s.tracker.is_empty()).unwrap_or(true) {
+            if zc.lock().unwrap_or_else(|e| e.into_inner()).tracker.is_empty() {
                 return Ok(0);
             }
             // POLLERR is always reported; asking for no events waits for it alone.
@@ -142,7 +140,7 @@ impl UdpSocket {
                 break;
             }
         }
-        let left = zc.lock().map(|mut s| s.tracker.take_all()).unwrap_or_default();
+        let left = zc.lock().unwrap_or_else(|e| e.into_inner()).tracker.take_all();
         if !left.is_empty() {
             self.counters.add(&self.counters.zerocopy_leaked_on_drop, left.len() as u64);
             log::warn!("udpx: {} zerocopy buffers still in flight at close; kept alive (leaked)", left.len());

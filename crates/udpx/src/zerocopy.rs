@@ -339,7 +339,8 @@ impl ZcState {
 /// A zerocopy send that did not go out: the buffer comes back with the reason.
 #[derive(Debug)]
 pub struct ZcSendError {
-    /// The buffer, untouched by the kernel (nothing of it was sent).
+    /// The buffer, when the kernel can no longer read it (no part of it is in flight); `None`
+    /// while part of it went with MSG_ZEROCOPY: it returns to its pool on completion.
     pub buf: Option<ZcBuf>,
     /// Why.
     pub error: SendError,

@@ -178,3 +178,21 @@ fn real_enobufs_from_qdisc_is_retried() {
     assert_same_set(&sent, &got, "ENOBUFS");
     assert!(tx.counters().enobufs_retries > 0, "the qdisc never refused: {:?}", tx.counters());
 }
+
+/// A datagram over the route's MTU on an unconnected socket (PMTU probe mode): the kernel
+/// refuses it with EMSGSIZE and, with IP_RECVERR, queues a *local* error for it. That is the
+/// failed call's own error, not someone else's ICMP: udpx reports it after one call instead
+/// of retrying it as a pending ICMP error.
+#[test]
+fn oversized_datagram_is_refused_after_one_call() {
+    if skip_unless_capable("oversized_datagram_is_refused_after_one_call") {
+        return;
+    }
+    let n = net(Profile::Offload);
+    let rx = bind_in(&n, Side::Rx, n.rx_v4.into(), SendMode::Sendmsg, false, None);
+    let tx = bind_in(&n, Side::Tx, n.tx_v4.into(), SendMode::Sendmsg, false, None);
+    let e = tx.send(&[udpx::Transmit::new(rx.local_addr(), &[1u8; 2000])]).unwrap_err();
+    assert!(matches!(e.kind, udpx::SendErrorKind::MessageTooLarge { .. }), "{e}");
+    let c = tx.counters();
+    assert_eq!((c.send_calls, c.icmp_retries), (1, 0), "{c:?}");
+}
