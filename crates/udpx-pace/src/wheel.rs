@@ -93,7 +93,7 @@ impl Wheel {
     /// If `entry` is not below the capacity given to [`Wheel::new`], like a slice index.
     pub fn insert(&mut self, entry: u32, due_ns: u64) -> u64 {
         self.remove(entry);
-        let tick = (due_ns / self.slot_ns).clamp(self.cursor, self.cursor + self.mask);
+        let tick = (due_ns / self.slot_ns).clamp(self.cursor, self.cursor.saturating_add(self.mask));
         let slot = (tick & self.mask) as usize;
         let head = self.heads[slot];
         let e = entry as usize;
@@ -156,7 +156,7 @@ impl Wheel {
             if bits != 0 {
                 let slot = w * 64 + u64::from(bits.trailing_zeros());
                 let ahead = (slot + slots - start) & self.mask;
-                return Some(self.cursor + ahead);
+                return Some(self.cursor.saturating_add(ahead));
             }
         }
         None
@@ -164,7 +164,7 @@ impl Wheel {
 
     /// When the earliest busy slot has fully elapsed: the time to sleep to.
     pub fn next_expiry_ns(&self) -> Option<u64> {
-        self.next_busy_tick().map(|t| (t + 1).saturating_mul(self.slot_ns))
+        self.next_busy_tick().map(|t| t.saturating_add(1).saturating_mul(self.slot_ns))
     }
 
     /// Moves the cursor to the tick of `now_ns`, taking every entry of the fully elapsed ticks
@@ -302,5 +302,22 @@ mod tests {
         assert_eq!(expire(&mut w, 1000 * SLOT), (0..64).collect::<Vec<u32>>());
         assert_eq!(w.cursor(), 1000);
         assert_eq!(w.insert(5, 0), 1000, "the past goes to the cursor");
+    }
+}
+
+#[cfg(test)]
+mod overflow_tests {
+    use super::*;
+
+    /// Near the end of u64 time nothing overflows or panics: entries clamp to the horizon and
+    /// the wake-up saturates.
+    #[test]
+    fn the_end_of_time_does_not_panic() {
+        let mut w = Wheel::new(1, 64, 4, u64::MAX - 3).expect("shape");
+        w.insert(0, u64::MAX);
+        w.insert(1, u64::MAX - 1);
+        assert_eq!(w.next_expiry_ns(), Some(u64::MAX));
+        let mut out = Vec::new();
+        w.expire(u64::MAX, &mut out);
     }
 }
