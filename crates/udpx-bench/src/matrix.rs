@@ -234,14 +234,8 @@ pub struct VsRaw {
 pub fn attach_vs_raw(p: &mut ProfileResult) {
     let passes = p.passes;
     type PerRun = Vec<Option<f64>>;
-    let figures: Vec<(PerRun, PerRun)> = p
-        .rows
-        .iter()
-        .map(|r| {
-            let finite = |v: Vec<Option<f64>>| v.into_iter().map(|x| x.filter(|c| c.is_finite())).collect();
-            (finite(r.per_run(passes, |f| f.cpu_per_gb)), r.per_run(passes, |f| f.delivered))
-        })
-        .collect();
+    let figures: Vec<(PerRun, PerRun)> =
+        p.rows.iter().map(|r| (r.per_run(passes, |f| f.cpu_per_gb), r.per_run(passes, |f| f.delivered))).collect();
     for i in 0..p.rows.len() {
         let Some(raw) = raw_ref(&p.rows[i].row.kind) else { continue };
         let Some(j) = p.rows.iter().position(|r| r.row.id == raw && !r.runs.is_empty()) else { continue };

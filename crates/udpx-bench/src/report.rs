@@ -53,7 +53,8 @@ impl Check {
 pub fn checks(p: &ProfileResult) -> Vec<Check> {
     let pick = |id: &str, f: fn(&Figures) -> f64| -> Vec<Option<f64>> {
         match p.get(id) {
-            Some(r) => r.per_run(p.passes, f).into_iter().map(|x| x.filter(|c| c.is_finite())).collect(),
+            // Infinite costs stay: paired_ratios turns them into an inconclusive verdict.
+            Some(r) => r.per_run(p.passes, f),
             None => vec![None; p.passes],
         }
     };

@@ -386,7 +386,8 @@ fn zc_pool_for(cfg: &TxConfig, sock: &UdpSocket, regions: usize) -> (ZcPool, usi
     (pool, per)
 }
 
-/// One iteration's worth ([`PER_ITERATION`] datagrams) of zerocopy GSO sends.
+/// One iteration's worth (at least [`PER_ITERATION`] datagrams, in whole buffers) of zerocopy
+/// GSO sends.
 fn send_zerocopy_iteration(
     cfg: &TxConfig,
     sock: &UdpSocket,
@@ -394,7 +395,8 @@ fn send_zerocopy_iteration(
     mut seq: u64,
 ) -> std::io::Result<u64> {
     let (pool, per) = pool;
-    let mut left = PER_ITERATION;
+    // Whole buffers only: every call carries the same size, as the copy rows' calls do.
+    let mut left = PER_ITERATION.div_ceil(*per) * *per;
     while left > 0 {
         let n = left.min(*per);
         let mut buf = loop {

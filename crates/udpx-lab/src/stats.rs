@@ -121,12 +121,31 @@ pub fn verdict(ratios: &[f64], at_most: f64) -> Verdict {
 
 /// Per-run ratios `a[i] / b[i]` of the runs both have (`None` where a run failed).
 pub fn paired_ratios(a: &[Option<f64>], b: &[Option<f64>]) -> Vec<f64> {
-    a.iter().zip(b).filter_map(|(x, y)| Some((*x)? / (*y)?)).collect()
+    a.iter()
+        .zip(b)
+        .filter_map(|(x, y)| match (*x, *y) {
+            (Some(x), Some(y)) if x.is_finite() && y.is_finite() => Some(x / y),
+            // A pass in which one side delivered nothing (an infinite cost): it stays in the
+            // pairing as NaN, so [`verdict`] says inconclusive rather than judge the others.
+            (Some(_), Some(_)) => Some(f64::NAN),
+            _ => None,
+        })
+        .collect()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_pass_that_delivered_nothing_blocks_the_verdict() {
+        let a = [Some(1.0), Some(f64::INFINITY), Some(1.0), Some(1.0)];
+        let b = [Some(2.0), Some(2.0), Some(2.0), None];
+        let r = paired_ratios(&a, &b);
+        assert_eq!(r.len(), 3, "a missing run drops out; an infinite one does not");
+        assert!(r[1].is_nan());
+        assert_eq!(verdict(&r, 1.0), Verdict::Inconclusive);
+    }
 
     #[test]
     fn spread_of_runs() {
