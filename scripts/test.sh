@@ -8,6 +8,9 @@
 # and append a line to $UDPX_SKIP_LOG; the summary counts them as skipped, not passed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# A step that stops the script early (setup, fmt, clippy, docs, benches) still ends it with the
+# one summary line a reader or CI looks for.
+trap 'echo "summary: 0 passed, 1 failed, 0 skipped"' ERR
 
 bash scripts/setup.sh
 echo "== cargo fmt --check"
@@ -17,7 +20,10 @@ cargo clippy --workspace --all-targets --all-features -q -- -D warnings
 echo "== docs build without broken links"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps -q
 echo "== micro benchmarks compile"
-cargo bench --workspace --all-features --no-run -q 2>&1 | grep -v '^ *Executable' || true
+bench_out=$(cargo bench --workspace --all-features --no-run -q 2>&1) || { echo "$bench_out"; false; }
+echo "$bench_out" | grep -v '^ *Executable' || true
+# From here on every failure is counted into the summary below.
+trap - ERR
 
 skips=$(mktemp)
 log=$(mktemp)
@@ -46,6 +52,7 @@ set +e
   [ "$main_status" -eq 0 ] && [ "$alone_status" -eq 0 ]
 } > >(tee "$log") 2>&1
 status=$?
+test_status=$status
 tee_pid=$!
 set -e
 left=$(left_behind || true)
@@ -68,7 +75,7 @@ set +e
 bash scripts/fuzz.sh 2>&1 | tee "$fuzz_log"
 fuzz_status=${PIPESTATUS[0]}
 set -e
-fuzz_line=$(grep -E '^fuzz: [0-9]+ passed' "$fuzz_log" | tail -1)
+fuzz_line=$(grep -E '^fuzz: [0-9]+ passed' "$fuzz_log" | tail -1 || true)
 grep -E '^SKIP: fuzz' "$fuzz_log" | sed 's/^SKIP: //' >>"$skips" || true
 rm -f "$fuzz_log"
 fuzz_passed=$(echo "$fuzz_line" | grep -Eo '[0-9]+ passed' | grep -Eo '[0-9]+' || echo 0)
@@ -78,12 +85,12 @@ if [ "$fuzz_status" -ne 0 ]; then
   [ "$fuzz_failed" -gt 0 ] || fuzz_failed=1
 fi
 
-passed=$(grep -Eo '^test result: [A-Za-z]+\. [0-9]+ passed' "$log" | awk '{s+=$4} END {print s+0}')
-failed=$(grep -Eo '[0-9]+ failed;' "$log" | awk '{s+=$1} END {print s+0}')
+passed=$( (grep -Eo '^test result: [A-Za-z]+\. [0-9]+ passed' "$log" || true) | awk '{s+=$4} END {print s+0}')
+failed=$( (grep -Eo '[0-9]+ failed;' "$log" || true) | awk '{s+=$1} END {print s+0}')
 skipped=$(sort -u "$skips" | grep -c . || true)
 # Skipped tests ran (and "passed") under cargo; skipped fuzz targets did not run at all.
 skipped_tests=$(sort -u "$skips" | grep -vc '^fuzz ' || true)
-if [ "$status" -ne 0 ] && [ "$failed" -eq 0 ] && [ -z "$left" ]; then
+if [ "$test_status" -ne 0 ] && [ "$failed" -eq 0 ] && [ -z "$left" ]; then
   failed=1 # a test binary that crashed or failed to build
 fi
 echo
