@@ -42,7 +42,8 @@ set +e
 # output open cannot keep the script waiting: it is found and killed first. (The braces make
 # the shell itself start tee, so that $! names it.)
 {
-  UDPX_TEST_RUN="$run_id" cargo test --workspace --all-features -- --test-threads=2
+  # --no-fail-fast: one failing test binary must not hide the others' results.
+  UDPX_TEST_RUN="$run_id" cargo test --workspace --all-features --no-fail-fast -- --test-threads=2
   main_status=$?
   # Tests that flood a veth pair and must have both cores to themselves: their own step, one
   # at a time (they are #[ignore]d in the run above).

@@ -285,9 +285,11 @@ pub fn run_prepared(
             Proto::Udp(_) if cfg.zerocopy => {
                 let sock = sock.ok_or_else(|| std::io::Error::other("UDP mode needs a socket"))?;
                 let pool = zc_pool.as_ref().ok_or_else(|| std::io::Error::other("zerocopy needs a prepared pool"))?;
+                // An iteration sends whole buffers: count what it sent, not PER_ITERATION.
+                let first = seq;
                 seq = send_zerocopy_iteration(cfg, sock, pool, seq)?;
-                res.bytes += region as u64;
-                res.datagrams += PER_ITERATION as u64;
+                res.bytes += (seq - first) * cfg.size as u64;
+                res.datagrams += seq - first;
             }
             Proto::Udp(_) => {
                 let sock = sock.ok_or_else(|| std::io::Error::other("UDP mode needs a socket"))?;
