@@ -15,7 +15,7 @@
 //! default) moves it to the generator's CPU with a threaded NAPI there.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use crate::cpu::{online_cpus, pin_current_thread, CpuSample, TickRate};
@@ -265,15 +265,6 @@ fn measure(
     Ok((res, per_m, steal))
 }
 
-struct Killed(Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 fn sockperf_row(
     cfg: &EchoBenchConfig,
     net: Option<&TestNet>,
@@ -297,7 +288,10 @@ fn sockperf_row(
         None => Command::new("taskset"),
     };
     cmd.args(&args).stdout(Stdio::null()).stderr(Stdio::null());
-    let child = Killed(cmd.spawn().map_err(|e| format!("start sockperf (scripts/setup.sh installs it): {e}"))?);
+    // In a process group of its own: dropped (also on an error or a panic) or on Ctrl-C, the
+    // group is killed with SIGKILL (sockperf ignores SIGTERM).
+    let child = udpx_lab::netns::ChildGroup::spawn(&mut cmd)
+        .map_err(|e| format!("start sockperf (scripts/setup.sh installs it): {e}"))?;
     std::thread::sleep(Duration::from_millis(500));
     let r = measure(cfg, net, gen_ip, SocketAddr::new(srv_ip, port), srv_cpu, gen_cpu);
     drop(child);

@@ -451,8 +451,9 @@ pub fn run_iperf3(path: Path<'_>, udp: bool, cfg: &RunConfig) -> Result<Measurem
         .args(["-s", "-1", "-B", &rx_ip.to_string(), "-p", &port.to_string(), "-A", &cfg.cpus.rx.to_string()])
         .stdout(Stdio::null())
         .stderr(Stdio::null());
-    let mut child =
-        server.spawn().map_err(|e| format!("start iperf3 server (is iperf3 installed? scripts/setup.sh): {e}"))?;
+    // Ended with its process group on every way out of this function, errors and panics too.
+    let child = udpx_lab::netns::ChildGroup::spawn(&mut server)
+        .map_err(|e| format!("start iperf3 server (is iperf3 installed? scripts/setup.sh): {e}"))?;
     let mut client = path.command(Side::Tx, "iperf3");
     client.args([
         "-c",
@@ -483,17 +484,12 @@ pub fn run_iperf3(path: Path<'_>, udp: bool, cfg: &RunConfig) -> Result<Measurem
                 break;
             }
             Err(e) if e.to_string().contains("refused") || e.to_string().contains("unable to connect") => continue,
-            Err(e) => {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(format!("iperf3 client: {e}"));
-            }
+            Err(e) => return Err(format!("iperf3 client: {e}")),
         }
     }
     let wall = t0.elapsed();
     let after = CpuSample::now().map_err(|e| e.to_string())?;
-    let _ = child.kill();
-    let _ = child.wait();
+    drop(child);
     let out = result.ok_or("iperf3 server did not accept connections within 3 s")?;
     let v: serde_json::Value = serde_json::from_str(&out).map_err(|e| format!("iperf3 JSON: {e}"))?;
     let mut m = cpu_fields(&before, &after, cfg.cpus)?;

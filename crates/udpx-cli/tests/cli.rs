@@ -119,12 +119,10 @@ fn roles_run_per_mode_over_loopback() {
         if mode == "tcp" {
             rx_args.push("-t");
         }
-        let rx = Command::new(env!("CARGO_BIN_EXE_udpx"))
-            .args(&rx_args)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
+        // Its own process group, killed on drop: a failed assertion below leaves nothing running.
+        let rx = Group::spawn(
+            Command::new(env!("CARGO_BIN_EXE_udpx")).args(&rx_args).stdout(Stdio::piped()).stderr(Stdio::piped()),
+        );
         std::thread::sleep(Duration::from_millis(300));
         let mut tx_args =
             vec!["bench", "tx", "-D", "127.0.0.1", "-p", &port, "-m", mode, "-l", "1", "--json", "--verify"];
@@ -133,7 +131,7 @@ fn roles_run_per_mode_over_loopback() {
             tx_args.push("-z");
         }
         let tx = udpx(&tx_args);
-        let rx = rx.wait_with_output().unwrap();
+        let rx = rx.wait_with_output();
         assert_eq!(tx.status.code(), Some(0), "tx {mode}: {}", stderr(&tx));
         assert_eq!(rx.status.code(), Some(0), "rx {mode}: {}", stderr(&rx));
         let (t, r) = (json(&tx), json(&rx));
@@ -277,18 +275,18 @@ fn rx_prints_its_summary_on_sigint_and_sigterm() {
     use nix::unistd::Pid;
     for sig in [Signal::SIGINT, Signal::SIGTERM] {
         let port = free_port().to_string();
-        let rx = Command::new(env!("CARGO_BIN_EXE_udpx"))
-            .args(["bench", "rx", "-p", &port, "-l", "30", "--json"])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
+        let rx = Group::spawn(
+            Command::new(env!("CARGO_BIN_EXE_udpx"))
+                .args(["bench", "rx", "-p", &port, "-l", "30", "--json"])
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped()),
+        );
         std::thread::sleep(Duration::from_millis(400));
         let tx = udpx(&["bench", "tx", "-D", "127.0.0.1", "-p", &port, "-l", "0.2", "--rate", "10000000"]);
         assert_eq!(tx.status.code(), Some(0), "{}", stderr(&tx));
-        kill(Pid::from_raw(rx.id() as i32), sig).unwrap();
+        kill(Pid::from_raw(rx.0.as_ref().expect("running").id() as i32), sig).unwrap();
         let started = std::time::Instant::now();
-        let o = rx.wait_with_output().unwrap();
+        let o = rx.wait_with_output();
         assert!(started.elapsed() < Duration::from_secs(5), "{sig}: stopped promptly");
         assert_eq!(o.status.code(), Some(0), "{sig}: {}", stderr(&o));
         assert!(json(&o)["result"]["bytes"].as_u64().unwrap() > 0, "{sig}: the summary has what arrived");

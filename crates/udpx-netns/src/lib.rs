@@ -16,6 +16,8 @@
 //! - [`TestNet`]: two namespaces, a veth pair, documentation-range addresses, a [`Profile`].
 //! - Cleanup outside `Drop`: [`cleanup_on_signals`] / [`remove_all_live`] for Ctrl-C,
 //!   [`cleanup_stale`] for namespaces left by a process that was killed.
+//! - [`ChildGroup`]: a peer process (iperf3, sockperf) in a process group of its own, killed
+//!   with its group when dropped and by the signal cleanup.
 //! - [`run_bounded`]: every external command here (`ip`, `ethtool`, `sh`) runs with a time
 //!   limit, and a failure carries its stderr.
 //!
@@ -40,6 +42,7 @@
 
 #![forbid(unsafe_code)]
 
+mod child;
 mod command;
 mod error;
 mod namespace;
@@ -51,6 +54,7 @@ use std::sync::OnceLock;
 use nix::sched::{unshare, CloneFlags};
 use nix::unistd::geteuid;
 
+pub use child::{kill_all_live, ChildGroup};
 pub use command::{display_command, run_bounded};
 pub use error::Error;
 pub use namespace::{

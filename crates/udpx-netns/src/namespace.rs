@@ -328,6 +328,11 @@ pub fn cleanup_on_signals() -> Result<(), Error> {
         .name("udpx-netns-signals".to_owned())
         .spawn(move || match set.wait() {
             Ok(signal) => {
+                // Peers first (exit runs no destructor), then the namespaces they ran in.
+                let killed = crate::child::kill_all_live();
+                if killed > 0 {
+                    eprintln!("udpx-netns: {signal} received, killed {killed} peer process group(s)");
+                }
                 let removed = remove_all_live();
                 eprintln!("udpx-netns: {signal} received, removed {removed} network namespace(s)");
                 std::process::exit(128 + signal as i32);
