@@ -14,7 +14,7 @@ use std::fmt;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::os::fd::AsFd;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -305,8 +305,9 @@ pub(crate) struct CapState {
     /// The send mode segments and the kernel has GSO (fixed at creation).
     pub gso: AtomicBool,
     pub gso_max_segments: AtomicUsize,
-    /// Set once any GSO refusal was recorded: until then no lock is taken per transmit.
-    pub gso_refused_any: AtomicBool,
+    /// `CLOCK_MONOTONIC` ns until which some GSO refusal back-off is in force (0: none ever).
+    /// Outside a back-off a transmit checks this and takes no lock.
+    pub gso_refused_until_ns: AtomicU64,
     pub gso_refusals: Mutex<GsoRefusals>,
     pub gro: bool,
     pub txtime: bool,
@@ -323,8 +324,13 @@ impl CapState {
     /// Whether the socket segments at all now (no socket-wide refusal back-off).
     pub(crate) fn gso_enabled(&self) -> bool {
         self.gso.load(Ordering::Relaxed)
-            && (!self.gso_refused_any.load(Ordering::Relaxed)
-                || self.refusals().socket_wide.map_or(true, |r| Instant::now() >= r.until))
+            && (!self.in_refusal_backoff() || self.refusals().socket_wide.map_or(true, |r| Instant::now() >= r.until))
+    }
+
+    /// Whether any GSO refusal back-off may be in force now (lock-free; false outside one).
+    fn in_refusal_backoff(&self) -> bool {
+        let until = self.gso_refused_until_ns.load(Ordering::Relaxed);
+        until != 0 && crate::sys::monotonic_ns() < until
     }
 
     /// Whether a transmit to `dst` may be segmented now.
@@ -332,7 +338,7 @@ impl CapState {
         if !self.gso.load(Ordering::Relaxed) {
             return false;
         }
-        if !self.gso_refused_any.load(Ordering::Relaxed) {
+        if !self.in_refusal_backoff() {
             return true;
         }
         !self.refusals().refused(crate::sys::addr::unmapped(dst.ip()), Instant::now())
@@ -344,7 +350,10 @@ impl CapState {
         let ip = crate::sys::addr::unmapped(dst.ip());
         let mut r = self.refusals();
         let backoff = r.record(ip, Instant::now());
-        self.gso_refused_any.store(true, Ordering::Relaxed);
+        // Slightly later than the entry's own end, never earlier: the fast path only skips the
+        // lock when no back-off can be in force.
+        let until = crate::sys::monotonic_ns().saturating_add(backoff.as_nanos() as u64 + 1_000_000);
+        self.gso_refused_until_ns.fetch_max(until, Ordering::Relaxed);
         let cause = match errno {
             libc::EIO => "the route's device or a tunnel/IPsec transform cannot segment UDP",
             libc::EINVAL => "no UDP checksum offload on the route's device, or SO_NO_CHECK on the socket",

@@ -454,7 +454,7 @@ impl UdpSocket {
             caps: CapState {
                 gso: AtomicBool::new(gso),
                 gso_max_segments: AtomicUsize::new(kernel.gso_max_segments.unwrap_or(1)),
-                gso_refused_any: AtomicBool::new(false),
+                gso_refused_until_ns: std::sync::atomic::AtomicU64::new(0),
                 gso_refusals: Default::default(),
                 gro,
                 txtime,
