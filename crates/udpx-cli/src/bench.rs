@@ -525,7 +525,7 @@ fn rx(a: RxArgs) -> ExitCode {
 
 /// A flag set by SIGINT or SIGTERM (a thread waits for them; they are blocked in every other
 /// thread), so a receiving role stops and still prints its summary.
-fn stop_on_signals() -> &'static AtomicBool {
+pub(crate) fn stop_on_signals() -> &'static AtomicBool {
     use nix::sys::signal::{SigSet, Signal};
     static STOP: AtomicBool = AtomicBool::new(false);
     let mut set = SigSet::empty();

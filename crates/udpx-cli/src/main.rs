@@ -9,6 +9,7 @@ use clap::{Args, Parser, Subcommand};
 
 mod bench;
 mod echo;
+mod stream;
 
 #[derive(Parser, Debug)]
 #[command(name = "udpx", version, about = "UDP at the cost per byte of TCP: bench, probe and tools")]
@@ -27,6 +28,8 @@ enum Cmd {
     /// UDP transactions at scale: a reuseport-sharded echo server, its load generator, and the
     /// table of modes (with sockperf's server as a reference).
     Echo(echo::EchoArgs),
+    /// Paced delivery to many flows: a streaming server, its receiver, and a self-test.
+    Stream(stream::StreamArgs),
 }
 
 #[derive(Args, Debug)]
@@ -126,6 +129,7 @@ fn main() -> ExitCode {
     match cli.cmd {
         Cmd::Bench(args) => bench::main(args),
         Cmd::Echo(args) => echo::main(args),
+        Cmd::Stream(args) => stream::main(args),
         Cmd::Probe(args) => {
             let opts = udpx_bench::probe::ProbeOptions { devices: args.devices, json: args.json };
             udpx_bench::probe::run(&opts)

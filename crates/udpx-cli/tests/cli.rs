@@ -441,3 +441,114 @@ fn echo_serve_metrics_and_sigterm() {
     assert_eq!(out.status.code(), Some(0), "SIGTERM is a clean stop");
     assert!(String::from_utf8_lossy(&out.stdout).contains("shard 1: 0 requests"), "summary printed");
 }
+
+#[test]
+fn stream_bad_input_exits_2() {
+    let cases: &[(&[&str], &str)] = &[
+        (&["stream", "serve", "--flows", "10", "--rate", "0"], "--rate 0"),
+        (&["stream", "serve", "--flows", "10", "--rate", "4k", "--interval-ms", "0.1"], "250 us"),
+        (&["stream", "serve", "--flows", "10", "--rate", "1e17"], "no machine"),
+        (&["stream", "serve", "--flows", "10"], "--rate is needed"),
+        (&["stream", "serve", "--flows", "10", "--rate", "4k", "--size", "10"], "--size 10"),
+        (&["stream", "serve", "--flows", "10", "--rate", "4k", "--duration", "0"], "--duration"),
+        (&["stream", "serve", "--flows", "10", "--rate", "4x"], "not a rate"),
+        (&["stream", "serve", "--flows", "10", "--rate", "4k", "--pacing", "fast"], "auto, wheel or kernel"),
+        (&["stream", "serve", "--flows", "10", "--rate", "4k", "--segments", "2", "--interval-ms", "2"], "give one"),
+        (&["stream", "serve", "--shards", "0", "--for", "1"], "--shards 0"),
+        (&["stream", "serve", "--for", "1", "--stall-at", "1", "--stall-ms", "5"], "--flows"),
+        (&["stream", "recv", "127.0.0.1", "--rate", "4k", "--flows", "0"], "--flows 0"),
+        (&["stream", "recv", "127.0.0.1", "--rate", "4k", "--flows", "30000"], "local addresses"),
+    ];
+    for (args, needle) in cases {
+        let o = udpx(args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
+        assert!(stderr(&o).contains(needle), "{args:?}: should mention {needle:?}: {}", stderr(&o));
+    }
+}
+
+/// The self-test end to end (veth as root, loopback otherwise): JSON whose server and receiver
+/// agree, and an SVG.
+#[test]
+fn stream_self_test_reports_json_and_svg() {
+    let dir = std::env::temp_dir().join(format!("udpx-stream-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let svg = dir.join("s.svg");
+    let o = udpx(&[
+        "stream",
+        "serve",
+        "--flows",
+        "20",
+        "--rate",
+        "24k",
+        "--duration",
+        "1.5",
+        "--json",
+        "--svg",
+        svg.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let j = json(&o);
+    let sent = j["server"]["total"]["datagrams"].as_u64().unwrap();
+    assert!(sent > 0);
+    assert_eq!(j["receiver"]["summary"]["datagrams"].as_u64(), Some(sent));
+    assert_eq!(j["receiver"]["summary"]["lost"].as_u64(), Some(0));
+    assert_eq!(j["receiver"]["accepted"].as_u64(), Some(20));
+    assert!(j["checks"].as_array().is_some_and(|c| !c.is_empty()));
+    assert!(std::fs::read_to_string(&svg).unwrap().starts_with("<svg"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A server alone and a receiver in another process, as a user runs them.
+#[test]
+fn stream_serve_and_recv_apart() {
+    let port = free_port().to_string();
+    let mut server = Command::new(env!("CARGO_BIN_EXE_udpx"))
+        .args(["stream", "serve", "-B", "127.0.0.1", "-p", &port, "--for", "20"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    struct Kill(u32);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = killpg(Pid::from_raw(self.0 as i32), Signal::SIGKILL);
+        }
+    }
+    let guard = Kill(server.id());
+    std::thread::sleep(Duration::from_millis(300));
+    let o = udpx(&[
+        "stream",
+        "recv",
+        &format!("127.0.0.1:{port}"),
+        "--flows",
+        "5",
+        "--rate",
+        "24k",
+        "--duration",
+        "1",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let j = json(&o);
+    assert_eq!(j["receiver"]["accepted"].as_u64(), Some(5));
+    assert_eq!(j["receiver"]["summary"]["lost"].as_u64(), Some(0));
+    assert_eq!(j["receiver"]["summary"]["flows_ended"].as_u64(), Some(5));
+    // SIGTERM ends the server with its counters printed.
+    let _ = nix::sys::signal::kill(Pid::from_raw(server.id() as i32), Signal::SIGTERM);
+    let out = wait_output(&mut server, Duration::from_secs(10));
+    drop(guard);
+    let j: serde_json::Value = serde_json::from_slice(&out).expect("server JSON");
+    assert_eq!(j["total"]["flows"].as_u64(), Some(5));
+}
+
+fn wait_output(child: &mut Child, limit: Duration) -> Vec<u8> {
+    let start = std::time::Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        assert!(start.elapsed() < limit, "the server did not end");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let mut out = Vec::new();
+    std::io::Read::read_to_end(child.stdout.as_mut().unwrap(), &mut out).unwrap();
+    out
+}

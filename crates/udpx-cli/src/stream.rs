@@ -1,0 +1,364 @@
+//! `udpx stream`: paced delivery to many flows (server, receiver, self-test).
+
+use std::net::{IpAddr, SocketAddr};
+use std::process::ExitCode;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clap::{Args, Subcommand};
+use udpx_stream::{lab, report, PacingChoice, Progress, RecvConfig, ServeConfig, Server, StreamError};
+
+use crate::util::{duration, usage, Peer};
+
+#[derive(Args, Debug)]
+pub struct StreamArgs {
+    #[command(subcommand)]
+    cmd: StreamCmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum StreamCmd {
+    /// Stream paced flows to every client that asks. With --flows it also runs that many
+    /// clients itself in another namespace (root) or on loopback, and reports: the self-test.
+    Serve(ServeArgs),
+    /// Be many clients of a server: one socket per flow; measure every flow.
+    Recv(RecvArgs),
+}
+
+/// What each flow asks for (the receiver's request; the self-test's flows).
+#[derive(Args, Debug, Clone)]
+struct FlowArgs {
+    /// Bytes per second per flow: a number with an optional k, M or G (4k = 4000).
+    #[arg(short = 'r', long, value_parser = parse_rate)]
+    rate: Option<u64>,
+    /// Bytes per datagram (UDP payload), 48 to the path's maximum.
+    #[arg(short = 's', long, default_value_t = 1200)]
+    size: u32,
+    /// A release every this many ms (the batch follows from rate x interval); default: by
+    /// --segments.
+    #[arg(short = 'i', long = "interval-ms")]
+    interval_ms: Option<f64>,
+    /// Datagrams per release (default: the server's, 2).
+    #[arg(long, default_value_t = 0)]
+    segments: u32,
+    /// Burst allowance in datagrams (default: twice the batch).
+    #[arg(long, default_value_t = 0)]
+    burst: u32,
+    /// Seconds each flow streams.
+    #[arg(short = 'l', long, default_value_t = 10.0)]
+    duration: f64,
+    /// One JSON object instead of the table.
+    #[arg(long)]
+    json: bool,
+    /// Also write an SVG of the departure error and the 1 ms aggregate rate here.
+    #[arg(long, value_name = "FILE")]
+    svg: Option<std::path::PathBuf>,
+}
+
+#[derive(Args, Debug)]
+struct ServeArgs {
+    /// Address to listen on.
+    #[arg(short = 'B', long, default_value = "0.0.0.0")]
+    bind: IpAddr,
+    /// Port.
+    #[arg(short = 'p', long, default_value_t = 4500)]
+    port: u16,
+    /// Shards: threads, each with its own socket (reuseport) and pacer.
+    #[arg(long, default_value_t = 1)]
+    shards: usize,
+    /// Pacing: auto (the kernel where the egress qdisc is fq, else the wheel), wheel, kernel.
+    #[arg(long, default_value = "auto")]
+    pacing: PacingChoice,
+    /// Most flows at once.
+    #[arg(long, default_value_t = 16_384)]
+    max_flows: u32,
+    /// Highest rate a client may ask for, bytes/s per flow (k, M, G allowed).
+    #[arg(long, value_parser = parse_rate, default_value = "1G")]
+    max_rate: u64,
+    /// Stop serving after this many seconds (default: until Ctrl-C). Not with --flows.
+    #[arg(long = "for")]
+    run_for: Option<f64>,
+    /// Self-test: run this many clients here too and report.
+    #[arg(short = 'n', long)]
+    flows: Option<u32>,
+    /// Self-test: stall the server once, this many seconds in ...
+    #[arg(long, requires = "stall_ms")]
+    stall_at: Option<f64>,
+    /// ... for this many ms (each flow then sends at most its burst at once).
+    #[arg(long, requires = "stall_at")]
+    stall_ms: Option<f64>,
+    #[command(flatten)]
+    flow: FlowArgs,
+}
+
+#[derive(Args, Debug)]
+struct RecvArgs {
+    /// The server: IP, IP:PORT or [IPv6]:PORT.
+    server: Peer,
+    /// Port, if not in the address.
+    #[arg(short = 'p', long)]
+    port: Option<u16>,
+    /// Flows: sockets, each its own client.
+    #[arg(short = 'n', long, default_value_t = 100)]
+    flows: u32,
+    /// Local addresses for the flows' sockets, round robin (needed past 25,000 flows).
+    #[arg(long = "local")]
+    local: Vec<IpAddr>,
+    #[command(flatten)]
+    flow: FlowArgs,
+}
+
+fn parse_rate(s: &str) -> Result<u64, String> {
+    let (num, mult) = match s.char_indices().last() {
+        Some((i, 'k' | 'K')) => (&s[..i], 1e3),
+        Some((i, 'M')) => (&s[..i], 1e6),
+        Some((i, 'G')) => (&s[..i], 1e9),
+        _ => (s, 1.0),
+    };
+    let v: f64 = num.parse().map_err(|_| format!("{s:?} is not a rate: give bytes/s as 4000, 4k, 1.5M or 1G"))?;
+    let r = v * mult;
+    if !(0.0..1e18).contains(&r) {
+        return Err(format!("{s:?}: give a rate from 0 to 1e18 bytes/s"));
+    }
+    Ok(r.round() as u64)
+}
+
+impl FlowArgs {
+    fn recv_config(&self, server: SocketAddr, flows: u32) -> Result<RecvConfig, String> {
+        let rate = self.rate.ok_or("--rate is needed: bytes/s per flow, e.g. 4k")?;
+        let mut c = RecvConfig::new(server, flows, rate, duration("--duration", self.duration)?);
+        c.size = self.size;
+        c.segments = self.segments;
+        c.burst = self.burst;
+        if let Some(ms) = self.interval_ms {
+            if !(ms.is_finite() && ms > 0.0 && ms <= 10_000.0) {
+                return Err(format!("--interval-ms {ms}: give more than 0 and at most 10000"));
+            }
+            c.interval = Some(Duration::from_secs_f64(ms / 1e3));
+        }
+        if self.interval_ms.is_some() && self.segments > 0 {
+            return Err("--interval-ms and --segments both set the batch: give one".into());
+        }
+        Ok(c)
+    }
+}
+
+pub fn main(args: StreamArgs) -> ExitCode {
+    match args.cmd {
+        StreamCmd::Serve(a) => serve(a),
+        StreamCmd::Recv(a) => recv(a),
+    }
+}
+
+fn exit_for(cmd: &str, e: StreamError) -> ExitCode {
+    match e {
+        StreamError::Usage(m) => usage(cmd, m),
+        StreamError::Skip(m) => {
+            eprintln!("udpx {cmd}: SKIP: {m}");
+            ExitCode::from(crate::exit::SKIPPED)
+        }
+        e => {
+            eprintln!("udpx {cmd}: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn serve(a: ServeArgs) -> ExitCode {
+    const CMD: &str = "stream serve";
+    let mut cfg = ServeConfig::new(SocketAddr::new(a.bind, a.port));
+    cfg.shards = a.shards;
+    cfg.pacing = a.pacing;
+    cfg.max_flows = a.max_flows;
+    cfg.max_rate = a.max_rate;
+    if let (Some(at), Some(ms)) = (a.stall_at, a.stall_ms) {
+        if !((0.0..3600.0).contains(&at) && ms > 0.0 && ms <= 10_000.0) {
+            return usage(CMD, "--stall-at S --stall-ms MS: give 0 <= S < 3600 and 0 < MS <= 10000");
+        }
+        cfg.stall = Some((Duration::from_secs_f64(at), Duration::from_secs_f64(ms / 1e3)));
+    }
+    let Some(flows) = a.flows else {
+        if a.stall_at.is_some() {
+            return usage(CMD, "--stall-at is for the self-test: give --flows too");
+        }
+        return serve_forever(cfg, a.run_for);
+    };
+    if a.run_for.is_some() {
+        return usage(CMD, "--for is for a server alone; the self-test runs for --duration");
+    }
+    let recv = match a.flow.recv_config(cfg.bind, flows) {
+        Ok(r) => r,
+        Err(e) => return usage(CMD, e),
+    };
+    if udpx_lab::netns::is_root() {
+        if let Err(e) = udpx_lab::netns::cleanup_on_signals() {
+            eprintln!("udpx {CMD}: warning: no signal cleanup: {e}");
+        }
+    }
+    let slot = cfg.slot;
+    let progress = Arc::new(Progress::default());
+    let bar = progress_bar(&recv);
+    let ticker = {
+        let (p, bar, total) = (progress.clone(), bar.clone(), recv.duration);
+        std::thread::spawn(move || tick(&p, &bar, total))
+    };
+    let res = lab::self_test(cfg, recv.clone(), progress.clone());
+    progress.cancel.store(true, Ordering::Relaxed);
+    let _ = ticker.join();
+    bar.finish_and_clear();
+    let st = match res {
+        Ok(s) => s,
+        Err(e) => return exit_for(CMD, e),
+    };
+    let path = match st.path {
+        lab::Path::Veth => "veth between two namespaces",
+        lab::Path::Loopback => "loopback",
+    };
+    output(&a.flow, &recv, path, Some(&st.server), &st.receiver, slot);
+    if !st.exactly_once() {
+        eprintln!("udpx {CMD}: not every datagram arrived exactly once (see lost / duplicates / unsent above)");
+    }
+    ExitCode::SUCCESS
+}
+
+fn serve_forever(cfg: ServeConfig, run_for: Option<f64>) -> ExitCode {
+    const CMD: &str = "stream serve";
+    let run_for = match run_for.map(|d| duration("--for", d)).transpose() {
+        Ok(d) => d,
+        Err(e) => return usage(CMD, e),
+    };
+    let stop = crate::bench::stop_on_signals();
+    let port = cfg.bind.port();
+    let server = match Server::start(cfg) {
+        Ok(s) => s,
+        Err(StreamError::Setup(m)) if m.contains("in use") => {
+            return usage(CMD, format!("-p {port}: port in use; pick another ({m})"))
+        }
+        Err(e) => return exit_for(CMD, e),
+    };
+    eprintln!("udpx {CMD}: serving on {}", server.local_addr());
+    let start = Instant::now();
+    while !stop.load(Ordering::Relaxed) && run_for.is_none_or(|d| start.elapsed() < d) && !server.finished() {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    match server.stop() {
+        Ok(r) => {
+            println!("{}", serde_json::to_string(&r).unwrap_or_default());
+            ExitCode::SUCCESS
+        }
+        Err(e) => exit_for(CMD, e),
+    }
+}
+
+fn recv(a: RecvArgs) -> ExitCode {
+    const CMD: &str = "stream recv";
+    let server = match a.server.addr(a.port, 4500) {
+        Ok(s) => s,
+        Err(e) => return usage(CMD, e),
+    };
+    let mut cfg = match a.flow.recv_config(server, a.flows) {
+        Ok(c) => c,
+        Err(e) => return usage(CMD, e),
+    };
+    cfg.local = a.local.clone();
+    if let Err(e) = cfg.validate() {
+        return exit_for(CMD, e);
+    }
+    let progress = Arc::new(Progress::default());
+    let bar = progress_bar(&cfg);
+    let ticker = {
+        let (p, bar, total) = (progress.clone(), bar.clone(), cfg.duration);
+        std::thread::spawn(move || tick(&p, &bar, total))
+    };
+    let stop = crate::bench::stop_on_signals();
+    let canceller = {
+        let p = progress.clone();
+        std::thread::spawn(move || {
+            while !p.cancel.load(Ordering::Relaxed) {
+                if stop.load(Ordering::Relaxed) {
+                    p.cancel.store(true, Ordering::Relaxed);
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        })
+    };
+    let res = udpx_stream::receive(&cfg, &progress);
+    progress.cancel.store(true, Ordering::Relaxed);
+    let _ = ticker.join();
+    let _ = canceller.join();
+    bar.finish_and_clear();
+    match res {
+        Ok(r) => {
+            output(&a.flow, &cfg, &format!("to {server}"), None, &r, Duration::from_micros(250));
+            ExitCode::SUCCESS
+        }
+        Err(e) => exit_for(CMD, e),
+    }
+}
+
+fn output(
+    f: &FlowArgs,
+    cfg: &RecvConfig,
+    path: &str,
+    server: Option<&udpx_stream::ServerReport>,
+    r: &udpx_stream::RecvReport,
+    slot: Duration,
+) {
+    if f.json {
+        println!("{}", serde_json::to_string(&report::json(cfg, path, server, r, slot)).unwrap_or_default());
+    } else {
+        print!("{}", report::text(cfg, path, server, r, slot));
+    }
+    if let Some(p) = &f.svg {
+        let title = format!("udpx stream: {} flows x {} B/s, {path}", cfg.flows, cfg.rate);
+        match std::fs::write(p, report::svg(&r.tally, &title)) {
+            Ok(()) => eprintln!("udpx stream: wrote {}", p.display()),
+            Err(e) => eprintln!("udpx stream: could not write {}: {e}", p.display()),
+        }
+    }
+}
+
+fn progress_bar(cfg: &RecvConfig) -> indicatif::ProgressBar {
+    let bar = indicatif::ProgressBar::new(cfg.duration.as_millis() as u64);
+    if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+        bar.set_style(
+            indicatif::ProgressStyle::with_template("{elapsed:>4} [{bar:30}] {msg}")
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+                .progress_chars("=> "),
+        );
+    } else {
+        bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
+    }
+    bar
+}
+
+fn tick(p: &Progress, bar: &indicatif::ProgressBar, total: Duration) {
+    let start = Instant::now();
+    while !p.cancel.load(Ordering::Relaxed) {
+        bar.set_position((start.elapsed().min(total)).as_millis() as u64);
+        bar.set_message(format!(
+            "{} flows, {} datagrams, {:.1} MB",
+            p.accepted.load(Ordering::Relaxed),
+            p.datagrams.load(Ordering::Relaxed),
+            p.bytes.load(Ordering::Relaxed) as f64 / 1e6
+        ));
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_rate;
+
+    #[test]
+    fn rates() {
+        assert_eq!(parse_rate("4000"), Ok(4000));
+        assert_eq!(parse_rate("4k"), Ok(4000));
+        assert_eq!(parse_rate("1.5M"), Ok(1_500_000));
+        assert_eq!(parse_rate("1G"), Ok(1_000_000_000));
+        for bad in ["", "k", "-1", "1T", "nan", "1e30"] {
+            assert!(parse_rate(bad).is_err(), "{bad:?}");
+        }
+    }
+}

@@ -1,0 +1,658 @@
+//! `udpx stream serve`: flows paced from unconnected sockets, one pacer per shard.
+//!
+//! ```text
+//!   request (client's flow n, rate, size, interval)  ──►  shard k's socket (reuseport hash)
+//!                                                           │ add_flow: pacer k, flow table k
+//!   shard thread k:                                         ▼
+//!     ppoll(socket, until the pacer's next busy slot)   one timed wait per busy slot
+//!     read requests; now = CLOCK_MONOTONIC
+//!     pacer.advance_to(now [+ look-ahead])  ──► releases: (flow, datagrams, due)
+//!     headers stamped into a reused buffer  ──► one transmit per release (GSO when > 1)
+//!     try_send: every flow due in the slot in one sendmmsg (of up to 64 messages)
+//! ```
+//!
+//! Nothing is shared between shards: each has its socket, its pacer, its flows, its buffers.
+//! In steady state (no flow added or removed) an iteration allocates nothing: the release list,
+//! the payload buffer, the transmit list and the send scratch are sized up front and reused
+//! (counted per iteration with a per-thread allocation counter where the binary installed one,
+//! see [`crate::alloc`]).
+//!
+//! Pacing is decided per shard by where its first flow goes ([`crate::pacing`]): an fq egress
+//! qdisc honours `SCM_TXTIME`, so the shard hands releases to the kernel up to a look-ahead
+//! early, each with its departure time; any other qdisc ignores it, so the wheel holds them to
+//! their time here.
+//!
+//! No datagram is dropped silently: EAGAIN waits for writability and resumes at the send
+//! cursor; ENOBUFS backs off and resumes; a transmit the kernel refuses for good is counted
+//! (`send_errors`, `unsent`) and the flow's End still tells its receiver how many were sent.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::os::fd::AsFd;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use nix::poll::{PollFd, PollFlags};
+use serde::Serialize;
+use udpx::{
+    RecvBuffers, SendBuffers, SendCursor, SendErrorKind, SendMode, ShardGroup, SocketConfig, Steering, Timestamp,
+    Transmit, Want,
+};
+use udpx_pace::{FlowConfig, Granularity, Pacer, PacerConfig, Release};
+
+use crate::pacing::{Pacing, PacingChoice};
+use crate::wire::{self, Message, Request};
+use crate::StreamError;
+
+/// Transmits per send call chunk (the library sends up to 64 messages per `sendmmsg`).
+const CHUNK_TRANSMITS: usize = 256;
+/// Payload bytes per chunk.
+const CHUNK_BYTES: usize = 1 << 20;
+/// Longest wait when no flow is due (requests and stop are checked at least this often).
+const IDLE_WAIT: Duration = Duration::from_millis(20);
+/// How long a send waits for the socket to become writable before counting the rest unsent.
+const WRITABLE_WAIT: Duration = Duration::from_secs(2);
+/// ENOBUFS back-offs in a row before the rest of a chunk is counted unsent.
+const NOBUFS_TRIES: u32 = 12;
+
+/// What a server allows and how it paces.
+#[derive(Debug, Clone)]
+pub struct ServeConfig {
+    /// Where to listen.
+    pub bind: SocketAddr,
+    /// Shards: threads, each with a socket of one reuseport group and a pacer of its own.
+    pub shards: usize,
+    /// How to pace.
+    pub pacing: PacingChoice,
+    /// The wheel's slot.
+    pub slot: Duration,
+    /// Most flows at once, over all shards.
+    pub max_flows: u32,
+    /// Highest rate a client may ask for, bytes/s per flow.
+    pub max_rate: u64,
+    /// Longest flow a client may ask for.
+    pub max_duration: Duration,
+    /// Datagrams per release when a request leaves it to the server.
+    pub default_segments: u32,
+    /// How far ahead of their departure releases go to a qdisc that paces (kernel pacing).
+    pub lookahead: Duration,
+    /// Stop serving after this long (`None`: until [`Server::stop`]).
+    pub run_for: Option<Duration>,
+    /// Stall every shard once, for tests of catch-up behaviour: after `.0` for `.1`.
+    pub stall: Option<(Duration, Duration)>,
+    /// Send mode of the sockets.
+    pub send_mode: SendMode,
+    /// Socket send buffer, bytes.
+    pub send_buffer: usize,
+}
+
+impl ServeConfig {
+    /// Defaults for a server on `bind`: one shard, pacing chosen by the egress qdisc, 250 us
+    /// slots, 16,384 flows, 1 GB/s per flow at most, flows of up to an hour.
+    pub fn new(bind: SocketAddr) -> ServeConfig {
+        ServeConfig {
+            bind,
+            shards: 1,
+            pacing: PacingChoice::Auto,
+            slot: Duration::from_micros(250),
+            max_flows: 16_384,
+            max_rate: 1_000_000_000,
+            max_duration: Duration::from_secs(3600),
+            default_segments: 2,
+            lookahead: Duration::from_millis(2),
+            run_for: None,
+            stall: None,
+            send_mode: SendMode::GsoSendmmsg,
+            send_buffer: 4 << 20,
+        }
+    }
+
+    fn validate(&self) -> Result<(), StreamError> {
+        let usage = |m: String| Err(StreamError::Usage(m));
+        if self.shards == 0 || self.shards > 256 {
+            return usage(format!("--shards {}: give 1 to 256", self.shards));
+        }
+        if self.max_flows == 0 || self.max_flows > 1 << 24 {
+            return usage(format!("--max-flows {}: give 1 to {}", self.max_flows, 1 << 24));
+        }
+        if self.max_rate == 0 || self.max_rate > udpx_pace::MAX_RATE {
+            return usage(format!(
+                "--max-rate {}: give a rate above 0 and at most {} bytes/s",
+                self.max_rate,
+                udpx_pace::MAX_RATE
+            ));
+        }
+        if self.slot < Duration::from_micros(10) || self.slot > Duration::from_millis(100) {
+            return usage(format!("--slot {:?}: give 10 us to 100 ms", self.slot));
+        }
+        if self.lookahead > Duration::from_secs(1) {
+            return usage(format!(
+                "look-ahead {:?}: keep it well inside fq's 10 s horizon (at most 1 s)",
+                self.lookahead
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// What one shard did. Times in ns, CPU in seconds.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ShardStats {
+    /// The shard's index.
+    pub shard: usize,
+    /// How it paced, and why.
+    pub pacing: String,
+    /// Flows accepted.
+    pub flows: u64,
+    /// Requests refused (limits, bad numbers).
+    pub refused: u64,
+    /// Datagrams that were not a well-formed request.
+    pub malformed: u64,
+    /// Data datagrams sent.
+    pub datagrams: u64,
+    /// Their bytes.
+    pub bytes: u64,
+    /// Releases (one per flow per departure; a GSO transmit when more than one datagram).
+    pub releases: u64,
+    /// Wake-ups that released something.
+    pub busy_wakes: u64,
+    /// Send system calls (from the socket's counters).
+    pub send_calls: u64,
+    /// Times the socket was full (EAGAIN) and the shard waited.
+    pub would_block: u64,
+    /// ENOBUFS back-offs.
+    pub no_buffers: u64,
+    /// Transmits the kernel refused for good (each counted, never silent).
+    pub send_errors: u64,
+    /// Datagrams not sent because of those errors or a wait that ran out.
+    pub unsent: u64,
+    /// The shard thread's CPU time, user + system, seconds.
+    pub cpu_s: f64,
+    /// Allocations in iterations that added or removed no flow (`None`: not counted, the
+    /// binary has no counting allocator).
+    pub steady_allocations: Option<u64>,
+    /// Iterations counted in `steady_allocations`.
+    pub steady_iterations: u64,
+}
+
+/// The whole server's figures.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ServerReport {
+    /// Address served.
+    pub addr: String,
+    /// Per shard.
+    pub shards: Vec<ShardStats>,
+    /// Sums over shards (the `shard` and `pacing` fields are those of shard 0).
+    pub total: ShardStats,
+}
+
+impl ServerReport {
+    fn from_shards(addr: SocketAddr, shards: Vec<ShardStats>) -> ServerReport {
+        let mut t = shards.first().cloned().unwrap_or_default();
+        for s in shards.iter().skip(1) {
+            t.flows += s.flows;
+            t.refused += s.refused;
+            t.malformed += s.malformed;
+            t.datagrams += s.datagrams;
+            t.bytes += s.bytes;
+            t.releases += s.releases;
+            t.busy_wakes += s.busy_wakes;
+            t.send_calls += s.send_calls;
+            t.would_block += s.would_block;
+            t.no_buffers += s.no_buffers;
+            t.send_errors += s.send_errors;
+            t.unsent += s.unsent;
+            t.cpu_s += s.cpu_s;
+            t.steady_allocations = match (t.steady_allocations, s.steady_allocations) {
+                (Some(a), Some(b)) => Some(a + b),
+                _ => None,
+            };
+            t.steady_iterations += s.steady_iterations;
+        }
+        ServerReport { addr: addr.to_string(), shards, total: t }
+    }
+
+    /// CPU per datagram sent, ns.
+    pub fn cpu_per_datagram_ns(&self) -> f64 {
+        if self.total.datagrams == 0 {
+            return 0.0;
+        }
+        self.total.cpu_s * 1e9 / self.total.datagrams as f64
+    }
+}
+
+/// A running server.
+#[derive(Debug)]
+pub struct Server {
+    addr: SocketAddr,
+    stop: Arc<AtomicBool>,
+    live: Arc<AtomicU64>,
+    threads: Vec<JoinHandle<Result<ShardStats, StreamError>>>,
+}
+
+impl Server {
+    /// Binds the shard group and starts one thread per shard.
+    pub fn start(cfg: ServeConfig) -> Result<Server, StreamError> {
+        cfg.validate()?;
+        let sock = SocketConfig::new(cfg.bind)
+            .send_mode(cfg.send_mode)
+            .txtime(Want::IfAvailable)
+            .nonblocking(true)
+            .send_buffer(cfg.send_buffer);
+        let group = ShardGroup::bind(sock, cfg.shards, Steering::Hash)
+            .map_err(|e| StreamError::Setup(format!("binding {}: {e}", cfg.bind)))?;
+        let addr = group.local_addr();
+        let stop = Arc::new(AtomicBool::new(false));
+        let live = Arc::new(AtomicU64::new(0));
+        let per_shard = cfg.max_flows.div_ceil(cfg.shards as u32);
+        let mut threads = Vec::new();
+        for shard in group.shards() {
+            let (cfg, stop, live) = (cfg.clone(), stop.clone(), live.clone());
+            let t = std::thread::Builder::new()
+                .name(format!("stream-{}", shard.index()))
+                .spawn(move || ShardLoop::new(shard, &cfg, per_shard, live)?.run(&cfg, &stop))
+                .map_err(|e| StreamError::Setup(format!("starting a shard thread: {e}")))?;
+            threads.push(t);
+        }
+        Ok(Server { addr, stop, live, threads })
+    }
+
+    /// The address clients send requests to.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Flows streaming now, over all shards.
+    pub fn live_flows(&self) -> u64 {
+        self.live.load(Ordering::Relaxed)
+    }
+
+    /// Whether every shard thread has ended (a `run_for` ran out, or an error).
+    pub fn finished(&self) -> bool {
+        self.threads.iter().all(|t| t.is_finished())
+    }
+
+    /// Ends every flow (each receiver gets its End) and returns the figures.
+    pub fn stop(self) -> Result<ServerReport, StreamError> {
+        self.stop.store(true, Ordering::Relaxed);
+        let mut shards = Vec::new();
+        for t in self.threads {
+            shards.push(t.join().map_err(|_| StreamError::Setup("a shard thread panicked".into()))??);
+        }
+        Ok(ServerReport::from_shards(self.addr, shards))
+    }
+}
+
+/// One flow in a shard's table, indexed like the pacer's flows.
+#[derive(Debug, Clone, Copy)]
+struct Flow {
+    addr: SocketAddr,
+    client_flow: u32,
+    size: u32,
+    rate: u64,
+    seq: u64,
+    end_ns: u64,
+}
+
+/// Where one release's bytes are in the payload buffer.
+#[derive(Debug, Clone, Copy)]
+struct Planned {
+    dst: SocketAddr,
+    off: usize,
+    len: usize,
+    size: usize,
+    due_ns: u64,
+}
+
+struct ShardLoop {
+    shard: udpx::Shard,
+    pacer: Pacer,
+    flows: Vec<Option<Flow>>,
+    by_addr: HashMap<SocketAddr, u32>,
+    releases: Vec<Release>,
+    planned: Vec<Planned>,
+    payload: Vec<u8>,
+    transmits: Vec<Transmit<'static>>,
+    bufs: SendBuffers,
+    rx: RecvBuffers,
+    ctrl: Vec<u8>,
+    pacing: Option<Pacing>,
+    pacing_choice: PacingChoice,
+    stats: ShardStats,
+    live: Arc<AtomicU64>,
+    changed: bool,
+}
+
+impl ShardLoop {
+    fn new(shard: udpx::Shard, cfg: &ServeConfig, max_flows: u32, live: Arc<AtomicU64>) -> Result<Self, StreamError> {
+        let now = Timestamp::now().as_nanos();
+        let pcfg = PacerConfig {
+            slot_ns: cfg.slot.as_nanos() as u64,
+            max_flows,
+            seed: 0x5eed ^ shard.index() as u64,
+            ..PacerConfig::default()
+        };
+        let pacer = Pacer::new(pcfg, now).map_err(|e| StreamError::Usage(e.to_string()))?;
+        let index = shard.index();
+        Ok(ShardLoop {
+            releases: Vec::with_capacity(pacer.max_releases()),
+            pacer,
+            flows: vec![None; max_flows as usize],
+            by_addr: HashMap::with_capacity(max_flows as usize),
+            planned: Vec::with_capacity(CHUNK_TRANSMITS),
+            payload: vec![0x5a; CHUNK_BYTES],
+            transmits: Vec::with_capacity(CHUNK_TRANSMITS),
+            bufs: SendBuffers::new(),
+            rx: RecvBuffers::new(32, 2048),
+            ctrl: vec![0; wire::HEADER + wire::MAX_REASON],
+            pacing: None,
+            pacing_choice: cfg.pacing,
+            stats: ShardStats { shard: index, pacing: "no flow yet".into(), ..ShardStats::default() },
+            live,
+            changed: false,
+            shard,
+        })
+    }
+
+    fn run(mut self, cfg: &ServeConfig, stop: &AtomicBool) -> Result<ShardStats, StreamError> {
+        // 1 ns timer slack: the default 50 us would add to every wake's lateness.
+        let _ = nix::sys::prctl::set_timerslack(1);
+        let cpu0 = udpx_lab::cpu::ProcessCpu::thread().ok();
+        let start = Timestamp::now().as_nanos();
+        let stop_at = cfg.run_for.map(|d| start.saturating_add(d.as_nanos() as u64));
+        let mut stall = cfg.stall.map(|(after, len)| (start + after.as_nanos() as u64, len));
+        let mut steady = crate::alloc::counting().then_some(0u64);
+        while !stop.load(Ordering::Relaxed) && stop_at.is_none_or(|t| Timestamp::now().as_nanos() < t) {
+            self.changed = false;
+            let (res, allocs) = crate::alloc::measure(|| self.iterate(cfg, &mut stall));
+            res?;
+            if !self.changed {
+                if let (Some(s), Some(a)) = (steady.as_mut(), allocs) {
+                    *s += a;
+                }
+                self.stats.steady_iterations += 1;
+            }
+        }
+        let now = Timestamp::now().as_nanos();
+        let live: Vec<u32> = self.by_addr.values().copied().collect();
+        for idx in live {
+            self.end_flow(idx, now);
+        }
+        self.stats.steady_allocations = steady;
+        self.stats.send_calls = self.shard.counters().send_calls;
+        if let (Some(c0), Ok(c1)) = (cpu0, udpx_lab::cpu::ProcessCpu::thread()) {
+            self.stats.cpu_s = c1.diff(&c0).total().as_secs_f64();
+        }
+        Ok(self.stats)
+    }
+
+    /// One wait and what follows it.
+    fn iterate(&mut self, cfg: &ServeConfig, stall: &mut Option<(u64, Duration)>) -> Result<(), StreamError> {
+        let now = Timestamp::now().as_nanos();
+        let lookahead = self.lookahead(cfg);
+        let wait = match self.pacer.next_wakeup() {
+            Some(w) => Duration::from_nanos(w.saturating_sub(now + lookahead)).min(IDLE_WAIT),
+            None => IDLE_WAIT,
+        };
+        let readable = if wait.is_zero() { self.poll(Duration::ZERO)? } else { self.poll(wait)? };
+        if readable {
+            self.read_requests(cfg)?;
+        }
+        if let Some((at, len)) = *stall {
+            if Timestamp::now().as_nanos() >= at {
+                std::thread::sleep(len);
+                *stall = None;
+            }
+        }
+        let now = Timestamp::now().as_nanos();
+        self.pacer.advance_to(now + lookahead, &mut self.releases);
+        if !self.releases.is_empty() {
+            self.stats.busy_wakes += 1;
+            self.send_releases(now);
+        }
+        Ok(())
+    }
+
+    fn lookahead(&self, cfg: &ServeConfig) -> u64 {
+        match self.pacing {
+            Some(Pacing::Kernel { .. }) => cfg.lookahead.as_nanos() as u64,
+            _ => 0,
+        }
+    }
+
+    fn poll(&self, wait: Duration) -> Result<bool, StreamError> {
+        let mut fds = [PollFd::new(self.shard.as_fd(), PollFlags::POLLIN)];
+        let ts = nix::sys::time::TimeSpec::from_duration(wait);
+        match nix::poll::ppoll(&mut fds, Some(ts), None) {
+            Ok(n) => Ok(n > 0),
+            Err(nix::errno::Errno::EINTR) => Ok(false),
+            Err(e) => Err(StreamError::Io(format!("ppoll: {e}"))),
+        }
+    }
+
+    fn read_requests(&mut self, cfg: &ServeConfig) -> Result<(), StreamError> {
+        loop {
+            match self.shard.try_recv_into(&mut self.rx) {
+                Ok(0) => return Ok(()),
+                Ok(n) => {
+                    for i in 0..n {
+                        let (meta, bytes) = self.rx.message(i);
+                        let addr = meta.addr;
+                        match wire::parse(bytes) {
+                            Some(Message::Request(r)) => {
+                                self.changed = true;
+                                self.request(cfg, addr, r);
+                            }
+                            _ => self.stats.malformed += 1,
+                        }
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(()),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                // An ICMP error for an earlier send to a client that went away: the library
+                // has drained it; keep serving the others.
+                Err(e) if e.raw_os_error().is_some_and(|c| c == libc::ECONNREFUSED || c == libc::EHOSTUNREACH) => {}
+                Err(e) => return Err(StreamError::Io(format!("receiving requests: {e}"))),
+            }
+        }
+    }
+
+    fn request(&mut self, cfg: &ServeConfig, addr: SocketAddr, r: Request) {
+        if self.by_addr.contains_key(&addr) {
+            // A repeated request (the acceptance was lost): accept again, change nothing.
+            self.accept(addr, r.flow);
+            return;
+        }
+        let now = Timestamp::now().as_nanos();
+        if self.pacing.is_none() {
+            let p = crate::pacing::decide(self.pacing_choice, addr.ip());
+            self.stats.pacing = p.to_string();
+            self.pacing = Some(p);
+        }
+        let refuse = |s: &mut Self, why: String| {
+            s.stats.refused += 1;
+            let n = wire::write_refused(&mut s.ctrl, r.flow, &why);
+            let _ = s.shard.send(&[Transmit::new(addr, &s.ctrl[..n])]);
+        };
+        if r.rate > cfg.max_rate {
+            return refuse(self, format!("rate {} B/s is above this server's --max-rate {}", r.rate, cfg.max_rate));
+        }
+        if (r.size as usize) < wire::HEADER || r.size as usize > udpx::max_payload(&addr) {
+            return refuse(
+                self,
+                format!("datagram size {}: give {} to {} bytes", r.size, wire::HEADER, udpx::max_payload(&addr)),
+            );
+        }
+        let duration = Duration::from_millis(u64::from(r.duration_ms));
+        if duration.is_zero() || duration > cfg.max_duration {
+            return refuse(self, format!("duration {duration:?}: give more than 0 and at most {:?}", cfg.max_duration));
+        }
+        let granularity = match (r.interval_ns, r.segments) {
+            (0, 0) => Granularity::Segments(cfg.default_segments),
+            (0, n) => Granularity::Segments(n),
+            (i, _) => Granularity::IntervalNs(i),
+        };
+        let fc = FlowConfig {
+            rate: r.rate,
+            datagram_size: r.size,
+            granularity,
+            burst: (r.burst > 0).then_some(r.burst),
+            source: udpx_pace::Source::Streaming,
+        };
+        let fc_size = (fc.datagram_size as usize) * udpx_pace::MAX_SEGMENTS as usize;
+        if fc_size > CHUNK_BYTES {
+            return refuse(self, format!("datagram size {} is too large for a 64-segment release", r.size));
+        }
+        match self.pacer.add_flow(fc, now) {
+            Ok(idx) => {
+                self.flows[idx as usize] = Some(Flow {
+                    addr,
+                    client_flow: r.flow,
+                    size: r.size,
+                    rate: r.rate,
+                    seq: 0,
+                    end_ns: now.saturating_add(duration.as_nanos() as u64),
+                });
+                self.by_addr.insert(addr, idx);
+                self.accept(addr, r.flow);
+                self.stats.flows += 1;
+                self.live.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(e) => refuse(self, e.to_string()),
+        }
+    }
+
+    fn accept(&mut self, addr: SocketAddr, flow: u32) {
+        let n = wire::write_accepted(&mut self.ctrl, flow);
+        let _ = self.shard.send(&[Transmit::new(addr, &self.ctrl[..n])]);
+    }
+
+    fn end_flow(&mut self, idx: u32, _now: u64) {
+        self.changed = true;
+        let Some(f) = self.flows[idx as usize].take() else { return };
+        let _ = self.pacer.remove_flow(idx);
+        self.by_addr.remove(&f.addr);
+        self.live.fetch_sub(1, Ordering::Relaxed);
+        // Twice: the End tells the receiver its exact loss, so it is worth a spare.
+        let n = wire::write_end(&mut self.ctrl, f.client_flow, f.seq);
+        let t = Transmit::new(f.addr, &self.ctrl[..n]);
+        let _ = self.shard.send(&[t, t]);
+    }
+
+    fn send_releases(&mut self, now: u64) {
+        let kernel = matches!(self.pacing, Some(Pacing::Kernel { .. }));
+        let releases = std::mem::take(&mut self.releases);
+        let mut i = 0;
+        while i < releases.len() {
+            self.planned.clear();
+            let mut off = 0;
+            while i < releases.len() && self.planned.len() < CHUNK_TRANSMITS {
+                let r = releases[i];
+                let Some(f) = self.flows[r.flow as usize] else {
+                    i += 1;
+                    continue;
+                };
+                if now >= f.end_ns {
+                    i += 1;
+                    self.end_flow(r.flow, now);
+                    continue;
+                }
+                let size = f.size as usize;
+                let len = size * r.datagrams as usize;
+                if off + len > self.payload.len() {
+                    break;
+                }
+                for k in 0..r.datagrams as usize {
+                    let d = wire::Data {
+                        flow: f.client_flow,
+                        size: f.size,
+                        seq: f.seq + k as u64,
+                        intended_ns: r.due_ns,
+                        sent_ns: now,
+                        rate: f.rate,
+                    };
+                    wire::write_data(&mut self.payload[off + k * size..], &d);
+                }
+                if let Some(live) = self.flows[r.flow as usize].as_mut() {
+                    live.seq += u64::from(r.datagrams);
+                }
+                self.planned.push(Planned { dst: f.addr, off, len, size, due_ns: r.due_ns });
+                self.stats.releases += 1;
+                self.stats.datagrams += u64::from(r.datagrams);
+                self.stats.bytes += len as u64;
+                off += len;
+                i += 1;
+            }
+            self.send_planned(kernel);
+        }
+        self.releases = releases;
+        self.releases.clear();
+    }
+
+    /// Sends the planned chunk, resuming at the cursor after every stop that is not final.
+    fn send_planned(&mut self, kernel: bool) {
+        let mut txs = recycle(std::mem::take(&mut self.transmits));
+        for p in &self.planned {
+            let mut t = Transmit::new(p.dst, &self.payload[p.off..p.off + p.len]);
+            if p.len > p.size {
+                t = t.segmented(p.size);
+            }
+            if kernel {
+                t.departure = Some(Timestamp::from_nanos(p.due_ns));
+            }
+            txs.push(t);
+        }
+        let mut cur = SendCursor::default();
+        let mut nobufs = 0u32;
+        let mut backoff = Duration::from_micros(50);
+        while cur.transmit < txs.len() {
+            let e = match self.shard.try_send(&mut self.bufs, &txs, cur) {
+                Ok(_) => break,
+                Err(e) => e,
+            };
+            if e.cursor() != cur {
+                nobufs = 0;
+            }
+            cur = e.cursor();
+            let give_up = match &e.kind {
+                SendErrorKind::WouldBlock => {
+                    self.stats.would_block += 1;
+                    !matches!(self.shard.wait_writable(WRITABLE_WAIT), Ok(true))
+                }
+                SendErrorKind::NoBuffers => {
+                    self.stats.no_buffers += 1;
+                    nobufs += 1;
+                    std::thread::sleep(backoff);
+                    backoff = (backoff * 2).min(Duration::from_millis(10));
+                    nobufs > NOBUFS_TRIES
+                }
+                _ => {
+                    // Final for this transmit: count it and go on with the next.
+                    self.stats.send_errors += 1;
+                    let t = &txs[cur.transmit];
+                    self.stats.unsent += (t.segments() - cur.segment) as u64;
+                    log::warn!("udpx stream: a transmit to {} failed: {}", t.destination, e);
+                    cur = SendCursor { transmit: cur.transmit + 1, segment: 0 };
+                    false
+                }
+            };
+            if give_up {
+                let left: usize = txs[cur.transmit..].iter().map(|t| t.segments()).sum::<usize>() - cur.segment;
+                self.stats.unsent += left as u64;
+                log::warn!("udpx stream: {left} datagrams not sent: the socket stayed full ({:?})", e.kind);
+                break;
+            }
+        }
+        txs.clear();
+        self.transmits = recycle(txs);
+    }
+}
+
+/// Reuses a transmit list's allocation across borrows of different lifetimes: an empty
+/// vector collected in place keeps its buffer (same layout, no element survives).
+fn recycle<'a, 'b>(mut v: Vec<Transmit<'a>>) -> Vec<Transmit<'b>> {
+    v.clear();
+    v.into_iter().map(|_| unreachable!("the vector is empty")).collect()
+}
