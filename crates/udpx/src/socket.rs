@@ -646,3 +646,19 @@ fn set_buffer(fd: BorrowedFd<'_>, force: libc::c_int, plain: libc::c_int, n: usi
         Err(e) => Err(e),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The cap is stored on the socket (what fq reads); a 32-bit read sees it too.
+    #[test]
+    fn max_pacing_rate_is_stored() {
+        let peer = UdpSocket::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let s = UdpSocket::builder("127.0.0.1:0".parse().unwrap()).connect(peer.local_addr()).bind().unwrap();
+        s.set_max_pacing_rate(1_250_000).unwrap();
+        let got = sys::getsockopt_int(s.as_fd(), libc::SOL_SOCKET, sys::SO_MAX_PACING_RATE).unwrap();
+        assert_eq!(got, 1_250_000);
+        s.set_max_pacing_rate(u64::MAX).unwrap();
+    }
+}
