@@ -31,11 +31,11 @@ use crate::error::Error;
 use crate::sys::addr::unmapped;
 use crate::sys::netlink::{
     link_request, parse_link, parse_qdisc, parse_route, qdisc_dump_request, route_request, walk, NlSocket, RECV_BUF,
-    RTM_NEWLINK, RTM_NEWQDISC, RTM_NEWROUTE, TC_H_ROOT,
+    RTM_NEWLINK, RTM_NEWQDISC, RTM_NEWROUTE,
 };
 use crate::txtime::TxClock;
 
-pub use crate::sys::netlink::{ParseError, QdiscMsg};
+pub use crate::sys::netlink::{ParseError, QdiscMsg, TC_H_ROOT};
 
 /// `TC_H_INGRESS` (`linux/pkt_sched.h`): the parent of the ingress and clsact qdiscs, which
 /// see only received packets.

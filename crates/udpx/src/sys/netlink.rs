@@ -67,7 +67,7 @@ const TCA_KIND: u16 = 1;
 /// them. Older kernels ignore the unknown attribute.
 const TCA_DUMP_INVISIBLE: u16 = 10;
 /// `TC_H_ROOT`: the parent of a device's root qdisc.
-pub(crate) const TC_H_ROOT: u32 = 0xFFFF_FFFF;
+pub const TC_H_ROOT: u32 = 0xFFFF_FFFF;
 
 const NLMSG_HDRLEN: usize = 16;
 const RTMSG_LEN: usize = 12;
