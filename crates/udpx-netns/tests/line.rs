@@ -80,6 +80,32 @@ fn line_forwards_shapes_and_tears_down() {
     }
 }
 
+/// The bottleneck drops what exceeds its bucket and queue while every send reports success:
+/// only the receiver sees the loss (the lab's premise).
+#[test]
+fn tbf_drops_silently_at_the_router() {
+    if udpx_netns::skip_unless_capable("tbf_drops_silently_at_the_router") {
+        return;
+    }
+    let net = LineNet::setup(&LineConfig::default()).expect("setup");
+    // 1 Mbit/s, a 3 kB bucket and 3 kB of queue: of 100 x 1200 B sent at once, a handful pass.
+    net.tbf(1_000_000, 3_000, TbfLimit::Bytes(3_000)).expect("tbf");
+    let (tx, rx) = (bind(&net, Port::Server), bind(&net, Port::Client));
+    rx.set_read_timeout(Some(Duration::from_millis(300))).unwrap();
+    let to = rx.local_addr().unwrap();
+    for i in 0..100u8 {
+        tx.send_to(&[i; 1200], to).expect("every send succeeds: the drop is a hop away");
+    }
+    let mut got = 0;
+    let mut buf = [0u8; 2048];
+    while rx.recv_from(&mut buf).is_ok() {
+        got += 1;
+    }
+    println!("tbf passed {got} of 100");
+    assert!(got > 0 && got < 50, "{got} of 100 passed a 3 kB bucket at 1 Mbit/s");
+    drop((tx, rx));
+}
+
 #[test]
 fn failed_setup_and_panics_leave_nothing() {
     if udpx_netns::skip_unless_capable("failed_setup_and_panics_leave_nothing") {
