@@ -5,8 +5,9 @@
 //! the kernel stores it in the packet (`skb->tstamp`) and every layer below ignores it except
 //! two qdiscs. **fq** holds each packet until its time, on `CLOCK_MONOTONIC` (and drops one
 //! more than its horizon, 10 s by default, ahead). **etf** releases packets in time order on
-//! the clock it was configured with, `CLOCK_TAI` in every deployment described, and drops a
-//! packet whose socket uses another clock or whose time has passed. Under any other root
+//! `CLOCK_TAI`, the only clock it can be configured with (`validate_input_params` in
+//! `net/sched/sch_etf.c` refuses others), and drops a packet from a socket without
+//! `SO_TXTIME`, with another clock (`sk_clockid`), or whose time has passed. Under any other root
 //! (`noqueue` on `lo` and veth, `fq_codel`, `pfifo_fast`, `tbf`, `htb`...) the timestamp is
 //! accepted and the packet leaves at once, and nothing says so: a sender that relies on the
 //! kernel there does not pace at all. So a pacer asks [`egress`] once per destination and
