@@ -10,7 +10,8 @@
 //!  Batch (gso.rs)            datagrams ──► GSO transmits (pure planning, no syscalls)
 //!  UdpSocket::send           transmits ──► sendmmsg/sendmsg vectors, fallbacks, counters
 //!  UdpSocket::recv           recvmmsg/recvmsg ──► RecvMeta + GRO segments
-//!  sys/                      the only unsafe code: syscalls, cmsg codec, mmsghdr vectors
+//!  qdisc::egress             destination ──► device, root qdisc: does the kernel pace? (rtnetlink)
+//!  sys/                      the only unsafe code: syscalls, cmsg codec, mmsghdr vectors, netlink
 //! ```
 //!
 //! ## Capability matrix
