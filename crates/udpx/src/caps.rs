@@ -84,7 +84,7 @@ pub struct KernelCaps {
     /// `UDP_GRO` accepted.
     pub gro: bool,
     /// `SO_TXTIME` accepted. Whether departure times are *enforced* depends on the egress
-    /// qdisc (fq or etf), which `udpx probe` checks.
+    /// qdisc (fq or etf), which [`crate::qdisc::egress`] (and `udpx probe`) checks.
     pub txtime: bool,
     /// `SO_ZEROCOPY` accepted.
     pub zerocopy: bool,
