@@ -14,6 +14,8 @@
 //! - [`Namespace`]: one `ip netns` namespace, entered per thread with setns(2), removed on drop
 //!   (also while unwinding from a test's panic).
 //! - [`TestNet`]: two namespaces, a veth pair, documentation-range addresses, a [`Profile`].
+//! - [`LineNet`]: server → router → client, two veth pairs, forwarding, and the lab's knobs:
+//!   a `tbf` bottleneck on the router's egress, device features, RPS.
 //! - Cleanup outside `Drop`: [`cleanup_on_signals`] / [`remove_all_live`] for Ctrl-C,
 //!   [`cleanup_stale`] for namespaces left by a process that was killed.
 //! - [`ChildGroup`]: a peer process (iperf3, sockperf) in a process group of its own, killed
@@ -24,8 +26,9 @@
 //! # Names
 //!
 //! Namespaces are `udpx-<pid>-<n>-tx` / `-rx` and veth ends `ux<pid>t<n>` / `ux<pid>r<n>`,
-//! with `n` a per-process counter, so parallel tests and processes never collide and a stale
-//! name says which process left it.
+//! with `n` a per-process counter (a [`LineNet`]: `-srv`, `-rtr`, `-cli` and `ux<pid>s<n>`,
+//! `a`, `b`, `c`), so parallel tests and processes never collide and a stale name says which
+//! process left it.
 //!
 //! # Privileges
 //!
@@ -45,6 +48,8 @@
 mod child;
 mod command;
 mod error;
+mod line;
+mod link;
 mod namespace;
 mod testnet;
 
@@ -57,6 +62,10 @@ use nix::unistd::geteuid;
 pub use child::{kill_all_live, ChildGroup};
 pub use command::{display_command, run_bounded};
 pub use error::Error;
+pub use line::{
+    LineConfig, LineNet, Node, Port, TbfLimit, LINE_CLIENT_V4, LINE_PREFIX, LINE_ROUTER_CLIENT_V4,
+    LINE_ROUTER_SERVER_V4, LINE_SERVER_V4,
+};
 pub use namespace::{
     cleanup_on_signals, cleanup_stale, live_namespaces, remove_all_live, unique_name, Namespace, EXEC_TIMEOUT,
     NAME_PREFIX, NETNS_RUN_DIR,
@@ -139,7 +148,7 @@ pub fn record_skip(what: &str, why: &str) {
 }
 
 /// Whether an executable file named `program` is in one of the `PATH` directories.
-fn on_path(program: &str) -> bool {
+pub(crate) fn on_path(program: &str) -> bool {
     use std::os::unix::fs::PermissionsExt;
     let Some(path) = std::env::var_os("PATH") else {
         return false;

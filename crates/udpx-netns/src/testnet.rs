@@ -20,7 +20,6 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::net::{Ipv4Addr, Ipv6Addr};
-use std::process::Command;
 use std::str::FromStr;
 use std::thread;
 use std::time::{Duration, Instant};
@@ -28,7 +27,9 @@ use std::time::{Duration, Instant};
 use nix::sched::{sched_getaffinity, sched_setaffinity, CpuSet};
 use nix::unistd::Pid;
 
-use crate::command::{run_bounded, TOOL_TIMEOUT};
+use crate::command::TOOL_TIMEOUT;
+pub use crate::link::parse_features;
+use crate::link::{self, ip, link_mtu};
 use crate::namespace::{name_for, next_serial, Namespace};
 use crate::Error;
 
@@ -252,16 +253,12 @@ impl TestNet {
         // Static neighbour entries: no ARP or neighbour discovery on the measured path. While a
         // neighbour resolves, the kernel queues datagrams and flushes them later from another
         // context, which reorders the first ones and drops past its queue limit.
-        let mac = |ns: &Namespace, dev: &str| -> Result<String, Error> {
-            Ok(ns.exec(&["cat", &format!("/sys/class/net/{dev}/address")])?.trim().to_owned())
-        };
-        let (tx_mac, rx_mac) = (mac(&tx, &tx_dev)?, mac(&rx, &rx_dev)?);
+        let (tx_mac, rx_mac) = (link::mac(&tx, &tx_dev)?, link::mac(&rx, &rx_dev)?);
         for (ns, dev, peer_v4, peer_v6, peer_mac) in
             [(&tx, &tx_dev, RX_V4, RX_V6, &rx_mac), (&rx, &rx_dev, TX_V4, TX_V6, &tx_mac)]
         {
             for peer in [peer_v4.to_string(), peer_v6.to_string()] {
-                let n = ns.name();
-                ip(&["-n", n, "neigh", "replace", &peer, "lladdr", peer_mac, "dev", dev, "nud", "permanent"])?;
+                link::static_neighbour(ns, dev, &peer, peer_mac)?;
             }
         }
         for (ns, dev) in [(&tx, &tx_dev), (&rx, &rx_dev)] {
@@ -321,8 +318,7 @@ impl TestNet {
     /// The device features of one side, parsed from `ethtool -k` (see [`parse_features`]):
     /// `"tx-udp-segmentation" -> "on"`. For reports and checks.
     pub fn features(&self, side: Side) -> Result<BTreeMap<String, String>, Error> {
-        let out = self.ns(side).exec_timeout(&["ethtool", "-k", self.dev(side)], TOOL_TIMEOUT)?;
-        Ok(parse_features(&out))
+        link::features(self.ns(side), self.dev(side))
     }
 
     /// Sets features with `ethtool -K <dev> <name> <value>...` on one side, then reads them back
@@ -330,36 +326,11 @@ impl TestNet {
     /// the kernel silently keeps a feature fixed). Changing GRO on the rx device of a
     /// [`Profile::Software`] net replaces its NAPI threads: see [`TestNet::rx_napi_threads`].
     pub fn set_features(&self, side: Side, settings: &[(&str, &str)]) -> Result<(), Error> {
-        let mut args = vec!["ethtool", "-K", self.dev(side)];
-        for (name, value) in settings {
-            args.push(name);
-            args.push(value);
-        }
-        self.ns(side).exec_timeout(&args, TOOL_TIMEOUT)?;
-        self.expect_features(side, settings)
+        link::set_features(self.ns(side), self.dev(side), settings)
     }
 
     fn expect_features(&self, side: Side, wanted: &[(&str, &str)]) -> Result<(), Error> {
-        let features = self.features(side)?;
-        for (name, value) in wanted {
-            // ethtool's long names for the short ones used with -K.
-            let long = match *name {
-                "gro" => "generic-receive-offload",
-                "gso" => "generic-segmentation-offload",
-                "tso" => "tcp-segmentation-offload",
-                other => other,
-            };
-            let got = features.get(long).map_or("missing", String::as_str);
-            if got != *value {
-                return Err(Error::SettingDidNotTake {
-                    dev: self.dev(side).to_owned(),
-                    setting: (*name).to_owned(),
-                    wanted: (*value).to_owned(),
-                    got: got.to_owned(),
-                });
-            }
-        }
-        Ok(())
+        link::expect_features(self.ns(side), self.dev(side), wanted)
     }
 
     fn apply_software_profile(&mut self, rx_cpu: Option<usize>) -> Result<(), Error> {
@@ -409,59 +380,10 @@ impl TestNet {
     }
 }
 
-/// Runs `ip <args>` with the tool time limit.
-fn ip(args: &[&str]) -> Result<String, Error> {
-    run_bounded(Command::new("ip").args(args), TOOL_TIMEOUT)
-}
-
-/// Reads a device's MTU from `ip -o link show`: `2: dev@if2: <...> mtu 1500 qdisc ...`.
-fn link_mtu(ns: &Namespace, dev: &str) -> Result<u32, Error> {
-    let out = ip(&["-n", ns.name(), "-o", "link", "show", "dev", dev])?;
-    let mut words = out.split_whitespace();
-    words.by_ref().find(|w| *w == "mtu").and_then(|_| words.next()).and_then(|m| m.parse().ok()).ok_or_else(|| {
-        Error::SettingDidNotTake {
-            dev: dev.to_owned(),
-            setting: "mtu".to_owned(),
-            wanted: "a readable value".to_owned(),
-            got: out.trim().to_owned(),
-        }
-    })
-}
-
-/// Names the veth ends `ux<pid>t<n>` and `ux<pid>r<n>`.
-///
-/// Both must fit [`MAX_IFNAME_LEN`]. Pids are at most 4194304 (PID_MAX_LIMIT, 7 digits), which
-/// leaves at least 5 digits for `n`; `n` is taken modulo the room left, so names repeat only
-/// after 100000 test networks in one process, and only matter while both are alive.
+/// Names the veth ends `ux<pid>t<n>` and `ux<pid>r<n>` (see `link::dev_name` for why they fit
+/// [`MAX_IFNAME_LEN`] and when they repeat).
 pub(crate) fn veth_names(pid: u32, serial: u32) -> (String, String) {
-    let pid_digits = pid.to_string().len();
-    let room = MAX_IFNAME_LEN.saturating_sub(pid_digits + 3).clamp(1, 9);
-    let n = serial % 10u32.pow(room as u32);
-    (format!("ux{pid}t{n}"), format!("ux{pid}r{n}"))
-}
-
-/// Parses `ethtool -k` output into feature name -> state (`"on"` or `"off"`).
-///
-/// ```text
-/// Features for ux123r0:
-/// rx-checksumming: on
-/// tx-checksumming: on
-///         tx-checksum-ipv4: off [fixed]
-/// rx-udp-gro-forwarding: on
-/// ```
-///
-/// Annotations such as `[fixed]` (cannot be changed) or `[requested on]` (asked for but not in
-/// effect) are dropped: the value is the state in effect. Lines without `name: state` are
-/// skipped.
-pub fn parse_features(text: &str) -> BTreeMap<String, String> {
-    text.lines()
-        .filter(|line| !line.starts_with("Features for "))
-        .filter_map(|line| {
-            let (name, rest) = line.trim().split_once(':')?;
-            let state = rest.split_whitespace().next()?;
-            (!name.is_empty() && !name.contains(' ')).then(|| (name.to_owned(), state.to_owned()))
-        })
-        .collect()
+    (link::dev_name(pid, serial, 't'), link::dev_name(pid, serial, 'r'))
 }
 
 /// Finds the kernel threads named `napi/<dev>-<id>` by scanning `/proc/<pid>/comm`.
@@ -529,25 +451,6 @@ mod tests {
         }
         assert_eq!(veth_names(1234, 7), ("ux1234t7".into(), "ux1234r7".into()));
         assert_ne!(veth_names(1234, 1), veth_names(1234, 10));
-    }
-
-    #[test]
-    fn features_parse() {
-        let text = "Features for ux1r0:\n\
-                    rx-checksumming: on\n\
-                    tx-checksumming: on\n\
-                    \ttx-checksum-ipv4: off [fixed]\n\
-                    generic-receive-offload: on\n\
-                    tx-udp-segmentation: off [requested on]\n\
-                    rx-udp-gro-forwarding: on\n\
-                    \n\
-                    garbage without colon\n";
-        let f = parse_features(text);
-        assert_eq!(f["rx-checksumming"], "on");
-        assert_eq!(f["tx-checksum-ipv4"], "off");
-        assert_eq!(f["tx-udp-segmentation"], "off");
-        assert_eq!(f["rx-udp-gro-forwarding"], "on");
-        assert_eq!(f.len(), 6);
     }
 
     #[test]

@@ -84,7 +84,7 @@ pub struct KernelCaps {
     /// `UDP_GRO` accepted.
     pub gro: bool,
     /// `SO_TXTIME` accepted. Whether departure times are *enforced* depends on the egress
-    /// qdisc (fq or etf), which `udpx probe` checks.
+    /// qdisc (fq or etf), which [`crate::qdisc::egress`] (and `udpx probe`) checks.
     pub txtime: bool,
     /// `SO_ZEROCOPY` accepted.
     pub zerocopy: bool,
@@ -176,6 +176,9 @@ pub struct Capabilities {
     pub gro: bool,
     /// `SO_TXTIME` is on for this socket (accepted; enforcement depends on the qdisc).
     pub txtime: bool,
+    /// The clock the socket's departure times are handed to the kernel on (set at creation
+    /// from [`crate::SocketConfig::txtime_clock`]); `None` when `txtime` is off.
+    pub txtime_clock: Option<crate::TxClock>,
     /// `SO_ZEROCOPY` is available to this socket's kernel.
     pub zerocopy_available: bool,
     /// Zerocopy sends are in use on this socket now (asked for, accepted, not turned off).
@@ -217,7 +220,12 @@ impl fmt::Display for Capabilities {
             writeln!(f, "  last refusal  {r}")?;
         }
         writeln!(f, "gro            {} (kernel: {})", yn(self.gro), yn(k.gro))?;
-        writeln!(f, "txtime         {} (kernel: {}; enforced only by an fq/etf qdisc)", yn(self.txtime), yn(k.txtime))?;
+        match self.txtime_clock {
+            Some(c) => {
+                writeln!(f, "txtime         yes, {c} (kernel: {}; enforced only by an fq/etf qdisc)", yn(k.txtime))?
+            }
+            None => writeln!(f, "txtime         no (kernel: {}; enforced only by an fq/etf qdisc)", yn(k.txtime))?,
+        }
         writeln!(f, "zerocopy       {} (kernel: {})", yn(self.zerocopy), yn(self.zerocopy_available))?;
         if let Some(r) = &self.zerocopy_off_reason {
             writeln!(f, "  turned off    {r}")?;
@@ -311,6 +319,7 @@ pub(crate) struct CapState {
     pub gso_refusals: Mutex<GsoRefusals>,
     pub gro: bool,
     pub txtime: bool,
+    pub txtime_clock: crate::TxClock,
     pub pktinfo: bool,
     pub ecn: bool,
     pub rxq_ovfl: bool,

@@ -10,7 +10,8 @@
 //!  Batch (gso.rs)            datagrams ──► GSO transmits (pure planning, no syscalls)
 //!  UdpSocket::send           transmits ──► sendmmsg/sendmsg vectors, fallbacks, counters
 //!  UdpSocket::recv           recvmmsg/recvmsg ──► RecvMeta + GRO segments
-//!  sys/                      the only unsafe code: syscalls, cmsg codec, mmsghdr vectors
+//!  qdisc::egress             destination ──► device, root qdisc: does the kernel pace? (rtnetlink)
+//!  sys/                      the only unsafe code: syscalls, cmsg codec, mmsghdr vectors, netlink
 //! ```
 //!
 //! ## Capability matrix
@@ -21,7 +22,8 @@
 //! | GSO refused by a device (EIO) or `SO_NO_CHECK` (EINVAL) | any | — | batch re-sent plain, that destination plain for a back-off, then GSO retried; counted |
 //! | `UDP_GRO` | 5.0 | one receive per train of datagrams | one datagram per buffer |
 //! | `sendmmsg` / `recvmmsg` | 3.0 / 2.6.33 | fewer syscalls | — (always present) |
-//! | `SO_TXTIME` | 4.19 | departure times (needs fq/etf qdisc) | sent at once |
+//! | `SO_TXTIME` | 4.19 | departure times, enforced only under an fq or etf root ([`qdisc::egress`] tells) | sent at once |
+//! | `SO_MAX_PACING_RATE` | 3.13 (64-bit 5.0) | a connected socket's rate cap, enforced by fq only | not capped |
 //! | `SO_ZEROCOPY` | 4.14, UDP 5.0 | no copy for large sends (owned buffers back on completion) | copy; turned off when the kernel keeps copying |
 //! | `IP_PKTINFO` | any | reply from the address asked | kernel picks source |
 //! | `SO_RXQ_OVFL` | any | drops made visible | — |
@@ -53,6 +55,7 @@ pub mod counters;
 mod error;
 pub mod gso;
 pub mod icmp;
+pub mod qdisc;
 pub mod rcvbuf;
 pub mod recv;
 mod send;
@@ -86,5 +89,5 @@ pub use transmit::{
     max_payload, messages, validate_transmit, EcnCodepoint, Family, Message, PathLimits, SendBuffers, SendCursor,
     SendMode, Transmit, MAX_PAYLOAD_V4, MAX_PAYLOAD_V6,
 };
-pub use txtime::Timestamp;
+pub use txtime::{Timestamp, TxClock};
 pub use zerocopy::{ZcBuf, ZcConfig, ZcPool, ZcSendError};

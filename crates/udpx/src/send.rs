@@ -15,6 +15,7 @@ use crate::error::{InvalidTransmit, SendError, SendErrorKind};
 use crate::socket::UdpSocket;
 use crate::sys::mmsg::{MsgMeta, OutMsg, SendScratch, BATCH};
 use crate::transmit::{chunk, validate_transmit, PathLimits, SendBuffers, SendCursor, Transmit};
+use crate::txtime::TxClock;
 use crate::zerocopy::ZcState;
 
 impl UdpSocket {
@@ -71,12 +72,20 @@ impl UdpSocket {
             })?;
         }
         let batched = self.send_mode.batches();
+        let txtime_offset = self.txtime_offset(&transmits[from.transmit.min(transmits.len())..]);
         let mut cur = from;
         // A transmit being re-sent plain after its GSO send was refused: (index, errno).
         let mut gso_suspect: Option<(usize, i32)> = None;
         let c = &self.counters;
         while cur.transmit < transmits.len() {
-            self.plan(transmits, cur, if batched { BATCH } else { 1 }, gso_suspect.map(|s| s.0), scratch);
+            self.plan(
+                transmits,
+                cur,
+                if batched { BATCH } else { 1 },
+                gso_suspect.map(|s| s.0),
+                txtime_offset,
+                scratch,
+            );
             let res = scratch.send_filled(self.fd_ref(), batched, flags, &self.faults);
             c.add(&c.send_calls, 1);
             let zc_call = flags & libc::MSG_ZEROCOPY != 0;
@@ -191,15 +200,29 @@ impl UdpSocket {
         Ok(transmits.len())
     }
 
+    /// What to add to the transmits' `CLOCK_MONOTONIC` departures to put them on the socket's
+    /// `SO_TXTIME` clock: read once per send call, and only when the socket's clock is not
+    /// `CLOCK_MONOTONIC` and some transmit carries a departure (see [`crate::txtime`]).
+    fn txtime_offset(&self, transmits: &[Transmit<'_>]) -> i64 {
+        let c = &self.caps;
+        if c.txtime && c.txtime_clock != TxClock::Monotonic && transmits.iter().any(|t| t.departure.is_some()) {
+            c.txtime_clock.offset_from_monotonic_ns()
+        } else {
+            0
+        }
+    }
+
     /// Builds the next batch of messages from `cur`: GSO messages of at most the segment limit
     /// where segmenting is on for the destination, one message per segment where it is off
-    /// (or `plain_t` says this transmit must go plain), whole contents otherwise.
-    fn plan(
+    /// (or `plain_t` says this transmit must go plain), whole contents otherwise. Departures
+    /// are shifted by `txtime_offset` onto the socket's clock.
+    pub(crate) fn plan(
         &self,
         transmits: &[Transmit<'_>],
         mut cur: SendCursor,
         cap: usize,
         plain_t: Option<usize>,
+        txtime_offset: i64,
         out: &mut SendScratch,
     ) {
         out.clear();
@@ -214,7 +237,7 @@ impl UdpSocket {
                 segment_size: None,
                 src_ip: t.src_ip,
                 ecn: t.ecn.map(|e| e as u8),
-                txtime: t.departure.map(|d| d.as_nanos()),
+                txtime: t.departure.map(|d| TxClock::convert(d.as_nanos(), txtime_offset)),
             };
             let total = t.segments();
             let per_msg = if plain_t != Some(cur.transmit) && self.caps.gso_for(&t.destination) { max_segs } else { 1 };
@@ -268,4 +291,58 @@ impl UdpSocket {
 
 fn fail(cur: SendCursor, kind: SendErrorKind) -> SendError {
     SendError { sent: cur.transmit, partial_segments: cur.segment, kind }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::IoSliceMut;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::sys::cmsg::Cmsg;
+    use crate::{Error, RecvMeta, Timestamp, Want};
+
+    /// A transmit's departure reaches the kernel as SCM_TXTIME on the socket's clock: as given
+    /// on a MONOTONIC socket, shifted by CLOCK_TAI − CLOCK_MONOTONIC on a TAI socket. Then the
+    /// real send over loopback (noqueue: the time is ignored) delivers the datagram.
+    #[test]
+    fn departure_becomes_scm_txtime_on_the_socket_clock() {
+        let lo = "127.0.0.1:0".parse().unwrap();
+        let rx = UdpSocket::bind(lo).unwrap();
+        rx.set_read_timeout(Some(Duration::from_secs(1))).unwrap();
+        for clock in [TxClock::Monotonic, TxClock::Tai] {
+            let tx = match UdpSocket::builder(lo).txtime(Want::Required).txtime_clock(clock).bind() {
+                Ok(s) => s,
+                Err(Error::Unsupported { why, .. }) if clock == TxClock::Tai => {
+                    // CLOCK_TAI needs CAP_NET_ADMIN.
+                    println!("SKIP: SO_TXTIME with CLOCK_TAI: {why}");
+                    continue;
+                }
+                Err(e) => panic!("{clock}: {e}"),
+            };
+            assert_eq!(tx.capabilities().txtime_clock, Some(clock));
+            let payload = [9u8; 100];
+            let departure = Timestamp::now() + Duration::from_millis(1);
+            let t = Transmit { departure: Some(departure), ..Transmit::new(rx.local_addr(), &payload) };
+            let offset = tx.txtime_offset(&[t]);
+            let independent = clock.offset_from_monotonic_ns();
+            match clock {
+                TxClock::Monotonic => assert_eq!(offset, 0),
+                _ => assert!((offset - independent).abs() < 1_000_000, "offset {offset} vs {independent}"),
+            }
+            assert_eq!(tx.txtime_offset(&[Transmit::new(rx.local_addr(), &payload)]), 0, "no departure, no clock read");
+            let mut scratch = SendScratch::new();
+            tx.plan(&[t], SendCursor::default(), BATCH, None, offset, &mut scratch);
+            let want = departure.as_nanos().checked_add_signed(offset).unwrap();
+            assert_eq!(scratch.control(0), vec![Cmsg::TxTime(want)], "{clock}");
+
+            assert_eq!(tx.send(&[t]).unwrap(), 1);
+            let mut buf = [0u8; 200];
+            let mut meta = [RecvMeta::default()];
+            let n = rx.recv(&mut [IoSliceMut::new(&mut buf)], &mut meta).expect("datagram within 1 s");
+            assert_eq!((n, meta[0].len), (1, payload.len()), "{clock}");
+        }
+        let plain = UdpSocket::bind(lo).unwrap();
+        assert_eq!(plain.capabilities().txtime_clock, None);
+    }
 }

@@ -13,6 +13,7 @@ use crate::counters::{CounterSnapshot, Counters};
 use crate::error::Error;
 use crate::sys;
 use crate::transmit::{Family, SendMode};
+use crate::txtime::TxClock;
 
 /// Whether a socket joins a reuseport group, so several sockets share one port and the kernel
 /// spreads datagrams over them.
@@ -63,6 +64,12 @@ pub struct SocketConfig {
     pub gro: Want,
     /// Per-datagram departure times.
     pub txtime: Want,
+    /// The clock `SO_TXTIME` is configured with (default [`TxClock::Monotonic`], for fq;
+    /// [`TxClock::Tai`] for etf, which needs CAP_NET_ADMIN: without it the option fails with
+    /// EPERM, so `txtime` `IfAvailable` leaves departure times off and `Required` fails).
+    /// Departures stay [`crate::Timestamp`]s on `CLOCK_MONOTONIC` either way; see
+    /// [`crate::txtime`] for the conversion.
+    pub txtime_clock: TxClock,
     /// Destination address on receive / source address on send. A control message on every
     /// datagram received: ask for it only where it is read (a wildcard-bound server replying
     /// from the address it was asked on).
@@ -109,6 +116,7 @@ impl SocketConfig {
             recv_mode: RecvMode::Recvmmsg,
             gro: Want::Off,
             txtime: Want::Off,
+            txtime_clock: TxClock::Monotonic,
             pktinfo: Want::Off,
             ecn: Want::Off,
             rxq_ovfl: Want::Off,
@@ -137,6 +145,11 @@ impl SocketConfig {
     /// Sets [`SocketConfig::txtime`].
     pub fn txtime(mut self, w: Want) -> Self {
         self.txtime = w;
+        self
+    }
+    /// Sets [`SocketConfig::txtime_clock`].
+    pub fn txtime_clock(mut self, c: TxClock) -> Self {
+        self.txtime_clock = c;
         self
     }
     /// Sets [`SocketConfig::pktinfo`].
@@ -436,7 +449,7 @@ impl UdpSocket {
         }
         let zerocopy = apply(cfg.zerocopy, Feature::Zerocopy, || int(libc::SOL_SOCKET, sys::SO_ZEROCOPY, 1))?;
         let txtime = apply(cfg.txtime, Feature::TxTime, || {
-            let t = libc::sock_txtime { clockid: libc::CLOCK_MONOTONIC, flags: 0 };
+            let t = libc::sock_txtime { clockid: cfg.txtime_clock.clockid(), flags: 0 };
             sys::setsockopt(b, libc::SOL_SOCKET, sys::SO_TXTIME, t)
         })?;
         if cfg.nonblocking {
@@ -458,6 +471,7 @@ impl UdpSocket {
                 gso_refusals: Default::default(),
                 gro,
                 txtime,
+                txtime_clock: cfg.txtime_clock,
                 pktinfo,
                 ecn,
                 rxq_ovfl,
@@ -510,6 +524,7 @@ impl UdpSocket {
             gso_off_reason,
             gro: c.gro,
             txtime: c.txtime,
+            txtime_clock: c.txtime.then_some(c.txtime_clock),
             zerocopy_available: c.kernel.zerocopy,
             zerocopy: c.zerocopy.load(std::sync::atomic::Ordering::Relaxed),
             zerocopy_off_reason: c.zerocopy_off_reason.get().cloned(),
@@ -573,6 +588,20 @@ impl UdpSocket {
         sys::set_timeout(self.fd.as_fd(), libc::SO_SNDTIMEO, t)
     }
 
+    /// Caps the rate at which the kernel sends this socket's packets (`SO_MAX_PACING_RATE`,
+    /// bytes per second; `u64::MAX` removes the cap).
+    ///
+    /// Only the fq qdisc enforces it, and only for a connected socket: fq keeps per-socket
+    /// state for sockets in the established state (a connected UDP socket is), while an
+    /// unconnected socket's packets are spread over fq flows by hash and paced by none of
+    /// them. Packets that carry a departure time are scheduled by that time instead. Under any
+    /// other qdisc the kernel stores the value and nothing reads it: check
+    /// [`crate::qdisc::egress`] before relying on it.
+    pub fn set_max_pacing_rate(&self, bytes_per_sec: u64) -> io::Result<()> {
+        // The kernel reads an unsigned long where it is given one (since 5.0), else an int.
+        sys::setsockopt(self.fd.as_fd(), libc::SOL_SOCKET, sys::SO_MAX_PACING_RATE, bytes_per_sec)
+    }
+
     /// Sets `SO_NO_CHECK` (no UDP checksum on send). The kernel then refuses GSO sends with
     /// EINVAL: the one real, on-demand way to exercise the GSO fallback on a modern kernel.
     /// Useful for tests; no reason to call it otherwise.
@@ -615,5 +644,21 @@ fn set_buffer(fd: BorrowedFd<'_>, force: libc::c_int, plain: libc::c_int, n: usi
         Ok(()) => Ok(()),
         Err(e) if e.raw_os_error() == Some(libc::EPERM) => sys::setsockopt(fd, libc::SOL_SOCKET, plain, v),
         Err(e) => Err(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The cap is stored on the socket (what fq reads); a 32-bit read sees it too.
+    #[test]
+    fn max_pacing_rate_is_stored() {
+        let peer = UdpSocket::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let s = UdpSocket::builder("127.0.0.1:0".parse().unwrap()).connect(peer.local_addr()).bind().unwrap();
+        s.set_max_pacing_rate(1_250_000).unwrap();
+        let got = sys::getsockopt_int(s.as_fd(), libc::SOL_SOCKET, sys::SO_MAX_PACING_RATE).unwrap();
+        assert_eq!(got, 1_250_000);
+        s.set_max_pacing_rate(u64::MAX).unwrap();
     }
 }

@@ -485,12 +485,15 @@ fn qdisc(env: &Environment, d: &DeviceInfo, t: &str, cmd: &dyn Fn(String) -> Str
     let Some(root) = d.root_qdisc.as_deref() else {
         return;
     };
-    let pacing = d.qdisc_kinds().find(|k| matches!(*k, "fq" | "etf"));
-    if let Some(kind) = pacing {
+    // The library's rule (udpx::qdisc): fq or etf at the root, or under every queue of mq.
+    // A pacing qdisc under only some queues, or below a classful root, does not count.
+    let pacing = udpx::qdisc::KernelPacing::decide(root, &d.child_qdiscs);
+    if let Some(clock) = pacing.clock() {
+        let kind = if clock == udpx::TxClock::Tai { "etf" } else { "fq" };
         out.push(Finding::new(
             Severity::Ok,
             t,
-            format!("qdisc {root} ({kind}): SO_TXTIME departure times are enforced here"),
+            format!("qdisc {root} ({kind}): SO_TXTIME departure times on {clock} are enforced here"),
         ));
         return;
     }

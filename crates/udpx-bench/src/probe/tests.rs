@@ -263,6 +263,11 @@ fn qdisc_rule() {
     let t = "device eth0";
     let mut env = good();
     assert_eq!(one(&findings(&env), t, "mq (fq)").severity, Severity::Ok);
+    // fq under only some of mq's queues: some packets would not be paced, so none is trusted.
+    env.devices[0].child_qdiscs = vec!["fq".to_owned(), "pfifo_fast".to_owned()];
+    assert_eq!(one(&findings(&env), t, "qdisc mq: SO_TXTIME departure times are ignored").severity, Severity::Info);
+    env.devices[0].child_qdiscs = vec!["etf".to_owned(), "etf".to_owned()];
+    assert!(one(&findings(&env), t, "mq (etf)").detail.contains("CLOCK_TAI"));
     env.devices[0].root_qdisc = Some("pfifo_fast".to_owned());
     env.devices[0].child_qdiscs.clear();
     let f = findings(&env);

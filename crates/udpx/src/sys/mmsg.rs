@@ -113,6 +113,17 @@ impl SendScratch {
         &self.meta[..self.len]
     }
 
+    /// The control messages planned for message `i`, decoded from the bytes the kernel would
+    /// read (tests check what a transmit turns into).
+    #[cfg(test)]
+    pub(crate) fn control(&self, i: usize) -> Vec<Cmsg> {
+        let mut out = Vec::new();
+        if i < self.len {
+            cmsg::decode(&self.hdrs[i].msg_hdr, |c| out.push(c));
+        }
+        out
+    }
+
     /// Plans one more message (at most [`BATCH`]). The payload must stay alive until
     /// [`SendScratch::send_filled`] returns, which every caller ensures by sending within the
     /// borrow of its transmits.
@@ -430,5 +441,38 @@ impl RecvScratch {
             self.out[i] = r;
         }
         Ok(got)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A departure becomes exactly one SCM_TXTIME of 8 bytes (u64 ns, native endian), beside
+    /// the other control messages of the message.
+    #[test]
+    fn txtime_is_encoded_as_u64_ns() {
+        let payload = [7u8; 3000];
+        let msg = OutMsg {
+            dst: "127.0.0.1:9".parse().unwrap(),
+            to_peer: false,
+            payload: &payload,
+            segment_size: Some(1000),
+            src_ip: None,
+            ecn: Some(1),
+            txtime: Some(0x0123_4567_89AB_CDEF),
+        };
+        let mut s = SendScratch::new();
+        s.push(&msg, false, MsgMeta::default());
+        s.push(&OutMsg { txtime: None, ..msg }, false, MsgMeta::default());
+        assert_eq!(s.control(0), vec![Cmsg::Segment(1000), Cmsg::Tos(1), Cmsg::TxTime(0x0123_4567_89AB_CDEF)]);
+        assert_eq!(s.control(1), vec![Cmsg::Segment(1000), Cmsg::Tos(1)]);
+        // The raw bytes: SOL_SOCKET / SCM_TXTIME (= SO_TXTIME), CMSG_LEN(8), the value.
+        let raw = cmsg::encode_bytes(&[Cmsg::TxTime(42)]);
+        assert_eq!(raw.len(), 24);
+        assert_eq!(u64::from_ne_bytes(raw[0..8].try_into().unwrap()), 24);
+        assert_eq!(i32::from_ne_bytes(raw[8..12].try_into().unwrap()), libc::SOL_SOCKET);
+        assert_eq!(i32::from_ne_bytes(raw[12..16].try_into().unwrap()), super::super::SO_TXTIME);
+        assert_eq!(u64::from_ne_bytes(raw[16..24].try_into().unwrap()), 42);
     }
 }

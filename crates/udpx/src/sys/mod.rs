@@ -20,6 +20,7 @@ pub mod cmsg;
 pub(crate) mod errqueue;
 pub mod fault;
 pub(crate) mod mmsg;
+pub(crate) mod netlink;
 
 use std::io;
 use std::mem;
@@ -72,7 +73,7 @@ pub(crate) fn udp_socket(v6: bool) -> io::Result<OwnedFd> {
 /// `setsockopt(2)` with a plain-old-data value.
 ///
 /// `T` must be the type the kernel expects for (`level`, `name`): an `int` for most options,
-/// a struct for a few (`sock_txtime`). All callers in this crate pass `c_int`, `u32` or
+/// a struct for a few (`sock_txtime`). All callers in this crate pass `c_int`, `u32`, `u64` or
 /// `libc::sock_txtime`, which have no padding and no invalid bit patterns.
 pub(crate) fn setsockopt<T: Copy>(
     fd: BorrowedFd<'_>,
@@ -195,12 +196,19 @@ pub(crate) fn poll_one(fd: BorrowedFd<'_>, events: libc::c_short, timeout: Durat
     Ok(pfd.revents)
 }
 
-/// `CLOCK_MONOTONIC` in nanoseconds: the clock `SO_TXTIME` is configured with.
+/// `CLOCK_MONOTONIC` in nanoseconds: the clock of [`crate::Timestamp`].
 pub(crate) fn monotonic_ns() -> u64 {
+    clock_ns(libc::CLOCK_MONOTONIC)
+}
+
+/// A clock in nanoseconds (0 if the kernel does not know the clock, which cannot happen for
+/// the MONOTONIC, REALTIME and TAI clocks udpx reads, all present since Linux 3.10).
+pub(crate) fn clock_ns(clock: libc::clockid_t) -> u64 {
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: `ts` is a valid timespec to write; CLOCK_MONOTONIC always exists on Linux.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    (ts.tv_sec as u64) * 1_000_000_000 + ts.tv_nsec as u64
+    // SAFETY: `ts` is a valid timespec to write; an unknown clock only makes the call fail
+    // with EINVAL, leaving `ts` zero.
+    unsafe { libc::clock_gettime(clock, &mut ts) };
+    (ts.tv_sec as u64).wrapping_mul(1_000_000_000).wrapping_add(ts.tv_nsec as u64)
 }
 
 /// The raw descriptor, for the few calls that need it.
@@ -217,6 +225,9 @@ pub(crate) const UDP_SEGMENT: libc::c_int = 103;
 pub(crate) const UDP_GRO: libc::c_int = 104;
 /// `SO_TXTIME` / `SCM_TXTIME` (`include/uapi/asm-generic/socket.h`), since 4.19.
 pub(crate) const SO_TXTIME: libc::c_int = 61;
+/// `SO_MAX_PACING_RATE` (`include/uapi/asm-generic/socket.h`), since 3.13; a 64-bit value
+/// is read since 5.0 (before, the low 32 bits).
+pub(crate) const SO_MAX_PACING_RATE: libc::c_int = 47;
 /// `SO_ZEROCOPY`, since 4.14.
 pub(crate) const SO_ZEROCOPY: libc::c_int = 60;
 /// `SO_RXQ_OVFL`.

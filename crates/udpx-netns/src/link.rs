@@ -1,0 +1,162 @@
+//! Device plumbing shared by the test networks ([`crate::TestNet`], [`crate::LineNet`]): `ip`
+//! with a time limit, device names that carry the process id, static neighbours, and device
+//! features set with ethtool and read back.
+
+use std::collections::BTreeMap;
+use std::process::Command;
+
+use crate::command::{run_bounded, TOOL_TIMEOUT};
+use crate::namespace::Namespace;
+use crate::testnet::MAX_IFNAME_LEN;
+use crate::Error;
+
+/// Runs `ip <args>` with the tool time limit.
+pub(crate) fn ip(args: &[&str]) -> Result<String, Error> {
+    run_bounded(Command::new("ip").args(args), TOOL_TIMEOUT)
+}
+
+/// Reads a device's MTU from `ip -o link show`: `2: dev@if2: <...> mtu 1500 qdisc ...`.
+pub(crate) fn link_mtu(ns: &Namespace, dev: &str) -> Result<u32, Error> {
+    let out = ip(&["-n", ns.name(), "-o", "link", "show", "dev", dev])?;
+    let mut words = out.split_whitespace();
+    words.by_ref().find(|w| *w == "mtu").and_then(|_| words.next()).and_then(|m| m.parse().ok()).ok_or_else(|| {
+        Error::SettingDidNotTake {
+            dev: dev.to_owned(),
+            setting: "mtu".to_owned(),
+            wanted: "a readable value".to_owned(),
+            got: out.trim().to_owned(),
+        }
+    })
+}
+
+/// A device name `ux<pid><role><n>`: the pid keeps names unique between processes (they
+/// matter globally for the NAPI kernel threads named after them), `n` is the per-process
+/// serial of the network.
+///
+/// It fits [`MAX_IFNAME_LEN`]: pids are at most 4194304 (PID_MAX_LIMIT, 7 digits), which
+/// leaves at least 5 digits for `n`; `n` is taken modulo the room left, so names repeat only
+/// after 100000 networks in one process, and only matter while both are alive.
+pub(crate) fn dev_name(pid: u32, serial: u32, role: char) -> String {
+    let pid_digits = pid.to_string().len();
+    let room = MAX_IFNAME_LEN.saturating_sub(pid_digits + 3).clamp(1, 9);
+    let n = serial % 10u32.pow(room as u32);
+    format!("ux{pid}{role}{n}")
+}
+
+/// The MAC address of `dev` in `ns`, from sysfs as `ip netns exec` mounts it.
+pub(crate) fn mac(ns: &Namespace, dev: &str) -> Result<String, Error> {
+    Ok(ns.exec(&["cat", &format!("/sys/class/net/{dev}/address")])?.trim().to_owned())
+}
+
+/// A permanent neighbour entry for `peer` (v4 or v6) on `dev`: no ARP or neighbour discovery
+/// on a measured path. While a neighbour resolves, the kernel queues datagrams and flushes
+/// them later from another context, which reorders the first ones and drops past its queue
+/// limit.
+pub(crate) fn static_neighbour(ns: &Namespace, dev: &str, peer: &str, mac: &str) -> Result<(), Error> {
+    ip(&["-n", ns.name(), "neigh", "replace", peer, "lladdr", mac, "dev", dev, "nud", "permanent"]).map(drop)
+}
+
+/// The features of `dev` in `ns`, parsed from `ethtool -k` (see [`parse_features`]).
+pub(crate) fn features(ns: &Namespace, dev: &str) -> Result<BTreeMap<String, String>, Error> {
+    let out = ns.exec_timeout(&["ethtool", "-k", dev], TOOL_TIMEOUT)?;
+    Ok(parse_features(&out))
+}
+
+/// `ethtool -K <dev> <name> <value>...` in `ns`, then reads them back and fails with
+/// [`Error::SettingDidNotTake`] if any differs (ethtool itself exits 0 when the kernel silently
+/// keeps a feature fixed).
+pub(crate) fn set_features(ns: &Namespace, dev: &str, settings: &[(&str, &str)]) -> Result<(), Error> {
+    let mut args = vec!["ethtool", "-K", dev];
+    for (name, value) in settings {
+        args.push(name);
+        args.push(value);
+    }
+    ns.exec_timeout(&args, TOOL_TIMEOUT)?;
+    expect_features(ns, dev, settings)
+}
+
+/// Fails with [`Error::SettingDidNotTake`] unless every feature in `wanted` has its value.
+pub(crate) fn expect_features(ns: &Namespace, dev: &str, wanted: &[(&str, &str)]) -> Result<(), Error> {
+    let features = features(ns, dev)?;
+    for (name, value) in wanted {
+        // ethtool's long names for the short ones used with -K.
+        let long = match *name {
+            "gro" => "generic-receive-offload",
+            "gso" => "generic-segmentation-offload",
+            "tso" => "tcp-segmentation-offload",
+            other => other,
+        };
+        let got = features.get(long).map_or("missing", String::as_str);
+        if got != *value {
+            return Err(Error::SettingDidNotTake {
+                dev: dev.to_owned(),
+                setting: (*name).to_owned(),
+                wanted: (*value).to_owned(),
+                got: got.to_owned(),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Parses `ethtool -k` output into feature name -> state (`"on"` or `"off"`).
+///
+/// ```text
+/// Features for ux123r0:
+/// rx-checksumming: on
+/// tx-checksumming: on
+///         tx-checksum-ipv4: off [fixed]
+/// rx-udp-gro-forwarding: on
+/// ```
+///
+/// Annotations such as `[fixed]` (cannot be changed) or `[requested on]` (asked for but not in
+/// effect) are dropped: the value is the state in effect. Lines without `name: state` are
+/// skipped.
+pub fn parse_features(text: &str) -> BTreeMap<String, String> {
+    text.lines()
+        .filter(|line| !line.starts_with("Features for "))
+        .filter_map(|line| {
+            let (name, rest) = line.trim().split_once(':')?;
+            let state = rest.split_whitespace().next()?;
+            (!name.is_empty() && !name.contains(' ')).then(|| (name.to_owned(), state.to_owned()))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dev_names_fit() {
+        for pid in [1, 42, 4_194_304] {
+            for serial in [0, 9, 99_999, u32::MAX] {
+                for role in ['s', 'a', 'b', 'c'] {
+                    let n = dev_name(pid, serial, role);
+                    assert!(n.len() <= MAX_IFNAME_LEN, "{n}");
+                    assert!(n.starts_with(&format!("ux{pid}{role}")), "{n}");
+                }
+            }
+        }
+        assert_eq!(dev_name(1234, 7, 'c'), "ux1234c7");
+    }
+
+    #[test]
+    fn features_parse() {
+        let text = "Features for ux1r0:\n\
+                    rx-checksumming: on\n\
+                    tx-checksumming: on\n\
+                    \ttx-checksum-ipv4: off [fixed]\n\
+                    generic-receive-offload: on\n\
+                    tx-udp-segmentation: off [requested on]\n\
+                    rx-udp-gro-forwarding: on\n\
+                    \n\
+                    garbage without colon\n";
+        let f = parse_features(text);
+        assert_eq!(f["rx-checksumming"], "on");
+        assert_eq!(f["tx-checksum-ipv4"], "off");
+        assert_eq!(f["tx-udp-segmentation"], "off");
+        assert_eq!(f["rx-udp-gro-forwarding"], "on");
+        assert_eq!(f.len(), 6);
+    }
+}
