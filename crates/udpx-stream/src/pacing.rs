@@ -71,6 +71,34 @@ pub fn decide(choice: PacingChoice, dest: IpAddr) -> Pacing {
 /// Whether the egress towards `dest` paces by departure time on `CLOCK_MONOTONIC`, and a line
 /// saying what was found.
 fn egress_text(dest: IpAddr) -> (bool, String) {
-    let _ = dest;
-    (false, "egress qdisc not examined (detection not built yet)".to_owned())
+    use udpx::qdisc::KernelPacing;
+    match udpx::qdisc::egress(dest) {
+        Ok(e) if e.pacing == KernelPacing::Etf => {
+            (false, format!("egress {e}; this server departs on CLOCK_MONOTONIC (fq's clock), so the wheel paces"))
+        }
+        Ok(e) => (e.pacing == KernelPacing::Fq, format!("egress {e}")),
+        Err(err) => (false, format!("egress towards {dest} unknown ({err})")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Loopback's root is noqueue: the wheel, and the reason names the device.
+    #[test]
+    fn loopback_is_paced_by_the_wheel() {
+        let lo: IpAddr = "127.0.0.1".parse().unwrap();
+        match decide(PacingChoice::Auto, lo) {
+            Pacing::Wheel { why } => assert!(why.contains("lo") && why.contains("not enforced"), "{why}"),
+            other => panic!("{other}"),
+        }
+        match decide(PacingChoice::Kernel, lo) {
+            p @ Pacing::Kernel { enforced: false, .. } => assert!(p.to_string().contains("NOT enforced")),
+            other => panic!("{other}"),
+        }
+        assert!(matches!(decide(PacingChoice::Wheel, lo), Pacing::Wheel { .. }));
+        assert_eq!("kernel".parse(), Ok(PacingChoice::Kernel));
+        assert!("fq".parse::<PacingChoice>().is_err());
+    }
 }

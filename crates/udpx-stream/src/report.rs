@@ -58,9 +58,11 @@ impl Check {
 pub fn checks(s: &Summary, server: Option<&ServerReport>, slot: Duration) -> Vec<Check> {
     let (p50, p99) = departure_targets(slot);
     let has = s.datagrams > 0;
+    // Handed to the kernel early (kernel pacing): when they left is the qdisc's business.
+    let timed_here = has && s.early == 0;
     let mut v = vec![
-        Check::new("departure error p50, us", s.departure_error_ns.p50 / 1e3, p50 / 1e3, has),
-        Check::new("departure error p99, us", s.departure_error_ns.p99 / 1e3, p99 / 1e3, has),
+        Check::new("departure error p50, us", s.departure_error_ns.p50 / 1e3, p50 / 1e3, timed_here),
+        Check::new("departure error p99, us", s.departure_error_ns.p99 / 1e3, p99 / 1e3, timed_here),
         Check::new("per-flow rate error p99, %", s.rate_error.p99 * 100.0, TARGET_RATE_ERROR_P99 * 100.0, has),
         Check::new("1 ms bins max/mean", s.bin_max_over_mean, TARGET_BIN_MAX_OVER_MEAN, s.bin_mean > 0.0),
     ];
@@ -142,7 +144,16 @@ pub fn text(cfg: &RecvConfig, path: &str, server: Option<&ServerReport>, r: &Rec
             s.departure_error_ns.p50 / 1e3,
             s.departure_error_ns.p99 / 1e3,
             s.departure_error_ns.max / 1e3,
-            if s.early > 0 { format!(" ({} handed to the kernel early)", s.early) } else { String::new() }
+            if s.early > 0 {
+                format!(
+                    " ({} handed to the kernel early, p50 {:.0} us, max {:.0} us before their time)",
+                    s.early,
+                    s.early_by_ns.p50 / 1e3,
+                    s.early_by_ns.max / 1e3
+                )
+            } else {
+                String::new()
+            }
         ),
     );
     row(

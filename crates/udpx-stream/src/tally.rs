@@ -172,6 +172,7 @@ impl Percentiles {
 pub struct Tally {
     flows: Vec<FlowTally>,
     departure: Histogram<u64>,
+    early_by: Histogram<u64>,
     arrival: Histogram<u64>,
     early: u64,
     bins: HashMap<u64, u64>,
@@ -208,8 +209,11 @@ pub struct Summary {
     pub goodput: f64,
     /// Departure error (sent - intended), ns.
     pub departure_error_ns: Percentiles,
-    /// Datagrams handed to the kernel before their departure time (kernel pacing).
+    /// Datagrams handed to the kernel before their departure time (kernel pacing): not in
+    /// `departure_error_ns`, which then says nothing about when they left.
     pub early: u64,
+    /// How early those were handed over, ns.
+    pub early_by_ns: Percentiles,
     /// Arrival lag (receive time - intended), ns.
     pub arrival_lag_ns: Percentiles,
     /// Share of datagrams sent within 100 us of their flow's previous one.
@@ -233,6 +237,7 @@ impl Tally {
         Tally {
             flows: vec![FlowTally::default(); flows],
             departure: h(),
+            early_by: h(),
             arrival: h(),
             early: 0,
             bins: HashMap::new(),
@@ -264,7 +269,7 @@ impl Tally {
             let _ = self.departure.record((d.sent_ns - d.intended_ns).max(1));
         } else {
             self.early += 1;
-            let _ = self.departure.record(1);
+            let _ = self.early_by.record(d.intended_ns - d.sent_ns);
         }
         let _ = self.arrival.record(recv_ns.saturating_sub(d.intended_ns).max(1));
         *self.bins.entry(d.sent_ns / BIN_NS).or_insert(0) += u64::from(d.size);
@@ -339,6 +344,7 @@ impl Tally {
         s.departure_error_ns = Percentiles::of_histogram(&self.departure);
         s.arrival_lag_ns = Percentiles::of_histogram(&self.arrival);
         s.early = self.early;
+        s.early_by_ns = Percentiles::of_histogram(&self.early_by);
         let bins = self.bins();
         if !bins.is_empty() {
             s.bin_mean = bins.iter().sum::<f64>() / bins.len() as f64;
@@ -437,7 +443,10 @@ mod tests {
     fn early_departures_are_counted() {
         let mut t = Tally::new(1);
         t.data(0, &data(0, 0, 5_000_000, 1_000_000), 6_000_000);
-        assert_eq!(t.summary().early, 1);
+        let s = t.summary();
+        assert_eq!(s.early, 1);
+        assert_eq!(s.departure_error_ns.max, 0.0, "an early datagram is no departure error");
+        assert!((s.early_by_ns.max - 4_000_000.0).abs() < 5_000.0, "{:?}", s.early_by_ns);
     }
 
     #[test]
