@@ -34,6 +34,9 @@ enum Role {
     Tx(TxArgs),
     /// Receive (like udpgso_bench_rx).
     Rx(RxArgs),
+    /// The paper's Figure 4: pacing interval against CPU and loss at a tbf bottleneck, in three
+    /// namespaces (server -> router -> client). Needs root.
+    Stream(crate::stream::Fig4Args),
 }
 
 /// How to send: one of the four UDP send modes, or TCP.
@@ -239,6 +242,7 @@ pub fn main(args: BenchArgs) -> ExitCode {
     match args.role {
         Some(Role::Tx(a)) => tx(a),
         Some(Role::Rx(a)) => rx(a),
+        Some(Role::Stream(a)) => crate::stream::fig4(a),
         None => main_job(args.main),
     }
 }

@@ -109,6 +109,117 @@ struct RecvArgs {
     flow: FlowArgs,
 }
 
+/// `udpx bench stream`.
+#[derive(Args, Debug)]
+pub struct Fig4Args {
+    /// Flows.
+    #[arg(short = 'n', long, default_value_t = 40)]
+    flows: u32,
+    /// Bytes per second per flow (k, M, G allowed); 1.2M sends one 1200-byte datagram per ms.
+    #[arg(short = 'r', long, value_parser = parse_rate, default_value = "1.2M")]
+    rate: u64,
+    /// Seconds per run.
+    #[arg(short = 'l', long, default_value_t = 4.0)]
+    duration: f64,
+    /// Rounds: each runs every row once.
+    #[arg(long, default_value_t = 3)]
+    repeat: usize,
+    /// The bottleneck's rate as a share of the offered load.
+    #[arg(long, default_value_t = 0.9)]
+    bottleneck: f64,
+    /// tbf's bucket, bytes.
+    #[arg(long, default_value_t = 15_000)]
+    tbf_burst: u32,
+    /// tbf's queue, ms of waiting.
+    #[arg(long, default_value_t = 2.0)]
+    tbf_latency_ms: f64,
+    /// The capacity table's flows (at the paper's 1 MB/s each, over the veth pair).
+    #[arg(long, default_value_t = 1000)]
+    capacity_flows: u32,
+    /// Only one of the two tables.
+    #[arg(long, value_parser = ["fig4", "capacity"])]
+    only: Option<String>,
+    /// One JSON object instead of the tables.
+    #[arg(long)]
+    json: bool,
+}
+
+/// `udpx bench stream`: Figure 4 and the capacity table.
+pub fn fig4(a: Fig4Args) -> ExitCode {
+    const CMD: &str = "bench stream";
+    let d = match duration("--duration", a.duration) {
+        Ok(d) => d,
+        Err(e) => return usage(CMD, e),
+    };
+    if !(a.tbf_latency_ms > 0.0 && a.tbf_latency_ms <= 1000.0) {
+        return usage(CMD, format!("--tbf-latency-ms {}: give more than 0 and at most 1000", a.tbf_latency_ms));
+    }
+    let cfg = udpx_stream::fig4::Fig4Config {
+        flows: a.flows,
+        rate: a.rate,
+        duration: d,
+        rounds: a.repeat,
+        bottleneck: a.bottleneck,
+        tbf_burst: a.tbf_burst,
+        tbf_latency: Duration::from_secs_f64(a.tbf_latency_ms / 1e3),
+        ..Default::default()
+    };
+    // The flows' own checks (rate, size, flows) before any namespace is made.
+    if let Err(e) = cfg.validate() {
+        return exit_for(CMD, e);
+    }
+    let mut probe = RecvConfig::new("127.0.0.1:9".parse().expect("literal"), cfg.flows, cfg.rate, d);
+    probe.interval = Some(Duration::from_millis(1));
+    if let Err(e) = probe.validate() {
+        return exit_for(CMD, e);
+    }
+    let cap = udpx_stream::capacity::CapacityConfig {
+        flows: a.capacity_flows,
+        duration: d,
+        rounds: a.repeat,
+        ..Default::default()
+    };
+    let cap_probe = RecvConfig::new("127.0.0.1:9".parse().expect("literal"), cap.flows, cap.rate, d);
+    if let Err(e) = cap_probe.validate() {
+        return exit_for(CMD, e);
+    }
+    if let Err(e) = udpx_lab::netns::cleanup_on_signals() {
+        eprintln!("udpx {CMD}: warning: no signal cleanup: {e}");
+    }
+    let mut progress = |l: &str| eprintln!("udpx {CMD}: {l}");
+    let want = |t: &str| a.only.as_deref().is_none_or(|o| o == t);
+    let f = if want("fig4") {
+        match udpx_stream::fig4::run(&cfg, &mut progress) {
+            Ok(f) => Some(f),
+            Err(e) => return exit_for(CMD, e),
+        }
+    } else {
+        None
+    };
+    let c = if want("capacity") {
+        match udpx_stream::capacity::run(&cap, &mut progress) {
+            Ok(c) => Some(c),
+            Err(e) => return exit_for(CMD, e),
+        }
+    } else {
+        None
+    };
+    if a.json {
+        println!("{}", serde_json::json!({ "figure4": f, "capacity": c }));
+        return ExitCode::SUCCESS;
+    }
+    if let Some(f) = &f {
+        println!("{}", udpx_stream::fig4::text(f));
+    }
+    if let Some(c) = &c {
+        println!("{}", udpx_stream::capacity::text(c));
+    }
+    if let Some(env) = f.as_ref().map(|f| &f.environment).or(c.as_ref().map(|c| &c.environment)) {
+        println!("{}", env.to_markdown());
+    }
+    ExitCode::SUCCESS
+}
+
 fn parse_rate(s: &str) -> Result<u64, String> {
     let (num, mult) = match s.char_indices().last() {
         Some((i, 'k' | 'K')) => (&s[..i], 1e3),

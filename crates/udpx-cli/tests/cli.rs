@@ -458,6 +458,13 @@ fn stream_bad_input_exits_2() {
         (&["stream", "serve", "--for", "1", "--stall-at", "1", "--stall-ms", "5"], "--flows"),
         (&["stream", "recv", "127.0.0.1", "--rate", "4k", "--flows", "0"], "--flows 0"),
         (&["stream", "recv", "127.0.0.1", "--rate", "4k", "--flows", "30000"], "local addresses"),
+        (&["bench", "stream", "--repeat", "0"], "--repeat 0"),
+        (&["bench", "stream", "--rate", "0"], "--rate 0"),
+        (&["bench", "stream", "--rate", "100k"], "at least 1200000"),
+        (&["bench", "stream", "--duration", "0"], "--duration"),
+        (&["bench", "stream", "--bottleneck", "0"], "--bottleneck 0"),
+        (&["bench", "stream", "--tbf-latency-ms", "0"], "--tbf-latency-ms 0"),
+        (&["bench", "stream", "--only", "both"], "both"),
     ];
     for (args, needle) in cases {
         let o = udpx(args);

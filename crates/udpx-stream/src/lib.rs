@@ -19,7 +19,9 @@
 #![warn(missing_docs)]
 
 pub mod alloc;
+pub mod capacity;
 pub mod client;
+pub mod fig4;
 pub mod lab;
 pub mod pacing;
 pub mod report;

@@ -177,3 +177,31 @@ fn kernel_pacing_hands_releases_over_early_and_says_it_is_not_enforced() {
     let checks = udpx_stream::report::checks(s, Some(&rep), Duration::from_micros(250));
     assert_eq!(checks[0].met, None, "{:?}", checks[0]);
 }
+
+/// Figure 4's bench, small: every row runs, loss is exact (every End arrived), the unpaced
+/// row's releases are bursts and the 1 ms row's are single datagrams. No timing is judged.
+#[test]
+fn figure4_runs_every_row_with_exact_loss() {
+    if udpx_lab::netns::skip_unless_capable("figure4_runs_every_row_with_exact_loss") {
+        return;
+    }
+    let cfg = udpx_stream::fig4::Fig4Config {
+        flows: 8,
+        duration: Duration::from_millis(2500),
+        rounds: 1,
+        ..Default::default()
+    };
+    let f = udpx_stream::fig4::run(&cfg, &mut |l| println!("{l}")).expect("bench runs");
+    assert!(f.failures.is_empty(), "{:?}", f.failures);
+    assert_eq!(f.rows.len(), 5);
+    for r in &f.rows {
+        let m = r.median.unwrap_or_else(|| panic!("{} has no run", r.label));
+        assert!(m.sent > 0 && m.lost <= m.sent, "{}: {m:?}", r.label);
+        assert_eq!(m.unsent, 0, "{}: nothing refused by the kernel", r.label);
+    }
+    let one_ms = f.rows[0].median.unwrap();
+    let unpaced = f.rows[4].median.unwrap();
+    assert!(one_ms.burstiness < 0.5, "one datagram per ms per flow: {}", one_ms.burstiness);
+    assert!(unpaced.burstiness > 0.9, "54 per release: {}", unpaced.burstiness);
+    assert!(udpx_stream::fig4::text(&f).contains("| paced, 2 ms |"));
+}
