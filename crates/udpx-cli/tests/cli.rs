@@ -559,3 +559,31 @@ fn wait_output(child: &mut Child, limit: Duration) -> Vec<u8> {
     std::io::Read::read_to_end(child.stdout.as_mut().unwrap(), &mut out).unwrap();
     out
 }
+
+/// More flows than the open-file limit allows, where the limit cannot be raised (the hard
+/// limit lowered, CAP_SYS_RESOURCE dropped): a one-line error naming `ulimit -n`, exit 2.
+#[test]
+fn stream_flows_beyond_the_fd_limit_exit_2() {
+    let (Ok(prlimit), Ok(setpriv)) = (which_path("prlimit"), which_path("setpriv")) else {
+        udpx_lab::netns::record_skip(
+            "stream_flows_beyond_the_fd_limit_exit_2",
+            "prlimit or setpriv (util-linux) missing",
+        );
+        return;
+    };
+    let o = Command::new(prlimit)
+        .args(["--nofile=200:200"])
+        .arg(setpriv)
+        .args(["--bounding-set=-sys_resource", env!("CARGO_BIN_EXE_udpx")])
+        .args(["stream", "recv", "127.0.0.1", "--flows", "500", "--rate", "4k", "--duration", "1"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("ulimit -n 564"), "{}", stderr(&o));
+    assert_eq!(stderr(&o).lines().count(), 1, "{}", stderr(&o));
+}
+
+fn which_path(program: &str) -> Result<std::path::PathBuf, ()> {
+    let path = std::env::var_os("PATH").ok_or(())?;
+    std::env::split_paths(&path).map(|d| d.join(program)).find(|p| p.is_file()).ok_or(())
+}
