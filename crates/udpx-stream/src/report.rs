@@ -194,6 +194,7 @@ pub fn text(cfg: &RecvConfig, path: &str, server: Option<&ServerReport>, r: &Rec
             "send calls",
             format!("{} ({per_call:.1} datagrams per call, {} busy wakes)", t.send_calls, t.busy_wakes),
         );
+        row(&mut o, "clients gone (flows ended early)", t.clients_gone.to_string());
         row(
             &mut o,
             "would-block / ENOBUFS waits",

@@ -150,6 +150,8 @@ pub struct ShardStats {
     pub refused: u64,
     /// Datagrams that were not a well-formed request.
     pub malformed: u64,
+    /// Flows ended early because their client went away (ICMP port unreachable).
+    pub clients_gone: u64,
     /// Data datagrams sent.
     pub datagrams: u64,
     /// Their bytes.
@@ -195,6 +197,7 @@ impl ServerReport {
             t.flows += s.flows;
             t.refused += s.refused;
             t.malformed += s.malformed;
+            t.clients_gone += s.clients_gone;
             t.datagrams += s.datagrams;
             t.bytes += s.bytes;
             t.releases += s.releases;
@@ -321,6 +324,7 @@ struct ShardLoop {
     pacing: Option<Pacing>,
     pacing_choice: PacingChoice,
     stats: ShardStats,
+    gone: Vec<u32>,
     live: Arc<AtomicU64>,
     changed: bool,
 }
@@ -350,6 +354,7 @@ impl ShardLoop {
             pacing: None,
             pacing_choice: cfg.pacing,
             stats: ShardStats { shard: index, pacing: "no flow yet".into(), ..ShardStats::default() },
+            gone: Vec::with_capacity(64),
             live,
             changed: false,
             shard,
@@ -396,7 +401,10 @@ impl ShardLoop {
             Some(w) => Duration::from_nanos(w.saturating_sub(now + lookahead)).min(IDLE_WAIT),
             None => IDLE_WAIT,
         };
-        let readable = if wait.is_zero() { self.poll(Duration::ZERO)? } else { self.poll(wait)? };
+        let (readable, error) = self.poll(wait)?;
+        if error {
+            self.clients_gone();
+        }
         if readable {
             self.read_requests(cfg)?;
         }
@@ -422,13 +430,41 @@ impl ShardLoop {
         }
     }
 
-    fn poll(&self, wait: Duration) -> Result<bool, StreamError> {
+    /// Waits up to `wait` for a request; returns (readable, an error is queued).
+    fn poll(&self, wait: Duration) -> Result<(bool, bool), StreamError> {
         let mut fds = [PollFd::new(self.shard.as_fd(), PollFlags::POLLIN)];
         let ts = nix::sys::time::TimeSpec::from_duration(wait);
         match nix::poll::ppoll(&mut fds, Some(ts), None) {
-            Ok(n) => Ok(n > 0),
-            Err(nix::errno::Errno::EINTR) => Ok(false),
+            Ok(0) => Ok((false, false)),
+            Ok(_) => {
+                let r = fds[0].revents().unwrap_or(PollFlags::empty());
+                Ok((r.contains(PollFlags::POLLIN), r.contains(PollFlags::POLLERR)))
+            }
+            Err(nix::errno::Errno::EINTR) => Ok((false, false)),
             Err(e) => Err(StreamError::Io(format!("ppoll: {e}"))),
+        }
+    }
+
+    /// Ends the flows whose client answered with "port unreachable" (it went away): a server
+    /// does not stream into nothing for the rest of a flow's duration. Errors the library read
+    /// itself while retrying a call are counted there (`icmp_errors`), not seen here: such a
+    /// flow ends at its duration.
+    fn clients_gone(&mut self) {
+        let by_addr = &self.by_addr;
+        let gone = &mut self.gone;
+        let _ = self.shard.drain_errors(|e| {
+            if e.errno == libc::ECONNREFUSED {
+                if let Some(idx) = e.destination.and_then(|d| by_addr.get(&d)) {
+                    if !gone.contains(idx) {
+                        gone.push(*idx);
+                    }
+                }
+            }
+        });
+        let now = Timestamp::now().as_nanos();
+        while let Some(idx) = self.gone.pop() {
+            self.stats.clients_gone += 1;
+            self.end_flow(idx, now);
         }
     }
 

@@ -205,3 +205,41 @@ fn figure4_runs_every_row_with_exact_loss() {
     assert!(unpaced.burstiness > 0.9, "54 per release: {}", unpaced.burstiness);
     assert!(udpx_stream::fig4::text(&f).contains("| paced, 2 ms |"));
 }
+
+/// A client that goes away (its port closed: ICMP port unreachable) has its flow ended, not
+/// streamed into for the rest of its minute.
+#[test]
+fn a_client_that_goes_away_has_its_flow_ended() {
+    let server = loopback_server(|_| {});
+    let client = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    client.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    let mut req = [0u8; udpx_stream::wire::HEADER];
+    let r = udpx_stream::wire::Request {
+        flow: 0,
+        size: 1200,
+        rate: 240_000, // 2 datagrams every 10 ms
+        interval_ns: 0,
+        segments: 2,
+        burst: 0,
+        duration_ms: 60_000,
+    };
+    let n = udpx_stream::wire::write_request(&mut req, &r);
+    client.send_to(&req[..n], server.local_addr()).unwrap();
+    let mut buf = [0u8; 2048];
+    let mut data = 0;
+    while data < 5 {
+        let (len, _) = client.recv_from(&mut buf).expect("the flow streams");
+        if matches!(udpx_stream::wire::parse(&buf[..len]), Some(udpx_stream::wire::Message::Data(_))) {
+            data += 1;
+        }
+    }
+    assert_eq!(server.live_flows(), 1);
+    drop(client);
+    let start = std::time::Instant::now();
+    while server.live_flows() > 0 && start.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let rep = server.stop().expect("stop");
+    assert_eq!(rep.total.clients_gone, 1, "{:?}", rep.total);
+    assert!(start.elapsed() < Duration::from_secs(5), "ended long before its 60 s");
+}
