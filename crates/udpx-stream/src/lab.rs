@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Serialize;
-use udpx_lab::netns::{self, TestNet, TestNetConfig};
+use udpx_lab::netns::{self, Profile, TestNet, TestNetConfig};
 
 use crate::client::{receive, Progress, RecvConfig, RecvReport, PORTS_PER_ADDRESS};
 use crate::server::{ServeConfig, Server, ServerReport};
@@ -61,9 +61,21 @@ pub fn self_test(
     // Validated with as many (placeholder) local addresses as the self-test will add.
     recv.local = vec![IpAddr::V4(Ipv4Addr::LOCALHOST); addrs as usize];
     recv.validate()?;
+    // With two CPUs or more: the server on the last, the receivers and their receive
+    // processing on the first, so the server's CPU time is its own work.
+    let cpus = udpx_lab::cpu::online_cpus();
+    let split = cpus.len() >= 2;
+    if split && serve.cpus.is_empty() {
+        serve.cpus = vec![cpus[cpus.len() - 1]];
+    }
+    let rx_cpu = split.then(|| cpus[0]);
     if netns::is_root() {
-        let net =
-            TestNet::setup(&TestNetConfig::default()).map_err(|e| StreamError::Setup(format!("the veth pair: {e}")))?;
+        // The software profile: segmentation on the sender (no USO on the veth, like a NIC
+        // without it), receive processing in the receiver's NAPI thread rather than charged to
+        // the sender's system calls.
+        let mut tc = TestNetConfig::new(Profile::Software);
+        tc.rx_cpu = rx_cpu;
+        let net = TestNet::setup(&tc).map_err(|e| StreamError::Setup(format!("the veth pair: {e}")))?;
         let mut local = vec![IpAddr::V4(net.rx_v4)];
         for k in 1..addrs {
             // Further client addresses in the receiver's namespace, same subnet.
@@ -79,7 +91,15 @@ pub fn self_test(
         recv.server = server.local_addr();
         recv.local = local;
         let p = progress.clone();
-        let receiver = net.rx.try_spawn(move || receive(&recv, &p)).map_err(setup)?;
+        let receiver = net
+            .rx
+            .try_spawn(move || {
+                if let Some(c) = rx_cpu {
+                    let _ = udpx_lab::cpu::pin_current_thread(c);
+                }
+                receive(&recv, &p)
+            })
+            .map_err(setup)?;
         let receiver = receiver.join().map_err(|_| StreamError::Setup("the receiver panicked".into()));
         let server = server.stop()?;
         Ok(SelfTest { path: Path::Veth, server, receiver: receiver?? })
@@ -88,7 +108,14 @@ pub fn self_test(
         let server = Server::start(serve)?;
         recv.server = server.local_addr();
         recv.local = (0..addrs).map(|k| IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2 + k))).collect();
-        let receiver = receive(&recv, &progress);
+        let receiver = std::thread::spawn(move || {
+            if let Some(c) = rx_cpu {
+                let _ = udpx_lab::cpu::pin_current_thread(c);
+            }
+            receive(&recv, &progress)
+        })
+        .join()
+        .map_err(|_| StreamError::Setup("the receiver panicked".into()))?;
         let server = server.stop()?;
         Ok(SelfTest { path: Path::Loopback, server, receiver: receiver? })
     }

@@ -86,6 +86,8 @@ pub struct ServeConfig {
     pub send_mode: SendMode,
     /// Socket send buffer, bytes.
     pub send_buffer: usize,
+    /// CPUs to pin the shard threads to, shard `i` on `cpus[i % len]` (empty: not pinned).
+    pub cpus: Vec<usize>,
 }
 
 impl ServeConfig {
@@ -106,6 +108,7 @@ impl ServeConfig {
             stall: None,
             send_mode: SendMode::GsoSendmmsg,
             send_buffer: 4 << 20,
+            cpus: Vec::new(),
         }
     }
 
@@ -362,6 +365,11 @@ impl ShardLoop {
     }
 
     fn run(mut self, cfg: &ServeConfig, stop: &AtomicBool) -> Result<ShardStats, StreamError> {
+        if !cfg.cpus.is_empty() {
+            let cpu = cfg.cpus[self.stats.shard % cfg.cpus.len()];
+            udpx_lab::cpu::pin_current_thread(cpu)
+                .map_err(|e| StreamError::Setup(format!("pinning shard {} to CPU {cpu}: {e}", self.stats.shard)))?;
+        }
         // 1 ns timer slack: the default 50 us would add to every wake's lateness.
         let _ = nix::sys::prctl::set_timerslack(1);
         let cpu0 = udpx_lab::cpu::ProcessCpu::thread().ok();
