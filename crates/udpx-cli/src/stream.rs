@@ -73,6 +73,10 @@ struct ServeArgs {
     /// Most flows at once.
     #[arg(long, default_value_t = 16_384)]
     max_flows: u32,
+    /// After a late wake, release the flows' backlog at most this fast, in percent of their
+    /// summed rate (101-1000; 0: all at once, a lump on the wire).
+    #[arg(long, default_value_t = 125)]
+    smoothing: u32,
     /// Highest rate a client may ask for, bytes/s per flow (k, M, G allowed).
     #[arg(long, value_parser = parse_rate, default_value = "1G")]
     max_rate: u64,
@@ -283,6 +287,7 @@ fn serve(a: ServeArgs) -> ExitCode {
     cfg.pacing = a.pacing;
     cfg.max_flows = a.max_flows;
     cfg.max_rate = a.max_rate;
+    cfg.smoothing_pct = a.smoothing;
     if let (Some(at), Some(ms)) = (a.stall_at, a.stall_ms) {
         if !((0.0..3600.0).contains(&at) && ms > 0.0 && ms <= 10_000.0) {
             return usage(CMD, "--stall-at S --stall-ms MS: give 0 <= S < 3600 and 0 < MS <= 10000");

@@ -455,6 +455,7 @@ fn stream_bad_input_exits_2() {
         (&["stream", "serve", "--flows", "10", "--rate", "4k", "--pacing", "fast"], "auto, wheel or kernel"),
         (&["stream", "serve", "--flows", "10", "--rate", "4k", "--segments", "2", "--interval-ms", "2"], "give one"),
         (&["stream", "serve", "--shards", "0", "--for", "1"], "--shards 0"),
+        (&["stream", "serve", "--smoothing", "100", "--for", "1"], "--smoothing 100"),
         (&["stream", "serve", "--for", "1", "--stall-at", "1", "--stall-ms", "5"], "--flows"),
         (&["stream", "recv", "127.0.0.1", "--rate", "4k", "--flows", "0"], "--flows 0"),
         (&["stream", "recv", "127.0.0.1", "--rate", "4k", "--flows", "30000"], "local addresses"),

@@ -29,11 +29,19 @@ pub struct PacerConfig {
     pub max_flows: u32,
     /// Seeds the per-flow phase hash. Same seed, same phases (tests rely on it).
     pub seed: u64,
+    /// Aggregate smoothing: the releases of one advance may add up to at most this percentage
+    /// of the flows' summed rate over the time since the previous advance (plus a slot's worth
+    /// of slack); flows more than a slot late beyond it wait for the next slot, keeping their
+    /// credit. After a late wake (a timer 5 ms late, a preempted thread) the flows that fell
+    /// due meanwhile then leave spread over the following slots at this rate instead of all in
+    /// one lump. Flows due within the last slot always go: on time it changes nothing. 0: off
+    /// (every due flow leaves at once). Default 0.
+    pub smoothing_pct: u32,
 }
 
 impl Default for PacerConfig {
     fn default() -> Self {
-        PacerConfig { slot_ns: 250_000, slots: 4096, max_flows: 16_384, seed: 0x5eed_u64 }
+        PacerConfig { slot_ns: 250_000, slots: 4096, max_flows: 16_384, seed: 0x5eed_u64, smoothing_pct: 0 }
     }
 }
 
@@ -48,6 +56,9 @@ impl PacerConfig {
         }
         if self.max_flows == 0 || self.max_flows == u32::MAX {
             return Err(PaceError::MaxFlows { max_flows: self.max_flows });
+        }
+        if self.smoothing_pct != 0 && !(101..=1000).contains(&self.smoothing_pct) {
+            return Err(PaceError::Smoothing { pct: self.smoothing_pct });
         }
         Ok(())
     }

@@ -18,6 +18,12 @@ pub enum PaceError {
         /// What was asked for.
         max_flows: u32,
     },
+    /// Aggregate smoothing outside 101-1000 % (at or below 100 % the flows could never catch
+    /// up after a late wake).
+    Smoothing {
+        /// What was asked for.
+        pct: u32,
+    },
     /// A flow's rate is zero.
     ZeroRate,
     /// A flow's rate is above what any machine sends ([`MAX_RATE`](crate::MAX_RATE)).
@@ -73,6 +79,10 @@ impl fmt::Display for PaceError {
             PaceError::MaxFlows { max_flows } => {
                 write!(f, "max_flows {max_flows}: use between 1 and {}", u32::MAX - 1)
             }
+            PaceError::Smoothing { pct } => write!(
+                f,
+                "smoothing {pct} %: give 0 (off) or 101 to 1000 (at 100 % or less the flows never catch up after a late wake)"
+            ),
             PaceError::ZeroRate => write!(f, "a flow rate of 0 bytes/s: give a positive rate, or remove the flow"),
             PaceError::RateTooHigh { rate } => write!(
                 f,

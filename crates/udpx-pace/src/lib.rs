@@ -77,6 +77,19 @@
 //! than the burst. A flow whose interval is shorter than a slot is refused
 //! ([`PaceError::IntervalBelowSlot`]): it would need several departures per wake.
 //!
+//! ## After a late wake: aggregate smoothing
+//!
+//! Each flow's token bucket bounds that flow, not the sum: after the thread was preempted
+//! for 5 ms, every flow due meanwhile is late, and released together they put 5 ms of the
+//! whole shard's traffic on the wire in one burst, which a bottleneck's queue drops.
+//! [`PacerConfig::smoothing_pct`] (the stream server uses 125 %) lets the releases of one
+//! advance add up to at most that share of the flows' summed rate over the time since the
+//! previous one, plus a slot's worth: flows more than a slot late beyond it stay due for the
+//! next slot with their credit kept, so the backlog drains at 1.25x the aggregate rate (a
+//! 10 ms stall: 40 ms). Flows due within the last slot always go, so an on-time pacer is
+//! unchanged (the 10,000-flow figures hold with it on), and a flow still gets its rate while
+//! it waits less than its catch-up allowance.
+//!
 //! ## Sources
 //!
 //! [`Source::Streaming`] flows always have data (the paper's video server): released at their

@@ -30,14 +30,17 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
 
     /// No flow ever sends more than `rate x time + burst` (to 1 ns of rounding), over any
-    /// span of its actual send times, however the calls come: early, late or after stalls.
+    /// span of its actual send times, however the calls come: early, late or after stalls;
+    /// with aggregate smoothing on or off.
     /// Every release is due, non-empty and within the burst.
     #[test]
     fn never_above_rate_times_time_plus_burst(
         flows in proptest::collection::vec(flow_strategy(), 1..4),
         steps in proptest::collection::vec(step_strategy(), 1..400),
+        smoothing_pct in prop_oneof![Just(0u32), 101u32..400],
     ) {
-        let mut p = Pacer::new(PacerConfig { max_flows: 8, ..PacerConfig::default() }, T0).unwrap();
+        let cfg = PacerConfig { max_flows: 8, smoothing_pct, ..PacerConfig::default() };
+        let mut p = Pacer::new(cfg, T0).unwrap();
         let ids: Vec<u32> = flows.iter().map(|f| p.add_flow(*f, T0).unwrap()).collect();
         let mut sends: HashMap<u32, Vec<(u64, u32)>> = HashMap::new();
         let mut out = Vec::new();

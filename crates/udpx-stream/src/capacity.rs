@@ -90,7 +90,8 @@ pub fn run(cfg: &CapacityConfig, progress: &mut dyn FnMut(&str)) -> Result<Capac
             recv.size = cfg.size;
             recv.segments = *segs;
             recv.burst = (*segs).max(4);
-            let r = run_between((&net.tx, IpAddr::V4(net.tx_v4)), (&net.rx, IpAddr::V4(net.rx_v4)), recv);
+            let smoothing = if i == 0 { 125 } else { 0 };
+            let r = run_between((&net.tx, IpAddr::V4(net.tx_v4)), (&net.rx, IpAddr::V4(net.rx_v4)), recv, smoothing);
             match &r {
                 Ok(run) => progress(&format!(
                     "capacity round {}/{} {label}: {:.0} MB/s delivered, cpu {:.3} s",

@@ -265,7 +265,8 @@ fn one_run(net: &LineNet, cfg: &Fig4Config, interval_ms: Option<f64>) -> Result<
     }
     let server = (net.ns(Node::Server), IpAddr::V4(net.addr(Port::Server)));
     let client = (net.ns(Node::Client), IpAddr::V4(net.addr(Port::Client)));
-    run_between(server, client, recv)
+    // An unpaced sender does not smooth its backlog either.
+    run_between(server, client, recv, if interval_ms.is_some() { 125 } else { 0 })
 }
 
 /// One server in `server`'s namespace on its address, the receivers of `recv` in `client`'s,
@@ -274,9 +275,11 @@ pub(crate) fn run_between(
     server: (&Namespace, IpAddr),
     client: (&Namespace, IpAddr),
     mut recv: RecvConfig,
+    smoothing_pct: u32,
 ) -> Result<Run, StreamError> {
     let mut serve = ServeConfig::new(SocketAddr::new(server.1, 0));
     serve.pacing = crate::PacingChoice::Wheel;
+    serve.smoothing_pct = smoothing_pct;
     let srv = server.0.try_run(move || Server::start(serve)).map_err(ns_err)??;
     recv.server = srv.local_addr();
     recv.local = vec![client.1];

@@ -88,11 +88,15 @@ pub struct ServeConfig {
     pub send_buffer: usize,
     /// CPUs to pin the shard threads to, shard `i` on `cpus[i % len]` (empty: not pinned).
     pub cpus: Vec<usize>,
+    /// After a late wake, release the backlog at most this fast (percent of the flows' summed
+    /// rate; 0: all at once). See [`udpx_pace::PacerConfig::smoothing_pct`].
+    pub smoothing_pct: u32,
 }
 
 impl ServeConfig {
     /// Defaults for a server on `bind`: one shard, pacing chosen by the egress qdisc, 250 us
-    /// slots, 16,384 flows, 1 GB/s per flow at most, flows of up to an hour.
+    /// slots, 16,384 flows, 1 GB/s per flow at most, flows of up to an hour, a backlog after a
+    /// late wake released at 125 % of the flows' rate.
     pub fn new(bind: SocketAddr) -> ServeConfig {
         ServeConfig {
             bind,
@@ -109,6 +113,7 @@ impl ServeConfig {
             send_mode: SendMode::GsoSendmmsg,
             send_buffer: 4 << 20,
             cpus: Vec::new(),
+            smoothing_pct: 125,
         }
     }
 
@@ -129,6 +134,12 @@ impl ServeConfig {
         }
         if self.slot < Duration::from_micros(10) || self.slot > Duration::from_millis(100) {
             return usage(format!("--slot {:?}: give 10 us to 100 ms", self.slot));
+        }
+        if self.smoothing_pct != 0 && !(101..=1000).contains(&self.smoothing_pct) {
+            return usage(format!(
+                "--smoothing {}: give 0 (off) or 101 to 1000 percent of the flows' rate",
+                self.smoothing_pct
+            ));
         }
         if self.lookahead > Duration::from_secs(1) {
             return usage(format!(
@@ -339,6 +350,7 @@ impl ShardLoop {
             slot_ns: cfg.slot.as_nanos() as u64,
             max_flows,
             seed: 0x5eed ^ shard.index() as u64,
+            smoothing_pct: cfg.smoothing_pct,
             ..PacerConfig::default()
         };
         let pacer = Pacer::new(pcfg, now).map_err(|e| StreamError::Usage(e.to_string()))?;
