@@ -15,7 +15,9 @@ pub struct HostCounters {
     pub bytes_sent: u64,
     /// Transmits (runs) handed to the socket.
     pub transmits: u64,
-    /// Runs of more than one packet (one GSO buffer each in the GSO modes).
+    /// Runs of more than one packet (the host's grouping, whatever the mode).
+    pub multi_packet_runs: u64,
+    /// GSO buffers the socket sent (the socket's count; 0 in the plain modes).
     pub gso_runs: u64,
     /// Send system calls (the socket's count).
     pub send_calls: u64,
@@ -69,6 +71,7 @@ impl HostCounters {
             packets_sent: self.packets_sent + o.packets_sent,
             bytes_sent: self.bytes_sent + o.bytes_sent,
             transmits: self.transmits + o.transmits,
+            multi_packet_runs: self.multi_packet_runs + o.multi_packet_runs,
             gso_runs: self.gso_runs + o.gso_runs,
             send_calls: self.send_calls + o.send_calls,
             datagrams_sent: self.datagrams_sent + o.datagrams_sent,

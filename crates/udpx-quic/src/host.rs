@@ -199,6 +199,7 @@ impl<A: App> Host<A> {
         c.send_calls = s.send_calls;
         c.datagrams_sent = s.datagrams_sent;
         c.gso_fallbacks = s.gso_fallbacks;
+        c.gso_runs = s.gso_buffers_sent;
         c.recv_calls = s.recv_calls;
         c.gro_buffers = s.gro_buffers_received;
         for e in self.conns.iter().flatten() {

@@ -180,7 +180,7 @@ impl Outbox {
             match socket.try_send(&mut self.bufs, &transmits, self.cursor) {
                 Ok(_) => {
                     c.transmits += self.runs.len() as u64;
-                    c.gso_runs += self.runs.iter().filter(|r| r.packets > 1).count() as u64;
+                    c.multi_packet_runs += self.runs.iter().filter(|r| r.packets > 1).count() as u64;
                     self.runs.clear();
                     self.cursor = SendCursor::default();
                 }

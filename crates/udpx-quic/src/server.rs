@@ -76,13 +76,12 @@ pub struct Server {
 }
 
 impl Server {
-    /// Binds the shard group and starts one thread per shard. `configs` gives each shard its
-    /// quiche configuration (called here, before any thread starts, so a bad certificate
-    /// fails now); `make_app` its application (called in the shard's thread).
-    pub fn start<A, C, M>(cfg: &ServerConfig, configs: C, make_app: M) -> Result<Server, Error>
+    /// Binds the shard group and starts one thread per shard. `configs` holds each shard's
+    /// quiche configuration (one per shard: quiche's is not `Clone`); `make_app` makes its
+    /// application (called in the shard's thread).
+    pub fn start<A, M>(cfg: &ServerConfig, configs: Vec<quiche::Config>, make_app: M) -> Result<Server, Error>
     where
         A: App + 'static,
-        C: Fn() -> Result<quiche::Config, Error>,
         M: Fn(usize) -> A + Send + Sync + 'static,
     {
         if cfg.shards == 0 || cfg.shards > 256 {
@@ -100,9 +99,8 @@ impl Server {
                 Err(e) => return Err(Error::Io(e)),
             }
         }
-        let mut quiche_configs = Vec::with_capacity(cfg.shards);
-        for _ in 0..cfg.shards {
-            quiche_configs.push(configs()?);
+        if configs.len() != cfg.shards {
+            return Err(Error::Config(format!("{} quiche configurations for {} shards", configs.len(), cfg.shards)));
         }
         let group = ShardGroup::bind(
             socket_config(cfg.listen, cfg.io, cfg.gro),
@@ -120,7 +118,7 @@ impl Server {
         let make_app = Arc::new(make_app);
         let mut threads = Vec::new();
         let mut counters = Vec::new();
-        for (shard, qc) in group.shards().into_iter().zip(quiche_configs) {
+        for (shard, qc) in group.shards().into_iter().zip(configs) {
             let (stop, make_app) = (stop.clone(), make_app.clone());
             let cell: SharedCounters = Arc::new(Mutex::new(HostCounters::default()));
             counters.push(cell.clone());
