@@ -46,7 +46,8 @@ const RECV_BUFFERS: usize = 8;
 pub trait App {
     /// Per-connection state.
     type State;
-    /// A server connection was accepted: its state.
+    /// A server connection was accepted: its state. (If the Initial that made it then fails
+    /// to decrypt, the connection and this state are dropped at once, without [`App::closed`].)
     fn accepted(&mut self, conn: &quiche::Connection) -> Self::State;
     /// The application's turn on `conn`, every loop turn after the packets were fed: read
     /// what arrived, write what the streams can take.
@@ -323,20 +324,28 @@ impl<A: App> Host<A> {
             }
         };
         let key = CidKey::new(&hdr.dcid);
-        let idx = match self.by_cid.get(&key) {
-            Some(&i) => i,
+        let (idx, fresh) = match self.by_cid.get(&key) {
+            Some(&i) => (i, false),
             None => match self.new_connection(from, &hdr, buf.len()) {
-                Some(i) => i,
+                Some(i) => (i, true),
                 None => return,
             },
         };
         let Some(e) = self.conns[idx].as_mut() else { return };
         let info = quiche::RecvInfo { from, to: self.local };
         match e.conn.recv(buf, info) {
-            Ok(_) | Err(quiche::Error::Done) => {}
+            Ok(_) | Err(quiche::Error::Done) => {
+                if fresh {
+                    self.counters.connections += 1;
+                }
+            }
             Err(err) => {
                 self.counters.dropped_by_quic += 1;
                 log::debug!("udpx-quic: {} refused a datagram from {from}: {err}", e.conn.trace_id());
+                if fresh {
+                    // An Initial that does not decrypt leaves no state behind.
+                    self.remove(idx);
+                }
             }
         }
     }
@@ -386,7 +395,6 @@ impl<A: App> Host<A> {
                 return None;
             }
         };
-        self.counters.connections += 1;
         let state = self.app.accepted(&conn);
         // Both IDs lead to it: ours, and the one the client chose, which its retransmitted
         // Initials still carry.
@@ -477,17 +485,23 @@ impl<A: App> Host<A> {
             if !closed {
                 continue;
             }
-            let Some(e) = self.conns[idx].take() else { continue };
-            for k in &e.keys {
-                self.by_cid.remove(k);
-            }
+            let Some(e) = self.remove(idx) else { continue };
             let st = e.conn.stats();
             self.counters.lost_packets += st.lost as u64;
             self.counters.retransmitted += st.retrans as u64;
             self.counters.closed += 1;
-            self.free.push(idx);
             self.app.closed(&e.conn, e.state);
         }
+    }
+
+    /// Takes connection `idx` out of the table.
+    fn remove(&mut self, idx: usize) -> Option<Entry<A::State>> {
+        let e = self.conns[idx].take()?;
+        for k in &e.keys {
+            self.by_cid.remove(k);
+        }
+        self.free.push(idx);
+        Some(e)
     }
 }
 
