@@ -9,6 +9,7 @@ use clap::{Args, Parser, Subcommand};
 
 mod bench;
 mod echo;
+mod h3;
 
 #[derive(Parser, Debug)]
 #[command(name = "udpx", version, about = "UDP at the cost per byte of TCP: bench, probe and tools")]
@@ -27,6 +28,9 @@ enum Cmd {
     /// UDP transactions at scale: a reuseport-sharded echo server, its load generator, and the
     /// table of modes (with sockperf's server as a reference).
     Echo(echo::EchoArgs),
+    /// HTTP/3 on the udpx datapath: a file server (quiche, one event loop per shard, the I/O
+    /// modes of the Cloudflare post) and a client.
+    H3(h3::H3Args),
 }
 
 #[derive(Args, Debug)]
@@ -126,6 +130,7 @@ fn main() -> ExitCode {
     match cli.cmd {
         Cmd::Bench(args) => bench::main(args),
         Cmd::Echo(args) => echo::main(args),
+        Cmd::H3(args) => h3::main(args),
         Cmd::Probe(args) => {
             let opts = udpx_bench::probe::ProbeOptions { devices: args.devices, json: args.json };
             udpx_bench::probe::run(&opts)
