@@ -97,6 +97,7 @@ fn gtlsclient_downloads_in_every_io_mode() {
             c.quic.packets_per_call, c.quic.gso_runs, c.quic.lost_packets
         );
         assert_eq!(c.http.ok, 3, "{io}");
+        assert_eq!(c.quic.dropped_unknown_cid, 0, "{io}: a packet reached a shard without its connection");
     }
 }
 

@@ -100,4 +100,5 @@ fn fifty_concurrent_downloads() {
     let c = server.stop().unwrap();
     assert_eq!(c.http.ok, 50);
     assert_eq!(c.quic.connections, 50);
+    assert_eq!(c.quic.dropped_unknown_cid, 0, "a packet reached a shard without its connection");
 }

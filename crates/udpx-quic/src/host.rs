@@ -454,7 +454,7 @@ impl<A: App> Host<A> {
                 };
                 match e.conn.send(space) {
                     Ok((len, info)) => {
-                        self.out.commit(info.to, len);
+                        self.out.commit(idx, info.to, len);
                         self.counters.packets_sent += 1;
                         self.counters.bytes_sent += len as u64;
                         produced += 1;

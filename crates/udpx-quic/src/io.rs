@@ -11,7 +11,11 @@
 //! ```
 //!
 //! A run ends at a shorter packet (GSO allows only the last segment to be shorter), at a
-//! change of peer, at [`MAX_RUN_SEGMENTS`] packets or at the largest UDP payload. When the
+//! change of peer or of connection, at [`MAX_RUN_SEGMENTS`] packets or at the largest UDP
+//! payload. Runs never mix connections, even to one peer address (a client socket carrying
+//! several connections): a receiver steering by connection ID may see a GSO buffer whole
+//! (on loopback the kernel looks the socket up once for the unsegmented buffer, and GRO
+//! merges by address, not by ID), so every packet of a run must belong to one connection. When the
 //! socket cannot take more (`EAGAIN`, or `ENOBUFS` from a full device queue) the outbox keeps
 //! the unsent packets and the exact [`SendCursor`], and the next flush resumes there: nothing
 //! quiche produced is dropped, and no new packet is produced until the old ones are gone.
@@ -88,6 +92,8 @@ impl fmt::Display for IoMode {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Run {
     pub to: SocketAddr,
+    /// The connection (the host's slot) whose packets these are.
+    pub conn: usize,
     pub start: usize,
     pub len: usize,
     pub seg: usize,
@@ -135,11 +141,13 @@ impl Outbox {
         self.runs.is_empty()
     }
 
-    /// Appends the `len`-byte packet just written into [`Outbox::space`], for `to`.
-    pub fn commit(&mut self, to: SocketAddr, len: usize) {
+    /// Appends the `len`-byte packet of connection `conn` just written into
+    /// [`Outbox::space`], for `to`.
+    pub fn commit(&mut self, conn: usize, to: SocketAddr, len: usize) {
         let start = self.end();
         if let Some(r) = self.runs.last_mut() {
             let fits = r.to == to
+                && r.conn == conn
                 && !r.closed
                 && len <= r.seg
                 && len > 0
@@ -152,7 +160,7 @@ impl Outbox {
                 return;
             }
         }
-        self.runs.push(Run { to, start, len, seg: len, packets: 1, closed: false });
+        self.runs.push(Run { to, conn, start, len, seg: len, packets: 1, closed: false });
     }
 
     #[cfg(test)]
@@ -218,7 +226,7 @@ mod tests {
 
     fn push(o: &mut Outbox, to: SocketAddr, len: usize) {
         o.space(len).unwrap();
-        o.commit(to, len);
+        o.commit(0, to, len);
     }
 
     #[test]
@@ -258,7 +266,7 @@ mod tests {
         let mut o = Outbox::new();
         let mut n = 0;
         while o.space(1500).is_some() {
-            o.commit(a, 1500);
+            o.commit(0, a, 1500);
             n += 1;
         }
         assert_eq!(n, OUTBOX_BYTES / 1500);

@@ -155,6 +155,14 @@ impl Server {
             .fold(HostCounters::default(), |acc, c| acc.add(&c.lock().unwrap_or_else(|e| e.into_inner())))
     }
 
+    /// The counters of each shard, in shard order, as last published.
+    pub fn shard_counters(&self) -> Vec<HostCounters> {
+        self.counters
+            .iter()
+            .map(|c| c.lock().unwrap_or_else(|e| e.into_inner()).add(&HostCounters::default()))
+            .collect()
+    }
+
     /// Whether every shard thread still runs.
     pub fn is_running(&self) -> bool {
         self.threads.iter().all(|t| !t.is_finished())
