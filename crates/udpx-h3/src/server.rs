@@ -169,6 +169,12 @@ impl H3Server {
         ServeCounters { quic: self.server.counters(), http: self.http.snapshot() }
     }
 
+    /// Queues a send fault on shard `shard`'s socket (test builds, feature `fault-injection`).
+    #[cfg(feature = "fault-injection")]
+    pub fn inject_fault(&self, shard: usize, fault: udpx::Fault) {
+        self.server.inject_fault(shard, fault);
+    }
+
     /// Whether every event loop still runs.
     pub fn is_running(&self) -> bool {
         self.server.is_running()

@@ -73,6 +73,8 @@ pub struct Server {
     stop: Arc<AtomicBool>,
     threads: Vec<JoinHandle<Result<(), Error>>>,
     counters: Vec<SharedCounters>,
+    #[cfg(feature = "fault-injection")]
+    shards: Vec<udpx::Shard>,
 }
 
 impl Server {
@@ -118,6 +120,8 @@ impl Server {
         let make_app = Arc::new(make_app);
         let mut threads = Vec::new();
         let mut counters = Vec::new();
+        #[cfg(feature = "fault-injection")]
+        let shards = group.shards();
         for (shard, qc) in group.shards().into_iter().zip(configs) {
             let (stop, make_app) = (stop.clone(), make_app.clone());
             let cell: SharedCounters = Arc::new(Mutex::new(HostCounters::default()));
@@ -134,7 +138,14 @@ impl Server {
                 .map_err(Error::Io)?;
             threads.push(t);
         }
-        Ok(Server { local, stop, threads, counters })
+        Ok(Server {
+            local,
+            stop,
+            threads,
+            counters,
+            #[cfg(feature = "fault-injection")]
+            shards,
+        })
     }
 
     /// The address it listens on.
@@ -161,6 +172,12 @@ impl Server {
             .iter()
             .map(|c| c.lock().unwrap_or_else(|e| e.into_inner()).add(&HostCounters::default()))
             .collect()
+    }
+
+    /// Queues a send fault on shard `shard`'s socket (test builds, feature `fault-injection`).
+    #[cfg(feature = "fault-injection")]
+    pub fn inject_fault(&self, shard: usize, fault: udpx::Fault) {
+        self.shards[shard].inject_fault(fault);
     }
 
     /// Whether every shard thread still runs.
