@@ -91,7 +91,8 @@ struct ServeArgs {
 
 #[derive(Args, Debug)]
 struct GetArgs {
-    /// https://HOST[:PORT]/PATH
+    // The help as an attribute, not a doc comment: rustdoc would read `[:PORT]` as a link.
+    #[arg(help = "https://HOST[:PORT]/PATH")]
     url: String,
     /// Write the body here (default: count it and discard it).
     #[arg(short = 'o', long)]

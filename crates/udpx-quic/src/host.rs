@@ -124,7 +124,7 @@ impl<A: App> std::fmt::Debug for Host<A> {
 impl<A: App> Host<A> {
     /// A host on `socket` (which must be non-blocking) that accepts connections (`accepting`)
     /// with IDs of host `host_id`, worker `worker`, or only serves those added with
-    /// [`Host::add`].
+    /// [`Host::connect`].
     pub fn new(socket: HostSocket, config: quiche::Config, app: A, accepting: bool, host_id: u16, worker: u8) -> Self {
         let recv = RecvBuffers::for_socket(&socket, RECV_BUFFERS);
         Host {
