@@ -102,6 +102,44 @@ fn gtlsclient_downloads_in_every_io_mode() {
 }
 
 #[test]
+fn gtlsclient_fifty_streams_on_one_connection() {
+    let Some(client) = find("gtlsclient") else {
+        record_skip(
+            "gtlsclient_fifty_streams_on_one_connection",
+            "gtlsclient not found (Debian package ngtcp2-client)",
+        );
+        return;
+    };
+    let site = Site::new("gtlsstreams");
+    let many = site.root.join("many");
+    std::fs::create_dir_all(&many).unwrap();
+    let files: Vec<(String, Vec<u8>)> =
+        (0..50).map(|i| (format!("f{i}"), common::content(1000 + i * 7919, 100 + i as u64))).collect();
+    for (name, data) in &files {
+        std::fs::write(many.join(name), data).unwrap();
+    }
+    let server = start(&site, IoMode::GsoMmsg, 2);
+    let port = server.local_addr().port();
+    let out = TempDir::new("gtlsstreams-out");
+    let uris: Vec<String> = files.iter().map(|(n, _)| format!("https://127.0.0.1:{port}/many/{n}")).collect();
+    let (status, log) = run_bounded(
+        Command::new(&client)
+            .args(["-q", "--exit-on-all-streams-close", "--timeout=20s"])
+            .arg(format!("--download={}", out.path().display()))
+            .args(["127.0.0.1", &port.to_string()])
+            .args(&uris),
+        &out.path().join("gtlsclient.log"),
+    );
+    assert!(status.success(), "gtlsclient failed: {status}\n{}", tail(&log));
+    for (name, data) in &files {
+        let got = std::fs::read(out.path().join(name)).unwrap_or_else(|e| panic!("{name}: {e}\n{}", tail(&log)));
+        assert_eq!(digest(&got), digest(data), "{name} differs");
+    }
+    let c = server.stop().unwrap();
+    assert_eq!((c.http.ok, c.quic.connections), (50, 1), "50 streams on one connection");
+}
+
+#[test]
 fn gtlsclient_head_and_post() {
     let Some(client) = find("gtlsclient") else {
         record_skip("gtlsclient_head_and_post", "gtlsclient not found (Debian package ngtcp2-client)");

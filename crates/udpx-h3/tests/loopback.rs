@@ -102,3 +102,22 @@ fn fifty_concurrent_downloads() {
     assert_eq!(c.quic.connections, 50);
     assert_eq!(c.quic.dropped_unknown_cid, 0, "a packet reached a shard without its connection");
 }
+
+#[test]
+fn ipv6_loopback() {
+    if std::net::UdpSocket::bind("[::1]:0").is_err() {
+        udpx_lab::netns::record_skip("ipv6_loopback", "no IPv6 loopback (::1) on this machine");
+        return;
+    }
+    let site = Site::new("v6");
+    let mut cfg = udpx_h3::ServeConfig::new("[::1]:0".parse().unwrap());
+    cfg.io = IoMode::GsoMmsg;
+    let server = udpx_h3::serve(&site.root, &cfg).unwrap();
+    let port = server.local_addr().port();
+    let out = TempDir::new("v6-out");
+    let dst = out.path().join("big");
+    let r = fetch(&format!("https://[::1]:{port}/big"), IoMode::Gso, &dst);
+    assert_eq!(r.status, 200);
+    assert_eq!(digest(&std::fs::read(&dst).unwrap()), digest(&site.file("big")));
+    server.stop().unwrap();
+}
