@@ -195,7 +195,10 @@ impl App for Fetch {
             return;
         }
         if self.h3.is_none() {
-            match quiche::h3::Connection::with_transport(conn, &quiche::h3::Config::new().expect("h3 config")) {
+            match quiche::h3::Connection::with_transport(
+                conn,
+                &quiche::h3::Config::new().expect("quiche's h3::Config::new cannot fail"),
+            ) {
                 Ok(h) => self.h3 = Some(h),
                 Err(e) => {
                     self.close_reason = Some(format!("HTTP/3 setup failed: {e}"));

@@ -142,11 +142,18 @@ pub fn serve(dir: &Path, cfg: &ServeConfig) -> Result<H3Server, Error> {
     let scfg = ServerConfig { listen: cfg.listen, shards: cfg.shards, io: cfg.io, gro: cfg.gro, host_id: cfg.host_id };
     let (root2, http2) = (Arc::new(root), http.clone());
     let max = cfg.max_udp_payload;
-    let configs = (0..cfg.shards.max(1)).map(|_| server_config(&files, max)).collect::<Result<Vec<_>, _>>()?;
+    if !(1..=256).contains(&cfg.shards) {
+        return Err(Error::Usage(format!(
+            "{} shards: give 1 to 256 (the connection ID's worker byte numbers them)",
+            cfg.shards
+        )));
+    }
+    let configs = (0..cfg.shards).map(|_| server_config(&files, max)).collect::<Result<Vec<_>, _>>()?;
     let server = Server::start(&scfg, configs, move |_shard| FileServer {
         root: root2.clone(),
         http: http2.clone(),
         scratch: vec![0; CHUNK],
+        h3_config: quiche::h3::Config::new().expect("quiche's h3::Config::new cannot fail"),
     })
     .map_err(Error::Quic)?;
     drop(files); // loaded into every configuration: a generated one is removed now
@@ -196,6 +203,7 @@ struct FileServer {
     root: Arc<PathBuf>,
     http: Arc<HttpCounters>,
     scratch: Vec<u8>,
+    h3_config: quiche::h3::Config,
 }
 
 /// A response being sent.
@@ -230,7 +238,7 @@ impl App for FileServer {
 
     fn on_turn(&mut self, conn: &mut quiche::Connection, st: &mut ConnState) {
         if st.h3.is_none() {
-            match quiche::h3::Connection::with_transport(conn, &quiche::h3::Config::new().expect("h3 config")) {
+            match quiche::h3::Connection::with_transport(conn, &self.h3_config) {
                 Ok(h) => st.h3 = Some(h),
                 Err(e) => {
                     log::debug!("udpx-h3: {}: HTTP/3 refused: {e}", conn.trace_id());

@@ -36,6 +36,9 @@ use crate::Error;
 
 /// Longest a loop sleeps in `poll` before it looks at its stop flag again.
 const STOP_CHECK: Duration = Duration::from_millis(50);
+/// Least time between two counter publications of a loop (each sums every connection's
+/// quiche statistics).
+const PUBLISH_EVERY: Duration = Duration::from_millis(100);
 /// Receive calls per turn at most, so that sending is never starved by a flood.
 const RECV_CALLS_PER_TURN: usize = 16;
 /// Receive buffers per call.
@@ -212,7 +215,8 @@ impl<A: App> Host<A> {
     }
 
     /// Runs until `stop` is set, or (`until_idle`) until no connection is left.
-    /// `publish` receives the counters whenever the loop is about to wait.
+    /// `publish` receives the counters when the loop is about to wait (at most every 100 ms)
+    /// and when it ends.
     pub fn run(
         &mut self,
         stop: &AtomicBool,
@@ -220,13 +224,15 @@ impl<A: App> Host<A> {
         publish: Option<&Mutex<HostCounters>>,
     ) -> Result<(), Error> {
         let mut idle = false;
+        let mut published: Option<Instant> = None;
         loop {
             if stop.load(Ordering::Relaxed) || (until_idle && self.connection_count() == 0) {
                 break;
             }
             if idle {
-                if let Some(p) = publish {
+                if let Some(p) = publish.filter(|_| published.is_none_or(|t| t.elapsed() >= PUBLISH_EVERY)) {
                     *p.lock().unwrap_or_else(|e| e.into_inner()) = self.counters();
+                    published = Some(Instant::now());
                 }
                 self.wait()?;
             }
@@ -235,10 +241,8 @@ impl<A: App> Host<A> {
             self.app_turns();
             let sent = self.send();
             self.reap();
-            idle = got == 0 && sent == 0 && self.blocked.is_none();
-            if self.blocked.is_some() {
-                idle = true; // wait for writability (or back off) before the next flush
-            }
+            // Blocked: wait for writability (or back off) before the next flush.
+            idle = self.blocked.is_some() || (got == 0 && sent == 0);
         }
         if let Some(p) = publish {
             *p.lock().unwrap_or_else(|e| e.into_inner()) = self.counters();
