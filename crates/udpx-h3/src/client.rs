@@ -153,6 +153,11 @@ pub fn get(url: &str, out: Option<&Path>, cfg: &GetConfig) -> Result<GetReport, 
         return Err(Error::Usage(format!("writing the body: {e}")));
     }
     app.sink.flush().map_err(|e| Error::Usage(format!("writing the body: {e}")))?;
+    if !app.done && quic.datagrams_received == 0 && quic.icmp_errors > 0 {
+        return Err(Error::Failed(format!(
+            "{peer}: nothing listens there (ICMP port unreachable); is the server running on that port?"
+        )));
+    }
     if !app.done {
         let why = app.close_reason.clone().unwrap_or_else(|| "no reason given".into());
         return Err(Error::Failed(format!(

@@ -126,3 +126,13 @@ fn refusals_at_start() {
     let e = serve(&site.root, &c3).unwrap_err();
     assert!(e.is_usage() && e.to_string().contains("in use"), "{e}");
 }
+
+#[test]
+fn get_from_a_port_nobody_listens_on_fails_fast() {
+    let port = UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let t = std::time::Instant::now();
+    let e = get(&format!("https://127.0.0.1:{port}/x"), None, &GetConfig::default()).unwrap_err();
+    assert!(e.to_string().contains("nothing listens there"), "{e}");
+    assert!(!e.is_usage());
+    assert!(t.elapsed() < Duration::from_secs(5), "waited {:?} (the idle timeout?)", t.elapsed());
+}

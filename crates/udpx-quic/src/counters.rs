@@ -60,6 +60,8 @@ pub struct HostCounters {
     pub version_negotiations: u64,
     /// Connection attempts quiche refused at accept.
     pub accept_errors: u64,
+    /// ICMP errors about datagrams sent (the socket's count; port unreachable, ...).
+    pub icmp_errors: u64,
 }
 
 impl HostCounters {
@@ -92,6 +94,7 @@ impl HostCounters {
             dropped_truncated: self.dropped_truncated + o.dropped_truncated,
             version_negotiations: self.version_negotiations + o.version_negotiations,
             accept_errors: self.accept_errors + o.accept_errors,
+            icmp_errors: self.icmp_errors + o.icmp_errors,
         };
         s.packets_per_call = ratio(s.datagrams_sent, s.send_calls);
         s

@@ -116,6 +116,8 @@ pub struct Host<A: App> {
     app: A,
     counters: HostCounters,
     next_first: usize,
+    /// The socket's `icmp_errors` when last looked at.
+    icmp_seen: u64,
 }
 
 impl<A: App> std::fmt::Debug for Host<A> {
@@ -145,6 +147,7 @@ impl<A: App> Host<A> {
             app,
             counters: HostCounters::default(),
             next_first: 0,
+            icmp_seen: 0,
         }
     }
 
@@ -206,6 +209,7 @@ impl<A: App> Host<A> {
         c.gso_runs = s.gso_buffers_sent;
         c.recv_calls = s.recv_calls;
         c.gro_buffers = s.gro_buffers_received;
+        c.icmp_errors = s.icmp_errors;
         for e in self.conns.iter().flatten() {
             let st = e.conn.stats();
             c.lost_packets += st.lost as u64;
@@ -237,6 +241,7 @@ impl<A: App> Host<A> {
                 self.wait()?;
             }
             let got = self.receive()?;
+            self.check_unreachable();
             self.timers();
             self.app_turns();
             let sent = self.send();
@@ -270,9 +275,35 @@ impl<A: App> Host<A> {
         }
         let ms = timeout.as_millis().clamp(1, u16::MAX as u128) as u16;
         let mut fds = [PollFd::new(self.socket.as_fd(), flags)];
-        match nix::poll::poll(&mut fds, PollTimeout::from(ms)) {
-            Ok(_) | Err(nix::errno::Errno::EINTR) => Ok(()),
-            Err(e) => Err(Error::Io(e.into())),
+        let err = match nix::poll::poll(&mut fds, PollTimeout::from(ms)) {
+            Ok(_) => fds[0].revents().is_some_and(|r| r.contains(PollFlags::POLLERR)),
+            Err(nix::errno::Errno::EINTR) => false,
+            Err(e) => return Err(Error::Io(e.into())),
+        };
+        if err {
+            // ICMP errors queued (IP_RECVERR): read them, or POLLERR stays raised and the
+            // loop spins. The socket counts them (`icmp_errors`).
+            self.socket.drain_errors(|_| {}).map_err(Error::Io)?;
+        }
+        Ok(())
+    }
+
+    /// A client gives up on connections that never heard from their server once ICMP errors
+    /// arrive (port unreachable: nothing listens there), instead of waiting for the idle
+    /// timeout. A server never does: anyone can send it ICMP errors.
+    fn check_unreachable(&mut self) {
+        if self.accepting {
+            return;
+        }
+        let n = self.socket.counters().icmp_errors;
+        if n == self.icmp_seen {
+            return;
+        }
+        self.icmp_seen = n;
+        for e in self.conns.iter_mut().flatten() {
+            if e.conn.stats().recv == 0 {
+                let _ = e.conn.close(false, 0x0, b"peer unreachable");
+            }
         }
     }
 
