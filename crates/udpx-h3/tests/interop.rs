@@ -140,6 +140,36 @@ fn gtlsclient_fifty_streams_on_one_connection() {
 }
 
 #[test]
+fn gtlsclient_with_small_flow_control_windows() {
+    let Some(client) = find("gtlsclient") else {
+        record_skip(
+            "gtlsclient_with_small_flow_control_windows",
+            "gtlsclient not found (Debian package ngtcp2-client)",
+        );
+        return;
+    };
+    // 10 MB through a 64 KiB stream window and a 128 KiB connection window: the server must
+    // wait for every MAX_STREAM_DATA and never send past it (ngtcp2 closes the connection
+    // with FLOW_CONTROL_ERROR if it does).
+    let site = Site::new("gtlswindow");
+    let server = start(&site, IoMode::GsoMmsg, 1);
+    let port = server.local_addr().port();
+    let out = TempDir::new("gtlswindow-out");
+    let (status, log) = run_bounded(
+        Command::new(&client)
+            .args(["-q", "--exit-on-all-streams-close", "--timeout=20s"])
+            .args(["--max-stream-data-bidi-local=64K", "--max-data=128K"])
+            .arg(format!("--download={}", out.path().display()))
+            .args(["127.0.0.1", &port.to_string(), &format!("https://127.0.0.1:{port}/big")]),
+        &out.path().join("gtlsclient.log"),
+    );
+    assert!(status.success(), "gtlsclient failed: {status}\n{}", tail(&log));
+    let got = std::fs::read(out.path().join("big")).unwrap();
+    assert_eq!(digest(&got), digest(&site.file("big")), "content differs");
+    server.stop().unwrap();
+}
+
+#[test]
 fn gtlsclient_head_and_post() {
     let Some(client) = find("gtlsclient") else {
         record_skip("gtlsclient_head_and_post", "gtlsclient not found (Debian package ngtcp2-client)");
