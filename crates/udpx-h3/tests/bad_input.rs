@@ -71,11 +71,13 @@ fn garbage_cut_and_short_initials_are_dropped_and_counted() {
     // an unknown connection; the random datagram is either, by its first byte.
     assert!(c.dropped_unparseable >= 4, "{}", c.dropped_unparseable);
     assert!(c.dropped_unknown_cid >= 1, "{}", c.dropped_unknown_cid);
-    assert_eq!(c.dropped_unparseable + c.dropped_unknown_cid, 6);
+    // (At least: a late packet of the real client, after its connection was gone, would be
+    // an unknown connection too.)
+    assert!(c.dropped_unparseable + c.dropped_unknown_cid >= 6);
     assert_eq!(c.dropped_bad_initial, 2, "Initials under 1200 bytes");
     assert_eq!(c.dropped_by_quic, 1, "the Initial that does not decrypt");
     assert_eq!(c.version_negotiations, 1);
-    assert_eq!(c.dropped(), cases.len() as u64 - 1, "every case but the version probe dropped");
+    assert!(c.dropped() >= cases.len() as u64 - 1, "every case but the version probe dropped");
 }
 
 #[test]
