@@ -3,6 +3,10 @@
 #   - ethtool: the bench and tests switch veth offloads (tx-udp-segmentation, GRO forwarding)
 #   - iproute2: `ip netns` and veth pairs for the namespace tests and the bench path
 #   - iperf3, sockperf: independent peers the bench compares against
+#   - libclang-dev: bindgen in boring-sys (BoringSSL under quiche, crates/udpx-quic) needs it;
+#     without it the build fails after about 1.5 min with "Unable to find libclang"
+#   - ngtcp2-client (gtlsclient), ngtcp2-server (gtlsserver): an independent HTTP/3 client and
+#     server (C, GnuTLS) that the udpx-h3 tests download from and upload to
 #   - cargo-fuzz (from crates.io): the fuzz targets under fuzz/, run by scripts/fuzz.sh
 # Rust itself (stable, and the nightly that cargo-fuzz needs) comes from rustup, which the
 # machine image provides; without a nightly the fuzz targets are skipped, not failed.
@@ -13,6 +17,9 @@ command -v ethtool  >/dev/null 2>&1 || need+=(ethtool)
 command -v ip       >/dev/null 2>&1 || need+=(iproute2)
 command -v iperf3   >/dev/null 2>&1 || need+=(iperf3)
 command -v sockperf >/dev/null 2>&1 || need+=(sockperf)
+dpkg -s libclang-dev >/dev/null 2>&1 || need+=(libclang-dev)
+command -v gtlsclient >/dev/null 2>&1 || need+=(ngtcp2-client)
+command -v gtlsserver >/dev/null 2>&1 || need+=(ngtcp2-server)
 
 if [ "${#need[@]}" -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then

@@ -10,6 +10,7 @@ use clap::{Args, Parser, Subcommand};
 mod bench;
 mod echo;
 mod stream;
+mod h3;
 
 #[derive(Parser, Debug)]
 #[command(name = "udpx", version, about = "UDP at the cost per byte of TCP: bench, probe and tools")]
@@ -30,6 +31,9 @@ enum Cmd {
     Echo(echo::EchoArgs),
     /// Paced delivery to many flows: a streaming server, its receiver, and a self-test.
     Stream(stream::StreamArgs),
+    /// HTTP/3 on the udpx datapath: a file server (quiche, one event loop per shard, the I/O
+    /// modes of the Cloudflare post) and a client.
+    H3(h3::H3Args),
 }
 
 #[derive(Args, Debug)]
@@ -130,6 +134,7 @@ fn main() -> ExitCode {
         Cmd::Bench(args) => bench::main(args),
         Cmd::Echo(args) => echo::main(args),
         Cmd::Stream(args) => stream::main(args),
+        Cmd::H3(args) => h3::main(args),
         Cmd::Probe(args) => {
             let opts = udpx_bench::probe::ProbeOptions { devices: args.devices, json: args.json };
             udpx_bench::probe::run(&opts)

@@ -1,0 +1,233 @@
+//! `udpx h3`: the HTTP/3 file server and client (crates udpx-h3 and udpx-quic).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::{Args, Subcommand, ValueEnum};
+use udpx_h3::{GetConfig, ServeConfig, Tls};
+use udpx_quic::IoMode;
+
+use crate::util::{self, duration};
+
+#[derive(Args, Debug)]
+pub struct H3Args {
+    #[command(subcommand)]
+    cmd: H3Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum H3Cmd {
+    /// Serve the files under DIR over HTTP/3 (GET, HEAD), one event loop per shard.
+    Serve(ServeArgs),
+    /// Fetch one URL over HTTP/3 and print status, bytes, time and throughput.
+    Get(GetArgs),
+}
+
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+enum Io {
+    /// One sendmsg per packet.
+    Sendmsg,
+    /// sendmmsg: many packets per call.
+    Sendmmsg,
+    /// One GSO run (equal-size packets to one peer) per sendmsg.
+    Gso,
+    /// Several GSO runs per sendmmsg.
+    GsoMmsg,
+}
+
+impl From<Io> for IoMode {
+    fn from(i: Io) -> IoMode {
+        match i {
+            Io::Sendmsg => IoMode::Sendmsg,
+            Io::Sendmmsg => IoMode::Sendmmsg,
+            Io::Gso => IoMode::Gso,
+            Io::GsoMmsg => IoMode::GsoMmsg,
+        }
+    }
+}
+
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+enum OnOff {
+    On,
+    Off,
+}
+
+#[derive(Args, Debug)]
+struct ServeArgs {
+    /// The directory to serve.
+    dir: PathBuf,
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1:4433")]
+    listen: SocketAddr,
+    /// Certificate chain (PEM); with --key. Without both, a self-signed certificate is made.
+    #[arg(long, requires = "key")]
+    cert: Option<PathBuf>,
+    /// Private key (PEM); with --cert.
+    #[arg(long, requires = "cert")]
+    key: Option<PathBuf>,
+    /// How packets leave.
+    #[arg(long, value_enum, default_value_t = Io::GsoMmsg)]
+    io: Io,
+    /// Receive with UDP_GRO where the kernel has it.
+    #[arg(long, value_enum, default_value_t = OnOff::On)]
+    gro: OnOff,
+    /// Event loops, one socket and thread each (1 to 256; default: one per CPU).
+    #[arg(long)]
+    shards: Option<usize>,
+    /// QUIC-LB host ID written into every connection ID (0 to 65535).
+    #[arg(long, default_value_t = 0)]
+    host_id: u16,
+    /// Largest UDP payload to send (1200 to 65527).
+    #[arg(long, default_value_t = udpx_h3::server::DEFAULT_MAX_UDP_PAYLOAD)]
+    max_udp_payload: usize,
+    /// Stop after this many seconds (default: until Ctrl-C).
+    #[arg(short = 'l', long)]
+    duration: Option<f64>,
+}
+
+#[derive(Args, Debug)]
+struct GetArgs {
+    // The help as an attribute, not a doc comment: rustdoc would read `[:PORT]` as a link.
+    #[arg(help = "https://HOST[:PORT]/PATH")]
+    url: String,
+    /// Write the body here (default: count it and discard it).
+    #[arg(short = 'o', long)]
+    output: Option<PathBuf>,
+    /// How packets leave.
+    #[arg(long, value_enum, default_value_t = Io::GsoMmsg)]
+    io: Io,
+    /// Receive with UDP_GRO where the kernel has it.
+    #[arg(long, value_enum, default_value_t = OnOff::On)]
+    gro: OnOff,
+    /// Largest UDP payload to send (1200 to 65527).
+    #[arg(long, default_value_t = udpx_h3::server::DEFAULT_MAX_UDP_PAYLOAD)]
+    max_udp_payload: usize,
+    /// One JSON object (with the client's counters) instead of the line.
+    #[arg(long)]
+    json: bool,
+}
+
+fn usage(msg: impl std::fmt::Display) -> ExitCode {
+    util::usage("h3", msg)
+}
+
+pub fn main(a: H3Args) -> ExitCode {
+    match a.cmd {
+        H3Cmd::Serve(s) => serve(s),
+        H3Cmd::Get(g) => get(g),
+    }
+}
+
+fn check_payload(n: usize) -> Result<(), String> {
+    if !(1200..=65_527).contains(&n) {
+        return Err(format!("--max-udp-payload {n}: give 1200 (QUIC's minimum) to 65527"));
+    }
+    Ok(())
+}
+
+fn serve(a: ServeArgs) -> ExitCode {
+    let shards = a.shards.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()).min(256));
+    if !(1..=256).contains(&shards) {
+        return usage(format!("--shards {shards}: give 1 to 256 (the connection ID's worker byte numbers them)"));
+    }
+    if let Err(e) = check_payload(a.max_udp_payload) {
+        return usage(e);
+    }
+    let dur = match a.duration.map(|d| duration("--duration", d)).transpose() {
+        Ok(d) => d,
+        Err(e) => return usage(e),
+    };
+    let tls = match (a.cert, a.key) {
+        (Some(cert), Some(key)) => Tls::Files { cert, key },
+        _ => Tls::SelfSigned,
+    };
+    let cfg = ServeConfig {
+        listen: a.listen,
+        tls,
+        io: a.io.into(),
+        gro: a.gro == OnOff::On,
+        shards,
+        host_id: a.host_id,
+        max_udp_payload: a.max_udp_payload,
+    };
+    // SIGINT and SIGTERM are blocked before the shard threads start (they inherit the mask),
+    // and one thread below takes them: the server then stops cleanly and prints its counters.
+    let mut set = nix::sys::signal::SigSet::empty();
+    set.add(nix::sys::signal::Signal::SIGINT);
+    set.add(nix::sys::signal::Signal::SIGTERM);
+    let signals = set.thread_block().is_ok().then_some(set);
+    let server = match udpx_h3::serve(&a.dir, &cfg) {
+        Ok(s) => s,
+        Err(e) if e.is_usage() => return util::usage("h3 serve", e),
+        Err(e) => {
+            eprintln!("udpx h3 serve: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    if server.generated_cert() {
+        eprintln!(
+            "udpx h3 serve: no --cert/--key: generated a self-signed certificate for localhost, 127.0.0.1 \
+             and ::1 (for local use; clients must skip verification)"
+        );
+    }
+    eprintln!(
+        "udpx h3 serve: {} on https://{} ({} shards, I/O {}, GRO {}, host ID {}; packets leave at once, not paced)",
+        a.dir.display(),
+        server.local_addr(),
+        shards,
+        cfg.io,
+        if cfg.gro { "on" } else { "off" },
+        cfg.host_id
+    );
+    let stop = Arc::new(AtomicBool::new(false));
+    if let Some(set) = signals {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let _ = set.wait();
+            stop.store(true, Ordering::Relaxed);
+        });
+    }
+    let start = std::time::Instant::now();
+    while !stop.load(Ordering::Relaxed) && dur.is_none_or(|d| start.elapsed() < d) && server.is_running() {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    match server.stop() {
+        Ok(c) => {
+            println!("{}", serde_json::json!({ "h3_serve": c }));
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("udpx h3 serve: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn get(a: GetArgs) -> ExitCode {
+    if let Err(e) = check_payload(a.max_udp_payload) {
+        return usage(e);
+    }
+    let cfg = GetConfig { io: a.io.into(), gro: a.gro == OnOff::On, max_udp_payload: a.max_udp_payload };
+    let r = match udpx_h3::get(&a.url, a.output.as_deref(), &cfg) {
+        Ok(r) => r,
+        Err(e) if e.is_usage() => return util::usage("h3 get", e),
+        Err(e) => {
+            eprintln!("udpx h3 get: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    if a.json {
+        println!("{}", serde_json::json!({ "h3_get": r }));
+    } else {
+        println!("{}: {r}", a.url);
+    }
+    if r.status >= 400 {
+        eprintln!("udpx h3 get: {} answered {}", a.url, r.status);
+        return ExitCode::FAILURE;
+    }
+    ExitCode::SUCCESS
+}

@@ -1,0 +1,302 @@
+//! `get`: one HTTP/3 request on the same datapath as the server (a udpx socket, the same host
+//! loop and I/O modes), for tests and the bench.
+
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::path::Path;
+use std::sync::atomic::AtomicBool;
+use std::time::{Duration, Instant};
+
+use quiche::h3::NameValue;
+use serde::Serialize;
+use udpx_quic::{client_socket, App, Host, HostCounters, HostSocket, IoMode};
+
+use crate::server::DEFAULT_MAX_UDP_PAYLOAD;
+use crate::tls::client_config;
+use crate::Error;
+
+/// How to fetch.
+#[derive(Debug, Clone)]
+pub struct GetConfig {
+    /// How packets leave.
+    pub io: IoMode,
+    /// Receive with GRO where available.
+    pub gro: bool,
+    /// Largest UDP payload sent.
+    pub max_udp_payload: usize,
+}
+
+impl Default for GetConfig {
+    fn default() -> Self {
+        GetConfig { io: IoMode::GsoMmsg, gro: true, max_udp_payload: DEFAULT_MAX_UDP_PAYLOAD }
+    }
+}
+
+/// What a fetch did.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct GetReport {
+    /// HTTP status.
+    pub status: u16,
+    /// Body bytes received.
+    pub bytes: u64,
+    /// From the first packet to the end of the body.
+    pub seconds: f64,
+    /// Body bits per second over `seconds`, in Mbit/s.
+    pub mbit_per_s: f64,
+    /// The client host's counters.
+    pub quic: HostCounters,
+}
+
+impl std::fmt::Display for GetReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "status {}, {} bytes in {:.3} s, {:.1} Mbit/s",
+            self.status, self.bytes, self.seconds, self.mbit_per_s
+        )
+    }
+}
+
+/// A parsed `https://host[:port]/path` URL.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Url {
+    /// Host name or address (without brackets).
+    pub host: String,
+    /// Port (443 when absent).
+    pub port: u16,
+    /// Path and query, `/` when absent.
+    pub path: String,
+}
+
+impl Url {
+    /// Parses `s`.
+    pub fn parse(s: &str) -> Result<Url, Error> {
+        let bad = |why: &str| Error::Usage(format!("URL {s:?}: {why}; write it as https://HOST[:PORT]/PATH"));
+        let rest = s.strip_prefix("https://").ok_or_else(|| bad("it does not start with https://"))?;
+        let (auth, path) = match rest.find('/') {
+            Some(i) => (&rest[..i], &rest[i..]),
+            None => (rest, "/"),
+        };
+        let (host, port) = if let Some(v6) = auth.strip_prefix('[') {
+            let end = v6.find(']').ok_or_else(|| bad("an IPv6 address lacks its ']'"))?;
+            let port = v6[end + 1..].strip_prefix(':');
+            (&v6[..end], port)
+        } else {
+            match auth.rsplit_once(':') {
+                Some((h, p)) => (h, Some(p)),
+                None => (auth, None),
+            }
+        };
+        if host.is_empty() {
+            return Err(bad("no host"));
+        }
+        let port = match port {
+            Some(p) => p.parse::<u16>().map_err(|_| bad("the port is not a number from 1 to 65535"))?,
+            None => 443,
+        };
+        Ok(Url { host: host.to_string(), port, path: path.to_string() })
+    }
+
+    fn authority(&self) -> String {
+        if self.host.contains(':') {
+            format!("[{}]:{}", self.host, self.port)
+        } else {
+            format!("{}:{}", self.host, self.port)
+        }
+    }
+}
+
+/// Fetches `url`, writing the body to `out` (or discarding it), and reports.
+pub fn get(url: &str, out: Option<&Path>, cfg: &GetConfig) -> Result<GetReport, Error> {
+    let url = Url::parse(url)?;
+    let peer: SocketAddr = (url.host.as_str(), url.port)
+        .to_socket_addrs()
+        .map_err(|e| Error::Usage(format!("host {:?}: {e}", url.host)))?
+        .next()
+        .ok_or_else(|| Error::Usage(format!("host {:?} has no address", url.host)))?;
+    let sink: Box<dyn Write> = match out {
+        Some(p) => Box::new(BufWriter::new(
+            File::create(p).map_err(|e| Error::Usage(format!("output file {}: {e}", p.display())))?,
+        )),
+        None => Box::new(std::io::sink()),
+    };
+    let socket = client_socket(peer, cfg.io, cfg.gro).map_err(Error::Quic)?;
+    let config = client_config(cfg.max_udp_payload)?;
+    let app = Fetch {
+        request: vec![
+            quiche::h3::Header::new(b":method", b"GET"),
+            quiche::h3::Header::new(b":scheme", b"https"),
+            quiche::h3::Header::new(b":authority", url.authority().as_bytes()),
+            quiche::h3::Header::new(b":path", url.path.as_bytes()),
+            quiche::h3::Header::new(b"user-agent", b"udpx-h3"),
+        ],
+        h3: None,
+        stream: None,
+        status: None,
+        bytes: 0,
+        done: false,
+        sink,
+        write_error: None,
+        close_reason: None,
+        buf: vec![0; 64 * 1024],
+    };
+    let mut host = Host::new(HostSocket::Own(Box::new(socket)), config, app, false, 0, 0);
+    let sni = url.host.parse::<std::net::IpAddr>().is_err().then_some(url.host.as_str());
+    let start = Instant::now();
+    host.connect(sni, peer, ()).map_err(Error::Quic)?;
+    host.run(&AtomicBool::new(false), true, None).map_err(Error::Quic)?;
+    let seconds = start.elapsed().as_secs_f64();
+    let quic = host.counters();
+    let app = host.app_mut();
+    if let Some(e) = app.write_error.take() {
+        return Err(Error::Usage(format!("writing the body: {e}")));
+    }
+    app.sink.flush().map_err(|e| Error::Usage(format!("writing the body: {e}")))?;
+    if !app.done && quic.datagrams_received == 0 && quic.icmp_errors > 0 {
+        return Err(Error::Failed(format!(
+            "{peer}: nothing listens there (ICMP port unreachable); is the server running on that port?"
+        )));
+    }
+    if !app.done {
+        let why = app.close_reason.clone().unwrap_or_else(|| "no reason given".into());
+        return Err(Error::Failed(format!(
+            "{}: the connection ended before the response was complete ({} body bytes): {why}",
+            url.authority(),
+            app.bytes
+        )));
+    }
+    let bytes = app.bytes;
+    Ok(GetReport {
+        status: app.status.unwrap_or(0),
+        bytes,
+        seconds,
+        mbit_per_s: bytes as f64 * 8.0 / seconds.max(1e-9) / 1e6,
+        quic,
+    })
+}
+
+/// The client side: one request, its body into the sink.
+struct Fetch {
+    request: Vec<quiche::h3::Header>,
+    h3: Option<quiche::h3::Connection>,
+    stream: Option<u64>,
+    status: Option<u16>,
+    bytes: u64,
+    done: bool,
+    sink: Box<dyn Write>,
+    write_error: Option<std::io::Error>,
+    close_reason: Option<String>,
+    buf: Vec<u8>,
+}
+
+impl App for Fetch {
+    type State = ();
+
+    fn accepted(&mut self, _conn: &quiche::Connection) {}
+
+    fn on_turn(&mut self, conn: &mut quiche::Connection, _: &mut ()) {
+        if self.done {
+            return;
+        }
+        if self.h3.is_none() {
+            match quiche::h3::Connection::with_transport(
+                conn,
+                &quiche::h3::Config::new().expect("quiche's h3::Config::new cannot fail"),
+            ) {
+                Ok(h) => self.h3 = Some(h),
+                Err(e) => {
+                    self.close_reason = Some(format!("HTTP/3 setup failed: {e}"));
+                    let _ = conn.close(true, 0x101, b"");
+                    return;
+                }
+            }
+        }
+        let Some(h3) = self.h3.as_mut() else { return };
+        if self.stream.is_none() {
+            match h3.send_request(conn, &self.request, true) {
+                Ok(id) => self.stream = Some(id),
+                Err(quiche::h3::Error::StreamBlocked) => return,
+                Err(e) => {
+                    self.close_reason = Some(format!("request refused: {e}"));
+                    let _ = conn.close(true, 0x101, b"");
+                    return;
+                }
+            }
+        }
+        loop {
+            match h3.poll(conn) {
+                Ok((_, quiche::h3::Event::Headers { list, .. })) => {
+                    for h in &list {
+                        if h.name() == b":status" {
+                            self.status = std::str::from_utf8(h.value()).ok().and_then(|s| s.parse().ok());
+                        }
+                    }
+                }
+                Ok((sid, quiche::h3::Event::Data)) => {
+                    while let Ok(n) = h3.recv_body(conn, sid, &mut self.buf) {
+                        self.bytes += n as u64;
+                        if self.write_error.is_none() {
+                            if let Err(e) = self.sink.write_all(&self.buf[..n]) {
+                                self.write_error = Some(e);
+                                let _ = conn.close(true, 0x10c, b""); // H3_REQUEST_CANCELLED
+                            }
+                        }
+                    }
+                }
+                Ok((_, quiche::h3::Event::Finished)) => {
+                    self.done = true;
+                    let _ = conn.close(true, 0x100, b""); // H3_NO_ERROR
+                    break;
+                }
+                Ok((_, quiche::h3::Event::Reset(code))) => {
+                    self.close_reason = Some(format!("the server reset the stream (code {code:#x})"));
+                    let _ = conn.close(true, 0x10c, b"");
+                    break;
+                }
+                Ok(_) => {}
+                Err(quiche::h3::Error::Done) => break,
+                Err(e) => {
+                    self.close_reason = Some(format!("HTTP/3: {e}"));
+                    break;
+                }
+            }
+        }
+    }
+
+    fn closed(&mut self, conn: &quiche::Connection, _: ()) {
+        if self.close_reason.is_none() {
+            self.close_reason = Some(if conn.is_timed_out() {
+                format!(
+                    "no answer within the idle timeout ({} s)",
+                    Duration::from_millis(crate::tls::IDLE_TIMEOUT_MS).as_secs()
+                )
+            } else if let Some(e) = conn.peer_error() {
+                format!("the peer closed it: error {:#x} {}", e.error_code, String::from_utf8_lossy(&e.reason))
+            } else if let Some(e) = conn.local_error() {
+                format!("closed here: error {:#x} {}", e.error_code, String::from_utf8_lossy(&e.reason))
+            } else {
+                "closed".into()
+            });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls() {
+        let u = Url::parse("https://127.0.0.1:4433/a/b?c").unwrap();
+        assert_eq!((u.host.as_str(), u.port, u.path.as_str()), ("127.0.0.1", 4433, "/a/b?c"));
+        let u = Url::parse("https://[::1]:8443").unwrap();
+        assert_eq!((u.host.as_str(), u.port, u.path.as_str()), ("::1", 8443, "/"));
+        assert_eq!(u.authority(), "[::1]:8443");
+        assert_eq!(Url::parse("https://example.org/x").unwrap().port, 443);
+        for bad in ["http://x/", "https://:1/", "https://h:99999/", "https://[::1/"] {
+            let e = Url::parse(bad).unwrap_err().to_string();
+            assert!(e.contains("https://HOST[:PORT]/PATH"), "{e}");
+        }
+    }
+}

@@ -1,0 +1,67 @@
+//! # udpx-h3: an HTTP/3 file server and client on the udpx datapath
+//!
+//! `serve(dir, cfg)` answers GET and HEAD for the files under a directory over HTTP/3
+//! (quiche's `h3` module), on the QUIC host of [`udpx_quic`]: one event loop per shard of a
+//! reuseport group, packets sent in the chosen [`IoMode`](udpx_quic::IoMode) (`sendmsg`,
+//! `sendmmsg`, `gso`, `gso-mmsg`), GRO on receive. It exists to measure what the Cloudflare
+//! post measured (CPU per byte of a file download by I/O mode) with a server whose every
+//! system call is ours, and to be downloaded from by an implementation nobody here wrote
+//! (ngtcp2's `gtlsclient`).
+//!
+//! - Responses: 200 with `content-length`; 404 for what is not a regular file; 403 for a path
+//!   that leaves the directory (`..`, an encoded slash, a symlink out: see [`files`]); 405
+//!   (with `allow`) for other methods; 400 for a malformed request.
+//! - Bodies stream from disk at the pace the stream's flow control and congestion window
+//!   allow, one chunk at most in memory per response (see [`server`]).
+//! - TLS from PEM files, or a self-signed certificate made at start for local use (see
+//!   [`tls`]).
+//!
+//! `get(url, out, cfg)` is the matching client, on a udpx socket and the same host loop.
+//! It does not verify certificates.
+#![forbid(unsafe_code)]
+
+pub mod client;
+pub mod files;
+pub mod server;
+pub mod tls;
+
+use std::fmt;
+
+pub use client::{get, GetConfig, GetReport, Url};
+pub use server::{serve, H3Server, ServeConfig, ServeCounters};
+pub use tls::Tls;
+
+/// What can go wrong.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Error {
+    /// Bad input the user can fix (a path, a file, a URL): exit code 2.
+    Usage(String),
+    /// The QUIC host (socket, port in use, quiche).
+    Quic(udpx_quic::Error),
+    /// TLS setup.
+    Tls(String),
+    /// A file system call.
+    Io(std::io::Error),
+    /// The transfer failed.
+    Failed(String),
+}
+
+impl Error {
+    /// Whether the user's input is at fault (exit code 2) rather than the run (exit code 1).
+    pub fn is_usage(&self) -> bool {
+        matches!(self, Error::Usage(_) | Error::Quic(udpx_quic::Error::AddrInUse(_)))
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::Usage(s) | Error::Tls(s) | Error::Failed(s) => f.write_str(s),
+            Error::Quic(e) => write!(f, "{e}"),
+            Error::Io(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+impl std::error::Error for Error {}

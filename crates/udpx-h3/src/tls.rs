@@ -1,0 +1,121 @@
+//! Certificates and the quiche configurations of both ends.
+//!
+//! quiche (BoringSSL) loads PEM files by path, so a generated certificate is written to a
+//! private temporary directory, loaded into every shard's configuration at start, and the
+//! directory removed right after.
+
+use std::path::{Path, PathBuf};
+
+use crate::Error;
+
+/// Where the server's certificate comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Tls {
+    /// PEM files: the certificate chain and its private key.
+    Files {
+        /// Certificate chain (PEM).
+        cert: PathBuf,
+        /// Private key (PEM).
+        key: PathBuf,
+    },
+    /// A self-signed certificate for `localhost`, 127.0.0.1 and ::1, made at start (rcgen):
+    /// for local use; clients must not verify it.
+    SelfSigned,
+}
+
+/// Flow-control windows and sizes both ends use.
+pub(crate) const MAX_DATA: u64 = 32 << 20;
+pub(crate) const STREAM_WINDOW: u64 = 8 << 20;
+pub(crate) const IDLE_TIMEOUT_MS: u64 = 30_000;
+
+/// PEM files to load, and a directory to remove once they are loaded.
+#[derive(Debug)]
+pub(crate) struct PemFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    pub temp_dir: Option<PathBuf>,
+}
+
+impl Drop for PemFiles {
+    fn drop(&mut self) {
+        if let Some(d) = &self.temp_dir {
+            let _ = std::fs::remove_dir_all(d);
+        }
+    }
+}
+
+/// The files of `tls`, checked to exist, or the generated ones. Prints nothing; the caller
+/// says that it generated one.
+pub(crate) fn pem_files(tls: &Tls) -> Result<PemFiles, Error> {
+    match tls {
+        Tls::Files { cert, key } => {
+            for (what, p) in [("certificate", cert), ("key", key)] {
+                if let Err(e) = std::fs::metadata(p) {
+                    return Err(Error::Usage(format!("{what} file {}: {e}", p.display())));
+                }
+            }
+            Ok(PemFiles { cert: cert.clone(), key: key.clone(), temp_dir: None })
+        }
+        Tls::SelfSigned => {
+            let names = vec!["localhost".to_string(), "127.0.0.1".to_string(), "::1".to_string()];
+            let ck = rcgen::generate_simple_self_signed(names)
+                .map_err(|e| Error::Tls(format!("generating a self-signed certificate: {e}")))?;
+            let dir = private_temp_dir()?;
+            let files = PemFiles { cert: dir.join("cert.pem"), key: dir.join("key.pem"), temp_dir: Some(dir) };
+            std::fs::write(&files.cert, ck.cert.pem()).map_err(Error::Io)?;
+            std::fs::write(&files.key, ck.key_pair.serialize_pem()).map_err(Error::Io)?;
+            Ok(files)
+        }
+    }
+}
+
+fn private_temp_dir() -> Result<PathBuf, Error> {
+    use std::os::unix::fs::DirBuilderExt;
+    let mut nonce = [0u8; 8];
+    udpx_quic::cid::random_bytes(&mut nonce).map_err(Error::Io)?;
+    let dir =
+        std::env::temp_dir().join(format!("udpx-h3-cert-{}-{:016x}", std::process::id(), u64::from_ne_bytes(nonce)));
+    std::fs::DirBuilder::new().mode(0o700).create(&dir).map_err(Error::Io)?;
+    Ok(dir)
+}
+
+fn common(c: &mut quiche::Config, max_udp_payload: usize) -> Result<(), quiche::Error> {
+    c.set_application_protos(quiche::h3::APPLICATION_PROTOCOL)?;
+    c.set_max_idle_timeout(IDLE_TIMEOUT_MS);
+    c.set_max_recv_udp_payload_size(65_527);
+    c.set_max_send_udp_payload_size(max_udp_payload);
+    c.set_initial_max_data(MAX_DATA);
+    c.set_initial_max_stream_data_bidi_local(STREAM_WINDOW);
+    c.set_initial_max_stream_data_bidi_remote(STREAM_WINDOW);
+    c.set_initial_max_stream_data_uni(1 << 20);
+    c.set_initial_max_streams_bidi(1000);
+    c.set_initial_max_streams_uni(100);
+    c.set_disable_active_migration(true);
+    Ok(())
+}
+
+/// A server configuration with `files` loaded.
+pub(crate) fn server_config(files: &PemFiles, max_udp_payload: usize) -> Result<quiche::Config, Error> {
+    let mut c = quiche::Config::new(quiche::PROTOCOL_VERSION).map_err(|e| Error::Tls(e.to_string()))?;
+    c.load_cert_chain_from_pem_file(&path_str(&files.cert)?).map_err(|e| {
+        Error::Usage(format!("certificate {}: not a PEM certificate chain ({e})", files.cert.display()))
+    })?;
+    c.load_priv_key_from_pem_file(&path_str(&files.key)?).map_err(|e| {
+        Error::Usage(format!("key {}: not a PEM private key for the certificate ({e})", files.key.display()))
+    })?;
+    common(&mut c, max_udp_payload).map_err(|e| Error::Tls(e.to_string()))?;
+    Ok(c)
+}
+
+/// A client configuration. It does not verify the server's certificate: the client is a
+/// test and measurement tool for servers with self-signed certificates.
+pub(crate) fn client_config(max_udp_payload: usize) -> Result<quiche::Config, Error> {
+    let mut c = quiche::Config::new(quiche::PROTOCOL_VERSION).map_err(|e| Error::Tls(e.to_string()))?;
+    c.verify_peer(false);
+    common(&mut c, max_udp_payload).map_err(|e| Error::Tls(e.to_string()))?;
+    Ok(c)
+}
+
+fn path_str(p: &Path) -> Result<String, Error> {
+    p.to_str().map(str::to_owned).ok_or_else(|| Error::Usage(format!("{}: not a UTF-8 path", p.display())))
+}

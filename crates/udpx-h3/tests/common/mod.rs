@@ -1,0 +1,84 @@
+//! Shared by the udpx-h3 tests: a served directory of known files in a temp dir, digests.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+
+use udpx_h3::{serve, H3Server, ServeConfig};
+use udpx_quic::IoMode;
+
+/// 10 MB + 1 byte.
+pub const BIG: usize = 10_000_001;
+
+/// A temporary directory removed on drop.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new(tag: &str) -> TempDir {
+        let mut n = [0u8; 8];
+        udpx_quic::cid::random_bytes(&mut n).unwrap();
+        let p =
+            std::env::temp_dir().join(format!("udpx-h3-{tag}-{}-{:016x}", std::process::id(), u64::from_ne_bytes(n)));
+        std::fs::create_dir_all(&p).unwrap();
+        TempDir(p)
+    }
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Deterministic content that is not a repeating pattern of a power-of-two period.
+pub fn content(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+/// FNV-1a 64 over the bytes (a digest to compare downloads by; not cryptographic).
+pub fn digest(b: &[u8]) -> u64 {
+    b.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &c| (h ^ u64::from(c)).wrapping_mul(0x0100_0000_01b3))
+}
+
+/// `www/` with `empty`, `small` (1 KiB) and `big` (10 MB + 1), plus `secret` beside it.
+pub struct Site {
+    pub tmp: TempDir,
+    pub root: PathBuf,
+}
+
+impl Site {
+    pub fn new(tag: &str) -> Site {
+        let tmp = TempDir::new(tag);
+        let root = tmp.path().join("www");
+        std::fs::create_dir_all(root.join("sub")).unwrap();
+        std::fs::write(root.join("empty"), b"").unwrap();
+        std::fs::write(root.join("small"), content(1024, 1)).unwrap();
+        std::fs::write(root.join("big"), content(BIG, 2)).unwrap();
+        std::fs::write(root.join("sub/inner"), content(3000, 3)).unwrap();
+        std::fs::write(tmp.path().join("secret"), b"not for you").unwrap();
+        std::os::unix::fs::symlink(tmp.path().join("secret"), root.join("escape")).unwrap();
+        Site { tmp, root }
+    }
+
+    pub fn file(&self, name: &str) -> Vec<u8> {
+        std::fs::read(self.root.join(name)).unwrap()
+    }
+}
+
+/// A server on an ephemeral loopback port.
+pub fn start(site: &Site, io: IoMode, shards: usize) -> H3Server {
+    let mut cfg = ServeConfig::new("127.0.0.1:0".parse().unwrap());
+    cfg.io = io;
+    cfg.shards = shards;
+    serve(&site.root, &cfg).expect("server starts")
+}

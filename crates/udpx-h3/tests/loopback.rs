@@ -1,0 +1,123 @@
+//! `udpx_h3::get` against `udpx_h3::serve` over loopback: every I/O mode, every file size,
+//! byte for byte; status codes; many at once.
+
+mod common;
+
+use common::{digest, start, Site, TempDir, BIG};
+use udpx_h3::{get, GetConfig};
+use udpx_quic::IoMode;
+
+fn fetch(url: &str, io: IoMode, out: &std::path::Path) -> udpx_h3::GetReport {
+    let cfg = GetConfig { io, ..GetConfig::default() };
+    get(url, Some(out), &cfg).unwrap_or_else(|e| panic!("GET {url} ({io}): {e}"))
+}
+
+#[test]
+fn every_io_mode_every_size_byte_for_byte() {
+    let site = Site::new("modes");
+    let out = TempDir::new("modes-out");
+    for io in IoMode::ALL {
+        let server = start(&site, io, 1);
+        let port = server.local_addr().port();
+        for name in ["empty", "small", "big"] {
+            let dst = out.path().join(format!("{name}-{io}"));
+            let r = fetch(&format!("https://127.0.0.1:{port}/{name}"), io, &dst);
+            let want = site.file(name);
+            assert_eq!(r.status, 200, "{name} {io}");
+            assert_eq!(r.bytes as usize, want.len(), "{name} {io}");
+            assert_eq!(digest(&std::fs::read(&dst).unwrap()), digest(&want), "{name} {io}: content differs");
+            eprintln!("{io} {name}: {r}");
+        }
+        let c = server.stop().unwrap();
+        eprintln!("{io}: {}", serde_json::to_string(&c).unwrap());
+        assert_eq!(c.http.ok, 3);
+        assert!(c.quic.bytes_sent > BIG as u64);
+        assert!(c.quic.connections >= 3);
+        match io {
+            IoMode::Sendmsg => {
+                assert!((c.quic.packets_per_call - 1.0).abs() < 1e-9, "{io}: {}", c.quic.packets_per_call)
+            }
+            _ => assert!(c.quic.packets_per_call > 1.0, "{io}: {} packets per call", c.quic.packets_per_call),
+        }
+        if matches!(io, IoMode::Gso | IoMode::GsoMmsg) {
+            assert!(c.quic.gso_runs > 0, "{io}: no GSO run");
+        } else {
+            assert_eq!(c.quic.gso_runs, 0, "{io}: GSO in a plain mode");
+        }
+    }
+}
+
+#[test]
+fn status_codes_head_and_traversal() {
+    let site = Site::new("status");
+    let server = start(&site, IoMode::GsoMmsg, 2);
+    let port = server.local_addr().port();
+    let out = TempDir::new("status-out");
+    let dst = out.path().join("x");
+    let url = |p: &str| format!("https://127.0.0.1:{port}{p}");
+    for (path, want) in [
+        ("/sub/inner", 200),
+        ("/missing", 404),
+        ("/sub", 404),
+        ("/../secret", 403),
+        ("/sub/%2e%2e/%2e%2e/secret", 403),
+        ("/sub%2finner", 403),
+        ("/escape", 403),
+        ("/small", 200),
+    ] {
+        let r = fetch(&url(path), IoMode::GsoMmsg, &dst);
+        assert_eq!(r.status, want, "{path}");
+    }
+    let c = server.stop().unwrap();
+    assert_eq!((c.http.ok, c.http.not_found, c.http.forbidden), (2, 2, 4));
+}
+
+#[test]
+fn fifty_concurrent_downloads() {
+    let site = Site::new("fifty");
+    let server = start(&site, IoMode::GsoMmsg, 2);
+    let port = server.local_addr().port();
+    let out = TempDir::new("fifty-out");
+    let want = digest(&site.file("sub/inner"));
+    let small = digest(&site.file("small"));
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..50)
+            .map(|i| {
+                let dst = out.path().join(format!("d{i}"));
+                s.spawn(move || {
+                    let name = if i % 2 == 0 { "sub/inner" } else { "small" };
+                    let r = fetch(&format!("https://127.0.0.1:{port}/{name}"), IoMode::GsoMmsg, &dst);
+                    (i, r.status, digest(&std::fs::read(&dst).unwrap()))
+                })
+            })
+            .collect();
+        for h in handles {
+            let (i, status, d) = h.join().expect("download thread");
+            assert_eq!(status, 200);
+            assert_eq!(d, if i % 2 == 0 { want } else { small }, "download {i}");
+        }
+    });
+    let c = server.stop().unwrap();
+    assert_eq!(c.http.ok, 50);
+    assert_eq!(c.quic.connections, 50);
+    assert_eq!(c.quic.dropped_unknown_cid, 0, "a packet reached a shard without its connection");
+}
+
+#[test]
+fn ipv6_loopback() {
+    if std::net::UdpSocket::bind("[::1]:0").is_err() {
+        udpx_lab::netns::record_skip("ipv6_loopback", "no IPv6 loopback (::1) on this machine");
+        return;
+    }
+    let site = Site::new("v6");
+    let mut cfg = udpx_h3::ServeConfig::new("[::1]:0".parse().unwrap());
+    cfg.io = IoMode::GsoMmsg;
+    let server = udpx_h3::serve(&site.root, &cfg).unwrap();
+    let port = server.local_addr().port();
+    let out = TempDir::new("v6-out");
+    let dst = out.path().join("big");
+    let r = fetch(&format!("https://[::1]:{port}/big"), IoMode::Gso, &dst);
+    assert_eq!(r.status, 200);
+    assert_eq!(digest(&std::fs::read(&dst).unwrap()), digest(&site.file("big")));
+    server.stop().unwrap();
+}

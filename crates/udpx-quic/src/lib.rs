@@ -1,0 +1,82 @@
+//! # udpx-quic: the QUIC host on quiche over the udpx datapath
+//!
+//! quiche does QUIC and no I/O: the application feeds it datagrams and asks it for packets.
+//! That is what lets a server choose its system calls, which is the whole point of the
+//! Cloudflare post this crate reproduces: the same HTTP/3 server moved from one `sendmsg` per
+//! packet to `sendmmsg`, to GSO, to GSO with `sendmmsg`, and its CPU per byte fell with each
+//! step. This crate is the host that owns the I/O:
+//!
+//! ```text
+//!  udpx-h3 (HTTP/3: requests, files)         App::on_turn on each connection
+//!  Host (host.rs)                            connections by DCID, timers, send quantum
+//!  Outbox (io.rs)                            packets → GSO runs → Transmits, resumes on EAGAIN
+//!  Server (server.rs)                        one Host per shard of a reuseport group
+//!  cid.rs                                    QUIC-LB connection IDs, the worker byte
+//!  udpx                                      sockets, GSO/GRO, sendmmsg, cBPF steering
+//! ```
+//!
+//! ## I/O modes
+//!
+//! | [`IoMode`] | socket | one call sends | counted in |
+//! | --- | --- | --- | --- |
+//! | `sendmsg` | `SendMode::Sendmsg` | one packet | `send_calls` = packets |
+//! | `sendmmsg` | `SendMode::Sendmmsg` | up to 64 packets, each its own traversal | |
+//! | `gso` | `SendMode::GsoSendmsg` | one run of equal-size packets to one peer | `gso_runs` |
+//! | `gso-mmsg` | `SendMode::GsoSendmmsg` | up to 64 runs | |
+//!
+//! Receive is the same in every mode: `recvmmsg` into 64 KiB buffers with `UDP_GRO` where
+//! available (a buffer then holds a train of datagrams, split before quiche sees them).
+//!
+//! ## What it does not do yet
+//!
+//! - Departure times: quiche's `SendInfo.at` is ignored and every packet goes at once; each
+//!   connection writes at most its `send_quantum()` per loop turn (see [`host`]). SCM_TXTIME
+//!   and the software pacer come with the streaming issue.
+//! - Retry (address validation before state), connection migration to new server IDs, and
+//!   more than the one server connection ID per connection.
+#![forbid(unsafe_code)]
+
+pub mod cid;
+pub mod counters;
+pub mod host;
+pub mod io;
+pub mod server;
+
+use std::fmt;
+use std::net::SocketAddr;
+
+pub use cid::{CidGenerator, ServerCid, CID_LEN, WORKER_BYTE};
+pub use counters::HostCounters;
+pub use host::{App, Host, HostSocket};
+pub use io::IoMode;
+pub use server::{client_socket, socket_config, Server, ServerConfig};
+
+/// What can go wrong in the host.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Error {
+    /// The socket could not be made as asked.
+    Socket(udpx::Error),
+    /// Another process holds the port.
+    AddrInUse(SocketAddr),
+    /// quiche refused (`what` it was asked to do).
+    Quic(&'static str, quiche::Error),
+    /// A system call failed.
+    Io(std::io::Error),
+    /// A setting out of range.
+    Config(String),
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::Socket(e) => write!(f, "{e}"),
+            Error::AddrInUse(a) => write!(f, "{a} is in use by another program: choose another port with --listen"),
+            Error::Quic(what, e) => write!(f, "QUIC {what}: {e}"),
+            Error::Io(e) => write!(f, "{e}"),
+            Error::Config(s) => f.write_str(s),
+        }
+    }
+}
+
+impl std::error::Error for Error {}

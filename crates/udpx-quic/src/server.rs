@@ -1,0 +1,218 @@
+//! One event loop per core: a reuseport shard group steered by the connection ID's worker
+//! byte, one thread per socket, each with its own connections.
+//!
+//! ```text
+//!            ┌─ socket 0 ─ thread 0: Host (its connections, CIDs with worker byte 0)
+//!  port ─────┼─ socket 1 ─ thread 1: Host (worker byte 1)
+//!  cBPF:     └─ socket n-1 …
+//!  dcid[11] % n
+//! ```
+//!
+//! A client's first Initial carries a DCID it chose; the program reads its byte 11 (or, for
+//! a shorter DCID, lets the kernel hash the 4-tuple), and the shard that gets it issues IDs
+//! whose worker byte is its own index, so everything later lands on the same shard.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+use udpx::{ShardGroup, SocketConfig, Steering, UdpSocket, Want};
+
+use crate::cid::WORKER_BYTE;
+use crate::counters::HostCounters;
+use crate::host::{App, Host, HostSocket, SharedCounters};
+use crate::io::IoMode;
+use crate::Error;
+
+/// Socket buffers asked for (the kernel caps them at `net.core.[rw]mem_max` without
+/// privilege).
+const SOCKET_BUFFER: usize = 4 << 20;
+
+/// How a server's sockets are set up.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// Where to listen.
+    pub listen: SocketAddr,
+    /// Event loops (sockets, threads); at most 256 (the worker byte).
+    pub shards: usize,
+    /// How packets leave.
+    pub io: IoMode,
+    /// Receive with UDP_GRO where the kernel has it.
+    pub gro: bool,
+    /// The QUIC-LB host ID in every connection ID.
+    pub host_id: u16,
+}
+
+impl ServerConfig {
+    /// One shard, `gso-mmsg`, GRO on, host 0.
+    pub fn new(listen: SocketAddr) -> ServerConfig {
+        ServerConfig { listen, shards: 1, io: IoMode::GsoMmsg, gro: true, host_id: 0 }
+    }
+}
+
+/// The socket settings of a host socket in `io` mode.
+pub fn socket_config(bind: SocketAddr, io: IoMode, gro: bool) -> SocketConfig {
+    SocketConfig::new(bind)
+        .send_mode(io.send_mode())
+        .gro(if gro { Want::IfAvailable } else { Want::Off })
+        .nonblocking(true)
+        .buffers(SOCKET_BUFFER, SOCKET_BUFFER)
+}
+
+/// A client's socket: an ephemeral port of `peer`'s family.
+pub fn client_socket(peer: SocketAddr, io: IoMode, gro: bool) -> Result<UdpSocket, Error> {
+    let any: SocketAddr = if peer.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" }.parse().expect("literal address");
+    socket_config(any, io, gro).bind().map_err(Error::Socket)
+}
+
+/// A running server: its threads, their stop flag and counters.
+#[derive(Debug)]
+pub struct Server {
+    local: SocketAddr,
+    stop: Arc<AtomicBool>,
+    threads: Vec<JoinHandle<Result<(), Error>>>,
+    counters: Vec<SharedCounters>,
+    #[cfg(feature = "fault-injection")]
+    shards: Vec<udpx::Shard>,
+}
+
+impl Server {
+    /// Binds the shard group and starts one thread per shard. `configs` holds each shard's
+    /// quiche configuration (one per shard: quiche's is not `Clone`); `make_app` makes its
+    /// application (called in the shard's thread).
+    pub fn start<A, M>(cfg: &ServerConfig, configs: Vec<quiche::Config>, make_app: M) -> Result<Server, Error>
+    where
+        A: App + 'static,
+        M: Fn(usize) -> A + Send + Sync + 'static,
+    {
+        if cfg.shards == 0 || cfg.shards > 256 {
+            return Err(Error::Config(format!(
+                "{} shards: give 1 to 256 (the connection ID's worker byte numbers them)",
+                cfg.shards
+            )));
+        }
+        // A reuseport bind joins any group of the same user on the port without complaint;
+        // a plain bind first finds out whether somebody holds it.
+        if cfg.listen.port() != 0 {
+            match std::net::UdpSocket::bind(cfg.listen) {
+                Ok(s) => drop(s),
+                Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => return Err(Error::AddrInUse(cfg.listen)),
+                Err(e) => return Err(Error::Io(e)),
+            }
+        }
+        if configs.len() != cfg.shards {
+            return Err(Error::Config(format!("{} quiche configurations for {} shards", configs.len(), cfg.shards)));
+        }
+        let group = ShardGroup::bind(
+            socket_config(cfg.listen, cfg.io, cfg.gro),
+            cfg.shards,
+            Steering::QuicCid { cid_byte: WORKER_BYTE },
+        )
+        .map_err(|e| match e {
+            udpx::Error::Io { ref source, .. } if source.kind() == std::io::ErrorKind::AddrInUse => {
+                Error::AddrInUse(cfg.listen)
+            }
+            e => Error::Socket(e),
+        })?;
+        let local = group.local_addr();
+        let stop = Arc::new(AtomicBool::new(false));
+        let make_app = Arc::new(make_app);
+        let mut threads = Vec::new();
+        let mut counters = Vec::new();
+        #[cfg(feature = "fault-injection")]
+        let shards = group.shards();
+        for (shard, qc) in group.shards().into_iter().zip(configs) {
+            let (stop, make_app) = (stop.clone(), make_app.clone());
+            let cell: SharedCounters = Arc::new(Mutex::new(HostCounters::default()));
+            counters.push(cell.clone());
+            let host_id = cfg.host_id;
+            let t = std::thread::Builder::new()
+                .name(format!("udpx-quic-{}", shard.index()))
+                .spawn(move || {
+                    let worker = shard.index() as u8;
+                    let app = make_app(shard.index());
+                    let mut host = Host::new(HostSocket::Shard(shard), qc, app, true, host_id, worker);
+                    host.run(&stop, false, Some(&cell))
+                })
+                .map_err(Error::Io)?;
+            threads.push(t);
+        }
+        Ok(Server {
+            local,
+            stop,
+            threads,
+            counters,
+            #[cfg(feature = "fault-injection")]
+            shards,
+        })
+    }
+
+    /// The address it listens on.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local
+    }
+
+    /// A handle that stops the server when set.
+    pub fn stop_flag(&self) -> Arc<AtomicBool> {
+        self.stop.clone()
+    }
+
+    /// The counters summed over shards, as last published (each loop publishes whenever it
+    /// is about to wait).
+    pub fn counters(&self) -> HostCounters {
+        self.counters
+            .iter()
+            .fold(HostCounters::default(), |acc, c| acc.add(&c.lock().unwrap_or_else(|e| e.into_inner())))
+    }
+
+    /// The counters of each shard, in shard order, as last published.
+    pub fn shard_counters(&self) -> Vec<HostCounters> {
+        self.counters
+            .iter()
+            .map(|c| c.lock().unwrap_or_else(|e| e.into_inner()).add(&HostCounters::default()))
+            .collect()
+    }
+
+    /// Queues a send fault on shard `shard`'s socket (test builds, feature `fault-injection`).
+    #[cfg(feature = "fault-injection")]
+    pub fn inject_fault(&self, shard: usize, fault: udpx::Fault) {
+        self.shards[shard].inject_fault(fault);
+    }
+
+    /// Whether every shard thread still runs.
+    pub fn is_running(&self) -> bool {
+        self.threads.iter().all(|t| !t.is_finished())
+    }
+
+    /// Stops the loops, waits for them, returns the final counters (or the first loop's
+    /// error).
+    pub fn stop(mut self) -> Result<HostCounters, Error> {
+        self.stop.store(true, Ordering::Relaxed);
+        let mut first_err = None;
+        for t in self.threads.drain(..) {
+            match t.join() {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    first_err.get_or_insert(e);
+                }
+                Err(_) => {
+                    first_err.get_or_insert(Error::Config("a shard thread panicked".into()));
+                }
+            }
+        }
+        match first_err {
+            Some(e) => Err(e),
+            None => Ok(self.counters()),
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
