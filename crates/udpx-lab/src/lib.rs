@@ -5,6 +5,7 @@
 //!   machine has no hardware counters), pinning, online CPUs.
 //! - [`stats`]: medians of interleaved runs, spreads, paired ratios and the met / missed /
 //!   inconclusive rule.
+//! - [`judge`]: targets judged by that rule ([`judge::Check`]) and how the reports print them.
 //! - [`env`](mod@env): the environment record printed beside every figure (kernel, CPU, qdiscs,
 //!   device features, sysctls).
 //! - [`netns`]: network namespaces and veth pairs, removed on drop (the `udpx-netns` crate,
@@ -15,6 +16,7 @@
 
 pub mod cpu;
 pub mod env;
+pub mod judge;
 pub mod stats;
 
 pub use udpx_netns as netns;
