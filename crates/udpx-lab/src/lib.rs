@@ -12,7 +12,8 @@
 //!   which the datapath library's own tests use directly).
 //!
 //! Tools (echo, stream, h3, lb) depend on this crate and the library, never on each other;
-//! the tables that compare them live in `udpx-bench`, above the tools.
+//! a tool's own table lives in its crate (echo's modes in `udpx_echo::bench`), the main job's
+//! tables in `udpx-bench`.
 
 pub mod cpu;
 pub mod env;

@@ -8,7 +8,7 @@
 //! thread, softirqs: everything the server's CPU did) per million transactions. Each row is its
 //! median run by that cost, reported whole (throughput, latency and losses of the same run),
 //! with the range over runs; targets are judged from per-run ratios as the main job does
-//! ([`crate::stats`]).
+//! ([`udpx_lab::stats`]).
 //!
 //! Over loopback the generator's replies are received in softirq on the CPU that sent them,
 //! the server's: their receive work is charged to the server. The veth path (as root, the
@@ -18,14 +18,14 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use crate::cpu::{online_cpus, pin_current_thread, CpuSample, TickRate};
-use crate::report::{self, Check};
-use crate::stats::{median_run, paired_ratios, Spread, Verdict};
 use serde::Serialize;
+use udpx_lab::cpu::{online_cpus, pin_current_thread, CpuSample, TickRate};
+use udpx_lab::judge::{checks_text, verdict_rule, Check};
 use udpx_lab::netns::{Profile, Side, TestNet, TestNetConfig};
+use udpx_lab::stats::{median_run, paired_ratios, Spread, Verdict};
 
-use udpx_echo::load::{self, LoadConfig, LoadResult};
-use udpx_echo::server::{self, Mode, ServeConfig, ShardStats};
+use crate::load::{self, LoadConfig, LoadResult};
+use crate::server::{self, Mode, ServeConfig, ShardStats};
 
 /// Bench settings.
 #[derive(Debug, Clone, Serialize)]
@@ -376,7 +376,7 @@ pub fn table(rows: &[EchoRow]) -> String {
     let judged = judge(rows);
     if !judged.is_empty() {
         let passes = rows.iter().map(|r| r.runs.len()).max().unwrap_or(0);
-        let _ = write!(s, "\n{}\n{}", report::verdict_rule(passes), report::checks_text(&judged));
+        let _ = write!(s, "\n{}\n{}", verdict_rule(passes), checks_text(&judged));
     }
     s
 }
