@@ -301,12 +301,7 @@ fn sockperf_row(
 /// `±x%` of `v`: the larger distance to the smallest or largest of `all`; `-` if unknown.
 fn pm(v: f64, all: impl Iterator<Item = f64>) -> String {
     let s = Spread::of(&all.collect::<Vec<_>>());
-    let d = (s.max - v).max(v - s.min) / v * 100.0;
-    if d.is_finite() && v > 0.0 {
-        format!("±{d:.0}%")
-    } else {
-        "-".into()
-    }
+    udpx_lab::judge::pm(v, s.min, s.max)
 }
 
 /// The table as text, with ratios against `naive` (each row its median run; `lost` is that
@@ -450,6 +445,9 @@ mod tests {
         let decided = checks(&rows);
         assert_eq!(decided.len(), 1, "inconclusive targets are not reported as met or missed");
         assert!(!decided[0].3);
-        assert!(table(&rows).contains("[inconclusive]"));
+        let t = table(&rows);
+        assert!(t.contains("[inconclusive]"));
+        // naive's cost: median run 3.5, runs 3.4-3.6.
+        assert!(t.contains("3.50   ±3%"), "{t}");
     }
 }
