@@ -4,49 +4,11 @@
 
 use std::fmt::Write as _;
 
-use serde::Serialize;
-
 use crate::matrix::{Figures, LeftOut, ProfileResult, RowResult};
-use crate::stats::{minmax_coverage, paired_ratios, verdict, Spread, Verdict, MIN_RUNS_FOR_VERDICT};
-
-/// A target from the issues, judged from the per-run ratios ([`crate::stats`]).
-#[derive(Debug, Clone, Serialize)]
-pub struct Check {
-    /// Which profile.
-    pub profile: String,
-    /// What is compared.
-    pub what: String,
-    /// Median of the per-run ratios.
-    pub ratio: f64,
-    /// Smallest per-run ratio.
-    pub min: f64,
-    /// Largest per-run ratio.
-    pub max: f64,
-    /// The per-run ratios (run *i* of one row over run *i* of the other), in pass order.
-    pub ratios: Vec<f64>,
-    /// The target the ratio must meet (`≤` target).
-    pub at_most: f64,
-    /// Met, missed or inconclusive.
-    pub verdict: Verdict,
-}
-
-impl Check {
-    /// Judges `a / b <= at_most` from per-pass figures (`None` where a pass failed).
-    pub fn judge(profile: &str, what: &str, a: &[Option<f64>], b: &[Option<f64>], at_most: f64) -> Option<Check> {
-        let ratios = paired_ratios(a, b);
-        let s = Spread::of(&ratios);
-        (s.n > 0).then(|| Check {
-            profile: profile.to_string(),
-            what: what.to_string(),
-            ratio: s.median,
-            min: s.min,
-            max: s.max,
-            verdict: verdict(&ratios, at_most),
-            ratios,
-            at_most,
-        })
-    }
-}
+use crate::stats::{paired_ratios, Spread};
+use udpx_lab::judge::pm;
+// The judged targets and how they print: the lab's, under the paths the reports have always used.
+pub use udpx_lab::judge::{checks_text, verdict_rule, Check};
 
 /// The ratios the issues ask for: cost per delivered byte, both CPUs; and the sender's own
 /// cost per byte sent (the paper's Figure 1), for zerocopy and, on `software`, for GSO.
@@ -111,18 +73,6 @@ pub fn checks(p: &ProfileResult) -> Vec<Check> {
     wanted.into_iter().filter_map(|(what, a, b, at_most)| Check::judge(&p.profile, what, &a, &b, at_most)).collect()
 }
 
-/// How the targets are judged, for the reports (one paragraph).
-pub fn verdict_rule(passes: usize) -> String {
-    format!(
-        "Each ratio is taken per run (run i of one row over run i of the other: they ran side by side in the same \
-         pass); the figure is the median of those ratios and [min-max] their range, which covers the median ratio \
-         with probability 1 - 2^(1-n) for n runs ({:.0} % for the {passes} runs here). A target is met when the whole \
-         range is at or below it, MISSED when all of it is above, and inconclusive when the range straddles it or \
-         fewer than {MIN_RUNS_FOR_VERDICT} runs paired up.",
-        minmax_coverage(passes) * 100.0
-    )
-}
-
 fn si(x: f64) -> String {
     if !x.is_finite() {
         "-".into()
@@ -138,17 +88,6 @@ fn si(x: f64) -> String {
 fn num(x: f64, prec: usize) -> String {
     if x.is_finite() {
         format!("{x:.prec$}")
-    } else {
-        "-".into()
-    }
-}
-
-/// `±x%`: the larger distance from the reported value `v` (the median run's) to the smallest
-/// or largest over the runs, in percent of `v`; `-` when it cannot be said.
-fn pm(v: f64, lo: f64, hi: f64) -> String {
-    let d = (hi - v).max(v - lo) / v * 100.0;
-    if d.is_finite() && v > 0.0 {
-        format!("±{d:.0}%")
     } else {
         "-".into()
     }
@@ -356,27 +295,6 @@ pub fn steal_note(profiles: &[ProfileResult]) -> Option<String> {
     ))
 }
 
-/// Checks as text lines: verdict, profile, what, median ratio, [min-max], runs, target.
-pub fn checks_text(cs: &[Check]) -> String {
-    let mut s = String::new();
-    for c in cs {
-        let _ = writeln!(
-            s,
-            "  {:<14} {:<8} {:<56} {:>6.3} [{:.3}-{:.3}, {} runs, {}] (target <= {:.3})",
-            format!("[{}]", c.verdict),
-            c.profile,
-            c.what,
-            c.ratio,
-            c.min,
-            c.max,
-            c.ratios.len(),
-            pm(c.ratio, c.min, c.max),
-            c.at_most
-        );
-    }
-    s
-}
-
 /// An SVG bar chart: CPU-s per delivered GB for every row, one bar per profile.
 pub fn svg_chart(profiles: &[ProfileResult]) -> String {
     let colors = ["#3b6ea5", "#d08c2e", "#5a9e5a"];
@@ -486,6 +404,7 @@ mod tests {
     use super::*;
     use crate::matrix::{default_rows, RowResult};
     use crate::run::Measurement;
+    use crate::stats::Verdict;
 
     /// A profile whose rows cost these CPU-s per GB in each pass (both CPUs and the sender's
     /// alike); `f64::NAN` for a pass that failed.

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Args, Subcommand, ValueEnum};
-use udpx_bench::echo::{self as echo_bench, EchoBenchConfig};
+use udpx_echo::bench::{self as echo_bench, EchoBenchConfig};
 use udpx_echo::load::{self, LoadConfig};
 use udpx_echo::server::{self, Mode, ServeConfig};
 

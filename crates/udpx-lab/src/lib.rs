@@ -5,16 +5,19 @@
 //!   machine has no hardware counters), pinning, online CPUs.
 //! - [`stats`]: medians of interleaved runs, spreads, paired ratios and the met / missed /
 //!   inconclusive rule.
+//! - [`judge`]: targets judged by that rule ([`judge::Check`]) and how the reports print them.
 //! - [`env`](mod@env): the environment record printed beside every figure (kernel, CPU, qdiscs,
 //!   device features, sysctls).
 //! - [`netns`]: network namespaces and veth pairs, removed on drop (the `udpx-netns` crate,
 //!   which the datapath library's own tests use directly).
 //!
 //! Tools (echo, stream, h3, lb) depend on this crate and the library, never on each other;
-//! the tables that compare them live in `udpx-bench`, above the tools.
+//! a tool's own table lives in its crate (echo's modes in `udpx_echo::bench`), the main job's
+//! tables in `udpx-bench`.
 
 pub mod cpu;
 pub mod env;
+pub mod judge;
 pub mod stats;
 
 pub use udpx_netns as netns;

@@ -8,7 +8,7 @@
 //! thread, softirqs: everything the server's CPU did) per million transactions. Each row is its
 //! median run by that cost, reported whole (throughput, latency and losses of the same run),
 //! with the range over runs; targets are judged from per-run ratios as the main job does
-//! ([`crate::stats`]).
+//! ([`udpx_lab::stats`]).
 //!
 //! Over loopback the generator's replies are received in softirq on the CPU that sent them,
 //! the server's: their receive work is charged to the server. The veth path (as root, the
@@ -18,14 +18,14 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use crate::cpu::{online_cpus, pin_current_thread, CpuSample, TickRate};
-use crate::report::{self, Check};
-use crate::stats::{median_run, paired_ratios, Spread, Verdict};
 use serde::Serialize;
+use udpx_lab::cpu::{online_cpus, pin_current_thread, CpuSample, TickRate};
+use udpx_lab::judge::{checks_text, verdict_rule, Check};
 use udpx_lab::netns::{Profile, Side, TestNet, TestNetConfig};
+use udpx_lab::stats::{median_run, paired_ratios, Spread, Verdict};
 
-use udpx_echo::load::{self, LoadConfig, LoadResult};
-use udpx_echo::server::{self, Mode, ServeConfig, ShardStats};
+use crate::load::{self, LoadConfig, LoadResult};
+use crate::server::{self, Mode, ServeConfig, ShardStats};
 
 /// Bench settings.
 #[derive(Debug, Clone, Serialize)]
@@ -301,12 +301,7 @@ fn sockperf_row(
 /// `±x%` of `v`: the larger distance to the smallest or largest of `all`; `-` if unknown.
 fn pm(v: f64, all: impl Iterator<Item = f64>) -> String {
     let s = Spread::of(&all.collect::<Vec<_>>());
-    let d = (s.max - v).max(v - s.min) / v * 100.0;
-    if d.is_finite() && v > 0.0 {
-        format!("±{d:.0}%")
-    } else {
-        "-".into()
-    }
+    udpx_lab::judge::pm(v, s.min, s.max)
 }
 
 /// The table as text, with ratios against `naive` (each row its median run; `lost` is that
@@ -376,7 +371,7 @@ pub fn table(rows: &[EchoRow]) -> String {
     let judged = judge(rows);
     if !judged.is_empty() {
         let passes = rows.iter().map(|r| r.runs.len()).max().unwrap_or(0);
-        let _ = write!(s, "\n{}\n{}", report::verdict_rule(passes), report::checks_text(&judged));
+        let _ = write!(s, "\n{}\n{}", verdict_rule(passes), checks_text(&judged));
     }
     s
 }
@@ -450,6 +445,9 @@ mod tests {
         let decided = checks(&rows);
         assert_eq!(decided.len(), 1, "inconclusive targets are not reported as met or missed");
         assert!(!decided[0].3);
-        assert!(table(&rows).contains("[inconclusive]"));
+        let t = table(&rows);
+        assert!(t.contains("[inconclusive]"));
+        // naive's cost: median run 3.5, runs 3.4-3.6.
+        assert!(t.contains("3.50   ±3%"), "{t}");
     }
 }
