@@ -9,8 +9,8 @@ use clap::{Args, Parser, Subcommand};
 
 mod bench;
 mod echo;
-mod stream;
 mod h3;
+mod stream;
 
 #[derive(Parser, Debug)]
 #[command(name = "udpx", version, about = "UDP at the cost per byte of TCP: bench, probe and tools")]

@@ -15,7 +15,7 @@
 //! run's (by loss), and the relative columns are medians of per-round ratios to the 1 ms row
 //! of the same round, judged as `udpx bench` judges (met only when every round agrees).
 //!
-//! CPU is the server threads' own (getrusage per thread: the send system calls and the
+//! The pacer threads run under SCHED_FIFO (priority 10) in every row. CPU is the server threads' own (getrusage per thread: the send system calls and the
 //! segmentation they do inline), not the router's or the receiver's. Loss is exact: each flow's
 //! End message says how many the server sent. tbf drops a GSO buffer's segments silently while
 //! the send reports success, so only the receiver can count that loss.
@@ -280,6 +280,9 @@ pub(crate) fn run_between(
     let mut serve = ServeConfig::new(SocketAddr::new(server.1, 0));
     serve.pacing = crate::PacingChoice::Wheel;
     serve.smoothing_pct = smoothing_pct;
+    // The bench runs as root: the pacer gets SCHED_FIFO, so the rows differ by their bursts,
+    // not by how often the scheduler happened to wake the pacer late.
+    serve.realtime = Some(10);
     let srv = server.0.try_run(move || Server::start(serve)).map_err(ns_err)??;
     recv.server = srv.local_addr();
     recv.local = vec![client.1];

@@ -187,6 +187,7 @@ pub fn text(cfg: &RecvConfig, path: &str, server: Option<&ServerReport>, r: &Rec
     );
     if let Some(sv) = server {
         let t = &sv.total;
+        row(&mut o, "pacer threads", t.realtime.clone());
         row(&mut o, "server CPU", format!("{:.2} s, {:.2} us per datagram", t.cpu_s, sv.cpu_per_datagram_ns() / 1e3));
         let per_call = if t.send_calls > 0 { t.datagrams as f64 / t.send_calls as f64 } else { 0.0 };
         row(
