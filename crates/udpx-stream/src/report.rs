@@ -260,28 +260,46 @@ pub fn svg(t: &Tally, title: &str) -> String {
         2.0 * h + 60.0
     );
     let _ = writeln!(o, r#"<text x="10" y="18" font-size="13">{}</text>"#, escape(title));
-    // Departure error CDF.
-    let cdf = t.departure_cdf(200);
-    let xmax = cdf.last().map_or(1.0, |p| p.0).max(1.0);
+    // Departure error CDF, on a log scale from 10 us: the body (a slot) and the tail (late
+    // wakes, milliseconds) both show.
+    let cdf = t.departure_cdf(400);
+    let lo = 10_000f64.ln();
+    let hi = cdf.last().map_or(1e6, |p| p.0).max(1e6).ln();
+    let x_of = |ns: f64| ((ns.max(10_000.0).ln() - lo) / (hi - lo)).clamp(0.0, 1.0);
     let top = Panel { top: 30.0, w, h };
-    top.frame(&mut o, "departure error (us), share of datagrams at or below", xmax / 1e3, 1.0);
-    let pts: Vec<(f64, f64)> = cdf.iter().map(|&(x, q)| (x / xmax, q)).collect();
+    top.frame(&mut o, "departure error (log scale), share of datagrams at or below", "", 1.0);
+    for (ns, label) in
+        [(1e4f64, "10 us"), (1e5, "100 us"), (1e6, "1 ms"), (1e7, "10 ms"), (1e8, "100 ms"), (1e9, "1 s")]
+    {
+        if ns.ln() <= hi + 1e-9 {
+            top.x_tick(&mut o, x_of(ns), label);
+        }
+    }
+    let pts: Vec<(f64, f64)> = cdf.iter().map(|&(x, q)| (x_of(x), q)).collect();
     top.polyline(&mut o, &pts, "#3b6ea5");
-    // 1 ms bins.
+    // 1 ms bins: per pixel column the mean (dark) and the largest (light) bin, and the run's
+    // mean (dashed).
     let bins = t.bins();
     let ymax = bins.iter().copied().fold(0.0, f64::max).max(1.0);
     let secs = bins.len() as f64 / 1e3;
     let bottom = Panel { top: 40.0 + h, w, h };
-    bottom.frame(&mut o, "aggregate send rate per 1 ms (MB/s) over time (s)", secs, ymax / 1e6);
-    let n = bins.len().max(2) as f64;
-    // At most ~2000 points: the max of each group, so peaks stay visible.
-    let group = (bins.len() / 2000).max(1);
-    let pts: Vec<(f64, f64)> = bins
-        .chunks(group)
-        .enumerate()
-        .map(|(i, c)| ((i * group) as f64 / (n - 1.0), c.iter().copied().fold(0.0, f64::max) / ymax))
-        .collect();
-    bottom.polyline(&mut o, &pts, "#d08c2e");
+    bottom.frame(
+        &mut o,
+        &format!("aggregate send rate per 1 ms bin (MB/s) over {secs:.0} s: mean per column, largest (light)"),
+        &format!("{secs:.0} s"),
+        ymax / 1e6,
+    );
+    let group = (bins.len() / 700).max(1);
+    let n = bins.len().div_ceil(group).max(2) as f64;
+    let col = |f: fn(&[f64]) -> f64| -> Vec<(f64, f64)> {
+        bins.chunks(group).enumerate().map(|(i, c)| (i as f64 / (n - 1.0), f(c) / ymax)).collect()
+    };
+    bottom.polyline(&mut o, &col(|c| c.iter().copied().fold(0.0, f64::max)), "#e9c48f");
+    bottom.polyline(&mut o, &col(|c| c.iter().sum::<f64>() / c.len() as f64), "#b06a10");
+    if !bins.is_empty() {
+        let mean = bins.iter().sum::<f64>() / bins.len() as f64 / ymax;
+        bottom.hline(&mut o, mean, &format!("mean {:.1}", mean * ymax / 1e6));
+    }
     o.push_str("</svg>\n");
     o
 }
@@ -301,7 +319,7 @@ impl Panel {
         (Self::PAD, self.top + 20.0, self.w - 20.0, self.top + self.h - 20.0)
     }
 
-    fn frame(&self, o: &mut String, label: &str, xmax: f64, ymax: f64) {
+    fn frame(&self, o: &mut String, label: &str, xmax: &str, ymax: f64) {
         let (x0, y0, x1, y1) = self.area();
         let _ = writeln!(
             o,
@@ -310,9 +328,28 @@ impl Panel {
             y1 - y0
         );
         let _ = writeln!(o, r#"<text x="{x0}" y="{}">{}</text>"#, y0 - 5.0, escape(label));
-        let _ = writeln!(o, r#"<text x="{}" y="{}" text-anchor="end">{ymax:.3}</text>"#, x0 - 4.0, y0 + 8.0);
+        let _ = writeln!(o, r#"<text x="{}" y="{}" text-anchor="end">{ymax:.2}</text>"#, x0 - 4.0, y0 + 8.0);
         let _ = writeln!(o, r#"<text x="{}" y="{y1}" text-anchor="end">0</text>"#, x0 - 4.0);
-        let _ = writeln!(o, r#"<text x="{x1}" y="{}" text-anchor="end">{xmax:.3}</text>"#, y1 + 14.0);
+        let _ = writeln!(o, r#"<text x="{x1}" y="{}" text-anchor="end">{}</text>"#, y1 + 14.0, escape(xmax));
+    }
+
+    /// A tick on the x axis at `x` (0..=1).
+    fn x_tick(&self, o: &mut String, x: f64, label: &str) {
+        let (x0, y0, x1, y1) = self.area();
+        let px = x0 + x * (x1 - x0);
+        let _ = writeln!(o, r##"<line x1="{px:.1}" y1="{y0}" x2="{px:.1}" y2="{y1}" stroke="#ddd"/>"##);
+        let _ = writeln!(o, r#"<text x="{px:.1}" y="{}" text-anchor="middle">{label}</text>"#, y1 + 14.0);
+    }
+
+    /// A dashed horizontal line at `y` (0..=1) with a label.
+    fn hline(&self, o: &mut String, y: f64, label: &str) {
+        let (x0, y0, x1, y1) = self.area();
+        let py = y1 - y * (y1 - y0);
+        let _ = writeln!(
+            o,
+            r##"<line x1="{x0}" y1="{py:.1}" x2="{x1}" y2="{py:.1}" stroke="#555" stroke-dasharray="4 3"/>"##
+        );
+        let _ = writeln!(o, r#"<text x="{}" y="{:.1}" text-anchor="end">{}</text>"#, x1 - 4.0, py - 4.0, escape(label));
     }
 
     /// Points in 0..=1 on both axes.
@@ -346,7 +383,7 @@ mod tests {
         let svg = svg(&t, "a <test>");
         assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
         assert!(svg.contains("a &lt;test&gt;"));
-        assert_eq!(svg.matches("<polyline").count(), 2);
+        assert_eq!(svg.matches("<polyline").count(), 3, "the CDF, the bins' mean and largest");
         let cs = checks(&t.summary(), None, Duration::from_micros(250));
         assert_eq!(cs[0].met, Some(true), "100 us <= 175 us: {:?}", cs[0]);
         assert_eq!(cs[3].met, Some(true), "a steady 1 MB/s: {:?}", cs[3]);
