@@ -58,6 +58,9 @@ pub struct HostCounters {
     pub dropped_truncated: u64,
     /// Version negotiation packets sent.
     pub version_negotiations: u64,
+    /// Packets held back until their departure time (`SendInfo.at` more than the pacing
+    /// slack ahead): the host's pacer at work.
+    pub paced_holds: u64,
     /// Connection attempts quiche refused at accept.
     pub accept_errors: u64,
     /// ICMP errors about datagrams sent (the socket's count; port unreachable, ...).
@@ -93,6 +96,7 @@ impl HostCounters {
             dropped_by_quic: self.dropped_by_quic + o.dropped_by_quic,
             dropped_truncated: self.dropped_truncated + o.dropped_truncated,
             version_negotiations: self.version_negotiations + o.version_negotiations,
+            paced_holds: self.paced_holds + o.paced_holds,
             accept_errors: self.accept_errors + o.accept_errors,
             icmp_errors: self.icmp_errors + o.icmp_errors,
         };

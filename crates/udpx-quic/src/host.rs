@@ -9,10 +9,18 @@
 //!    ─► each connection writes up to its send_quantum() into the outbox ─► flush ─► reap closed
 //! ```
 //!
-//! Departure times: quiche stamps every packet with `SendInfo.at`, meant for `SO_TXTIME` or a
-//! pacer. This host sends every packet at once and ignores `at` (the pacer lands with the
-//! streaming issue); what keeps bursts in check meanwhile is that each connection writes at
-//! most its `send_quantum()` per turn, and acknowledgements are read between turns.
+//! Departure times: quiche's pacer stamps every packet with `SendInfo.at`. Where the egress
+//! qdisc honours `SCM_TXTIME` (fq: [`udpx::qdisc`]), each transmit carries its first packet's
+//! time and the kernel holds it ([`Pacing::Kernel`]; one departure per GSO run, so a run is one
+//! burst, as in the Cloudflare post). Elsewhere (this machine: no fq) the host paces itself
+//! ([`Pacing::Hold`]): a packet whose `at` is more than [`PACING_SLACK`] ahead is held, its
+//! connection produces nothing more until then, and the loop sleeps (ppoll, ns resolution) to
+//! the earliest held time. quiche's own pacer (BBRv2, `Bbr2Gcongestion`) mostly paces by
+//! returning `Done` until the next release time and arming the connection's timer for it,
+//! with `at` at most tens of microseconds ahead: so the loop waits with `ppoll` at nanosecond
+//! resolution (a millisecond `poll` would round every release up to 1 ms). Besides, each
+//! connection writes at most its `send_quantum()` per turn, and acknowledgements are read
+//! between turns.
 //!
 //! No Retry: an Initial from an unknown address makes a connection at once (address
 //! validation by Retry tokens is future work); the 3x amplification limit quiche enforces
@@ -26,7 +34,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use nix::poll::{PollFd, PollFlags, PollTimeout};
+use nix::poll::{PollFd, PollFlags};
 use udpx::{RecvBuffers, Shard, UdpSocket};
 
 use crate::cid::{CidGenerator, CID_LEN};
@@ -39,6 +47,29 @@ const STOP_CHECK: Duration = Duration::from_millis(50);
 /// Least time between two counter publications of a loop (each sums every connection's
 /// quiche statistics).
 const PUBLISH_EVERY: Duration = Duration::from_millis(100);
+/// A packet due within this much of now leaves now (less is below what a wake-up can hit).
+pub const PACING_SLACK: Duration = Duration::from_micros(200);
+
+/// Who holds packets to their departure time (`SendInfo.at`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pacing {
+    /// Nobody: every packet leaves at once.
+    Off,
+    /// The host: packets due later are held and sent at their time.
+    Hold,
+    /// The qdisc (fq): each transmit carries its departure time (`SCM_TXTIME`, the socket
+    /// needs `SO_TXTIME`).
+    Kernel,
+}
+
+/// A packet held until its departure time.
+struct Held {
+    at: Instant,
+    conn: usize,
+    to: SocketAddr,
+    bytes: Vec<u8>,
+}
+
 /// Receive calls per turn at most, so that sending is never starved by a flood.
 const RECV_CALLS_PER_TURN: usize = 16;
 /// Receive buffers per call.
@@ -98,6 +129,8 @@ struct Entry<S> {
     conn: quiche::Connection,
     state: S,
     keys: Vec<CidKey>,
+    /// A packet of this connection is held until then: produce nothing more before.
+    hold_until: Option<Instant>,
 }
 
 /// One event loop over one socket (see the module docs).
@@ -118,6 +151,10 @@ pub struct Host<A: App> {
     next_first: usize,
     /// The socket's `icmp_errors` when last looked at.
     icmp_seen: u64,
+    pacing: Pacing,
+    held: Vec<Held>,
+    /// `Instant` and `CLOCK_MONOTONIC` read together, to turn `SendInfo.at` into a departure.
+    anchor: (Instant, udpx::Timestamp),
 }
 
 impl<A: App> std::fmt::Debug for Host<A> {
@@ -148,7 +185,21 @@ impl<A: App> Host<A> {
             counters: HostCounters::default(),
             next_first: 0,
             icmp_seen: 0,
+            pacing: Pacing::Hold,
+            held: Vec::new(),
+            anchor: (Instant::now(), udpx::Timestamp::now()),
         }
+    }
+
+    /// Sets who paces (default [`Pacing::Hold`]). [`Pacing::Kernel`] needs a socket with
+    /// `SO_TXTIME` and an fq egress qdisc to mean anything; see [`pacing_for`].
+    pub fn set_pacing(&mut self, p: Pacing) {
+        self.pacing = p;
+    }
+
+    /// Who paces.
+    pub fn pacing(&self) -> Pacing {
+        self.pacing
     }
 
     /// The socket's address.
@@ -195,7 +246,7 @@ impl<A: App> Host<A> {
         for k in keys {
             self.by_cid.insert(*k, idx);
         }
-        self.conns[idx] = Some(Entry { conn, state, keys: keys.to_vec() });
+        self.conns[idx] = Some(Entry { conn, state, keys: keys.to_vec(), hold_until: None });
         idx
     }
 
@@ -264,6 +315,9 @@ impl<A: App> Host<A> {
                 timeout = timeout.min(t.saturating_duration_since(now));
             }
         }
+        for h in &self.held {
+            timeout = timeout.min(h.at.saturating_duration_since(now + PACING_SLACK));
+        }
         let mut flags = PollFlags::POLLIN;
         match self.blocked {
             Some(Flush::WouldBlock) => flags |= PollFlags::POLLOUT,
@@ -273,9 +327,9 @@ impl<A: App> Host<A> {
         if timeout.is_zero() {
             return Ok(());
         }
-        let ms = timeout.as_millis().clamp(1, u16::MAX as u128) as u16;
+        // ppoll: a held packet may be due in a few hundred microseconds.
         let mut fds = [PollFd::new(self.socket.as_fd(), flags)];
-        let err = match nix::poll::poll(&mut fds, PollTimeout::from(ms)) {
+        let err = match nix::poll::ppoll(&mut fds, Some(nix::sys::time::TimeSpec::from_duration(timeout)), None) {
             Ok(_) => fds[0].revents().is_some_and(|r| r.contains(PollFlags::POLLERR)),
             Err(nix::errno::Errno::EINTR) => false,
             Err(e) => return Err(Error::Io(e.into())),
@@ -465,6 +519,8 @@ impl<A: App> Host<A> {
         }
         self.blocked = None;
         let mut produced = 0;
+        let now = Instant::now();
+        self.release_held(now);
         let n = self.conns.len();
         if n == 0 {
             return 0;
@@ -473,6 +529,9 @@ impl<A: App> Host<A> {
         for k in 0..n {
             let idx = (self.next_first + k) % n;
             let Some(e) = self.conns[idx].as_mut() else { continue };
+            if e.hold_until.is_some() {
+                continue; // a packet of it waits for its time
+            }
             let max = e.conn.max_send_udp_payload_size();
             let mut budget = e.conn.send_quantum().max(max);
             while budget > 0 {
@@ -489,11 +548,21 @@ impl<A: App> Host<A> {
                 };
                 match e.conn.send(space) {
                     Ok((len, info)) => {
-                        self.out.commit(idx, info.to, len);
                         self.counters.packets_sent += 1;
                         self.counters.bytes_sent += len as u64;
                         produced += 1;
                         budget = budget.saturating_sub(len);
+                        if self.pacing == Pacing::Hold && info.at > now + PACING_SLACK {
+                            // Not yet: keep it (the only copy made), and the connection's
+                            // later packets behind it.
+                            let bytes = space[..len].to_vec();
+                            self.held.push(Held { at: info.at, conn: idx, to: info.to, bytes });
+                            e.hold_until = Some(info.at);
+                            self.counters.paced_holds += 1;
+                            break;
+                        }
+                        let departure = (self.pacing == Pacing::Kernel).then(|| departure(self.anchor, info.at));
+                        self.out.commit(idx, info.to, len, departure);
                     }
                     Err(quiche::Error::Done) => break,
                     Err(err) => {
@@ -509,6 +578,29 @@ impl<A: App> Host<A> {
             self.blocked = Some(f);
         }
         produced
+    }
+
+    /// Moves the held packets now due into the outbox, each connection's in order, and lets
+    /// their connections produce again.
+    fn release_held(&mut self, now: Instant) {
+        if self.held.is_empty() {
+            return;
+        }
+        let mut i = 0;
+        while i < self.held.len() {
+            if self.held[i].at > now + PACING_SLACK {
+                i += 1;
+                continue;
+            }
+            let len = self.held[i].bytes.len();
+            let Some(space) = self.out.space(len) else { break };
+            let h = self.held.swap_remove(i);
+            space[..len].copy_from_slice(&h.bytes);
+            self.out.commit(h.conn, h.to, len, None);
+            if let Some(e) = self.conns.get_mut(h.conn).and_then(Option::as_mut) {
+                e.hold_until = None;
+            }
+        }
     }
 
     fn reap(&mut self) {
@@ -535,10 +627,49 @@ impl<A: App> Host<A> {
         for k in &e.keys {
             self.by_cid.remove(k);
         }
+        // A closed connection's held packet goes nowhere (its slot may be reused).
+        self.held.retain(|h| h.conn != idx);
         self.free.push(idx);
         Some(e)
     }
 }
 
+/// `SendInfo.at` as a departure on `CLOCK_MONOTONIC`, through an (`Instant`, `Timestamp`)
+/// pair read together.
+fn departure(anchor: (Instant, udpx::Timestamp), at: Instant) -> udpx::Timestamp {
+    match at.checked_duration_since(anchor.0) {
+        Some(d) => anchor.1 + d,
+        None => anchor.1, // before the anchor: due already
+    }
+}
+
+/// Who should pace traffic to `peer` from this namespace: the kernel where the route's egress
+/// qdisc honours departure times on `CLOCK_MONOTONIC` (fq), else the host.
+pub fn pacing_for(peer: std::net::IpAddr) -> Pacing {
+    match udpx::qdisc::egress(peer) {
+        Ok(e) if e.pacing == udpx::qdisc::KernelPacing::Fq => Pacing::Kernel,
+        _ => Pacing::Hold,
+    }
+}
+
 /// A counters cell a running host publishes into.
 pub type SharedCounters = Arc<Mutex<HostCounters>>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn departure_times_follow_the_anchor() {
+        let anchor = (Instant::now(), udpx::Timestamp::from_nanos(1_000_000_000));
+        let later = anchor.0 + Duration::from_micros(300);
+        assert_eq!(departure(anchor, later).as_nanos(), 1_000_300_000);
+        let earlier = anchor.0.checked_sub(Duration::from_millis(1)).unwrap_or(anchor.0);
+        assert_eq!(departure(anchor, earlier).as_nanos(), 1_000_000_000, "due already: the anchor");
+    }
+
+    #[test]
+    fn loopback_is_paced_by_the_host() {
+        assert_eq!(pacing_for("127.0.0.1".parse().unwrap()), Pacing::Hold, "lo's noqueue ignores SO_TXTIME");
+    }
+}

@@ -100,6 +100,8 @@ pub(crate) struct Run {
     pub packets: usize,
     /// A shorter packet ended it.
     pub closed: bool,
+    /// Departure time of the run's first packet (kernel pacing): the run leaves as one burst.
+    pub departure: Option<udpx::Timestamp>,
 }
 
 /// Packets waiting to be sent, grouped into runs (see the module docs).
@@ -143,7 +145,7 @@ impl Outbox {
 
     /// Appends the `len`-byte packet of connection `conn` just written into
     /// [`Outbox::space`], for `to`.
-    pub fn commit(&mut self, conn: usize, to: SocketAddr, len: usize) {
+    pub fn commit(&mut self, conn: usize, to: SocketAddr, len: usize, departure: Option<udpx::Timestamp>) {
         let start = self.end();
         if let Some(r) = self.runs.last_mut() {
             let fits = r.to == to
@@ -160,7 +162,7 @@ impl Outbox {
                 return;
             }
         }
-        self.runs.push(Run { to, conn, start, len, seg: len, packets: 1, closed: false });
+        self.runs.push(Run { to, conn, start, len, seg: len, packets: 1, closed: false, departure });
     }
 
     #[cfg(test)]
@@ -177,7 +179,8 @@ impl Outbox {
                 .runs
                 .iter()
                 .map(|r| {
-                    let t = Transmit::new(r.to, &self.buf[r.start..r.start + r.len]);
+                    let mut t = Transmit::new(r.to, &self.buf[r.start..r.start + r.len]);
+                    t.departure = r.departure;
                     if r.packets > 1 {
                         t.segmented(r.seg)
                     } else {
@@ -226,7 +229,7 @@ mod tests {
 
     fn push(o: &mut Outbox, to: SocketAddr, len: usize) {
         o.space(len).unwrap();
-        o.commit(0, to, len);
+        o.commit(0, to, len, None);
     }
 
     #[test]
@@ -266,7 +269,7 @@ mod tests {
         let mut o = Outbox::new();
         let mut n = 0;
         while o.space(1500).is_some() {
-            o.commit(0, a, 1500);
+            o.commit(0, a, 1500, None);
             n += 1;
         }
         assert_eq!(n, OUTBOX_BYTES / 1500);

@@ -47,7 +47,7 @@ use std::net::SocketAddr;
 
 pub use cid::{CidGenerator, ServerCid, CID_LEN, WORKER_BYTE};
 pub use counters::HostCounters;
-pub use host::{App, Host, HostSocket};
+pub use host::{pacing_for, App, Host, HostSocket, Pacing, PACING_SLACK};
 pub use io::IoMode;
 pub use server::{client_socket, socket_config, Server, ServerConfig};
 
