@@ -2,7 +2,8 @@
 # The whole test suite, as CI runs it (.ci/run calls exactly this):
 #   setup (Debian packages the tests and bench need), format check, clippy with warnings as
 #   errors, docs without broken links, micro benchmarks compiled, then every test of the
-#   workspace with the test-only fault-injection seam enabled, a check that the tests left no
+#   workspace with the test-only fault-injection seam enabled (the send-path suites a second
+#   time through the io_uring backend), a check that the tests left no
 #   process running, and every fuzz target for FUZZ_SECS seconds (default 20; scripts/fuzz.sh).
 # Tests that need something this machine lacks (root, a kernel feature) print `SKIP: <why>`
 # and append a line to $UDPX_SKIP_LOG; the summary counts them as skipped, not passed.
@@ -50,7 +51,18 @@ set +e
   echo "== tests that run alone"
   UDPX_TEST_RUN="$run_id" cargo test -p udpx --all-features --test veth_alone -- --ignored --test-threads=1
   alone_status=$?
-  [ "$main_status" -eq 0 ] && [ "$alone_status" -eq 0 ]
+  # The send-path suites again, every socket sending through io_uring (the same tests: the
+  # backend must keep every guarantee of the system-call path).
+  echo "== fault and loopback tests through io_uring"
+  if [ "$(cat /proc/sys/kernel/io_uring_disabled 2>/dev/null || echo 0)" = "0" ]; then
+    UDPX_TEST_IO_URING=1 UDPX_TEST_RUN="$run_id" cargo test -p udpx --all-features --test faults --test loopback -- --test-threads=2
+    uring_status=$?
+  else
+    echo "SKIP: fault and loopback tests through io_uring: kernel.io_uring_disabled is not 0"
+    echo "io_uring pass: kernel.io_uring_disabled is not 0" >> "$UDPX_SKIP_LOG"
+    uring_status=0
+  fi
+  [ "$main_status" -eq 0 ] && [ "$alone_status" -eq 0 ] && [ "$uring_status" -eq 0 ]
 } > >(tee "$log") 2>&1
 status=$?
 test_status=$status

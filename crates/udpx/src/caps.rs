@@ -38,6 +38,8 @@ pub enum Feature {
     Ecn,
     /// The kernel's per-socket drop counter on receive (`SO_RXQ_OVFL`).
     RxqOvfl,
+    /// Sends through io_uring (`IORING_OP_SENDMSG`, Linux 5.3).
+    IoUring,
 }
 
 impl fmt::Display for Feature {
@@ -50,6 +52,7 @@ impl fmt::Display for Feature {
             Feature::PktInfo => "IP_PKTINFO",
             Feature::Ecn => "ECN (IP_RECVTOS)",
             Feature::RxqOvfl => "SO_RXQ_OVFL",
+            Feature::IoUring => "io_uring (IORING_OP_SENDMSG)",
         })
     }
 }
@@ -88,6 +91,16 @@ pub struct KernelCaps {
     pub txtime: bool,
     /// `SO_ZEROCOPY` accepted.
     pub zerocopy: bool,
+}
+
+/// Whether sends can go through io_uring in this process: `Ok`, or why not (an old kernel,
+/// `kernel.io_uring_disabled`, a seccomp filter, a build without the `io-uring` feature).
+/// Probed once, by making a ring and asking it for `IORING_OP_SENDMSG`.
+pub fn io_uring_available() -> Result<(), String> {
+    #[cfg(feature = "io-uring")]
+    return sys::uring::available();
+    #[cfg(not(feature = "io-uring"))]
+    Err("built without the io-uring feature".to_owned())
 }
 
 impl KernelCaps {
@@ -199,6 +212,11 @@ pub struct Capabilities {
     pub recv_buffer: usize,
     /// The kernel-wide probe this socket started from.
     pub kernel: KernelCaps,
+    /// Sends go through io_uring ([`crate::SocketConfig::io_uring`]).
+    pub io_uring: bool,
+    /// Why io_uring was asked for and is not used (unavailable: an old kernel,
+    /// `kernel.io_uring_disabled`, a seccomp filter).
+    pub io_uring_off_reason: Option<String>,
 }
 
 impl fmt::Display for Capabilities {
@@ -234,6 +252,10 @@ impl fmt::Display for Capabilities {
         writeln!(f, "ecn            {}", yn(self.ecn))?;
         writeln!(f, "rxq_ovfl       {}", yn(self.rxq_ovfl))?;
         writeln!(f, "recv_err       {}", yn(self.recv_err))?;
+        match &self.io_uring_off_reason {
+            Some(why) => writeln!(f, "send backend   system calls ({why})")?,
+            None => writeln!(f, "send backend   {}", if self.io_uring { "io_uring" } else { "system calls" })?,
+        }
         writeln!(f, "send buffer    {} B", self.send_buffer)?;
         write!(f, "recv buffer    {} B", self.recv_buffer)
     }

@@ -86,7 +86,7 @@ impl UdpSocket {
                 txtime_offset,
                 scratch,
             );
-            let res = scratch.send_filled(self.fd_ref(), batched, flags, &self.faults);
+            let res = scratch.send_filled(self.fd_ref(), batched, flags, &self.faults, self.uring_send());
             c.add(&c.send_calls, 1);
             let zc_call = flags & libc::MSG_ZEROCOPY != 0;
             match res {

@@ -95,6 +95,13 @@ pub struct SocketConfig {
     /// `IP_MTU_DISCOVER = IP_PMTUDISC_PROBE`: set DF, ignore the path MTU cache, so a too-large
     /// datagram is refused with EMSGSIZE rather than fragmented.
     pub pmtu_probe: bool,
+    /// Send through io_uring: the messages of each batch as linked `IORING_OP_SENDMSG`
+    /// entries, one `io_uring_enter` per batch, with every fallback of the system-call path
+    /// (see `sys/uring.rs`). Zerocopy sends still use `sendmsg`/`sendmmsg`. Where io_uring is
+    /// unavailable, `IfAvailable` stays on system calls and says why in
+    /// [`Capabilities::io_uring_off_reason`]. Default off. Needs the `io-uring` feature (on by
+    /// default).
+    pub io_uring: Want,
 }
 
 impl SocketConfig {
@@ -124,7 +131,14 @@ impl SocketConfig {
             zerocopy_config: crate::zerocopy::ZcConfig::default(),
             recv_err: true,
             pmtu_probe: true,
+            io_uring: Want::Off,
         }
+    }
+
+    /// Sets [`SocketConfig::io_uring`].
+    pub fn io_uring(mut self, w: Want) -> Self {
+        self.io_uring = w;
+        self
     }
 
     /// Sets [`SocketConfig::send_mode`].
@@ -253,6 +267,12 @@ pub struct UdpSocket {
     pub(crate) logged_ctrunc: AtomicBool,
     pub(crate) zc: Option<Mutex<crate::zerocopy::ZcState>>,
     path_mtu: OnceLock<Option<usize>>,
+    /// Sends go through io_uring.
+    pub(crate) uring: bool,
+    /// Why io_uring was asked for and not used.
+    pub(crate) uring_off_reason: Option<String>,
+    /// O_NONBLOCK as last set through udpx (io_uring entries then carry MSG_DONTWAIT).
+    pub(crate) nonblocking: AtomicBool,
 }
 
 impl Drop for UdpSocket {
@@ -275,6 +295,21 @@ impl fmt::Debug for UdpSocket {
 fn io_err(op: impl Into<String>) -> impl FnOnce(io::Error) -> Error {
     let op = op.into();
     move |source| Error::Io { op, source }
+}
+
+/// Whether sends go through io_uring, and why not when asked for and unavailable.
+fn uring_backend(want: Want) -> Result<(bool, Option<String>), Error> {
+    if !want.wanted() {
+        return Ok((false, None));
+    }
+    match crate::caps::io_uring_available() {
+        Ok(()) => Ok((true, None)),
+        Err(why) if want == Want::Required => Err(Error::Unsupported { feature: Feature::IoUring, why }),
+        Err(why) => {
+            log::debug!("udpx: {why}; sending with system calls");
+            Ok((false, Some(why)))
+        }
+    }
 }
 
 /// Applies an optional feature: `Off` does nothing; otherwise try `set`, and a failure is an
@@ -455,6 +490,7 @@ impl UdpSocket {
         if cfg.nonblocking {
             sys::set_nonblocking(b, true).map_err(io_err("set O_NONBLOCK"))?;
         }
+        let (uring, uring_off_reason) = uring_backend(cfg.io_uring)?;
         let kernel = KernelCaps::get();
         let gso = send_mode.segments() && kernel.gso_max_segments.is_some();
         Ok(UdpSocket {
@@ -488,7 +524,15 @@ impl UdpSocket {
             logged_ctrunc: AtomicBool::new(false),
             zc: zerocopy.then(|| Mutex::new(crate::zerocopy::ZcState::new(zc_cfg))),
             path_mtu: OnceLock::new(),
+            uring,
+            uring_off_reason,
+            nonblocking: AtomicBool::new(cfg.nonblocking),
         })
+    }
+
+    /// For the send path: `Some(nonblocking)` when this socket sends through io_uring.
+    pub(crate) fn uring_send(&self) -> Option<bool> {
+        self.uring.then(|| self.nonblocking.load(std::sync::atomic::Ordering::Relaxed))
     }
 
     /// The bound local address.
@@ -535,6 +579,8 @@ impl UdpSocket {
             send_buffer: buf(libc::SO_SNDBUF),
             recv_buffer: buf(libc::SO_RCVBUF),
             kernel: c.kernel,
+            io_uring: self.uring,
+            io_uring_off_reason: self.uring_off_reason.clone(),
         }
     }
 
@@ -574,7 +620,9 @@ impl UdpSocket {
 
     /// Sets or clears `O_NONBLOCK`.
     pub fn set_nonblocking(&self, on: bool) -> io::Result<()> {
-        sys::set_nonblocking(self.fd.as_fd(), on)
+        sys::set_nonblocking(self.fd.as_fd(), on)?;
+        self.nonblocking.store(on, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
     }
 
     /// Bounds how long a blocking receive waits (`SO_RCVTIMEO`); after it, `recv` fails with

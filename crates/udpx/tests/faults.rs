@@ -17,7 +17,7 @@ struct Pair {
 
 fn pair(mode: SendMode) -> Pair {
     let rx = UdpSocket::builder(lo4()).recv_buffer(16 << 20).bind().unwrap();
-    let tx = UdpSocket::builder(lo4()).send_mode(mode).bind().unwrap();
+    let tx = UdpSocket::builder(lo4()).send_mode(mode).io_uring(send_backend()).bind().unwrap();
     Pair { tx, rx }
 }
 

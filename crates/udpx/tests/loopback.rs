@@ -42,7 +42,7 @@ fn every_mode(rx_addr: SocketAddr, full: usize) {
         }
         for mode in SendMode::ALL {
             let rx = rx_socket(rx_addr, gro);
-            let tx = UdpSocket::builder(rx_addr).send_mode(mode).bind().unwrap();
+            let tx = UdpSocket::builder(rx_addr).send_mode(mode).io_uring(send_backend()).bind().unwrap();
             let sizes = mixed_sizes(1500, full);
             let sent: Vec<Vec<u8>> = sizes.iter().enumerate().map(|(i, &n)| payload(i as u32, n)).collect();
             let what = format!("{mode} gro={gro} {}", rx_addr.ip());

@@ -189,6 +189,7 @@ pub fn findings(env: &Environment) -> Vec<Finding> {
     gro(env, &mut out);
     pacing(env, &mut out);
     zerocopy(env, &mut out);
+    uring(&mut out);
     buffers(env, &mut out);
     for dev in &env.devices {
         device(env, dev, &mut out);
@@ -303,6 +304,20 @@ fn enable_fq(env: &Environment, dev: &str) -> String {
     } else {
         format!("modprobe sch_fq && {tc}")
     }
+}
+
+/// The send backends: system calls always; io_uring where this process may make a ring.
+fn uring(out: &mut Vec<Finding>) {
+    const T: &str = "send backend";
+    out.push(match udpx::caps::io_uring_available() {
+        Ok(()) => Finding::new(
+            Severity::Ok,
+            T,
+            "io_uring available: SocketConfig::io_uring sends each batch as linked SENDMSG entries, \
+             one io_uring_enter per batch (sockets use system calls unless asked)",
+        ),
+        Err(why) => Finding::new(Severity::Info, T, format!("system calls only: {why}")),
+    });
 }
 
 fn zerocopy(env: &Environment, out: &mut Vec<Finding>) {

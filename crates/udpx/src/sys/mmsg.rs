@@ -75,6 +75,10 @@ pub(crate) struct SendScratch {
     ctrl: [CmsgBuf; BATCH],
     meta: [MsgMeta; BATCH],
     len: usize,
+    /// The io_uring this scratch submits through, made on first use by a socket that wants
+    /// it; `Err` once making it failed (then system calls, for good).
+    #[cfg(feature = "io-uring")]
+    ring: Option<Result<super::uring::Ring, ()>>,
 }
 
 // SAFETY: the raw pointers inside the headers are written at the start of every call and only
@@ -95,6 +99,8 @@ impl SendScratch {
             ctrl: [CmsgBuf::default(); BATCH],
             meta: [MsgMeta::default(); BATCH],
             len: 0,
+            #[cfg(feature = "io-uring")]
+            ring: None,
         })
     }
 
@@ -136,13 +142,17 @@ impl SendScratch {
     }
 
     /// Sends the planned messages: with `mmsg` all of them in one `sendmmsg`, otherwise the
-    /// first with `sendmsg`. Returns how many the kernel took (≥ 1 on success).
+    /// first with `sendmsg`. Returns how many the kernel took (≥ 1 on success). With
+    /// `uring = Some(nonblocking)` (and not zerocopy) they go as linked io_uring SENDMSG
+    /// entries instead, the same messages with the same meaning of the result
+    /// ([`super::uring`]); if no ring can be made, by system calls.
     pub(crate) fn send_filled(
         &mut self,
         fd: BorrowedFd<'_>,
         mmsg: bool,
         flags: libc::c_int,
         faults: &Faults,
+        uring: Option<bool>,
     ) -> io::Result<usize> {
         let mut n = if mmsg { self.len } else { self.len.min(1) };
         if n == 0 {
@@ -153,6 +163,16 @@ impl SendScratch {
             Some(Fault::Short(k)) if mmsg => n = n.min(k.max(1)),
             _ => {}
         }
+        #[cfg(feature = "io-uring")]
+        if let (Some(nonblocking), true) = (uring, flags & libc::MSG_ZEROCOPY == 0) {
+            let ring = self.ring.get_or_insert_with(|| super::uring::Ring::new().map_err(|_| ()));
+            if let Ok(ring) = ring {
+                let f = if nonblocking { flags | libc::MSG_DONTWAIT } else { flags };
+                return ring.sendmsgs(fd.as_raw_fd(), &mut self.hdrs, n, f);
+            }
+        }
+        #[cfg(not(feature = "io-uring"))]
+        let _ = uring;
         if mmsg {
             // sendmmsg(sockfd, msgvec, vlen, flags): msgvec[0..vlen] are initialized headers
             // whose pointers target live buffers (filled by push within the caller's borrow);
@@ -183,7 +203,7 @@ impl SendScratch {
         for m in msgs.iter().take(if mmsg { BATCH } else { 1 }) {
             self.push(m, v6_socket, MsgMeta::default());
         }
-        self.send_filled(fd, mmsg, flags, faults)
+        self.send_filled(fd, mmsg, flags, faults, None)
     }
 
     fn fill(&mut self, i: usize, m: &OutMsg<'_>, v6_socket: bool) {

@@ -21,6 +21,8 @@ pub(crate) mod errqueue;
 pub mod fault;
 pub(crate) mod mmsg;
 pub(crate) mod netlink;
+#[cfg(feature = "io-uring")]
+pub(crate) mod uring;
 
 use std::io;
 use std::mem;

@@ -20,6 +20,16 @@ pub fn payload(seq: u32, len: usize) -> Vec<u8> {
     d
 }
 
+/// The send backend the tests under `UDPX_TEST_IO_URING=1` run on: the same tests, sent
+/// through io_uring (scripts/test.sh runs faults and loopback a second time so).
+pub fn send_backend() -> udpx::Want {
+    if std::env::var_os("UDPX_TEST_IO_URING").is_some_and(|v| v == "1") {
+        udpx::Want::Required
+    } else {
+        udpx::Want::Off
+    }
+}
+
 /// What a receiver saw.
 #[derive(Debug, Default)]
 pub struct Received {
