@@ -195,6 +195,10 @@ struct TxArgs {
     /// With -z: keep zerocopy on even when every completion says copied (to measure its cost).
     #[arg(long, requires = "zerocopy")]
     zerocopy_forced: bool,
+    /// Send through io_uring (linked SENDMSG entries, one io_uring_enter per batch); exits 4
+    /// where io_uring is unavailable. Not with -z (zerocopy sends use system calls).
+    #[arg(long, conflicts_with = "zerocopy")]
+    io_uring: bool,
     /// Bytes per second at most.
     #[arg(long)]
     rate: Option<u64>,
@@ -399,9 +403,14 @@ fn tx(a: TxArgs) -> ExitCode {
                 .send_buffer(4 << 20)
                 .zerocopy(if a.zerocopy { Want::Required } else { Want::Off })
                 .zerocopy_config(zc_cfg)
+                .io_uring(if a.io_uring { Want::Required } else { Want::Off })
                 .connect(dst);
             let sock = match builder.bind() {
                 Ok(s) => s,
+                Err(udpx::Error::Unsupported { feature: udpx::Feature::IoUring, why }) => {
+                    eprintln!("udpx bench tx: --io-uring: {why}");
+                    return ExitCode::from(exit::SKIPPED);
+                }
                 Err(e) => return failure(format!("socket: {e}")),
             };
             run_tx(&cfg, Some(&sock), None, &stop, &mut on)
@@ -417,7 +426,7 @@ fn tx(a: TxArgs) -> ExitCode {
             if json {
                 println!(
                     "{}",
-                    serde_json::json!({ "role": "tx", "dst": dst.to_string(), "mode": format!("{:?}", a.mode), "size": size, "send_size": send_size, "result": r, "cpu_secs_per_gb": udpx_bench::run::per_gb(cpu, r.bytes), "pinned_cpu": watch.as_ref().map(|w| w.json(r.bytes)) })
+                    serde_json::json!({ "role": "tx", "dst": dst.to_string(), "mode": format!("{:?}", a.mode), "io_uring": a.io_uring, "size": size, "send_size": send_size, "result": r, "cpu_secs_per_gb": udpx_bench::run::per_gb(cpu, r.bytes), "pinned_cpu": watch.as_ref().map(|w| w.json(r.bytes)) })
                 );
             } else {
                 println!(

@@ -56,6 +56,7 @@ fn bad_input_exits_2_and_names_the_flag() {
         (&["bench", "--thorough", "--repeat", "0"], "--repeat 0"),
         (&["bench", "--runs", "21"], "--repeat 21"),
         (&["nonsense"], "nonsense"),
+        (&["bench", "tx", "-D", "127.0.0.1", "--io-uring", "-z"], "--io-uring"),
     ];
     for (args, needle) in cases {
         let o = udpx(args);
