@@ -486,7 +486,7 @@ fn rx(a: RxArgs) -> ExitCode {
         };
         match l.accept() {
             // From here SIGINT and SIGTERM end the run, and the summary is still printed.
-            Ok((s, _)) => run_rx(&cfg, None, Some(s), stop_on_signals(), &mut on),
+            Ok((s, _)) => run_rx(&cfg, None, Some(s), util::stop_on_signals(), &mut on),
             Err(e) => return failure(format!("accept: {e}")),
         }
     } else {
@@ -502,7 +502,7 @@ fn rx(a: RxArgs) -> ExitCode {
             }
             Err(e) => return failure(format!("socket: {e}")),
         };
-        run_rx(&cfg, Some(&sock), None, stop_on_signals(), &mut on)
+        run_rx(&cfg, Some(&sock), None, util::stop_on_signals(), &mut on)
     };
     match res {
         Ok(r) => {
@@ -534,27 +534,6 @@ fn rx(a: RxArgs) -> ExitCode {
         }
         Err(e) => failure(format!("receive: {e}")),
     }
-}
-
-/// A flag set by SIGINT or SIGTERM (a thread waits for them; they are blocked in every other
-/// thread), so a receiving role stops and still prints its summary.
-pub(crate) fn stop_on_signals() -> &'static AtomicBool {
-    use nix::sys::signal::{SigSet, Signal};
-    static STOP: AtomicBool = AtomicBool::new(false);
-    let mut set = SigSet::empty();
-    set.add(Signal::SIGINT);
-    set.add(Signal::SIGTERM);
-    if set.thread_block().is_ok() {
-        let spawned = std::thread::Builder::new().name("udpx-signals".into()).spawn(move || {
-            if set.wait().is_ok() {
-                STOP.store(true, std::sync::atomic::Ordering::Relaxed);
-            }
-        });
-        if spawned.is_err() {
-            let _ = set.thread_unblock();
-        }
-    }
-    &STOP
 }
 
 fn failure(msg: String) -> ExitCode {

@@ -107,6 +107,27 @@ pub mod util {
         }
     }
 
+    /// A flag set by SIGINT or SIGTERM (a thread waits for them; they are blocked in every
+    /// other thread), so a run stops and still prints its summary.
+    pub fn stop_on_signals() -> &'static std::sync::atomic::AtomicBool {
+        use nix::sys::signal::{SigSet, Signal};
+        static STOP: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+        let mut set = SigSet::empty();
+        set.add(Signal::SIGINT);
+        set.add(Signal::SIGTERM);
+        if set.thread_block().is_ok() {
+            let spawned = std::thread::Builder::new().name("udpx-signals".into()).spawn(move || {
+                if set.wait().is_ok() {
+                    STOP.store(true, std::sync::atomic::Ordering::Relaxed);
+                }
+            });
+            if spawned.is_err() {
+                let _ = set.thread_unblock();
+            }
+        }
+        &STOP
+    }
+
     /// Whether `program` is an executable file on PATH.
     pub fn which(program: &str) -> bool {
         std::env::var_os("PATH").map(|p| std::env::split_paths(&p).any(|d| d.join(program).is_file())).unwrap_or(false)

@@ -349,7 +349,7 @@ fn serve_forever(cfg: ServeConfig, run_for: Option<f64>) -> ExitCode {
         Ok(d) => d,
         Err(e) => return usage(CMD, e),
     };
-    let stop = crate::bench::stop_on_signals();
+    let stop = crate::util::stop_on_signals();
     let port = cfg.bind.port();
     let server = match Server::start(cfg) {
         Ok(s) => s,
@@ -392,7 +392,7 @@ fn recv(a: RecvArgs) -> ExitCode {
         let (p, bar, total) = (progress.clone(), bar.clone(), cfg.duration);
         std::thread::spawn(move || tick(&p, &bar, total))
     };
-    let stop = crate::bench::stop_on_signals();
+    let stop = crate::util::stop_on_signals();
     let canceller = {
         let p = progress.clone();
         std::thread::spawn(move || {

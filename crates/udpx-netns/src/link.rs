@@ -7,8 +7,10 @@ use std::process::Command;
 
 use crate::command::{run_bounded, TOOL_TIMEOUT};
 use crate::namespace::Namespace;
-use crate::testnet::MAX_IFNAME_LEN;
 use crate::Error;
+
+/// Longest interface name: IFNAMSIZ (16) minus the terminating NUL.
+pub const MAX_IFNAME_LEN: usize = 15;
 
 /// Runs `ip <args>` with the tool time limit.
 pub(crate) fn ip(args: &[&str]) -> Result<String, Error> {

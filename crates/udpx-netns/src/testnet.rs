@@ -46,8 +46,7 @@ pub const RX_V6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 2);
 /// Prefix length of both IPv6 addresses.
 pub const V6_PREFIX: u8 = 64;
 
-/// Longest interface name: IFNAMSIZ (16) minus the terminating NUL.
-pub const MAX_IFNAME_LEN: usize = 15;
+pub use crate::link::MAX_IFNAME_LEN;
 
 /// Smallest MTU accepted: IPv6 needs 1280 (RFC 8200 section 5); below it the kernel disables
 /// IPv6 on the device and the IPv6 address cannot be added.

@@ -165,7 +165,7 @@ impl SendScratch {
         }
         #[cfg(feature = "io-uring")]
         if let (Some(nonblocking), true) = (uring, flags & libc::MSG_ZEROCOPY == 0) {
-            let ring = self.ring.get_or_insert_with(|| super::uring::Ring::new().map_err(|_| ()));
+            let ring = self.ring.get_or_insert_with(|| super::uring::Ring::new(BATCH as u32).map_err(|_| ()));
             if let Ok(ring) = ring {
                 let f = if nonblocking { flags | libc::MSG_DONTWAIT } else { flags };
                 return ring.sendmsgs(fd.as_raw_fd(), &mut self.hdrs, n, f);

@@ -23,13 +23,11 @@ use std::sync::OnceLock;
 
 use io_uring::{opcode, squeue, types, IoUring, Probe};
 
-/// Entries per ring: one per message of a batch.
-const ENTRIES: u32 = super::mmsg::BATCH as u32;
-
 /// One ring, owned by one [`crate::SendBuffers`] (so by one thread at a time).
 pub(crate) struct Ring {
     ring: IoUring,
-    results: [i32; super::mmsg::BATCH],
+    /// One slot per entry: the completion results of the last batch.
+    results: Box<[i32]>,
 }
 
 impl std::fmt::Debug for Ring {
@@ -39,15 +37,16 @@ impl std::fmt::Debug for Ring {
 }
 
 impl Ring {
-    /// A ring whose kernel supports `IORING_OP_SENDMSG`.
-    pub(crate) fn new() -> io::Result<Ring> {
-        let ring = IoUring::new(ENTRIES)?;
+    /// A ring of `entries` (a batch's messages at most) whose kernel supports
+    /// `IORING_OP_SENDMSG`.
+    pub(crate) fn new(entries: u32) -> io::Result<Ring> {
+        let ring = IoUring::new(entries)?;
         let mut probe = Probe::new();
         ring.submitter().register_probe(&mut probe)?;
         if !probe.is_supported(opcode::SendMsg::CODE) {
             return Err(io::Error::new(io::ErrorKind::Unsupported, "IORING_OP_SENDMSG not supported"));
         }
-        Ok(Ring { ring, results: [0; super::mmsg::BATCH] })
+        Ok(Ring { ring, results: vec![0; entries as usize].into_boxed_slice() })
     }
 
     /// Sends `hdrs[..n]` as linked SENDMSG entries and waits for their completions. Like
@@ -75,7 +74,7 @@ impl Ring {
                 // SAFETY: the entry points at hdrs[i].msg_hdr, whose name, iovec and control
                 // pointers target buffers the caller keeps alive and unmoved for this call;
                 // the call waits below for every entry's completion before returning, so the
-                // kernel never reads them after the borrow ends. The queue has ENTRIES >= n
+                // kernel never reads them after the borrow ends. The queue has `entries` >= n
                 // free slots: every earlier call drained all its completions.
                 unsafe { sq.push(&e) }.map_err(|_| io::Error::other("io_uring submission queue full"))?;
             }
@@ -113,7 +112,7 @@ pub(crate) fn available() -> Result<(), String> {
     static AVAILABLE: OnceLock<Result<(), String>> = OnceLock::new();
     AVAILABLE
         .get_or_init(|| {
-            Ring::new().map(|_| ()).map_err(|e| {
+            Ring::new(2).map(|_| ()).map_err(|e| {
                 let disabled = std::fs::read_to_string("/proc/sys/kernel/io_uring_disabled").ok();
                 match disabled.as_deref().map(str::trim) {
                     Some(d) if d != "0" => format!("io_uring unavailable ({e}; kernel.io_uring_disabled = {d})"),
