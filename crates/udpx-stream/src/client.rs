@@ -161,6 +161,10 @@ pub struct RecvReport {
     pub refused: (u32, Option<String>),
     /// Seconds from the first request to the end.
     pub elapsed_s: f64,
+    /// Datagrams the receiving sockets' buffers dropped (the kernel's per-socket count,
+    /// SO_MEMINFO, summed at the end): loss at the receiver, not on the way. `None` where the
+    /// kernel does not say.
+    pub socket_drops: Option<u64>,
 }
 
 /// Raises the open-file limit to `need` descriptors, or says what to change.
@@ -310,7 +314,16 @@ pub fn receive(cfg: &RecvConfig, progress: &Progress) -> Result<RecvReport, Stre
             deadline = Instant::now();
         }
     }
-    Ok(RecvReport { summary: tally.summary(), tally, accepted, refused, elapsed_s: start.elapsed().as_secs_f64() })
+    // SO_MEMINFO per socket, read once at the end.
+    let socket_drops = sockets.iter().map(|s| s.kernel_drops().ok().map(u64::from)).sum::<Option<u64>>();
+    Ok(RecvReport {
+        summary: tally.summary(),
+        tally,
+        accepted,
+        refused,
+        elapsed_s: start.elapsed().as_secs_f64(),
+        socket_drops,
+    })
 }
 
 fn send_ignoring_refusals(s: &UdpSocket, to: SocketAddr, bytes: &[u8]) -> Result<(), StreamError> {

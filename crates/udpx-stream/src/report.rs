@@ -132,7 +132,19 @@ pub fn text(cfg: &RecvConfig, path: &str, server: Option<&ServerReport>, r: &Rec
         "datagrams sent / received",
         format!("{} / {} ({} flows ended with an exact count)", s.sent, s.datagrams, s.flows_ended),
     );
-    row(&mut o, "lost", format!("{} ({:.4} %)", s.lost, s.loss_pct));
+    row(
+        &mut o,
+        "lost",
+        format!(
+            "{} ({:.4} %){}",
+            s.lost,
+            s.loss_pct,
+            match r.socket_drops {
+                Some(d) => format!("; {d} of them dropped by the receiving sockets' buffers"),
+                None => String::new(),
+            }
+        ),
+    );
     row(&mut o, "reordered / duplicates", format!("{} / {}", s.reordered, s.duplicates));
     row(&mut o, "malformed", s.malformed.to_string());
     row(&mut o, "goodput", rate(s.goodput));
@@ -244,6 +256,7 @@ pub fn json(
             "refused": r.refused.0,
             "refusal": r.refused.1,
             "elapsed_s": r.elapsed_s,
+            "socket_drops": r.socket_drops,
             "summary": r.summary,
         },
         "checks": checks(&r.summary, server, slot),
