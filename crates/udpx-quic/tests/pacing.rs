@@ -10,22 +10,15 @@ use std::sync::atomic::AtomicBool;
 
 use udpx_quic::{client_socket, App, Host, HostSocket, IoMode, Pacing, Server, ServerConfig};
 
-const ALPN: &[&[u8]] = &[b"udpx-test"];
 const BODY: usize = 600_000;
 
+mod common;
+
+use common::TempCert;
+
+/// The tests' config, paced by quiche's BBRv2 at most `pacing_rate` when given.
 fn quiche_config(pem: Option<(&str, &str)>, pacing_rate: Option<u64>) -> quiche::Config {
-    let mut c = quiche::Config::new(quiche::PROTOCOL_VERSION).unwrap();
-    if let Some((cert, key)) = pem {
-        c.load_cert_chain_from_pem_file(cert).unwrap();
-        c.load_priv_key_from_pem_file(key).unwrap();
-    }
-    c.verify_peer(false);
-    c.set_application_protos(ALPN).unwrap();
-    c.set_max_idle_timeout(10_000);
-    c.set_initial_max_data(1 << 24);
-    c.set_initial_max_stream_data_bidi_local(1 << 24);
-    c.set_initial_max_stream_data_bidi_remote(1 << 24);
-    c.set_initial_max_streams_bidi(10);
+    let mut c = common::quiche_config(pem, true);
     if let Some(r) = pacing_rate {
         // quiche stamps departure times ahead of now only with its BBRv2 (gcongestion)
         // recovery; CUBIC's `SendInfo.at` is always now.
@@ -93,13 +86,8 @@ impl App for Getter {
 
 #[test]
 fn held_packets_leave_at_their_time_and_nothing_is_lost() {
-    let dir = std::env::temp_dir().join(format!("udpx-quic-pacing-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let ck = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
-    let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
-    std::fs::write(&cert, ck.cert.pem()).unwrap();
-    std::fs::write(&key, ck.key_pair.serialize_pem()).unwrap();
-    let pem = (cert.to_str().unwrap(), key.to_str().unwrap());
+    let cert = TempCert::new("pacing");
+    let pem = cert.pem();
 
     let cfg = ServerConfig::new("127.0.0.1:0".parse().unwrap());
     // 3 MB/s: packets of ~1400 bytes every ~470 us, more than the host's 200 us slack.
@@ -117,5 +105,4 @@ fn held_packets_leave_at_their_time_and_nothing_is_lost() {
     assert_eq!(c.send_errors, 0, "{c:?}");
     assert_eq!(c.lost_packets, 0, "paced, nothing overflows on loopback: {c:?}");
     assert!(c.packets_sent > BODY as u64 / 1500, "{c:?}");
-    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -9,23 +9,9 @@ use std::sync::{Arc, Mutex};
 
 use udpx_quic::{client_socket, App, Host, HostSocket, IoMode, Server, ServerCid, ServerConfig};
 
-const ALPN: &[&[u8]] = &[b"udpx-test"];
+mod common;
 
-fn quiche_config(pem: Option<(&str, &str)>) -> quiche::Config {
-    let mut c = quiche::Config::new(quiche::PROTOCOL_VERSION).unwrap();
-    if let Some((cert, key)) = pem {
-        c.load_cert_chain_from_pem_file(cert).unwrap();
-        c.load_priv_key_from_pem_file(key).unwrap();
-    }
-    c.verify_peer(false);
-    c.set_application_protos(ALPN).unwrap();
-    c.set_max_idle_timeout(5_000);
-    c.set_initial_max_data(1 << 20);
-    c.set_initial_max_stream_data_bidi_local(1 << 20);
-    c.set_initial_max_stream_data_bidi_remote(1 << 20);
-    c.set_initial_max_streams_bidi(10);
-    c
-}
+use common::{quiche_config, TempCert};
 
 /// (shard, source connection ID) of each accepted connection.
 type Seen = Arc<Mutex<Vec<(usize, Vec<u8>)>>>;
@@ -72,13 +58,8 @@ impl App for Closer {
 
 #[test]
 fn connections_stay_on_the_shard_of_their_worker_byte() {
-    let dir = std::env::temp_dir().join(format!("udpx-quic-shards-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let ck = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
-    let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
-    std::fs::write(&cert, ck.cert.pem()).unwrap();
-    std::fs::write(&key, ck.key_pair.serialize_pem()).unwrap();
-    let pem = (cert.to_str().unwrap(), key.to_str().unwrap());
+    let cert = TempCert::new("shards");
+    let pem = cert.pem();
 
     let shards = 4;
     let mut cfg = ServerConfig::new("127.0.0.1:0".parse().unwrap());
@@ -87,16 +68,16 @@ fn connections_stay_on_the_shard_of_their_worker_byte() {
     cfg.io = IoMode::GsoMmsg;
     let seen: Seen = Arc::new(Mutex::new(Vec::new()));
     let seen2 = seen.clone();
-    let server = Server::start(&cfg, (0..shards).map(|_| quiche_config(Some(pem))).collect(), move |shard| Recorder {
-        shard,
-        seen: seen2.clone(),
+    let server = Server::start(&cfg, (0..shards).map(|_| quiche_config(Some(pem), false)).collect(), move |shard| {
+        Recorder { shard, seen: seen2.clone() }
     })
     .unwrap();
     let addr: SocketAddr = server.local_addr();
 
     let conns = 32;
     let socket = client_socket(addr, IoMode::GsoMmsg, true).unwrap();
-    let mut client = Host::new(HostSocket::Own(Box::new(socket)), quiche_config(None), Closer::default(), false, 0, 0);
+    let mut client =
+        Host::new(HostSocket::Own(Box::new(socket)), quiche_config(None, false), Closer::default(), false, 0, 0);
     for _ in 0..conns {
         client.connect(Some("localhost"), addr, false).unwrap();
     }
@@ -121,5 +102,4 @@ fn connections_stay_on_the_shard_of_their_worker_byte() {
     assert!(used.len() >= 2, "32 connections all on one of 4 shards: {used:?}");
     assert_eq!(total.dropped_unknown_cid, 0, "a packet reached a shard without its connection: {per_shard:?}");
     assert_eq!(total.connections, conns as u64);
-    let _ = std::fs::remove_dir_all(&dir);
 }
