@@ -76,7 +76,21 @@ const fn udpx(
     gro: bool,
     cache_thrash: bool,
 ) -> Row {
-    Row { id, label, kind: Kind::Udpx { proto, gro, batch_rx, cache_thrash, zerocopy: Zc::Off, rcvbuf: None } }
+    Row {
+        id,
+        label,
+        kind: Kind::Udpx { proto, gro, batch_rx, cache_thrash, zerocopy: Zc::Off, rcvbuf: None, io_uring: false },
+    }
+}
+
+/// A row like [`udpx`]'s whose sender goes through io_uring (issue 12: beside the same row on
+/// system calls).
+const fn uring(id: &'static str, label: &'static str, proto: Proto, batch_rx: bool, gro: bool) -> Row {
+    Row {
+        id,
+        label,
+        kind: Kind::Udpx { proto, gro, batch_rx, cache_thrash: false, zerocopy: Zc::Off, rcvbuf: None, io_uring: true },
+    }
 }
 
 const fn raw(id: &'static str, label: &'static str, shape: Shape, rx: RawRx) -> Row {
@@ -85,7 +99,11 @@ const fn raw(id: &'static str, label: &'static str, shape: Shape, rx: RawRx) -> 
 
 const fn zc(id: &'static str, label: &'static str, cache_thrash: bool, zerocopy: Zc) -> Row {
     let proto = Proto::Udp(SendMode::GsoSendmsg);
-    Row { id, label, kind: Kind::Udpx { proto, gro: false, batch_rx: false, cache_thrash, zerocopy, rcvbuf: None } }
+    Row {
+        id,
+        label,
+        kind: Kind::Udpx { proto, gro: false, batch_rx: false, cache_thrash, zerocopy, rcvbuf: None, io_uring: false },
+    }
 }
 
 /// The receive buffer of the `rcvbuf-32m` row: the old forced default (64 MiB effective).
@@ -121,6 +139,7 @@ pub fn default_rows(iperf3: bool, all: bool) -> Vec<Row> {
                 cache_thrash: false,
                 zerocopy: Zc::Off,
                 rcvbuf: Some(RCVBUF_32M),
+                io_uring: false,
             },
         },
         zc("udp-gso-zc", "UDP GSO+zerocopy", false, Zc::Auto),
@@ -147,7 +166,8 @@ pub const TCP_LABEL: &str = "TCP (udpx, 128K writes)";
 const _: () = assert!(crate::tx::TCP_WRITE == 128 << 10, "TCP_LABEL names the write size");
 
 /// Rows run only with `--all-rows` (and `--thorough`): cache thrashing, plain UDP into a GRO
-/// socket, and forced or cache-thrashing zerocopy. They were the least informative for the
+/// socket, forced or cache-thrashing zerocopy, and the io_uring send backend beside its
+/// system-call rows (`uring`: linked SENDMSG entries, one `io_uring_enter` per batch). They were the least informative for the
 /// default job once the raw rows came in (each measured a mechanism once: cache thrashing
 /// costs the GSO sender about 28 % per byte; forced zerocopy 21-29 % on lo and veth, where
 /// the kernel always copies).
@@ -161,6 +181,10 @@ pub fn extended_rows() -> Vec<Row> {
         zc("udp-gso-zc-forced", "UDP GSO+zerocopy forced", false, Zc::Forced),
         zc("udp-gso-ct-zc", "UDP GSO (CT)+zerocopy", true, Zc::Auto),
         zc("udp-gso-ct-zc-forced", "UDP GSO (CT)+zc forced", true, Zc::Forced),
+        uring("udp-uring", "UDP uring>recvmsg", Udp(Sendmsg), false, false),
+        uring("udp-mmsg-uring", "UDP uring-mmsg>recvmmsg", Udp(Sendmmsg), true, false),
+        uring("udp-gso-mmsg-uring", "UDP GSO+uring>recvmmsg", Udp(GsoSendmmsg), true, false),
+        uring("udp-gso-mmsg-gro-uring", "UDP GSO+uring>GRO+mmsg", Udp(GsoSendmmsg), true, true),
     ]
 }
 

@@ -70,6 +70,14 @@ pub fn checks(p: &ProfileResult) -> Vec<Check> {
     if p.profile == "software" {
         wanted.push(("sender CPU/GB sent: GSO / plain (3x)", sender("udp-gso"), sender("udp"), 1.0 / 3.0));
     }
+    // Issue 12: the io_uring bulk rows no costlier than the same rows on system calls.
+    wanted.push((
+        "io_uring / system calls, GSO+mmsg>GRO+mmsg",
+        cost("udp-gso-mmsg-gro-uring"),
+        cost("udp-gso-mmsg-gro"),
+        1.0,
+    ));
+    wanted.push(("io_uring / system calls, GSO+mmsg>recvmmsg", cost("udp-gso-mmsg-uring"), cost("udp-gso-mmsg"), 1.0));
     wanted.into_iter().filter_map(|(what, a, b, at_most)| Check::judge(&p.profile, what, &a, &b, at_most)).collect()
 }
 

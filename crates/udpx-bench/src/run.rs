@@ -73,6 +73,8 @@ pub enum Kind {
         /// This receive buffer (the value to set) instead of the run's
         /// ([`RunConfig::rcvbuf`]): the rows that show what the size does.
         rcvbuf: Option<usize>,
+        /// The sender sends through io_uring ([`udpx::SocketConfig::io_uring`]).
+        io_uring: bool,
     },
     /// The raw reference sender ([`crate::raw`]) of one shape, into the raw receiver or into
     /// udpx's receiver of the same shape (one `recvmsg` per call, GRO as the shape says).
@@ -217,7 +219,7 @@ pub type Result<T> = std::result::Result<T, String>;
 
 /// Runs one udpx row.
 pub fn run_udpx(path: Path<'_>, kind: Kind, cfg: &RunConfig) -> Result<Measurement> {
-    let Kind::Udpx { proto, gro, batch_rx, cache_thrash, zerocopy, rcvbuf } = kind else {
+    let Kind::Udpx { proto, gro, batch_rx, cache_thrash, zerocopy, rcvbuf, io_uring } = kind else {
         return Err("run_udpx needs a udpx row".into());
     };
     let (tx_ip, rx_ip) = path.addrs(cfg.v6);
@@ -261,6 +263,7 @@ pub fn run_udpx(path: Path<'_>, kind: Kind, cfg: &RunConfig) -> Result<Measureme
                     };
                     UdpSocket::builder(SocketAddr::new(tx_ip, 0))
                         .zerocopy(if zerocopy == Zc::Off { Want::Off } else { Want::Required })
+                        .io_uring(if io_uring { Want::Required } else { Want::Off })
                         .zerocopy_config(zc_cfg)
                         .send_mode(mode)
                         .send_buffer(4 << 20)
