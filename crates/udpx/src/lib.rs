@@ -64,6 +64,8 @@ mod socket;
 mod sys;
 pub mod transmit;
 pub mod txtime;
+#[cfg(feature = "io-uring")]
+pub mod uring;
 mod zc_send;
 pub mod zerocopy;
 

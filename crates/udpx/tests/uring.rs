@@ -3,6 +3,8 @@
 //! and a non-blocking socket's full queue answers WouldBlock instead of waiting. The fault and
 //! loopback suites run a second time through it (`UDPX_TEST_IO_URING=1`, scripts/test.sh).
 
+#![cfg(feature = "io-uring")]
+
 mod common;
 
 use std::time::Duration;
@@ -87,4 +89,108 @@ fn off_is_off_and_the_reason_is_reported() {
     let c = tx.capabilities();
     assert!(!c.io_uring && c.io_uring_off_reason.is_none(), "default: system calls, nothing to explain");
     assert!(c.to_string().contains("send backend   system calls"));
+}
+
+/// Receives through `r` until `expect` datagrams or `limit`.
+fn drain(r: &mut udpx::uring::UringReceiver<'_>, expect: usize, limit: Duration) -> Vec<(udpx::RecvMeta, Vec<u8>)> {
+    let start = std::time::Instant::now();
+    let mut got = Vec::new();
+    while got.len() < expect && start.elapsed() < limit {
+        r.recv(false, |m, d| got.push((*m, d.to_vec()))).unwrap();
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    got
+}
+
+#[test]
+fn multishot_receive_delivers_every_datagram_with_its_sender() {
+    if !uring_usable("multishot_receive_delivers_every_datagram_with_its_sender") {
+        return;
+    }
+    let rx = UdpSocket::builder(lo4()).recv_buffer(16 << 20).bind().unwrap();
+    let tx = UdpSocket::builder(lo4()).send_mode(SendMode::Sendmmsg).bind().unwrap();
+    let mut r = rx.uring_receiver(64, 2048).unwrap();
+    let sent: Vec<Vec<u8>> = (0..1000u32).map(|i| payload(i, 100 + (i as usize % 900))).collect();
+    let ts: Vec<udpx::Transmit<'_>> = sent.iter().map(|d| udpx::Transmit::new(rx.local_addr(), d)).collect();
+    // Sent in pieces smaller than the ring, reaped in between: buffers are recycled many times.
+    let mut got = Vec::new();
+    for chunk in ts.chunks(50) {
+        tx.send(chunk).unwrap();
+        got.extend(drain(&mut r, chunk.len(), Duration::from_secs(2)).into_iter().map(|(m, d)| {
+            assert_eq!(m.addr, tx.local_addr());
+            assert!(!m.truncated);
+            d
+        }));
+    }
+    assert_eq!(got.len(), sent.len());
+    assert_eq!(got, sent, "every datagram, in order, byte for byte");
+    assert_eq!(r.stats().datagrams, 1000);
+    assert_eq!(rx.counters().datagrams_received, 1000);
+}
+
+#[test]
+fn multishot_receive_splits_gro_buffers() {
+    if !uring_usable("multishot_receive_splits_gro_buffers") {
+        return;
+    }
+    let rx = UdpSocket::builder(lo4()).gro(Want::Required).recv_buffer(16 << 20).bind().unwrap();
+    let tx = UdpSocket::builder(lo4()).send_mode(SendMode::GsoSendmmsg).bind().unwrap();
+    let mut r = rx.uring_receiver(16, udpx::GRO_BUFFER).unwrap();
+    let sent: Vec<Vec<u8>> = (0..400u32).map(|i| payload(i, 1200)).collect();
+    let mut batch = Batch::for_socket(&tx);
+    for d in &sent {
+        batch.push(rx.local_addr(), d).unwrap();
+    }
+    tx.send(&batch.transmits()).unwrap();
+    let got = drain(&mut r, sent.len(), Duration::from_secs(2));
+    let data: Vec<Vec<u8>> = got.into_iter().map(|(_, d)| d).collect();
+    assert_eq!(data, sent);
+    assert!(rx.counters().gro_buffers_received > 0, "GRO buffers arrived and were split");
+}
+
+/// A ring of 2 buffers and 200 datagrams queued before anyone reaps: the receive runs out of
+/// buffers (ENOBUFS, counted), is re-armed as buffers come back, and every datagram still
+/// arrives (they waited in the socket's queue).
+#[test]
+fn an_empty_buffer_ring_is_refilled_and_counted_not_a_stall() {
+    if !uring_usable("an_empty_buffer_ring_is_refilled_and_counted_not_a_stall") {
+        return;
+    }
+    let rx = UdpSocket::builder(lo4()).recv_buffer(16 << 20).bind().unwrap();
+    let tx = UdpSocket::bind(lo4()).unwrap();
+    let mut r = rx.uring_receiver(2, 1500).unwrap();
+    r.recv(false, |_, _| {}).unwrap(); // armed, nothing yet
+    let sent: Vec<Vec<u8>> = (0..200u32).map(|i| payload(i, 500)).collect();
+    let ts: Vec<udpx::Transmit<'_>> = sent.iter().map(|d| udpx::Transmit::new(rx.local_addr(), d)).collect();
+    tx.send(&ts).unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    let got: Vec<Vec<u8>> = drain(&mut r, sent.len(), Duration::from_secs(3)).into_iter().map(|(_, d)| d).collect();
+    assert_eq!(got, sent, "nothing lost while the ring was empty");
+    let s = r.stats();
+    assert!(s.no_buffers >= 1, "the ring ran empty: {s:?}");
+    assert!(s.rearms >= 1, "and the receive was armed again: {s:?}");
+}
+
+#[test]
+fn a_datagram_larger_than_the_buffer_is_reported_truncated() {
+    if !uring_usable("a_datagram_larger_than_the_buffer_is_reported_truncated") {
+        return;
+    }
+    let rx = UdpSocket::builder(lo4()).bind().unwrap();
+    let tx = UdpSocket::bind(lo4()).unwrap();
+    let mut r = rx.uring_receiver(4, 100).unwrap();
+    let big = payload(1, 500);
+    tx.send(&[udpx::Transmit::new(rx.local_addr(), &big)]).unwrap();
+    let got = drain(&mut r, 1, Duration::from_secs(2));
+    assert_eq!(got.len(), 1);
+    assert!(got[0].0.truncated, "cut at the buffer: {:?}", got[0].0);
+    assert_eq!(got[0].1, big[..100].to_vec());
+    assert_eq!(rx.counters().truncated, 1);
+}
+
+#[test]
+fn bad_receiver_sizes_are_refused() {
+    let rx = UdpSocket::builder(lo4()).bind().unwrap();
+    assert!(rx.uring_receiver(3, 1500).unwrap_err().to_string().contains("power of two"));
+    assert!(rx.uring_receiver(8, 0).unwrap_err().to_string().contains("give 1 to"));
 }

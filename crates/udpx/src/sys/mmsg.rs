@@ -325,6 +325,28 @@ impl RecvScratch {
     }
 }
 
+/// Decodes the control messages of a received message into `r` (GRO size, TOS/TCLASS,
+/// pktinfo, the drop counter). `hdr` as for [`cmsg::decode`].
+pub(crate) fn decode_control(hdr: &libc::msghdr, r: &mut RawRecv) {
+    cmsg::decode(hdr, |c| match c {
+        Cmsg::Gro(s) => r.gro = Some(s),
+        Cmsg::Tos(t) | Cmsg::TClass(t) => r.tos = Some(t),
+        Cmsg::PktInfoV4 { ifindex, addr } => {
+            r.dst_ip = Some(IpAddr::V4(addr));
+            r.ifindex = ifindex;
+        }
+        Cmsg::PktInfoV6 { ifindex, addr } => {
+            r.dst_ip = Some(match addr.to_ipv4_mapped() {
+                Some(v4) => IpAddr::V4(v4),
+                None => IpAddr::V6(addr),
+            });
+            r.ifindex = ifindex;
+        }
+        Cmsg::RxqOvfl(d) => r.drops = Some(d),
+        _ => {}
+    });
+}
+
 /// Reusable receive vectors of one socket.
 pub(crate) struct RecvScratch {
     hdrs: [libc::mmsghdr; BATCH],
@@ -441,23 +463,7 @@ impl RecvScratch {
                 addr: self.names[i].with_len(h.msg_hdr.msg_namelen),
                 ..RawRecv::default()
             };
-            cmsg::decode(&h.msg_hdr, |c| match c {
-                Cmsg::Gro(s) => r.gro = Some(s),
-                Cmsg::Tos(t) | Cmsg::TClass(t) => r.tos = Some(t),
-                Cmsg::PktInfoV4 { ifindex, addr } => {
-                    r.dst_ip = Some(IpAddr::V4(addr));
-                    r.ifindex = ifindex;
-                }
-                Cmsg::PktInfoV6 { ifindex, addr } => {
-                    r.dst_ip = Some(match addr.to_ipv4_mapped() {
-                        Some(v4) => IpAddr::V4(v4),
-                        None => IpAddr::V6(addr),
-                    });
-                    r.ifindex = ifindex;
-                }
-                Cmsg::RxqOvfl(d) => r.drops = Some(d),
-                _ => {}
-            });
+            decode_control(&h.msg_hdr, &mut r);
             self.out[i] = r;
         }
         Ok(got)

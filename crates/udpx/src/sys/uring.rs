@@ -122,3 +122,327 @@ pub(crate) fn available() -> Result<(), String> {
         })
         .clone()
 }
+
+/// Page-aligned memory the kernel reads and writes behind our back (a buffer ring and its
+/// buffers): allocated once, freed on drop, never moved.
+struct PageMem {
+    ptr: *mut u8,
+    layout: std::alloc::Layout,
+}
+
+impl PageMem {
+    fn new(len: usize) -> io::Result<PageMem> {
+        let layout = std::alloc::Layout::from_size_align(len.max(1), 4096)
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "buffer size overflows"))?;
+        // SAFETY: the layout has a non-zero size (len.max(1)).
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        if ptr.is_null() {
+            return Err(io::Error::new(io::ErrorKind::OutOfMemory, "io_uring receive buffers"));
+        }
+        Ok(PageMem { ptr, layout })
+    }
+}
+
+impl PageMem {
+    /// Gives the memory up without freeing it (the kernel may still use it).
+    fn leak(&mut self) {
+        self.ptr = std::ptr::null_mut();
+    }
+}
+
+impl Drop for PageMem {
+    fn drop(&mut self) {
+        if self.ptr.is_null() {
+            return; // leaked on purpose
+        }
+        // SAFETY: allocated in `new` with this layout, freed once.
+        unsafe { std::alloc::dealloc(self.ptr, self.layout) }
+    }
+}
+
+/// The user data of the multishot receive (and of its cancellation).
+const RECV_ARM: u64 = 1;
+const RECV_CANCEL: u64 = 2;
+/// The buffer group of a receive ring.
+const BGID: u16 = 7;
+
+/// What one completion of the multishot receive brought.
+pub(crate) enum RecvEvent<'a> {
+    /// A datagram (or GRO buffer) in buffer `bid`: the decoded header and the payload.
+    Datagram { raw: super::mmsg::RawRecv, payload: &'a [u8] },
+    /// The buffer ring ran empty: the kernel dropped nothing yet, but the receive stopped
+    /// (ENOBUFS); it is re-armed once buffers are back.
+    NoBuffers,
+}
+
+/// A multishot `IORING_OP_RECVMSG` over a ring of provided buffers, on one socket.
+///
+/// ```text
+///  buffer ring (page-aligned): [entry 0: addr, len, bid][entry 1]…   tail (u16) in entry 0's resv
+///  each buffer:  io_uring_recvmsg_out (16 B) | name (128 B) | control (CMSG_CAP) | payload
+///  one RECVMSG SQE (MULTISHOT, BUFFER_SELECT) → a CQE per datagram with the buffer id;
+///  a CQE without IORING_CQE_F_MORE ends it (re-armed); -ENOBUFS: the ring ran empty
+/// ```
+pub(crate) struct RecvRing {
+    ring: IoUring,
+    entries: PageMem,
+    bufs: PageMem,
+    count: u16,
+    /// Distance between buffers.
+    size: usize,
+    /// Bytes of each buffer the kernel may fill.
+    len: usize,
+    tail: u16,
+    /// The template of every receive (a `msghdr`: name and control lengths only), in memory of
+    /// its own: the kernel reads it for as long as the multishot request lives.
+    msghdr: PageMem,
+    armed: bool,
+    fd: RawFd,
+    /// Buffers handed to the caller in the current `reap` and not yet returned.
+    pending: Vec<u16>,
+}
+
+// SAFETY: the raw pointers point into memory this struct owns (PageMem) and into the boxed
+// msghdr; nothing is shared with another thread, and the kernel's use of them ends when the
+// ring is torn down in Drop. Moving the owner to another thread moves all of it.
+unsafe impl Send for RecvRing {}
+
+impl std::fmt::Debug for RecvRing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RecvRing").field("count", &self.count).field("size", &self.size).finish()
+    }
+}
+
+/// Bytes of name space each buffer reserves (a `sockaddr_storage`).
+const NAME_LEN: usize = std::mem::size_of::<libc::sockaddr_storage>();
+/// Header the kernel writes before the name (`struct io_uring_recvmsg_out`).
+const OUT_LEN: usize = 16;
+
+impl RecvRing {
+    /// A ring of `count` buffers (a power of two, at most 32768) with room for `payload`
+    /// bytes of datagram each, receiving on `fd`.
+    pub(crate) fn new(fd: RawFd, count: u16, payload: usize) -> io::Result<RecvRing> {
+        if !count.is_power_of_two() || count > 32768 {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "buffer count: a power of two up to 32768"));
+        }
+        let ctrl = super::cmsg::CMSG_CAP;
+        // Each buffer exactly this long (a longer datagram is cut here, as recvmsg cuts at
+        // the iovec), placed 64-byte aligned so the control data inside stays 8-aligned.
+        let len = OUT_LEN + NAME_LEN + ctrl + payload;
+        let size = len.next_multiple_of(64);
+        // A completion per datagram: a completion queue that cannot overflow before the ring's
+        // buffers are all used (an overflow ends a multishot receive).
+        let cq = (2 * u32::from(count)).max(64);
+        let ring = IoUring::builder().setup_cqsize(cq).build(8)?;
+        let mut probe = Probe::new();
+        ring.submitter().register_probe(&mut probe)?;
+        if !probe.is_supported(opcode::RecvMsgMulti::CODE) {
+            return Err(io::Error::new(io::ErrorKind::Unsupported, "IORING_OP_RECVMSG not supported"));
+        }
+        let entries = PageMem::new(usize::from(count) * std::mem::size_of::<types::BufRingEntry>())?;
+        let bufs = PageMem::new(usize::from(count) * size)?;
+        let msghdr = PageMem::new(std::mem::size_of::<libc::msghdr>())?;
+        {
+            // SAFETY: page-aligned, zeroed memory of a msghdr's size, owned here: all-zero is
+            // a valid msghdr; only the two lengths matter to a multishot receive (the kernel
+            // lays name and control out in each buffer by them).
+            let h = unsafe { &mut *(msghdr.ptr as *mut libc::msghdr) };
+            h.msg_namelen = NAME_LEN as libc::socklen_t;
+            h.msg_controllen = ctrl as _;
+        }
+        let mut r = RecvRing {
+            ring,
+            entries,
+            bufs,
+            count,
+            size,
+            len,
+            tail: 0,
+            msghdr,
+            armed: false,
+            fd,
+            pending: Vec::with_capacity(usize::from(count)),
+        };
+        // SAFETY: `entries` is page-aligned memory for `count` entries, owned by `r` and kept
+        // until Drop, which unregisters the group before freeing it.
+        unsafe { r.ring.submitter().register_buf_ring_with_flags(r.entries.ptr as u64, count, BGID, 0)? };
+        for bid in 0..count {
+            r.give(bid);
+        }
+        r.publish();
+        Ok(r)
+    }
+
+    /// Puts buffer `bid` at the ring's tail (visible to the kernel at the next publish).
+    fn give(&mut self, bid: u16) {
+        let mask = self.count - 1;
+        let slot = usize::from(self.tail & mask);
+        // SAFETY: slot < count entries of the ring memory; the kernel reads entries only up to
+        // the published tail, and this one is past it until `publish`.
+        let e = (self.entries.ptr as *mut types::BufRingEntry).wrapping_add(slot);
+        // SAFETY: as above: `e` is entry `slot` of our live ring memory, not yet published.
+        let e = unsafe { &mut *e };
+        // The buffer's address: inside `bufs` (bid < count).
+        e.set_addr(self.bufs.ptr.wrapping_add(usize::from(bid) * self.size) as u64);
+        e.set_len(self.len as u32);
+        e.set_bid(bid);
+        self.tail = self.tail.wrapping_add(1);
+    }
+
+    /// Makes the given buffers visible to the kernel (release store of the tail).
+    fn publish(&mut self) {
+        // SAFETY: the entries memory is the ring's base; its first entry is initialized.
+        let tail = unsafe { types::BufRingEntry::tail(self.entries.ptr as *const types::BufRingEntry) };
+        // SAFETY: the tail is a u16 inside our live, aligned ring memory that the kernel only
+        // reads; an atomic store orders the entries written before it.
+        let tail = unsafe { std::sync::atomic::AtomicU16::from_ptr(tail as *mut u16) };
+        tail.store(self.tail, std::sync::atomic::Ordering::Release);
+    }
+
+    /// Whether the multishot receive is in force (it ends on errors and ENOBUFS).
+    pub(crate) fn is_armed(&self) -> bool {
+        self.armed
+    }
+
+    /// The receive template.
+    fn msghdr(&self) -> &libc::msghdr {
+        // SAFETY: initialized in `new`, never written afterwards, alive as long as self.
+        unsafe { &*(self.msghdr.ptr as *const libc::msghdr) }
+    }
+
+    fn arm(&mut self) -> io::Result<()> {
+        let e = opcode::RecvMsgMulti::new(types::Fd(self.fd), self.msghdr(), BGID).build().user_data(RECV_ARM);
+        // SAFETY: the entry points at the msghdr memory, which lives until Drop, where the
+        // request is cancelled and waited for before anything is freed. The queue has room:
+        // at most one receive and one cancel are ever outstanding in a ring of 8.
+        unsafe { self.ring.submission().push(&e) }.map_err(|_| io::Error::other("io_uring submission queue full"))?;
+        self.ring.submit()?;
+        self.armed = true;
+        Ok(())
+    }
+
+    /// Hands back the buffers of the last reap and makes sure the receive is armed; then, with
+    /// `wait`, waits for at least one completion; then calls `f` for every completion. Returns
+    /// how many completions there were.
+    pub(crate) fn reap(&mut self, wait: bool, mut f: impl FnMut(RecvEvent<'_>)) -> io::Result<usize> {
+        if !self.pending.is_empty() {
+            let pending = std::mem::take(&mut self.pending);
+            for &bid in &pending {
+                self.give(bid);
+            }
+            self.pending = pending;
+            self.pending.clear();
+            self.publish();
+        }
+        if !self.armed {
+            self.arm()?;
+        }
+        if self.ring.submission().cq_overflow() {
+            // Completions the queue had no room for wait in the kernel: entering flushes them.
+            self.ring.submit()?;
+        }
+        if wait && self.ring.completion().is_empty() {
+            match self.ring.submit_and_wait(1) {
+                Ok(_) => {}
+                Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        let mut n = 0;
+        // Collected first: the completion queue borrows the ring.
+        let cqes: Vec<(u64, i32, u32)> =
+            self.ring.completion().map(|c| (c.user_data(), c.result(), c.flags())).collect();
+        for (ud, res, flags) in cqes {
+            if ud != RECV_ARM {
+                continue;
+            }
+            n += 1;
+            if !io_uring::cqueue::more(flags) {
+                self.armed = false; // ended (error, or the kernel's choice): re-armed next time
+            }
+            if res == -libc::ENOBUFS {
+                f(RecvEvent::NoBuffers);
+                continue;
+            }
+            if res < 0 {
+                return Err(io::Error::from_raw_os_error(-res));
+            }
+            let Some(bid) = io_uring::cqueue::buffer_select(flags) else { continue };
+            if bid >= self.count {
+                continue;
+            }
+            self.pending.push(bid);
+            // SAFETY: buffer `bid` lies inside `bufs`; the kernel wrote `res` bytes into it and
+            // handed it to us (it is off the ring until `give`), so nothing writes it while
+            // this shared view lives (until the next reap).
+            let start = self.bufs.ptr.wrapping_add(usize::from(bid) * self.size);
+            // SAFETY: see above; `start` is buffer `bid` of `bufs`, at least `len` bytes long.
+            let buf = unsafe { std::slice::from_raw_parts(start, (res as usize).min(self.len)) };
+            let Ok(out) = types::RecvMsgOut::parse(buf, self.msghdr()) else { continue };
+            let mut raw = super::mmsg::RawRecv {
+                len: out.payload_data().len(),
+                flags: out.flags() as i32
+                    | if out.is_payload_truncated() { libc::MSG_TRUNC } else { 0 }
+                    | if out.is_control_data_truncated() { libc::MSG_CTRUNC } else { 0 },
+                ..Default::default()
+            };
+            let name = out.name_data();
+            if !name.is_empty() && name.len() <= NAME_LEN {
+                // SAFETY: all-zero is a valid sockaddr_storage.
+                let mut storage: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+                // SAFETY: `name.len()` <= size_of(sockaddr_storage) bytes into it.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        name.as_ptr(),
+                        (&mut storage as *mut libc::sockaddr_storage).cast(),
+                        name.len(),
+                    )
+                };
+                raw.addr = super::addr::read(&storage, name.len() as libc::socklen_t);
+            }
+            let ctrl = out.control_data();
+            if !ctrl.is_empty() {
+                // SAFETY: an all-zero msghdr is valid; it describes the control bytes inside
+                // the buffer (8-byte aligned: 64-byte aligned buffers, 16 + 128 bytes before).
+                let mut h: libc::msghdr = unsafe { std::mem::zeroed() };
+                h.msg_control = ctrl.as_ptr() as *mut libc::c_void;
+                h.msg_controllen = ctrl.len() as _;
+                super::mmsg::decode_control(&h, &mut raw);
+            }
+            f(RecvEvent::Datagram { raw, payload: out.payload_data() });
+        }
+        Ok(n)
+    }
+}
+
+impl Drop for RecvRing {
+    fn drop(&mut self) {
+        // The kernel may still write into the buffers while the multishot request lives:
+        // cancel it and wait for its last completion before the memory goes.
+        if self.armed {
+            let e = opcode::AsyncCancel::new(RECV_ARM).build().user_data(RECV_CANCEL);
+            // SAFETY: a cancel entry carries no pointers.
+            let pushed = unsafe { self.ring.submission().push(&e) }.is_ok();
+            let mut ended = !pushed;
+            for _ in 0..100 {
+                if ended || self.ring.submit_and_wait(1).is_err() {
+                    break;
+                }
+                for c in self.ring.completion() {
+                    if c.user_data() == RECV_ARM && !io_uring::cqueue::more(c.flags()) {
+                        ended = true;
+                    }
+                }
+            }
+            if !ended {
+                // Never free memory the kernel may still write: leak it.
+                log::warn!("udpx: an io_uring receive did not end on cancel; its buffers are leaked");
+                self.bufs.leak();
+                self.entries.leak();
+                self.msghdr.leak();
+                return;
+            }
+        }
+        let _ = self.ring.submitter().unregister_buf_ring(BGID);
+    }
+}
