@@ -58,6 +58,10 @@ struct ServeArgs {
     /// recvmmsg/sendmmsg batching.
     #[arg(long)]
     batch: bool,
+    /// With --batch: receive (multishot) and send through io_uring; system calls where
+    /// io_uring is unavailable.
+    #[arg(long, requires = "batch")]
+    io_uring: bool,
     /// For reuseport-cid: which byte of the QUIC destination connection ID picks the shard
     /// (0-19; short and long headers alike).
     #[arg(long, default_value_t = 0)]
@@ -167,6 +171,7 @@ fn serve(a: ServeArgs) -> ExitCode {
         mode,
         threads: a.threads,
         batch: a.batch,
+        io_uring: a.io_uring,
         rate_limit: a.rate_limit,
         cpus: None,
         recv_buffer: a.rcvbuf,

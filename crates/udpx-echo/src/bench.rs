@@ -87,13 +87,18 @@ pub fn cpus() -> (usize, usize) {
     (c[c.len() - 1], c[0])
 }
 
-/// The rows: (label, mode, batch).
-pub fn rows() -> Vec<(String, Mode, bool)> {
+/// The rows: (label, mode, batch, io_uring). The io_uring row (issue 12) is the batched
+/// CPU-steered server with its receive and send through io_uring, beside the same server on
+/// system calls.
+pub fn rows() -> Vec<(String, Mode, bool, bool)> {
     let mut v = Vec::new();
     for mode in [Mode::Naive, Mode::Reuseport, Mode::ReuseportCpu] {
         for batch in [false, true] {
-            v.push((format!("{}{}", mode.name(), if batch { " +batch" } else { "" }), mode, batch));
+            v.push((format!("{}{}", mode.name(), if batch { " +batch" } else { "" }), mode, batch, false));
         }
+    }
+    if udpx::caps::io_uring_available().is_ok() {
+        v.push((format!("{} +io_uring", Mode::ReuseportCpu.name()), Mode::ReuseportCpu, true, true));
     }
     v
 }
@@ -128,13 +133,14 @@ pub fn run(cfg: &EchoBenchConfig, progress: &mut dyn FnMut(&str)) -> Result<(Vec
     let mut runs: Vec<Vec<EchoRow>> = Vec::new();
     for _ in 0..cfg.repeat.max(1) {
         let mut out = Vec::new();
-        for (label, mode, batch) in rows() {
+        for (label, mode, batch, io_uring) in rows() {
             progress(&label);
             let sc = ServeConfig {
                 bind: SocketAddr::new(srv_ip, 0),
                 mode,
                 threads: 1,
                 batch,
+                io_uring: io_uring,
                 rate_limit: None,
                 cpus: Some(vec![srv_cpu]),
                 recv_buffer: None,
@@ -384,10 +390,14 @@ pub fn judge(rows: &[EchoRow]) -> Vec<Check> {
         Some(r.runs.iter().map(|x| x.map(|x| x.server_cpu_s_per_m)).collect())
     };
     let mut out = Vec::new();
-    for (what, other, at_most) in
-        [("reuseport-cpu +batch / naive", "naive", 0.5), ("reuseport-cpu +batch / sockperf", "sockperf", 1.0)]
-    {
-        if let (Some(a), Some(b)) = (per_run("reuseport-cpu +batch"), per_run(other)) {
+    for (what, row, other, at_most) in [
+        ("reuseport-cpu +batch / naive", "reuseport-cpu +batch", "naive", 0.5),
+        ("reuseport-cpu +batch / sockperf", "reuseport-cpu +batch", "sockperf", 1.0),
+        // Issue 12: io_uring takes the per-call cost the batched server still pays.
+        ("reuseport-cpu +io_uring / naive", "reuseport-cpu +io_uring", "naive", 0.5),
+        ("reuseport-cpu +io_uring / +batch", "reuseport-cpu +io_uring", "reuseport-cpu +batch", 1.0),
+    ] {
+        if let (Some(a), Some(b)) = (per_run(row), per_run(other)) {
             out.extend(Check::judge("echo", what, &a, &b, at_most));
         }
     }

@@ -66,6 +66,11 @@ pub struct ServeConfig {
     pub threads: usize,
     /// recvmmsg/sendmmsg.
     pub batch: bool,
+    /// With `batch`: receive with a multishot io_uring receive over provided buffers and send
+    /// the replies through io_uring (one `io_uring_enter` per batch of replies; none to
+    /// receive while requests keep arriving). Falls back to system calls where io_uring is
+    /// unavailable (the shard counts `io_uring` 0 then).
+    pub io_uring: bool,
     /// Requests per second per source address at most, over all shards together (excess
     /// dropped and counted; a burst of up to one second's worth is admitted at once).
     pub rate_limit: Option<u32>,
@@ -132,8 +137,10 @@ pub struct ShardCounters {
     pub malformed: AtomicU64,
     /// Requests over the per-source rate limit, dropped.
     pub rate_limited: AtomicU64,
-    /// Receive calls that returned data.
+    /// Receive calls that returned data (with io_uring: reaps that found requests).
     pub recv_calls: AtomicU64,
+    /// The shard served through io_uring (1) or system calls (0).
+    pub io_uring: AtomicU64,
     /// The kernel's drop counter of the shard's socket (SO_MEMINFO, at exit).
     pub kernel_drops: AtomicU64,
     /// Thread CPU seconds (user + system), at exit.
@@ -167,6 +174,8 @@ pub struct ShardStats {
     pub kernel_drops: u64,
     /// Thread CPU seconds.
     pub cpu_secs: f64,
+    /// The shard served through io_uring.
+    pub io_uring: bool,
 }
 
 impl ShardCounters {
@@ -186,6 +195,7 @@ impl ShardCounters {
             batch: if calls > 0 { (req + self.malformed.load(Relaxed)) as f64 / calls as f64 } else { 0.0 },
             kernel_drops: self.kernel_drops.load(Relaxed),
             cpu_secs: self.cpu_micros.load(Relaxed) as f64 / 1e6,
+            io_uring: self.io_uring.load(Relaxed) == 1,
         }
     }
 }
@@ -250,6 +260,7 @@ pub fn bind(cfg: &ServeConfig) -> Result<Bound, String> {
         .ecn(Want::Off)
         // Drops are read once with SO_MEMINFO at exit, not as a cmsg on every datagram.
         .rxq_ovfl(Want::Off)
+        .io_uring(if cfg.batch && cfg.io_uring { Want::IfAvailable } else { Want::Off })
         .buffers(4 << 20, cfg.recv_buffer.unwrap_or_else(default_recv_buffer));
     let group = |n: usize, steering: Steering| {
         ShardGroup::bind(sock_cfg.clone(), n, steering).map_err(|e| format!("bind {}: {e}", cfg.bind))
@@ -331,7 +342,11 @@ pub fn start(bound: Bound) -> Server {
                 let _ = pin_current_thread(cpu);
             }
             let t0 = ProcessCpu::thread().unwrap_or_default();
-            serve_shard(&sock, &cfg, limit.as_deref(), &stop, &c);
+            if cfg.batch && cfg.io_uring && sock.capabilities().io_uring {
+                serve_shard_uring(&sock, &cfg, limit.as_deref(), &stop, &c);
+            } else {
+                serve_shard(&sock, &cfg, limit.as_deref(), &stop, &c);
+            }
             let t = ProcessCpu::thread().unwrap_or_default().diff(&t0);
             c.cpu_micros.store(t.total().as_micros() as u64, Relaxed);
             c.kernel_drops.store(sock.kernel_drops().unwrap_or(0) as u64, Relaxed);
@@ -561,6 +576,76 @@ fn serve_shard(sock: &UdpSocket, cfg: &ServeConfig, limit: Option<&RateLimit>, s
         let s = send_replies(
             &mut replies,
             |r| sock.send(r),
+            || {
+                let _ = sock.wait_writable(Duration::from_millis(10));
+            },
+        );
+        c.replies.fetch_add(s.ok as u64, Relaxed);
+        c.send_retries.fetch_add(s.retries as u64, Relaxed);
+        c.dropped_invalid.fetch_add(s.dropped_invalid as u64, Relaxed);
+        c.dropped_too_large.fetch_add(s.dropped_too_large as u64, Relaxed);
+        c.dropped_send_error.fetch_add(s.dropped_send_error as u64, Relaxed);
+    }
+}
+
+/// A shard through io_uring: a multishot receive (no system call while requests keep
+/// arriving; one `io_uring_enter` to wait when none are there), replies copied out of the
+/// ring's buffers (they go back to the kernel at the next reap) and sent through the socket's
+/// io_uring send path, with the same retry and drop rules as the system-call shard.
+fn serve_shard_uring(
+    sock: &UdpSocket,
+    cfg: &ServeConfig,
+    limit: Option<&RateLimit>,
+    stop: &AtomicBool,
+    c: &ShardCounters,
+) {
+    let mut r = match sock.uring_receiver(64, 2048) {
+        Ok(r) => {
+            c.io_uring.store(1, Relaxed);
+            r
+        }
+        Err(e) => {
+            log::warn!("udpx echo: io_uring receive unavailable ({e}); serving with system calls");
+            return serve_shard(sock, cfg, limit, stop, c);
+        }
+    };
+    // Replies: their bytes in one reused buffer, (destination, source, range) beside them.
+    let mut store: Vec<u8> = Vec::with_capacity(64 * 2048);
+    let mut meta: Vec<(SocketAddr, Option<IpAddr>, std::ops::Range<usize>)> = Vec::with_capacity(256);
+    while !stop.load(Relaxed) {
+        store.clear();
+        meta.clear();
+        let res = r.recv(Some(Duration::from_millis(100)), |m, data| {
+            if m.truncated || !proto::is_request(data) {
+                c.malformed.fetch_add(1, Relaxed);
+                return;
+            }
+            if let Some(l) = limit {
+                if !l.allow(m.addr.ip()) {
+                    c.rate_limited.fetch_add(1, Relaxed);
+                    return;
+                }
+            }
+            let at = store.len();
+            store.extend_from_slice(data);
+            proto::make_reply(&mut store[at..]);
+            meta.push((m.addr, m.dst_ip, at..store.len()));
+        });
+        if res.is_err() {
+            continue;
+        }
+        if meta.is_empty() {
+            continue;
+        }
+        c.recv_calls.fetch_add(1, Relaxed);
+        c.requests.fetch_add(meta.len() as u64, Relaxed);
+        let mut replies: Vec<Transmit<'_>> = meta
+            .iter()
+            .map(|(to, src, range)| Transmit { src_ip: *src, ..Transmit::new(*to, &store[range.clone()]) })
+            .collect();
+        let s = send_replies(
+            &mut replies,
+            |batch| sock.send(batch),
             || {
                 let _ = sock.wait_writable(Duration::from_millis(10));
             },

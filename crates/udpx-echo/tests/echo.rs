@@ -20,6 +20,7 @@ fn serve(mode: Mode, threads: usize, batch: bool, bind: &str) -> server::Server 
         mode,
         threads,
         batch,
+        io_uring: false,
         rate_limit: None,
         cpus: None,
         recv_buffer: None,
@@ -234,6 +235,7 @@ fn a_failed_send_is_retried_and_the_reply_arrives() {
             mode: Mode::Reuseport,
             threads: 1,
             batch,
+            io_uring: false,
             rate_limit: None,
             cpus: None,
             recv_buffer: None,
@@ -259,6 +261,7 @@ fn rate_limit_per_source() {
         mode: Mode::Reuseport,
         threads: 1,
         batch: true,
+        io_uring: false,
         rate_limit: Some(10),
         cpus: None,
         recv_buffer: None,
@@ -283,6 +286,7 @@ fn rate_limit_holds_across_shards() {
         mode: Mode::Reuseport,
         threads: 4,
         batch: true,
+        io_uring: false,
         rate_limit: Some(10),
         cpus: None,
         recv_buffer: None,
@@ -311,6 +315,7 @@ fn bad_configuration_is_refused() {
         mode: Mode::Reuseport,
         threads: 0,
         batch: true,
+        io_uring: false,
         rate_limit: None,
         cpus: None,
         recv_buffer: None,
@@ -429,6 +434,7 @@ fn receive_buffer_default_and_override() {
         mode: Mode::Reuseport,
         threads: 2,
         batch: true,
+        io_uring: false,
         rate_limit: None,
         cpus: None,
         recv_buffer: None,
@@ -437,4 +443,58 @@ fn receive_buffer_default_and_override() {
     assert_eq!(b.recv_buffer(), 2 * server::default_recv_buffer(), "as root the size is set exactly");
     let b = server::bind(&ServeConfig { recv_buffer: Some(300_000), ..base }).unwrap();
     assert_eq!(b.recv_buffer(), 600_000);
+}
+
+/// The io_uring shard (multishot receive, io_uring send) answers every request exactly once,
+/// in every reuseport mode; where io_uring is unavailable it is recorded as skipped.
+#[test]
+fn the_io_uring_shard_answers_every_request_exactly_once() {
+    if let Err(why) = udpx::caps::io_uring_available() {
+        udpx_lab::netns::record_skip("the_io_uring_shard_answers_every_request_exactly_once", &why);
+        return;
+    }
+    for mode in [Mode::Reuseport, Mode::ReuseportCpu] {
+        let cfg = ServeConfig {
+            bind: "127.0.0.1:0".parse().unwrap(),
+            mode,
+            threads: 2,
+            batch: true,
+            io_uring: true,
+            rate_limit: None,
+            cpus: None,
+            recv_buffer: None,
+        };
+        let srv = server::start(server::bind(&cfg).unwrap());
+        let lc = load_cfg(srv.addr, 32);
+        let res = load::run(&lc, load::bind_flows(&lc).unwrap()).unwrap();
+        let stats = srv.stop();
+        let what = format!("{} +io_uring", mode.name());
+        assert!(res.sent > 100, "{what}: {res:?}");
+        assert_eq!((res.lost, res.unexpected, res.received), (0, 0, res.sent), "{what}: {res:?}");
+        let served: u64 = stats.iter().map(|s| s.requests).sum();
+        let replied: u64 = stats.iter().map(|s| s.replies).sum();
+        assert_eq!((served, replied), (res.sent, res.sent), "{what}: {stats:?}");
+        assert!(stats.iter().all(|s| s.io_uring), "{what}: every shard on io_uring: {stats:?}");
+    }
+    // A malformed request gets no reply and is counted, as on the system-call shard.
+    let cfg = ServeConfig {
+        bind: "127.0.0.1:0".parse().unwrap(),
+        mode: Mode::Reuseport,
+        threads: 1,
+        batch: true,
+        io_uring: true,
+        rate_limit: None,
+        cpus: None,
+        recv_buffer: None,
+    };
+    let srv = server::start(server::bind(&cfg).unwrap());
+    let c = StdUdp::bind("127.0.0.1:0").unwrap();
+    c.set_read_timeout(Some(Duration::from_millis(300))).unwrap();
+    c.send_to(b"garbage", srv.addr).unwrap();
+    c.send_to(&request(1, 100), srv.addr).unwrap();
+    let mut buf = [0u8; 256];
+    let (n, _) = c.recv_from(&mut buf).expect("the valid request is answered");
+    assert_eq!(n, 100);
+    let stats = srv.stop();
+    assert_eq!(stats.iter().map(|s| s.malformed).sum::<u64>(), 1);
 }

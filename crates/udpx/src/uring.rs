@@ -74,9 +74,14 @@ impl UdpSocket {
 
 impl UringReceiver<'_> {
     /// Calls `f` for every datagram that arrived (a GRO buffer's datagrams one by one, each
-    /// with the buffer's metadata), waiting for at least one completion when `wait` is set
-    /// and none is there. Returns the datagrams delivered.
-    pub fn recv(&mut self, wait: bool, mut f: impl FnMut(&RecvMeta, &[u8])) -> io::Result<usize> {
+    /// with the buffer's metadata). With `wait`, when nothing is there, waits at most that long
+    /// for something (one `io_uring_enter`); without, never enters the kernel unless the
+    /// receive must be armed again. Returns the datagrams delivered.
+    pub fn recv(
+        &mut self,
+        wait: Option<std::time::Duration>,
+        mut f: impl FnMut(&RecvMeta, &[u8]),
+    ) -> io::Result<usize> {
         let fallback = self.socket.peer_addr().unwrap_or(self.socket.local_addr());
         let gro = self.socket.caps.gro;
         let (mut dgrams, mut bytes, mut bufs, mut gro_bufs, mut trunc, mut empty) =
@@ -105,7 +110,7 @@ impl UringReceiver<'_> {
         self.stats.completions += n as u64;
         self.stats.datagrams += dgrams;
         self.stats.no_buffers += empty;
-        self.stats.waits += u64::from(wait);
+        self.stats.waits += u64::from(wait.is_some());
         let c = &self.socket.counters;
         c.add(&c.messages_received, bufs);
         c.add(&c.datagrams_received, dgrams);

@@ -96,8 +96,7 @@ fn drain(r: &mut udpx::uring::UringReceiver<'_>, expect: usize, limit: Duration)
     let start = std::time::Instant::now();
     let mut got = Vec::new();
     while got.len() < expect && start.elapsed() < limit {
-        r.recv(false, |m, d| got.push((*m, d.to_vec()))).unwrap();
-        std::thread::sleep(Duration::from_millis(1));
+        r.recv(Some(Duration::from_millis(20)), |m, d| got.push((*m, d.to_vec()))).unwrap();
     }
     got
 }
@@ -159,7 +158,7 @@ fn an_empty_buffer_ring_is_refilled_and_counted_not_a_stall() {
     let rx = UdpSocket::builder(lo4()).recv_buffer(16 << 20).bind().unwrap();
     let tx = UdpSocket::bind(lo4()).unwrap();
     let mut r = rx.uring_receiver(2, 1500).unwrap();
-    r.recv(false, |_, _| {}).unwrap(); // armed, nothing yet
+    r.recv(None, |_, _| {}).unwrap(); // armed, nothing yet
     let sent: Vec<Vec<u8>> = (0..200u32).map(|i| payload(i, 500)).collect();
     let ts: Vec<udpx::Transmit<'_>> = sent.iter().map(|d| udpx::Transmit::new(rx.local_addr(), d)).collect();
     tx.send(&ts).unwrap();
@@ -193,4 +192,17 @@ fn bad_receiver_sizes_are_refused() {
     let rx = UdpSocket::builder(lo4()).bind().unwrap();
     assert!(rx.uring_receiver(3, 1500).unwrap_err().to_string().contains("power of two"));
     assert!(rx.uring_receiver(8, 0).unwrap_err().to_string().contains("give 1 to"));
+}
+
+/// Waiting has a bound: with nothing coming, `recv` returns after its timeout.
+#[test]
+fn a_wait_with_nothing_coming_ends_at_its_timeout() {
+    if !uring_usable("a_wait_with_nothing_coming_ends_at_its_timeout") {
+        return;
+    }
+    let rx = UdpSocket::builder(lo4()).bind().unwrap();
+    let mut r = rx.uring_receiver(4, 1500).unwrap();
+    let t = std::time::Instant::now();
+    assert_eq!(r.recv(Some(Duration::from_millis(50)), |_, _| {}).unwrap(), 0);
+    assert!(t.elapsed() < Duration::from_secs(5), "returned: {:?}", t.elapsed());
 }

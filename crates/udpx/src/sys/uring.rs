@@ -322,9 +322,13 @@ impl RecvRing {
     }
 
     /// Hands back the buffers of the last reap and makes sure the receive is armed; then, with
-    /// `wait`, waits for at least one completion; then calls `f` for every completion. Returns
-    /// how many completions there were.
-    pub(crate) fn reap(&mut self, wait: bool, mut f: impl FnMut(RecvEvent<'_>)) -> io::Result<usize> {
+    /// `wait`, waits at most that long for a completion; then calls `f` for every completion.
+    /// Returns how many completions there were.
+    pub(crate) fn reap(
+        &mut self,
+        wait: Option<std::time::Duration>,
+        mut f: impl FnMut(RecvEvent<'_>),
+    ) -> io::Result<usize> {
         if !self.pending.is_empty() {
             let pending = std::mem::take(&mut self.pending);
             for &bid in &pending {
@@ -341,10 +345,14 @@ impl RecvRing {
             // Completions the queue had no room for wait in the kernel: entering flushes them.
             self.ring.submit()?;
         }
-        if wait && self.ring.completion().is_empty() {
-            match self.ring.submit_and_wait(1) {
+        if let Some(limit) = wait.filter(|_| self.ring.completion().is_empty()) {
+            // io_uring_enter(GETEVENTS) with a timeout (IORING_ENTER_EXT_ARG, Linux 5.11):
+            // ETIME when it runs out.
+            let ts = types::Timespec::from(limit);
+            let args = types::SubmitArgs::new().timespec(&ts);
+            match self.ring.submitter().submit_with_args(1, &args) {
                 Ok(_) => {}
-                Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}
+                Err(e) if matches!(e.raw_os_error(), Some(libc::EINTR) | Some(libc::ETIME)) => {}
                 Err(e) => return Err(e),
             }
         }
