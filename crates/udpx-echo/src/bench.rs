@@ -140,7 +140,7 @@ pub fn run(cfg: &EchoBenchConfig, progress: &mut dyn FnMut(&str)) -> Result<(Vec
                 mode,
                 threads: 1,
                 batch,
-                io_uring: io_uring,
+                io_uring,
                 rate_limit: None,
                 cpus: Some(vec![srv_cpu]),
                 recv_buffer: None,
