@@ -211,7 +211,10 @@ pub fn text(cfg: &RecvConfig, path: &str, server: Option<&ServerReport>, r: &Rec
         row(
             &mut o,
             "would-block / ENOBUFS waits",
-            format!("{} / {}; send errors {}, unsent {}", t.would_block, t.no_buffers, t.send_errors, t.unsent),
+            format!(
+                "{} / {}; send errors {}, unsent {}, control unsent {}",
+                t.would_block, t.no_buffers, t.send_errors, t.unsent, t.control_unsent
+            ),
         );
         row(
             &mut o,

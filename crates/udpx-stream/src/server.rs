@@ -197,6 +197,10 @@ pub struct ShardStats {
     pub send_errors: u64,
     /// Datagrams not sent because of those errors or a wait that ran out.
     pub unsent: u64,
+    /// Control datagrams (Accepted, Refused, End) the socket did not take (full): counted;
+    /// a client repeats its request until it hears, and a receiver without an End counts
+    /// loss up to the highest sequence number it saw.
+    pub control_unsent: u64,
     /// The shard thread's CPU time, user + system, seconds.
     pub cpu_s: f64,
     /// The thread's scheduling: `normal`, `SCHED_FIFO N`, or why the asked-for real-time
@@ -237,6 +241,7 @@ impl ServerReport {
             t.no_buffers += s.no_buffers;
             t.send_errors += s.send_errors;
             t.unsent += s.unsent;
+            t.control_unsent += s.control_unsent;
             t.cpu_s += s.cpu_s;
             t.steady_allocations = match (t.steady_allocations, s.steady_allocations) {
                 (Some(a), Some(b)) => Some(a + b),
@@ -554,7 +559,9 @@ impl ShardLoop {
         let refuse = |s: &mut Self, why: String| {
             s.stats.refused += 1;
             let n = wire::write_refused(&mut s.ctrl, r.flow, &why);
-            let _ = s.shard.send(&[Transmit::new(addr, &s.ctrl[..n])]);
+            if s.shard.send(&[Transmit::new(addr, &s.ctrl[..n])]).is_err() {
+                s.stats.control_unsent += 1;
+            }
         };
         if r.rate > cfg.max_rate {
             return refuse(self, format!("rate {} B/s is above this server's --max-rate {}", r.rate, cfg.max_rate));
@@ -620,7 +627,10 @@ impl ShardLoop {
 
     fn accept(&mut self, addr: SocketAddr, flow: u32) {
         let n = wire::write_accepted(&mut self.ctrl, flow);
-        let _ = self.shard.send(&[Transmit::new(addr, &self.ctrl[..n])]);
+        if self.shard.send(&[Transmit::new(addr, &self.ctrl[..n])]).is_err() {
+            // The client asks again until it hears (its requests repeat): counted, not lost.
+            self.stats.control_unsent += 1;
+        }
     }
 
     fn end_flow(&mut self, idx: u32, _now: u64) {
@@ -632,7 +642,12 @@ impl ShardLoop {
         // Twice: the End tells the receiver its exact loss, so it is worth a spare.
         let n = wire::write_end(&mut self.ctrl, f.client_flow, f.seq);
         let t = Transmit::new(f.addr, &self.ctrl[..n]);
-        let _ = self.shard.send(&[t, t]);
+        match self.shard.send(&[t, t]) {
+            Ok(2) => {}
+            Ok(n) => self.stats.control_unsent += 2 - n as u64,
+            // Without its End the receiver counts loss up to the highest sequence it saw.
+            Err(e) => self.stats.control_unsent += 2 - e.sent.min(2) as u64,
+        }
     }
 
     fn send_releases(&mut self, now: u64) {
