@@ -8,6 +8,10 @@ use std::time::Duration;
 
 use udpx_stream::{lab, receive, PacingChoice, Progress, RecvConfig, ServeConfig, Server, StreamError};
 
+/// The veth tests (1,000 flows, Figure 4) load both CPUs: one at a time, or one starves the
+/// other's receiver and its loss is the neighbour's doing.
+static VETH: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 fn loopback_server(cfg: impl FnOnce(&mut ServeConfig)) -> Server {
     let mut c = ServeConfig::new(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)));
     cfg(&mut c);
@@ -21,6 +25,7 @@ fn a_thousand_flows_on_veth_arrive_exactly_once() {
     if udpx_lab::netns::skip_unless_capable("a_thousand_flows_on_veth_arrive_exactly_once") {
         return;
     }
+    let _alone = VETH.lock().unwrap_or_else(|e| e.into_inner());
     // 24 kB/s in two 1200-byte datagrams per release: a release every 100 ms per flow,
     // 10,000 releases a second in all.
     let recv = RecvConfig::new(SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0)), 1000, 24_000, Duration::from_secs(3));
@@ -185,6 +190,7 @@ fn figure4_runs_every_row_with_exact_loss() {
     if udpx_lab::netns::skip_unless_capable("figure4_runs_every_row_with_exact_loss") {
         return;
     }
+    let _alone = VETH.lock().unwrap_or_else(|e| e.into_inner());
     let cfg = udpx_stream::fig4::Fig4Config {
         flows: 8,
         duration: Duration::from_millis(2500),
