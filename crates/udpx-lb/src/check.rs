@@ -88,17 +88,12 @@ impl fmt::Display for Route {
 
 /// What a short header with this connection ID (`cid`, the whole DCID) meets.
 pub fn cid(b: &Balancer, cid: &[u8]) -> Route {
+    if cid.len() < 3 {
+        return Route::Fallback { why: format!("a {}-byte connection ID has no server ID (octets 1-2)", cid.len()) };
+    }
     let mut payload = vec![0x40];
     payload.extend_from_slice(cid);
-    // The rules read two bytes past octet 0 whatever the CID's length: pad as a real packet
-    // (which carries at least a packet number and a tag) would.
-    payload.extend_from_slice(&[0; 20]);
-    match packet(b, &payload) {
-        Route::Fallback { why } if cid.len() < 3 => {
-            Route::Fallback { why: format!("{why} (a {}-byte connection ID has no server ID)", cid.len()) }
-        }
-        r => r,
-    }
+    packet(b, &payload)
 }
 
 /// What a UDP payload sent to the VIP's port meets, rule by rule as in the ruleset.
