@@ -154,7 +154,7 @@ pub fn parse_hex(s: &str) -> Result<Vec<u8>, String> {
     let t = s.trim();
     let t = t.strip_prefix("0x").unwrap_or(t);
     let digits: Vec<u8> = t.bytes().filter(|c| !matches!(c, b' ' | b':' | b'\n' | b'\t' | b'-')).collect();
-    if digits.len() % 2 != 0 {
+    if !digits.len().is_multiple_of(2) {
         return Err(format!("{s:?}: an odd number of hex digits; give two per byte"));
     }
     digits
