@@ -3,19 +3,19 @@
 //! and `nft` (`tc` for the rebinding test); otherwise each test prints SKIP. Every process is
 //! in a ChildGroup and every namespace is removed when the lab drops, also on a failed assert.
 
+mod common;
+
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use udpx_lab::netns::{record_skip, skip_unless_capable, ChildGroup};
-use udpx_lb::lab::{Lab, LabConfig, CLIENT_REBOUND, PORT, VIP};
+use udpx_lb::lab::{Lab, LabConfig, PORT, VIP};
 use udpx_lb::{check, Mode};
 
-const UDPX: &str = env!("CARGO_BIN_EXE_udpx");
+use common::udpx;
 
-fn udpx(args: &[&str]) -> std::process::Output {
-    Command::new(UDPX).args(args).output().expect("run udpx")
-}
+const UDPX: &str = env!("CARGO_BIN_EXE_udpx");
 
 fn on_path(p: &str) -> bool {
     std::env::var_os("PATH").is_some_and(|path| std::env::split_paths(&path).any(|d| d.join(p).is_file()))
@@ -148,7 +148,6 @@ fn a_client_whose_address_changes_mid_download_stays_on_its_host() {
     assert_eq!(hosts.iter().map(|h| h.0).sum::<u64>(), 1, "{hosts:?}");
     assert!(hosts.iter().all(|h| h.2 == 0), "a packet reached the other host: {hosts:?}");
     assert_eq!(nft["fallback"], 0, "{nft:?}");
-    let _ = CLIENT_REBOUND;
 }
 
 #[test]
@@ -211,13 +210,7 @@ fn lb_commands_exit_2_on_bad_input_and_explain_routes() {
         (&["lb", "check", "--host", "1=10.0.1.1", "--cid", "0b0"], "odd number of hex digits"),
         (&["lb", "check", "--host", "1=10.0.1.1", "--packet", "zz"], "not a hex byte"),
     ];
-    for (args, needle) in cases {
-        let o = udpx(args);
-        let err = String::from_utf8_lossy(&o.stderr);
-        assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
-        assert!(err.contains(needle), "{args:?}: {needle:?} not in {err}");
-        assert!(err.lines().count() <= 6, "{args:?}: a short message, got {err}");
-    }
+    common::assert_usage_errors(cases);
     let hosts = ["--host", "1=10.0.1.2", "--host", "0x0102=10.0.2.2"];
     let ok = |extra: &[&str]| {
         let o = udpx(&[&["lb", "check"][..], &hosts, extra].concat());
