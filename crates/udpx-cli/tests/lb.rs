@@ -138,16 +138,26 @@ fn downloads(mode: Mode, n: usize) {
     assert_eq!(nft["fallback"], 0, "{nft:?}");
 }
 
+/// A stateless lab of two hosts serving a 3 MB file, the client's downlink limited to
+/// `bits_per_sec`; with `four_tuple`, the balancer hashes the 4-tuple only.
+fn slow_two_host_lab(tag: &str, bits_per_sec: u64, four_tuple: bool) -> (Tmp, Vec<u8>, Lab) {
+    let (t, content) = tmp(tag, 3_000_000);
+    let mut lab = Lab::setup(&LabConfig { hosts: 2, mode: Mode::Stateless }).unwrap();
+    if four_tuple {
+        lab.use_four_tuple_rules().unwrap();
+    }
+    lab.limit_client_rate(bits_per_sec).unwrap();
+    lab.start_servers(Path::new(UDPX), &t.0.join("www"), 120).unwrap();
+    (t, content, lab)
+}
+
 #[test]
 fn a_client_whose_address_changes_mid_download_stays_on_its_host() {
     if !capable("lb: client rebinding mid-download", &["nft", "tc"]) {
         return;
     }
-    let (t, content) = tmp("rebind", 3_000_000);
-    let mut lab = Lab::setup(&LabConfig { hosts: 2, mode: Mode::Stateless }).unwrap();
     // 3 MB at 12 Mbit/s: two seconds, so the change lands in the middle.
-    lab.limit_client_rate(12_000_000).unwrap();
-    lab.start_servers(Path::new(UDPX), &t.0.join("www"), 120).unwrap();
+    let (t, content, mut lab) = slow_two_host_lab("rebind", 12_000_000, false);
     let out = t.0.join("got");
     let start = Instant::now();
     let g = get(&lab, &out);
@@ -160,14 +170,62 @@ fn a_client_whose_address_changes_mid_download_stays_on_its_host() {
     assert!(std::fs::read(&out).unwrap() == content, "the body differs");
     let moved = lab.rebind_counters().unwrap();
     let nft = lab.counters().unwrap();
+    let forwarded = lab.host_packets().unwrap();
     let hosts = host_counters(&mut lab);
-    eprintln!("took {took:?}; rebinding {moved:?}; nft {nft:?}; per host {hosts:?}");
+    eprintln!("took {took:?}; rebinding {moved:?}; nft {nft:?}; forwarded per host {forwarded:?}; per host {hosts:?}");
+    assert_eq!(forwarded.iter().filter(|&&p| p > 0).count(), 1, "packets reached more than one host: {forwarded:?}");
     // Packets left from 10.78.0.3 and many answers came back to it: the hosts saw the new
     // address for a good part of the download.
     assert!(moved["out"] > 10 && moved["in"] > 100, "the rebinding did not take effect mid-download: {moved:?}");
     assert_eq!(hosts.iter().map(|h| h.0).sum::<u64>(), 1, "{hosts:?}");
     assert!(hosts.iter().all(|h| h.2 == 0), "a packet reached the other host: {hosts:?}");
     assert_eq!(nft["fallback"], 0, "{nft:?}");
+}
+
+/// The contrast: the same rebinding through a balancer that hashes the 4-tuple only. Each new
+/// client address has an even chance of hashing to the other host, so the test moves the
+/// client from address to address until its packets reach the other host (within 18 tries:
+/// missing is a 2^-18 chance), and shows that host dropping them as packets for no connection
+/// it knows. The client's download is then dead; the test ends it.
+#[test]
+fn a_four_tuple_balancer_loses_the_connection_when_the_client_moves() {
+    if !capable("lb: rebinding through a 4-tuple balancer", &["nft", "tc"]) {
+        return;
+    }
+    // 3 MB at 4 Mbit/s: six seconds, room for many tries.
+    let (t, _content, mut lab) = slow_two_host_lab("contrast", 4_000_000, true);
+    let out = t.0.join("got");
+    let client = get(&lab, &out);
+    std::thread::sleep(Duration::from_millis(500));
+    let before = lab.host_packets().unwrap();
+    let home = if before[0] > 0 { 0 } else { 1 };
+    assert!(before[home] > 0 && before[1 - home] == 0, "one 4-tuple, one host: {before:?}");
+    let mut moved_to_other = None;
+    for last in 3..=20u8 {
+        let addr = std::net::Ipv4Addr::new(10, 78, 0, last);
+        lab.rebind_client_to(addr).unwrap();
+        // A try counts once the client has sent from the new address.
+        let tried = Instant::now();
+        while lab.rebind_counters().unwrap()["out"] == 0 && tried.elapsed() < Duration::from_secs(2) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+        if lab.host_packets().unwrap()[1 - home] > 0 {
+            moved_to_other = Some(addr);
+            break;
+        }
+    }
+    // Let the lost packets pile up at the other host, then end the stuck client.
+    std::thread::sleep(Duration::from_millis(300));
+    drop(client);
+    let nft = lab.counters().unwrap();
+    let hosts = host_counters(&mut lab);
+    eprintln!("moved to {moved_to_other:?}; nft {nft:?}; per host {hosts:?}");
+    assert!(moved_to_other.is_some(), "18 new addresses all hashed to the same host: {hosts:?}");
+    assert_eq!(nft["short_cid"] + nft["long_cid"] + nft["initial_hash"], 0, "{nft:?}");
+    let other = hosts[1 - home];
+    assert_eq!(other.0, 0, "the other host made no connection: {hosts:?}");
+    assert!(other.2 > 0, "the other host dropped the moved client's packets as unknown: {hosts:?}");
 }
 
 #[test]

@@ -20,6 +20,7 @@
 //! does not depend on the HTTP/3 tool), each in a [`ChildGroup`] started with `ip netns exec`.
 
 use std::collections::BTreeMap;
+use std::fmt::Write as _;
 use std::fs::File;
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::path::{Path, PathBuf};
@@ -175,27 +176,24 @@ impl Lab {
                 ns.exec(&["ip", "addr", "add", &format!("{VIP}/32"), "dev", "lo"])?;
             }
         }
-        // The rebound client address: the balancer delivers it to the client's device.
-        let mac = self.client.exec(&["cat", &format!("/sys/class/net/{cd}/address")])?;
-        bal.exec(&[
-            "ip",
-            "neigh",
-            "replace",
-            &CLIENT_REBOUND.to_string(),
-            "lladdr",
-            mac.trim(),
-            "dev",
-            bd,
-            "nud",
-            "permanent",
-        ])?;
         // The generated rules, exactly as `udpx lb nft` prints them.
         self.load_nft(bal, "balancer.nft", &self.balancer_cfg.ruleset())?;
         for cmd in self.balancer_cfg.route_commands() {
             let args: Vec<&str> = cmd.iter().map(String::as_str).collect();
             bal.exec(&args)?;
         }
-        Ok(())
+        // The lab's own view: packets to the service forwarded towards each host.
+        let mut obs = String::from("table ip udpx_lab_obs {\n");
+        for i in 1..=self.hosts.len() {
+            let _ = writeln!(obs, "\tcounter h{i} {{ }}");
+        }
+        obs.push_str("\tchain forward {\n\t\ttype filter hook forward priority filter; policy accept;\n");
+        for i in 1..=self.hosts.len() {
+            let dev = dev_name(pid, serial, host_role(i, true));
+            let _ = writeln!(obs, "\t\toifname \"{dev}\" udp dport {PORT} counter name \"h{i}\"");
+        }
+        obs.push_str("\t}\n}\n");
+        self.load_nft(bal, "observe.nft", &obs)
     }
 
     fn load_nft(&self, ns: &Namespace, file: &str, rules: &str) -> Result<(), Error> {
@@ -302,22 +300,62 @@ impl Lab {
         Ok(parse_counters(&out))
     }
 
-    /// Rewrites the client's address from then on, as a NAT that rebinds would: a stateless nft
-    /// rule in the client's namespace turns [`CLIENT`] into [`CLIENT_REBOUND`] on the way out
-    /// and back on the way in, so the client's socket sees nothing and the hosts see a new
-    /// address. Returns after the rules are loaded.
+    /// Packets to the service's port the balancer forwarded towards each host so far, host 1
+    /// first (the lab's own counters, in table `udpx_lab_obs`).
+    pub fn host_packets(&self) -> Result<Vec<u64>, Error> {
+        let c = parse_counters(&self.balancer.exec(&["nft", "list", "counters", "table", "ip", "udpx_lab_obs"])?);
+        Ok((1..=self.hosts.len()).map(|i| c.get(&format!("h{i}")).copied().unwrap_or(0)).collect())
+    }
+
+    /// Replaces the balancer's rules with [`Balancer::four_tuple_ruleset`]: a balancer blind to
+    /// connection IDs, for the contrast.
+    pub fn use_four_tuple_rules(&self) -> Result<(), Error> {
+        self.load_nft(&self.balancer, "four-tuple.nft", &self.balancer_cfg.four_tuple_ruleset())
+    }
+
+    /// Rewrites the client's address to [`CLIENT_REBOUND`] from then on: see
+    /// [`Lab::rebind_client_to`].
     pub fn rebind_client(&self) -> Result<(), Error> {
+        self.rebind_client_to(CLIENT_REBOUND)
+    }
+
+    /// Rewrites the client's address from then on, as a NAT that rebinds would: a stateless nft
+    /// rule in the client's namespace turns [`CLIENT`] into `addr` (in 10.78.0.0/24, not an
+    /// address of the lab) on the way out and back on the way in, so the client's socket sees
+    /// nothing and the hosts see a new address. Calling it again moves to another address.
+    /// Returns after the rules are loaded.
+    pub fn rebind_client_to(&self, addr: Ipv4Addr) -> Result<(), Error> {
+        let o = addr.octets();
+        if o[..3] != [10, 78, 0] || [CLIENT, BALANCER_CLIENT].contains(&addr) || o[3] == 0 || o[3] == 255 {
+            return Err(Error::InvalidConfig { why: format!("rebind to {addr}: give a free address of 10.78.0.0/24") });
+        }
+        // The balancer delivers the new address to the client's device.
+        let mac = self.client.exec(&["cat", &format!("/sys/class/net/{}/address", self.client_dev)])?;
+        let bd = self.balancer_client_dev.as_str();
+        self.balancer.exec(&[
+            "ip",
+            "neigh",
+            "replace",
+            &addr.to_string(),
+            "lladdr",
+            mac.trim(),
+            "dev",
+            bd,
+            "nud",
+            "permanent",
+        ])?;
         let rules = format!(
-            "table ip udpx_rebind {{\n\
+            "table ip udpx_rebind\ndelete table ip udpx_rebind\n\
+             table ip udpx_rebind {{\n\
              \tcounter out {{ }}\n\
              \tcounter in {{ }}\n\
              \tchain output {{\n\
              \t\ttype filter hook output priority raw; policy accept;\n\
-             \t\tip saddr {CLIENT} ip daddr {VIP} notrack ip saddr set {CLIENT_REBOUND} counter name \"out\"\n\
+             \t\tip saddr {CLIENT} ip daddr {VIP} notrack ip saddr set {addr} counter name \"out\"\n\
              \t}}\n\
              \tchain prerouting {{\n\
              \t\ttype filter hook prerouting priority raw; policy accept;\n\
-             \t\tip saddr {VIP} ip daddr {CLIENT_REBOUND} notrack ip daddr set {CLIENT} counter name \"in\"\n\
+             \t\tip saddr {VIP} ip daddr {addr} notrack ip daddr set {CLIENT} counter name \"in\"\n\
              \t}}\n\
              }}\n"
         );

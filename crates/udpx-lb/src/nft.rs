@@ -223,6 +223,17 @@ impl Balancer {
 
     /// The whole ruleset for `nft -f`: it replaces table `ip udpx_lb` and nothing else.
     pub fn ruleset(&self) -> String {
+        self.render(true)
+    }
+
+    /// The same ruleset without the connection-ID rules: every packet by the 4-tuple hash, as a
+    /// balancer that knows nothing of QUIC routes. The baseline for comparisons (the lab's
+    /// rebinding contrast); only the counter `fallback` counts.
+    pub fn four_tuple_ruleset(&self) -> String {
+        self.render(false)
+    }
+
+    fn render(&self, by_cid: bool) -> String {
         let n = self.hosts.len();
         let mut s = String::new();
         let w = &mut s;
@@ -287,19 +298,29 @@ impl Balancer {
         line(w, "");
         line(w, "\t# sets the mark of the packet's host, counts it by rule, and returns");
         line(w, "\tchain quic {");
-        line(w, "\t\t# short header (form bit 0), DCID octet 0 with config rotation 000: route by server ID");
-        line(w, "\t\t@th,64,1 0 @th,72,3 0 meta mark set @th,80,16 map @sid2mark counter name \"short_cid\" return");
-        line(w, "\t\t# long header (form bit 1) with a server-chosen DCID: length 12, rotation 000");
-        let _ = writeln!(
-            w,
-            "\t\t@th,64,1 1 @th,104,8 {CID_LEN} @th,112,3 0 meta mark set @th,120,16 map @sid2mark counter name \"long_cid\" return"
-        );
-        line(w, "\t\t# Initial or 0-RTT (long types 00, 01) with a client-chosen DCID: a hash of its first 8 bytes,");
-        line(w, "\t\t# so all of one client's Initials reach one host; the server's CID takes over from then on");
-        let _ = writeln!(
-            w,
-            "\t\t@th,64,1 1 @th,66,1 0 meta mark set jhash @th,112,64 mod {n} offset 1 counter name \"initial_hash\" return"
-        );
+        if by_cid {
+            line(w, "\t\t# short header (form bit 0), DCID octet 0 with config rotation 000: route by server ID");
+            line(
+                w,
+                "\t\t@th,64,1 0 @th,72,3 0 meta mark set @th,80,16 map @sid2mark counter name \"short_cid\" return",
+            );
+            line(w, "\t\t# long header (form bit 1) with a server-chosen DCID: length 12, rotation 000");
+            let _ = writeln!(
+                w,
+                "\t\t@th,64,1 1 @th,104,8 {CID_LEN} @th,112,3 0 meta mark set @th,120,16 map @sid2mark counter name \"long_cid\" return"
+            );
+            line(
+                w,
+                "\t\t# Initial or 0-RTT (long types 00, 01) with a client-chosen DCID: a hash of its first 8 bytes,",
+            );
+            line(w, "\t\t# so all of one client's Initials reach one host; the server's CID takes over from then on");
+            let _ = writeln!(
+                w,
+                "\t\t@th,64,1 1 @th,66,1 0 meta mark set jhash @th,112,64 mod {n} offset 1 counter name \"initial_hash\" return"
+            );
+        } else {
+            line(w, "\t\t# (the connection-ID rules are left out: a CID-blind balancer, for comparison)");
+        }
         line(w, "\t\t# anything else (unknown server ID, another rotation, short or non-QUIC packets): 4-tuple hash");
         let _ = writeln!(
             w,
@@ -449,6 +470,19 @@ table ip udpx_lb {
     }
 
     #[test]
+    fn the_four_tuple_baseline_only_hashes() {
+        let r = two(Mode::Stateless).four_tuple_ruleset();
+        let chain = &r[r.find("\tchain quic").unwrap()..];
+        assert!(!chain.contains("@th"), "{chain}");
+        assert!(
+            chain.contains("meta mark set jhash ip saddr . udp sport . ip daddr . udp dport mod 2 offset 1"),
+            "{chain}"
+        );
+        let head = |r: &str| r[..r.find("\tchain quic").unwrap()].to_owned();
+        assert_eq!(head(&r), head(GOLDEN_STATELESS));
+    }
+
+    #[test]
     fn hosts_parse_and_configs_are_checked() {
         let h: Host = "0x00ff=192.0.2.1".parse().unwrap();
         assert_eq!((h.id, h.next_hop), (255, Ipv4Addr::new(192, 0, 2, 1)));
@@ -498,10 +532,10 @@ table ip udpx_lb {
             udpx_lab::netns::record_skip("nft_accepts_the_rules", "not root: nft -c needs CAP_NET_ADMIN");
             return;
         }
-        for mode in [Mode::Stateless, Mode::Dnat] {
+        for (mode, by_cid) in [(Mode::Stateless, true), (Mode::Dnat, true), (Mode::Stateless, false)] {
             let b = two(mode);
-            let path = std::env::temp_dir().join(format!("udpx-lb-{}-{mode}.nft", std::process::id()));
-            std::fs::write(&path, b.ruleset()).unwrap();
+            let path = std::env::temp_dir().join(format!("udpx-lb-{}-{mode}-{by_cid}.nft", std::process::id()));
+            std::fs::write(&path, if by_cid { b.ruleset() } else { b.four_tuple_ruleset() }).unwrap();
             let out = std::process::Command::new(nft).arg("-c").arg("-f").arg(&path).output().unwrap();
             let _ = std::fs::remove_file(&path);
             assert!(out.status.success(), "{mode}: {}", String::from_utf8_lossy(&out.stderr));
