@@ -16,6 +16,13 @@
 //! is off everywhere. Host `i` (from 1) has server ID `0x0100 + i`, so IDs and marks differ as
 //! they would in a real deployment.
 //!
+//! Beside the generated table `udpx_lb`, the balancer holds the lab's own table
+//! `udpx_lab_obs`: packets to the service port forwarded towards each host
+//! ([`Lab::host_packets`]), so a test sees where a connection's packets went without trusting
+//! the rules under test. [`Lab::rebind_client_to`] moves the client to another address mid-run
+//! (a stateless nft rewrite in the client's namespace, as a rebinding NAT would), and
+//! [`Lab::use_four_tuple_rules`] swaps in a CID-blind balancer for the contrast.
+//!
 //! The servers are `udpx h3 serve` processes (the lab is handed the binary's path: this crate
 //! does not depend on the HTTP/3 tool), each in a [`ChildGroup`] started with `ip netns exec`.
 
