@@ -2,6 +2,7 @@
 # Installs what udpx needs that a fresh machine may lack. Idempotent; safe to run twice.
 #   - ethtool: the bench and tests switch veth offloads (tx-udp-segmentation, GRO forwarding)
 #   - iproute2: `ip netns` and veth pairs for the namespace tests and the bench path
+#   - nftables: `udpx lb nft` rules are checked with `nft -c` and the lb lab's balancer runs them
 #   - iperf3, sockperf: independent peers the bench compares against
 #   - libclang-dev: bindgen in boring-sys (BoringSSL under quiche, crates/udpx-quic) needs it;
 #     without it the build fails after about 1.5 min with "Unable to find libclang"
@@ -15,6 +16,7 @@ set -euo pipefail
 need=()
 command -v ethtool  >/dev/null 2>&1 || need+=(ethtool)
 command -v ip       >/dev/null 2>&1 || need+=(iproute2)
+command -v nft      >/dev/null 2>&1 || need+=(nftables)
 command -v iperf3   >/dev/null 2>&1 || need+=(iperf3)
 command -v sockperf >/dev/null 2>&1 || need+=(sockperf)
 dpkg -s libclang-dev >/dev/null 2>&1 || need+=(libclang-dev)

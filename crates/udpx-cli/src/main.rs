@@ -10,6 +10,7 @@ use clap::{Args, Parser, Subcommand};
 mod bench;
 mod echo;
 mod h3;
+mod lb;
 mod stream;
 
 #[derive(Parser, Debug)]
@@ -34,6 +35,9 @@ enum Cmd {
     /// HTTP/3 on the udpx datapath: a file server (quiche, one event loop per shard, the I/O
     /// modes of the Cloudflare post) and a client.
     H3(h3::H3Args),
+    /// QUIC routed by connection ID across hosts: nftables rules for a Linux balancer, and
+    /// where a connection ID or packet goes.
+    Lb(lb::LbArgs),
 }
 
 #[derive(Args, Debug)]
@@ -156,6 +160,7 @@ fn main() -> ExitCode {
         Cmd::Echo(args) => echo::main(args),
         Cmd::Stream(args) => stream::main(args),
         Cmd::H3(args) => h3::main(args),
+        Cmd::Lb(args) => lb::main(args),
         Cmd::Probe(args) => {
             let opts = udpx_bench::probe::ProbeOptions { devices: args.devices, json: args.json };
             udpx_bench::probe::run(&opts)

@@ -3,15 +3,15 @@
 //! gtlsclient, and prints its JSON counters when it stops. Every process started is in a
 //! ChildGroup (killed on drop, also when an assertion fails) and bounded by `-l`.
 
+mod common;
+
 use std::path::PathBuf;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use udpx_lab::netns::{record_skip, ChildGroup};
 
-fn udpx(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_udpx")).args(args).output().expect("run udpx")
-}
+use common::udpx;
 
 struct Tmp(PathBuf);
 impl Drop for Tmp {
@@ -49,13 +49,7 @@ fn bad_input_exits_2_and_says_what_to_change() {
         (&["h3", "get", "https://127.0.0.1:99999/"], "port"),
         (&["h3", "get", "https://127.0.0.1:1/", "-o", "/nonexistent-dir/x"], "output file"),
     ];
-    for (args, needle) in cases {
-        let o = udpx(args);
-        let err = String::from_utf8_lossy(&o.stderr);
-        assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
-        assert!(err.contains(needle), "{args:?}: {needle:?} not in {err}");
-        assert!(err.lines().count() <= 6, "{args:?}: a short message, got {err}");
-    }
+    common::assert_usage_errors(cases);
 }
 
 #[test]

@@ -1,0 +1,130 @@
+//! `udpx lb`: rules for a Linux balancer that routes QUIC by connection ID (crate udpx-lb),
+//! and an explainer of where a connection ID or packet goes.
+
+use std::net::Ipv4Addr;
+use std::process::ExitCode;
+
+use clap::{Args, Subcommand, ValueEnum};
+use udpx_lb::{check, Balancer, Host, Mode};
+
+use crate::util;
+
+#[derive(Args, Debug)]
+pub struct LbArgs {
+    #[command(subcommand)]
+    cmd: LbCmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum LbCmd {
+    /// Print an nftables ruleset (for `nft -f`) that routes QUIC to hosts by the server ID in
+    /// their connection IDs, and the `ip rule`/`ip route` lines of the stateless mode.
+    Nft(NftArgs),
+    /// Explain which host a connection ID or a captured UDP payload reaches, and why.
+    Check(CheckArgs),
+}
+
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+enum ModeArg {
+    /// Mark and policy-route, no conntrack; every host holds the VIP (direct server return).
+    Stateless,
+    /// DNAT each new flow to its host's address; conntrack keeps the state.
+    Dnat,
+}
+
+impl From<ModeArg> for Mode {
+    fn from(m: ModeArg) -> Mode {
+        match m {
+            ModeArg::Stateless => Mode::Stateless,
+            ModeArg::Dnat => Mode::Dnat,
+        }
+    }
+}
+
+#[derive(Args, Debug)]
+struct NftArgs {
+    /// The service address clients send to (IPv4).
+    #[arg(long)]
+    vip: Ipv4Addr,
+    /// The service's UDP port.
+    #[arg(long, default_value_t = 443)]
+    port: u16,
+    /// A host: its server ID (`udpx h3 serve --host-id`, decimal or 0x hex) = its address
+    /// seen from the balancer. Repeat for each host; host N in order gets firewall mark N.
+    #[arg(long = "host", value_name = "ID=NEXTHOP", value_parser = parse_host)]
+    hosts: Vec<Host>,
+    /// How packets reach the hosts.
+    #[arg(long, value_enum, default_value_t = ModeArg::Stateless)]
+    mode: ModeArg,
+}
+
+#[derive(Args, Debug)]
+#[command(group = clap::ArgGroup::new("what").required(true).args(["cid", "packet"]))]
+struct CheckArgs {
+    /// The hosts, as for `udpx lb nft`.
+    #[arg(long = "host", value_name = "ID=NEXTHOP", value_parser = parse_host)]
+    hosts: Vec<Host>,
+    /// A connection ID in hex (as a short header's DCID).
+    #[arg(long)]
+    cid: Option<String>,
+    /// A UDP payload in hex, as captured (the QUIC packet, without IP and UDP headers).
+    #[arg(long)]
+    packet: Option<String>,
+}
+
+fn parse_host(s: &str) -> Result<Host, String> {
+    s.parse()
+}
+
+fn usage(sub: &str, msg: impl std::fmt::Display) -> ExitCode {
+    util::usage(&format!("lb {sub}"), msg)
+}
+
+pub fn main(a: LbArgs) -> ExitCode {
+    match a.cmd {
+        LbCmd::Nft(n) => nft(n),
+        LbCmd::Check(c) => check(c),
+    }
+}
+
+fn nft(a: NftArgs) -> ExitCode {
+    let b = match Balancer::new(a.vip, a.port, a.hosts, a.mode.into()) {
+        Ok(b) => b,
+        Err(e) => return usage("nft", e),
+    };
+    print!("{}", b.ruleset());
+    let routes = b.routes();
+    if !routes.is_empty() {
+        println!();
+        // Commented out: the file stays loadable by `nft -f`; run these lines in a shell.
+        for line in routes.lines() {
+            if line.starts_with('#') {
+                println!("{line}");
+            } else {
+                println!("#   {line}");
+            }
+        }
+        println!("# Every host: ip addr add {}/32 dev lo (the VIP, for direct server return)", b.vip());
+    }
+    ExitCode::SUCCESS
+}
+
+fn check(a: CheckArgs) -> ExitCode {
+    // The VIP and port do not change the answer: any will do.
+    let b = match Balancer::new(Ipv4Addr::UNSPECIFIED, 443, a.hosts, Mode::Stateless) {
+        Ok(b) => b,
+        Err(e) => return usage("check", e),
+    };
+    let (flag, text) = match (&a.cid, &a.packet) {
+        (Some(c), _) => ("--cid", c),
+        (None, Some(p)) => ("--packet", p),
+        (None, None) => return usage("check", "give --cid HEX or --packet HEX"),
+    };
+    let bytes = match check::parse_hex(text) {
+        Ok(b) => b,
+        Err(e) => return usage("check", format!("{flag} {e}")),
+    };
+    let route = if a.cid.is_some() { check::cid(&b, &bytes) } else { check::packet(&b, &bytes) };
+    println!("{route}");
+    ExitCode::SUCCESS
+}

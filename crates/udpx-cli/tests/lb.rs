@@ -1,0 +1,311 @@
+//! `udpx lb` end to end: the generated rules loaded into a balancer namespace (udpx_lb::lab),
+//! real `udpx h3 serve` hosts behind it, real `udpx h3 get` clients in front. Needs root, `ip`
+//! and `nft` (`tc` for the rebinding test); otherwise each test prints SKIP. Every process is
+//! in a ChildGroup and every namespace is removed when the lab drops, also on a failed assert.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use udpx_lab::netns::{record_skip, skip_unless_capable, ChildGroup};
+use udpx_lb::lab::{Lab, LabConfig, PORT, VIP};
+use udpx_lb::{check, Mode};
+
+use common::udpx;
+
+const UDPX: &str = env!("CARGO_BIN_EXE_udpx");
+
+fn on_path(p: &str) -> bool {
+    std::env::var_os("PATH").is_some_and(|path| std::env::split_paths(&path).any(|d| d.join(p).is_file()))
+}
+
+/// Whether the lab can run here; prints SKIP when not.
+fn capable(what: &str, tools: &[&str]) -> bool {
+    if skip_unless_capable(what) {
+        return false;
+    }
+    if let Some(t) = tools.iter().find(|t| !on_path(t)) {
+        record_skip(what, &format!("{t} not installed (scripts/setup.sh installs it)"));
+        return false;
+    }
+    true
+}
+
+struct Tmp(PathBuf);
+impl Drop for Tmp {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn tmp(tag: &str, size: usize) -> (Tmp, Vec<u8>) {
+    let p = std::env::temp_dir().join(format!("udpx-cli-lb-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&p);
+    std::fs::create_dir_all(p.join("www")).unwrap();
+    let content: Vec<u8> = (0..size as u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 11) as u8).collect();
+    std::fs::write(p.join("www/file"), &content).unwrap();
+    (Tmp(p), content)
+}
+
+/// `udpx h3 get` in the client's namespace, writing the body to `out`.
+fn get(lab: &Lab, out: &Path) -> ChildGroup {
+    let mut cmd = lab.client().command(UDPX);
+    cmd.args(["h3", "get", &lab.url("file"), "-o"]).arg(out).stdin(Stdio::null()).stdout(Stdio::null());
+    cmd.stderr(std::fs::File::create(out.with_extension("err")).unwrap());
+    ChildGroup::spawn(&mut cmd).unwrap()
+}
+
+/// Per host: (connections, HTTP 200s, packets for no known connection, all drops), from the
+/// JSON the servers print when they stop.
+fn host_counters(lab: &mut Lab) -> Vec<(u64, u64, u64, u64)> {
+    lab.stop_servers()
+        .into_iter()
+        .map(|(out, err)| {
+            let v: serde_json::Value = serde_json::from_str(out.trim())
+                .unwrap_or_else(|e| panic!("server output {out:?} ({e}); stderr {err}"));
+            let q = &v["h3_serve"]["quic"];
+            let n = |k: &str| q[k].as_u64().unwrap_or_else(|| panic!("{k} missing in {v}"));
+            let drops = ["dropped_unparseable", "dropped_unknown_cid", "dropped_bad_initial", "dropped_by_quic"];
+            (
+                n("connections"),
+                v["h3_serve"]["http"]["ok"].as_u64().unwrap(),
+                n("dropped_unknown_cid"),
+                drops.iter().map(|k| n(k)).sum(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn downloads_through_the_balancer_stay_on_one_host_and_share_the_load() {
+    if capable("lb: downloads through the balancer", &["nft"]) {
+        downloads(Mode::Stateless, 30);
+    }
+}
+
+/// The DNAT mode: hosts without the VIP, conntrack on the balancer; fewer downloads.
+#[test]
+fn downloads_through_a_dnat_balancer_stay_on_one_host() {
+    if capable("lb: downloads through a DNAT balancer", &["nft"]) {
+        downloads(Mode::Dnat, 12);
+    }
+}
+
+/// `n` downloads (a multiple of 3), three at a time, through a balancer of 3 hosts in `mode`.
+fn downloads(mode: Mode, n: usize) {
+    let (t, content) = tmp(&format!("share-{mode}"), 200_000);
+    let mut lab = Lab::setup(&LabConfig { hosts: 3, mode }).unwrap();
+    lab.start_servers(Path::new(UDPX), &t.0.join("www"), 120).unwrap();
+    // Three clients at a time (two cores).
+    for round in 0..n / 3 {
+        let clients: Vec<(PathBuf, ChildGroup)> = (0..3)
+            .map(|k| {
+                let out = t.0.join(format!("got-{round}-{k}"));
+                let g = get(&lab, &out);
+                (out, g)
+            })
+            .collect();
+        for (out, g) in clients {
+            let status = g.wait().unwrap();
+            let err = std::fs::read_to_string(out.with_extension("err")).unwrap_or_default();
+            assert!(status.success(), "download {}: {status}: {err}", out.display());
+            assert!(std::fs::read(&out).unwrap() == content, "download {} differs", out.display());
+        }
+    }
+    let nft = lab.counters().unwrap();
+    let hosts = host_counters(&mut lab);
+    eprintln!("nft counters {nft:?}; per host (connections, ok, unknown CID, drops) {hosts:?}");
+    assert_eq!(hosts.iter().map(|h| h.0).sum::<u64>(), n as u64, "one connection per download");
+    assert_eq!(hosts.iter().map(|h| h.1).sum::<u64>(), n as u64, "every download answered once");
+    // A packet of a connection that reached another host would be one for no known connection
+    // there (a short header or Handshake with a CID the host never issued).
+    assert!(hosts.iter().all(|h| h.2 == 0 && h.3 == 0), "a packet reached a host without its connection: {hosts:?}");
+    let busy = hosts.iter().filter(|h| h.0 > 0).count();
+    assert!(busy >= 2, "the Initial hash spread {n} connections over {busy} host(s): {hosts:?}");
+    match mode {
+        Mode::Stateless => {
+            assert!(nft["initial_hash"] >= n as u64, "{nft:?}");
+            assert!(nft["long_cid"] >= n as u64 && nft["short_cid"] > n as u64, "{nft:?}");
+        }
+        // The nat chain sees the first packet of each flow only: one Initial per connection.
+        Mode::Dnat => {
+            assert_eq!(nft["initial_hash"], n as u64, "{nft:?}");
+            assert_eq!(nft["long_cid"] + nft["short_cid"], 0, "{nft:?}");
+        }
+    }
+    assert_eq!(nft["fallback"], 0, "{nft:?}");
+}
+
+/// A stateless lab of two hosts serving a 3 MB file, the client's downlink limited to
+/// `bits_per_sec`; with `four_tuple`, the balancer hashes the 4-tuple only.
+fn slow_two_host_lab(tag: &str, bits_per_sec: u64, four_tuple: bool) -> (Tmp, Vec<u8>, Lab) {
+    let (t, content) = tmp(tag, 3_000_000);
+    let mut lab = Lab::setup(&LabConfig { hosts: 2, mode: Mode::Stateless }).unwrap();
+    if four_tuple {
+        lab.use_four_tuple_rules().unwrap();
+    }
+    lab.limit_client_rate(bits_per_sec).unwrap();
+    lab.start_servers(Path::new(UDPX), &t.0.join("www"), 120).unwrap();
+    (t, content, lab)
+}
+
+#[test]
+fn a_client_whose_address_changes_mid_download_stays_on_its_host() {
+    if !capable("lb: client rebinding mid-download", &["nft", "tc"]) {
+        return;
+    }
+    // 3 MB at 12 Mbit/s: two seconds, so the change lands in the middle.
+    let (t, content, mut lab) = slow_two_host_lab("rebind", 12_000_000, false);
+    let out = t.0.join("got");
+    let start = Instant::now();
+    let g = get(&lab, &out);
+    std::thread::sleep(Duration::from_millis(600));
+    lab.rebind_client().unwrap();
+    let status = g.wait().unwrap();
+    let took = start.elapsed();
+    let err = std::fs::read_to_string(out.with_extension("err")).unwrap_or_default();
+    assert!(status.success(), "download across the rebinding: {status}: {err}");
+    assert!(std::fs::read(&out).unwrap() == content, "the body differs");
+    let moved = lab.rebind_counters().unwrap();
+    let nft = lab.counters().unwrap();
+    let forwarded = lab.host_packets().unwrap();
+    let hosts = host_counters(&mut lab);
+    eprintln!("took {took:?}; rebinding {moved:?}; nft {nft:?}; forwarded per host {forwarded:?}; per host {hosts:?}");
+    assert_eq!(forwarded.iter().filter(|&&p| p > 0).count(), 1, "packets reached more than one host: {forwarded:?}");
+    // Packets left from 10.78.0.3 and many answers came back to it: the hosts saw the new
+    // address for a good part of the download.
+    assert!(moved["out"] > 10 && moved["in"] > 100, "the rebinding did not take effect mid-download: {moved:?}");
+    assert_eq!(hosts.iter().map(|h| h.0).sum::<u64>(), 1, "{hosts:?}");
+    assert!(hosts.iter().all(|h| h.2 == 0), "a packet reached the other host: {hosts:?}");
+    assert_eq!(nft["fallback"], 0, "{nft:?}");
+}
+
+/// The contrast: the same rebinding through a balancer that hashes the 4-tuple only. Each new
+/// client address has an even chance of hashing to the other host, so the test moves the
+/// client from address to address until its packets reach the other host (within 18 tries:
+/// missing is a 2^-18 chance), and shows that host dropping them as packets for no connection
+/// it knows. The client's download is then dead; the test ends it.
+#[test]
+fn a_four_tuple_balancer_loses_the_connection_when_the_client_moves() {
+    if !capable("lb: rebinding through a 4-tuple balancer", &["nft", "tc"]) {
+        return;
+    }
+    // 3 MB at 4 Mbit/s: six seconds, room for many tries.
+    let (t, _content, mut lab) = slow_two_host_lab("contrast", 4_000_000, true);
+    let out = t.0.join("got");
+    let client = get(&lab, &out);
+    std::thread::sleep(Duration::from_millis(500));
+    let before = lab.host_packets().unwrap();
+    let home = if before[0] > 0 { 0 } else { 1 };
+    assert!(before[home] > 0 && before[1 - home] == 0, "one 4-tuple, one host: {before:?}");
+    let mut moved_to_other = None;
+    for last in 3..=20u8 {
+        let addr = std::net::Ipv4Addr::new(10, 78, 0, last);
+        lab.rebind_client_to(addr).unwrap();
+        // A try counts once the client has sent from the new address.
+        let tried = Instant::now();
+        while lab.rebind_counters().unwrap()["out"] == 0 && tried.elapsed() < Duration::from_secs(2) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+        if lab.host_packets().unwrap()[1 - home] > 0 {
+            moved_to_other = Some(addr);
+            break;
+        }
+    }
+    // Let the lost packets pile up at the other host, then end the stuck client.
+    std::thread::sleep(Duration::from_millis(300));
+    drop(client);
+    let nft = lab.counters().unwrap();
+    let hosts = host_counters(&mut lab);
+    eprintln!("moved to {moved_to_other:?}; nft {nft:?}; per host {hosts:?}");
+    assert!(moved_to_other.is_some(), "18 new addresses all hashed to the same host: {hosts:?}");
+    assert_eq!(nft["short_cid"] + nft["long_cid"] + nft["initial_hash"], 0, "{nft:?}");
+    let other = hosts[1 - home];
+    assert_eq!(other.0, 0, "the other host made no connection: {hosts:?}");
+    assert!(other.2 > 0, "the other host dropped the moved client's packets as unknown: {hosts:?}");
+}
+
+#[test]
+fn bad_input_falls_back_counted_and_nothing_crashes() {
+    if !capable("lb: bad input to the VIP", &["nft"]) {
+        return;
+    }
+    let (t, content) = tmp("bad", 20_000);
+    let mut lab = Lab::setup(&LabConfig { hosts: 2, mode: Mode::Stateless }).unwrap();
+    lab.start_servers(Path::new(UDPX), &t.0.join("www"), 120).unwrap();
+    let unknown = udpx_quic::cid::ServerCid { host_id: 0x0999, nonce: [7; 8], worker: 0 }.to_bytes();
+    let mut garbage: Vec<Vec<u8>> = vec![
+        vec![],
+        vec![0x40],
+        vec![0x40, 0x0b, 0x01],
+        b"hello, balancer".to_vec(),
+        [&[0x40u8][..], &unknown, &[0; 30]].concat(),
+        [&[0x40u8, 0x2b, 0x01, 0x01][..], &[0; 30]].concat(),
+        [&[0xe0u8, 0, 0, 0, 1, 12][..], &unknown, &[0; 30]].concat(),
+        vec![0xc0, 0, 0, 0, 1, 8, 1, 2],
+    ];
+    garbage.extend((0..20u8).map(|i| vec![0x55 ^ i; 64 + usize::from(i)]));
+    let b = lab.balancer_config().clone();
+    for g in &garbage {
+        assert_eq!(check::packet(&b, g).counter(), "fallback", "{g:02x?}");
+    }
+    let sent = garbage.len() as u64;
+    lab.client().run(move || {
+        let s = std::net::UdpSocket::bind("0.0.0.0:0").unwrap();
+        for g in &garbage {
+            s.send_to(g, (VIP, PORT)).unwrap();
+        }
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    let nft = lab.counters().unwrap();
+    assert_eq!(nft["fallback"], sent, "{nft:?}");
+    assert_eq!(nft["short_cid"] + nft["long_cid"] + nft["initial_hash"], 0, "{nft:?}");
+    // The hosts are still serving.
+    let out = t.0.join("got");
+    let status = get(&lab, &out).wait().unwrap();
+    assert!(status.success(), "{}", std::fs::read_to_string(out.with_extension("err")).unwrap_or_default());
+    assert!(std::fs::read(&out).unwrap() == content);
+    let hosts = host_counters(&mut lab);
+    eprintln!("nft {nft:?}; per host {hosts:?}");
+    assert_eq!(hosts.iter().map(|h| h.1).sum::<u64>(), 1, "{hosts:?}");
+    assert!(hosts.iter().map(|h| h.3).sum::<u64>() >= sent - 1, "the hosts dropped the garbage they got: {hosts:?}");
+}
+
+#[test]
+fn lb_commands_exit_2_on_bad_input_and_explain_routes() {
+    let cases: &[(&[&str], &str)] = &[
+        (&["lb", "nft", "--vip", "10.0.0.1"], "--host"),
+        (&["lb", "nft", "--vip", "10.0.0.1", "--host", "1=x"], "next hop"),
+        (&["lb", "nft", "--vip", "10.0.0.1", "--host", "70000=10.0.1.1"], "0 to 65535"),
+        (&["lb", "nft", "--vip", "10.0.0.1", "--host", "1=10.0.1.1", "--host", "1=10.0.1.2"], "ID 1 given twice"),
+        (&["lb", "nft", "--vip", "10.0.0.1", "--host", "1=10.0.1.1", "--port", "0"], "--port 0"),
+        (&["lb", "nft", "--vip", "::1", "--host", "1=10.0.1.1"], "--vip"),
+        (&["lb", "nft", "--vip", "10.0.0.1", "--host", "1=10.0.1.1", "--mode", "nat"], "--mode"),
+        (&["lb", "check", "--host", "1=10.0.1.1"], "--cid"),
+        (&["lb", "check", "--host", "1=10.0.1.1", "--cid", "0b0"], "odd number of hex digits"),
+        (&["lb", "check", "--host", "1=10.0.1.1", "--packet", "zz"], "not a hex byte"),
+    ];
+    common::assert_usage_errors(cases);
+    let hosts = ["--host", "1=10.0.1.2", "--host", "0x0102=10.0.2.2"];
+    let ok = |extra: &[&str]| {
+        let o = udpx(&[&["lb", "check"][..], &hosts, extra].concat());
+        assert!(o.status.success(), "{extra:?}: {}", String::from_utf8_lossy(&o.stderr));
+        String::from_utf8(o.stdout).unwrap()
+    };
+    assert!(ok(&["--cid", "0b0102aabbccddeeff001122"]).contains("host 258 via 10.0.2.2: short header"));
+    assert!(ok(&["--cid", "0b0999aabbccddeeff001122"]).contains("0x0999, which no host has"));
+    assert!(ok(&["--packet", "e0000000010c0b0001aabbccddeeff00112200"]).contains("host 1 via 10.0.1.2: long header"));
+    assert!(ok(&["--packet", "c000000001100102030405060708090a0b0c0d0e0f10"])
+        .contains("jhash of the DCID bytes 0102030405060708"));
+    assert!(ok(&["--packet", "68656c6c6f"]).contains("rule fallback"));
+    let o = udpx(&[&["lb", "nft", "--vip", "10.0.0.1", "--port", "4433"][..], &hosts, &["--mode", "dnat"]].concat());
+    let text = String::from_utf8(o.stdout).unwrap();
+    assert!(o.status.success());
+    assert!(
+        text.contains("dnat to meta mark map @mark2ip") && text.contains("udp dport 4433") && !text.contains("ip rule"),
+        "{text}"
+    );
+}

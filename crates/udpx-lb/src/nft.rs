@@ -1,0 +1,544 @@
+//! The nftables ruleset (and policy routes) that route QUIC by the server ID in its connection
+//! IDs. Pure text from a [`Balancer`]; `nft -c -f` checks it where nft is installed.
+//!
+//! # Where the bytes are
+//!
+//! nft's `@th,OFFSET,LEN` counts bits from the transport header: the UDP header is bits 0-63,
+//! the QUIC packet starts at bit 64.
+//!
+//! ```text
+//!  short header   byte 0      1 (DCID octet 0)   2-3 (server ID)
+//!                 0 1 . . .   rrr LLLLL           host ID
+//!                 @th,64,1    @th,72,3            @th,80,16
+//!
+//!  long header    byte 0      1-4 version   5 (DCID len)   6 (DCID octet 0)   7-8
+//!                 1 1 TT ..                  12             rrr LLLLL          host ID
+//!                 @th,64,1                   @th,104,8      @th,112,3          @th,120,16
+//!                     @th,66,1: type Initial (00) or 0-RTT (01)
+//! ```
+//!
+//! # What nft does with them (nft 1.0.6, found in the issue's prototype and here)
+//!
+//! - A named map needs `typeof` (nft 1.0.6 refuses `type integer` keys).
+//! - A failed map lookup ends the rule (nothing after it runs, the packet is not marked), so an
+//!   unknown server ID falls through to the next rule and finally to the 4-tuple fallback. A
+//!   payload too short for an offset also ends the rule: short packets fall back too.
+//! - `notrack` only works before conntrack (priority `raw`, -300); at `mangle` (-150) the packet
+//!   already has its conntrack entry.
+//! - `jhash` without `seed` takes a random seed when the rule is loaded: which host a hashed
+//!   packet reaches is stable for the ruleset's life, not predictable from outside.
+//!
+//! # Modes
+//!
+//! - [`Mode::Stateless`]: each packet is marked (`meta mark`), `ip rule fwmark M table 100+M`
+//!   sends it to its host's next hop, untouched and untracked. Every host must hold the VIP
+//!   (on `lo` or a device) and answers the client directly (direct server return).
+//! - [`Mode::Dnat`]: the first packet of each conntrack flow is classified the same way and
+//!   `dnat to` its host's address; conntrack rewrites the rest and the replies. The hosts need
+//!   no VIP, but the balancer keeps state, and the replies must come back through it. A client
+//!   whose address changes starts a new flow, classified again by its connection ID.
+
+use std::collections::BTreeSet;
+use std::fmt::{self, Write as _};
+use std::net::Ipv4Addr;
+use std::str::FromStr;
+
+use udpx_quic::cid::CID_LEN;
+
+/// The nft table every ruleset here lives in (`table ip udpx_lb`).
+pub const TABLE: &str = "udpx_lb";
+/// Routing table of mark `m` is `TABLE_BASE + m`.
+pub const TABLE_BASE: u32 = 100;
+/// Most hosts one ruleset takes (marks 1..=255, tables 101..=355).
+pub const MAX_HOSTS: usize = 255;
+/// The named counters, in rule order: short header, long header with a server CID, Initial or
+/// 0-RTT hashed by DCID, 4-tuple fallback.
+pub const COUNTERS: [&str; 4] = ["short_cid", "long_cid", "initial_hash", "fallback"];
+
+/// How the balancer hands packets to hosts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Mode {
+    /// Mark and policy-route, no conntrack; the hosts hold the VIP (DSR).
+    #[default]
+    Stateless,
+    /// `dnat` the first packet of each flow to its host; conntrack does the rest.
+    Dnat,
+}
+
+impl fmt::Display for Mode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Mode::Stateless => "stateless",
+            Mode::Dnat => "dnat",
+        })
+    }
+}
+
+impl FromStr for Mode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Mode, String> {
+        match s {
+            "stateless" => Ok(Mode::Stateless),
+            "dnat" => Ok(Mode::Dnat),
+            _ => Err(format!("mode {s:?}: give stateless or dnat")),
+        }
+    }
+}
+
+/// One host behind the balancer: the server ID its connection IDs carry (`udpx h3 serve
+/// --host-id`) and the address the balancer sends its packets to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Host {
+    /// The QUIC-LB server ID, connection ID octets 1-2.
+    pub id: u16,
+    /// Its address on the balancer's side: the next hop (stateless) or DNAT target.
+    pub next_hop: Ipv4Addr,
+}
+
+impl FromStr for Host {
+    type Err = String;
+    /// `ID=NEXTHOP`: the ID decimal (`1`) or hex (`0x0001`), the next hop an IPv4 address.
+    fn from_str(s: &str) -> Result<Host, String> {
+        let Some((id, hop)) = s.split_once('=') else {
+            return Err(format!("host {s:?}: give ID=NEXTHOP, e.g. 1=10.0.1.2"));
+        };
+        let id = id.trim();
+        let parsed = match id.strip_prefix("0x").or_else(|| id.strip_prefix("0X")) {
+            Some(hex) => u16::from_str_radix(hex, 16),
+            None => id.parse::<u16>(),
+        };
+        let id = parsed.map_err(|_| format!("host {s:?}: the ID {id:?} is not 0 to 65535 (decimal or 0x hex)"))?;
+        let next_hop = hop
+            .trim()
+            .parse::<Ipv4Addr>()
+            .map_err(|_| format!("host {s:?}: the next hop {hop:?} is not an IPv4 address"))?;
+        Ok(Host { id, next_hop })
+    }
+}
+
+impl fmt::Display for Host {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}={}", self.id, self.next_hop)
+    }
+}
+
+/// What a balancer routes: a VIP and port, its hosts, a mode. Made by [`Balancer::new`], which
+/// refuses a configuration the rules could not express.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Balancer {
+    vip: Ipv4Addr,
+    port: u16,
+    hosts: Vec<Host>,
+    mode: Mode,
+}
+
+/// Why a [`Balancer`] cannot be made.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ConfigError {
+    /// No host given.
+    NoHosts,
+    /// More than [`MAX_HOSTS`].
+    TooManyHosts(usize),
+    /// Two hosts with one server ID.
+    DuplicateId(u16),
+    /// Two hosts with one address.
+    DuplicateNextHop(Ipv4Addr),
+    /// A host's address is the VIP itself.
+    NextHopIsVip(Ipv4Addr),
+    /// Port 0.
+    PortZero,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ConfigError::NoHosts => write!(f, "no host: give at least one --host ID=NEXTHOP"),
+            ConfigError::TooManyHosts(n) => write!(f, "{n} hosts: give at most {MAX_HOSTS} (one firewall mark each)"),
+            ConfigError::DuplicateId(id) => write!(f, "host ID {id} given twice: give each host its own ID"),
+            ConfigError::DuplicateNextHop(a) => write!(f, "next hop {a} given twice: give each host its own address"),
+            ConfigError::NextHopIsVip(a) => write!(f, "next hop {a} is the VIP: give the host's own address"),
+            ConfigError::PortZero => write!(f, "--port 0: give the port the service listens on (1 to 65535)"),
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+impl Balancer {
+    /// Checks and keeps the configuration. Hosts keep their order: host `i` gets mark `i + 1`.
+    pub fn new(vip: Ipv4Addr, port: u16, hosts: Vec<Host>, mode: Mode) -> Result<Balancer, ConfigError> {
+        if hosts.is_empty() {
+            return Err(ConfigError::NoHosts);
+        }
+        if hosts.len() > MAX_HOSTS {
+            return Err(ConfigError::TooManyHosts(hosts.len()));
+        }
+        if port == 0 {
+            return Err(ConfigError::PortZero);
+        }
+        let (mut ids, mut hops) = (BTreeSet::new(), BTreeSet::new());
+        for h in &hosts {
+            if !ids.insert(h.id) {
+                return Err(ConfigError::DuplicateId(h.id));
+            }
+            if !hops.insert(h.next_hop) {
+                return Err(ConfigError::DuplicateNextHop(h.next_hop));
+            }
+            if h.next_hop == vip {
+                return Err(ConfigError::NextHopIsVip(vip));
+            }
+        }
+        Ok(Balancer { vip, port, hosts, mode })
+    }
+
+    /// The VIP.
+    pub fn vip(&self) -> Ipv4Addr {
+        self.vip
+    }
+
+    /// The UDP port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The hosts, in mark order.
+    pub fn hosts(&self) -> &[Host] {
+        &self.hosts
+    }
+
+    /// The mode.
+    pub fn mode(&self) -> Mode {
+        self.mode
+    }
+
+    /// The firewall mark of host `index` (its position in [`Balancer::hosts`]).
+    pub fn mark(index: usize) -> u32 {
+        index as u32 + 1
+    }
+
+    /// The host with server ID `id` and its index, if any.
+    pub fn host(&self, id: u16) -> Option<(usize, Host)> {
+        self.hosts.iter().copied().enumerate().find(|(_, h)| h.id == id)
+    }
+
+    /// The whole ruleset for `nft -f`: it replaces table `ip udpx_lb` and nothing else.
+    pub fn ruleset(&self) -> String {
+        self.render(true)
+    }
+
+    /// The same ruleset without the connection-ID rules: every packet by the 4-tuple hash, as a
+    /// balancer that knows nothing of QUIC routes. The baseline for comparisons (the lab's
+    /// rebinding contrast); only the counter `fallback` counts.
+    pub fn four_tuple_ruleset(&self) -> String {
+        self.render(false)
+    }
+
+    fn render(&self, by_cid: bool) -> String {
+        let n = self.hosts.len();
+        let mut s = String::new();
+        let w = &mut s;
+        line(w, "#!/usr/sbin/nft -f");
+        line(w, "# udpx lb nft: QUIC routed by the server ID in its connection IDs (QUIC-LB plaintext,");
+        line(w, "# udpx-quic's layout: octet 0 = 000 rotation bits + length 0x0b, 2-byte server ID, nonce, worker).");
+        let _ = writeln!(w, "# VIP {} udp port {}, {} hosts, mode {}.", self.vip, self.port, n, self.mode);
+        match self.mode {
+            Mode::Stateless => {
+                line(w, "# Stateless: packets are marked, not tracked; `ip rule fwmark` sends them to their host");
+                line(w, "# (the ip lines printed below). Every host holds the VIP and answers directly (DSR).");
+            }
+            Mode::Dnat => {
+                line(w, "# DNAT: the first packet of each conntrack flow is classified and sent to its host's");
+                line(w, "# address; conntrack rewrites the rest and the replies, which must pass back through here.");
+            }
+        }
+        line(w, "# Offsets are bits from the UDP header (@th): the QUIC packet starts at bit 64.");
+        line(w, "# A failed map lookup or a payload too short for an offset ends a rule: the next one runs.");
+        line(w, "");
+        line(w, "# Create the table if missing, then delete it: loading this file again replaces it.");
+        let _ = writeln!(w, "table ip {TABLE}");
+        let _ = writeln!(w, "delete table ip {TABLE}");
+        let _ = writeln!(w, "table ip {TABLE} {{");
+        line(w, "\t# server ID (connection ID octets 1-2) -> the host's firewall mark");
+        line(w, "\tmap sid2mark {");
+        line(w, "\t\ttypeof @th,80,16 : meta mark");
+        let elems: Vec<String> =
+            self.hosts.iter().enumerate().map(|(i, h)| format!("{:#06x} : {}", h.id, Balancer::mark(i))).collect();
+        let _ = writeln!(w, "\t\telements = {{ {} }}", elems.join(", "));
+        line(w, "\t}");
+        if self.mode == Mode::Dnat {
+            line(w, "\t# firewall mark -> the host's address");
+            line(w, "\tmap mark2ip {");
+            line(w, "\t\ttypeof meta mark : ip daddr");
+            let elems: Vec<String> =
+                self.hosts.iter().enumerate().map(|(i, h)| format!("{} : {}", Balancer::mark(i), h.next_hop)).collect();
+            let _ = writeln!(w, "\t\telements = {{ {} }}", elems.join(", "));
+            line(w, "\t}");
+        }
+        line(w, "");
+        line(w, "\t# packets per rule: `nft list counters table ip udpx_lb`");
+        for c in COUNTERS {
+            let _ = writeln!(w, "\tcounter {c} {{ }}");
+        }
+        line(w, "");
+        line(w, "\tchain prerouting {");
+        match self.mode {
+            Mode::Stateless => {
+                line(w, "\t\t# raw (-300): before conntrack, so notrack takes effect; marks are set before routing");
+                line(w, "\t\ttype filter hook prerouting priority raw; policy accept;");
+                let _ = writeln!(w, "\t\tip daddr {} udp dport {} notrack jump quic", self.vip, self.port);
+            }
+            Mode::Dnat => {
+                line(w, "\t\t# a nat chain sees only the first packet of each conntrack flow");
+                line(w, "\t\ttype nat hook prerouting priority dstnat; policy accept;");
+                let _ = writeln!(w, "\t\tip daddr {} udp dport {} jump quic", self.vip, self.port);
+                let _ = writeln!(w, "\t\tip daddr {} udp dport {} dnat to meta mark map @mark2ip", self.vip, self.port);
+            }
+        }
+        line(w, "\t}");
+        line(w, "");
+        line(w, "\t# sets the mark of the packet's host, counts it by rule, and returns");
+        line(w, "\tchain quic {");
+        if by_cid {
+            line(w, "\t\t# short header (form bit 0), DCID octet 0 with config rotation 000: route by server ID");
+            line(
+                w,
+                "\t\t@th,64,1 0 @th,72,3 0 meta mark set @th,80,16 map @sid2mark counter name \"short_cid\" return",
+            );
+            line(w, "\t\t# long header (form bit 1) with a server-chosen DCID: length 12, rotation 000");
+            let _ = writeln!(
+                w,
+                "\t\t@th,64,1 1 @th,104,8 {CID_LEN} @th,112,3 0 meta mark set @th,120,16 map @sid2mark counter name \"long_cid\" return"
+            );
+            line(
+                w,
+                "\t\t# Initial or 0-RTT (long types 00, 01) with a client-chosen DCID: a hash of its first 8 bytes,",
+            );
+            line(w, "\t\t# so all of one client's Initials reach one host; the server's CID takes over from then on");
+            let _ = writeln!(
+                w,
+                "\t\t@th,64,1 1 @th,66,1 0 meta mark set jhash @th,112,64 mod {n} offset 1 counter name \"initial_hash\" return"
+            );
+        } else {
+            line(w, "\t\t# (the connection-ID rules are left out: a CID-blind balancer, for comparison)");
+        }
+        line(w, "\t\t# anything else (unknown server ID, another rotation, short or non-QUIC packets): 4-tuple hash");
+        let _ = writeln!(
+            w,
+            "\t\tmeta mark set jhash ip saddr . udp sport . ip daddr . udp dport mod {n} offset 1 counter name \"fallback\""
+        );
+        line(w, "\t}");
+        line(w, "}");
+        s
+    }
+
+    /// The policy routes of [`Mode::Stateless`], one command a line with a comment first (empty
+    /// in [`Mode::Dnat`]). `ip rule add` adds a rule each time it runs: run them once.
+    pub fn routes(&self) -> String {
+        if self.mode == Mode::Dnat {
+            return String::new();
+        }
+        let mut s = String::new();
+        let w = &mut s;
+        line(w, "# Policy routing on the balancer: firewall mark M -> table 100+M -> the host's next hop.");
+        line(w, "# The hosts answer from the VIP directly: turn rp_filter off where their answers pass.");
+        for cmd in self.route_commands() {
+            line(w, &cmd.join(" "));
+        }
+        s
+    }
+
+    /// [`Balancer::routes`] as argument lists for `ip` (without the program name).
+    pub fn route_commands(&self) -> Vec<Vec<String>> {
+        if self.mode == Mode::Dnat {
+            return Vec::new();
+        }
+        let mut cmds = Vec::new();
+        for (i, h) in self.hosts.iter().enumerate() {
+            let mark = Balancer::mark(i);
+            let table = (TABLE_BASE + mark).to_string();
+            cmds.push(vec![
+                "ip".into(),
+                "rule".into(),
+                "add".into(),
+                "fwmark".into(),
+                mark.to_string(),
+                "table".into(),
+                table.clone(),
+            ]);
+            cmds.push(vec![
+                "ip".into(),
+                "route".into(),
+                "replace".into(),
+                format!("{}/32", self.vip),
+                "via".into(),
+                h.next_hop.to_string(),
+                "table".into(),
+                table,
+            ]);
+        }
+        cmds
+    }
+}
+
+fn line(w: &mut String, s: &str) {
+    w.push_str(s);
+    w.push('\n');
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn two(mode: Mode) -> Balancer {
+        let hosts = vec!["1=10.78.1.2".parse().unwrap(), "0x0002=10.78.2.2".parse().unwrap()];
+        Balancer::new(Ipv4Addr::new(10, 78, 100, 1), 443, hosts, mode).unwrap()
+    }
+
+    const GOLDEN_STATELESS: &str = r#"#!/usr/sbin/nft -f
+# udpx lb nft: QUIC routed by the server ID in its connection IDs (QUIC-LB plaintext,
+# udpx-quic's layout: octet 0 = 000 rotation bits + length 0x0b, 2-byte server ID, nonce, worker).
+# VIP 10.78.100.1 udp port 443, 2 hosts, mode stateless.
+# Stateless: packets are marked, not tracked; `ip rule fwmark` sends them to their host
+# (the ip lines printed below). Every host holds the VIP and answers directly (DSR).
+# Offsets are bits from the UDP header (@th): the QUIC packet starts at bit 64.
+# A failed map lookup or a payload too short for an offset ends a rule: the next one runs.
+
+# Create the table if missing, then delete it: loading this file again replaces it.
+table ip udpx_lb
+delete table ip udpx_lb
+table ip udpx_lb {
+	# server ID (connection ID octets 1-2) -> the host's firewall mark
+	map sid2mark {
+		typeof @th,80,16 : meta mark
+		elements = { 0x0001 : 1, 0x0002 : 2 }
+	}
+
+	# packets per rule: `nft list counters table ip udpx_lb`
+	counter short_cid { }
+	counter long_cid { }
+	counter initial_hash { }
+	counter fallback { }
+
+	chain prerouting {
+		# raw (-300): before conntrack, so notrack takes effect; marks are set before routing
+		type filter hook prerouting priority raw; policy accept;
+		ip daddr 10.78.100.1 udp dport 443 notrack jump quic
+	}
+
+	# sets the mark of the packet's host, counts it by rule, and returns
+	chain quic {
+		# short header (form bit 0), DCID octet 0 with config rotation 000: route by server ID
+		@th,64,1 0 @th,72,3 0 meta mark set @th,80,16 map @sid2mark counter name "short_cid" return
+		# long header (form bit 1) with a server-chosen DCID: length 12, rotation 000
+		@th,64,1 1 @th,104,8 12 @th,112,3 0 meta mark set @th,120,16 map @sid2mark counter name "long_cid" return
+		# Initial or 0-RTT (long types 00, 01) with a client-chosen DCID: a hash of its first 8 bytes,
+		# so all of one client's Initials reach one host; the server's CID takes over from then on
+		@th,64,1 1 @th,66,1 0 meta mark set jhash @th,112,64 mod 2 offset 1 counter name "initial_hash" return
+		# anything else (unknown server ID, another rotation, short or non-QUIC packets): 4-tuple hash
+		meta mark set jhash ip saddr . udp sport . ip daddr . udp dport mod 2 offset 1 counter name "fallback"
+	}
+}
+"#;
+
+    #[test]
+    fn stateless_golden() {
+        assert_eq!(two(Mode::Stateless).ruleset(), GOLDEN_STATELESS);
+        assert_eq!(
+            two(Mode::Stateless).routes(),
+            "# Policy routing on the balancer: firewall mark M -> table 100+M -> the host's next hop.\n\
+             # The hosts answer from the VIP directly: turn rp_filter off where their answers pass.\n\
+             ip rule add fwmark 1 table 101\n\
+             ip route replace 10.78.100.1/32 via 10.78.1.2 table 101\n\
+             ip rule add fwmark 2 table 102\n\
+             ip route replace 10.78.100.1/32 via 10.78.2.2 table 102\n"
+        );
+    }
+
+    #[test]
+    fn dnat_differs_only_where_it_must() {
+        let b = two(Mode::Dnat);
+        let r = b.ruleset();
+        assert!(r.contains("\tmap mark2ip {\n\t\ttypeof meta mark : ip daddr\n\t\telements = { 1 : 10.78.1.2, 2 : 10.78.2.2 }\n\t}\n"), "{r}");
+        assert!(r.contains("type nat hook prerouting priority dstnat; policy accept;"), "{r}");
+        assert!(r.contains("ip daddr 10.78.100.1 udp dport 443 dnat to meta mark map @mark2ip"), "{r}");
+        assert!(!r.contains("notrack"), "{r}");
+        // The classification chain is the same text in both modes.
+        let chain = |r: &str| r[r.find("\tchain quic").unwrap()..].to_owned();
+        assert_eq!(chain(&r), chain(GOLDEN_STATELESS));
+        assert_eq!(b.routes(), "");
+        assert!(b.route_commands().is_empty());
+    }
+
+    #[test]
+    fn the_four_tuple_baseline_only_hashes() {
+        let r = two(Mode::Stateless).four_tuple_ruleset();
+        let chain = &r[r.find("\tchain quic").unwrap()..];
+        assert!(!chain.contains("@th"), "{chain}");
+        assert!(
+            chain.contains("meta mark set jhash ip saddr . udp sport . ip daddr . udp dport mod 2 offset 1"),
+            "{chain}"
+        );
+        let head = |r: &str| r[..r.find("\tchain quic").unwrap()].to_owned();
+        assert_eq!(head(&r), head(GOLDEN_STATELESS));
+    }
+
+    #[test]
+    fn hosts_parse_and_configs_are_checked() {
+        let h: Host = "0x00ff=192.0.2.1".parse().unwrap();
+        assert_eq!((h.id, h.next_hop), (255, Ipv4Addr::new(192, 0, 2, 1)));
+        assert_eq!("7=192.0.2.7".parse::<Host>().unwrap().to_string(), "7=192.0.2.7");
+        for (bad, needle) in [
+            ("1", "ID=NEXTHOP"),
+            ("70000=192.0.2.1", "0 to 65535"),
+            ("x=192.0.2.1", "0 to 65535"),
+            ("1=host", "not an IPv4"),
+            ("1=::1", "not an IPv4"),
+        ] {
+            let e = bad.parse::<Host>().unwrap_err();
+            assert!(e.contains(needle), "{bad}: {e}");
+        }
+        let vip = Ipv4Addr::new(10, 0, 0, 1);
+        let h = |s: &str| s.parse::<Host>().unwrap();
+        let new = |hosts: Vec<Host>, port| Balancer::new(vip, port, hosts, Mode::Stateless);
+        assert_eq!(new(vec![], 443), Err(ConfigError::NoHosts));
+        assert_eq!(new(vec![h("1=10.0.1.1")], 0), Err(ConfigError::PortZero));
+        assert_eq!(new(vec![h("1=10.0.1.1"), h("1=10.0.1.2")], 443), Err(ConfigError::DuplicateId(1)));
+        assert_eq!(
+            new(vec![h("1=10.0.1.1"), h("2=10.0.1.1")], 443),
+            Err(ConfigError::DuplicateNextHop(Ipv4Addr::new(10, 0, 1, 1)))
+        );
+        assert_eq!(new(vec![h("1=10.0.0.1")], 443), Err(ConfigError::NextHopIsVip(vip)));
+        let many: Vec<Host> =
+            (0..256u32).map(|i| Host { id: i as u16, next_hop: Ipv4Addr::from(0x0a00_0100 + i) }).collect();
+        assert_eq!(new(many, 443), Err(ConfigError::TooManyHosts(256)));
+        for e in [ConfigError::NoHosts, ConfigError::PortZero, ConfigError::DuplicateId(3)] {
+            assert!(e.to_string().contains("give"), "{e}");
+        }
+        assert_eq!("dnat".parse::<Mode>(), Ok(Mode::Dnat));
+        assert!("nat".parse::<Mode>().unwrap_err().contains("stateless or dnat"));
+    }
+
+    /// `nft -c -f` (check only, nothing loaded) accepts both modes, when nft is installed and
+    /// this is root (nft -c still opens a netlink socket).
+    #[test]
+    fn nft_accepts_the_rules() {
+        let nft =
+            ["/usr/sbin/nft", "/sbin/nft", "/usr/bin/nft"].into_iter().find(|p| std::path::Path::new(p).is_file());
+        let Some(nft) = nft else {
+            udpx_lab::netns::record_skip("nft_accepts_the_rules", "nft not installed (Debian package nftables)");
+            return;
+        };
+        if !udpx_lab::netns::is_root() {
+            udpx_lab::netns::record_skip("nft_accepts_the_rules", "not root: nft -c needs CAP_NET_ADMIN");
+            return;
+        }
+        for (mode, by_cid) in [(Mode::Stateless, true), (Mode::Dnat, true), (Mode::Stateless, false)] {
+            let b = two(mode);
+            let path = std::env::temp_dir().join(format!("udpx-lb-{}-{mode}-{by_cid}.nft", std::process::id()));
+            std::fs::write(&path, if by_cid { b.ruleset() } else { b.four_tuple_ruleset() }).unwrap();
+            let out = std::process::Command::new(nft).arg("-c").arg("-f").arg(&path).output().unwrap();
+            let _ = std::fs::remove_file(&path);
+            assert!(out.status.success(), "{mode}: {}", String::from_utf8_lossy(&out.stderr));
+        }
+    }
+}
