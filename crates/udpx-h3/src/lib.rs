@@ -20,6 +20,7 @@
 //! It does not verify certificates.
 #![forbid(unsafe_code)]
 
+pub mod bench;
 pub mod client;
 pub mod files;
 pub mod server;
