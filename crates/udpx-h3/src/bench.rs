@@ -447,7 +447,9 @@ pub fn table(b: &H3Bench) -> String {
             let Some(base) = base else { return ("-".into(), "-".into()) };
             let rs = paired_ratios(&r.costs(), &base);
             let sp = Spread::of(&rs);
-            if sp.n == 0 {
+            // No pair, or a base run that measured no CPU at all (a file too small for the
+            // clock tick): no ratio to show.
+            if sp.n == 0 || !sp.median.is_finite() {
                 return ("-".into(), "-".into());
             }
             (format!("{:.2}x", sp.median), udpx_lab::judge::pm(sp.median, sp.min, sp.max))
