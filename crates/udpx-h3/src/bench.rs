@@ -1,14 +1,17 @@
 //! `udpx bench h3`: the Cloudflare post's table on this machine. One file (100 MB by
-//! default) is downloaded once per row and round: from [`serve`](crate::serve) in each I/O mode
-//! by ngtcp2's `gtlsclient` and by [`get`](crate::get), and from nginx (HTTPS over TCP, TLS 1.3,
+//! default) is downloaded once per row and round: from [`serve`] in each I/O mode
+//! by ngtcp2's `gtlsclient` and by [`get`], and from nginx (HTTPS over TCP, TLS 1.3,
 //! the same certificate) by curl. Rounds are interleaved (every row once, then again); each
 //! row reports its median run by cost, whole, with the range over runs.
 //!
 //! **What is counted.** The server's CPU time (user + system) from the client's start to its
-//! exit, read from `/proc` as clock ticks (`utime` + `stime`, 1/`CLK_TCK` s) the same way for
-//! both servers: for udpx the shard threads the server started (in this process,
-//! `/proc/self/task/TID/stat`, so the bench's own threads and the in-process `get` client are
-//! not counted), for nginx its one process (`master_process off`, `/proc/PID/stat`). Kernel work
+//! exit, read from `/proc` the same way for both servers: the task's time on CPU in
+//! nanoseconds (first field of `schedstat`, the `sum_exec_runtime` that the kernel splits into
+//! `utime` and `stime`), or where `schedstat` is missing `utime + stime` from `stat` (clock
+//! ticks of 10 ms: too coarse for a small file). For udpx: the shard threads the server started
+//! (in this process, `/proc/self/task/TID/`, so the bench's own threads and the in-process
+//! `get` client are not counted); for nginx: its one process (`master_process off`,
+//! single-threaded, `/proc/PID/`). Kernel work
 //! done in the server's context is included (system calls, GSO segmentation, and, on loopback,
 //! the receive side that `lo` runs in the sender's softirq); receive work in a separate NAPI
 //! thread (the veth path) is not. Throughput is the client's: `get`'s own timer, or the wall
@@ -119,7 +122,7 @@ pub enum ServerKind {
 pub enum ClientKind {
     /// ngtcp2's `gtlsclient`, a child process.
     Gtlsclient,
-    /// [`get`](crate::get) in this process (a thread of its own; not counted).
+    /// [`get`] in this process (a thread of its own; not counted).
     UdpxGet,
     /// curl, a child process (HTTP/1.1 over TLS 1.3).
     Curl,
@@ -565,16 +568,30 @@ fn udpx_run(
         ..ServeConfig::new(SocketAddr::new(place.server_ip, 0))
     };
     let before = quic_threads();
+    let shards = sc.shards;
     let www = dir.join("www");
     let server = match place.server_ns() {
         Some(ns) => ns.try_run(move || serve(&www, &sc)).map_err(|e| e.to_string())?,
         None => serve(&www, &sc),
     }
     .map_err(|e| format!("udpx server: {e}"))?;
-    let threads: Vec<u32> = quic_threads().into_iter().filter(|t| !before.contains(t)).collect();
+    // A shard thread names itself when it starts, which may be just after `serve` returns.
+    let named = Instant::now();
+    let threads = loop {
+        let t: Vec<u32> = quic_threads().into_iter().filter(|t| !before.contains(t)).collect();
+        if t.len() >= shards || named.elapsed() > Duration::from_secs(2) {
+            break t;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    };
+    if threads.len() != shards {
+        let _ = server.stop();
+        return Err(format!("{} server threads found in /proc/self/task, {shards} expected", threads.len()));
+    }
+    let tasks: Vec<String> = threads.iter().map(|t| format!("/proc/self/task/{t}")).collect();
     let addr = server.local_addr();
     let url = format!("https://{addr}/{FILE}");
-    let cpu0 = ticks_of(threads.iter().map(|t| format!("/proc/self/task/{t}/stat")));
+    let cpu0 = cpu_secs(&tasks, rate);
     let got = match client {
         ClientKind::Gtlsclient => gtlsclient(cfg, place, dir, addr, &url),
         ClientKind::UdpxGet => {
@@ -588,7 +605,7 @@ fn udpx_run(
         }
         ClientKind::Curl => Err("curl is not an HTTP/3 client here".into()),
     };
-    let cpu1 = ticks_of(threads.iter().map(|t| format!("/proc/self/task/{t}/stat")));
+    let cpu1 = cpu_secs(&tasks, rate);
     let counters = server.stop().map_err(|e| format!("udpx server: {e}"))?;
     let (bytes, seconds) = got?;
     if bytes != cfg.size || counters.http.ok != 1 || counters.http.body_bytes != cfg.size {
@@ -600,7 +617,7 @@ fn udpx_run(
     let (Some(c0), Some(c1)) = (cpu0, cpu1) else {
         return Err("the server's threads could not be read in /proc/self/task".into());
     };
-    let cpu = rate.to_secs_f64(c1.saturating_sub(c0));
+    let cpu = (c1 - c0).max(0.0);
     let q = &counters.quic;
     Ok(H3Run {
         send_calls: Some(q.send_calls),
@@ -687,17 +704,17 @@ fn nginx_run(
         let out = std::fs::read_to_string(ndir.join("stderr.log")).unwrap_or_default();
         format!("nginx: {e}: {}{}", out.trim(), err.trim())
     })?;
-    let stat = format!("/proc/{}/stat", server.id());
+    let task = [format!("/proc/{}", server.id())];
     let url = format!("https://{addr}/{FILE}");
     let out = ndir.join("curl.out");
     let mut c = place.command(place.client_ns(), curl);
     c.args(["-k", "-s", "-S", "--http1.1", "--tlsv1.3", "-o", "/dev/null", "-w", "%{size_download} %{http_code}"])
         .args(["--max-time", &cfg.deadline().as_secs().to_string(), &url]);
-    let cpu0 = ticks_of(std::iter::once(stat.clone()));
+    let cpu0 = cpu_secs(&task, rate);
     let start = Instant::now();
     let status = run_bounded(&mut c, &out, cfg.deadline() + Duration::from_secs(5));
     let seconds = start.elapsed().as_secs_f64();
-    let cpu1 = ticks_of(std::iter::once(stat));
+    let cpu1 = cpu_secs(&task, rate);
     drop(server);
     let text = std::fs::read_to_string(&out).unwrap_or_default();
     status.map_err(|e| format!("curl: {e}: {}", text.trim()))?;
@@ -707,8 +724,8 @@ fn nginx_run(
     if code != "200" || bytes != cfg.size {
         return Err(format!("curl: HTTP {code}, {bytes} bytes; the file has {}", cfg.size));
     }
-    let (Some(c0), Some(c1)) = (cpu0, cpu1) else { return Err("nginx's /proc/PID/stat could not be read".into()) };
-    Ok(measured(rate.to_secs_f64(c1.saturating_sub(c0)), bytes, seconds))
+    let (Some(c0), Some(c1)) = (cpu0, cpu1) else { return Err("nginx's /proc/PID could not be read".into()) };
+    Ok(measured((c1 - c0).max(0.0), bytes, seconds))
 }
 
 /// nginx's configuration: one process (`master_process off`), every path under `dir`, TLS 1.3
@@ -803,13 +820,26 @@ fn quic_threads() -> HashSet<u32> {
         .collect()
 }
 
-/// The sum of `utime + stime` (clock ticks) of the `stat` files; `None` if one is unreadable.
-fn ticks_of(stats: impl Iterator<Item = String>) -> Option<u64> {
-    let mut sum = 0;
-    for p in stats {
-        sum += stat_ticks(&std::fs::read_to_string(p).ok()?)?;
+/// CPU seconds of the tasks (`/proc/PID` or `/proc/PID/task/TID` directories) so far:
+/// `schedstat`'s nanoseconds on CPU, else `stat`'s `utime + stime`; `None` if a task is gone
+/// or there are none.
+fn cpu_secs(tasks: &[String], rate: TickRate) -> Option<f64> {
+    if tasks.is_empty() {
+        return None;
+    }
+    let mut sum = 0.0;
+    for t in tasks {
+        sum += match std::fs::read_to_string(format!("{t}/schedstat")).ok().and_then(|s| schedstat_ns(&s)) {
+            Some(ns) => ns as f64 / 1e9,
+            None => rate.to_secs_f64(stat_ticks(&std::fs::read_to_string(format!("{t}/stat")).ok()?)?),
+        };
     }
     Some(sum)
+}
+
+/// The first field of `/proc/.../schedstat`: nanoseconds on CPU.
+pub fn schedstat_ns(s: &str) -> Option<u64> {
+    s.split_whitespace().next()?.parse().ok()
 }
 
 /// `utime + stime` of a `/proc/.../stat` line (fields 14 and 15, counted after the command
@@ -841,6 +871,8 @@ mod tests {
         let s = "42 (a (b) c) S 1 42 42 0 -1 4194560 100 0 0 0 250 75 0 0 20 0 3 0 1234 0 0";
         assert_eq!(stat_ticks(s), Some(325));
         assert_eq!(stat_ticks("garbage"), None);
+        assert_eq!(schedstat_ns("106123939 50324660 360\n"), Some(106_123_939));
+        assert_eq!(schedstat_ns(""), None);
     }
 
     #[test]
