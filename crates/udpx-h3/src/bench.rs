@@ -235,6 +235,9 @@ pub struct H3Bench {
     pub checks: Vec<Check>,
     /// Kernel, CPU, devices.
     pub environment: Environment,
+    /// Built with debug assertions (quiche's own consistency checks run on every packet): its
+    /// CPU figures are not the server's.
+    pub debug_build: bool,
 }
 
 /// The temporary directory of a bench: the file, the certificate, nginx's files; removed on
@@ -371,7 +374,8 @@ pub fn run(cfg: &H3BenchConfig, progress: &mut dyn FnMut(&str)) -> Result<H3Benc
         None => Environment::collect(&[(None, "lo")]),
     };
     let checks = judge(&rows);
-    Ok(H3Bench { config: cfg.clone(), path, rows, left_out, checks, environment })
+    let debug_build = cfg!(debug_assertions);
+    Ok(H3Bench { config: cfg.clone(), path, rows, left_out, checks, environment, debug_build })
 }
 
 /// A row from its runs: the median run by cost, every run beside it, the first error.
@@ -417,6 +421,13 @@ pub fn table(b: &H3Bench) -> String {
         b.config.repeat,
         b.path
     );
+    if b.debug_build {
+        let _ = writeln!(
+            s,
+            "NOTE: a build with debug assertions (quiche checks itself on every packet): CPU figures are from \
+             `cargo build --release` only\n"
+        );
+    }
     let _ = writeln!(
         s,
         "{:<16} {:<12} {:>9} {:>5} {:>8} {:>5} {:>10} {:>9} {:>6} {:>10} {:>5} {:>8} {:>5} {:>4}",
