@@ -46,7 +46,7 @@ use crate::{get, serve, GetConfig, ServeConfig, Tls};
 const FILE: &str = "file";
 
 /// The external programs, found in `PATH` (or given). `None`: not installed, rows left out.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, Serialize)]
 pub struct Programs {
     /// ngtcp2's HTTP/3 client (Debian `ngtcp2-client`).
     pub gtlsclient: Option<PathBuf>,
@@ -79,8 +79,7 @@ pub struct H3BenchConfig {
     pub repeat: usize,
     /// Over a veth pair between two namespaces (root) rather than loopback.
     pub veth: bool,
-    /// The peers to run.
-    #[serde(skip)]
+    /// The peers to run (recorded in the JSON: which binaries ran).
     pub programs: Programs,
 }
 
