@@ -502,22 +502,6 @@ pub fn table(b: &H3Bench) -> String {
     s
 }
 
-/// A size in bytes: a number with an optional decimal suffix `k`, `M` or `G` (100M is
-/// 100,000,000 bytes), at least 1 and at most 100G.
-pub fn parse_size(s: &str) -> Result<u64, String> {
-    let (num, mult) = match s.chars().last() {
-        Some('k' | 'K') => (&s[..s.len() - 1], 1e3),
-        Some('M') => (&s[..s.len() - 1], 1e6),
-        Some('G') => (&s[..s.len() - 1], 1e9),
-        _ => (s, 1.0),
-    };
-    let v = num.parse::<f64>().map_err(|_| format!("{s:?}: give bytes, with k, M or G allowed (100M)"))? * mult;
-    if !(1.0..=1e11).contains(&v) {
-        return Err(format!("{s:?}: give 1 byte to 100G"));
-    }
-    Ok(v as u64)
-}
-
 /// Writes `size` bytes of a fixed pseudo-random sequence (xorshift64: nothing compresses it).
 fn write_file(path: &Path, size: u64) -> std::io::Result<()> {
     let mut f = std::io::BufWriter::new(std::fs::File::create(path)?);
@@ -658,17 +642,6 @@ fn measured(cpu: f64, bytes: u64, seconds: f64) -> H3Run {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn sizes() {
-        assert_eq!(parse_size("100M"), Ok(100_000_000));
-        assert_eq!(parse_size("2k"), Ok(2000));
-        assert_eq!(parse_size("1.5G"), Ok(1_500_000_000));
-        assert_eq!(parse_size("7"), Ok(7));
-        for bad in ["0", "-1M", "M", "1T", "200G", ""] {
-            assert!(parse_size(bad).is_err(), "{bad}");
-        }
-    }
 
     #[test]
     fn missing_peers_are_named() {
