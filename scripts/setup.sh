@@ -8,6 +8,9 @@
 #     without it the build fails after about 1.5 min with "Unable to find libclang"
 #   - ngtcp2-client (gtlsclient), ngtcp2-server (gtlsserver): an independent HTTP/3 client and
 #     server (C, GnuTLS) that the udpx-h3 tests download from and upload to
+#   - nginx, curl: HTTPS over TCP beside HTTP/3 in `udpx bench h3` (nginx serves the same file
+#     with TLS 1.3, curl downloads it; the bench runs its own instance on a free port, while
+#     Debian's package also enables a system service on port 80 where systemd runs)
 #   - cargo-fuzz (from crates.io): the fuzz targets under fuzz/, run by scripts/fuzz.sh
 # Rust itself (stable, and the nightly that cargo-fuzz needs) comes from rustup, which the
 # machine image provides; without a nightly the fuzz targets are skipped, not failed.
@@ -22,6 +25,8 @@ command -v sockperf >/dev/null 2>&1 || need+=(sockperf)
 dpkg -s libclang-dev >/dev/null 2>&1 || need+=(libclang-dev)
 command -v gtlsclient >/dev/null 2>&1 || need+=(ngtcp2-client)
 command -v gtlsserver >/dev/null 2>&1 || need+=(ngtcp2-server)
+command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || need+=(nginx)
+command -v curl  >/dev/null 2>&1 || need+=(curl)
 
 if [ "${#need[@]}" -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then

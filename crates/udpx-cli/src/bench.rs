@@ -37,6 +37,10 @@ enum Role {
     /// The paper's Figure 4: pacing interval against CPU and loss at a tbf bottleneck, in three
     /// namespaces (server -> router -> client). Needs root.
     Stream(crate::stream::Fig4Args),
+    /// The Cloudflare post's table: a file downloaded over HTTP/3 from `udpx h3 serve` in each
+    /// I/O mode (by gtlsclient and `udpx h3 get`) and over HTTPS/TCP from nginx (by curl);
+    /// server CPU per byte, throughput, send calls, packets per call, losses.
+    H3(crate::h3::H3BenchArgs),
 }
 
 /// How to send: one of the four UDP send modes, or TCP.
@@ -247,6 +251,7 @@ pub fn main(args: BenchArgs) -> ExitCode {
         Some(Role::Tx(a)) => tx(a),
         Some(Role::Rx(a)) => rx(a),
         Some(Role::Stream(a)) => crate::stream::fig4(a),
+        Some(Role::H3(a)) => crate::h3::bench(a),
         None => main_job(args.main),
     }
 }

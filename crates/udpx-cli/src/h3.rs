@@ -111,6 +111,69 @@ struct GetArgs {
     json: bool,
 }
 
+/// `udpx bench h3`.
+#[derive(Args, Debug)]
+pub struct H3BenchArgs {
+    /// Bytes of the file downloaded per row and round (k, M, G: decimal; 100M = 10^8 bytes).
+    #[arg(long, value_parser = parse_size, default_value = "100M")]
+    size: u64,
+    /// Rounds: each downloads once per row, interleaved; the table shows medians.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=100))]
+    repeat: u64,
+    /// Over a veth pair between two namespaces (needs root) instead of loopback.
+    #[arg(long)]
+    veth: bool,
+    /// One JSON object instead of the table.
+    #[arg(long)]
+    json: bool,
+}
+
+/// A file size: bytes with k, M or G (decimal: 100M is 10^8 bytes), 1 byte to 100G.
+fn parse_size(s: &str) -> Result<u64, String> {
+    let v = util::decimal_suffixed(s).ok_or_else(|| format!("{s:?}: give bytes, with k, M or G allowed (100M)"))?;
+    if !(1.0..=1e11).contains(&v) {
+        return Err(format!("{s:?}: give 1 byte to 100G"));
+    }
+    Ok(v as u64)
+}
+
+/// `udpx bench h3`: runs [`udpx_h3::bench`] and prints its table or JSON.
+pub fn bench(a: H3BenchArgs) -> ExitCode {
+    const CMD: &str = "bench h3";
+    if a.veth && !udpx_lab::netns::is_root() {
+        eprintln!("udpx {CMD}: --veth needs root (network namespaces): skipped");
+        return ExitCode::from(crate::exit::SKIPPED);
+    }
+    if a.veth {
+        if let Err(e) = udpx_lab::netns::cleanup_on_signals() {
+            eprintln!("udpx {CMD}: warning: no signal cleanup: {e}");
+        }
+    }
+    let cfg = udpx_h3::bench::H3BenchConfig {
+        size: a.size,
+        repeat: a.repeat as usize,
+        veth: a.veth,
+        ..udpx_h3::bench::H3BenchConfig::new()
+    };
+    let b = match udpx_h3::bench::run(&cfg, &mut |l| eprintln!("udpx {CMD}: {l}")) {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!("udpx {CMD}: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    for l in &b.left_out {
+        eprintln!("udpx {CMD}: left out {}: {}", l.rows, l.why);
+    }
+    if a.json {
+        println!("{}", serde_json::json!({ "h3_bench": b }));
+    } else {
+        println!("{}", udpx_h3::bench::table(&b));
+        println!("{}", b.environment.to_markdown());
+    }
+    ExitCode::SUCCESS
+}
+
 fn usage(msg: impl std::fmt::Display) -> ExitCode {
     util::usage("h3", msg)
 }
@@ -230,4 +293,20 @@ fn get(a: GetArgs) -> ExitCode {
         return ExitCode::FAILURE;
     }
     ExitCode::SUCCESS
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_size;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("100M"), Ok(100_000_000));
+        assert_eq!(parse_size("2k"), Ok(2000));
+        assert_eq!(parse_size("1.5G"), Ok(1_500_000_000));
+        assert_eq!(parse_size("7"), Ok(7));
+        for bad in ["0", "-1M", "M", "1T", "200G", ""] {
+            assert!(parse_size(bad).is_err(), "{bad}");
+        }
+    }
 }

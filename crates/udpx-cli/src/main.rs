@@ -132,6 +132,18 @@ pub mod util {
         &STOP
     }
 
+    /// A number with an optional decimal suffix: `k` (10^3), `M` (10^6) or `G` (10^9); `None`
+    /// if it does not parse. The range is the caller's to check.
+    pub fn decimal_suffixed(s: &str) -> Option<f64> {
+        let (num, mult) = match s.char_indices().last() {
+            Some((i, 'k' | 'K')) => (&s[..i], 1e3),
+            Some((i, 'M')) => (&s[..i], 1e6),
+            Some((i, 'G')) => (&s[..i], 1e9),
+            _ => (s, 1.0),
+        };
+        num.parse::<f64>().ok().map(|v| v * mult)
+    }
+
     /// Whether `program` is an executable file on PATH.
     pub fn which(program: &str) -> bool {
         std::env::var_os("PATH").map(|p| std::env::split_paths(&p).any(|d| d.join(program).is_file())).unwrap_or(false)

@@ -229,14 +229,8 @@ pub fn fig4(a: Fig4Args) -> ExitCode {
 }
 
 fn parse_rate(s: &str) -> Result<u64, String> {
-    let (num, mult) = match s.char_indices().last() {
-        Some((i, 'k' | 'K')) => (&s[..i], 1e3),
-        Some((i, 'M')) => (&s[..i], 1e6),
-        Some((i, 'G')) => (&s[..i], 1e9),
-        _ => (s, 1.0),
-    };
-    let v: f64 = num.parse().map_err(|_| format!("{s:?} is not a rate: give bytes/s as 4000, 4k, 1.5M or 1G"))?;
-    let r = v * mult;
+    let r = crate::util::decimal_suffixed(s)
+        .ok_or_else(|| format!("{s:?} is not a rate: give bytes/s as 4000, 4k, 1.5M or 1G"))?;
     if !(0.0..1e18).contains(&r) {
         return Err(format!("{s:?}: give a rate from 0 to 1e18 bytes/s"));
     }

@@ -116,3 +116,40 @@ fn serve_as_a_program_for_get_and_gtlsclient() {
     let e = std::fs::read_to_string(&err).unwrap();
     assert!(e.contains("generated a self-signed certificate"), "{e}");
 }
+
+#[test]
+fn bench_h3_bad_flags_exit_2_naming_the_flag() {
+    let cases: &[(&[&str], &str)] = &[
+        (&["bench", "h3", "--size", "0"], "--size"),
+        (&["bench", "h3", "--size", "12X"], "--size"),
+        (&["bench", "h3", "--size", "200G"], "--size"),
+        (&["bench", "h3", "--repeat", "0"], "--repeat"),
+        (&["bench", "h3", "--repeat", "many"], "--repeat"),
+        (&["bench", "h3", "--warp"], "--warp"),
+    ];
+    for (args, needle) in cases {
+        let o = udpx(args);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(needle), "{args:?}: {needle:?} not in {err}");
+    }
+}
+
+/// A PATH without nginx (Debian puts it in /usr/sbin): the bench still runs, exits 0, and
+/// names the row it left out.
+#[test]
+fn bench_h3_names_a_missing_nginx_and_exits_0() {
+    let o = Command::new(env!("CARGO_BIN_EXE_udpx"))
+        .args(["bench", "h3", "--size", "200k", "--repeat", "1", "--json"])
+        .env("PATH", "/nonexistent-udpx-path")
+        .output()
+        .expect("run udpx");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains("left out nginx https/tcp / curl: nginx and curl not found in PATH"), "{err}");
+    assert!(err.contains("gtlsclient not found in PATH"), "{err}");
+    let json: serde_json::Value = serde_json::from_slice(&o.stdout).expect("one JSON object");
+    let b = &json["h3_bench"];
+    assert_eq!(b["rows"].as_array().map(Vec::len), Some(5), "the udpx h3 get rows only: {b}");
+    assert_eq!(b["left_out"].as_array().map(Vec::len), Some(2), "{b}");
+}

@@ -18,8 +18,12 @@
 //!
 //! `get(url, out, cfg)` is the matching client, on a udpx socket and the same host loop.
 //! It does not verify certificates.
+//!
+//! [`bench`](mod@bench) is `udpx bench h3`: the Cloudflare post's table (server CPU per byte by I/O mode,
+//! beside nginx's HTTPS over TCP) measured with this server, ngtcp2's client and `get`.
 #![forbid(unsafe_code)]
 
+pub mod bench;
 pub mod client;
 pub mod files;
 pub mod server;

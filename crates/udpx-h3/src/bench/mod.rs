@@ -1,0 +1,671 @@
+//! `udpx bench h3`: the Cloudflare post's table on this machine. One file (100 MB by
+//! default) is downloaded once per row and round: from [`serve`] in each I/O mode
+//! by ngtcp2's `gtlsclient` and by [`get`], and from nginx (HTTPS over TCP, TLS 1.3,
+//! the same certificate) by curl. Rounds are interleaved (every row once, then again); each
+//! row reports its median run by cost, whole, with the range over runs.
+//!
+//! **What is counted.** The server's CPU time (user + system) from the client's start to its
+//! exit, read from `/proc` the same way for both servers: the task's time on CPU in
+//! nanoseconds (first field of `schedstat`, the `sum_exec_runtime` that the kernel splits into
+//! `utime` and `stime`), or where `schedstat` is missing `utime + stime` from `stat` (clock
+//! ticks of 10 ms: too coarse for a small file). For udpx: the shard threads the server started
+//! (in this process, `/proc/self/task/TID/`, so the bench's own threads and the in-process
+//! `get` client are not counted); for nginx: its one process (`master_process off`,
+//! single-threaded, `/proc/PID/`). Kernel work
+//! done in the server's context is included (system calls, GSO segmentation, and, on loopback,
+//! the receive side that `lo` runs in the sender's softirq); receive work in a separate NAPI
+//! thread (the veth path) is not. Throughput is the client's: `get`'s own timer, or the wall
+//! time from starting `gtlsclient` or curl to its exit (process start and handshake included).
+//!
+//! **Rows.** `sendmsg`, `sendmmsg`, `gso` and `gso-mmsg` receive without GRO; `gso +GRO` is
+//! `gso` with UDP_GRO on: the post's last step. Per client, so that a client's own pace
+//! (gtlsclient acknowledges differently from quiche) is compared only with itself. A peer
+//! that is not installed leaves its rows out, named in [`H3Bench::left_out`].
+//!
+//! **Targets** ([`judge`]): `gso +GRO` at most 0.5x of `sendmsg` in server CPU per byte, per
+//! client; the best udpx row within 2x of nginx (the ratio is reported whatever it is).
+
+use std::io::Write;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use udpx_lab::cpu::TickRate;
+use udpx_lab::env::Environment;
+use udpx_lab::judge::{checks_text, verdict_rule, Check};
+use udpx_lab::netns::{Namespace, Profile, Side, TestNet, TestNetConfig};
+use udpx_lab::stats::{median_run, paired_ratios, Spread};
+use udpx_quic::IoMode;
+
+use crate::{get, serve, GetConfig, ServeConfig, Tls};
+
+mod peers;
+
+use peers::{cpu_secs, gtlsclient, nginx_run, quic_threads};
+
+/// The file's name under the served directory.
+const FILE: &str = "file";
+
+/// The external programs, found in `PATH` (or given). `None`: not installed, rows left out.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Programs {
+    /// ngtcp2's HTTP/3 client (Debian `ngtcp2-client`).
+    pub gtlsclient: Option<PathBuf>,
+    /// nginx (Debian `nginx`).
+    pub nginx: Option<PathBuf>,
+    /// curl (Debian `curl`).
+    pub curl: Option<PathBuf>,
+}
+
+impl Programs {
+    /// Each program looked up in the directories of `PATH` only (Debian puts nginx in
+    /// `/usr/sbin`, which root's `PATH` holds), so a `PATH` without one leaves its rows out.
+    pub fn from_path() -> Programs {
+        Programs { gtlsclient: find_in_path("gtlsclient"), nginx: find_in_path("nginx"), curl: find_in_path("curl") }
+    }
+}
+
+/// `program` in a directory of `PATH`.
+pub fn find_in_path(program: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path).map(|d| d.join(program)).find(|p| p.is_file())
+}
+
+/// Bench settings.
+#[derive(Debug, Clone, Serialize)]
+pub struct H3BenchConfig {
+    /// Bytes of the file downloaded per row and round.
+    pub size: u64,
+    /// Rounds, interleaved; the table shows each row's median run.
+    pub repeat: usize,
+    /// Over a veth pair between two namespaces (root) rather than loopback.
+    pub veth: bool,
+    /// The peers to run (recorded in the JSON: which binaries ran).
+    pub programs: Programs,
+}
+
+impl H3BenchConfig {
+    /// 100 MB, 3 rounds, loopback, the peers in `PATH`.
+    pub fn new() -> H3BenchConfig {
+        H3BenchConfig { size: 100_000_000, repeat: 3, veth: false, programs: Programs::from_path() }
+    }
+
+    /// The longest one download may take before it is stopped and the run counted failed:
+    /// 30 s plus 1 s per 2 MB (1 s per 16 Mbit/s).
+    pub fn deadline(&self) -> Duration {
+        Duration::from_secs(30) + Duration::from_secs_f64(self.size as f64 / 2e6)
+    }
+}
+
+impl Default for H3BenchConfig {
+    fn default() -> Self {
+        H3BenchConfig::new()
+    }
+}
+
+/// Which server answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ServerKind {
+    /// `udpx h3 serve` in this process.
+    Udpx {
+        /// How its packets leave.
+        io: IoMode,
+        /// Whether it receives with UDP_GRO.
+        gro: bool,
+    },
+    /// nginx, HTTPS over TCP with TLS 1.3.
+    Nginx,
+}
+
+/// Which client downloads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClientKind {
+    /// ngtcp2's `gtlsclient`, a child process.
+    Gtlsclient,
+    /// [`get`] in this process (a thread of its own; not counted).
+    UdpxGet,
+    /// curl, a child process (HTTP/1.1 over TLS 1.3).
+    Curl,
+}
+
+impl ClientKind {
+    /// Its name in the table.
+    pub fn name(self) -> &'static str {
+        match self {
+            ClientKind::Gtlsclient => "gtlsclient",
+            ClientKind::UdpxGet => "udpx h3 get",
+            ClientKind::Curl => "curl",
+        }
+    }
+}
+
+/// The server's name for a row.
+fn server_name(s: ServerKind) -> String {
+    match s {
+        ServerKind::Udpx { io, gro: true } => format!("{} +GRO", io.name()),
+        ServerKind::Udpx { io, gro: false } => io.name().to_string(),
+        ServerKind::Nginx => "nginx https/tcp".to_string(),
+    }
+}
+
+/// The udpx server's settings of the rows, in table order: the four modes without GRO, then
+/// `gso` with GRO.
+pub fn udpx_servers() -> Vec<ServerKind> {
+    let mut v: Vec<ServerKind> = IoMode::ALL.iter().map(|&io| ServerKind::Udpx { io, gro: false }).collect();
+    v.push(ServerKind::Udpx { io: IoMode::Gso, gro: true });
+    v
+}
+
+/// One download.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct H3Run {
+    /// Server CPU seconds (user + system) per 10^9 body bytes.
+    pub cpu_s_per_gb: f64,
+    /// Server CPU seconds over the download.
+    pub server_cpu_s: f64,
+    /// Body bytes the client received.
+    pub bytes: u64,
+    /// The client's download time.
+    pub seconds: f64,
+    /// Body throughput, Mbit/s.
+    pub mbit_per_s: f64,
+    /// Send system calls of the server (udpx).
+    pub send_calls: Option<u64>,
+    /// Datagrams per send call (udpx).
+    pub packets_per_call: Option<f64>,
+    /// Packets quiche declared lost (udpx).
+    pub lost_packets: Option<u64>,
+    /// Receive buffers that held more than one datagram (udpx, GRO).
+    pub gro_buffers: Option<u64>,
+}
+
+/// One row: its median run (by cost), whole, and every run.
+#[derive(Debug, Clone, Serialize)]
+pub struct H3Row {
+    /// Server column.
+    pub server: String,
+    /// Client column.
+    pub client: String,
+    /// The median run (by `cpu_s_per_gb`); `None` if every run failed.
+    pub median: Option<H3Run>,
+    /// Which run that is.
+    pub median_run: Option<usize>,
+    /// Every run in round order, `None` where it failed.
+    pub runs: Vec<Option<H3Run>>,
+    /// The first failure, if any run failed.
+    pub error: Option<String>,
+}
+
+impl H3Row {
+    /// `server / client`.
+    pub fn label(&self) -> String {
+        format!("{} / {}", self.server, self.client)
+    }
+
+    fn costs(&self) -> Vec<Option<f64>> {
+        self.runs.iter().map(|r| r.map(|r| r.cpu_s_per_gb)).collect()
+    }
+
+    fn is_udpx(&self) -> bool {
+        self.client != ClientKind::Curl.name()
+    }
+}
+
+/// A row not run, and why.
+#[derive(Debug, Clone, Serialize)]
+pub struct LeftOut {
+    /// Which rows.
+    pub rows: String,
+    /// Why.
+    pub why: String,
+}
+
+/// The bench's result.
+#[derive(Debug, Clone, Serialize)]
+pub struct H3Bench {
+    /// Settings.
+    pub config: H3BenchConfig,
+    /// The path the packets took, in words.
+    pub path: String,
+    /// The rows, in table order.
+    pub rows: Vec<H3Row>,
+    /// Rows not run (a peer missing).
+    pub left_out: Vec<LeftOut>,
+    /// The targets, judged.
+    pub checks: Vec<Check>,
+    /// Kernel, CPU, devices.
+    pub environment: Environment,
+    /// Built with debug assertions (quiche's own consistency checks run on every packet): its
+    /// CPU figures are not the server's.
+    pub debug_build: bool,
+}
+
+/// The temporary directory of a bench: the file, the certificate, nginx's files; removed on
+/// drop.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new() -> Result<Scratch, String> {
+        let mut nonce = [0u8; 8];
+        udpx_quic::cid::random_bytes(&mut nonce).map_err(|e| e.to_string())?;
+        let d = std::env::temp_dir().join(format!(
+            "udpx-bench-h3-{}-{:016x}",
+            std::process::id(),
+            u64::from_ne_bytes(nonce)
+        ));
+        std::fs::create_dir_all(d.join("www")).map_err(|e| format!("{}: {e}", d.display()))?;
+        Ok(Scratch(d))
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Where the two ends are.
+struct Place<'a> {
+    net: Option<&'a TestNet>,
+    server_ip: IpAddr,
+}
+
+impl Place<'_> {
+    fn client_ns(&self) -> Option<&Namespace> {
+        self.net.map(|n| n.ns(Side::Tx))
+    }
+
+    fn server_ns(&self) -> Option<&Namespace> {
+        self.net.map(|n| n.ns(Side::Rx))
+    }
+
+    fn command(&self, ns: Option<&Namespace>, program: &Path) -> Command {
+        match ns {
+            Some(ns) => ns.command(&program.to_string_lossy()),
+            None => Command::new(program),
+        }
+    }
+}
+
+/// The rows to run and those left out.
+fn plan(p: &Programs) -> (Vec<(ServerKind, ClientKind)>, Vec<LeftOut>) {
+    let mut rows = Vec::new();
+    let mut left = Vec::new();
+    for client in [ClientKind::Gtlsclient, ClientKind::UdpxGet] {
+        if client == ClientKind::Gtlsclient && p.gtlsclient.is_none() {
+            left.push(LeftOut {
+                rows: "every udpx row with gtlsclient".into(),
+                why: "gtlsclient not found in PATH (Debian package ngtcp2-client; scripts/setup.sh installs it)".into(),
+            });
+            continue;
+        }
+        rows.extend(udpx_servers().into_iter().map(|s| (s, client)));
+    }
+    let missing: Vec<&str> =
+        [("nginx", &p.nginx), ("curl", &p.curl)].iter().filter(|(_, p)| p.is_none()).map(|(n, _)| *n).collect();
+    if missing.is_empty() {
+        rows.push((ServerKind::Nginx, ClientKind::Curl));
+    } else {
+        left.push(LeftOut {
+            rows: "nginx https/tcp / curl".into(),
+            why: format!(
+                "{} not found in PATH (Debian packages nginx, curl; scripts/setup.sh installs them)",
+                missing.join(" and ")
+            ),
+        });
+    }
+    (rows, left)
+}
+
+/// Runs the bench. `progress` gets a line per run.
+pub fn run(cfg: &H3BenchConfig, progress: &mut dyn FnMut(&str)) -> Result<H3Bench, String> {
+    if cfg.size == 0 || cfg.repeat == 0 {
+        return Err("the file size and the rounds must be at least 1".into());
+    }
+    let scratch = Scratch::new()?;
+    let file = scratch.0.join("www").join(FILE);
+    write_file(&file, cfg.size).map_err(|e| format!("writing {}: {e}", file.display()))?;
+    let (cert, key) = (scratch.0.join("cert.pem"), scratch.0.join("key.pem"));
+    write_cert(&cert, &key)?;
+    let net = if cfg.veth {
+        let c = TestNetConfig::new(Profile::Software);
+        Some(TestNet::setup(&c).map_err(|e| format!("veth pair: {e}"))?)
+    } else {
+        None
+    };
+    let place = Place {
+        net: net.as_ref(),
+        server_ip: net.as_ref().map_or(IpAddr::V4(Ipv4Addr::LOCALHOST), |n| IpAddr::V4(n.rx_v4)),
+    };
+    let path = match &net {
+        Some(n) => format!(
+            "veth pair between two namespaces ({} -> {}; tx-udp-segmentation off: GSO splits in the server's \
+             context; receive in a threaded NAPI thread, not counted)",
+            n.rx_dev, n.tx_dev
+        ),
+        None => "LOOPBACK: the client's receive processing runs in the server's softirq context and is counted \
+                 with the server (for nginx too)"
+            .to_string(),
+    };
+    let (plan, left_out) = plan(&cfg.programs);
+    let rate = TickRate::system().map_err(|e| e.to_string())?;
+    let mut runs: Vec<Vec<Result<H3Run, String>>> = vec![Vec::new(); plan.len()];
+    for round in 0..cfg.repeat {
+        for (i, &(server, client)) in plan.iter().enumerate() {
+            let label = format!("{} / {}", server_name(server), client.name());
+            let r = one_run(cfg, &place, &scratch.0, (&cert, &key), server, client, rate);
+            progress(&match &r {
+                Ok(x) => format!(
+                    "round {}/{}: {label}: {:.3} CPU-s/GB, {:.0} Mbit/s",
+                    round + 1,
+                    cfg.repeat,
+                    x.cpu_s_per_gb,
+                    x.mbit_per_s
+                ),
+                Err(e) => format!("round {}/{}: {label}: failed: {e}", round + 1, cfg.repeat),
+            });
+            runs[i].push(r);
+        }
+    }
+    let rows: Vec<H3Row> =
+        plan.iter().zip(runs).map(|(&(s, c), r)| merge(server_name(s), c.name().to_string(), r)).collect();
+    let environment = match &net {
+        Some(n) => Environment::collect(&[(Some(&n.rx), &n.rx_dev), (Some(&n.tx), &n.tx_dev)]),
+        None => Environment::collect(&[(None, "lo")]),
+    };
+    let checks = judge(&rows);
+    let debug_build = cfg!(debug_assertions);
+    Ok(H3Bench { config: cfg.clone(), path, rows, left_out, checks, environment, debug_build })
+}
+
+/// A row from its runs: the median run by cost, every run beside it, the first error.
+fn merge(server: String, client: String, runs: Vec<Result<H3Run, String>>) -> H3Row {
+    let error = runs.iter().find_map(|r| r.as_ref().err().cloned());
+    let runs: Vec<Option<H3Run>> = runs.into_iter().map(Result::ok).collect();
+    let ok: Vec<usize> = (0..runs.len()).filter(|&i| runs[i].is_some()).collect();
+    let costs: Vec<f64> = ok.iter().filter_map(|&i| runs[i].map(|r| r.cpu_s_per_gb)).collect();
+    let median_run = median_run(&costs).map(|k| ok[k]);
+    H3Row { server, client, median: median_run.and_then(|i| runs[i]), median_run, runs, error }
+}
+
+/// The targets (see the module docs), from per-round ratios.
+pub fn judge(rows: &[H3Row]) -> Vec<Check> {
+    let mut out = Vec::new();
+    let find = |server: &str, client: &str| rows.iter().find(|r| r.server == server && r.client == client);
+    for client in [ClientKind::Gtlsclient, ClientKind::UdpxGet] {
+        if let (Some(a), Some(b)) = (find("gso +GRO", client.name()), find("sendmsg", client.name())) {
+            let what = format!("gso +GRO / sendmsg, CPU per byte ({})", client.name());
+            out.extend(Check::judge("h3", &what, &a.costs(), &b.costs(), 0.5));
+        }
+    }
+    let best = rows
+        .iter()
+        .filter(|r| r.is_udpx())
+        .filter_map(|r| Some((r, r.median?.cpu_s_per_gb)))
+        .min_by(|a, b| a.1.total_cmp(&b.1));
+    if let (Some((best, _)), Some(nginx)) = (best, rows.iter().find(|r| !r.is_udpx())) {
+        let what = format!("best udpx ({}) / nginx, CPU per byte", best.label());
+        out.extend(Check::judge("h3", &what, &best.costs(), &nginx.costs(), 2.0));
+    }
+    out
+}
+
+/// The table as text: rows, left-out rows, targets.
+pub fn table(b: &H3Bench) -> String {
+    use std::fmt::Write as _;
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "{} MB file, {} rounds interleaved, each row its median run by server CPU; {}\n",
+        b.config.size as f64 / 1e6,
+        b.config.repeat,
+        b.path
+    );
+    if b.debug_build {
+        let _ = writeln!(
+            s,
+            "NOTE: a build with debug assertions (quiche checks itself on every packet): CPU figures are from \
+             `cargo build --release` only\n"
+        );
+    }
+    let _ = writeln!(
+        s,
+        "{:<16} {:<12} {:>9} {:>5} {:>8} {:>5} {:>10} {:>9} {:>6} {:>10} {:>5} {:>8} {:>5} {:>4}",
+        "server",
+        "client",
+        "CPU-s/GB",
+        "±",
+        "Mbit/s",
+        "±",
+        "send calls",
+        "pkts/call",
+        "lost",
+        "vs sendmsg",
+        "±",
+        "vs nginx",
+        "±",
+        "runs"
+    );
+    let nginx = b.rows.iter().find(|r| !r.is_udpx()).map(H3Row::costs);
+    for r in &b.rows {
+        let Some(m) = r.median else {
+            let _ = writeln!(s, "{:<16} {:<12} failed: {}", r.server, r.client, r.error.as_deref().unwrap_or("?"));
+            continue;
+        };
+        let ok = || r.runs.iter().flatten();
+        let pm = |v: f64, all: Vec<f64>| {
+            let sp = Spread::of(&all);
+            udpx_lab::judge::pm(v, sp.min, sp.max)
+        };
+        let ratio = |base: Option<Vec<Option<f64>>>| -> (String, String) {
+            let Some(base) = base else { return ("-".into(), "-".into()) };
+            let rs = paired_ratios(&r.costs(), &base);
+            let sp = Spread::of(&rs);
+            // No pair, or a base run that measured no CPU at all (a file too small for the
+            // clock tick): no ratio to show.
+            if sp.n == 0 || !sp.median.is_finite() {
+                return ("-".into(), "-".into());
+            }
+            (format!("{:.2}x", sp.median), udpx_lab::judge::pm(sp.median, sp.min, sp.max))
+        };
+        let sendmsg = b.rows.iter().find(|x| x.server == "sendmsg" && x.client == r.client).map(H3Row::costs);
+        let (vs_s, vs_s_pm) = if r.is_udpx() { ratio(sendmsg) } else { ("-".into(), "-".into()) };
+        let (vs_n, vs_n_pm) = ratio(nginx.clone());
+        let opt = |v: Option<u64>| v.map_or("-".to_string(), |v| v.to_string());
+        let _ = writeln!(
+            s,
+            "{:<16} {:<12} {:>9.3} {:>5} {:>8.0} {:>5} {:>10} {:>9} {:>6} {:>10} {:>5} {:>8} {:>5} {:>4}",
+            r.server,
+            r.client,
+            m.cpu_s_per_gb,
+            pm(m.cpu_s_per_gb, ok().map(|x| x.cpu_s_per_gb).collect()),
+            m.mbit_per_s,
+            pm(m.mbit_per_s, ok().map(|x| x.mbit_per_s).collect()),
+            opt(m.send_calls),
+            m.packets_per_call.map_or("-".to_string(), |p| format!("{p:.2}")),
+            opt(m.lost_packets),
+            vs_s,
+            vs_s_pm,
+            vs_n,
+            vs_n_pm,
+            ok().count()
+        );
+    }
+    for l in &b.left_out {
+        let _ = writeln!(s, "left out: {}: {}", l.rows, l.why);
+    }
+    if !b.checks.is_empty() {
+        let _ = write!(s, "\n{}\n{}", verdict_rule(b.config.repeat), checks_text(&b.checks));
+    }
+    s
+}
+
+/// Writes `size` bytes of a fixed pseudo-random sequence (xorshift64: nothing compresses it).
+fn write_file(path: &Path, size: u64) -> std::io::Result<()> {
+    let mut f = std::io::BufWriter::new(std::fs::File::create(path)?);
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let mut left = size;
+    let mut buf = vec![0u8; 1 << 20];
+    while left > 0 {
+        for c in buf.chunks_exact_mut(8) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            c.copy_from_slice(&x.to_le_bytes());
+        }
+        let n = left.min(buf.len() as u64) as usize;
+        f.write_all(&buf[..n])?;
+        left -= n as u64;
+    }
+    f.flush()
+}
+
+/// A self-signed certificate for both servers (the clients do not verify it).
+fn write_cert(cert: &Path, key: &Path) -> Result<(), String> {
+    let names = ["localhost", "127.0.0.1", "::1"].map(String::from).to_vec();
+    let ck = rcgen::generate_simple_self_signed(names).map_err(|e| format!("generating a certificate: {e}"))?;
+    std::fs::write(cert, ck.cert.pem()).map_err(|e| format!("{}: {e}", cert.display()))?;
+    std::fs::write(key, ck.key_pair.serialize_pem()).map_err(|e| format!("{}: {e}", key.display()))?;
+    Ok(())
+}
+
+/// One download of one row.
+fn one_run(
+    cfg: &H3BenchConfig,
+    place: &Place<'_>,
+    dir: &Path,
+    (cert, key): (&Path, &Path),
+    server: ServerKind,
+    client: ClientKind,
+    rate: TickRate,
+) -> Result<H3Run, String> {
+    match server {
+        ServerKind::Udpx { io, gro } => udpx_run(cfg, place, dir, (cert, key), io, gro, client, rate),
+        ServerKind::Nginx => nginx_run(cfg, place, dir, (cert, key), rate),
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn udpx_run(
+    cfg: &H3BenchConfig,
+    place: &Place<'_>,
+    dir: &Path,
+    (cert, key): (&Path, &Path),
+    io: IoMode,
+    gro: bool,
+    client: ClientKind,
+    rate: TickRate,
+) -> Result<H3Run, String> {
+    let sc = ServeConfig {
+        tls: Tls::Files { cert: cert.to_path_buf(), key: key.to_path_buf() },
+        io,
+        gro,
+        ..ServeConfig::new(SocketAddr::new(place.server_ip, 0))
+    };
+    let before = quic_threads();
+    let shards = sc.shards;
+    let www = dir.join("www");
+    let server = match place.server_ns() {
+        Some(ns) => ns.try_run(move || serve(&www, &sc)).map_err(|e| e.to_string())?,
+        None => serve(&www, &sc),
+    }
+    .map_err(|e| format!("udpx server: {e}"))?;
+    // A shard thread names itself when it starts, which may be just after `serve` returns.
+    let named = Instant::now();
+    let threads = loop {
+        let t: Vec<u32> = quic_threads().into_iter().filter(|t| !before.contains(t)).collect();
+        if t.len() >= shards || named.elapsed() > Duration::from_secs(2) {
+            break t;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    };
+    if threads.len() != shards {
+        let _ = server.stop();
+        return Err(format!("{} server threads found in /proc/self/task, {shards} expected", threads.len()));
+    }
+    let tasks: Vec<String> = threads.iter().map(|t| format!("/proc/self/task/{t}")).collect();
+    let addr = server.local_addr();
+    let url = format!("https://{addr}/{FILE}");
+    let cpu0 = cpu_secs(&tasks, rate);
+    let got = match client {
+        ClientKind::Gtlsclient => gtlsclient(cfg, place, dir, addr, &url),
+        ClientKind::UdpxGet => {
+            let u = url.clone();
+            let f = move || get(&u, None, &GetConfig::default()).map(|r| (r.bytes, r.seconds));
+            match place.client_ns() {
+                Some(ns) => ns.try_run(f).map_err(|e| e.to_string())?,
+                None => std::thread::spawn(f).join().map_err(|_| "udpx h3 get panicked".to_string())?,
+            }
+            .map_err(|e| format!("udpx h3 get: {e}"))
+        }
+        ClientKind::Curl => Err("curl is not an HTTP/3 client here".into()),
+    };
+    let cpu1 = cpu_secs(&tasks, rate);
+    let counters = server.stop().map_err(|e| format!("udpx server: {e}"))?;
+    let (bytes, seconds) = got?;
+    if bytes != cfg.size || counters.http.ok != 1 || counters.http.body_bytes != cfg.size {
+        return Err(format!(
+            "{bytes} bytes received, {} sent in {} responses; the file has {}",
+            counters.http.body_bytes, counters.http.ok, cfg.size
+        ));
+    }
+    let (Some(c0), Some(c1)) = (cpu0, cpu1) else {
+        return Err("the server's threads could not be read in /proc/self/task".into());
+    };
+    let cpu = (c1 - c0).max(0.0);
+    let q = &counters.quic;
+    Ok(H3Run {
+        send_calls: Some(q.send_calls),
+        packets_per_call: Some(q.packets_per_call),
+        lost_packets: Some(q.lost_packets),
+        gro_buffers: Some(q.gro_buffers),
+        ..measured(cpu, bytes, seconds)
+    })
+}
+
+fn measured(cpu: f64, bytes: u64, seconds: f64) -> H3Run {
+    H3Run {
+        cpu_s_per_gb: if bytes > 0 { cpu / (bytes as f64 / 1e9) } else { f64::INFINITY },
+        server_cpu_s: cpu,
+        bytes,
+        seconds,
+        mbit_per_s: bytes as f64 * 8.0 / seconds.max(1e-9) / 1e6,
+        send_calls: None,
+        packets_per_call: None,
+        lost_packets: None,
+        gro_buffers: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn missing_peers_are_named() {
+        let (rows, left) = plan(&Programs::default());
+        assert_eq!(rows.len(), udpx_servers().len(), "udpx h3 get needs no peer");
+        assert!(rows.iter().all(|r| r.1 == ClientKind::UdpxGet));
+        assert_eq!(left.len(), 2);
+        assert!(left[0].why.contains("gtlsclient") && left[1].why.contains("nginx and curl"), "{left:?}");
+    }
+
+    #[test]
+    fn rows_are_median_runs_and_targets_paired() {
+        let run = |c: f64| Ok(measured(c, 1_000_000_000, 1.0));
+        let rows = vec![
+            merge("sendmsg".into(), "gtlsclient".into(), vec![run(2.0), run(2.2), run(1.8)]),
+            merge("gso +GRO".into(), "gtlsclient".into(), vec![run(0.8), Err("x".into()), run(0.9)]),
+            merge("nginx https/tcp".into(), "curl".into(), vec![run(0.5), run(0.5), run(0.5)]),
+        ];
+        assert_eq!(rows[0].median_run, Some(0));
+        assert_eq!((rows[1].median_run, rows[1].error.as_deref()), (Some(0), Some("x")));
+        let c = judge(&rows);
+        assert_eq!(c.len(), 2, "{c:?}");
+        assert_eq!(c[0].ratios, vec![0.4, 0.5]);
+        assert!(c[1].what.contains("gso +GRO / gtlsclient"), "{}", c[1].what);
+        assert_eq!(c[1].ratios, vec![1.6, 1.8]);
+    }
+}

@@ -1,0 +1,236 @@
+//! The peers of `udpx bench h3` that run as child processes (gtlsclient; nginx and curl), and
+//! the server's CPU time read from `/proc`.
+
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use udpx_lab::cpu::TickRate;
+use udpx_lab::netns::ChildGroup;
+
+use super::{measured, H3BenchConfig, H3Run, Place, FILE};
+
+/// gtlsclient downloads `url` into a directory of its own; returns (bytes, seconds).
+pub(super) fn gtlsclient(
+    cfg: &H3BenchConfig,
+    place: &Place<'_>,
+    dir: &Path,
+    addr: SocketAddr,
+    url: &str,
+) -> Result<(u64, f64), String> {
+    let prog = cfg.programs.gtlsclient.as_deref().ok_or("gtlsclient not found")?;
+    let out = dir.join("gtlsclient-out");
+    let _ = std::fs::remove_dir_all(&out);
+    std::fs::create_dir_all(&out).map_err(|e| format!("{}: {e}", out.display()))?;
+    let log = dir.join("gtlsclient.log");
+    let mut cmd = place.command(place.client_ns(), prog);
+    cmd.args(["-q", "--exit-on-all-streams-close", "--timeout=20s"])
+        .arg(format!("--download={}", out.display()))
+        .args([addr.ip().to_string(), addr.port().to_string(), url.to_string()]);
+    let start = Instant::now();
+    let status = run_bounded(&mut cmd, &log, cfg.deadline());
+    let seconds = start.elapsed().as_secs_f64();
+    let got = std::fs::metadata(out.join(FILE)).map(|m| m.len());
+    let _ = std::fs::remove_dir_all(&out);
+    status.map_err(|e| format!("gtlsclient: {e}"))?;
+    let bytes = got.map_err(|e| format!("gtlsclient saved no file: {e}"))?;
+    Ok((bytes, seconds))
+}
+
+/// nginx serves the file over HTTPS (TLS 1.3) and curl downloads it.
+pub(super) fn nginx_run(
+    cfg: &H3BenchConfig,
+    place: &Place<'_>,
+    dir: &Path,
+    (cert, key): (&Path, &Path),
+    rate: TickRate,
+) -> Result<H3Run, String> {
+    let (Some(nginx), Some(curl)) = (cfg.programs.nginx.as_deref(), cfg.programs.curl.as_deref()) else {
+        return Err("nginx or curl not found".into());
+    };
+    let port = free_tcp_port(place)?;
+    let ndir = dir.join("nginx");
+    let _ = std::fs::remove_dir_all(&ndir);
+    std::fs::create_dir_all(&ndir).map_err(|e| format!("{}: {e}", ndir.display()))?;
+    let conf = nginx_conf(&ndir, &dir.join("www"), SocketAddr::new(place.server_ip, port), cert, key);
+    std::fs::write(ndir.join("nginx.conf"), conf).map_err(|e| format!("nginx.conf: {e}"))?;
+    let log = std::fs::File::create(ndir.join("stderr.log")).map_err(|e| e.to_string())?;
+    let mut cmd = place.command(place.server_ns(), nginx);
+    cmd.arg("-p")
+        .arg(&ndir)
+        .arg("-c")
+        .arg(ndir.join("nginx.conf"))
+        .arg("-e")
+        .arg(ndir.join("error.log"))
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().map_err(|e| e.to_string())?)
+        .stderr(log);
+    let server = ChildGroup::spawn(&mut cmd).map_err(|e| format!("starting nginx: {e}"))?;
+    let addr = SocketAddr::new(place.server_ip, port);
+    wait_listening(place, addr, &server).map_err(|e| {
+        let err = std::fs::read_to_string(ndir.join("error.log")).unwrap_or_default();
+        let out = std::fs::read_to_string(ndir.join("stderr.log")).unwrap_or_default();
+        format!("nginx: {e}: {}{}", out.trim(), err.trim())
+    })?;
+    let task = [format!("/proc/{}", server.id())];
+    let url = format!("https://{addr}/{FILE}");
+    let out = ndir.join("curl.out");
+    let mut c = place.command(place.client_ns(), curl);
+    c.args(["-k", "-s", "-S", "--http1.1", "--tlsv1.3", "-o", "/dev/null", "-w", "%{size_download} %{http_code}"])
+        .args(["--max-time", &cfg.deadline().as_secs().to_string(), &url]);
+    let cpu0 = cpu_secs(&task, rate);
+    let start = Instant::now();
+    let status = run_bounded(&mut c, &out, cfg.deadline() + Duration::from_secs(5));
+    let seconds = start.elapsed().as_secs_f64();
+    let cpu1 = cpu_secs(&task, rate);
+    drop(server);
+    let text = std::fs::read_to_string(&out).unwrap_or_default();
+    status.map_err(|e| format!("curl: {e}: {}", text.trim()))?;
+    let mut it = text.split_whitespace();
+    let bytes: u64 = it.next().and_then(|b| b.parse().ok()).ok_or_else(|| format!("curl said {text:?}"))?;
+    let code = it.next().unwrap_or("?");
+    if code != "200" || bytes != cfg.size {
+        return Err(format!("curl: HTTP {code}, {bytes} bytes; the file has {}", cfg.size));
+    }
+    let (Some(c0), Some(c1)) = (cpu0, cpu1) else { return Err("nginx's /proc/PID could not be read".into()) };
+    Ok(measured((c1 - c0).max(0.0), bytes, seconds))
+}
+
+/// nginx's configuration: one process (`master_process off`), every path under `dir`, TLS 1.3
+/// only, the file served from `www` (sendfile cannot apply under TLS without kernel TLS).
+fn nginx_conf(dir: &Path, www: &Path, listen: SocketAddr, cert: &Path, key: &Path) -> String {
+    let d = dir.display();
+    format!(
+        "daemon off;\nmaster_process off;\nworker_processes 1;\npid {d}/nginx.pid;\nerror_log {d}/error.log warn;\n\
+         events {{ worker_connections 64; }}\n\
+         http {{\n  access_log off;\n  default_type application/octet-stream;\n\
+         client_body_temp_path {d}/body;\n  proxy_temp_path {d}/proxy;\n  fastcgi_temp_path {d}/fastcgi;\n\
+         uwsgi_temp_path {d}/uwsgi;\n  scgi_temp_path {d}/scgi;\n\
+         server {{\n    listen {listen} ssl;\n    ssl_protocols TLSv1.3;\n\
+         ssl_certificate {};\n    ssl_certificate_key {};\n    root {};\n  }}\n}}\n",
+        cert.display(),
+        key.display(),
+        www.display()
+    )
+}
+
+/// A TCP port free at the server's address (bound and released: nginx binds it next).
+fn free_tcp_port(place: &Place<'_>) -> Result<u16, String> {
+    let ip = place.server_ip;
+    let f = move || std::net::TcpListener::bind((ip, 0)).and_then(|l| l.local_addr()).map(|a| a.port());
+    match place.server_ns() {
+        Some(ns) => ns.try_run(f).map_err(|e| e.to_string())?,
+        None => f(),
+    }
+    .map_err(|e| format!("a free TCP port: {e}"))
+}
+
+/// Waits (at most 10 s) until `addr` accepts a TCP connection from the client's side.
+fn wait_listening(place: &Place<'_>, addr: SocketAddr, server: &ChildGroup) -> Result<(), String> {
+    let start = Instant::now();
+    loop {
+        let f = move || std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok();
+        let up = match place.client_ns() {
+            Some(ns) => ns.try_run(f).map_err(|e| e.to_string())?,
+            None => f(),
+        };
+        if up {
+            return Ok(());
+        }
+        if exited(server.id()) {
+            return Err("it exited at start".into());
+        }
+        if start.elapsed() > Duration::from_secs(10) {
+            return Err(format!("{addr} not listening after 10 s"));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Whether process `pid` is gone or a zombie.
+fn exited(pid: u32) -> bool {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let state = stat.rsplit(')').next().unwrap_or("").trim_start().chars().next();
+    matches!(state, Some('Z') | None)
+}
+
+/// Runs `cmd` in a process group of its own (killed on drop), its output to `log`, until it
+/// exits or `deadline` passes; a non-zero exit or the deadline is an error.
+fn run_bounded(cmd: &mut Command, log: &Path, deadline: Duration) -> Result<(), String> {
+    let f = std::fs::File::create(log).map_err(|e| format!("{}: {e}", log.display()))?;
+    let f2 = f.try_clone().map_err(|e| e.to_string())?;
+    cmd.stdin(Stdio::null()).stdout(f).stderr(f2);
+    let g = ChildGroup::spawn(cmd).map_err(|e| format!("cannot start: {e}"))?;
+    let start = Instant::now();
+    while !exited(g.id()) {
+        if start.elapsed() > deadline {
+            return Err(format!("still running after {deadline:?}: stopped"));
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let status = g.wait().map_err(|e| e.to_string())?;
+    if !status.success() {
+        let out = std::fs::read_to_string(log).unwrap_or_default();
+        let tail: Vec<&str> = out.lines().rev().take(5).collect();
+        return Err(format!("{status}: {}", tail.into_iter().rev().collect::<Vec<_>>().join(" | ")));
+    }
+    Ok(())
+}
+
+/// The ids of this process's threads named `udpx-quic-*` (the server's shards).
+pub(super) fn quic_threads() -> HashSet<u32> {
+    let Ok(rd) = std::fs::read_dir("/proc/self/task") else { return HashSet::new() };
+    rd.flatten()
+        .filter(|e| {
+            std::fs::read_to_string(e.path().join("comm")).map(|c| c.starts_with("udpx-quic-")).unwrap_or(false)
+        })
+        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+        .collect()
+}
+
+/// CPU seconds of the tasks (`/proc/PID` or `/proc/PID/task/TID` directories) so far:
+/// `schedstat`'s nanoseconds on CPU, else `stat`'s `utime + stime`; `None` if a task is gone
+/// or there are none.
+pub(super) fn cpu_secs(tasks: &[String], rate: TickRate) -> Option<f64> {
+    if tasks.is_empty() {
+        return None;
+    }
+    let mut sum = 0.0;
+    for t in tasks {
+        sum += match std::fs::read_to_string(format!("{t}/schedstat")).ok().and_then(|s| schedstat_ns(&s)) {
+            Some(ns) => ns as f64 / 1e9,
+            None => rate.to_secs_f64(stat_ticks(&std::fs::read_to_string(format!("{t}/stat")).ok()?)?),
+        };
+    }
+    Some(sum)
+}
+
+/// The first field of `/proc/.../schedstat`: nanoseconds on CPU.
+pub(super) fn schedstat_ns(s: &str) -> Option<u64> {
+    s.split_whitespace().next()?.parse().ok()
+}
+
+/// `utime + stime` of a `/proc/.../stat` line (fields 14 and 15, counted after the command
+/// name, which may hold spaces and parentheses: proc(5)).
+pub(super) fn stat_ticks(stat: &str) -> Option<u64> {
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // rest starts at field 3 (state): utime is field 14, stime 15.
+    Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stat_fields() {
+        let s = "42 (a (b) c) S 1 42 42 0 -1 4194560 100 0 0 0 250 75 0 0 20 0 3 0 1234 0 0";
+        assert_eq!(stat_ticks(s), Some(325));
+        assert_eq!(stat_ticks("garbage"), None);
+        assert_eq!(schedstat_ns("106123939 50324660 360\n"), Some(106_123_939));
+        assert_eq!(schedstat_ns(""), None);
+    }
+}

@@ -1,0 +1,60 @@
+//! `udpx_h3::bench` on a small file, one round: every row it plans runs and delivers the whole
+//! file (the bench checks the byte count of each download against the file and fails the run
+//! otherwise), the JSON carries the table's fields, and a peer that is not installed leaves
+//! its rows out by name. No timing is asserted: the figures belong to the bench's report.
+
+use udpx_h3::bench::{run, udpx_servers, H3BenchConfig, Programs};
+
+const SIZE: u64 = 2_000_000;
+
+#[test]
+fn a_small_bench_runs_every_row_and_names_missing_peers() {
+    let cfg = H3BenchConfig { size: SIZE, repeat: 1, veth: false, programs: Programs::from_path() };
+    let mut lines = Vec::new();
+    let b = run(&cfg, &mut |l| lines.push(l.to_string())).expect("bench");
+    assert_eq!(lines.len(), b.rows.len(), "a progress line per run: {lines:?}");
+    for r in &b.rows {
+        let m = r.median.unwrap_or_else(|| panic!("{} failed: {:?}", r.label(), r.error));
+        assert_eq!(m.bytes, SIZE, "{}", r.label());
+        assert!(m.cpu_s_per_gb.is_finite() && m.mbit_per_s > 0.0, "{}: {m:?}", r.label());
+        // Measured at all (the server's threads found): with schedstat's nanoseconds any
+        // download costs more than zero; clock ticks might not.
+        if std::path::Path::new("/proc/self/schedstat").exists() {
+            assert!(m.server_cpu_s > 0.0, "{}: no server CPU counted: {m:?}", r.label());
+        }
+        if r.client == "curl" {
+            assert!(m.send_calls.is_none(), "nginx has no QUIC counters");
+        } else {
+            assert!(m.send_calls.unwrap() > 0 && m.packets_per_call.unwrap() >= 1.0, "{}: {m:?}", r.label());
+        }
+    }
+    // Every row is run or named: 5 server settings x 2 clients, and nginx.
+    let gtls = if cfg.programs.gtlsclient.is_some() { 5 } else { 0 };
+    let nginx = usize::from(cfg.programs.nginx.is_some() && cfg.programs.curl.is_some());
+    assert_eq!(b.rows.len(), udpx_servers().len() + gtls + nginx);
+    assert_eq!(b.left_out.len(), usize::from(gtls == 0) + (1 - nginx), "{:?}", b.left_out);
+    for l in &b.left_out {
+        udpx_lab::netns::record_skip("a_small_bench_runs_every_row (some rows)", &l.why);
+    }
+    let json = serde_json::to_value(&b).unwrap();
+    for f in ["cpu_s_per_gb", "server_cpu_s", "bytes", "seconds", "mbit_per_s", "send_calls", "packets_per_call"] {
+        assert!(json["rows"][0]["median"].get(f).is_some(), "{f} missing: {}", json["rows"][0]);
+    }
+    assert!(json["rows"][0]["runs"].as_array().is_some_and(|r| r.len() == 1));
+    for f in ["config", "path", "left_out", "checks", "environment"] {
+        assert!(json.get(f).is_some(), "{f} missing");
+    }
+    // The checks need measured CPU in both rows: a 2 MB file may take less than a clock tick
+    // (10 ms) of the server, so which checks appear is not asserted here.
+    let t = udpx_h3::bench::table(&b);
+    assert!(t.contains("CPU-s/GB") && t.contains("gso +GRO"), "{t}");
+
+    // No peers at all: the udpx h3 get rows alone, the others named.
+    let none = H3BenchConfig { size: 100_000, programs: Programs::default(), ..cfg };
+    let b = run(&none, &mut |_| {}).expect("bench without peers");
+    assert_eq!(b.rows.len(), udpx_servers().len());
+    assert!(b.rows.iter().all(|r| r.client == "udpx h3 get" && r.median.is_some()));
+    let t = udpx_h3::bench::table(&b);
+    assert!(t.contains("left out: nginx https/tcp / curl: nginx and curl not found"), "{t}");
+    assert!(t.contains("left out: every udpx row with gtlsclient: gtlsclient not found"), "{t}");
+}
