@@ -573,18 +573,7 @@ fn serve_shard(sock: &UdpSocket, cfg: &ServeConfig, limit: Option<&RateLimit>, s
                 Transmit { src_ip: m.dst_ip, ..Transmit::new(m.addr, data) }
             })
             .collect();
-        let s = send_replies(
-            &mut replies,
-            |r| sock.send(r),
-            || {
-                let _ = sock.wait_writable(Duration::from_millis(10));
-            },
-        );
-        c.replies.fetch_add(s.ok as u64, Relaxed);
-        c.send_retries.fetch_add(s.retries as u64, Relaxed);
-        c.dropped_invalid.fetch_add(s.dropped_invalid as u64, Relaxed);
-        c.dropped_too_large.fetch_add(s.dropped_too_large as u64, Relaxed);
-        c.dropped_send_error.fetch_add(s.dropped_send_error as u64, Relaxed);
+        send_and_count(sock, &mut replies, c);
     }
 }
 
@@ -643,19 +632,25 @@ fn serve_shard_uring(
             .iter()
             .map(|(to, src, range)| Transmit { src_ip: *src, ..Transmit::new(*to, &store[range.clone()]) })
             .collect();
-        let s = send_replies(
-            &mut replies,
-            |batch| sock.send(batch),
-            || {
-                let _ = sock.wait_writable(Duration::from_millis(10));
-            },
-        );
-        c.replies.fetch_add(s.ok as u64, Relaxed);
-        c.send_retries.fetch_add(s.retries as u64, Relaxed);
-        c.dropped_invalid.fetch_add(s.dropped_invalid as u64, Relaxed);
-        c.dropped_too_large.fetch_add(s.dropped_too_large as u64, Relaxed);
-        c.dropped_send_error.fetch_add(s.dropped_send_error as u64, Relaxed);
+        send_and_count(sock, &mut replies, c);
     }
+}
+
+/// Sends a shard's replies (waiting for writability where the socket is full) and counts
+/// what went, what was retried and what was dropped, by why.
+fn send_and_count(sock: &UdpSocket, replies: &mut Vec<Transmit<'_>>, c: &ShardCounters) {
+    let s = send_replies(
+        replies,
+        |r| sock.send(r),
+        || {
+            let _ = sock.wait_writable(Duration::from_millis(10));
+        },
+    );
+    c.replies.fetch_add(s.ok as u64, Relaxed);
+    c.send_retries.fetch_add(s.retries as u64, Relaxed);
+    c.dropped_invalid.fetch_add(s.dropped_invalid as u64, Relaxed);
+    c.dropped_too_large.fetch_add(s.dropped_too_large as u64, Relaxed);
+    c.dropped_send_error.fetch_add(s.dropped_send_error as u64, Relaxed);
 }
 
 #[cfg(test)]

@@ -453,17 +453,18 @@ fn the_io_uring_shard_answers_every_request_exactly_once() {
         udpx_lab::netns::record_skip("the_io_uring_shard_answers_every_request_exactly_once", &why);
         return;
     }
+    let uring = |mode, threads| ServeConfig {
+        bind: "127.0.0.1:0".parse().unwrap(),
+        mode,
+        threads,
+        batch: true,
+        io_uring: true,
+        rate_limit: None,
+        cpus: None,
+        recv_buffer: None,
+    };
     for mode in [Mode::Reuseport, Mode::ReuseportCpu] {
-        let cfg = ServeConfig {
-            bind: "127.0.0.1:0".parse().unwrap(),
-            mode,
-            threads: 2,
-            batch: true,
-            io_uring: true,
-            rate_limit: None,
-            cpus: None,
-            recv_buffer: None,
-        };
+        let cfg = uring(mode, 2);
         let srv = server::start(server::bind(&cfg).unwrap());
         let lc = load_cfg(srv.addr, 32);
         let res = load::run(&lc, load::bind_flows(&lc).unwrap()).unwrap();
@@ -477,17 +478,7 @@ fn the_io_uring_shard_answers_every_request_exactly_once() {
         assert!(stats.iter().all(|s| s.io_uring), "{what}: every shard on io_uring: {stats:?}");
     }
     // A malformed request gets no reply and is counted, as on the system-call shard.
-    let cfg = ServeConfig {
-        bind: "127.0.0.1:0".parse().unwrap(),
-        mode: Mode::Reuseport,
-        threads: 1,
-        batch: true,
-        io_uring: true,
-        rate_limit: None,
-        cpus: None,
-        recv_buffer: None,
-    };
-    let srv = server::start(server::bind(&cfg).unwrap());
+    let srv = server::start(server::bind(&uring(Mode::Reuseport, 1)).unwrap());
     let c = StdUdp::bind("127.0.0.1:0").unwrap();
     c.set_read_timeout(Some(Duration::from_millis(300))).unwrap();
     c.send_to(b"garbage", srv.addr).unwrap();
