@@ -18,7 +18,7 @@
 //! bytes the header says are there: malformed input yields [`Cmsg::Unknown`], never a panic.
 
 use std::mem;
-use std::net::{Ipv4Addr, Ipv6Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use super::{SOL_UDP, SO_RXQ_OVFL, SO_TXTIME, UDP_GRO, UDP_SEGMENT};
 
@@ -389,6 +389,41 @@ fn classify(level: i32, ty: i32, d: &[u8]) -> Cmsg {
         }
         _ => unknown,
     }
+}
+
+/// What the kernel reported about one received message.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct RawRecv {
+    pub len: usize,
+    pub flags: i32,
+    pub addr: Option<SocketAddr>,
+    pub gro: Option<u16>,
+    pub dst_ip: Option<IpAddr>,
+    pub ifindex: u32,
+    pub tos: Option<u8>,
+    pub drops: Option<u32>,
+}
+
+/// Decodes the control messages of a received message into `r` (GRO size, TOS/TCLASS,
+/// pktinfo, the drop counter). `hdr` as for [`decode`].
+pub(crate) fn decode_control(hdr: &libc::msghdr, r: &mut RawRecv) {
+    decode(hdr, |c| match c {
+        Cmsg::Gro(s) => r.gro = Some(s),
+        Cmsg::Tos(t) | Cmsg::TClass(t) => r.tos = Some(t),
+        Cmsg::PktInfoV4 { ifindex, addr } => {
+            r.dst_ip = Some(IpAddr::V4(addr));
+            r.ifindex = ifindex;
+        }
+        Cmsg::PktInfoV6 { ifindex, addr } => {
+            r.dst_ip = Some(match addr.to_ipv4_mapped() {
+                Some(v4) => IpAddr::V4(v4),
+                None => IpAddr::V6(addr),
+            });
+            r.ifindex = ifindex;
+        }
+        Cmsg::RxqOvfl(d) => r.drops = Some(d),
+        _ => {}
+    });
 }
 
 #[cfg(test)]

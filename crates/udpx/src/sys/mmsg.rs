@@ -22,7 +22,8 @@ use std::net::{IpAddr, SocketAddr};
 use std::os::fd::{AsRawFd, BorrowedFd};
 
 use super::addr::SockAddr;
-use super::cmsg::{self, Cmsg, CmsgBuf, Encoder};
+pub(crate) use super::cmsg::RawRecv;
+use super::cmsg::{self, decode_control, Cmsg, CmsgBuf, Encoder};
 use super::fault::{Fault, Faults};
 use super::{cvt, retry};
 
@@ -242,19 +243,6 @@ impl SendScratch {
     }
 }
 
-/// What the kernel reported about one received message.
-#[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct RawRecv {
-    pub len: usize,
-    pub flags: i32,
-    pub addr: Option<SocketAddr>,
-    pub gro: Option<u16>,
-    pub dst_ip: Option<IpAddr>,
-    pub ifindex: u32,
-    pub tos: Option<u8>,
-    pub drops: Option<u32>,
-}
-
 /// Receive buffers that own their memory: `count` slots of `size` bytes in one allocation,
 /// with their iovecs pointing into it, set up once (the memory never moves).
 pub(crate) struct OwnedSlots {
@@ -323,28 +311,6 @@ impl RecvScratch {
         };
         Ok(1)
     }
-}
-
-/// Decodes the control messages of a received message into `r` (GRO size, TOS/TCLASS,
-/// pktinfo, the drop counter). `hdr` as for [`cmsg::decode`].
-pub(crate) fn decode_control(hdr: &libc::msghdr, r: &mut RawRecv) {
-    cmsg::decode(hdr, |c| match c {
-        Cmsg::Gro(s) => r.gro = Some(s),
-        Cmsg::Tos(t) | Cmsg::TClass(t) => r.tos = Some(t),
-        Cmsg::PktInfoV4 { ifindex, addr } => {
-            r.dst_ip = Some(IpAddr::V4(addr));
-            r.ifindex = ifindex;
-        }
-        Cmsg::PktInfoV6 { ifindex, addr } => {
-            r.dst_ip = Some(match addr.to_ipv4_mapped() {
-                Some(v4) => IpAddr::V4(v4),
-                None => IpAddr::V6(addr),
-            });
-            r.ifindex = ifindex;
-        }
-        Cmsg::RxqOvfl(d) => r.drops = Some(d),
-        _ => {}
-    });
 }
 
 /// Reusable receive vectors of one socket.

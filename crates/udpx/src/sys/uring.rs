@@ -169,7 +169,7 @@ const BGID: u16 = 7;
 /// What one completion of the multishot receive brought.
 pub(crate) enum RecvEvent<'a> {
     /// A datagram (or GRO buffer) in buffer `bid`: the decoded header and the payload.
-    Datagram { raw: super::mmsg::RawRecv, payload: &'a [u8] },
+    Datagram { raw: super::cmsg::RawRecv, payload: &'a [u8] },
     /// The buffer ring ran empty: the kernel dropped nothing yet, but the receive stopped
     /// (ENOBUFS); it is re-armed once buffers are back.
     NoBuffers,
@@ -387,7 +387,7 @@ impl RecvRing {
             // SAFETY: see above; `start` is buffer `bid` of `bufs`, at least `len` bytes long.
             let buf = unsafe { std::slice::from_raw_parts(start, (res as usize).min(self.len)) };
             let Ok(out) = types::RecvMsgOut::parse(buf, self.msghdr()) else { continue };
-            let mut raw = super::mmsg::RawRecv {
+            let mut raw = super::cmsg::RawRecv {
                 len: out.payload_data().len(),
                 flags: out.flags() as i32
                     | if out.is_payload_truncated() { libc::MSG_TRUNC } else { 0 }
@@ -415,7 +415,7 @@ impl RecvRing {
                 let mut h: libc::msghdr = unsafe { std::mem::zeroed() };
                 h.msg_control = ctrl.as_ptr() as *mut libc::c_void;
                 h.msg_controllen = ctrl.len() as _;
-                super::mmsg::decode_control(&h, &mut raw);
+                super::cmsg::decode_control(&h, &mut raw);
             }
             f(RecvEvent::Datagram { raw, payload: out.payload_data() });
         }
