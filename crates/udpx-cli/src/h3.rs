@@ -120,9 +120,13 @@ pub struct H3BenchArgs {
     /// Rounds: each downloads once per row, interleaved; the table shows medians.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=100))]
     repeat: u64,
-    /// Over a veth pair between two namespaces (needs root) instead of loopback.
-    #[arg(long)]
+    /// Over a veth pair between two namespaces (needs root). As root this is the default,
+    /// as for `udpx bench`; without root the bench runs on loopback.
+    #[arg(long, conflicts_with = "loopback")]
     veth: bool,
+    /// On loopback even as root (there the client's receive work is charged to the server).
+    #[arg(long)]
+    loopback: bool,
     /// One JSON object instead of the table.
     #[arg(long)]
     json: bool,
@@ -140,11 +144,13 @@ fn parse_size(s: &str) -> Result<u64, String> {
 /// `udpx bench h3`: runs [`udpx_h3::bench`] and prints its table or JSON.
 pub fn bench(a: H3BenchArgs) -> ExitCode {
     const CMD: &str = "bench h3";
-    if a.veth && !udpx_lab::netns::is_root() {
+    let root = udpx_lab::netns::is_root();
+    if a.veth && !root {
         eprintln!("udpx {CMD}: --veth needs root (network namespaces): skipped");
         return ExitCode::from(crate::exit::SKIPPED);
     }
-    if a.veth {
+    let veth = a.veth || (root && !a.loopback);
+    if veth {
         if let Err(e) = udpx_lab::netns::cleanup_on_signals() {
             eprintln!("udpx {CMD}: warning: no signal cleanup: {e}");
         }
@@ -152,7 +158,7 @@ pub fn bench(a: H3BenchArgs) -> ExitCode {
     let cfg = udpx_h3::bench::H3BenchConfig {
         size: a.size,
         repeat: a.repeat as usize,
-        veth: a.veth,
+        veth,
         ..udpx_h3::bench::H3BenchConfig::new()
     };
     let b = match udpx_h3::bench::run(&cfg, &mut |l| eprintln!("udpx {CMD}: {l}")) {

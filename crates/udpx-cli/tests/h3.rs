@@ -126,6 +126,7 @@ fn bench_h3_bad_flags_exit_2_naming_the_flag() {
         (&["bench", "h3", "--repeat", "0"], "--repeat"),
         (&["bench", "h3", "--repeat", "many"], "--repeat"),
         (&["bench", "h3", "--warp"], "--warp"),
+        (&["bench", "h3", "--veth", "--loopback"], "--loopback"),
     ];
     for (args, needle) in cases {
         let o = udpx(args);
@@ -140,7 +141,7 @@ fn bench_h3_bad_flags_exit_2_naming_the_flag() {
 #[test]
 fn bench_h3_names_a_missing_nginx_and_exits_0() {
     let o = Command::new(env!("CARGO_BIN_EXE_udpx"))
-        .args(["bench", "h3", "--size", "200k", "--repeat", "1", "--json"])
+        .args(["bench", "h3", "--size", "200k", "--repeat", "1", "--loopback", "--json"])
         .env("PATH", "/nonexistent-udpx-path")
         .output()
         .expect("run udpx");
