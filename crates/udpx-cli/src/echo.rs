@@ -2,8 +2,7 @@
 
 use std::net::{IpAddr, SocketAddr};
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use clap::{Args, Subcommand, ValueEnum};
@@ -189,10 +188,7 @@ fn serve(a: ServeArgs) -> ExitCode {
     // SIGINT and SIGTERM are blocked before any thread starts, so every thread inherits the
     // mask and the signal waits for the one thread that takes it (below), instead of killing
     // the process from whichever thread the kernel picks.
-    let mut set = nix::sys::signal::SigSet::empty();
-    set.add(nix::sys::signal::Signal::SIGINT);
-    set.add(nix::sys::signal::Signal::SIGTERM);
-    let signals = set.thread_block().is_ok().then_some(set);
+    let stop = crate::util::stop_on_signals();
     let bound = match server::bind(&cfg) {
         Ok(b) => b,
         Err(e) if e.contains("Address in use") => return usage(format!("-p {}: port in use; pick another", a.port)),
@@ -219,15 +215,6 @@ fn serve(a: ServeArgs) -> ExitCode {
     };
     if let Some(m) = &metrics {
         eprintln!("udpx echo serve: metrics on http://{}/metrics", m.local_addr());
-    }
-    let stop = Arc::new(AtomicBool::new(false));
-    if let Some(set) = signals {
-        // Ctrl-C / TERM end the server cleanly with its counters printed.
-        let stop = stop.clone();
-        std::thread::spawn(move || {
-            let _ = set.wait();
-            stop.store(true, Ordering::Relaxed);
-        });
     }
     let start = std::time::Instant::now();
     while !stop.load(Ordering::Relaxed) && dur.is_none_or(|d| start.elapsed() < d) {

@@ -3,8 +3,7 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use clap::{Args, Subcommand, ValueEnum};
@@ -225,10 +224,7 @@ fn serve(a: ServeArgs) -> ExitCode {
     };
     // SIGINT and SIGTERM are blocked before the shard threads start (they inherit the mask),
     // and one thread below takes them: the server then stops cleanly and prints its counters.
-    let mut set = nix::sys::signal::SigSet::empty();
-    set.add(nix::sys::signal::Signal::SIGINT);
-    set.add(nix::sys::signal::Signal::SIGTERM);
-    let signals = set.thread_block().is_ok().then_some(set);
+    let stop = crate::util::stop_on_signals();
     let server = match udpx_h3::serve(&a.dir, &cfg) {
         Ok(s) => s,
         Err(e) if e.is_usage() => return util::usage("h3 serve", e),
@@ -244,7 +240,7 @@ fn serve(a: ServeArgs) -> ExitCode {
         );
     }
     eprintln!(
-        "udpx h3 serve: {} on https://{} ({} shards, I/O {}, GRO {}, host ID {}; packets leave at once, not paced)",
+        "udpx h3 serve: {} on https://{} ({} shards, I/O {}, GRO {}, host ID {})",
         a.dir.display(),
         server.local_addr(),
         shards,
@@ -252,14 +248,6 @@ fn serve(a: ServeArgs) -> ExitCode {
         if cfg.gro { "on" } else { "off" },
         cfg.host_id
     );
-    let stop = Arc::new(AtomicBool::new(false));
-    if let Some(set) = signals {
-        let stop = stop.clone();
-        std::thread::spawn(move || {
-            let _ = set.wait();
-            stop.store(true, Ordering::Relaxed);
-        });
-    }
     let start = std::time::Instant::now();
     while !stop.load(Ordering::Relaxed) && dur.is_none_or(|d| start.elapsed() < d) && server.is_running() {
         std::thread::sleep(Duration::from_millis(50));

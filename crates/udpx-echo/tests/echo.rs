@@ -14,9 +14,10 @@ use udpx_echo::load::{self, LoadConfig};
 use udpx_echo::proto::{self, Request};
 use udpx_echo::server::{self, Mode, ServeConfig};
 
-fn serve(mode: Mode, threads: usize, batch: bool, bind: &str) -> server::Server {
-    let cfg = ServeConfig {
-        bind: bind.parse().unwrap(),
+/// A loopback server's settings: no rate limit, no pinning, the default receive buffer.
+fn config(mode: Mode, threads: usize, batch: bool) -> ServeConfig {
+    ServeConfig {
+        bind: "127.0.0.1:0".parse().unwrap(),
         mode,
         threads,
         batch,
@@ -24,7 +25,11 @@ fn serve(mode: Mode, threads: usize, batch: bool, bind: &str) -> server::Server 
         rate_limit: None,
         cpus: None,
         recv_buffer: None,
-    };
+    }
+}
+
+fn serve(mode: Mode, threads: usize, batch: bool, bind: &str) -> server::Server {
+    let cfg = ServeConfig { bind: bind.parse().unwrap(), ..config(mode, threads, batch) };
     server::start(server::bind(&cfg).unwrap())
 }
 
@@ -230,16 +235,7 @@ fn cpu_steering_puts_requests_on_the_receiving_cpus_shard() {
 #[test]
 fn a_failed_send_is_retried_and_the_reply_arrives() {
     for batch in [false, true] {
-        let cfg = ServeConfig {
-            bind: "127.0.0.1:0".parse().unwrap(),
-            mode: Mode::Reuseport,
-            threads: 1,
-            batch,
-            io_uring: false,
-            rate_limit: None,
-            cpus: None,
-            recv_buffer: None,
-        };
+        let cfg = config(Mode::Reuseport, 1, batch);
         let bound = server::bind(&cfg).unwrap();
         bound.inject_fault(0, udpx::Fault::Errno(nix::errno::Errno::ECONNREFUSED as i32));
         let srv = server::start(bound);
@@ -256,16 +252,7 @@ fn a_failed_send_is_retried_and_the_reply_arrives() {
 
 #[test]
 fn rate_limit_per_source() {
-    let cfg = ServeConfig {
-        bind: "127.0.0.1:0".parse().unwrap(),
-        mode: Mode::Reuseport,
-        threads: 1,
-        batch: true,
-        io_uring: false,
-        rate_limit: Some(10),
-        cpus: None,
-        recv_buffer: None,
-    };
+    let cfg = ServeConfig { rate_limit: Some(10), ..config(Mode::Reuseport, 1, true) };
     let srv = server::start(server::bind(&cfg).unwrap());
     let c = StdUdp::bind("127.0.0.1:0").unwrap();
     for i in 0..100 {
@@ -281,16 +268,7 @@ fn rate_limit_per_source() {
 /// its reuseport shard, gets the limit once, not once per shard.
 #[test]
 fn rate_limit_holds_across_shards() {
-    let cfg = ServeConfig {
-        bind: "127.0.0.1:0".parse().unwrap(),
-        mode: Mode::Reuseport,
-        threads: 4,
-        batch: true,
-        io_uring: false,
-        rate_limit: Some(10),
-        cpus: None,
-        recv_buffer: None,
-    };
+    let cfg = ServeConfig { rate_limit: Some(10), ..config(Mode::Reuseport, 4, true) };
     let srv = server::start(server::bind(&cfg).unwrap());
     let ports: Vec<StdUdp> = (0..40).map(|_| StdUdp::bind("127.0.0.1:0").unwrap()).collect();
     for (i, c) in ports.iter().enumerate() {
@@ -310,16 +288,7 @@ fn rate_limit_holds_across_shards() {
 
 #[test]
 fn bad_configuration_is_refused() {
-    let base = ServeConfig {
-        bind: "127.0.0.1:0".parse().unwrap(),
-        mode: Mode::Reuseport,
-        threads: 0,
-        batch: true,
-        io_uring: false,
-        rate_limit: None,
-        cpus: None,
-        recv_buffer: None,
-    };
+    let base = config(Mode::Reuseport, 0, true);
     assert!(server::check(&base, false).unwrap_err().contains("--threads 0"));
     let many = ServeConfig { threads: server::MAX_THREADS, ..base.clone() };
     assert!(server::check(&many, false).unwrap_err().contains("--allow-oversubscribe"));
@@ -429,16 +398,7 @@ fn metrics_move_under_load_and_agree_with_the_generator() {
 /// is honoured; the kernel reports twice what was set.
 #[test]
 fn receive_buffer_default_and_override() {
-    let base = ServeConfig {
-        bind: "127.0.0.1:0".parse().unwrap(),
-        mode: Mode::Reuseport,
-        threads: 2,
-        batch: true,
-        io_uring: false,
-        rate_limit: None,
-        cpus: None,
-        recv_buffer: None,
-    };
+    let base = config(Mode::Reuseport, 2, true);
     let b = server::bind(&base).unwrap();
     assert_eq!(b.recv_buffer(), 2 * server::default_recv_buffer(), "as root the size is set exactly");
     let b = server::bind(&ServeConfig { recv_buffer: Some(300_000), ..base }).unwrap();
@@ -453,16 +413,7 @@ fn the_io_uring_shard_answers_every_request_exactly_once() {
         udpx_lab::netns::record_skip("the_io_uring_shard_answers_every_request_exactly_once", &why);
         return;
     }
-    let uring = |mode, threads| ServeConfig {
-        bind: "127.0.0.1:0".parse().unwrap(),
-        mode,
-        threads,
-        batch: true,
-        io_uring: true,
-        rate_limit: None,
-        cpus: None,
-        recv_buffer: None,
-    };
+    let uring = |mode, threads| ServeConfig { io_uring: true, ..config(mode, threads, true) };
     for mode in [Mode::Reuseport, Mode::ReuseportCpu] {
         let cfg = uring(mode, 2);
         let srv = server::start(server::bind(&cfg).unwrap());
