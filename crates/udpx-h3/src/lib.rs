@@ -8,9 +8,11 @@
 //! system call is ours, and to be downloaded from by an implementation nobody here wrote
 //! (ngtcp2's `gtlsclient`).
 //!
-//! - Responses: 200 with `content-length`; 404 for what is not a regular file; 403 for a path
-//!   that leaves the directory (`..`, an encoded slash, a symlink out: see [`files`]); 405
-//!   (with `allow`) for other methods; 400 for a malformed request.
+//! - Responses as a browser or a video player expects them (see [`http`], one set of rules
+//!   for every listener): content types, `index.html`, validators (`etag`, `last-modified`),
+//!   conditional requests (304, 412), byte ranges (206, 416), `alt-svc`; 404 for what is
+//!   missing, 403 for a path that leaves the directory (see [`files`]), 405 for other methods,
+//!   400 for a malformed request; an access log and counters by status.
 //! - Bodies stream from disk at the pace the stream's flow control and congestion window
 //!   allow, one chunk at most in memory per response (see [`server`]).
 //! - TLS from PEM files, or a self-signed certificate made at start for local use (see
@@ -26,12 +28,14 @@
 pub mod bench;
 pub mod client;
 pub mod files;
+pub mod http;
 pub mod server;
 pub mod tls;
 
 use std::fmt;
 
 pub use client::{get, GetConfig, GetReport, Url};
+pub use http::{HttpSnapshot, Site, SiteOptions};
 pub use server::{serve, H3Server, ServeConfig, ServeCounters};
 pub use tls::Tls;
 

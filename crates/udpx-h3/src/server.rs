@@ -10,15 +10,15 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::io::Read;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::path::Path;
 use std::sync::Arc;
+use std::time::Instant;
 
 use quiche::h3::NameValue;
 use serde::Serialize;
 use udpx_quic::{App, HostCounters, IoMode, Server, ServerConfig};
 
-use crate::files::{resolve, Refusal};
+use crate::http::{HttpSnapshot, LogEntry, RequestHead, Site, SiteOptions};
 use crate::tls::{pem_files, server_config, Tls};
 use crate::Error;
 
@@ -43,6 +43,8 @@ pub struct ServeConfig {
     /// Largest UDP payload sent (quiche's `max_send_udp_payload_size`; the peer may ask for
     /// less).
     pub max_udp_payload: usize,
+    /// Cache-control and the access log.
+    pub site: SiteOptions,
 }
 
 impl ServeConfig {
@@ -56,62 +58,13 @@ impl ServeConfig {
             shards: 1,
             host_id: 0,
             max_udp_payload: DEFAULT_MAX_UDP_PAYLOAD,
+            site: SiteOptions::default(),
         }
     }
 }
 
 /// An Ethernet MTU of 1500 less the IPv6 and UDP headers: fits both families on common paths.
 pub const DEFAULT_MAX_UDP_PAYLOAD: usize = 1452;
-
-/// HTTP counters, shared by the shards.
-#[derive(Debug, Default)]
-pub struct HttpCounters {
-    requests: AtomicU64,
-    ok: AtomicU64,
-    bad_request: AtomicU64,
-    forbidden: AtomicU64,
-    not_found: AtomicU64,
-    method_not_allowed: AtomicU64,
-    body_bytes: AtomicU64,
-    streams_reset: AtomicU64,
-}
-
-/// A snapshot of [`HttpCounters`].
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
-pub struct HttpSnapshot {
-    /// Requests whose headers arrived.
-    pub requests: u64,
-    /// 200 responses.
-    pub ok: u64,
-    /// 400 responses.
-    pub bad_request: u64,
-    /// 403 responses (paths leaving the directory).
-    pub forbidden: u64,
-    /// 404 responses.
-    pub not_found: u64,
-    /// 405 responses.
-    pub method_not_allowed: u64,
-    /// Body bytes quiche took.
-    pub body_bytes: u64,
-    /// Responses abandoned because the peer reset or stopped the stream.
-    pub streams_reset: u64,
-}
-
-impl HttpCounters {
-    fn snapshot(&self) -> HttpSnapshot {
-        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        HttpSnapshot {
-            requests: g(&self.requests),
-            ok: g(&self.ok),
-            bad_request: g(&self.bad_request),
-            forbidden: g(&self.forbidden),
-            not_found: g(&self.not_found),
-            method_not_allowed: g(&self.method_not_allowed),
-            body_bytes: g(&self.body_bytes),
-            streams_reset: g(&self.streams_reset),
-        }
-    }
-}
 
 /// The server's counters: QUIC host and HTTP.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
@@ -126,21 +79,17 @@ pub struct ServeCounters {
 #[derive(Debug)]
 pub struct H3Server {
     server: Server,
-    http: Arc<HttpCounters>,
+    site: Arc<Site>,
     generated_cert: bool,
 }
 
 /// Starts serving the files under `dir` (see the crate docs); returns once every shard
 /// listens.
 pub fn serve(dir: &Path, cfg: &ServeConfig) -> Result<H3Server, Error> {
-    let root = dir.canonicalize().map_err(|e| Error::Usage(format!("directory {}: {e}", dir.display())))?;
-    if !root.is_dir() {
-        return Err(Error::Usage(format!("{} is not a directory: give the directory to serve", dir.display())));
-    }
+    let site = Arc::new(Site::new(dir, &cfg.site)?);
     let files = pem_files(&cfg.tls)?;
-    let http = Arc::new(HttpCounters::default());
     let scfg = ServerConfig { listen: cfg.listen, shards: cfg.shards, io: cfg.io, gro: cfg.gro, host_id: cfg.host_id };
-    let (root2, http2) = (Arc::new(root), http.clone());
+    let site2 = site.clone();
     let max = cfg.max_udp_payload;
     if !(1..=256).contains(&cfg.shards) {
         return Err(Error::Usage(format!(
@@ -150,14 +99,14 @@ pub fn serve(dir: &Path, cfg: &ServeConfig) -> Result<H3Server, Error> {
     }
     let configs = (0..cfg.shards).map(|_| server_config(&files, max)).collect::<Result<Vec<_>, _>>()?;
     let server = Server::start(&scfg, configs, move |_shard| FileServer {
-        root: root2.clone(),
-        http: http2.clone(),
+        site: site2.clone(),
         scratch: vec![0; CHUNK],
         h3_config: quiche::h3::Config::new().expect("quiche's h3::Config::new cannot fail"),
     })
     .map_err(Error::Quic)?;
+    site.set_alt_svc(server.local_addr().port());
     drop(files); // loaded into every configuration: a generated one is removed now
-    Ok(H3Server { server, http, generated_cert: cfg.tls == Tls::SelfSigned })
+    Ok(H3Server { server, site, generated_cert: cfg.tls == Tls::SelfSigned })
 }
 
 impl H3Server {
@@ -173,7 +122,7 @@ impl H3Server {
 
     /// The counters so far (each shard publishes when it is about to wait).
     pub fn counters(&self) -> ServeCounters {
-        ServeCounters { quic: self.server.counters(), http: self.http.snapshot() }
+        ServeCounters { quic: self.server.counters(), http: self.site.counters() }
     }
 
     /// Queues a send fault on shard `shard`'s socket (test builds, feature `fault-injection`).
@@ -195,13 +144,12 @@ impl H3Server {
     /// Stops and returns the final counters.
     pub fn stop(self) -> Result<ServeCounters, Error> {
         let quic = self.server.stop().map_err(Error::Quic)?;
-        Ok(ServeCounters { quic, http: self.http.snapshot() })
+        Ok(ServeCounters { quic, http: self.site.counters() })
     }
 }
 
 struct FileServer {
-    root: Arc<PathBuf>,
-    http: Arc<HttpCounters>,
+    site: Arc<Site>,
     scratch: Vec<u8>,
     h3_config: quiche::h3::Config,
 }
@@ -210,14 +158,21 @@ struct FileServer {
 struct Response {
     /// Headers not yet taken by quiche (a full stream refuses them).
     headers: Option<Vec<quiche::h3::Header>>,
-    /// The headers end the stream (HEAD, empty body, errors).
+    /// The headers end the stream (HEAD, no body, errors).
     fin_with_headers: bool,
     body: Option<Body>,
+    /// For the access log.
+    method: String,
+    target: String,
+    status: u16,
+    started: Instant,
+    /// Body bytes quiche took.
+    sent: u64,
 }
 
 struct Body {
     file: File,
-    /// Bytes of the file not yet read.
+    /// Bytes of the range not yet read.
     left: u64,
     buf: Vec<u8>,
     /// Bytes of `buf` already taken.
@@ -226,14 +181,16 @@ struct Body {
 
 struct ConnState {
     h3: Option<quiche::h3::Connection>,
+    peer: SocketAddr,
     responses: HashMap<u64, Response>,
 }
 
 impl App for FileServer {
     type State = ConnState;
 
-    fn accepted(&mut self, _conn: &quiche::Connection) -> ConnState {
-        ConnState { h3: None, responses: HashMap::new() }
+    fn accepted(&mut self, conn: &quiche::Connection) -> ConnState {
+        let peer = conn.path_stats().next().map_or(SocketAddr::from(([0, 0, 0, 0], 0)), |p| p.peer_addr);
+        ConnState { h3: None, peer, responses: HashMap::new() }
     }
 
     fn on_turn(&mut self, conn: &mut quiche::Connection, st: &mut ConnState) {
@@ -251,7 +208,6 @@ impl App for FileServer {
         loop {
             match h3.poll(conn) {
                 Ok((sid, quiche::h3::Event::Headers { list, .. })) => {
-                    self.http.requests.fetch_add(1, Ordering::Relaxed);
                     let r = self.respond(&list);
                     st.responses.insert(sid, r);
                 }
@@ -264,8 +220,8 @@ impl App for FileServer {
                     }
                 }
                 Ok((sid, quiche::h3::Event::Reset(_))) => {
-                    if st.responses.remove(&sid).is_some() {
-                        self.http.streams_reset.fetch_add(1, Ordering::Relaxed);
+                    if let Some(r) = st.responses.remove(&sid) {
+                        self.finish(st.peer, &r, false);
                     }
                 }
                 Ok(_) => {}
@@ -278,93 +234,87 @@ impl App for FileServer {
         }
         let mut finished = Vec::new();
         for (&sid, r) in st.responses.iter_mut() {
-            match progress(h3, conn, sid, r, &self.http.body_bytes) {
-                Ok(true) => finished.push(sid),
+            match progress(h3, conn, sid, r) {
+                Ok(true) => finished.push((sid, true)),
                 Ok(false) => {}
-                Err(()) => {
-                    self.http.streams_reset.fetch_add(1, Ordering::Relaxed);
-                    finished.push(sid);
-                }
+                Err(()) => finished.push((sid, false)),
             }
         }
-        for sid in finished {
-            st.responses.remove(&sid);
+        for (sid, complete) in finished {
+            if let Some(r) = st.responses.remove(&sid) {
+                self.finish(st.peer, &r, complete);
+            }
         }
     }
 
-    fn closed(&mut self, _conn: &quiche::Connection, _state: ConnState) {}
+    fn closed(&mut self, _conn: &quiche::Connection, state: ConnState) {
+        // Responses still under way when the connection ended were not sent whole.
+        for r in state.responses.values() {
+            self.finish(state.peer, r, false);
+        }
+    }
 }
 
 impl FileServer {
     fn respond(&self, list: &[quiche::h3::Header]) -> Response {
-        let mut method = None;
-        let mut path = None;
+        let started = Instant::now();
+        let (mut method, mut path) = (None, None);
+        let mut fields = Vec::with_capacity(list.len());
         for h in list {
             match h.name() {
-                b":method" => method = Some(h.value().to_vec()),
-                b":path" => path = Some(h.value().to_vec()),
-                _ => {}
+                b":method" => method = Some(h.value()),
+                b":path" => path = Some(h.value()),
+                n if n.starts_with(b":") => {}
+                n => fields.push((n, h.value())),
             }
         }
-        let (Some(method), Some(path)) = (method, path) else {
-            self.http.bad_request.fetch_add(1, Ordering::Relaxed);
-            return status_only(400, &[]);
+        let text = |b: Option<&[u8]>| String::from_utf8_lossy(b.unwrap_or(b"-")).into_owned();
+        let answer = match (method, path) {
+            (Some(m), Some(p)) => self.site.answer(&RequestHead { method: m, path: p, headers: &fields }),
+            // Without :method or :path the request is malformed (RFC 9114 4.3.1).
+            _ => self.site.answer(&RequestHead { method: b"GET", path: b"", headers: &[] }),
         };
-        let head = match method.as_slice() {
-            b"GET" => false,
-            b"HEAD" => true,
-            _ => {
-                self.http.method_not_allowed.fetch_add(1, Ordering::Relaxed);
-                return status_only(405, &[("allow", "GET, HEAD")]);
-            }
-        };
-        let refused = |r: Refusal| {
-            let c = match r {
-                Refusal::BadRequest => &self.http.bad_request,
-                Refusal::Forbidden => &self.http.forbidden,
-                Refusal::NotFound => &self.http.not_found,
-            };
-            c.fetch_add(1, Ordering::Relaxed);
-            status_only(r.status(), &[])
-        };
-        let Ok(path) = std::str::from_utf8(&path) else { return refused(Refusal::BadRequest) };
-        let file = match resolve(&self.root, path) {
-            Ok(f) => f,
-            Err(r) => return refused(r),
-        };
-        let Ok(file) = File::open(&file) else { return refused(Refusal::NotFound) };
-        let Ok(len) = file.metadata().map(|m| m.len()) else { return refused(Refusal::NotFound) };
-        self.http.ok.fetch_add(1, Ordering::Relaxed);
-        let headers = vec![
-            quiche::h3::Header::new(b":status", b"200"),
-            quiche::h3::Header::new(b"content-length", len.to_string().as_bytes()),
-            quiche::h3::Header::new(b"server", b"udpx-h3"),
-        ];
-        let body = (!head && len > 0).then(|| Body { file, left: len, buf: Vec::new(), off: 0 });
-        Response { headers: Some(headers), fin_with_headers: body.is_none(), body }
+        let status = answer.status;
+        let mut headers = Vec::with_capacity(answer.headers.len() + 1);
+        headers.push(quiche::h3::Header::new(b":status", status.to_string().as_bytes()));
+        for (n, v) in &answer.headers {
+            headers.push(quiche::h3::Header::new(n.as_bytes(), v.as_bytes()));
+        }
+        let body = answer.body.map(|b| Body { file: b.file, left: b.len, buf: Vec::new(), off: 0 });
+        Response {
+            headers: Some(headers),
+            fin_with_headers: body.is_none(),
+            body,
+            method: text(method),
+            target: text(path),
+            status,
+            started,
+            sent: 0,
+        }
+    }
+
+    fn finish(&self, peer: SocketAddr, r: &Response, complete: bool) {
+        self.site.finished(&LogEntry {
+            peer,
+            method: &r.method,
+            path: &r.target,
+            status: r.status,
+            bytes: r.sent,
+            duration: r.started.elapsed(),
+            protocol: "h3",
+            complete,
+        });
     }
 }
 
-fn status_only(status: u16, extra: &[(&str, &str)]) -> Response {
-    let mut headers = vec![
-        quiche::h3::Header::new(b":status", status.to_string().as_bytes()),
-        quiche::h3::Header::new(b"content-length", b"0"),
-        quiche::h3::Header::new(b"server", b"udpx-h3"),
-    ];
-    for (n, v) in extra {
-        headers.push(quiche::h3::Header::new(n.as_bytes(), v.as_bytes()));
-    }
-    Response { headers: Some(headers), fin_with_headers: true, body: None }
-}
-
-/// Moves a response on as far as the stream takes it, adding the body bytes taken to `sent`.
-/// `Ok(true)`: done; `Err(())`: the stream is gone (reset, stopped) or the file failed.
+/// Moves a response on as far as the stream takes it, counting the body bytes taken in
+/// `r.sent`. `Ok(true)`: done; `Err(())`: the stream is gone (reset, stopped) or the file
+/// failed.
 fn progress(
     h3: &mut quiche::h3::Connection,
     conn: &mut quiche::Connection,
     sid: u64,
     r: &mut Response,
-    sent: &AtomicU64,
 ) -> Result<bool, ()> {
     if let Some(h) = r.headers.take() {
         match h3.send_response(conn, sid, &h, r.fin_with_headers) {
@@ -403,7 +353,7 @@ fn progress(
         match h3.send_body(conn, sid, &b.buf[b.off..], fin) {
             Ok(w) => {
                 b.off += w;
-                sent.fetch_add(w as u64, Ordering::Relaxed);
+                r.sent += w as u64;
                 if b.off < b.buf.len() {
                     return Ok(false);
                 }

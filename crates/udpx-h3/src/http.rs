@@ -1,0 +1,615 @@
+//! The HTTP rules of a file response: one implementation for both listeners (HTTP/3 in
+//! [`server`](crate::server), HTTPS over TCP for `Alt-Svc` discovery), so a browser gets the
+//! same answer whichever way it came.
+//!
+//! [`Site::answer`] turns a request head into an [`Answer`]: a status, headers and at most one
+//! byte range of one file, opened and positioned (the listener streams it at its own pace; no
+//! body is ever read whole). [`Site::finished`] is told when the response ended: it counts the
+//! bytes and writes the access-log line.
+//!
+//! ## What is answered
+//! - GET and HEAD; other methods 405 with `allow`. A path is resolved by [`files::resolve`]:
+//!   400 for a broken escape or a NUL, 403 for a path that leaves the directory, 404 for what is
+//!   missing; a directory is served by its `index.html` (a directory path without its trailing
+//!   slash gets a 301 to the path with it, so the page's relative links resolve; no listings).
+//! - 200 and HEAD carry `content-type` (from the extension, `mime_guess`), `content-length`,
+//!   `last-modified`, a strong `etag` (size, modification time in nanoseconds and inode),
+//!   `accept-ranges: bytes`, `cache-control`, `date`, and `alt-svc` once the QUIC port is known.
+//!
+//! ## Conditional requests (RFC 9110 section 13.2.2), evaluated before Range
+//! 1. `If-Match` (strong comparison, `*` matches) false -> 412; otherwise, without it,
+//!    `If-Unmodified-Since` false -> 412.
+//! 2. `If-None-Match` (weak comparison, `*` matches) matched -> 304 for GET and HEAD; only
+//!    without it is `If-Modified-Since` looked at (GET, HEAD): not modified since -> 304. A 304
+//!    has no body and keeps `etag`, `last-modified` and `cache-control`.
+//! 3. A date that does not parse, or lies in the server's future, is ignored.
+//!
+//! ## Ranges (RFC 9110 section 14), GET only (HEAD ignores Range)
+//! | `Range` | answer |
+//! | --- | --- |
+//! | `bytes=a-b`, `bytes=a-` with `a` < length | 206, `b` clamped to the last byte |
+//! | `bytes=-n`, `n` > 0 | 206 of the last `n` bytes, the whole file when `n` >= length |
+//! | `bytes=a-…` with `a` >= length, `bytes=-0`, anything but a non-zero suffix on an empty file | 416, `content-range: bytes */length` |
+//! | `bytes=-n` on an empty file | 200 with the (empty) file: `content-range` cannot name zero bytes |
+//! | `bytes=9-3`, `bytes=x`, another unit, several `Range` fields | ignored as invalid: 200 with the whole file |
+//! | several ranges (`bytes=0-1,5-6`) | 200 with the whole file (no multipart answers) |
+//!
+//! Numbers too large for 64 bits saturate (`bytes=99999999999999999999-` is past the end: 416).
+//! `If-Range` (GET with Range) is true only for a strong ETag equal to the current one, or a
+//! date equal to `last-modified` that is a strong validator (the file is at least a second
+//! older than now); otherwise the Range is ignored and the whole current file is sent, so a
+//! client never joins bytes of two versions.
+
+use std::fs::{File, Metadata};
+use std::io::{self, LineWriter, Seek, SeekFrom, Write};
+use std::net::SocketAddr;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde::Serialize;
+
+use crate::files::{resolve, Refusal, Resolved};
+use crate::Error;
+
+/// What a [`Site`] is told beyond its directory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SiteOptions {
+    /// The `cache-control` of every file response (200, 206, 304).
+    pub cache_control: String,
+    /// Write one line per request here (`-`: standard output); off when `None`.
+    pub access_log: Option<PathBuf>,
+}
+
+impl Default for SiteOptions {
+    /// `no-cache` (a cache keeps the file but asks, with its validators, before each reuse),
+    /// no access log.
+    fn default() -> Self {
+        SiteOptions { cache_control: "no-cache".into(), access_log: None }
+    }
+}
+
+/// The files under one directory and the rules that serve them; shared by every listener
+/// and shard.
+pub struct Site {
+    root: PathBuf,
+    cache_control: String,
+    alt_svc: OnceLock<String>,
+    counters: HttpCounters,
+    log: Option<Mutex<LineWriter<Box<dyn Write + Send>>>>,
+}
+
+impl std::fmt::Debug for Site {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Site").field("root", &self.root).field("alt_svc", &self.alt_svc.get()).finish_non_exhaustive()
+    }
+}
+
+/// A request as both listeners see it.
+#[derive(Debug, Clone, Copy)]
+pub struct RequestHead<'a> {
+    /// `GET`, `HEAD`, ...
+    pub method: &'a [u8],
+    /// The request target (path and query).
+    pub path: &'a [u8],
+    /// The header fields, names in lower case.
+    pub headers: &'a [(&'a [u8], &'a [u8])],
+}
+
+/// A response: status, header fields, and the body's bytes of one file.
+#[derive(Debug)]
+pub struct Answer {
+    /// The status code.
+    pub status: u16,
+    /// Header fields (lower-case names), `content-length` among them.
+    pub headers: Vec<(&'static str, String)>,
+    /// The body, for GET with a non-empty body.
+    pub body: Option<FileBody>,
+}
+
+/// The bytes to send: `len` bytes of `file` from its current position.
+#[derive(Debug)]
+pub struct FileBody {
+    /// Opened and positioned at the first byte to send.
+    pub file: File,
+    /// How many bytes to send.
+    pub len: u64,
+}
+
+/// A response that ended, for the counters and the access log.
+#[derive(Debug, Clone)]
+pub struct LogEntry<'a> {
+    /// The client.
+    pub peer: SocketAddr,
+    /// The request method.
+    pub method: &'a str,
+    /// The request target.
+    pub path: &'a str,
+    /// The status sent.
+    pub status: u16,
+    /// Body bytes the transport took.
+    pub bytes: u64,
+    /// From the request's head to the response's end.
+    pub duration: Duration,
+    /// `h3`, `h2` or `http/1.1`.
+    pub protocol: &'static str,
+    /// Whether the whole response was sent (false: the peer reset the stream or went away,
+    /// or the file failed).
+    pub complete: bool,
+}
+
+/// Counters shared by every listener.
+#[derive(Debug, Default)]
+struct HttpCounters {
+    requests: AtomicU64,
+    classes: [AtomicU64; 5],
+    ok: AtomicU64,
+    partial: AtomicU64,
+    not_modified: AtomicU64,
+    redirects: AtomicU64,
+    bad_request: AtomicU64,
+    forbidden: AtomicU64,
+    not_found: AtomicU64,
+    method_not_allowed: AtomicU64,
+    precondition_failed: AtomicU64,
+    range_not_satisfiable: AtomicU64,
+    server_error: AtomicU64,
+    body_bytes: AtomicU64,
+    incomplete: AtomicU64,
+}
+
+/// A snapshot of the HTTP counters.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct HttpSnapshot {
+    /// Requests whose heads arrived.
+    pub requests: u64,
+    /// Responses by status class: 1xx (never sent), 2xx, 3xx, 4xx, 5xx.
+    pub by_class: [u64; 5],
+    /// 200 responses.
+    pub ok: u64,
+    /// 206 responses.
+    pub partial: u64,
+    /// 304 responses.
+    pub not_modified: u64,
+    /// 301 responses (a directory without its slash).
+    pub redirects: u64,
+    /// 400 responses.
+    pub bad_request: u64,
+    /// 403 responses (paths leaving the directory, unreadable files).
+    pub forbidden: u64,
+    /// 404 responses.
+    pub not_found: u64,
+    /// 405 responses.
+    pub method_not_allowed: u64,
+    /// 412 responses.
+    pub precondition_failed: u64,
+    /// 416 responses.
+    pub range_not_satisfiable: u64,
+    /// 500 responses (a file that could not be read).
+    pub server_error: u64,
+    /// Body bytes the transports took.
+    pub body_bytes: u64,
+    /// Responses not sent whole: the peer reset or stopped the stream, the connection went
+    /// away, or the file failed under us.
+    pub incomplete: u64,
+}
+
+impl HttpCounters {
+    fn count(&self, status: u16) {
+        if let Some(c) = self.classes.get(usize::from(status / 100).wrapping_sub(1)) {
+            c.fetch_add(1, Relaxed);
+        }
+        let specific = match status {
+            200 => &self.ok,
+            206 => &self.partial,
+            301 => &self.redirects,
+            304 => &self.not_modified,
+            400 => &self.bad_request,
+            403 => &self.forbidden,
+            404 => &self.not_found,
+            405 => &self.method_not_allowed,
+            412 => &self.precondition_failed,
+            416 => &self.range_not_satisfiable,
+            _ => &self.server_error,
+        };
+        specific.fetch_add(1, Relaxed);
+    }
+
+    fn snapshot(&self) -> HttpSnapshot {
+        let g = |a: &AtomicU64| a.load(Relaxed);
+        HttpSnapshot {
+            requests: g(&self.requests),
+            by_class: std::array::from_fn(|i| g(&self.classes[i])),
+            ok: g(&self.ok),
+            partial: g(&self.partial),
+            not_modified: g(&self.not_modified),
+            redirects: g(&self.redirects),
+            bad_request: g(&self.bad_request),
+            forbidden: g(&self.forbidden),
+            not_found: g(&self.not_found),
+            method_not_allowed: g(&self.method_not_allowed),
+            precondition_failed: g(&self.precondition_failed),
+            range_not_satisfiable: g(&self.range_not_satisfiable),
+            server_error: g(&self.server_error),
+            body_bytes: g(&self.body_bytes),
+            incomplete: g(&self.incomplete),
+        }
+    }
+}
+
+impl Site {
+    /// The site of the files under `dir`; opens the access log, if any, for appending.
+    pub fn new(dir: &Path, opts: &SiteOptions) -> Result<Site, Error> {
+        let root = dir.canonicalize().map_err(|e| Error::Usage(format!("directory {}: {e}", dir.display())))?;
+        if !root.is_dir() {
+            return Err(Error::Usage(format!("{} is not a directory: give the directory to serve", dir.display())));
+        }
+        let cc = &opts.cache_control;
+        if cc.is_empty() || cc.bytes().any(|b| !(b == b' ' || b.is_ascii_graphic())) {
+            return Err(Error::Usage(format!(
+                "cache-control {cc:?}: give a non-empty value of printable ASCII, e.g. \"no-cache\" or \"max-age=60\""
+            )));
+        }
+        let log = match &opts.access_log {
+            None => None,
+            Some(p) if p.as_os_str() == "-" => Some(Box::new(io::stdout()) as Box<dyn Write + Send>),
+            Some(p) => Some(Box::new(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(p)
+                    .map_err(|e| Error::Usage(format!("access log {}: {e}", p.display())))?,
+            ) as Box<dyn Write + Send>),
+        };
+        Ok(Site {
+            root,
+            cache_control: cc.clone(),
+            alt_svc: OnceLock::new(),
+            counters: HttpCounters::default(),
+            log: log.map(|w| Mutex::new(LineWriter::new(w))),
+        })
+    }
+
+    /// Announces HTTP/3 on `udp_port` of the same host in every later response (`alt-svc`).
+    pub fn set_alt_svc(&self, udp_port: u16) {
+        let _ = self.alt_svc.set(format!("h3=\":{udp_port}\"; ma=86400"));
+    }
+
+    /// The counters so far.
+    pub fn counters(&self) -> HttpSnapshot {
+        self.counters.snapshot()
+    }
+
+    /// The answer to `req` (counted by status).
+    pub fn answer(&self, req: &RequestHead<'_>) -> Answer {
+        self.counters.requests.fetch_add(1, Relaxed);
+        let a = self.answer_uncounted(req);
+        self.counters.count(a.status);
+        a
+    }
+
+    /// Counts the end of a response and writes its access-log line.
+    pub fn finished(&self, e: &LogEntry<'_>) {
+        self.counters.body_bytes.fetch_add(e.bytes, Relaxed);
+        if !e.complete {
+            self.counters.incomplete.fetch_add(1, Relaxed);
+        }
+        if let Some(log) = &self.log {
+            let line = format!(
+                "{} {} {} \"{}\" {} {} {:.3}ms {}{}\n",
+                humantime::format_rfc3339_millis(SystemTime::now()),
+                e.peer,
+                e.method.escape_default(),
+                e.path.escape_default(),
+                e.status,
+                e.bytes,
+                e.duration.as_secs_f64() * 1e3,
+                e.protocol,
+                if e.complete { "" } else { " incomplete" },
+            );
+            let mut w = log.lock().unwrap_or_else(|p| p.into_inner());
+            if let Err(err) = w.write_all(line.as_bytes()) {
+                log::warn!("udpx-h3: access log: {err}");
+            }
+        }
+    }
+
+    fn answer_uncounted(&self, req: &RequestHead<'_>) -> Answer {
+        let head = match req.method {
+            b"GET" => false,
+            b"HEAD" => true,
+            _ => return self.empty(405, vec![("allow", "GET, HEAD".into())]),
+        };
+        let Ok(target) = std::str::from_utf8(req.path) else { return self.empty(400, vec![]) };
+        let path = match resolve(&self.root, target) {
+            Ok(Resolved::File(p)) => p,
+            Ok(Resolved::AddSlash) => {
+                let (p, q) = target.split_once('?').map_or((target, None), |(p, q)| (p, Some(q)));
+                let location = match q {
+                    Some(q) => format!("{p}/?{q}"),
+                    None => format!("{p}/"),
+                };
+                return self.empty(301, vec![("location", location)]);
+            }
+            Err(r) => return self.empty(r.status(), vec![]),
+        };
+        let opened = File::open(&path).and_then(|f| f.metadata().map(|m| (f, m)));
+        let (mut file, meta) = match opened {
+            Ok(fm) => fm,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return self.empty(Refusal::NotFound.status(), vec![]),
+            Err(e) if e.kind() == io::ErrorKind::PermissionDenied => return self.empty(403, vec![]),
+            Err(e) => {
+                log::warn!("udpx-h3: {}: {e}", path.display());
+                return self.empty(500, vec![]);
+            }
+        };
+        let now = SystemTime::now();
+        let v = Validators::of(&meta, now);
+        let cond = Conditions::from_headers(req.headers);
+        let len = meta.len();
+        let outcome = evaluate(&cond, &v, len, !head, now);
+        let mut h = Vec::with_capacity(12);
+        match outcome {
+            Outcome::PreconditionFailed => return self.empty(412, vec![]),
+            Outcome::NotSatisfiable => {
+                return self.empty(416, vec![("content-range", format!("bytes */{len}"))]);
+            }
+            Outcome::NotModified => {
+                self.validators(&mut h, &v);
+                self.common(&mut h, now);
+                return Answer { status: 304, headers: h, body: None };
+            }
+            Outcome::Whole | Outcome::Part { .. } => {}
+        }
+        let (status, start, n) = match outcome {
+            Outcome::Part { start, len: n } => {
+                h.push(("content-range", format!("bytes {}-{}/{len}", start, start + n - 1)));
+                (206, start, n)
+            }
+            _ => (200, 0, len),
+        };
+        h.push(("content-type", content_type(&path)));
+        h.push(("content-length", n.to_string()));
+        h.push(("accept-ranges", "bytes".into()));
+        self.validators(&mut h, &v);
+        self.common(&mut h, now);
+        let body = if head || n == 0 {
+            None
+        } else {
+            if start > 0 {
+                if let Err(e) = file.seek(SeekFrom::Start(start)) {
+                    log::warn!("udpx-h3: {}: {e}", path.display());
+                    return self.empty(500, vec![]);
+                }
+            }
+            Some(FileBody { file, len: n })
+        };
+        Answer { status, headers: h, body }
+    }
+
+    fn validators(&self, h: &mut Vec<(&'static str, String)>, v: &Validators) {
+        h.push(("etag", v.etag.clone()));
+        h.push(("last-modified", httpdate::fmt_http_date(v.last_modified)));
+        h.push(("cache-control", self.cache_control.clone()));
+    }
+
+    fn common(&self, h: &mut Vec<(&'static str, String)>, now: SystemTime) {
+        h.push(("date", httpdate::fmt_http_date(now)));
+        if let Some(a) = self.alt_svc.get() {
+            h.push(("alt-svc", a.clone()));
+        }
+        h.push(("server", "udpx-h3".into()));
+    }
+
+    /// A response without a body.
+    fn empty(&self, status: u16, mut extra: Vec<(&'static str, String)>) -> Answer {
+        let mut h = vec![("content-length", "0".to_string())];
+        h.append(&mut extra);
+        self.common(&mut h, SystemTime::now());
+        Answer { status, headers: h, body: None }
+    }
+}
+
+/// The media type for a file name's extension: `mime_guess`'s table, but for the three
+/// segmented-video types it lacks or names otherwise than HLS and DASH players expect.
+fn content_type(path: &Path) -> String {
+    let ext = path.extension().and_then(|e| e.to_str()).map(str::to_ascii_lowercase);
+    match ext.as_deref() {
+        Some("m4s") => "video/iso.segment".into(),
+        Some("ts") => "video/mp2t".into(),
+        Some("m3u8") => "application/vnd.apple.mpegurl".into(),
+        _ => mime_guess::from_path(path).first_or_octet_stream().essence_str().to_string(),
+    }
+}
+
+/// A file's validators.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Validators {
+    /// Quoted, strong.
+    etag: String,
+    /// The modification time in whole seconds (never in the future).
+    last_modified: SystemTime,
+    /// Whether `last_modified` is a strong validator: the file is at least a second older
+    /// than now, so a change within the same second cannot hide behind it (RFC 9110 8.8.2.2).
+    date_is_strong: bool,
+}
+
+impl Validators {
+    fn of(meta: &Metadata, now: SystemTime) -> Validators {
+        let mtime = meta.modified().unwrap_or(UNIX_EPOCH);
+        let ns = mtime.duration_since(UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+        let etag = format!("\"{:x}-{:x}-{:x}\"", meta.len(), ns, meta.ino());
+        Validators::new(etag, mtime, now)
+    }
+
+    fn new(etag: String, mtime: SystemTime, now: SystemTime) -> Validators {
+        let secs = |t: SystemTime| t.duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+        let last_modified = UNIX_EPOCH + Duration::from_secs(secs(mtime).min(secs(now)));
+        let date_is_strong = mtime + Duration::from_secs(1) <= now;
+        Validators { etag, last_modified, date_is_strong }
+    }
+}
+
+/// The request's conditional and range fields (a list field given on several lines is
+/// joined with commas, as RFC 9110 section 5.3 allows).
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+struct Conditions {
+    if_match: Option<String>,
+    if_none_match: Option<String>,
+    if_modified_since: Option<String>,
+    if_unmodified_since: Option<String>,
+    /// `Some(None)`: more than one `Range` field (invalid: ignored).
+    range: Option<Option<String>>,
+    if_range: Option<String>,
+}
+
+impl Conditions {
+    fn from_headers(headers: &[(&[u8], &[u8])]) -> Conditions {
+        let mut c = Conditions::default();
+        for &(name, value) in headers {
+            let Ok(value) = std::str::from_utf8(value) else { continue };
+            let value = value.trim();
+            let join = |slot: &mut Option<String>| match slot {
+                Some(s) => {
+                    s.push_str(", ");
+                    s.push_str(value);
+                }
+                None => *slot = Some(value.to_string()),
+            };
+            match name {
+                b"if-match" => join(&mut c.if_match),
+                b"if-none-match" => join(&mut c.if_none_match),
+                b"if-modified-since" => c.if_modified_since = Some(value.to_string()),
+                b"if-unmodified-since" => c.if_unmodified_since = Some(value.to_string()),
+                b"if-range" => c.if_range = Some(value.to_string()),
+                b"range" => c.range = Some(if c.range.is_some() { None } else { Some(value.to_string()) }),
+                _ => {}
+            }
+        }
+        c
+    }
+}
+
+/// What the rules decide.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Outcome {
+    Whole,
+    Part { start: u64, len: u64 },
+    NotModified,
+    PreconditionFailed,
+    NotSatisfiable,
+}
+
+/// RFC 9110 section 13.2.2's order, then the range (GET only).
+fn evaluate(c: &Conditions, v: &Validators, len: u64, get: bool, now: SystemTime) -> Outcome {
+    let date = |s: &Option<String>| {
+        s.as_deref().and_then(|s| httpdate::parse_http_date(s).ok()).filter(|d| *d <= now + Duration::from_secs(1))
+    };
+    if let Some(list) = &c.if_match {
+        if !etag_list_matches(list, &v.etag, true) {
+            return Outcome::PreconditionFailed;
+        }
+    } else if let Some(d) = date(&c.if_unmodified_since) {
+        if v.last_modified > d {
+            return Outcome::PreconditionFailed;
+        }
+    }
+    if let Some(list) = &c.if_none_match {
+        if etag_list_matches(list, &v.etag, false) {
+            return Outcome::NotModified;
+        }
+    } else if let Some(d) = date(&c.if_modified_since) {
+        if v.last_modified <= d {
+            return Outcome::NotModified;
+        }
+    }
+    let Some(Some(range)) = &c.range else { return Outcome::Whole };
+    if !get {
+        return Outcome::Whole;
+    }
+    if let Some(ir) = &c.if_range {
+        let fresh = if ir.starts_with('"') || ir.starts_with("W/") {
+            !ir.starts_with("W/") && ir == &v.etag
+        } else {
+            v.date_is_strong && httpdate::parse_http_date(ir).is_ok_and(|d| d == v.last_modified)
+        };
+        if !fresh {
+            return Outcome::Whole;
+        }
+    }
+    parse_range(range, len)
+}
+
+/// Whether `current` is in the entity-tag list `list` (or the list is `*`); `strong`: weak
+/// tags never match (If-Match), else the `W/` prefixes are ignored (If-None-Match). A list
+/// that does not parse matches nothing.
+fn etag_list_matches(list: &str, current: &str, strong: bool) -> bool {
+    if list.trim() == "*" {
+        return true;
+    }
+    let cur = current.strip_prefix("W/").unwrap_or(current);
+    let current_weak = cur.len() != current.len();
+    let mut rest = list;
+    loop {
+        rest = rest.trim_start_matches([' ', '\t', ',']);
+        if rest.is_empty() {
+            return false;
+        }
+        let weak = rest.starts_with("W/");
+        let tag_start = if weak { &rest[2..] } else { rest };
+        let Some(body) = tag_start.strip_prefix('"') else { return false };
+        let Some(end) = body.find('"') else { return false };
+        let tag = &tag_start[..end + 2];
+        if tag == cur && !(strong && (weak || current_weak)) {
+            return true;
+        }
+        rest = &body[end + 1..];
+    }
+}
+
+/// A `Range` field against a representation of `len` bytes.
+fn parse_range(field: &str, len: u64) -> Outcome {
+    let Some((unit, set)) = field.split_once('=') else { return Outcome::Whole };
+    if !unit.trim().eq_ignore_ascii_case("bytes") {
+        return Outcome::Whole;
+    }
+    let mut specs = set.split(',').map(str::trim).filter(|s| !s.is_empty());
+    let (Some(spec), None) = (specs.next(), specs.next()) else { return Outcome::Whole };
+    let Some((first, last)) = spec.split_once('-') else { return Outcome::Whole };
+    let (first, last) = (first.trim(), last.trim());
+    if first.is_empty() {
+        let Some(n) = number(last) else { return Outcome::Whole };
+        return match (n, len) {
+            (0, _) => Outcome::NotSatisfiable,
+            (_, 0) => Outcome::Whole,
+            (n, len) => Outcome::Part { start: len - n.min(len), len: n.min(len) },
+        };
+    }
+    let Some(a) = number(first) else { return Outcome::Whole };
+    let b = if last.is_empty() {
+        u64::MAX
+    } else {
+        match number(last) {
+            Some(b) if b >= a => b,
+            _ => return Outcome::Whole,
+        }
+    };
+    if a >= len {
+        return Outcome::NotSatisfiable;
+    }
+    let end = b.min(len - 1);
+    Outcome::Part { start: a, len: end - a + 1 }
+}
+
+/// ASCII digits as a number, saturating at `u64::MAX`; `None` for anything else.
+fn number(s: &str) -> Option<u64> {
+    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    Some(s.bytes().fold(0u64, |n, d| n.saturating_mul(10).saturating_add(u64::from(d - b'0'))))
+}
+
+#[cfg(test)]
+mod tests;
