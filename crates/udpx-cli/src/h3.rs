@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use clap::{Args, Subcommand, ValueEnum};
-use udpx_h3::{GetConfig, ServeConfig, Tls};
+use udpx_h3::{GetConfig, ServeConfig, SiteOptions, Tls};
 use udpx_quic::IoMode;
 
 use crate::util::{self, duration};
@@ -86,6 +86,13 @@ struct ServeArgs {
     /// Stop after this many seconds (default: until Ctrl-C).
     #[arg(short = 'l', long)]
     duration: Option<f64>,
+    /// Append a line per request to this file (`-`: standard output): time, client, method,
+    /// path, status, body bytes, duration, protocol.
+    #[arg(long, value_name = "FILE")]
+    access_log: Option<PathBuf>,
+    /// The cache-control of file responses (200, 206, 304).
+    #[arg(long, default_value = "no-cache")]
+    cache_control: String,
 }
 
 #[derive(Args, Debug)]
@@ -221,6 +228,7 @@ fn serve(a: ServeArgs) -> ExitCode {
         shards,
         host_id: a.host_id,
         max_udp_payload: a.max_udp_payload,
+        site: SiteOptions { cache_control: a.cache_control, access_log: a.access_log },
     };
     // SIGINT and SIGTERM are blocked before the shard threads start (they inherit the mask),
     // and one thread below takes them: the server then stops cleanly and prints its counters.
