@@ -115,6 +115,15 @@ struct GetArgs {
     /// One JSON object (with the client's counters) instead of the line.
     #[arg(long)]
     json: bool,
+    /// Send HEAD instead of GET.
+    #[arg(long)]
+    head: bool,
+    /// Add a request header field, `NAME: VALUE` (repeatable), e.g. -H 'range: bytes=0-99'.
+    #[arg(short = 'H', long = "header", value_name = "NAME: VALUE")]
+    headers: Vec<String>,
+    /// Print the response's header fields (to standard error).
+    #[arg(short = 'i', long)]
+    include: bool,
 }
 
 /// `udpx bench h3`.
@@ -276,7 +285,22 @@ fn get(a: GetArgs) -> ExitCode {
     if let Err(e) = check_payload(a.max_udp_payload) {
         return usage(e);
     }
-    let cfg = GetConfig { io: a.io.into(), gro: a.gro == OnOff::On, max_udp_payload: a.max_udp_payload };
+    let mut headers = Vec::with_capacity(a.headers.len());
+    for h in &a.headers {
+        match h.split_once(':') {
+            Some((n, v)) if !n.trim().is_empty() && !n.starts_with(':') => {
+                headers.push((n.trim().to_string(), v.trim().to_string()));
+            }
+            _ => return usage(format!("-H {h:?}: write a header field as 'NAME: VALUE', e.g. -H 'range: bytes=0-99'")),
+        }
+    }
+    let cfg = GetConfig {
+        io: a.io.into(),
+        gro: a.gro == OnOff::On,
+        max_udp_payload: a.max_udp_payload,
+        head: a.head,
+        headers,
+    };
     let r = match udpx_h3::get(&a.url, a.output.as_deref(), &cfg) {
         Ok(r) => r,
         Err(e) if e.is_usage() => return util::usage("h3 get", e),
@@ -285,6 +309,12 @@ fn get(a: GetArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    if a.include {
+        eprintln!("status: {}", r.status);
+        for (n, v) in &r.headers {
+            eprintln!("{n}: {v}");
+        }
+    }
     if a.json {
         println!("{}", serde_json::json!({ "h3_get": r }));
     } else {

@@ -25,11 +25,22 @@ pub struct GetConfig {
     pub gro: bool,
     /// Largest UDP payload sent.
     pub max_udp_payload: usize,
+    /// HEAD instead of GET.
+    pub head: bool,
+    /// Request header fields added after the pseudo-headers (names are sent in lower case, as
+    /// HTTP/3 requires).
+    pub headers: Vec<(String, String)>,
 }
 
 impl Default for GetConfig {
     fn default() -> Self {
-        GetConfig { io: IoMode::GsoMmsg, gro: true, max_udp_payload: DEFAULT_MAX_UDP_PAYLOAD }
+        GetConfig {
+            io: IoMode::GsoMmsg,
+            gro: true,
+            max_udp_payload: DEFAULT_MAX_UDP_PAYLOAD,
+            head: false,
+            headers: Vec::new(),
+        }
     }
 }
 
@@ -38,6 +49,8 @@ impl Default for GetConfig {
 pub struct GetReport {
     /// HTTP status.
     pub status: u16,
+    /// The response's header fields (without `:status`), in the order received.
+    pub headers: Vec<(String, String)>,
     /// Body bytes received.
     pub bytes: u64,
     /// From the first packet to the end of the body.
@@ -123,17 +136,22 @@ pub fn get(url: &str, out: Option<&Path>, cfg: &GetConfig) -> Result<GetReport, 
     };
     let socket = client_socket(peer, cfg.io, cfg.gro).map_err(Error::Quic)?;
     let config = client_config(cfg.max_udp_payload)?;
+    let mut request = vec![
+        quiche::h3::Header::new(b":method", if cfg.head { b"HEAD" } else { b"GET" }),
+        quiche::h3::Header::new(b":scheme", b"https"),
+        quiche::h3::Header::new(b":authority", url.authority().as_bytes()),
+        quiche::h3::Header::new(b":path", url.path.as_bytes()),
+        quiche::h3::Header::new(b"user-agent", b"udpx-h3"),
+    ];
+    for (n, v) in &cfg.headers {
+        request.push(quiche::h3::Header::new(n.to_ascii_lowercase().as_bytes(), v.as_bytes()));
+    }
     let app = Fetch {
-        request: vec![
-            quiche::h3::Header::new(b":method", b"GET"),
-            quiche::h3::Header::new(b":scheme", b"https"),
-            quiche::h3::Header::new(b":authority", url.authority().as_bytes()),
-            quiche::h3::Header::new(b":path", url.path.as_bytes()),
-            quiche::h3::Header::new(b"user-agent", b"udpx-h3"),
-        ],
+        request,
         h3: None,
         stream: None,
         status: None,
+        headers: Vec::new(),
         bytes: 0,
         done: false,
         sink,
@@ -169,6 +187,7 @@ pub fn get(url: &str, out: Option<&Path>, cfg: &GetConfig) -> Result<GetReport, 
     let bytes = app.bytes;
     Ok(GetReport {
         status: app.status.unwrap_or(0),
+        headers: std::mem::take(&mut app.headers),
         bytes,
         seconds,
         mbit_per_s: bytes as f64 * 8.0 / seconds.max(1e-9) / 1e6,
@@ -182,6 +201,7 @@ struct Fetch {
     h3: Option<quiche::h3::Connection>,
     stream: Option<u64>,
     status: Option<u16>,
+    headers: Vec<(String, String)>,
     bytes: u64,
     done: bool,
     sink: Box<dyn Write>,
@@ -230,6 +250,9 @@ impl App for Fetch {
                     for h in &list {
                         if h.name() == b":status" {
                             self.status = std::str::from_utf8(h.value()).ok().and_then(|s| s.parse().ok());
+                        } else {
+                            let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+                            self.headers.push((text(h.name()), text(h.value())));
                         }
                     }
                 }
