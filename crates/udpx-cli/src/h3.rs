@@ -93,6 +93,10 @@ struct ServeArgs {
     /// The cache-control of file responses (200, 206, 304).
     #[arg(long, default_value = "no-cache")]
     cache_control: String,
+    /// Serve Prometheus metrics on this address (`GET /metrics`): each shard's socket and QUIC
+    /// counters, and the HTTP responses by status class.
+    #[arg(long, value_name = "ADDR")]
+    metrics: Option<SocketAddr>,
 }
 
 #[derive(Args, Debug)]
@@ -265,10 +269,21 @@ fn serve(a: ServeArgs) -> ExitCode {
         if cfg.gro { "on" } else { "off" },
         cfg.host_id
     );
+    let metrics = match a.metrics.map(|addr| server.serve_metrics(addr)).transpose() {
+        Ok(m) => m,
+        Err(e) => {
+            drop(server.stop());
+            return usage(format!("--metrics: {e}; pick another address"));
+        }
+    };
+    if let Some(m) = &metrics {
+        eprintln!("udpx h3 serve: metrics on http://{}/metrics", m.local_addr());
+    }
     let start = std::time::Instant::now();
     while !stop.load(Ordering::Relaxed) && dur.is_none_or(|d| start.elapsed() < d) && server.is_running() {
         std::thread::sleep(Duration::from_millis(50));
     }
+    drop(metrics);
     match server.stop() {
         Ok(c) => {
             println!("{}", serde_json::json!({ "h3_serve": c }));

@@ -412,7 +412,7 @@ fn echo_bench_runs_every_mode() {
 /// counters, and SIGTERM ends the server cleanly: summary printed, exit 0, listener closed.
 #[test]
 fn echo_serve_metrics_and_sigterm() {
-    use std::io::{BufRead, BufReader, Read, Write};
+    use std::io::{BufRead, BufReader};
     let port = free_port().to_string();
     let mut srv = Group::spawn(
         Command::new(env!("CARGO_BIN_EXE_udpx"))
@@ -431,10 +431,7 @@ fn echo_serve_metrics_and_sigterm() {
             break a.trim_end_matches("/metrics").to_string();
         }
     };
-    let mut s = std::net::TcpStream::connect(&addr).expect("metrics listener");
-    write!(s, "GET /metrics HTTP/1.0\r\n\r\n").unwrap();
-    let mut body = String::new();
-    s.read_to_string(&mut body).unwrap();
+    let body = udpx_metrics::scrape(addr.parse().expect("an address")).expect("metrics listener");
     assert!(body.contains("echo_requests_total{shard=\"1\"} 0"), "{body}");
     assert!(body.contains("udpx_datagrams_received_total{shard=\"0\"}"), "{body}");
     killpg(Pid::from_raw(child.id() as i32), Signal::SIGTERM).expect("SIGTERM");

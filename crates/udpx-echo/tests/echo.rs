@@ -358,12 +358,7 @@ fn metric(body: &str, name: &str) -> u64 {
 }
 
 fn scrape(addr: SocketAddr) -> String {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(addr).unwrap();
-    write!(s, "GET /metrics HTTP/1.0\r\n\r\n").unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).unwrap();
-    out
+    udpx_metrics::scrape(addr).unwrap()
 }
 
 /// `--metrics` under load: the counters move while the load runs, and at the end the

@@ -131,6 +131,14 @@ impl H3Server {
         self.server.inject_fault(shard, fault);
     }
 
+    /// Serves the counters as Prometheus text on `addr` (`GET /metrics`) until the returned
+    /// server is dropped: each shard's socket and QUIC counters, and the HTTP responses by
+    /// status class (every listener's).
+    pub fn serve_metrics(&self, addr: SocketAddr) -> std::io::Result<udpx_metrics::MetricsServer> {
+        let source = MetricsSource { probe: self.server.probe(), site: self.site.clone() };
+        udpx_metrics::MetricsServer::start(addr, Arc::new(source))
+    }
+
     /// Whether every event loop still runs.
     pub fn is_running(&self) -> bool {
         self.server.is_running()
@@ -145,6 +153,70 @@ impl H3Server {
     pub fn stop(self) -> Result<ServeCounters, Error> {
         let quic = self.server.stop().map_err(Error::Quic)?;
         Ok(ServeCounters { quic, http: self.site.counters() })
+    }
+}
+
+/// What a scrape of `serve_metrics` reads.
+struct MetricsSource {
+    probe: udpx_quic::ServerProbe,
+    site: Arc<Site>,
+}
+
+impl udpx_metrics::Source for MetricsSource {
+    fn sample(&self) -> Vec<udpx_metrics::ShardSample> {
+        let c = |name, help, value| udpx_metrics::Extra { name, help, value, gauge: false };
+        self.probe
+            .sample()
+            .into_iter()
+            .map(|s| {
+                let h = &s.host;
+                udpx_metrics::ShardSample {
+                    socket: s.socket,
+                    kernel_drops: s.kernel_drops,
+                    extra: vec![
+                        c("quic_connections", "QUIC connections accepted", h.connections),
+                        c("quic_closed", "QUIC connections closed and removed", h.closed),
+                        udpx_metrics::Extra {
+                            name: "quic_open_connections",
+                            help: "QUIC connections open now",
+                            value: h.connections.saturating_sub(h.closed),
+                            gauge: true,
+                        },
+                        c("quic_packets_sent", "QUIC packets handed to the socket", h.packets_sent),
+                        c("quic_bytes_sent", "Their bytes (UDP payload)", h.bytes_sent),
+                        c("quic_lost_packets", "Packets quiche declared lost", h.lost_packets),
+                        c("quic_retransmitted", "Packets quiche retransmitted", h.retransmitted),
+                        c("quic_send_blocked", "Flushes stopped by EAGAIN or ENOBUFS (packets kept)", h.send_blocked),
+                        c("quic_send_errors", "Transmits the kernel refused for good", h.send_errors),
+                        c("quic_dropped_unparseable", "Datagrams without a QUIC header", h.dropped_unparseable),
+                        c(
+                            "quic_dropped_unknown_cid",
+                            "Packets for no connection that could not start one",
+                            h.dropped_unknown_cid,
+                        ),
+                        c("quic_dropped_by_quic", "Datagrams quiche refused", h.dropped_by_quic),
+                    ],
+                }
+            })
+            .collect()
+    }
+
+    fn global(&self) -> Vec<udpx_metrics::Extra> {
+        let h = self.site.counters();
+        let c = |name, help, value| udpx_metrics::Extra { name, help, value, gauge: false };
+        vec![
+            c("http_requests", "HTTP requests whose head arrived (every listener)", h.requests),
+            c("http_responses_1xx", "Responses with a 1xx status", h.by_class[0]),
+            c("http_responses_2xx", "Responses with a 2xx status (200, 206)", h.by_class[1]),
+            c("http_responses_3xx", "Responses with a 3xx status (301, 304)", h.by_class[2]),
+            c("http_responses_4xx", "Responses with a 4xx status", h.by_class[3]),
+            c("http_responses_5xx", "Responses with a 5xx status", h.by_class[4]),
+            c("http_partial", "206 responses (byte ranges)", h.partial),
+            c("http_not_modified", "304 responses", h.not_modified),
+            c("http_range_not_satisfiable", "416 responses", h.range_not_satisfiable),
+            c("http_body_bytes", "Body bytes the transports took", h.body_bytes),
+            c("http_incomplete", "Responses not sent whole (reset, stopped, connection gone)", h.incomplete),
+        ]
     }
 }
 

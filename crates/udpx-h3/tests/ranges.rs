@@ -167,6 +167,24 @@ fn ranges_conditionals_and_bad_input() {
     let (r, body) = f.fetch("/big", &[]);
     assert_eq!((r.status, digest(&body)), (200, digest(&big)), "still serving");
 
+    // The metrics endpoint: responses by status class, the sockets' and hosts' counters.
+    let m = f.server.serve_metrics("127.0.0.1:0".parse().unwrap()).unwrap();
+    let text = udpx_metrics::scrape(m.local_addr()).unwrap();
+    let now = f.server.counters().http;
+    for (name, value) in [
+        ("http_requests_total", now.requests),
+        ("http_responses_2xx_total", now.by_class[1]),
+        ("http_responses_3xx_total", now.by_class[2]),
+        ("http_responses_4xx_total", now.by_class[3]),
+        ("http_partial_total", 7),
+    ] {
+        assert!(text.lines().any(|l| l == format!("{name} {value}")), "{name} {value}:\n{text}");
+    }
+    for family in ["udpx_datagrams_received_total{shard=\"0\"}", "quic_connections_total{shard=\"0\"}"] {
+        assert!(text.contains(family), "{family}:\n{text}");
+    }
+    drop(m);
+
     let c = f.server.stop().unwrap().http;
     let lines = std::fs::read_to_string(f.log.path().join("access.log")).unwrap();
     let lines: Vec<&str> = lines.lines().collect();

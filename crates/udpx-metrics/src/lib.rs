@@ -51,6 +51,11 @@ pub struct ShardSample {
 pub trait Source: Send + Sync + 'static {
     /// One sample per shard, in shard order.
     fn sample(&self) -> Vec<ShardSample>;
+
+    /// The server's counters that belong to no one shard (served without a `shard` label).
+    fn global(&self) -> Vec<Extra> {
+        Vec::new()
+    }
 }
 
 struct SourceCollector(Arc<dyn Source>);
@@ -63,6 +68,10 @@ impl fmt::Debug for SourceCollector {
 
 impl Collector for SourceCollector {
     fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), fmt::Error> {
+        for e in self.0.global() {
+            let ty = if e.gauge { ConstGauge::new(0i64).metric_type() } else { ConstCounter::new(0u64).metric_type() };
+            encode_value(&e, encoder.encode_descriptor(e.name, e.help, None, ty)?)?;
+        }
         let shards = self.0.sample();
         let label = |i: usize| [("shard", i.to_string())];
         let Some(first) = shards.first() else { return Ok(()) };
@@ -88,16 +97,36 @@ impl Collector for SourceCollector {
             let mut family = encoder.encode_descriptor(e.name, e.help, None, ty)?;
             for (i, s) in shards.iter().enumerate() {
                 let Some(x) = s.extra.get(k) else { continue };
-                let labels = label(i);
-                let enc = family.encode_family(&labels)?;
-                if e.gauge {
-                    ConstGauge::new(x.value.min(i64::MAX as u64) as i64).encode(enc)?;
-                } else {
-                    ConstCounter::new(x.value).encode(enc)?;
-                }
+                encode_value(x, family.encode_family(&label(i))?)?;
             }
         }
         Ok(())
+    }
+}
+
+/// `GET path` over HTTP/1.0 to `addr`: the whole answer (status line, fields, body). A tiny
+/// client for tests and scripts that read a metrics endpoint.
+pub fn fetch(addr: SocketAddr, path: &str) -> io::Result<String> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr)?;
+    s.set_read_timeout(Some(std::time::Duration::from_secs(10)))?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: udpx\r\n\r\n")?;
+    let mut out = String::new();
+    s.read_to_string(&mut out)?;
+    Ok(out)
+}
+
+/// The answer to `GET /metrics` at `addr` (see [`fetch`]).
+pub fn scrape(addr: SocketAddr) -> io::Result<String> {
+    fetch(addr, "/metrics")
+}
+
+/// One value of `e`'s kind.
+fn encode_value(e: &Extra, enc: prometheus_client::encoding::MetricEncoder<'_>) -> Result<(), fmt::Error> {
+    if e.gauge {
+        ConstGauge::new(e.value.min(i64::MAX as u64) as i64).encode(enc)
+    } else {
+        ConstCounter::new(e.value).encode(enc)
     }
 }
 

@@ -1,8 +1,6 @@
 //! A scrape over real HTTP: every library counter and the server's own appear per shard with
 //! their values; other paths are refused; the server stops when dropped.
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -32,11 +30,7 @@ impl Source for Fake {
 }
 
 pub fn get(addr: std::net::SocketAddr, path: &str) -> String {
-    let mut s = TcpStream::connect(addr).unwrap();
-    write!(s, "GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).unwrap();
-    out
+    udpx_metrics::fetch(addr, path).unwrap()
 }
 
 #[test]
@@ -64,7 +58,7 @@ fn scrape_serves_every_counter_per_shard() {
     // tiny_http's accept thread closes the listener right after the server is dropped.
     let closed = (0..200).any(|_| {
         std::thread::sleep(std::time::Duration::from_millis(10));
-        TcpStream::connect(addr).is_err()
+        std::net::TcpStream::connect(addr).is_err()
     });
     assert!(closed, "the listener closes with the server");
 }

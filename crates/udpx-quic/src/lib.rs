@@ -49,7 +49,7 @@ pub use cid::{CidGenerator, ServerCid, CID_LEN, WORKER_BYTE};
 pub use counters::HostCounters;
 pub use host::{pacing_for, App, Host, HostSocket, Pacing, PACING_SLACK};
 pub use io::IoMode;
-pub use server::{client_socket, socket_config, Server, ServerConfig};
+pub use server::{client_socket, socket_config, Server, ServerConfig, ServerProbe, ShardSample};
 
 /// What can go wrong in the host.
 #[derive(Debug)]

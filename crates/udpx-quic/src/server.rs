@@ -73,8 +73,41 @@ pub struct Server {
     stop: Arc<AtomicBool>,
     threads: Vec<JoinHandle<Result<(), Error>>>,
     counters: Vec<SharedCounters>,
-    #[cfg(feature = "fault-injection")]
     shards: Vec<udpx::Shard>,
+}
+
+/// A view of a running server's counters that outlives borrows of it (for a metrics
+/// endpoint's thread): each shard's socket and host counters.
+#[derive(Debug, Clone)]
+pub struct ServerProbe {
+    shards: Vec<udpx::Shard>,
+    counters: Vec<SharedCounters>,
+}
+
+/// One shard's counters at one moment.
+#[derive(Debug, Clone, Default)]
+pub struct ShardSample {
+    /// The socket's own.
+    pub socket: udpx::CounterSnapshot,
+    /// Datagrams the kernel dropped on the socket (SO_MEMINFO; 0 where unreadable).
+    pub kernel_drops: u64,
+    /// The event loop's, as last published.
+    pub host: HostCounters,
+}
+
+impl ServerProbe {
+    /// Every shard's counters, in shard order.
+    pub fn sample(&self) -> Vec<ShardSample> {
+        self.shards
+            .iter()
+            .zip(&self.counters)
+            .map(|(s, c)| ShardSample {
+                socket: s.counters(),
+                kernel_drops: s.kernel_drops().map(u64::from).unwrap_or(0),
+                host: c.lock().unwrap_or_else(|e| e.into_inner()).clone(),
+            })
+            .collect()
+    }
 }
 
 impl Server {
@@ -120,7 +153,6 @@ impl Server {
         let make_app = Arc::new(make_app);
         let mut threads = Vec::new();
         let mut counters = Vec::new();
-        #[cfg(feature = "fault-injection")]
         let shards = group.shards();
         for (shard, qc) in group.shards().into_iter().zip(configs) {
             let (stop, make_app) = (stop.clone(), make_app.clone());
@@ -138,14 +170,7 @@ impl Server {
                 .map_err(Error::Io)?;
             threads.push(t);
         }
-        Ok(Server {
-            local,
-            stop,
-            threads,
-            counters,
-            #[cfg(feature = "fault-injection")]
-            shards,
-        })
+        Ok(Server { local, stop, threads, counters, shards })
     }
 
     /// The address it listens on.
@@ -172,6 +197,11 @@ impl Server {
             .iter()
             .map(|c| c.lock().unwrap_or_else(|e| e.into_inner()).add(&HostCounters::default()))
             .collect()
+    }
+
+    /// A view of the counters for another thread (a metrics endpoint).
+    pub fn probe(&self) -> ServerProbe {
+        ServerProbe { shards: self.shards.clone(), counters: self.counters.clone() }
     }
 
     /// Queues a send fault on shard `shard`'s socket (test builds, feature `fault-injection`).
