@@ -9,6 +9,9 @@ pub struct HostCounters {
     pub connections: u64,
     /// Connections closed and removed.
     pub closed: u64,
+    /// Connection IDs issued to peers after the handshake (NEW_CONNECTION_ID), each with this
+    /// host's ID.
+    pub cids_issued: u64,
     /// QUIC packets quiche produced and the host handed to the socket.
     pub packets_sent: u64,
     /// Their bytes (UDP payload).
@@ -73,6 +76,7 @@ impl HostCounters {
         let mut s = HostCounters {
             connections: self.connections + o.connections,
             closed: self.closed + o.closed,
+            cids_issued: self.cids_issued + o.cids_issued,
             packets_sent: self.packets_sent + o.packets_sent,
             bytes_sent: self.bytes_sent + o.bytes_sent,
             transmits: self.transmits + o.transmits,

@@ -22,6 +22,13 @@
 //! connection writes at most its `send_quantum()` per turn, and acknowledgements are read
 //! between turns.
 //!
+//! Connection IDs: a server issues, besides the one it chose at the handshake, as many more as
+//! the peer's `active_connection_id_limit` allows (NEW_CONNECTION_ID, with a random stateless
+//! reset token), each made by the same [`CidGenerator`]: the same host ID and worker byte,
+//! so a client that moves to a new ID (after a NAT rebinding or a change of network) still
+//! reaches this host through a QUIC-LB balancer and this shard through the group's steering.
+//! IDs the peer retires leave the table; the peer is given new ones in their place.
+//!
 //! No Retry: an Initial from an unknown address makes a connection at once (address
 //! validation by Retry tokens is future work); the 3x amplification limit quiche enforces
 //! holds until the handshake completes.
@@ -295,6 +302,7 @@ impl<A: App> Host<A> {
             self.check_unreachable();
             self.timers();
             self.app_turns();
+            self.issue_cids();
             let sent = self.send();
             self.reap();
             // Blocked: wait for writability (or back off) before the next flush.
@@ -464,16 +472,9 @@ impl<A: App> Host<A> {
             self.counters.dropped_bad_initial += 1;
             return None;
         }
-        let scid = loop {
-            match self.cids.next_cid() {
-                Ok(c) if !self.by_cid.contains_key(&CidKey::new(&c)) => break c,
-                Ok(_) => continue,
-                Err(e) => {
-                    log::warn!("udpx-quic: no randomness for a connection ID: {e}");
-                    self.counters.accept_errors += 1;
-                    return None;
-                }
-            }
+        let Some(scid) = fresh_cid(&mut self.cids, &self.by_cid) else {
+            self.counters.accept_errors += 1;
+            return None;
         };
         let scid_ref = quiche::ConnectionId::from_ref(&scid);
         let conn = match quiche::accept(&scid_ref, None, self.local, from, &mut self.config) {
@@ -603,12 +604,49 @@ impl<A: App> Host<A> {
         }
     }
 
+    /// Forgets the connection IDs peers retired; a server offers every established
+    /// connection as many new ones as its peer takes (see the module docs).
+    fn issue_cids(&mut self) {
+        for (idx, slot) in self.conns.iter_mut().enumerate() {
+            let Some(e) = slot.as_mut() else { continue };
+            while let Some(old) = e.conn.retired_scid_next() {
+                let k = CidKey::new(&old);
+                self.by_cid.remove(&k);
+                e.keys.retain(|x| *x != k);
+            }
+            if !self.accepting || !e.conn.is_established() || e.conn.is_closed() {
+                continue;
+            }
+            // Bounded: a peer's limit is at most what we advertise (quiche: the minimum of
+            // both), but a broken peer must not make this loop spin.
+            for _ in 0..MAX_ISSUED_PER_TURN {
+                if e.conn.scids_left() == 0 {
+                    break;
+                }
+                let Some(cid) = fresh_cid(&mut self.cids, &self.by_cid) else { break };
+                let mut token = [0u8; 16];
+                if crate::cid::random_bytes(&mut token).is_err() {
+                    break;
+                }
+                match e.conn.new_scid(&quiche::ConnectionId::from_ref(&cid), u128::from_ne_bytes(token), false) {
+                    Ok(_) => {
+                        let k = CidKey::new(&cid);
+                        self.by_cid.insert(k, idx);
+                        e.keys.push(k);
+                        self.counters.cids_issued += 1;
+                    }
+                    Err(err) => {
+                        log::debug!("udpx-quic: {}: no new connection ID: {err}", e.conn.trace_id());
+                        break;
+                    }
+                }
+            }
+        }
+    }
+
     fn reap(&mut self) {
         for idx in 0..self.conns.len() {
-            let closed = self.conns[idx].as_mut().is_some_and(|e| {
-                while e.conn.retired_scid_next().is_some() {}
-                e.conn.is_closed()
-            });
+            let closed = self.conns[idx].as_mut().is_some_and(|e| e.conn.is_closed());
             if !closed {
                 continue;
             }
@@ -631,6 +669,23 @@ impl<A: App> Host<A> {
         self.held.retain(|h| h.conn != idx);
         self.free.push(idx);
         Some(e)
+    }
+}
+
+/// New connection IDs offered to one connection in one turn, at most.
+const MAX_ISSUED_PER_TURN: usize = 8;
+
+/// A connection ID of this host that no connection uses; `None` without randomness.
+fn fresh_cid(cids: &mut CidGenerator, by_cid: &HashMap<CidKey, usize>) -> Option<[u8; CID_LEN]> {
+    loop {
+        match cids.next_cid() {
+            Ok(c) if !by_cid.contains_key(&CidKey::new(&c)) => return Some(c),
+            Ok(_) => continue,
+            Err(e) => {
+                log::warn!("udpx-quic: no randomness for a connection ID: {e}");
+                return None;
+            }
+        }
     }
 }
 

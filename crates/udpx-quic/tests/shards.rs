@@ -1,10 +1,11 @@
 //! The shard group over real sockets: connections from one client socket spread over the
 //! shards by the client's DCID, and every packet of a connection reaches the shard that
 //! issued its connection ID (the worker byte), so handshakes complete and no shard sees a
-//! packet for a connection it does not have.
+//! packet for a connection it does not have. Connection IDs issued after the handshake carry
+//! the same host ID and worker byte: a client that moves to one stays on its shard.
 
 use std::net::SocketAddr;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use udpx_quic::{client_socket, App, Host, HostSocket, IoMode, Server, ServerCid, ServerConfig};
@@ -102,4 +103,116 @@ fn connections_stay_on_the_shard_of_their_worker_byte() {
     assert!(used.len() >= 2, "32 connections all on one of 4 shards: {used:?}");
     assert_eq!(total.dropped_unknown_cid, 0, "a packet reached a shard without its connection: {per_shard:?}");
     assert_eq!(total.connections, conns as u64);
+}
+
+/// Server side: every source connection ID each connection ever had, by shard.
+type Ids = Arc<Mutex<Vec<(usize, std::collections::BTreeSet<Vec<u8>>)>>>;
+
+struct IdRecorder {
+    shard: usize,
+    ids: Ids,
+    /// Connections the client closed (its close arrived: on a new ID).
+    closed_by_client: Arc<AtomicUsize>,
+}
+
+impl App for IdRecorder {
+    /// The index of this connection's entry in `ids`.
+    type State = usize;
+    fn accepted(&mut self, conn: &quiche::Connection) -> usize {
+        let mut ids = self.ids.lock().unwrap();
+        ids.push((self.shard, [conn.source_id().to_vec()].into()));
+        ids.len() - 1
+    }
+    fn on_turn(&mut self, conn: &mut quiche::Connection, at: &mut usize) {
+        let mut ids = self.ids.lock().unwrap();
+        for id in conn.source_ids() {
+            ids[*at].1.insert(id.to_vec());
+        }
+    }
+    fn closed(&mut self, conn: &quiche::Connection, _: usize) {
+        if conn.peer_error().is_some_and(|e| e.reason == b"done") {
+            self.closed_by_client.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Client side: once a new connection ID has arrived, retires the one it started with (so
+/// every later packet carries the new one), sends on a stream, then closes.
+#[derive(Default)]
+struct Mover {
+    moved: usize,
+    closed_after_move: usize,
+}
+
+#[derive(Default)]
+struct MoverState {
+    retired: bool,
+    pinged: bool,
+}
+
+impl App for Mover {
+    type State = MoverState;
+    fn accepted(&mut self, _: &quiche::Connection) -> MoverState {
+        MoverState::default()
+    }
+    fn on_turn(&mut self, conn: &mut quiche::Connection, st: &mut MoverState) {
+        if !st.retired {
+            if conn.available_dcids() > 0 && conn.retire_dcid(0).is_ok() {
+                st.retired = true;
+                self.moved += 1;
+            }
+            return;
+        }
+        if !st.pinged {
+            st.pinged = conn.stream_send(0, b"ping", true).is_ok();
+            return;
+        }
+        if conn.close(true, 0, b"done").is_ok() {
+            self.closed_after_move += 1;
+        }
+    }
+    fn closed(&mut self, _: &quiche::Connection, _: MoverState) {}
+}
+
+#[test]
+fn new_connection_ids_keep_the_host_and_the_shard() {
+    let cert = TempCert::new("new-cids");
+    let pem = cert.pem();
+    let shards = 3;
+    let mut cfg = ServerConfig::new("127.0.0.1:0".parse().unwrap());
+    cfg.shards = shards;
+    cfg.host_id = 0x0b0b;
+    let ids: Ids = Arc::new(Mutex::new(Vec::new()));
+    let (ids2, by_client) = (ids.clone(), Arc::new(AtomicUsize::new(0)));
+    let by_client2 = by_client.clone();
+    let server = Server::start(&cfg, (0..shards).map(|_| quiche_config(Some(pem), false)).collect(), move |shard| {
+        IdRecorder { shard, ids: ids2.clone(), closed_by_client: by_client2.clone() }
+    })
+    .unwrap();
+    let addr = server.local_addr();
+    let conns = 12;
+    let socket = client_socket(addr, IoMode::GsoMmsg, true).unwrap();
+    let mut client =
+        Host::new(HostSocket::Own(Box::new(socket)), quiche_config(None, false), Mover::default(), false, 0, 0);
+    for _ in 0..conns {
+        client.connect(Some("localhost"), addr, MoverState::default()).unwrap();
+    }
+    let t0 = std::time::Instant::now();
+    client.run(&AtomicBool::new(false), true, None).unwrap();
+    let took = t0.elapsed();
+    let total = server.stop().unwrap();
+    let ids = ids.lock().unwrap();
+    eprintln!("took {took:?}; server {total:?}");
+    assert_eq!((client.app().moved, client.app().closed_after_move), (conns, conns), "every client moved, then closed");
+    assert!(took < std::time::Duration::from_secs(10), "closed by the idle timeout, not by the close");
+    assert!(total.cids_issued >= conns as u64, "a new ID for each connection: {total:?}");
+    for (shard, set) in ids.iter() {
+        assert!(set.len() >= 2, "a connection never had a second ID: {set:02x?}");
+        for id in set {
+            let cid = ServerCid::parse(id).unwrap();
+            assert_eq!((cid.host_id, usize::from(cid.worker)), (0x0b0b, *shard), "{id:02x?}");
+        }
+    }
+    assert_eq!(total.dropped_unknown_cid, 0, "a packet on a new ID missed its shard or connection");
+    assert_eq!(by_client.load(Ordering::Relaxed), conns, "every client's close arrived (on its new ID)");
 }
