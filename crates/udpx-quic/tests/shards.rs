@@ -57,28 +57,40 @@ impl App for Closer {
     fn closed(&mut self, _: &quiche::Connection, _: bool) {}
 }
 
-#[test]
-fn connections_stay_on_the_shard_of_their_worker_byte() {
-    let cert = TempCert::new("shards");
-    let pem = cert.pem();
-
-    let shards = 4;
+/// A loopback server of `shards` shards with host ID `host_id` (the certificate lives as long
+/// as the test holds it).
+fn start<A: App + 'static>(
+    tag: &str,
+    shards: usize,
+    host_id: u16,
+    make_app: impl Fn(usize) -> A + Send + Sync + 'static,
+) -> (TempCert, Server) {
+    let cert = TempCert::new(tag);
     let mut cfg = ServerConfig::new("127.0.0.1:0".parse().unwrap());
     cfg.shards = shards;
-    cfg.host_id = 0x1234;
+    cfg.host_id = host_id;
     cfg.io = IoMode::GsoMmsg;
+    let configs = (0..shards).map(|_| quiche_config(Some(cert.pem()), false)).collect();
+    let server = Server::start(&cfg, configs, make_app).unwrap();
+    (cert, server)
+}
+
+/// A client host on its own socket towards `addr`.
+fn client<A: App>(addr: SocketAddr, app: A) -> Host<A> {
+    let socket = client_socket(addr, IoMode::GsoMmsg, true).unwrap();
+    Host::new(HostSocket::Own(Box::new(socket)), quiche_config(None, false), app, false, 0, 0)
+}
+
+#[test]
+fn connections_stay_on_the_shard_of_their_worker_byte() {
+    let shards = 4;
     let seen: Seen = Arc::new(Mutex::new(Vec::new()));
     let seen2 = seen.clone();
-    let server = Server::start(&cfg, (0..shards).map(|_| quiche_config(Some(pem), false)).collect(), move |shard| {
-        Recorder { shard, seen: seen2.clone() }
-    })
-    .unwrap();
+    let (_cert, server) = start("shards", shards, 0x1234, move |shard| Recorder { shard, seen: seen2.clone() });
     let addr: SocketAddr = server.local_addr();
 
     let conns = 32;
-    let socket = client_socket(addr, IoMode::GsoMmsg, true).unwrap();
-    let mut client =
-        Host::new(HostSocket::Own(Box::new(socket)), quiche_config(None, false), Closer::default(), false, 0, 0);
+    let mut client = client(addr, Closer::default());
     for _ in 0..conns {
         client.connect(Some("localhost"), addr, false).unwrap();
     }
@@ -176,24 +188,17 @@ impl App for Mover {
 
 #[test]
 fn new_connection_ids_keep_the_host_and_the_shard() {
-    let cert = TempCert::new("new-cids");
-    let pem = cert.pem();
-    let shards = 3;
-    let mut cfg = ServerConfig::new("127.0.0.1:0".parse().unwrap());
-    cfg.shards = shards;
-    cfg.host_id = 0x0b0b;
     let ids: Ids = Arc::new(Mutex::new(Vec::new()));
     let (ids2, by_client) = (ids.clone(), Arc::new(AtomicUsize::new(0)));
     let by_client2 = by_client.clone();
-    let server = Server::start(&cfg, (0..shards).map(|_| quiche_config(Some(pem), false)).collect(), move |shard| {
-        IdRecorder { shard, ids: ids2.clone(), closed_by_client: by_client2.clone() }
-    })
-    .unwrap();
+    let (_cert, server) = start("new-cids", 3, 0x0b0b, move |shard| IdRecorder {
+        shard,
+        ids: ids2.clone(),
+        closed_by_client: by_client2.clone(),
+    });
     let addr = server.local_addr();
     let conns = 12;
-    let socket = client_socket(addr, IoMode::GsoMmsg, true).unwrap();
-    let mut client =
-        Host::new(HostSocket::Own(Box::new(socket)), quiche_config(None, false), Mover::default(), false, 0, 0);
+    let mut client = client(addr, Mover::default());
     for _ in 0..conns {
         client.connect(Some("localhost"), addr, MoverState::default()).unwrap();
     }
