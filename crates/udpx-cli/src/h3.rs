@@ -93,6 +93,12 @@ struct ServeArgs {
     /// The cache-control of file responses (200, 206, 304).
     #[arg(long, default_value = "no-cache")]
     cache_control: String,
+    /// A file holding the stateless reset key (64 hex digits) that every host of the service
+    /// shares: a host then ends, with a stateless reset, connections a balancer sends it that it
+    /// does not have (their host was removed or restarted), instead of leaving the client to its
+    /// idle timeout.
+    #[arg(long, value_name = "FILE")]
+    reset_key_file: Option<PathBuf>,
     /// Serve Prometheus metrics on this address (`GET /metrics`): each shard's socket and QUIC
     /// counters, and the HTTP responses by status class.
     #[arg(long, value_name = "ADDR")]
@@ -233,6 +239,16 @@ fn serve(a: ServeArgs) -> ExitCode {
         (Some(cert), Some(key)) => Tls::Files { cert, key },
         _ => Tls::SelfSigned,
     };
+    let reset_key = match &a.reset_key_file {
+        None => None,
+        Some(p) => {
+            match std::fs::read_to_string(p).map_err(|e| e.to_string()).and_then(|t| udpx_quic::ResetKey::from_hex(&t))
+            {
+                Ok(k) => Some(k),
+                Err(e) => return usage(format!("--reset-key-file {}: {e}", p.display())),
+            }
+        }
+    };
     let cfg = ServeConfig {
         listen: a.listen,
         tls,
@@ -242,6 +258,7 @@ fn serve(a: ServeArgs) -> ExitCode {
         host_id: a.host_id,
         max_udp_payload: a.max_udp_payload,
         site: SiteOptions { cache_control: a.cache_control, access_log: a.access_log },
+        reset_key,
     };
     // SIGINT and SIGTERM are blocked before the shard threads start (they inherit the mask),
     // and one thread below takes them: the server then stops cleanly and prints its counters.

@@ -299,7 +299,10 @@ impl App for Fetch {
             } else if let Some(e) = conn.local_error() {
                 format!("closed here: error {:#x} {}", e.error_code, String::from_utf8_lossy(&e.reason))
             } else {
-                "closed".into()
+                // quiche ends a connection without an error frame on a stateless reset.
+                "the server reset it (a stateless reset: the host that answered no longer has this \
+                 connection)"
+                    .into()
             });
         }
     }

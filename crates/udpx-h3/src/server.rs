@@ -45,6 +45,9 @@ pub struct ServeConfig {
     pub max_udp_payload: usize,
     /// Cache-control and the access log.
     pub site: SiteOptions,
+    /// The stateless reset key the service's hosts share (`udpx_quic::reset`); `None`: no
+    /// resets.
+    pub reset_key: Option<udpx_quic::ResetKey>,
 }
 
 impl ServeConfig {
@@ -59,6 +62,7 @@ impl ServeConfig {
             host_id: 0,
             max_udp_payload: DEFAULT_MAX_UDP_PAYLOAD,
             site: SiteOptions::default(),
+            reset_key: None,
         }
     }
 }
@@ -88,7 +92,14 @@ pub struct H3Server {
 pub fn serve(dir: &Path, cfg: &ServeConfig) -> Result<H3Server, Error> {
     let site = Arc::new(Site::new(dir, &cfg.site)?);
     let files = pem_files(&cfg.tls)?;
-    let scfg = ServerConfig { listen: cfg.listen, shards: cfg.shards, io: cfg.io, gro: cfg.gro, host_id: cfg.host_id };
+    let scfg = ServerConfig {
+        listen: cfg.listen,
+        shards: cfg.shards,
+        io: cfg.io,
+        gro: cfg.gro,
+        host_id: cfg.host_id,
+        reset_key: cfg.reset_key.clone(),
+    };
     let site2 = site.clone();
     let max = cfg.max_udp_payload;
     if !(1..=256).contains(&cfg.shards) {

@@ -61,6 +61,14 @@ pub struct HostCounters {
     pub dropped_truncated: u64,
     /// Version negotiation packets sent.
     pub version_negotiations: u64,
+    /// Stateless resets sent for packets to connection IDs this host does not know (only
+    /// with a shared reset key).
+    pub stateless_resets: u64,
+    /// Stateless resets not sent: over the rate limit.
+    pub resets_limited: u64,
+    /// Stateless resets received that matched a connection's token (a client's count: the
+    /// server no longer had that connection).
+    pub resets_received: u64,
     /// Packets held back until their departure time (`SendInfo.at` more than the pacing
     /// slack ahead): the host's pacer at work.
     pub paced_holds: u64,
@@ -100,6 +108,9 @@ impl HostCounters {
             dropped_by_quic: self.dropped_by_quic + o.dropped_by_quic,
             dropped_truncated: self.dropped_truncated + o.dropped_truncated,
             version_negotiations: self.version_negotiations + o.version_negotiations,
+            stateless_resets: self.stateless_resets + o.stateless_resets,
+            resets_limited: self.resets_limited + o.resets_limited,
+            resets_received: self.resets_received + o.resets_received,
             paced_holds: self.paced_holds + o.paced_holds,
             accept_errors: self.accept_errors + o.accept_errors,
             icmp_errors: self.icmp_errors + o.icmp_errors,

@@ -27,7 +27,10 @@
 //! reset token), each made by the same [`CidGenerator`]: the same host ID and worker byte,
 //! so a client that moves to a new ID (after a NAT rebinding or a change of network) still
 //! reaches this host through a QUIC-LB balancer and this shard through the group's steering.
-//! IDs the peer retires leave the table; the peer is given new ones in their place.
+//! IDs the peer retires leave the table; the peer is given new ones in their place. With a
+//! [`ResetKey`] shared by the service's hosts every ID's reset token is derived from it, and a
+//! short-header packet for an ID this host does not know is answered with a stateless reset
+//! (see [`crate::reset`]).
 //!
 //! No Retry: an Initial from an unknown address makes a connection at once (address
 //! validation by Retry tokens is future work); the 3x amplification limit quiche enforces
@@ -47,6 +50,7 @@ use udpx::{RecvBuffers, Shard, UdpSocket};
 use crate::cid::{CidGenerator, CID_LEN};
 use crate::counters::HostCounters;
 use crate::io::{Flush, Outbox};
+use crate::reset::{RateLimit, ResetKey};
 use crate::Error;
 
 /// Longest a loop sleeps in `poll` before it looks at its stop flag again.
@@ -162,6 +166,9 @@ pub struct Host<A: App> {
     held: Vec<Held>,
     /// `Instant` and `CLOCK_MONOTONIC` read together, to turn `SendInfo.at` into a departure.
     anchor: (Instant, udpx::Timestamp),
+    /// Derives reset tokens and allows resets; `None`: random tokens, no resets.
+    reset_key: Option<ResetKey>,
+    resets: RateLimit,
 }
 
 impl<A: App> std::fmt::Debug for Host<A> {
@@ -195,7 +202,16 @@ impl<A: App> Host<A> {
             pacing: Pacing::Hold,
             held: Vec::new(),
             anchor: (Instant::now(), udpx::Timestamp::now()),
+            reset_key: None,
+            resets: RateLimit::default(),
         }
+    }
+
+    /// Derives every connection ID's stateless reset token from `key` (shared by the hosts of
+    /// one service) and answers packets for unknown IDs with a stateless reset (see
+    /// [`crate::reset`]). Set it before the first connection.
+    pub fn set_reset_key(&mut self, key: ResetKey) {
+        self.reset_key = Some(key);
     }
 
     /// Sets who paces (default [`Pacing::Hold`]). [`Pacing::Kernel`] needs a socket with
@@ -423,6 +439,18 @@ impl<A: App> Host<A> {
         let key = CidKey::new(&hdr.dcid);
         let (idx, fresh) = match self.by_cid.get(&key) {
             Some(&i) => (i, false),
+            // A stateless reset carries none of our connection IDs: it goes to the connection
+            // whose peer's reset token ends it (quiche then checks it and closes).
+            None if !self.accepting && hdr.ty == quiche::Type::Short => match self.reset_target(from, buf) {
+                Some(i) => {
+                    self.counters.resets_received += 1;
+                    (i, false)
+                }
+                None => {
+                    self.counters.dropped_unknown_cid += 1;
+                    return;
+                }
+            },
             None => match self.new_connection(from, &hdr, buf.len()) {
                 Some(i) => (i, true),
                 None => return,
@@ -452,18 +480,15 @@ impl<A: App> Host<A> {
     fn new_connection(&mut self, from: SocketAddr, hdr: &quiche::Header<'_>, len: usize) -> Option<usize> {
         if !self.accepting || hdr.ty != quiche::Type::Initial {
             self.counters.dropped_unknown_cid += 1;
+            if self.accepting && hdr.ty == quiche::Type::Short {
+                self.stateless_reset(from, &hdr.dcid, len);
+            }
             return None;
         }
         if !quiche::version_is_supported(hdr.version) {
             let mut out = [0u8; 1350];
             if let Ok(n) = quiche::negotiate_version(&hdr.scid, &hdr.dcid, &mut out) {
-                if let Err(e) = self.socket.try_send(
-                    &mut udpx::SendBuffers::new(),
-                    &[udpx::Transmit::new(from, &out[..n])],
-                    udpx::SendCursor::default(),
-                ) {
-                    log::debug!("udpx-quic: version negotiation to {from} not sent: {e}");
-                }
+                self.send_now(from, &out[..n], "version negotiation");
                 self.counters.version_negotiations += 1;
             }
             return None;
@@ -476,6 +501,9 @@ impl<A: App> Host<A> {
             self.counters.accept_errors += 1;
             return None;
         };
+        if let Some(k) = &self.reset_key {
+            self.config.set_stateless_reset_token(Some(k.token(&scid)));
+        }
         let scid_ref = quiche::ConnectionId::from_ref(&scid);
         let conn = match quiche::accept(&scid_ref, None, self.local, from, &mut self.config) {
             Ok(c) => c,
@@ -604,6 +632,52 @@ impl<A: App> Host<A> {
         }
     }
 
+    /// The connection to `from` whose peer's stateless reset token ends `buf`, if any.
+    fn reset_target(&self, from: SocketAddr, buf: &[u8]) -> Option<usize> {
+        let tail = buf.len().checked_sub(16).filter(|_| buf.len() >= 21).map(|at| &buf[at..])?;
+        self.conns.iter().position(|slot| {
+            slot.as_ref().is_some_and(|e| {
+                e.conn.path_stats().any(|p| p.peer_addr == from)
+                    && e.conn
+                        .peer_transport_params()
+                        .and_then(|tp| tp.stateless_reset_token)
+                        .is_some_and(|t| t.to_be_bytes() == tail)
+            })
+        })
+    }
+
+    /// Answers a short-header packet of `len` bytes for the unknown connection ID `dcid` with
+    /// a stateless reset, when a key is set, the packet is long enough and the rate allows.
+    fn stateless_reset(&mut self, to: SocketAddr, dcid: &[u8], len: usize) {
+        let Some(key) = &self.reset_key else { return };
+        // A short header does not say how long its DCID is: this service's are CID_LEN.
+        let Some(cid) = dcid.get(..CID_LEN) else { return };
+        let mut random = [0u8; 64];
+        let mut out = [0u8; 64];
+        if crate::cid::random_bytes(&mut random).is_err() {
+            return;
+        }
+        let Some(n) = key.write_reset(cid, len, &random, &mut out) else { return };
+        if !self.resets.allow(Instant::now()) {
+            self.counters.resets_limited += 1;
+            return;
+        }
+        self.send_now(to, &out[..n], "stateless reset");
+        self.counters.stateless_resets += 1;
+    }
+
+    /// Sends one datagram outside the outbox (version negotiation, stateless reset): once,
+    /// without waiting; a refusal is logged (the peer will send again).
+    fn send_now(&self, to: SocketAddr, bytes: &[u8], what: &str) {
+        if let Err(e) = self.socket.try_send(
+            &mut udpx::SendBuffers::new(),
+            &[udpx::Transmit::new(to, bytes)],
+            udpx::SendCursor::default(),
+        ) {
+            log::debug!("udpx-quic: {what} to {to} not sent: {e}");
+        }
+    }
+
     /// Forgets the connection IDs peers retired; a server offers every established
     /// connection as many new ones as its peer takes (see the module docs).
     fn issue_cids(&mut self) {
@@ -624,11 +698,17 @@ impl<A: App> Host<A> {
                     break;
                 }
                 let Some(cid) = fresh_cid(&mut self.cids, &self.by_cid) else { break };
-                let mut token = [0u8; 16];
-                if crate::cid::random_bytes(&mut token).is_err() {
-                    break;
-                }
-                match e.conn.new_scid(&quiche::ConnectionId::from_ref(&cid), u128::from_ne_bytes(token), false) {
+                let token = match &self.reset_key {
+                    Some(k) => k.token(&cid),
+                    None => {
+                        let mut t = [0u8; 16];
+                        if crate::cid::random_bytes(&mut t).is_err() {
+                            break;
+                        }
+                        u128::from_ne_bytes(t)
+                    }
+                };
+                match e.conn.new_scid(&quiche::ConnectionId::from_ref(&cid), token, false) {
                     Ok(_) => {
                         let k = CidKey::new(&cid);
                         self.by_cid.insert(k, idx);

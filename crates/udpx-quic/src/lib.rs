@@ -40,6 +40,7 @@ pub mod cid;
 pub mod counters;
 pub mod host;
 pub mod io;
+pub mod reset;
 pub mod server;
 
 use std::fmt;
@@ -49,6 +50,7 @@ pub use cid::{CidGenerator, ServerCid, CID_LEN, WORKER_BYTE};
 pub use counters::HostCounters;
 pub use host::{pacing_for, App, Host, HostSocket, Pacing, PACING_SLACK};
 pub use io::IoMode;
+pub use reset::ResetKey;
 pub use server::{client_socket, socket_config, Server, ServerConfig, ServerProbe, ShardSample};
 
 /// What can go wrong in the host.

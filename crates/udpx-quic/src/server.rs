@@ -42,12 +42,15 @@ pub struct ServerConfig {
     pub gro: bool,
     /// The QUIC-LB host ID in every connection ID.
     pub host_id: u16,
+    /// The stateless reset key shared by the service's hosts (see [`crate::reset`]); `None`:
+    /// random reset tokens, no resets sent.
+    pub reset_key: Option<crate::ResetKey>,
 }
 
 impl ServerConfig {
     /// One shard, `gso-mmsg`, GRO on, host 0.
     pub fn new(listen: SocketAddr) -> ServerConfig {
-        ServerConfig { listen, shards: 1, io: IoMode::GsoMmsg, gro: true, host_id: 0 }
+        ServerConfig { listen, shards: 1, io: IoMode::GsoMmsg, gro: true, host_id: 0, reset_key: None }
     }
 }
 
@@ -158,13 +161,16 @@ impl Server {
             let (stop, make_app) = (stop.clone(), make_app.clone());
             let cell: SharedCounters = Arc::new(Mutex::new(HostCounters::default()));
             counters.push(cell.clone());
-            let host_id = cfg.host_id;
+            let (host_id, reset_key) = (cfg.host_id, cfg.reset_key.clone());
             let t = std::thread::Builder::new()
                 .name(format!("udpx-quic-{}", shard.index()))
                 .spawn(move || {
                     let worker = shard.index() as u8;
                     let app = make_app(shard.index());
                     let mut host = Host::new(HostSocket::Shard(shard), qc, app, true, host_id, worker);
+                    if let Some(k) = reset_key {
+                        host.set_reset_key(k);
+                    }
                     host.run(&stop, false, Some(&cell))
                 })
                 .map_err(Error::Io)?;
