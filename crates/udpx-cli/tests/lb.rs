@@ -49,10 +49,16 @@ fn tmp(tag: &str, size: usize) -> (Tmp, Vec<u8>) {
     (Tmp(p), content)
 }
 
-/// `udpx h3 get` in the client's namespace, writing the body to `out`.
+/// `udpx h3 get` of `file` in the client's namespace, writing the body to `out`.
 fn get(lab: &Lab, out: &Path) -> ChildGroup {
+    get_path(lab, "file", out)
+}
+
+/// `udpx h3 get` of `path` in the client's namespace, writing the body to `out` (and its
+/// standard error beside it, `.err`).
+fn get_path(lab: &Lab, path: &str, out: &Path) -> ChildGroup {
     let mut cmd = lab.client().command(UDPX);
-    cmd.args(["h3", "get", &lab.url("file"), "-o"]).arg(out).stdin(Stdio::null()).stdout(Stdio::null());
+    cmd.args(["h3", "get", &lab.url(path), "-o"]).arg(out).stdin(Stdio::null()).stdout(Stdio::null());
     cmd.stderr(std::fs::File::create(out.with_extension("err")).unwrap());
     ChildGroup::spawn(&mut cmd).unwrap()
 }
@@ -226,6 +232,61 @@ fn a_four_tuple_balancer_loses_the_connection_when_the_client_moves() {
     let other = hosts[1 - home];
     assert_eq!(other.0, 0, "the other host made no connection: {hosts:?}");
     assert!(other.2 > 0, "the other host dropped the moved client's packets as unknown: {hosts:?}");
+}
+
+/// A host taken out of the balancer (the rules regenerated without it and reloaded, as an
+/// operator would): new connections go to the other hosts; a download still running on it
+/// fails at once with a clear reason, because the host its packets now reach shares the
+/// service's reset key and answers with a stateless reset, instead of hanging until the idle
+/// timeout (30 s).
+#[test]
+fn a_removed_host_gets_no_new_connections_and_its_clients_are_told() {
+    if !capable("lb: a host removed from the balancer", &["nft", "tc"]) {
+        return;
+    }
+    let (t, content) = tmp("remove", 3_000_000);
+    std::fs::write(t.0.join("www/small"), &content[..20_000]).unwrap();
+    let mut lab = Lab::setup(&LabConfig { hosts: 3, mode: Mode::Stateless }).unwrap();
+    // 3 MB at 4 Mbit/s: six seconds, so the removal lands in the middle.
+    lab.limit_client_rate(4_000_000).unwrap();
+    lab.start_servers(Path::new(UDPX), &t.0.join("www"), 120).unwrap();
+    let out = t.0.join("got");
+    let slow = get(&lab, &out);
+    let start = Instant::now();
+    let home = loop {
+        let p = lab.host_packets().unwrap();
+        if let Some(h) = p.iter().position(|&n| n > 20) {
+            break h;
+        }
+        assert!(start.elapsed() < Duration::from_secs(10), "the download did not start: {p:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    std::thread::sleep(Duration::from_millis(300));
+    lab.remove_host(home + 1).unwrap();
+    let removed = Instant::now();
+    let status = slow.wait().unwrap();
+    let told_after = removed.elapsed();
+    let err = std::fs::read_to_string(out.with_extension("err")).unwrap_or_default();
+    assert!(!status.success(), "a download on a removed host cannot complete");
+    assert!(err.contains("stateless reset"), "the client says why: {err}");
+    assert!(told_after < Duration::from_secs(15), "told in {told_after:?}, not at the 30 s idle timeout");
+    // New connections: all to the remaining hosts, all complete.
+    for k in 0..6 {
+        let o = t.0.join(format!("small-{k}"));
+        let s = get_path(&lab, "small", &o).wait().unwrap();
+        assert!(s.success(), "{}", std::fs::read_to_string(o.with_extension("err")).unwrap_or_default());
+        assert!(std::fs::read(&o).unwrap() == content[..20_000]);
+    }
+    let nft = lab.counters().unwrap();
+    let json: Vec<serde_json::Value> =
+        lab.stop_servers().iter().map(|(out, _)| serde_json::from_str(out.trim()).unwrap()).collect();
+    let n = |h: usize, k: &str| json[h]["h3_serve"]["quic"][k].as_u64().unwrap();
+    let conns: Vec<u64> = (0..3).map(|h| n(h, "connections")).collect();
+    let resets: u64 = (0..3).map(|h| n(h, "stateless_resets")).sum();
+    eprintln!("home {home}; told after {told_after:?}: {err}; connections {conns:?}; resets {resets}; nft {nft:?}");
+    assert_eq!(conns[home], 1, "the removed host got no new connection: {conns:?}");
+    assert_eq!(conns.iter().sum::<u64>(), 7, "{conns:?}");
+    assert!(resets >= 1 && n(home, "stateless_resets") == 0, "another host reset the moved connection");
 }
 
 #[test]

@@ -247,9 +247,17 @@ impl Lab {
         format!("https://{VIP}:{PORT}/{}", path.trim_start_matches('/'))
     }
 
-    /// Starts `udpx h3 serve DIR --host-id <id> --listen <addr> --shards 1 -l <secs>` on every
-    /// host (`udpx` is the binary's path) and waits until each has announced itself.
+    /// Starts `udpx h3 serve DIR --host-id <id> --listen <addr> --shards 1 -l <secs>
+    /// --reset-key-file <one key for all>` on every host (`udpx` is the binary's path) and waits
+    /// until each has announced itself.
     pub fn start_servers(&mut self, udpx: &Path, dir: &Path, secs: u32) -> Result<(), Error> {
+        let key_file = self.scratch.0.join("reset.key");
+        let mut key = [0u8; 32];
+        udpx_quic::cid::random_bytes(&mut key)
+            .map_err(|e| Error::InvalidConfig { why: format!("no randomness for the reset key: {e}") })?;
+        let hex: String = key.iter().map(|b| format!("{b:02x}")).collect();
+        std::fs::write(&key_file, hex)
+            .map_err(|e| Error::InvalidConfig { why: format!("{}: {e}", key_file.display()) })?;
         for i in 1..=self.hosts.len() {
             let stdout = self.scratch.0.join(format!("h{i}.out"));
             let stderr = self.scratch.0.join(format!("h{i}.err"));
@@ -260,6 +268,8 @@ impl Lab {
                 .arg(dir)
                 .args(["--host-id", &host_id(i).to_string(), "--listen", &self.listen_addr(i).to_string()])
                 .args(["--shards", "1", "-l", &secs.to_string()])
+                .arg("--reset-key-file")
+                .arg(&key_file)
                 .stdin(Stdio::null())
                 .stdout(file(&stdout)?)
                 .stderr(file(&stderr)?);
@@ -312,6 +322,30 @@ impl Lab {
     pub fn host_packets(&self) -> Result<Vec<u64>, Error> {
         let c = parse_counters(&self.balancer.exec(&["nft", "list", "counters", "table", "ip", "udpx_lab_obs"])?);
         Ok((1..=self.hosts.len()).map(|i| c.get(&format!("h{i}")).copied().unwrap_or(0)).collect())
+    }
+
+    /// Takes host `i` (from 1) out of the balancer as an operator would: the ruleset generated
+    /// for the other hosts replaces the loaded one (atomically, `nft -f`) and their policy
+    /// routes are set again (marks are positions in the host list, so they move). Host `i`'s
+    /// server keeps running: packets of its connections now reach another host.
+    pub fn remove_host(&mut self, i: usize) -> Result<(), Error> {
+        let hosts: Vec<Host> = self.balancer_cfg.hosts().iter().filter(|h| h.id != host_id(i)).copied().collect();
+        if hosts.len() == self.balancer_cfg.hosts().len() || hosts.is_empty() {
+            return Err(Error::InvalidConfig { why: format!("host {i}: not in the balancer, or the last one") });
+        }
+        let cfg = Balancer::new(VIP, PORT, hosts, self.balancer_cfg.mode())
+            .map_err(|e| Error::InvalidConfig { why: format!("lab balancer: {e}") })?;
+        self.load_nft(&self.balancer, "balancer-without.nft", &cfg.ruleset())?;
+        for cmd in cfg.route_commands() {
+            // The rules of the first load are still there (`ip rule add` again would only
+            // duplicate them): set the routes.
+            if cmd.get(1).map(String::as_str) == Some("route") {
+                let args: Vec<&str> = cmd.iter().map(String::as_str).collect();
+                self.balancer.exec(&args)?;
+            }
+        }
+        self.balancer_cfg = cfg;
+        Ok(())
     }
 
     /// Replaces the balancer's rules with [`Balancer::four_tuple_ruleset`]: a balancer blind to
