@@ -159,16 +159,28 @@ fn slow_two_host_lab(tag: &str, bits_per_sec: u64, four_tuple: bool) -> (Tmp, Ve
 
 #[test]
 fn a_client_whose_address_changes_mid_download_stays_on_its_host() {
-    if !capable("lb: client rebinding mid-download", &["nft", "tc"]) {
-        return;
+    if capable("lb: client rebinding mid-download", &["nft", "tc"]) {
+        rebinding_mid_download("rebind", |lab| lab.rebind_client());
     }
+}
+
+#[test]
+fn a_client_whose_address_and_port_change_mid_download_stays_on_its_host() {
+    if capable("lb: client address and port rebinding mid-download", &["nft", "tc", "ss"]) {
+        rebinding_mid_download("rebind-port", |lab| lab.rebind_client_port(udpx_lb::lab::CLIENT_REBOUND, 40_404));
+    }
+}
+
+/// A 3 MB download through a two-host stateless balancer, `rebind` applied 600 ms in: it
+/// completes byte for byte on the one host it started on.
+fn rebinding_mid_download(tag: &str, rebind: impl Fn(&Lab) -> Result<(), udpx_lab::netns::Error>) {
     // 3 MB at 12 Mbit/s: two seconds, so the change lands in the middle.
-    let (t, content, mut lab) = slow_two_host_lab("rebind", 12_000_000, false);
+    let (t, content, mut lab) = slow_two_host_lab(tag, 12_000_000, false);
     let out = t.0.join("got");
     let start = Instant::now();
     let g = get(&lab, &out);
     std::thread::sleep(Duration::from_millis(600));
-    lab.rebind_client().unwrap();
+    rebind(&lab).unwrap();
     let status = g.wait().unwrap();
     let took = start.elapsed();
     let err = std::fs::read_to_string(out.with_extension("err")).unwrap_or_default();
@@ -180,8 +192,8 @@ fn a_client_whose_address_changes_mid_download_stays_on_its_host() {
     let hosts = host_counters(&mut lab);
     eprintln!("took {took:?}; rebinding {moved:?}; nft {nft:?}; forwarded per host {forwarded:?}; per host {hosts:?}");
     assert_eq!(forwarded.iter().filter(|&&p| p > 0).count(), 1, "packets reached more than one host: {forwarded:?}");
-    // Packets left from 10.78.0.3 and many answers came back to it: the hosts saw the new
-    // address for a good part of the download.
+    // Packets left from the new address and many answers came back to it: the hosts saw the
+    // new address for a good part of the download.
     assert!(moved["out"] > 10 && moved["in"] > 100, "the rebinding did not take effect mid-download: {moved:?}");
     assert_eq!(hosts.iter().map(|h| h.0).sum::<u64>(), 1, "{hosts:?}");
     assert!(hosts.iter().all(|h| h.2 == 0), "a packet reached the other host: {hosts:?}");

@@ -366,6 +366,28 @@ impl Lab {
     /// nothing and the hosts see a new address. Calling it again moves to another address.
     /// Returns after the rules are loaded.
     pub fn rebind_client_to(&self, addr: Ipv4Addr) -> Result<(), Error> {
+        self.rebind(addr, None)
+    }
+
+    /// Rewrites the client's source port too, from the port of its one UDP socket to
+    /// `new_port` (and back on the way in), besides the address: a NAT that rebinds both.
+    pub fn rebind_client_port(&self, addr: Ipv4Addr, new_port: u16) -> Result<(), Error> {
+        let ports = self.client_udp_ports()?;
+        let [port] = ports[..] else {
+            return Err(Error::InvalidConfig {
+                why: format!("the client has UDP sockets on ports {ports:?}, not one"),
+            });
+        };
+        self.rebind(addr, Some((port, new_port)))
+    }
+
+    /// The local ports of the UDP sockets in the client's namespace.
+    pub fn client_udp_ports(&self) -> Result<Vec<u16>, Error> {
+        let out = self.client.exec(&["ss", "-Huan"])?;
+        Ok(out.lines().filter_map(|l| l.split_whitespace().nth(3)?.rsplit_once(':')?.1.parse().ok()).collect())
+    }
+
+    fn rebind(&self, addr: Ipv4Addr, ports: Option<(u16, u16)>) -> Result<(), Error> {
         let o = addr.octets();
         if o[..3] != [10, 78, 0] || [CLIENT, BALANCER_CLIENT].contains(&addr) || o[3] == 0 || o[3] == 255 {
             return Err(Error::InvalidConfig { why: format!("rebind to {addr}: give a free address of 10.78.0.0/24") });
@@ -385,6 +407,16 @@ impl Lab {
             "nud",
             "permanent",
         ])?;
+        // Matches, then rewrites: (out match, out set, in match, in set).
+        let (om, os, im, is) = match ports {
+            Some((old, new)) => (
+                format!(" udp sport {old}"),
+                format!(" udp sport set {new}"),
+                format!(" udp dport {new}"),
+                format!(" udp dport set {old}"),
+            ),
+            None => Default::default(),
+        };
         let rules = format!(
             "table ip udpx_rebind\ndelete table ip udpx_rebind\n\
              table ip udpx_rebind {{\n\
@@ -392,11 +424,11 @@ impl Lab {
              \tcounter in {{ }}\n\
              \tchain output {{\n\
              \t\ttype filter hook output priority raw; policy accept;\n\
-             \t\tip saddr {CLIENT} ip daddr {VIP} notrack ip saddr set {addr} counter name \"out\"\n\
+             \t\tip saddr {CLIENT} ip daddr {VIP}{om} notrack ip saddr set {addr}{os} counter name \"out\"\n\
              \t}}\n\
              \tchain prerouting {{\n\
              \t\ttype filter hook prerouting priority raw; policy accept;\n\
-             \t\tip saddr {VIP} ip daddr {addr} notrack ip daddr set {CLIENT} counter name \"in\"\n\
+             \t\tip saddr {VIP} ip daddr {addr}{im} notrack ip daddr set {CLIENT}{is} counter name \"in\"\n\
              \t}}\n\
              }}\n"
         );
