@@ -128,3 +128,62 @@ fn check(a: CheckArgs) -> ExitCode {
     println!("{route}");
     ExitCode::SUCCESS
 }
+
+/// `udpx bench lb`.
+#[derive(Args, Debug)]
+pub struct LbBenchArgs {
+    /// Packets sent through the balancer per cost run.
+    #[arg(long, default_value_t = 200_000, value_parser = clap::value_parser!(u64).range(1_000..=10_000_000))]
+    packets: u64,
+    /// Cost runs per ruleset, interleaved.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=50))]
+    rounds: u64,
+    /// Downloads rebound mid-way, per ruleset.
+    #[arg(long, default_value_t = 6, value_parser = clap::value_parser!(u64).range(1..=100))]
+    rebinds: u64,
+    /// Small downloads for the spread over hosts.
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(3..=1000))]
+    connections: u64,
+    /// One JSON object instead of the tables.
+    #[arg(long)]
+    json: bool,
+}
+
+/// `udpx bench lb`: runs [`udpx_lb::bench`] and prints its tables or JSON.
+pub fn bench(a: LbBenchArgs) -> ExitCode {
+    const CMD: &str = "bench lb";
+    if !udpx_lab::netns::is_root() {
+        eprintln!("udpx {CMD}: needs root (network namespaces and nft): skipped");
+        return ExitCode::from(crate::exit::SKIPPED);
+    }
+    if let Some(t) = udpx_lb::bench::missing_tool() {
+        eprintln!("udpx {CMD}: {t} is not installed (scripts/setup.sh installs it): skipped");
+        return ExitCode::from(crate::exit::SKIPPED);
+    }
+    if let Err(e) = udpx_lab::netns::cleanup_on_signals() {
+        eprintln!("udpx {CMD}: warning: no signal cleanup: {e}");
+    }
+    let udpx = match std::env::current_exe() {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("udpx {CMD}: where is this binary? {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let cfg = udpx_lb::bench::LbBenchConfig {
+        packets: a.packets,
+        rounds: a.rounds as usize,
+        rebinds: a.rebinds as usize,
+        connections: a.connections as usize,
+        ..udpx_lb::bench::LbBenchConfig::new(udpx)
+    };
+    match udpx_lb::bench::run(&cfg, &mut |l| eprintln!("udpx {CMD}: {l}")) {
+        Ok(b) if a.json => println!("{}", serde_json::json!({ "lb_bench": b })),
+        Ok(b) => println!("{}", b.to_markdown()),
+        Err(e) => {
+            eprintln!("udpx {CMD}: {e}");
+            return ExitCode::FAILURE;
+        }
+    }
+    ExitCode::SUCCESS
+}

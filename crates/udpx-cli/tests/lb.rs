@@ -6,7 +6,6 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use udpx_lab::netns::{record_skip, skip_unless_capable, ChildGroup};
@@ -51,16 +50,7 @@ fn tmp(tag: &str, size: usize) -> (Tmp, Vec<u8>) {
 
 /// `udpx h3 get` of `file` in the client's namespace, writing the body to `out`.
 fn get(lab: &Lab, out: &Path) -> ChildGroup {
-    get_path(lab, "file", out)
-}
-
-/// `udpx h3 get` of `path` in the client's namespace, writing the body to `out` (and its
-/// standard error beside it, `.err`).
-fn get_path(lab: &Lab, path: &str, out: &Path) -> ChildGroup {
-    let mut cmd = lab.client().command(UDPX);
-    cmd.args(["h3", "get", &lab.url(path), "-o"]).arg(out).stdin(Stdio::null()).stdout(Stdio::null());
-    cmd.stderr(std::fs::File::create(out.with_extension("err")).unwrap());
-    ChildGroup::spawn(&mut cmd).unwrap()
+    lab.download("file", out).unwrap()
 }
 
 /// Per host: (connections, HTTP 200s, packets for no known connection, all drops), from the
@@ -285,7 +275,7 @@ fn a_removed_host_gets_no_new_connections_and_its_clients_are_told() {
     // New connections: all to the remaining hosts, all complete.
     for k in 0..6 {
         let o = t.0.join(format!("small-{k}"));
-        let s = get_path(&lab, "small", &o).wait().unwrap();
+        let s = lab.download("small", &o).unwrap().wait().unwrap();
         assert!(s.success(), "{}", std::fs::read_to_string(o.with_extension("err")).unwrap_or_default());
         assert!(std::fs::read(&o).unwrap() == content[..20_000]);
     }

@@ -97,6 +97,8 @@ struct Server {
 #[derive(Debug)]
 pub struct Lab {
     servers: Vec<Server>,
+    /// The `udpx` binary the servers run (the clients run it too).
+    udpx: Option<PathBuf>,
     client: Namespace,
     balancer: Namespace,
     hosts: Vec<Namespace>,
@@ -142,6 +144,7 @@ impl Lab {
         let serial = scratch_serial(&scratch.0);
         let lab = Lab {
             servers: Vec::new(),
+            udpx: None,
             client,
             balancer,
             hosts: host_ns,
@@ -251,6 +254,7 @@ impl Lab {
     /// --reset-key-file <one key for all>` on every host (`udpx` is the binary's path) and waits
     /// until each has announced itself.
     pub fn start_servers(&mut self, udpx: &Path, dir: &Path, secs: u32) -> Result<(), Error> {
+        self.udpx = Some(udpx.to_path_buf());
         let key_file = self.scratch.0.join("reset.key");
         let mut key = [0u8; 32];
         udpx_quic::cid::random_bytes(&mut key)
@@ -293,6 +297,23 @@ impl Lab {
             }
         }
         Ok(())
+    }
+
+    /// Starts `udpx h3 get` of `path` on the VIP in the client's namespace (the binary
+    /// [`Lab::start_servers`] was given), the body into `out`, its standard error into `out`
+    /// with extension `err`.
+    pub fn download(&self, path: &str, out: &Path) -> Result<ChildGroup, Error> {
+        let udpx = self.udpx.as_deref().ok_or_else(|| Error::InvalidConfig { why: "no servers started".into() })?;
+        let err = out.with_extension("err");
+        let err = File::create(&err).map_err(|e| Error::InvalidConfig { why: format!("{}: {e}", err.display()) })?;
+        let mut cmd = self.client.command(&udpx.to_string_lossy());
+        cmd.args(["h3", "get", &self.url(path), "-o"]).arg(out).stdin(Stdio::null()).stdout(Stdio::null()).stderr(err);
+        ChildGroup::spawn(&mut cmd).map_err(|e| Error::InvalidConfig { why: format!("start {}: {e}", udpx.display()) })
+    }
+
+    /// The balancer's device towards the client (for the environment record).
+    pub fn balancer_client_dev(&self) -> &str {
+        &self.balancer_client_dev
     }
 
     /// Stops every server with SIGTERM and returns what each printed on stdout (its JSON
@@ -346,6 +367,16 @@ impl Lab {
         }
         self.balancer_cfg = cfg;
         Ok(())
+    }
+
+    /// Loads the generated CID rules again (after [`Lab::use_four_tuple_rules`]).
+    pub fn use_cid_rules(&self) -> Result<(), Error> {
+        self.load_nft(&self.balancer, "balancer.nft", &self.balancer_cfg.ruleset())
+    }
+
+    /// Ends a rebinding: the client's packets leave from its own address again.
+    pub fn undo_rebind(&self) -> Result<(), Error> {
+        self.client.exec(&["nft", "delete", "table", "ip", "udpx_rebind"]).map(drop)
     }
 
     /// Replaces the balancer's rules with [`Balancer::four_tuple_ruleset`]: a balancer blind to

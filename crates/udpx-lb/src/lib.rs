@@ -14,6 +14,8 @@
 //!   same rules, in Rust.
 //! - [`lab`]: a client, a balancer running the generated rules, and two or three server
 //!   namespaces, removed on drop.
+//! - [`bench`](mod@bench): `udpx bench lb`, the balancer's figures in the lab (cost per packet
+//!   against a 4-tuple hash, connections that survive a rebinding, spread over hosts).
 //!
 //! Plaintext QUIC-LB only: a balancer that decrypts encrypted server IDs needs XDP/eBPF
 //! (Katran-style); nftables cannot run a block cipher. IPv4 only for now.
@@ -26,6 +28,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod bench;
 pub mod check;
 pub mod lab;
 pub mod nft;
