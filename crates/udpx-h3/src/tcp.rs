@@ -21,7 +21,9 @@
 //!   files as the QUIC side.
 //! - A body is read from the file [`CHUNK`] bytes at a time on tokio's blocking pool (a disk
 //!   read must not stall the runtime's one thread), and the next read starts only when hyper
-//!   asks for more, so a response holds about one chunk in memory whatever the file size.
+//!   asks for more: HTTP/2 asks once the stream has send window, HTTP/1.1 once its write
+//!   queue is below one chunk. A response so holds a chunk or two in memory (and rustls its
+//!   64 KiB of records), whatever the file size.
 //!   Exactly `len` bytes are sent; a file that shrinks under us fails the response (hyper
 //!   then resets the stream or closes the connection) rather than sending a short body.
 //! - A failed or slow TLS handshake, or a peer that sends garbage, ends that connection only.
@@ -64,6 +66,11 @@ pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long an HTTP/1.1 peer has to send a request's headers (also between keep-alive
 /// requests).
 pub const HEADER_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How often an idle HTTP/2 connection is pinged, and how long the answer may take before
+/// the connection is closed.
+const H2_PING_INTERVAL: Duration = Duration::from_secs(30);
+const H2_PING_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// Threads for file reads (tokio's blocking pool): a read is one chunk from the page cache
 /// or the disk.
@@ -240,8 +247,16 @@ async fn accept_loop(
             };
             let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
             let mut b = auto::Builder::new(TokioExecutor::new());
-            b.http1().timer(TokioTimer::new()).header_read_timeout(HEADER_TIMEOUT);
-            b.http2().timer(TokioTimer::new()).max_concurrent_streams(100);
+            // hyper's HTTP/1 write queue takes body chunks until it holds max_buf_size bytes
+            // (400 KB by default): one chunk is enough to keep the socket busy.
+            b.http1().timer(TokioTimer::new()).header_read_timeout(HEADER_TIMEOUT).max_buf_size(CHUNK);
+            // An HTTP/2 connection may idle for long (browsers keep them); pings find the
+            // peers that vanished, so their permits come back.
+            b.http2()
+                .timer(TokioTimer::new())
+                .max_concurrent_streams(100)
+                .keep_alive_interval(H2_PING_INTERVAL)
+                .keep_alive_timeout(H2_PING_TIMEOUT);
             // ALPN decided; a peer without ALPN gets hyper's sniffing of the HTTP/2 preface.
             let b = match tls.get_ref().1.alpn_protocol() {
                 Some(b"h2") => b.http2_only(),

@@ -9,10 +9,12 @@ use std::io::Write;
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{content, TempDir, BIG};
-use udpx_h3::{serve, H3Server, ServeConfig};
+use udpx_h3::tcp::TcpServer;
+use udpx_h3::{serve, H3Server, ServeConfig, Site, SiteOptions};
 use udpx_lab::netns::{record_skip, ChildGroup};
 
 const DEADLINE: Duration = Duration::from_secs(60);
@@ -198,29 +200,44 @@ fn garbage_does_not_stop_the_listener() {
         record_skip("garbage_does_not_stop_the_listener", "curl not installed (scripts/setup.sh installs it)");
         return;
     };
-    let s = Setup::new("tcp-garbage");
-    let garbage: [&[u8]; 4] = [
-        b"",                                         // connect and close
+    // The listener alone, on a Site of its own, so its connection counters can be read.
+    let tmp = TempDir::new("tcp-garbage");
+    let www = tmp.path().join("www");
+    std::fs::create_dir_all(&www).unwrap();
+    let big = content(BIG, 12);
+    std::fs::write(www.join("big"), &big).unwrap();
+    let ck = rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_string()]).unwrap();
+    let (cert, key) = (tmp.path().join("cert.pem"), tmp.path().join("key.pem"));
+    std::fs::write(&cert, ck.cert.pem()).unwrap();
+    std::fs::write(&key, ck.key_pair.serialize_pem()).unwrap();
+    let site = Arc::new(Site::new(&www, &SiteOptions::default()).unwrap());
+    let server = TcpServer::start("127.0.0.1:0".parse().unwrap(), &cert, &key, site.clone()).unwrap();
+    let addr = server.local_addr();
+    let garbage: [&[u8]; 3] = [
         b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",        // plain HTTP on the TLS port
-        b"\x16\x03\x01\x00\x05\x01\x00\x00\x01\x00", // a cut ClientHello
+        b"\x16\x03\x01\x00\x05\x01\x00\x00\x01\x00", // a cut ClientHello, then EOF
         &[0xff; 4096],                               // noise
     ];
     for g in garbage {
-        let mut c = TcpStream::connect_timeout(&s.tcp, Duration::from_secs(5)).unwrap();
+        let mut c = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).unwrap();
         c.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-        let _ = c.write_all(g);
-        if !g.is_empty() {
-            // The listener answers with an alert or closes; either way the read ends.
-            let mut buf = [0u8; 256];
-            let _ = std::io::Read::read(&mut c, &mut buf);
-        }
+        c.write_all(g).unwrap();
+        let _ = c.shutdown(std::net::Shutdown::Write);
+        // The listener answers with an alert or closes; either way the read ends.
+        let _ = std::io::Read::read_to_end(&mut c, &mut Vec::new());
     }
-    // A client that connects and stays silent holds one connection, not the listener.
-    let _silent = TcpStream::connect(s.tcp).unwrap();
+    drop(TcpStream::connect(addr).unwrap()); // connect and close at once
+                                             // A client that connects and stays silent holds one connection, not the listener.
+    let _silent = TcpStream::connect(addr).unwrap();
     for flag in ["--http2", "--http1.1"] {
-        let g = curl(&curl_bin, s.tmp.path(), &[flag], &s.url("/big"));
+        let g = curl(&curl_bin, tmp.path(), &[flag], &format!("https://{addr}/big"));
         assert_eq!(g.status, 200, "{flag}");
-        assert!(g.body == s.big, "{flag}: the body differs");
+        assert!(g.body == big, "{flag}: the body differs");
     }
-    s.server.stop().unwrap();
+    assert!(server.is_running());
+    let c = server.stop(); // the silent connection is still open: stop ends it
+    assert_eq!(c.connections, 7, "{c:?}");
+    assert_eq!(c.tls_failed, 4, "three garbage handshakes and the one closed at once: {c:?}");
+    assert_eq!(c.http2, 1, "{c:?}");
+    assert_eq!(site.counters().ok, 2);
 }
