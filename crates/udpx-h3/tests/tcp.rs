@@ -241,3 +241,14 @@ fn garbage_does_not_stop_the_listener() {
     assert_eq!(c.http2, 1, "{c:?}");
     assert_eq!(site.counters().ok, 2);
 }
+
+#[test]
+fn a_tcp_port_in_use_is_a_usage_error() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let tmp = TempDir::new("tcp-inuse");
+    let mut cfg = ServeConfig::new("127.0.0.1:0".parse().unwrap());
+    cfg.alt_svc_tcp = Some(taken.local_addr().unwrap());
+    let e = serve(tmp.path(), &cfg).expect_err("the TCP port is taken");
+    assert!(e.is_usage(), "{e}");
+    assert!(e.to_string().contains(&taken.local_addr().unwrap().to_string()), "{e}");
+}
