@@ -11,6 +11,8 @@
 #   - nginx, curl: HTTPS over TCP beside HTTP/3 in `udpx bench h3` (nginx serves the same file
 #     with TLS 1.3, curl downloads it; the bench runs its own instance on a free port, while
 #     Debian's package also enables a system service on port 80 where systemd runs)
+#   - chromium: the first real client of `udpx h3 serve` (crates/udpx-h3/tests/browser.rs runs
+#     it headless: a page over HTTP/3, and Alt-Svc discovery from HTTPS over TCP)
 #   - cargo-fuzz (from crates.io): the fuzz targets under fuzz/, run by scripts/fuzz.sh
 # Rust itself (stable, and the nightly that cargo-fuzz needs) comes from rustup, which the
 # machine image provides; without a nightly the fuzz targets are skipped, not failed.
@@ -27,6 +29,7 @@ command -v gtlsclient >/dev/null 2>&1 || need+=(ngtcp2-client)
 command -v gtlsserver >/dev/null 2>&1 || need+=(ngtcp2-server)
 command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || need+=(nginx)
 command -v curl  >/dev/null 2>&1 || need+=(curl)
+command -v chromium >/dev/null 2>&1 || need+=(chromium)
 
 if [ "${#need[@]}" -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then

@@ -30,6 +30,7 @@ pub mod client;
 pub mod files;
 pub mod http;
 pub mod server;
+pub mod tcp;
 pub mod tls;
 
 use std::fmt;

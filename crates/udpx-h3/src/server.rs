@@ -19,6 +19,7 @@ use serde::Serialize;
 use udpx_quic::{App, HostCounters, IoMode, Server, ServerConfig};
 
 use crate::http::{HttpSnapshot, LogEntry, RequestHead, Site, SiteOptions};
+use crate::tcp::TcpServer;
 use crate::tls::{pem_files, server_config, Tls};
 use crate::Error;
 
@@ -48,6 +49,10 @@ pub struct ServeConfig {
     /// The stateless reset key the service's hosts share (`udpx_quic::reset`); `None`: no
     /// resets.
     pub reset_key: Option<udpx_quic::ResetKey>,
+    /// Also serve HTTPS over TCP here (HTTP/1.1 and HTTP/2, see [`crate::tcp`]) with the same
+    /// certificate and rules; its answers' `alt-svc` names the QUIC port: how a browser finds
+    /// HTTP/3. `None` (the default): no TCP.
+    pub alt_svc_tcp: Option<SocketAddr>,
 }
 
 impl ServeConfig {
@@ -63,6 +68,7 @@ impl ServeConfig {
             max_udp_payload: DEFAULT_MAX_UDP_PAYLOAD,
             site: SiteOptions::default(),
             reset_key: None,
+            alt_svc_tcp: None,
         }
     }
 }
@@ -85,6 +91,7 @@ pub struct H3Server {
     server: Server,
     site: Arc<Site>,
     generated_cert: bool,
+    tcp: Option<TcpServer>,
 }
 
 /// Starts serving the files under `dir` (see the crate docs); returns once every shard
@@ -116,14 +123,23 @@ pub fn serve(dir: &Path, cfg: &ServeConfig) -> Result<H3Server, Error> {
     })
     .map_err(Error::Quic)?;
     site.set_alt_svc(server.local_addr().port());
+    let tcp = match cfg.alt_svc_tcp {
+        Some(addr) => Some(TcpServer::start(addr, &files.cert, &files.key, site.clone())?),
+        None => None,
+    };
     drop(files); // loaded into every configuration: a generated one is removed now
-    Ok(H3Server { server, site, generated_cert: cfg.tls == Tls::SelfSigned })
+    Ok(H3Server { server, site, generated_cert: cfg.tls == Tls::SelfSigned, tcp })
 }
 
 impl H3Server {
     /// The address it listens on.
     pub fn local_addr(&self) -> SocketAddr {
         self.server.local_addr()
+    }
+
+    /// Where HTTPS over TCP listens (`alt_svc_tcp`), if it does.
+    pub fn tcp_addr(&self) -> Option<SocketAddr> {
+        self.tcp.as_ref().map(TcpServer::local_addr)
     }
 
     /// Whether the certificate was generated (say so to the user).
@@ -162,6 +178,9 @@ impl H3Server {
 
     /// Stops and returns the final counters.
     pub fn stop(self) -> Result<ServeCounters, Error> {
+        if let Some(tcp) = self.tcp {
+            tcp.stop();
+        }
         let quic = self.server.stop().map_err(Error::Quic)?;
         Ok(ServeCounters { quic, http: self.site.counters() })
     }

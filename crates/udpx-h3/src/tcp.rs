@@ -1,0 +1,441 @@
+//! HTTPS over TCP beside the QUIC port (`udpx h3 serve --alt-svc-tcp ADDR`): how a browser
+//! finds HTTP/3.
+//!
+//! A browser's first request to an origin goes over TCP; the answer's `Alt-Svc: h3=":PORT"`
+//! (which [`Site::answer`] adds to every response) tells it that the same origin speaks
+//! HTTP/3 on that UDP port, and its later requests go there. This listener serves the same
+//! files by the same rules: every request is answered by [`Site::answer`] and logged and
+//! counted by [`Site::finished`] (protocol `h2` or `http/1.1`), so the two listeners cannot
+//! drift apart.
+//!
+//! ```text
+//!  std thread "udpx-h3-tcp": a current_thread tokio runtime
+//!    accept loop ── at most MAX_CONNECTIONS at once (a permit per connection)
+//!      └─ per connection: TLS handshake (rustls, ALPN h2 / http/1.1, HANDSHAKE_TIMEOUT)
+//!           └─ hyper (HTTP/1.1 or HTTP/2 by ALPN) ── per request: Site::answer
+//!                └─ body: CHUNK-sized reads on the blocking pool, one in flight
+//! ```
+//!
+//! - HTTP/1.1 and HTTP/2 by hyper (hyper-util's `auto` builder, told the protocol ALPN
+//!   chose), TLS by rustls on the `ring` provider, the certificate and key from the same PEM
+//!   files as the QUIC side.
+//! - A body is read from the file [`CHUNK`] bytes at a time on tokio's blocking pool (a disk
+//!   read must not stall the runtime's one thread), and the next read starts only when hyper
+//!   asks for more: HTTP/2 once the stream's send queue is below one chunk, HTTP/1.1 once
+//!   its write queue is. A response so holds a chunk or two in memory (and rustls its 64 KiB
+//!   of records), whatever the file size: four downloads of a 200 MB file throttled to
+//!   3 MB/s added 2.0 MB (HTTP/2) and 1.5 MB (HTTP/1.1) to the server's RSS, connections,
+//!   TLS and read threads included (against 3.5 MB for HTTP/2 with hyper's default queue);
+//!   one unthrottled download ran at 0.9-1 GB/s on loopback.
+//!   Exactly `len` bytes are sent; a file that shrinks under us fails the response (hyper
+//!   then resets the stream or closes the connection) rather than sending a short body.
+//! - A failed or slow TLS handshake, or a peer that sends garbage, ends that connection only.
+//! - [`TcpServer::stop`] (or drop) ends the accept loop and the connections, and joins the
+//!   thread.
+
+use std::convert::Infallible;
+use std::fs::File;
+use std::future::Future;
+use std::io::{self, Read};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
+use std::time::{Duration, Instant};
+
+use hyper::body::{Body, Bytes, Frame, Incoming, SizeHint};
+use hyper::header::{HeaderName, HeaderValue};
+use hyper::{Request, Response, StatusCode, Version};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use serde::Serialize;
+use tokio::sync::{oneshot, Semaphore};
+use tokio::task::JoinHandle;
+
+use crate::http::{Answer, FileBody, LogEntry, RequestHead, Site};
+use crate::server::CHUNK;
+use crate::Error;
+
+/// Connections served at once; the accept loop waits for one to end beyond that.
+pub const MAX_CONNECTIONS: usize = 256;
+
+/// How long a peer has to complete the TLS handshake.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long an HTTP/1.1 peer has to send a request's headers (also between keep-alive
+/// requests).
+pub const HEADER_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How often an idle HTTP/2 connection is pinged, and how long the answer may take before
+/// the connection is closed.
+const H2_PING_INTERVAL: Duration = Duration::from_secs(30);
+const H2_PING_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// Threads for file reads (tokio's blocking pool): a read is one chunk from the page cache
+/// or the disk.
+const READ_THREADS: usize = 4;
+
+/// A running HTTPS-over-TCP listener (see the module docs).
+#[derive(Debug)]
+pub struct TcpServer {
+    addr: SocketAddr,
+    counters: Arc<TcpCounters>,
+    stop: Option<oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+/// Connection counters of the TCP listener (responses are counted by the [`Site`]).
+#[derive(Debug, Default)]
+struct TcpCounters {
+    connections: AtomicU64,
+    tls_failed: AtomicU64,
+    http2: AtomicU64,
+}
+
+/// A snapshot of the TCP listener's connection counters.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct TcpSnapshot {
+    /// Connections accepted.
+    pub connections: u64,
+    /// Connections whose TLS handshake failed or timed out (garbage, a client that refused
+    /// the certificate).
+    pub tls_failed: u64,
+    /// Connections that chose HTTP/2 by ALPN.
+    pub http2: u64,
+}
+
+impl TcpServer {
+    /// Listens on `listen` with the certificate chain and key in the PEM files `cert` and
+    /// `key`, answering from `site`. Returns once the socket listens (the certificate is
+    /// loaded by then, so the files may be removed).
+    pub fn start(listen: SocketAddr, cert: &Path, key: &Path, site: Arc<Site>) -> Result<TcpServer, Error> {
+        let tls = Arc::new(tls_config(cert, key)?);
+        let std_listener = std::net::TcpListener::bind(listen)
+            .map_err(|e| Error::Usage(format!("HTTPS over TCP on {listen}: {e}")))?;
+        std_listener.set_nonblocking(true).map_err(Error::Io)?;
+        let addr = std_listener.local_addr().map_err(Error::Io)?;
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_io()
+            .enable_time()
+            .max_blocking_threads(READ_THREADS)
+            .thread_name("udpx-h3-tcp-read")
+            .build()
+            .map_err(Error::Io)?;
+        let listener = {
+            let _in_rt = rt.enter();
+            tokio::net::TcpListener::from_std(std_listener).map_err(Error::Io)?
+        };
+        let counters = Arc::new(TcpCounters::default());
+        let (stop, stopped) = oneshot::channel::<()>();
+        let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+        let c = counters.clone();
+        let thread = std::thread::Builder::new()
+            .name("udpx-h3-tcp".into())
+            .spawn(move || {
+                rt.block_on(async move {
+                    tokio::spawn(accept_loop(listener, acceptor, site, c));
+                    // A send or a dropped sender: either way, stop.
+                    let _ = stopped.await;
+                });
+                // Drops the accept loop and every connection; a file read in flight has
+                // this long to return.
+                rt.shutdown_timeout(Duration::from_secs(2));
+            })
+            .map_err(Error::Io)?;
+        Ok(TcpServer { addr, counters, stop: Some(stop), thread: Some(thread) })
+    }
+
+    /// The address it listens on.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The connection counters so far.
+    pub fn counters(&self) -> TcpSnapshot {
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let c = &self.counters;
+        TcpSnapshot { connections: g(&c.connections), tls_failed: g(&c.tls_failed), http2: g(&c.http2) }
+    }
+
+    /// Whether the listener's thread still runs.
+    pub fn is_running(&self) -> bool {
+        self.thread.as_ref().is_some_and(|t| !t.is_finished())
+    }
+
+    /// Stops accepting, ends the connections and joins the thread; returns the final counters.
+    pub fn stop(mut self) -> TcpSnapshot {
+        self.shut_down();
+        self.counters()
+    }
+
+    fn shut_down(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            if t.join().is_err() {
+                log::warn!("udpx-h3: the HTTPS-over-TCP thread panicked");
+            }
+        }
+    }
+}
+
+impl Drop for TcpServer {
+    fn drop(&mut self) {
+        self.shut_down();
+    }
+}
+
+/// rustls on `ring`, TLS 1.3 and 1.2, ALPN `h2` then `http/1.1`.
+fn tls_config(cert: &Path, key: &Path) -> Result<rustls::ServerConfig, Error> {
+    let certs = CertificateDer::pem_file_iter(cert)
+        .and_then(|it| it.collect::<Result<Vec<_>, _>>())
+        .map_err(|e| Error::Usage(format!("certificate {}: not a PEM certificate chain ({e})", cert.display())))?;
+    if certs.is_empty() {
+        return Err(Error::Usage(format!("certificate {}: no certificate in the file", cert.display())));
+    }
+    let key = PrivateKeyDer::from_pem_file(key)
+        .map_err(|e| Error::Usage(format!("key {}: not a PEM private key ({e})", key.display())))?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut c = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| Error::Tls(format!("TLS over TCP: {e}")))?
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .map_err(|e| Error::Usage(format!("certificate and key for TLS over TCP: {e}")))?;
+    c.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Ok(c)
+}
+
+async fn accept_loop(
+    listener: tokio::net::TcpListener,
+    acceptor: tokio_rustls::TlsAcceptor,
+    site: Arc<Site>,
+    counters: Arc<TcpCounters>,
+) {
+    let limit = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    loop {
+        let Ok(permit) = limit.clone().acquire_owned().await else { return }; // never closed
+        let (tcp, peer) = match listener.accept().await {
+            Ok(a) => a,
+            Err(e) => {
+                // Out of descriptors or memory, or the peer gave up before accept: none of
+                // these ends the listener. A pause keeps EMFILE from spinning.
+                log::debug!("udpx-h3: accept over TCP: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        counters.connections.fetch_add(1, Ordering::Relaxed);
+        let _ = tcp.set_nodelay(true);
+        let (acceptor, site, counters) = (acceptor.clone(), site.clone(), counters.clone());
+        tokio::spawn(async move {
+            let _permit = permit;
+            let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+                Ok(Ok(s)) => s,
+                Ok(Err(e)) => {
+                    counters.tls_failed.fetch_add(1, Ordering::Relaxed);
+                    log::debug!("udpx-h3: {peer}: TLS handshake over TCP: {e}");
+                    return;
+                }
+                Err(_) => {
+                    counters.tls_failed.fetch_add(1, Ordering::Relaxed);
+                    log::debug!("udpx-h3: {peer}: no TLS handshake within {HANDSHAKE_TIMEOUT:?}");
+                    return;
+                }
+            };
+            let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
+            let mut b = auto::Builder::new(TokioExecutor::new());
+            // hyper's HTTP/1 write queue takes body chunks until it holds max_buf_size bytes
+            // (400 KB by default): one chunk is enough to keep the socket busy.
+            b.http1().timer(TokioTimer::new()).header_read_timeout(HEADER_TIMEOUT).max_buf_size(CHUNK);
+            // HTTP/2 polls a body while the stream has flow-control window, which a client
+            // may make 32 MB (curl does): h2 then queues up to max_send_buf_size per stream
+            // (400 KB by default) ahead of the socket; one chunk is enough. An HTTP/2
+            // connection may idle for long (browsers keep them); pings find the peers that
+            // vanished, so their permits come back.
+            b.http2()
+                .timer(TokioTimer::new())
+                .max_concurrent_streams(100)
+                .max_send_buf_size(CHUNK)
+                .keep_alive_interval(H2_PING_INTERVAL)
+                .keep_alive_timeout(H2_PING_TIMEOUT);
+            // ALPN decided; a peer without ALPN gets hyper's sniffing of the HTTP/2 preface.
+            let b = match tls.get_ref().1.alpn_protocol() {
+                Some(b"h2") => b.http2_only(),
+                Some(b"http/1.1") => b.http1_only(),
+                _ => b,
+            };
+            if h2 {
+                counters.http2.fetch_add(1, Ordering::Relaxed);
+            }
+            let service = hyper::service::service_fn(move |req| {
+                let resp = respond(&site, peer, &req);
+                async move { Ok::<_, Infallible>(resp) }
+            });
+            if let Err(e) = b.serve_connection(TokioIo::new(tls), service).await {
+                log::debug!("udpx-h3: {peer}: HTTP over TCP: {e}");
+            }
+        });
+    }
+}
+
+/// One request through the shared rules.
+fn respond(site: &Arc<Site>, peer: SocketAddr, req: &Request<Incoming>) -> Response<FileStream> {
+    let start = Instant::now();
+    let protocol = if req.version() == Version::HTTP_2 { "h2" } else { "http/1.1" };
+    let path = req.uri().path_and_query().map_or("", |p| p.as_str());
+    let headers: Vec<(&[u8], &[u8])> =
+        req.headers().iter().map(|(n, v)| (n.as_str().as_bytes(), v.as_bytes())).collect();
+    let method = req.method().as_str();
+    let Answer { status, headers: answer_headers, body } =
+        site.answer(&RequestHead { method: method.as_bytes(), path: path.as_bytes(), headers: &headers });
+    // HEAD never sends a body, whatever the answer holds.
+    let body = body.filter(|_| method != "HEAD");
+    let log = Finish {
+        site: site.clone(),
+        peer,
+        method: method.to_owned(),
+        path: path.to_owned(),
+        status,
+        start,
+        protocol,
+        bytes: 0,
+        complete: false,
+    };
+    let mut resp = Response::new(FileStream::new(body, log));
+    *resp.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let h = resp.headers_mut();
+    for (name, value) in answer_headers {
+        match (HeaderName::from_bytes(name.as_bytes()), HeaderValue::from_str(&value)) {
+            (Ok(n), Ok(v)) => {
+                h.append(n, v);
+            }
+            _ => log::warn!("udpx-h3: header {name}: {value:?} is not valid HTTP; left out"),
+        }
+    }
+    resp
+}
+
+/// A response body: the file, read [`CHUNK`] bytes at a time on the blocking pool, one read
+/// in flight; or nothing. Dropping it (hyper does once the body is sent or the peer left)
+/// reports the response to [`Site::finished`].
+struct FileStream {
+    read: Reading,
+    /// Bytes still to send.
+    left: u64,
+    log: Finish,
+}
+
+enum Reading {
+    /// Between reads (`None`: no body, or it failed).
+    Idle(Option<File>),
+    /// A chunk being read; the file comes back with it.
+    Busy(JoinHandle<(File, io::Result<Vec<u8>>)>),
+}
+
+impl FileStream {
+    fn new(body: Option<FileBody>, mut log: Finish) -> FileStream {
+        match body {
+            Some(FileBody { file, len }) => {
+                log.complete = len == 0;
+                FileStream { read: Reading::Idle(Some(file)), left: len, log }
+            }
+            None => {
+                log.complete = true;
+                FileStream { read: Reading::Idle(None), left: 0, log }
+            }
+        }
+    }
+}
+
+impl Body for FileStream {
+    type Data = Bytes;
+    type Error = io::Error;
+
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, io::Error>>> {
+        let this = self.get_mut();
+        loop {
+            match &mut this.read {
+                Reading::Idle(file) => {
+                    if this.left == 0 {
+                        return Poll::Ready(None);
+                    }
+                    let Some(mut file) = file.take() else { return Poll::Ready(None) };
+                    let n = this.left.min(CHUNK as u64) as usize;
+                    this.read = Reading::Busy(tokio::task::spawn_blocking(move || {
+                        let mut buf = vec![0; n];
+                        let r = file.read_exact(&mut buf).map(|()| buf);
+                        (file, r)
+                    }));
+                }
+                Reading::Busy(job) => {
+                    let done = ready!(Pin::new(job).poll(cx));
+                    this.read = Reading::Idle(None);
+                    let (file, r) = match done {
+                        Ok(d) => d,
+                        Err(e) => return Poll::Ready(Some(Err(io::Error::other(e)))),
+                    };
+                    return Poll::Ready(Some(match r {
+                        Ok(buf) => {
+                            this.read = Reading::Idle(Some(file));
+                            this.left -= buf.len() as u64;
+                            this.log.bytes += buf.len() as u64;
+                            this.log.complete = this.left == 0;
+                            Ok(Frame::data(Bytes::from(buf)))
+                        }
+                        Err(e) => {
+                            // Shorter than announced: fail the response rather than end it
+                            // early with a body that looks complete.
+                            log::warn!("udpx-h3: {}: reading the file failed: {e}", this.log.path);
+                            Err(e)
+                        }
+                    }));
+                }
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.left == 0
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        SizeHint::with_exact(self.left)
+    }
+}
+
+/// What [`Site::finished`] is told when the body is dropped.
+struct Finish {
+    site: Arc<Site>,
+    peer: SocketAddr,
+    method: String,
+    path: String,
+    status: u16,
+    start: Instant,
+    protocol: &'static str,
+    /// Body bytes handed to hyper.
+    bytes: u64,
+    /// Whether the last byte was handed to hyper (true at once for a response without a
+    /// body); false when the peer left first or the file failed.
+    complete: bool,
+}
+
+impl Drop for Finish {
+    fn drop(&mut self) {
+        self.site.finished(&LogEntry {
+            peer: self.peer,
+            method: &self.method,
+            path: &self.path,
+            status: self.status,
+            bytes: self.bytes,
+            duration: self.start.elapsed(),
+            protocol: self.protocol,
+            complete: self.complete,
+        });
+    }
+}

@@ -1,0 +1,254 @@
+//! HTTPS over TCP (`ServeConfig::alt_svc_tcp`), with curl as the client (Debian's curl speaks
+//! HTTP/2): the same files by the same rules as HTTP/3, over HTTP/2 and HTTP/1.1, each
+//! response carrying `alt-svc` for the QUIC port. Every curl runs in a process group of its
+//! own with a deadline, killed on drop. Without curl the tests print `SKIP` and record it.
+
+mod common;
+
+use std::io::Write;
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{content, TempDir, BIG};
+use udpx_h3::tcp::TcpServer;
+use udpx_h3::{serve, H3Server, ServeConfig, Site, SiteOptions};
+use udpx_lab::netns::{record_skip, ChildGroup};
+
+const DEADLINE: Duration = Duration::from_secs(60);
+
+fn curl_path() -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path).map(|d| d.join("curl")).find(|p| p.is_file())
+}
+
+/// What one curl run got.
+#[derive(Debug)]
+struct Got {
+    /// `%{http_version}`: `2` or `1.1`.
+    version: String,
+    status: u16,
+    /// The response head as received, names in lower case.
+    head: String,
+    body: Vec<u8>,
+}
+
+impl Got {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.head.lines().find_map(|l| {
+            let (n, v) = l.split_once(':')?;
+            (n.trim() == name).then(|| v.trim())
+        })
+    }
+}
+
+/// Runs curl with `args` and `url` (insecure: the certificate is self-signed), the last
+/// transfer's head and body written to files in `dir`; fails the test when curl fails or overruns [`DEADLINE`].
+fn curl(curl: &Path, dir: &Path, args: &[&str], url: &str) -> Got {
+    let (head, body, log) = (dir.join("head"), dir.join("body"), dir.join("curl.log"));
+    let _ = std::fs::remove_file(&body);
+    let mut cmd = Command::new(curl);
+    // The output options come last, so after a `--next` in `args` they are the last
+    // transfer's.
+    cmd.args(["-k", "-s", "-S", "--noproxy", "*", "--max-time", "50"])
+        .args(args)
+        .args(["-w", "%{http_version} %{http_code}", "-D"])
+        .arg(&head)
+        .arg("-o")
+        .arg(&body)
+        .arg(url)
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(&log).unwrap())
+        .stderr(std::fs::File::create(dir.join("curl.err")).unwrap());
+    let g = ChildGroup::spawn(&mut cmd).expect("spawn curl");
+    let start = Instant::now();
+    loop {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", g.id())).unwrap_or_default();
+        if matches!(stat.rsplit(')').next().unwrap_or("").trim_start().chars().next(), Some('Z') | None) {
+            break;
+        }
+        assert!(start.elapsed() < DEADLINE, "curl {args:?} {url} still running after {DEADLINE:?}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let status = g.wait().expect("wait for curl");
+    let err = std::fs::read_to_string(dir.join("curl.err")).unwrap_or_default();
+    assert!(status.success(), "curl {args:?} {url}: {status}: {err}");
+    let out = std::fs::read_to_string(&log).unwrap();
+    let (version, code) = out.trim().split_once(' ').unwrap_or_default();
+    Got {
+        version: version.to_string(),
+        status: code.parse().unwrap_or(0),
+        head: std::fs::read_to_string(&head).unwrap_or_default().to_lowercase(),
+        body: std::fs::read(&body).unwrap_or_default(),
+    }
+}
+
+/// `www/` with `big` (10 MB + 1) and `index.html`, served on QUIC and TCP, the access log in
+/// the temp dir.
+struct Setup {
+    tmp: TempDir,
+    big: Vec<u8>,
+    server: H3Server,
+    tcp: SocketAddr,
+}
+
+impl Setup {
+    fn new(tag: &str) -> Setup {
+        let tmp = TempDir::new(tag);
+        let www = tmp.path().join("www");
+        std::fs::create_dir_all(&www).unwrap();
+        let big = content(BIG, 11);
+        std::fs::write(www.join("big"), &big).unwrap();
+        std::fs::write(www.join("index.html"), "<!DOCTYPE html><title>x</title>\n").unwrap();
+        let mut cfg = ServeConfig::new("127.0.0.1:0".parse().unwrap());
+        cfg.alt_svc_tcp = Some("127.0.0.1:0".parse().unwrap());
+        cfg.site.access_log = Some(tmp.path().join("access.log"));
+        let server = serve(&www, &cfg).expect("server starts");
+        let tcp = server.tcp_addr().expect("the TCP listener runs");
+        Setup { tmp, big, server, tcp }
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("https://{}{path}", self.tcp)
+    }
+
+    /// The access log's lines.
+    fn log(&self) -> Vec<String> {
+        std::fs::read_to_string(self.tmp.path().join("access.log"))
+            .unwrap_or_default()
+            .lines()
+            .map(String::from)
+            .collect()
+    }
+}
+
+/// The line of the access log for `method "target" status bytes ... protocol`, if any.
+fn logged(lines: &[String], method: &str, target: &str, status: u16, bytes: u64, protocol: &str) -> bool {
+    let want = format!(" {method} \"{target}\" {status} {bytes} ");
+    lines
+        .iter()
+        .any(|l| l.contains(&want) && l.split_whitespace().nth(7) == Some(protocol) && !l.ends_with("incomplete"))
+}
+
+#[test]
+fn curl_over_http2_and_http1() {
+    let Some(curl_bin) = curl_path() else {
+        record_skip("curl_over_http2_and_http1", "curl not installed (scripts/setup.sh installs it)");
+        return;
+    };
+    let s = Setup::new("tcp-curl");
+    let quic_port = s.server.local_addr().port();
+    let dir = s.tmp.path();
+    for (flag, version, protocol) in [("--http2", "2", "h2"), ("--http1.1", "1.1", "http/1.1")] {
+        // The whole file, byte-exact, with alt-svc naming the QUIC port.
+        let g = curl(&curl_bin, dir, &[flag], &s.url("/big"));
+        assert_eq!((g.version.as_str(), g.status), (version, 200), "{flag}: {}", g.head);
+        assert!(g.body == s.big, "{flag}: the body differs ({} bytes of {})", g.body.len(), s.big.len());
+        let alt = g.header("alt-svc").unwrap_or_else(|| panic!("{flag}: no alt-svc: {}", g.head));
+        assert!(alt.starts_with(&format!("h3=\":{quic_port}\"")), "{flag}: alt-svc {alt}");
+        assert_eq!(g.header("content-length"), Some(BIG.to_string().as_str()), "{flag}");
+        assert!(g.header("etag").is_some() && g.header("last-modified").is_some(), "{flag}: {}", g.head);
+
+        // A range across the last byte: 206, byte-exact.
+        let g = curl(&curl_bin, dir, &[flag, "-H", "Range: bytes=9999990-10000100"], &s.url("/big"));
+        assert_eq!(g.status, 206, "{flag}: {}", g.head);
+        assert_eq!(g.header("content-range"), Some("bytes 9999990-10000000/10000001"), "{flag}");
+        assert!(g.body == s.big[9_999_990..], "{flag}: range body differs");
+
+        // A range in the middle.
+        let g = curl(&curl_bin, dir, &[flag, "-H", "Range: bytes=4000000-4000099"], &s.url("/big"));
+        assert_eq!((g.status, g.body.as_slice()), (206, &s.big[4_000_000..4_000_100]), "{flag}");
+
+        // HEAD: the head of the whole file, no body.
+        let g = curl(&curl_bin, dir, &[flag, "-I"], &s.url("/big"));
+        assert_eq!(g.status, 200, "{flag}: {}", g.head);
+        assert_eq!(g.header("content-length"), Some(BIG.to_string().as_str()), "{flag}: {}", g.head);
+        // curl -I writes the head where the body would go: nothing else may be there.
+        assert_eq!(String::from_utf8_lossy(&g.body).to_lowercase(), g.head, "{flag}: HEAD got a body");
+
+        // index.html for the directory, and a 404.
+        let g = curl(&curl_bin, dir, &[flag], &s.url("/"));
+        assert_eq!(g.status, 200, "{flag}");
+        assert!(g.header("content-type").is_some_and(|t| t.starts_with("text/html")), "{flag}: {}", g.head);
+        assert_eq!(curl(&curl_bin, dir, &[flag], &s.url("/missing")).status, 404, "{flag}");
+
+        let log = s.log();
+        assert!(logged(&log, "GET", "/big", 200, BIG as u64, protocol), "{protocol}: {log:#?}");
+        assert!(logged(&log, "GET", "/big", 206, 11, protocol), "{protocol}: {log:#?}");
+        assert!(logged(&log, "HEAD", "/big", 200, 0, protocol), "{protocol}: {log:#?}");
+        assert!(logged(&log, "GET", "/missing", 404, 0, protocol), "{protocol}: {log:#?}");
+    }
+    // HTTP/1.1 keep-alive: a HEAD and then a GET on the same connection; a body sent after
+    // the HEAD would be read as the GET's response and garble it.
+    let first = s.url("/big");
+    let args = ["--http1.1", "-I", "-o", "/dev/null", &first, "--next", "-k", "--http1.1"];
+    let g = curl(&curl_bin, dir, &args, &s.url("/"));
+    assert_eq!(g.status, 200);
+    assert!(g.body.starts_with(b"<!DOCTYPE html>"), "{:?}", String::from_utf8_lossy(&g.body));
+
+    let c = s.server.stop().unwrap();
+    let h = &c.http;
+    assert_eq!((h.partial, h.not_found, h.incomplete), (4, 2, 0), "{h:?}");
+    assert_eq!(c.quic.connections, 0, "nothing came over QUIC: {c:?}");
+}
+
+#[test]
+fn garbage_does_not_stop_the_listener() {
+    let Some(curl_bin) = curl_path() else {
+        record_skip("garbage_does_not_stop_the_listener", "curl not installed (scripts/setup.sh installs it)");
+        return;
+    };
+    // The listener alone, on a Site of its own, so its connection counters can be read.
+    let tmp = TempDir::new("tcp-garbage");
+    let www = tmp.path().join("www");
+    std::fs::create_dir_all(&www).unwrap();
+    let big = content(BIG, 12);
+    std::fs::write(www.join("big"), &big).unwrap();
+    let ck = rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_string()]).unwrap();
+    let (cert, key) = (tmp.path().join("cert.pem"), tmp.path().join("key.pem"));
+    std::fs::write(&cert, ck.cert.pem()).unwrap();
+    std::fs::write(&key, ck.key_pair.serialize_pem()).unwrap();
+    let site = Arc::new(Site::new(&www, &SiteOptions::default()).unwrap());
+    let server = TcpServer::start("127.0.0.1:0".parse().unwrap(), &cert, &key, site.clone()).unwrap();
+    let addr = server.local_addr();
+    let garbage: [&[u8]; 3] = [
+        b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",        // plain HTTP on the TLS port
+        b"\x16\x03\x01\x00\x05\x01\x00\x00\x01\x00", // a cut ClientHello, then EOF
+        &[0xff; 4096],                               // noise
+    ];
+    for g in garbage {
+        let mut c = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        c.write_all(g).unwrap();
+        let _ = c.shutdown(std::net::Shutdown::Write);
+        // The listener answers with an alert or closes; either way the read ends.
+        let _ = std::io::Read::read_to_end(&mut c, &mut Vec::new());
+    }
+    drop(TcpStream::connect(addr).unwrap()); // connect and close at once
+                                             // A client that connects and stays silent holds one connection, not the listener.
+    let _silent = TcpStream::connect(addr).unwrap();
+    for flag in ["--http2", "--http1.1"] {
+        let g = curl(&curl_bin, tmp.path(), &[flag], &format!("https://{addr}/big"));
+        assert_eq!(g.status, 200, "{flag}");
+        assert!(g.body == big, "{flag}: the body differs");
+    }
+    assert!(server.is_running());
+    let c = server.stop(); // the silent connection is still open: stop ends it
+    assert_eq!(c.connections, 7, "{c:?}");
+    assert_eq!(c.tls_failed, 4, "three garbage handshakes and the one closed at once: {c:?}");
+    assert_eq!(c.http2, 1, "{c:?}");
+    assert_eq!(site.counters().ok, 2);
+}
+
+#[test]
+fn a_tcp_port_in_use_is_a_usage_error() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let tmp = TempDir::new("tcp-inuse");
+    let mut cfg = ServeConfig::new("127.0.0.1:0".parse().unwrap());
+    cfg.alt_svc_tcp = Some(taken.local_addr().unwrap());
+    let e = serve(tmp.path(), &cfg).expect_err("the TCP port is taken");
+    assert!(e.is_usage(), "{e}");
+    assert!(e.to_string().contains(&taken.local_addr().unwrap().to_string()), "{e}");
+}
