@@ -93,6 +93,11 @@ struct ServeArgs {
     /// The cache-control of file responses (200, 206, 304).
     #[arg(long, default_value = "no-cache")]
     cache_control: String,
+    /// Also serve the same files over HTTPS on TCP at this address (HTTP/1.1 and HTTP/2, the
+    /// same certificate), every answer announcing HTTP/3 with `alt-svc`: a browser that starts
+    /// on TCP moves to HTTP/3 by itself.
+    #[arg(long, value_name = "ADDR")]
+    alt_svc_tcp: Option<SocketAddr>,
     /// A file holding the stateless reset key (64 hex digits) that every host of the service
     /// shares: a host then ends, with a stateless reset, connections a balancer sends it that it
     /// does not have (their host was removed or restarted), instead of leaving the client to its
@@ -259,6 +264,7 @@ fn serve(a: ServeArgs) -> ExitCode {
         max_udp_payload: a.max_udp_payload,
         site: SiteOptions { cache_control: a.cache_control, access_log: a.access_log },
         reset_key,
+        alt_svc_tcp: a.alt_svc_tcp,
     };
     // SIGINT and SIGTERM are blocked before the shard threads start (they inherit the mask),
     // and one thread below takes them: the server then stops cleanly and prints its counters.
@@ -286,6 +292,9 @@ fn serve(a: ServeArgs) -> ExitCode {
         if cfg.gro { "on" } else { "off" },
         cfg.host_id
     );
+    if let Some(t) = server.tcp_addr() {
+        eprintln!("udpx h3 serve: also HTTPS over TCP on https://{t} (HTTP/1.1, HTTP/2; alt-svc names the QUIC port)");
+    }
     let metrics = match a.metrics.map(|addr| server.serve_metrics(addr)).transpose() {
         Ok(m) => m,
         Err(e) => {

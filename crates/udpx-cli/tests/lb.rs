@@ -8,17 +8,13 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use udpx_lab::netns::{record_skip, skip_unless_capable, ChildGroup};
+use udpx_lab::netns::{on_path, record_skip, skip_unless_capable, ChildGroup};
 use udpx_lb::lab::{Lab, LabConfig, PORT, VIP};
 use udpx_lb::{check, Mode};
 
 use common::udpx;
 
 const UDPX: &str = env!("CARGO_BIN_EXE_udpx");
-
-fn on_path(p: &str) -> bool {
-    std::env::var_os("PATH").is_some_and(|path| std::env::split_paths(&path).any(|d| d.join(p).is_file()))
-}
 
 /// Whether the lab can run here; prints SKIP when not.
 fn capable(what: &str, tools: &[&str]) -> bool {

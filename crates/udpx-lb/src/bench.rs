@@ -20,7 +20,7 @@
 //! Timings are reported, never judged: only the rebinding goal has a verdict.
 
 use std::net::UdpSocket;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
@@ -309,9 +309,5 @@ impl Drop for RemoveDir {
 
 /// Whether the tools the bench needs are on `PATH` (`None`) or which is missing.
 pub fn missing_tool() -> Option<&'static str> {
-    ["nft", "tc", "ss", "ip"].into_iter().find(|t| !on_path(Path::new(t)))
-}
-
-fn on_path(p: &Path) -> bool {
-    std::env::var_os("PATH").is_some_and(|path| std::env::split_paths(&path).any(|d| d.join(p).is_file()))
+    ["nft", "tc", "ss", "ip"].into_iter().find(|t| !udpx_lab::netns::on_path(t))
 }

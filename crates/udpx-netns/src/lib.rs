@@ -142,13 +142,15 @@ pub fn record_skip(what: &str, why: &str) {
     if let Some(path) = std::env::var_os("UDPX_SKIP_LOG") {
         use std::io::Write;
         if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(path) {
-            let _ = writeln!(f, "{what}: {why}");
+            // One write of the whole line: tests that skip at the same moment append whole
+            // lines (O_APPEND), never interleaved pieces.
+            let _ = f.write_all(format!("{what}: {why}\n").as_bytes());
         }
     }
 }
 
 /// Whether an executable file named `program` is in one of the `PATH` directories.
-pub(crate) fn on_path(program: &str) -> bool {
+pub fn on_path(program: &str) -> bool {
     use std::os::unix::fs::PermissionsExt;
     let Some(path) = std::env::var_os("PATH") else {
         return false;
