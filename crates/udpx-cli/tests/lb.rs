@@ -346,6 +346,8 @@ fn lb_commands_exit_2_on_bad_input_and_explain_routes() {
         (&["lb", "check", "--host", "1=10.0.1.1"], "--cid"),
         (&["lb", "check", "--host", "1=10.0.1.1", "--cid", "0b0"], "odd number of hex digits"),
         (&["lb", "check", "--host", "1=10.0.1.1", "--packet", "zz"], "not a hex byte"),
+        (&["bench", "lb", "--packets", "10"], "--packets"),
+        (&["bench", "lb", "--rebinds", "0"], "--rebinds"),
     ];
     common::assert_usage_errors(cases);
     let hosts = ["--host", "1=10.0.1.2", "--host", "0x0102=10.0.2.2"];
@@ -367,4 +369,31 @@ fn lb_commands_exit_2_on_bad_input_and_explain_routes() {
         text.contains("dnat to meta mark map @mark2ip") && text.contains("udp dport 4433") && !text.contains("ip rule"),
         "{text}"
     );
+}
+
+/// `udpx bench lb` end to end, small: every section is printed, the CID rules keep the rebound
+/// download, and the JSON carries the same figures. (Costs are reported, never judged.)
+#[test]
+fn bench_lb_runs_and_reports_every_section() {
+    if !capable("lb: udpx bench lb", &["nft", "tc", "ss"]) {
+        return;
+    }
+    let o =
+        udpx(&["bench", "lb", "--packets", "50000", "--rounds", "1", "--rebinds", "1", "--connections", "3", "--json"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let b = &v["lb_bench"];
+    assert_eq!(b["cost"].as_array().unwrap().len(), 2, "{b}");
+    for row in 0..2 {
+        assert!(b["cost"][row]["ns_per_packet"][0].as_f64().is_some_and(|v| v > 0.0), "{b}");
+    }
+    assert_eq!(b["rebinding"][0]["rules"], "cid");
+    assert_eq!(
+        (b["rebinding"][0]["survived"].as_u64(), b["rebinding"][0]["reached_another_host"].as_u64()),
+        (Some(1), Some(0)),
+        "{b}"
+    );
+    assert_eq!(b["spread"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).sum::<u64>(), 3, "{b}");
+    assert!(b["env"]["kernel_release"].is_string(), "{b}");
 }
