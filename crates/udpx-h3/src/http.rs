@@ -8,7 +8,7 @@
 //! bytes and writes the access-log line.
 //!
 //! ## What is answered
-//! - GET and HEAD; other methods 405 with `allow`. A path is resolved by [`files::resolve`]:
+//! - GET and HEAD; other methods 405 with `allow`. A path is resolved by [`crate::files::resolve`]:
 //!   400 for a broken escape or a NUL, 403 for a path that leaves the directory, 404 for what is
 //!   missing; a directory is served by its `index.html` (a directory path without its trailing
 //!   slash gets a 301 to the path with it, so the page's relative links resolve; no listings).
