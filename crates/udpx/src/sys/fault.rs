@@ -18,6 +18,11 @@ pub enum Fault {
     /// A `sendmmsg` hands at most this many messages to the kernel and returns the count,
     /// as a real partial send does (a plain `sendmsg` is unaffected).
     Short(usize),
+    /// The next call that carries a GSO message (a segment size) fails with this errno;
+    /// calls before it without one go through and leave the fault queued. For a refusal that
+    /// only means something on a GSO send (EIO), where which call comes first depends on
+    /// timing.
+    ErrnoOnGso(i32),
 }
 
 /// Queued faults of one socket.
@@ -60,15 +65,20 @@ impl Faults {
         }
     }
 
-    /// Takes the next fault, if any.
+    /// Takes the next fault for a call that carries a GSO message (`gso`) or not, if any.
     #[inline]
-    pub(crate) fn next(&self) -> Option<Fault> {
+    pub(crate) fn next(&self, gso: bool) -> Option<Fault> {
         #[cfg(feature = "fault-injection")]
         {
-            self.queue.lock().unwrap_or_else(|e| e.into_inner()).pop_front()
+            let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+            match q.front() {
+                Some(Fault::ErrnoOnGso(_)) if !gso => None,
+                _ => q.pop_front(),
+            }
         }
         #[cfg(not(feature = "fault-injection"))]
         {
+            let _ = gso;
             None
         }
     }

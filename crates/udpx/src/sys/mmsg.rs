@@ -159,8 +159,9 @@ impl SendScratch {
         if n == 0 {
             return Ok(0);
         }
-        match faults.next() {
-            Some(Fault::Errno(e)) => return Err(io::Error::from_raw_os_error(e)),
+        let gso = self.meta[..n].iter().any(|m| m.segment_size.is_some());
+        match faults.next(gso) {
+            Some(Fault::Errno(e) | Fault::ErrnoOnGso(e)) => return Err(io::Error::from_raw_os_error(e)),
             Some(Fault::Short(k)) if mmsg => n = n.min(k.max(1)),
             _ => {}
         }
