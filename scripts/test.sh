@@ -52,10 +52,10 @@ set +e
   UDPX_TEST_RUN="$run_id" cargo test -p udpx --all-features --test veth_alone -- --ignored --test-threads=1
   alone_status=$?
   # The send-path suites again, every socket sending through io_uring (the same tests: the
-  # backend must keep every guarantee of the system-call path).
+  # backend must keep every guarantee of the system-call path; zerocopy as SENDMSG_ZC).
   echo "== fault and loopback tests through io_uring"
   if [ "$(cat /proc/sys/kernel/io_uring_disabled 2>/dev/null || echo 0)" = "0" ]; then
-    UDPX_TEST_IO_URING=1 UDPX_TEST_RUN="$run_id" cargo test -p udpx --all-features --test faults --test loopback -- --test-threads=2
+    UDPX_TEST_IO_URING=1 UDPX_TEST_RUN="$run_id" cargo test -p udpx --all-features --test faults --test loopback --test zerocopy -- --test-threads=2
     uring_status=$?
   else
     echo "SKIP: fault and loopback tests through io_uring: kernel.io_uring_disabled is not 0"

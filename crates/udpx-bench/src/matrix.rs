@@ -97,12 +97,12 @@ const fn raw(id: &'static str, label: &'static str, shape: Shape, rx: RawRx) -> 
     Row { id, label, kind: Kind::Raw { shape, rx } }
 }
 
-const fn zc(id: &'static str, label: &'static str, cache_thrash: bool, zerocopy: Zc) -> Row {
+const fn zc(id: &'static str, label: &'static str, cache_thrash: bool, zerocopy: Zc, io_uring: bool) -> Row {
     let proto = Proto::Udp(SendMode::GsoSendmsg);
     Row {
         id,
         label,
-        kind: Kind::Udpx { proto, gro: false, batch_rx: false, cache_thrash, zerocopy, rcvbuf: None, io_uring: false },
+        kind: Kind::Udpx { proto, gro: false, batch_rx: false, cache_thrash, zerocopy, rcvbuf: None, io_uring },
     }
 }
 
@@ -142,7 +142,7 @@ pub fn default_rows(iperf3: bool, all: bool) -> Vec<Row> {
                 io_uring: false,
             },
         },
-        zc("udp-gso-zc", "UDP GSO+zerocopy", false, Zc::Auto),
+        zc("udp-gso-zc", "UDP GSO+zerocopy", false, Zc::Auto, false),
         raw("raw", "raw send>recv", Shape::Plain, RawRx::Raw),
         raw("raw-gso", "raw GSO>recv", Shape::Gso, RawRx::Raw),
         raw("raw-gso-gro", "raw GSO>GRO recv", Shape::GsoGro, RawRx::Raw),
@@ -167,7 +167,8 @@ const _: () = assert!(crate::tx::TCP_WRITE == 128 << 10, "TCP_LABEL names the wr
 
 /// Rows run only with `--all-rows` (and `--thorough`): cache thrashing, plain UDP into a GRO
 /// socket, forced or cache-thrashing zerocopy, and the io_uring send backend beside its
-/// system-call rows (`uring`: linked SENDMSG entries, one `io_uring_enter` per batch). They were the least informative for the
+/// system-call rows (`uring`: linked SENDMSG entries, one `io_uring_enter` per batch; zerocopy as
+/// SENDMSG_ZC). They were the least informative for the
 /// default job once the raw rows came in (each measured a mechanism once: cache thrashing
 /// costs the GSO sender about 28 % per byte; forced zerocopy 21-29 % on lo and veth, where
 /// the kernel always copies).
@@ -178,9 +179,12 @@ pub fn extended_rows() -> Vec<Row> {
         udpx("udp-ct", "UDP (CT)", Udp(Sendmsg), false, false, true),
         udpx("udp-gso-ct", "UDP GSO (CT)", Udp(GsoSendmsg), false, false, true),
         udpx("udp-gro", "UDP>GRO", Udp(Sendmsg), false, true, false),
-        zc("udp-gso-zc-forced", "UDP GSO+zerocopy forced", false, Zc::Forced),
-        zc("udp-gso-ct-zc", "UDP GSO (CT)+zerocopy", true, Zc::Auto),
-        zc("udp-gso-ct-zc-forced", "UDP GSO (CT)+zc forced", true, Zc::Forced),
+        zc("udp-gso-zc-forced", "UDP GSO+zerocopy forced", false, Zc::Forced, false),
+        zc("udp-gso-ct-zc", "UDP GSO (CT)+zerocopy", true, Zc::Auto, false),
+        zc("udp-gso-ct-zc-forced", "UDP GSO (CT)+zc forced", true, Zc::Forced, false),
+        // The forced zerocopy row through io_uring: SENDMSG_ZC entries, completions from the
+        // ring's notifications instead of the error queue.
+        zc("udp-gso-zc-forced-uring", "UDP GSO+zc forced+uring", false, Zc::Forced, true),
         uring("udp-uring", "UDP uring>recvmsg", Udp(Sendmsg), false, false),
         uring("udp-mmsg-uring", "UDP uring-mmsg>recvmmsg", Udp(Sendmmsg), true, false),
         uring("udp-gso-mmsg-uring", "UDP GSO+uring>recvmmsg", Udp(GsoSendmmsg), true, false),

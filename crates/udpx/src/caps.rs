@@ -103,6 +103,16 @@ pub fn io_uring_available() -> Result<(), String> {
     Err("built without the io-uring feature".to_owned())
 }
 
+/// Whether io_uring sends can be zerocopy (`IORING_OP_SENDMSG_ZC`, Linux 6.1): a zerocopy
+/// socket on the io_uring backend then takes its completions from the ring; without it, such a
+/// socket's zerocopy sends go by system calls with `MSG_ZEROCOPY`.
+pub fn io_uring_zerocopy_available() -> bool {
+    #[cfg(feature = "io-uring")]
+    return sys::uring::zerocopy_available();
+    #[cfg(not(feature = "io-uring"))]
+    false
+}
+
 impl KernelCaps {
     /// The probed capabilities of this kernel (probed on first call).
     pub fn get() -> KernelCaps {

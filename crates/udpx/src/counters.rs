@@ -82,6 +82,9 @@ counters! {
     zerocopy_completed,
     /// Of those, completions where the kernel copied after all (SO_EE_CODE_ZEROCOPY_COPIED).
     zerocopy_copied,
+    /// Of those, completions that came as io_uring notifications (SENDMSG_ZC) rather than
+    /// from the error queue.
+    zerocopy_ring_notifs,
     /// Zerocopy sends refused with ENOBUFS (optmem) and sent by copying instead.
     zerocopy_enobufs_copied,
     /// Times zerocopy was turned off for the socket because the kernel kept copying.

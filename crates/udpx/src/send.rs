@@ -86,20 +86,36 @@ impl UdpSocket {
                 txtime_offset,
                 scratch,
             );
-            let res = scratch.send_filled(self.fd_ref(), batched, flags, &self.faults, self.uring_send());
-            c.add(&c.send_calls, 1);
             let zc_call = flags & libc::MSG_ZEROCOPY != 0;
+            let first_id = zc.as_deref().filter(|_| zc_call).map(|z| z.tracker.next_id());
+            let res = scratch.send_filled(self.fd_ref(), batched, flags, &self.faults, self.uring_send(), first_id);
+            c.add(&c.send_calls, 1);
+            // Zerocopy through io_uring: the ids are ours and their notifications come on the
+            // ring, not the error queue.
+            let ring_zc = scratch.last_zc();
+            if let (Some(b), Some(z)) = (ring_zc, zc.as_deref_mut()) {
+                // One id per entry that went, and one for the entry that failed after taking
+                // one (its notification completes it, unjudged: nothing went).
+                z.tracker.extend_open(b.sent as u32 + u32::from(b.failed_took_id));
+                if b.failed_took_id {
+                    c.add(&c.zerocopy_failed_ids, 1);
+                }
+                let notifs = scratch.zc_notifs(None).unwrap_or_default();
+                self.apply_zc_notifs(z, notifs);
+            }
             match res {
                 Ok(n) => {
                     // The retry budget bounds a flood against one stuck call, not a long send.
                     icmp_retries = 0;
                     if let (true, Some(z)) = (zc_call, zc.as_deref_mut()) {
-                        z.tracker.extend_open(n as u32);
+                        if ring_zc.is_none() {
+                            z.tracker.extend_open(n as u32);
+                        }
                         c.add(&c.zerocopy_sends, n as u64);
                     }
                     if n < scratch.len() {
                         c.add(&c.partial_sends, 1);
-                        if zc_call {
+                        if zc_call && ring_zc.is_none() {
                             // The message the kernel stopped at may have failed after taking
                             // an id.
                             self.after_failed_call(zc.as_deref_mut(), true);
@@ -131,7 +147,7 @@ impl UdpSocket {
                     let errno = e.raw_os_error().unwrap_or(0);
                     let icmp_kind = self.caps.recv_err && crate::icmp::is_icmp_errno(errno);
                     let drained = if zc_call || icmp_kind {
-                        self.after_failed_call(zc.as_deref_mut(), zc_call)
+                        self.after_failed_call(zc.as_deref_mut(), zc_call && ring_zc.is_none())
                     } else {
                         Default::default()
                     };

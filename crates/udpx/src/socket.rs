@@ -97,7 +97,9 @@ pub struct SocketConfig {
     pub pmtu_probe: bool,
     /// Send through io_uring: the messages of each batch as linked `IORING_OP_SENDMSG`
     /// entries, one `io_uring_enter` per batch, with every fallback of the system-call path
-    /// (see `sys/uring.rs`). Zerocopy sends still use `sendmsg`/`sendmmsg`. Where io_uring is
+    /// (see `sys/uring.rs`). Zerocopy sends go as `IORING_OP_SENDMSG_ZC` entries whose
+    /// notifications (on the ring, not the error queue) return the buffers, copies detected
+    /// as on the system-call path; without that opcode, by system calls. Where io_uring is
     /// unavailable, `IfAvailable` stays on system calls and says why in
     /// [`Capabilities::io_uring_off_reason`]. Default off. Needs the `io-uring` feature (on by
     /// default).

@@ -41,6 +41,11 @@ impl UdpSocket {
         // Backpressure: bound the sends in flight.
         let deadline = Instant::now() + Duration::from_secs(2);
         while state.tracker.len() >= state.cfg.max_inflight && Instant::now() < deadline {
+            if scratch.0.zc_on_ring() {
+                let notifs = scratch.0.zc_notifs(Some(Duration::from_millis(10))).unwrap_or_default();
+                self.apply_zc_notifs(&mut state, notifs);
+                continue;
+            }
             // POLLERR is always reported; asking for no events waits for it alone.
             let _ = sys::poll_one(self.fd_ref(), 0, Duration::from_millis(10));
             let _ = self.drain_error_queue(Some(&mut state), None, &mut |_| {});
@@ -81,6 +86,21 @@ impl UdpSocket {
     /// [`UdpSocket::drain_errors`] to see them).
     pub fn reap_completions(&self, wait: Option<Duration>) -> std::io::Result<usize> {
         let Some(zc) = self.zc.as_ref() else { return Ok(0) };
+        if self.uring_send().is_some() {
+            let mut scratch = self.send_scratch.lock().unwrap_or_else(|e| e.into_inner());
+            if scratch.0.zc_on_ring() {
+                // SENDMSG_ZC: the notifications come on the ring (waited for there, holding
+                // only the scratch); ICMP errors still come by the error queue.
+                let busy = !zc.lock().unwrap_or_else(|e| e.into_inner()).tracker.is_empty();
+                let notifs = scratch.0.zc_notifs(wait.filter(|_| busy))?;
+                let mut state = zc.lock().unwrap_or_else(|e| e.into_inner());
+                let released = self.apply_zc_notifs(&mut state, notifs);
+                drop(state);
+                drop(scratch);
+                self.drain_error_queue(None, None, &mut |_| {})?;
+                return Ok(released);
+            }
+        }
         if let Some(w) = wait {
             if zc.lock().unwrap_or_else(|e| e.into_inner()).tracker.is_empty() {
                 return Ok(0);
@@ -116,6 +136,25 @@ impl UdpSocket {
             state.copied_in_row = 0;
             (released, false)
         }
+    }
+
+    /// Applies io_uring zerocopy notifications (see `sys/uring.rs`) as the error queue's
+    /// completions are applied: buffers released, copies judged (not a failed send's).
+    /// Returns the buffers released.
+    pub(crate) fn apply_zc_notifs(&self, state: &mut ZcState, notifs: Vec<crate::sys::mmsg::Notif>) -> usize {
+        let (mut released, mut off) = (0, false);
+        self.counters.add(&self.counters.zerocopy_ring_notifs, notifs.len() as u64);
+        for n in notifs {
+            let code = if n.copied { SO_EE_CODE_ZEROCOPY_COPIED } else { 0 };
+            let e = crate::sys::cmsg::ExtErr { errno: 0, origin: 0, ty: 0, code, info: n.id, data: n.id };
+            let (r, o) = self.zerocopy_completion(state, &e, !n.failed);
+            released += r;
+            off |= o;
+        }
+        if off {
+            self.turn_off_zerocopy();
+        }
+        released
     }
 
     /// Turns zerocopy off for this socket (once): recorded, logged, counted.

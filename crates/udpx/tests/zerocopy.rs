@@ -58,6 +58,13 @@ fn check_run(tx: &UdpSocket, rx: &UdpSocket, copied_limit: u64, what: &str) {
     assert!(c.zerocopy_sends > 0, "{what}");
     // Local delivery always copies: every completion says so.
     assert_eq!(c.zerocopy_copied, c.zerocopy_completed, "{what}");
+    // Through io_uring (UDPX_TEST_IO_URING=1) they come as SENDMSG_ZC notifications, where
+    // the kernel has that opcode; otherwise from the error queue.
+    if tx.capabilities().io_uring && udpx::caps::io_uring_zerocopy_available() {
+        assert_eq!(c.zerocopy_ring_notifs, c.zerocopy_completed, "{what}: {c:?}");
+    } else {
+        assert_eq!(c.zerocopy_ring_notifs, 0, "{what}: {c:?}");
+    }
     let caps = tx.capabilities();
     if copied_limit == 0 {
         assert!(caps.zerocopy, "{what}: forced on");
@@ -72,7 +79,11 @@ fn check_run(tx: &UdpSocket, rx: &UdpSocket, copied_limit: u64, what: &str) {
 
 fn zc_socket(addr: SocketAddr, copied_limit: u64) -> udpx::SocketConfig {
     let cfg = ZcConfig { copied_limit, ..ZcConfig::default() };
-    UdpSocket::builder(addr).send_mode(SendMode::GsoSendmsg).zerocopy(Want::Required).zerocopy_config(cfg)
+    UdpSocket::builder(addr)
+        .send_mode(SendMode::GsoSendmsg)
+        .zerocopy(Want::Required)
+        .zerocopy_config(cfg)
+        .io_uring(send_backend())
 }
 
 #[test]

@@ -313,8 +313,15 @@ fn uring(out: &mut Vec<Finding>) {
         Ok(()) => Finding::new(
             Severity::Ok,
             T,
-            "io_uring available: SocketConfig::io_uring sends each batch as linked SENDMSG entries, \
-             one io_uring_enter per batch (sockets use system calls unless asked)",
+            format!(
+                "io_uring available: SocketConfig::io_uring sends each batch as linked SENDMSG entries, \
+                 one io_uring_enter per batch (sockets use system calls unless asked); zerocopy {}",
+                if udpx::caps::io_uring_zerocopy_available() {
+                    "as SENDMSG_ZC, completions from the ring"
+                } else {
+                    "by system calls (no IORING_OP_SENDMSG_ZC: Linux 6.1)"
+                }
+            ),
         ),
         Err(why) => Finding::new(Severity::Info, T, format!("system calls only: {why}")),
     });

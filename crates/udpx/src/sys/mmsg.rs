@@ -66,6 +66,27 @@ pub(crate) struct MsgMeta {
     pub segment_size: Option<u16>,
 }
 
+/// A zerocopy notification: the kernel is done with the buffer of send `id`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Notif {
+    /// The zerocopy id.
+    pub id: u32,
+    /// The kernel copied the data (say, local delivery).
+    pub copied: bool,
+    /// The send failed after taking the id: nothing went, so `copied` says nothing about
+    /// the path.
+    pub failed: bool,
+}
+
+/// What a zerocopy batch did besides the count `Ring::sendmsgs_zc` (`sys/uring.rs`) returns.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct ZcBatch {
+    /// Entries that went, in order from the first.
+    pub sent: usize,
+    /// The first entry that did not go still took an id (its notification follows).
+    pub failed_took_id: bool,
+}
+
 /// Reusable send vectors of one socket. Messages are planned straight into it
 /// ([`SendScratch::push`]) and sent with [`SendScratch::send_filled`] in the same call, while
 /// the payloads the headers point at are still borrowed by the caller: no allocation per send.
@@ -80,6 +101,9 @@ pub(crate) struct SendScratch {
     /// it; `Err` once making it failed (then system calls, for good).
     #[cfg(feature = "io-uring")]
     ring: Option<Result<super::uring::Ring, ()>>,
+    /// The last call's zerocopy batch, when it went as `IORING_OP_SENDMSG_ZC` entries.
+    #[cfg(feature = "io-uring")]
+    last_zc: Option<ZcBatch>,
 }
 
 // SAFETY: the raw pointers inside the headers are written at the start of every call and only
@@ -102,7 +126,47 @@ impl SendScratch {
             len: 0,
             #[cfg(feature = "io-uring")]
             ring: None,
+            #[cfg(feature = "io-uring")]
+            last_zc: None,
         })
+    }
+
+    /// What the last [`SendScratch::send_filled`] did as zerocopy io_uring entries, if it
+    /// went so (then its ids are the socket's own, completed by [`SendScratch::zc_notifs`],
+    /// not by the error queue).
+    pub(crate) fn last_zc(&self) -> Option<ZcBatch> {
+        #[cfg(feature = "io-uring")]
+        {
+            self.last_zc
+        }
+        #[cfg(not(feature = "io-uring"))]
+        {
+            None
+        }
+    }
+
+    /// Whether this scratch's zerocopy sends go as io_uring SENDMSG_ZC entries (a ring that
+    /// has them was made).
+    pub(crate) fn zc_on_ring(&self) -> bool {
+        #[cfg(feature = "io-uring")]
+        {
+            matches!(&self.ring, Some(Ok(r)) if r.has_zerocopy())
+        }
+        #[cfg(not(feature = "io-uring"))]
+        {
+            false
+        }
+    }
+
+    /// The zerocopy notifications the ring has read (waiting up to `wait` for one when none
+    /// is queued); none without a ring.
+    pub(crate) fn zc_notifs(&mut self, wait: Option<std::time::Duration>) -> io::Result<Vec<Notif>> {
+        #[cfg(feature = "io-uring")]
+        if let Some(Ok(r)) = self.ring.as_mut() {
+            return r.take_notifs(wait);
+        }
+        let _ = wait;
+        Ok(Vec::new())
     }
 
     /// Forgets the planned messages.
@@ -144,9 +208,12 @@ impl SendScratch {
 
     /// Sends the planned messages: with `mmsg` all of them in one `sendmmsg`, otherwise the
     /// first with `sendmsg`. Returns how many the kernel took (≥ 1 on success). With
-    /// `uring = Some(nonblocking)` (and not zerocopy) they go as linked io_uring SENDMSG
-    /// entries instead, the same messages with the same meaning of the result
-    /// ([`super::uring`]); if no ring can be made, by system calls.
+    /// `uring = Some(nonblocking)` they go as linked io_uring SENDMSG entries instead, the same
+    /// messages with the same meaning of the result ([`super::uring`]); if no ring can be made,
+    /// by system calls. A zerocopy send (`MSG_ZEROCOPY` in `flags`) with `zc_first_id` goes
+    /// as SENDMSG_ZC entries numbered from it where the kernel has them
+    /// ([`SendScratch::last_zc`] then says what the batch did), else by system calls with
+    /// `MSG_ZEROCOPY`.
     pub(crate) fn send_filled(
         &mut self,
         fd: BorrowedFd<'_>,
@@ -154,7 +221,12 @@ impl SendScratch {
         flags: libc::c_int,
         faults: &Faults,
         uring: Option<bool>,
+        zc_first_id: Option<u32>,
     ) -> io::Result<usize> {
+        #[cfg(feature = "io-uring")]
+        {
+            self.last_zc = None;
+        }
         let mut n = if mmsg { self.len } else { self.len.min(1) };
         if n == 0 {
             return Ok(0);
@@ -166,15 +238,24 @@ impl SendScratch {
             _ => {}
         }
         #[cfg(feature = "io-uring")]
-        if let (Some(nonblocking), true) = (uring, flags & libc::MSG_ZEROCOPY == 0) {
+        if let Some(nonblocking) = uring {
             let ring = self.ring.get_or_insert_with(|| super::uring::Ring::new(BATCH as u32).map_err(|_| ()));
             if let Ok(ring) = ring {
                 let f = if nonblocking { flags | libc::MSG_DONTWAIT } else { flags };
-                return ring.sendmsgs(fd.as_raw_fd(), &mut self.hdrs, n, f);
+                if f & libc::MSG_ZEROCOPY == 0 {
+                    return ring.sendmsgs(fd.as_raw_fd(), &mut self.hdrs, n, f);
+                }
+                if let (Some(first), true) = (zc_first_id, ring.has_zerocopy()) {
+                    let mut batch = ZcBatch::default();
+                    let res =
+                        ring.sendmsgs_zc(fd.as_raw_fd(), &mut self.hdrs, n, f & !libc::MSG_ZEROCOPY, first, &mut batch);
+                    self.last_zc = Some(batch);
+                    return res;
+                }
             }
         }
         #[cfg(not(feature = "io-uring"))]
-        let _ = uring;
+        let _ = (uring, zc_first_id);
         if mmsg {
             // sendmmsg(sockfd, msgvec, vlen, flags): msgvec[0..vlen] are initialized headers
             // whose pointers target live buffers (filled by push within the caller's borrow);
@@ -205,7 +286,7 @@ impl SendScratch {
         for m in msgs.iter().take(if mmsg { BATCH } else { 1 }) {
             self.push(m, v6_socket, MsgMeta::default());
         }
-        self.send_filled(fd, mmsg, flags, faults, None)
+        self.send_filled(fd, mmsg, flags, faults, None, None)
     }
 
     fn fill(&mut self, i: usize, m: &OutMsg<'_>, v6_socket: bool) {

@@ -13,6 +13,14 @@
 //! differs. A non-blocking socket's entries carry `MSG_DONTWAIT`, so a full socket answers
 //! `-EAGAIN` instead of io_uring arming a poll and waiting (the mechanism never sleeps).
 //!
+//! Zerocopy: with `MSG_ZEROCOPY` asked for, the entries are `IORING_OP_SENDMSG_ZC` instead.
+//! Each gets a zerocopy id in its user data (the socket's tracker assigns them in order, as the
+//! kernel does for `MSG_ZEROCOPY`); its first completion carries the result and
+//! `IORING_CQE_F_MORE` when the buffer is still the kernel's, and a later notification
+//! (`IORING_CQE_F_NOTIF`, same user data, `IORING_NOTIF_USAGE_ZC_COPIED` when the kernel copied
+//! after all) hands it back: the notifications replace the error queue. They arrive whenever
+//! the ring is read, so they are kept ([`Ring::take_notifs`]) until the socket applies them.
+//!
 //! Where io_uring is missing (old kernel, `kernel.io_uring_disabled = 2`, a seccomp filter)
 //! creating the ring fails and the socket stays on system calls, saying why
 //! ([`crate::Capabilities::io_uring_off_reason`]).
@@ -21,13 +29,30 @@ use std::io;
 use std::os::fd::RawFd;
 use std::sync::OnceLock;
 
-use io_uring::{opcode, squeue, types, IoUring, Probe};
+use io_uring::{cqueue, opcode, squeue, types, IoUring, Probe};
+
+use super::mmsg::{Notif, ZcBatch};
+
+/// User data of zerocopy entries: this bit and the zerocopy id.
+const ZC_TAG: u64 = 1 << 63;
+/// In a SENDMSG_ZC entry's `ioprio`: say in the notification whether the kernel copied.
+const SEND_ZC_REPORT_USAGE: u16 = 1 << 3;
+/// In a notification's result: the kernel copied the data after all.
+const NOTIF_USAGE_ZC_COPIED: u32 = 1 << 31;
 
 /// One ring, owned by one [`crate::SendBuffers`] (so by one thread at a time).
 pub(crate) struct Ring {
     ring: IoUring,
     /// One slot per entry: the completion results of the last batch.
     results: Box<[i32]>,
+    /// One slot per entry: whether its first completion said a notification follows.
+    more: Box<[bool]>,
+    /// The kernel has `IORING_OP_SENDMSG_ZC`.
+    zc: bool,
+    /// Notifications read and not yet taken.
+    notifs: Vec<Notif>,
+    /// Ids whose send failed after taking them (their notification is not judged).
+    failed_ids: Vec<u32>,
 }
 
 impl std::fmt::Debug for Ring {
@@ -40,13 +65,51 @@ impl Ring {
     /// A ring of `entries` (a batch's messages at most) whose kernel supports
     /// `IORING_OP_SENDMSG`.
     pub(crate) fn new(entries: u32) -> io::Result<Ring> {
-        let ring = IoUring::new(entries)?;
+        // Room for a batch's completions and many notifications not yet taken (the kernel
+        // keeps any overflow, IORING_FEAT_NODROP, but that is slower).
+        let ring = IoUring::builder().setup_cqsize(entries.max(64) * 16).build(entries)?;
         let mut probe = Probe::new();
         ring.submitter().register_probe(&mut probe)?;
         if !probe.is_supported(opcode::SendMsg::CODE) {
             return Err(io::Error::new(io::ErrorKind::Unsupported, "IORING_OP_SENDMSG not supported"));
         }
-        Ok(Ring { ring, results: vec![0; entries as usize].into_boxed_slice() })
+        let n = entries as usize;
+        Ok(Ring {
+            ring,
+            results: vec![0; n].into_boxed_slice(),
+            more: vec![false; n].into_boxed_slice(),
+            zc: probe.is_supported(opcode::SendMsgZc::CODE),
+            notifs: Vec::new(),
+            failed_ids: Vec::new(),
+        })
+    }
+
+    /// Whether zerocopy entries (`IORING_OP_SENDMSG_ZC`) are available.
+    pub(crate) fn has_zerocopy(&self) -> bool {
+        self.zc
+    }
+
+    /// The notifications read so far, after reading the completion queue; with `wait`, first
+    /// waits up to that long for a completion when none is queued.
+    pub(crate) fn take_notifs(&mut self, wait: Option<std::time::Duration>) -> io::Result<Vec<Notif>> {
+        self.read_completions();
+        if let (Some(w), true) = (wait, self.notifs.is_empty()) {
+            let ts = types::Timespec::from(w);
+            match self.ring.submitter().submit_with_args(1, &types::SubmitArgs::new().timespec(&ts)) {
+                Ok(_) => {}
+                Err(e) if matches!(e.raw_os_error(), Some(libc::ETIME | libc::EINTR | libc::EBUSY)) => {}
+                Err(e) => return Err(e),
+            }
+            self.read_completions();
+        }
+        Ok(std::mem::take(&mut self.notifs))
+    }
+
+    /// Reads every queued completion; only notifications can be queued between calls.
+    fn read_completions(&mut self) {
+        for c in self.ring.completion() {
+            let _ = sort(&mut self.notifs, &mut self.failed_ids, &c);
+        }
     }
 
     /// Sends `hdrs[..n]` as linked SENDMSG entries and waits for their completions. Like
@@ -63,22 +126,9 @@ impl Ring {
         if n == 0 {
             return Ok(0);
         }
-        {
-            let mut sq = self.ring.submission();
-            for (i, h) in hdrs.iter().enumerate().take(n) {
-                let mut e =
-                    opcode::SendMsg::new(types::Fd(fd), &h.msg_hdr).flags(flags as u32).build().user_data(i as u64);
-                if i + 1 < n {
-                    e = e.flags(squeue::Flags::IO_LINK);
-                }
-                // SAFETY: the entry points at hdrs[i].msg_hdr, whose name, iovec and control
-                // pointers target buffers the caller keeps alive and unmoved for this call;
-                // the call waits below for every entry's completion before returning, so the
-                // kernel never reads them after the borrow ends. The queue has `entries` >= n
-                // free slots: every earlier call drained all its completions.
-                unsafe { sq.push(&e) }.map_err(|_| io::Error::other("io_uring submission queue full"))?;
-            }
-        }
+        self.push_chain(hdrs, n, |i, h| {
+            opcode::SendMsg::new(types::Fd(fd), h).flags(flags as u32).build().user_data(i as u64)
+        })?;
         let mut done = 0;
         self.results[..n].fill(-libc::ECANCELED);
         while done < n {
@@ -88,13 +138,44 @@ impl Ring {
                 Err(e) => return Err(e),
             }
             for cqe in self.ring.completion() {
-                let i = cqe.user_data() as usize;
+                let Some((ud, res, _)) = sort(&mut self.notifs, &mut self.failed_ids, &cqe) else { continue };
+                let i = ud as usize;
                 if i < n {
-                    self.results[i] = cqe.result();
+                    self.results[i] = res;
                 }
                 done += 1;
             }
         }
+        self.first_sent(hdrs, n)
+    }
+
+    /// Queues `hdrs[..n]` as one chain of linked entries, entry `i` made by `make(i, header)`.
+    fn push_chain(
+        &mut self,
+        hdrs: &[libc::mmsghdr],
+        n: usize,
+        make: impl Fn(usize, &libc::msghdr) -> squeue::Entry,
+    ) -> io::Result<()> {
+        let mut sq = self.ring.submission();
+        for (i, h) in hdrs.iter().enumerate().take(n) {
+            let mut e = make(i, &h.msg_hdr);
+            if i + 1 < n {
+                e = e.flags(squeue::Flags::IO_LINK);
+            }
+            // SAFETY: the entry points at hdrs[i].msg_hdr, whose name, iovec and control
+            // pointers target buffers the caller keeps alive and unmoved for the call; both
+            // callers wait for every entry's (first) completion before returning, after which
+            // the kernel reads no header (a SENDMSG_ZC payload is read until its notification:
+            // the socket's zerocopy tracker owns that buffer until then). The queue has
+            // `entries` >= n free slots: every earlier call drained all its completions.
+            unsafe { sq.push(&e) }.map_err(|_| io::Error::other("io_uring submission queue full"))?;
+        }
+        Ok(())
+    }
+
+    /// `Ok(k)`: the first `k >= 1` entries went (their `msg_len` set); the first one's error
+    /// when none did.
+    fn first_sent(&self, hdrs: &mut [libc::mmsghdr], n: usize) -> io::Result<usize> {
         let mut k = 0;
         while k < n && self.results[k] >= 0 {
             hdrs[k].msg_len = self.results[k] as u32;
@@ -105,6 +186,90 @@ impl Ring {
         }
         Ok(k)
     }
+
+    /// Sends `hdrs[..n]` as linked `IORING_OP_SENDMSG_ZC` entries, entry `i` with zerocopy id
+    /// `first_id + i`, and waits for their first completions (not their notifications: see
+    /// [`Ring::take_notifs`]). The count as [`Ring::sendmsgs`]; `batch` says whether the
+    /// first entry that failed took an id.
+    pub(crate) fn sendmsgs_zc(
+        &mut self,
+        fd: RawFd,
+        hdrs: &mut [libc::mmsghdr],
+        n: usize,
+        flags: libc::c_int,
+        first_id: u32,
+        batch: &mut ZcBatch,
+    ) -> io::Result<usize> {
+        *batch = ZcBatch::default();
+        let n = n.min(hdrs.len()).min(self.results.len());
+        if n == 0 {
+            return Ok(0);
+        }
+        self.push_chain(hdrs, n, |i, h| {
+            opcode::SendMsgZc::new(types::Fd(fd), h)
+                .flags(flags as u32)
+                .ioprio(SEND_ZC_REPORT_USAGE)
+                .build()
+                .user_data(ZC_TAG | u64::from(first_id.wrapping_add(i as u32)))
+        })?;
+        let mut done = 0;
+        self.results[..n].fill(-libc::ECANCELED);
+        self.more[..n].fill(false);
+        while done < n {
+            match self.ring.submit_and_wait(1) {
+                Ok(_) => {}
+                Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
+                Err(e) => return Err(e),
+            }
+            for cqe in self.ring.completion() {
+                let Some((ud, res, more)) = sort(&mut self.notifs, &mut self.failed_ids, &cqe) else { continue };
+                let i = (ud as u32).wrapping_sub(first_id) as usize;
+                if ud & ZC_TAG != 0 && i < n {
+                    self.results[i] = res;
+                    self.more[i] = more;
+                    done += 1;
+                }
+            }
+        }
+        let res = self.first_sent(hdrs, n);
+        let k = *res.as_ref().unwrap_or(&0);
+        batch.sent = k;
+        if k < n && self.more[k] {
+            batch.failed_took_id = true;
+            let id = first_id.wrapping_add(k as u32);
+            // Its notification may have come in the same read as its result.
+            match self.notifs.iter_mut().find(|x| x.id == id) {
+                Some(x) => x.failed = true,
+                None => self.failed_ids.push(id),
+            }
+        }
+        res
+    }
+}
+
+/// Sorts one completion: a zerocopy notification is kept in `notifs` (marked failed when its
+/// id is in `failed_ids`); anything else is returned as (user data, result, `F_MORE`).
+fn sort(notifs: &mut Vec<Notif>, failed_ids: &mut Vec<u32>, cqe: &cqueue::Entry) -> Option<(u64, i32, bool)> {
+    let ud = cqe.user_data();
+    if ud & ZC_TAG != 0 && cqueue::notif(cqe.flags()) {
+        let id = ud as u32;
+        let failed = match failed_ids.iter().position(|&f| f == id) {
+            Some(i) => {
+                failed_ids.swap_remove(i);
+                true
+            }
+            None => false,
+        };
+        notifs.push(Notif { id, copied: cqe.result() as u32 & NOTIF_USAGE_ZC_COPIED != 0, failed });
+        return None;
+    }
+    Some((ud, cqe.result(), cqueue::more(cqe.flags())))
+}
+
+/// Whether io_uring here has `IORING_OP_SENDMSG_ZC` (probed once).
+pub(crate) fn zerocopy_available() -> bool {
+    static ZC: OnceLock<bool> = OnceLock::new();
+    *ZC.get_or_init(|| Ring::new(2).is_ok_and(|r| r.has_zerocopy()))
 }
 
 /// Whether this kernel and process may use io_uring for sends: `Ok` or why not (probed once).
