@@ -1,0 +1,410 @@
+//! # udpx-tokio: udpx under async Rust
+//!
+//! [`UdpxSocket`] is a UDP socket on the udpx datapath (GSO, GRO, ECN both ways, pktinfo, the
+//! no-loss send fallbacks) that a tokio task can await, and it implements quinn's
+//! [`AsyncUdpSocket`], so a quinn endpoint runs on udpx with one line: [`endpoint`]. tokio and
+//! quinn live in this crate only; the library stays runtime-free.
+//!
+//! ## Thread model
+//! quinn calls [`AsyncUdpSocket::try_send`] and [`AsyncUdpSocket::poll_recv`] from whichever
+//! runtime worker runs its endpoint and connection drivers, lending its bytes for the one call
+//! only. The socket is non-blocking; readiness comes from tokio's `AsyncFd`; nothing here
+//! waits on a runtime thread (the library's send returns a cursor instead of waiting). The send
+//! state (udpx's send scratch, with the io_uring ring when that backend is on) sits behind a
+//! mutex, so one thread at a time submits to a ring.
+//!
+//! ## What quinn is spared
+//! - A GSO refusal costs no packet: udpx re-sends the batch plain (and keeps ECN) before the
+//!   call returns. Where that re-send stops part-way (the socket full after `k` of `n`
+//!   datagrams), the unsent remainder is copied into a one-transmit queue and the transmit is
+//!   reported sent: quinn neither sends the first `k` again (as `WouldBlock` would make it) nor
+//!   loses the rest. The queue drains before the next transmit and from the poller; while it
+//!   holds a remainder that cannot leave, `try_send` answers `WouldBlock`.
+//! - Errors that would end a connection (`try_send`: anything but `WouldBlock`) or the whole
+//!   endpoint (`poll_recv`: anything but `ConnectionReset`) for one bad packet or someone
+//!   else's ICMP error are counted ([`UdpxSocket::stats`]) and not returned: the datagram is
+//!   left to QUIC's loss recovery, as a network drop would be.
+//!
+//! ## Backends
+//! [`Backend::Syscall`]: `sendmsg` with `UDP_SEGMENT`, `recvmmsg` with GRO.
+//! [`Backend::IoUring`]: sends as io_uring SENDMSG entries (udpx's io_uring send backend);
+//! receives still by `recvmmsg` with tokio readiness in this version. Where io_uring is
+//! unavailable the socket stays on system calls and says why ([`UdpxSocket::backend_note`]).
+//!
+//! What does not carry over from udpx: zerocopy (quinn's `Transmit` borrows its bytes for one
+//! call; zerocopy needs the buffer until the kernel is done) and departure times (quinn paces
+//! internally and passes no send time).
+#![forbid(unsafe_code)]
+
+use std::fmt;
+use std::io::{self, IoSliceMut};
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use std::task::{ready, Context, Poll};
+
+use quinn::udp::{EcnCodepoint as QuinnEcn, RecvMeta as QuinnMeta, Transmit as QuinnTransmit};
+use quinn::{AsyncUdpSocket, UdpPoller};
+use std::os::fd::AsFd;
+
+use tokio::io::Interest;
+use udpx::{EcnCodepoint, SendBuffers, SendCursor, SendErrorKind, SendMode, Transmit, UdpSocket, Want};
+
+/// Messages one receive call takes at most (udpx's `recvmmsg` batch).
+const RECV_BATCH: usize = 64;
+
+/// Which send path the socket uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// System calls (`sendmsg` with GSO, `recvmmsg` with GRO).
+    Syscall,
+    /// io_uring for sends where available (system calls otherwise, the reason recorded).
+    IoUring,
+}
+
+/// Counters of what the adapter kept from quinn.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AdapterStats {
+    /// Transmits whose datagrams were all handed to the kernel (or queued, see
+    /// `remainders_queued`).
+    pub transmits: u64,
+    /// Transmits refused for good (too large, invalid) or failed by an error: counted, not
+    /// returned to quinn; its loss recovery re-sends the data.
+    pub send_errors: u64,
+    /// Transmits cut short by a full socket after part of them left: the rest was copied and
+    /// queued (none sent twice, none dropped).
+    pub remainders_queued: u64,
+    /// `WouldBlock` answers to quinn (socket full, or a queued remainder not yet out).
+    pub would_block: u64,
+    /// Receive errors counted and not returned (quinn's endpoint would stop on them).
+    pub recv_errors: u64,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    transmits: AtomicU64,
+    send_errors: AtomicU64,
+    remainders_queued: AtomicU64,
+    would_block: AtomicU64,
+    recv_errors: AtomicU64,
+}
+
+/// The rest of a transmit the socket stopped taking part-way: its bytes (copied) and where
+/// to go on from.
+#[derive(Debug)]
+struct Remainder {
+    destination: SocketAddr,
+    contents: Vec<u8>,
+    segment_size: Option<usize>,
+    src_ip: Option<std::net::IpAddr>,
+    ecn: Option<EcnCodepoint>,
+    cursor: SendCursor,
+}
+
+impl Remainder {
+    fn transmit(&self) -> Transmit<'_> {
+        Transmit {
+            segment_size: self.segment_size,
+            src_ip: self.src_ip,
+            ecn: self.ecn,
+            ..Transmit::new(self.destination, &self.contents)
+        }
+    }
+}
+
+struct SendState {
+    bufs: SendBuffers,
+    remainder: Option<Remainder>,
+}
+
+/// A udpx socket a tokio task can await; quinn's [`AsyncUdpSocket`].
+///
+/// Readiness comes from a tokio socket on a duplicate of the descriptor (the same socket, so
+/// the same readiness; no `unsafe` registration), every datagram through the udpx socket.
+pub struct UdpxSocket {
+    sock: UdpSocket,
+    io: tokio::net::UdpSocket,
+    send: Mutex<SendState>,
+    recv_metas: Mutex<Vec<udpx::RecvMeta>>,
+    counters: Counters,
+    gro: bool,
+    max_segments: usize,
+    backend_note: String,
+}
+
+impl fmt::Debug for UdpxSocket {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("UdpxSocket").field("local", &self.sock.local_addr()).finish_non_exhaustive()
+    }
+}
+
+impl UdpxSocket {
+    /// Binds `addr` with GSO, GRO, ECN and pktinfo where the kernel has them, non-blocking,
+    /// on `backend`. Must be called inside a tokio runtime (it registers with its reactor).
+    pub fn bind(addr: SocketAddr, backend: Backend) -> io::Result<UdpxSocket> {
+        let cfg = UdpSocket::builder(addr)
+            .send_mode(SendMode::GsoSendmsg)
+            .gro(Want::IfAvailable)
+            .ecn(Want::IfAvailable)
+            .pktinfo(Want::IfAvailable)
+            .nonblocking(true)
+            .buffers(4 << 20, 4 << 20)
+            .io_uring(match backend {
+                Backend::Syscall => Want::Off,
+                Backend::IoUring => Want::IfAvailable,
+            });
+        let sock = cfg.bind().map_err(io::Error::from)?;
+        UdpxSocket::from_udpx(sock)
+    }
+
+    /// Wraps a bound udpx socket (made non-blocking here). Inside a tokio runtime.
+    pub fn from_udpx(sock: UdpSocket) -> io::Result<UdpxSocket> {
+        sock.set_nonblocking(true)?;
+        let caps = sock.capabilities();
+        let backend_note = match (caps.io_uring, &caps.io_uring_off_reason) {
+            (true, _) => "io_uring sends, recvmmsg receives".to_string(),
+            (false, Some(why)) => format!("system calls: {why}"),
+            (false, None) => "system calls".to_string(),
+        };
+        let max_segments = if caps.gso { caps.gso_max_segments.max(1) } else { 1 };
+        let dup = std::net::UdpSocket::from(sock.as_fd().try_clone_to_owned()?);
+        dup.set_nonblocking(true)?;
+        let io = tokio::net::UdpSocket::from_std(dup)?;
+        Ok(UdpxSocket {
+            sock,
+            io,
+            send: Mutex::new(SendState { bufs: SendBuffers::new(), remainder: None }),
+            recv_metas: Mutex::new(vec![udpx::RecvMeta::default(); RECV_BATCH]),
+            counters: Counters::default(),
+            gro: caps.gro,
+            max_segments,
+            backend_note,
+        })
+    }
+
+    /// The udpx socket (its counters and capabilities).
+    pub fn udpx(&self) -> &UdpSocket {
+        &self.sock
+    }
+
+    /// Which send path is in use, and why not io_uring when it was asked for.
+    pub fn backend_note(&self) -> &str {
+        &self.backend_note
+    }
+
+    /// What the adapter kept from quinn.
+    pub fn stats(&self) -> AdapterStats {
+        let c = &self.counters;
+        AdapterStats {
+            transmits: c.transmits.load(Relaxed),
+            send_errors: c.send_errors.load(Relaxed),
+            remainders_queued: c.remainders_queued.load(Relaxed),
+            would_block: c.would_block.load(Relaxed),
+            recv_errors: c.recv_errors.load(Relaxed),
+        }
+    }
+
+    /// Sends what is left of a cut transmit. `Ok(true)`: nothing is left; `Ok(false)`: the
+    /// socket is full (try again when writable).
+    fn drain(&self, st: &mut SendState) -> bool {
+        let Some(r) = st.remainder.as_mut() else { return true };
+        match self.udpx().try_send(&mut st.bufs, &[r.transmit()], r.cursor) {
+            Ok(_) => {
+                st.remainder = None;
+                true
+            }
+            Err(e) if matches!(e.kind, SendErrorKind::WouldBlock | SendErrorKind::NoBuffers) => {
+                r.cursor = e.cursor();
+                false
+            }
+            Err(e) => {
+                log::debug!("udpx-tokio: the rest of a transmit to {} failed: {e}", r.destination);
+                self.counters.send_errors.fetch_add(1, Relaxed);
+                st.remainder = None;
+                true
+            }
+        }
+    }
+
+    fn would_block(&self) -> io::Error {
+        self.counters.would_block.fetch_add(1, Relaxed);
+        io::ErrorKind::WouldBlock.into()
+    }
+}
+
+fn to_udpx_ecn(e: QuinnEcn) -> EcnCodepoint {
+    match e {
+        QuinnEcn::Ect0 => EcnCodepoint::Ect0,
+        QuinnEcn::Ect1 => EcnCodepoint::Ect1,
+        QuinnEcn::Ce => EcnCodepoint::Ce,
+    }
+}
+
+fn to_quinn_ecn(e: EcnCodepoint) -> QuinnEcn {
+    match e {
+        EcnCodepoint::Ect0 => QuinnEcn::Ect0,
+        EcnCodepoint::Ect1 => QuinnEcn::Ect1,
+        EcnCodepoint::Ce => QuinnEcn::Ce,
+    }
+}
+
+impl AsyncUdpSocket for UdpxSocket {
+    fn create_io_poller(self: Arc<Self>) -> Pin<Box<dyn UdpPoller>> {
+        Box::pin(Poller { socket: self })
+    }
+
+    fn try_send(&self, t: &QuinnTransmit<'_>) -> io::Result<()> {
+        let mut st = self.send.lock().unwrap_or_else(|e| e.into_inner());
+        if !self.drain(&mut st) {
+            return Err(self.would_block());
+        }
+        let ut = Transmit {
+            segment_size: t.segment_size.filter(|&s| s < t.contents.len()),
+            src_ip: t.src_ip,
+            ecn: t.ecn.map(to_udpx_ecn),
+            ..Transmit::new(t.destination, t.contents)
+        };
+        let SendState { bufs, remainder } = &mut *st;
+        match self.udpx().try_send(bufs, &[ut], SendCursor::default()) {
+            Ok(_) => {
+                self.counters.transmits.fetch_add(1, Relaxed);
+                Ok(())
+            }
+            Err(e) if matches!(e.kind, SendErrorKind::WouldBlock | SendErrorKind::NoBuffers) => {
+                let cursor = e.cursor();
+                if cursor == SendCursor::default() {
+                    // Nothing left: quinn keeps the transmit and tries again when writable.
+                    return Err(self.would_block());
+                }
+                // Part of it left: keep the rest (a copy), report the transmit sent.
+                *remainder = Some(Remainder {
+                    destination: ut.destination,
+                    contents: t.contents.to_vec(),
+                    segment_size: ut.segment_size,
+                    src_ip: ut.src_ip,
+                    ecn: ut.ecn,
+                    cursor,
+                });
+                self.counters.remainders_queued.fetch_add(1, Relaxed);
+                self.counters.transmits.fetch_add(1, Relaxed);
+                Ok(())
+            }
+            Err(e) => {
+                log::debug!("udpx-tokio: a transmit to {} failed: {e}", t.destination);
+                self.counters.send_errors.fetch_add(1, Relaxed);
+                Ok(())
+            }
+        }
+    }
+
+    fn poll_recv(
+        &self,
+        cx: &mut Context<'_>,
+        bufs: &mut [IoSliceMut<'_>],
+        meta: &mut [QuinnMeta],
+    ) -> Poll<io::Result<usize>> {
+        let mut metas = self.recv_metas.lock().unwrap_or_else(|e| e.into_inner());
+        let n = bufs.len().min(meta.len()).min(metas.len());
+        loop {
+            ready!(self.io.poll_recv_ready(cx))?;
+            // try_io clears the readiness when the call says WouldBlock.
+            match self.io.try_io(Interest::READABLE, || match self.sock.recv(&mut bufs[..n], &mut metas[..n]) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => Err(e),
+                other => Ok(other),
+            }) {
+                Ok(Ok(k)) => {
+                    for (q, m) in meta.iter_mut().zip(metas.iter()).take(k) {
+                        *q = QuinnMeta {
+                            addr: m.addr,
+                            len: m.len,
+                            stride: if m.stride == 0 { m.len } else { m.stride },
+                            ecn: m.ecn.map(to_quinn_ecn),
+                            dst_ip: m.dst_ip,
+                        };
+                    }
+                    return Poll::Ready(Ok(k));
+                }
+                // Buffers quinn sized too small for a GRO buffer: a configuration error, said.
+                Ok(Err(e)) if e.kind() == io::ErrorKind::InvalidInput => return Poll::Ready(Err(e)),
+                Ok(Err(e)) => {
+                    // One bad datagram or someone else's ICMP error must not stop the
+                    // endpoint: counted, and the next one read.
+                    log::debug!("udpx-tokio: receive error (counted, not returned): {e}");
+                    self.counters.recv_errors.fetch_add(1, Relaxed);
+                }
+                Err(_would_block) => {}
+            }
+        }
+    }
+
+    fn local_addr(&self) -> io::Result<SocketAddr> {
+        Ok(self.udpx().local_addr())
+    }
+
+    fn max_transmit_segments(&self) -> usize {
+        self.max_segments
+    }
+
+    fn max_receive_segments(&self) -> usize {
+        // quinn sizes each receive buffer as the payload size times this: 64 x 1200 bytes
+        // and more holds any GRO buffer (at most 64 KiB).
+        if self.gro {
+            64
+        } else {
+            1
+        }
+    }
+
+    fn may_fragment(&self) -> bool {
+        // udpx sets IP_PMTUDISC_PROBE / IPV6_PMTUDISC_PROBE: DF, never fragmented.
+        false
+    }
+}
+
+/// quinn's writability poller: ready when the socket is writable and no remainder is stuck.
+struct Poller {
+    socket: Arc<UdpxSocket>,
+}
+
+impl fmt::Debug for Poller {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Poller")
+    }
+}
+
+impl UdpPoller for Poller {
+    fn poll_writable(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let s = &self.socket;
+        loop {
+            ready!(s.io.poll_send_ready(cx))?;
+            // A remainder that still cannot leave clears the readiness (try_io): wait for the
+            // next writability edge.
+            let drained = s.io.try_io(Interest::WRITABLE, || {
+                let mut st = s.send.lock().unwrap_or_else(|e| e.into_inner());
+                if s.drain(&mut st) {
+                    Ok(())
+                } else {
+                    Err(io::ErrorKind::WouldBlock.into())
+                }
+            });
+            if drained.is_ok() {
+                return Poll::Ready(Ok(()));
+            }
+        }
+    }
+}
+
+/// A quinn endpoint on a [`UdpxSocket`] bound to `addr` (inside a tokio runtime): a client
+/// when `server` is `None`, a server otherwise. Returns the socket too, for its counters.
+pub fn endpoint(
+    addr: SocketAddr,
+    backend: Backend,
+    config: quinn::EndpointConfig,
+    server: Option<quinn::ServerConfig>,
+) -> io::Result<(quinn::Endpoint, Arc<UdpxSocket>)> {
+    let socket = Arc::new(UdpxSocket::bind(addr, backend)?);
+    let runtime = Arc::new(quinn::TokioRuntime);
+    let ep = quinn::Endpoint::new_with_abstract_socket(config, server, socket.clone(), runtime)?;
+    Ok((ep, socket))
+}
