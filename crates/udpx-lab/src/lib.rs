@@ -21,3 +21,17 @@ pub mod judge;
 pub mod stats;
 
 pub use udpx_netns as netns;
+
+/// `len` deterministic bytes from `seed` (xorshift64): test and bench content that is no
+/// repeating pattern of a power-of-two period, so a byte out of place changes its digest.
+pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}

@@ -12,15 +12,7 @@ use udpx_tokio::{endpoint, Backend};
 const LEN: usize = 10_000_001;
 
 fn content() -> Vec<u8> {
-    let mut x = 0x9e37_79b9_7f4a_7c15u64;
-    (0..LEN)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
+    udpx_lab::pattern(LEN, 1)
 }
 
 struct Certs {

@@ -34,15 +34,7 @@ impl Drop for TempDir {
 
 /// Deterministic content that is not a repeating pattern of a power-of-two period.
 pub fn content(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
+    udpx_lab::pattern(len, seed)
 }
 
 /// FNV-1a 64 over the bytes (a digest to compare downloads by; not cryptographic).
