@@ -54,6 +54,10 @@ use serde::Serialize;
 use crate::files::{resolve, Refusal, Resolved};
 use crate::Error;
 
+/// Largest read from a file per response and turn, for every listener: a response holds at
+/// most this much of its file in memory.
+pub const CHUNK: usize = 64 * 1024;
+
 /// What a [`Site`] is told beyond its directory.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SiteOptions {

@@ -23,8 +23,7 @@ use crate::tcp::TcpServer;
 use crate::tls::{pem_files, server_config, Tls};
 use crate::Error;
 
-/// Largest read from a file per stream and turn.
-pub const CHUNK: usize = 64 * 1024;
+pub use crate::http::CHUNK;
 
 /// How to serve.
 #[derive(Debug, Clone)]

@@ -56,8 +56,8 @@ use serde::Serialize;
 use tokio::sync::{oneshot, Semaphore};
 use tokio::task::JoinHandle;
 
+use crate::http::CHUNK;
 use crate::http::{Answer, FileBody, LogEntry, RequestHead, Site};
-use crate::server::CHUNK;
 use crate::Error;
 
 /// Connections served at once; the accept loop waits for one to end beyond that.

@@ -141,7 +141,7 @@ impl UdpSocket {
     /// Applies io_uring zerocopy notifications (see `sys/uring.rs`) as the error queue's
     /// completions are applied: buffers released, copies judged (not a failed send's).
     /// Returns the buffers released.
-    pub(crate) fn apply_zc_notifs(&self, state: &mut ZcState, notifs: Vec<crate::sys::mmsg::Notif>) -> usize {
+    pub(crate) fn apply_zc_notifs(&self, state: &mut ZcState, notifs: Vec<crate::sys::zc::Notif>) -> usize {
         let (mut released, mut off) = (0, false);
         self.counters.add(&self.counters.zerocopy_ring_notifs, notifs.len() as u64);
         for n in notifs {

@@ -25,6 +25,7 @@ use super::addr::SockAddr;
 pub(crate) use super::cmsg::RawRecv;
 use super::cmsg::{self, decode_control, Cmsg, CmsgBuf, Encoder};
 use super::fault::{Fault, Faults};
+use super::zc::{Notif, ZcBatch};
 use super::{cvt, retry};
 
 /// Messages per `sendmmsg`/`recvmmsg` call. The kernel takes up to `UIO_MAXIOV` (1024); 64
@@ -64,27 +65,6 @@ pub(crate) struct MsgMeta {
     pub len: usize,
     /// `UDP_SEGMENT` attached.
     pub segment_size: Option<u16>,
-}
-
-/// A zerocopy notification: the kernel is done with the buffer of send `id`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Notif {
-    /// The zerocopy id.
-    pub id: u32,
-    /// The kernel copied the data (say, local delivery).
-    pub copied: bool,
-    /// The send failed after taking the id: nothing went, so `copied` says nothing about
-    /// the path.
-    pub failed: bool,
-}
-
-/// What a zerocopy batch did besides the count `Ring::sendmsgs_zc` (`sys/uring.rs`) returns.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(crate) struct ZcBatch {
-    /// Entries that went, in order from the first.
-    pub sent: usize,
-    /// The first entry that did not go still took an id (its notification follows).
-    pub failed_took_id: bool,
 }
 
 /// Reusable send vectors of one socket. Messages are planned straight into it

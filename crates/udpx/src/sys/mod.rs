@@ -23,6 +23,7 @@ pub(crate) mod mmsg;
 pub(crate) mod netlink;
 #[cfg(feature = "io-uring")]
 pub(crate) mod uring;
+pub(crate) mod zc;
 
 use std::io;
 use std::mem;

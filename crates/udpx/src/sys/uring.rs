@@ -31,7 +31,7 @@ use std::sync::OnceLock;
 
 use io_uring::{cqueue, opcode, squeue, types, IoUring, Probe};
 
-use super::mmsg::{Notif, ZcBatch};
+use super::zc::{Notif, ZcBatch};
 
 /// User data of zerocopy entries: this bit and the zerocopy id.
 const ZC_TAG: u64 = 1 << 63;
