@@ -45,6 +45,35 @@ enum Role {
     /// of routing by connection ID against a 4-tuple hash, connections that survive a NAT
     /// rebinding, spread over hosts. Needs root, nft, tc.
     Lb(crate::lb::LbBenchArgs),
+    /// quinn on udpx against quinn on quinn-udp: a quinn server sends 1 GB to a quinn client on
+    /// loopback per row (quinn-udp, udpx system calls, udpx io_uring); server CPU per byte.
+    Quic(QuicArgs),
+}
+
+/// `udpx bench quic`.
+#[derive(Args, Debug)]
+pub struct QuicArgs {
+    /// Bytes per transfer (k, M, G: decimal).
+    #[arg(long, value_parser = crate::util::parse_size_arg, default_value = "1G")]
+    size: u64,
+    /// Rounds, interleaved (every row once per round).
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=50))]
+    rounds: u64,
+    /// One JSON object instead of the table.
+    #[arg(long)]
+    json: bool,
+}
+
+fn quic(a: QuicArgs) -> ExitCode {
+    let cpus = udpx_lab::cpu::online_cpus();
+    let (server_cpu, client_cpu) = match cpus[..] {
+        [c] => (c, c),
+        [a, b, ..] => (b, a),
+        [] => (0, 0),
+    };
+    let cfg = udpx_quinn::QuicBenchConfig { size: a.size, rounds: a.rounds as usize, server_cpu, client_cpu };
+    let res = udpx_quinn::run(&cfg, &mut |l| eprintln!("udpx bench quic: {l}"));
+    crate::util::print_bench("bench quic", res, a.json, "quic_bench", udpx_quinn::QuicBench::to_markdown)
 }
 
 /// How to send: one of the four UDP send modes, or TCP.
@@ -257,6 +286,7 @@ pub fn main(args: BenchArgs) -> ExitCode {
         Some(Role::Stream(a)) => crate::stream::fig4(a),
         Some(Role::H3(a)) => crate::h3::bench(a),
         Some(Role::Lb(a)) => crate::lb::bench(a),
+        Some(Role::Quic(a)) => quic(a),
         None => main_job(args.main),
     }
 }

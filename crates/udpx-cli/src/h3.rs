@@ -145,7 +145,7 @@ struct GetArgs {
 #[derive(Args, Debug)]
 pub struct H3BenchArgs {
     /// Bytes of the file downloaded per row and round (k, M, G: decimal; 100M = 10^8 bytes).
-    #[arg(long, value_parser = parse_size, default_value = "100M")]
+    #[arg(long, value_parser = util::parse_size_arg, default_value = "100M")]
     size: u64,
     /// Rounds: each downloads once per row, interleaved; the table shows medians.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=100))]
@@ -160,15 +160,6 @@ pub struct H3BenchArgs {
     /// One JSON object instead of the table.
     #[arg(long)]
     json: bool,
-}
-
-/// A file size: bytes with k, M or G (decimal: 100M is 10^8 bytes), 1 byte to 100G.
-fn parse_size(s: &str) -> Result<u64, String> {
-    let v = util::decimal_suffixed(s).ok_or_else(|| format!("{s:?}: give bytes, with k, M or G allowed (100M)"))?;
-    if !(1.0..=1e11).contains(&v) {
-        return Err(format!("{s:?}: give 1 byte to 100G"));
-    }
-    Ok(v as u64)
 }
 
 /// `udpx bench h3`: runs [`udpx_h3::bench`] and prints its table or JSON.
@@ -370,7 +361,7 @@ fn get(a: GetArgs) -> ExitCode {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_size;
+    use crate::util::parse_size_arg as parse_size;
 
     #[test]
     fn sizes() {

@@ -178,13 +178,6 @@ pub fn bench(a: LbBenchArgs) -> ExitCode {
         connections: a.connections as usize,
         ..udpx_lb::bench::LbBenchConfig::new(udpx)
     };
-    match udpx_lb::bench::run(&cfg, &mut |l| eprintln!("udpx {CMD}: {l}")) {
-        Ok(b) if a.json => println!("{}", serde_json::json!({ "lb_bench": b })),
-        Ok(b) => println!("{}", b.to_markdown()),
-        Err(e) => {
-            eprintln!("udpx {CMD}: {e}");
-            return ExitCode::FAILURE;
-        }
-    }
-    ExitCode::SUCCESS
+    let res = udpx_lb::bench::run(&cfg, &mut |l| eprintln!("udpx {CMD}: {l}"));
+    util::print_bench(CMD, res, a.json, "lb_bench", udpx_lb::bench::LbBench::to_markdown)
 }

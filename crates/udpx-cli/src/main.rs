@@ -132,6 +132,35 @@ pub mod util {
         &STOP
     }
 
+    /// Prints a bench's result, as one JSON object under `key` or as its report, or its error;
+    /// the exit code to return.
+    pub fn print_bench<B: serde::Serialize, E: std::fmt::Display>(
+        cmd: &str,
+        result: Result<B, E>,
+        json: bool,
+        key: &str,
+        report: impl FnOnce(&B) -> String,
+    ) -> ExitCode {
+        match result {
+            Ok(b) if json => println!("{}", serde_json::json!({ key: b })),
+            Ok(b) => println!("{}", report(&b)),
+            Err(e) => {
+                eprintln!("udpx {cmd}: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+        ExitCode::SUCCESS
+    }
+
+    /// A size flag: bytes with k, M or G (decimal: 100M is 10^8 bytes), 1 byte to 100G.
+    pub fn parse_size_arg(s: &str) -> Result<u64, String> {
+        let v = decimal_suffixed(s).ok_or_else(|| format!("{s:?}: give bytes, with k, M or G allowed (100M)"))?;
+        if !(1.0..=1e11).contains(&v) {
+            return Err(format!("{s:?}: give 1 byte to 100G"));
+        }
+        Ok(v as u64)
+    }
+
     /// A number with an optional decimal suffix: `k` (10^3), `M` (10^6) or `G` (10^9); `None`
     /// if it does not parse. The range is the caller's to check.
     pub fn decimal_suffixed(s: &str) -> Option<f64> {

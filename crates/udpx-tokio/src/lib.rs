@@ -51,6 +51,11 @@ use std::os::fd::AsFd;
 use tokio::io::Interest;
 use udpx::{EcnCodepoint, SendBuffers, SendCursor, SendErrorKind, SendMode, Transmit, UdpSocket, Want};
 
+/// The quinn and tokio this crate is built on, for code above it (a tool crate names no
+/// runtime of its own).
+pub use quinn;
+pub use tokio;
+
 /// Messages one receive call takes at most (udpx's `recvmmsg` batch).
 const RECV_BATCH: usize = 64;
 

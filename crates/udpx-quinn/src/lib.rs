@@ -1,0 +1,342 @@
+//! # udpx-quinn: quinn on udpx against quinn on quinn-udp (`udpx bench quic`)
+//!
+//! A quinn server sends one file's worth of bytes (1 GB by default) on one stream to a quinn
+//! client over loopback, once per row and round, rounds interleaved:
+//!
+//! - `quinn-udp`: quinn as shipped (its own `quinn-udp` socket),
+//! - `udpx syscalls`: quinn on [`udpx_tokio::UdpxSocket`], system-call backend,
+//! - `udpx io_uring`: the same on udpx's io_uring send backend (receive by `recvmmsg`; see
+//!   `udpx-tokio`).
+//!
+//! **What is counted.** The server runs on its own thread pinned to one CPU (a current-thread
+//! tokio runtime), the client on another; the server's cost is that CPU's busy time (user +
+//! system + irq + softirq, `/proc/stat`) from the client's connect to its last byte, so kernel
+//! work the server's sends cause on its CPU counts (on loopback that includes delivering its
+//! packets to the client's socket), as do io_uring's, which `getrusage` would miss. Per row:
+//! CPU-seconds per GB, throughput, the server's datagrams per send call (udpx's counters;
+//! quinn-udp does not count them) and quinn's lost packets.
+//!
+//! **Targets** ([`QuicBench::checks`]): each udpx row no costlier per byte than quinn-udp
+//! (`<= 1.0`); 0.90x is the issue's goal for io_uring, reported whatever it is.
+
+use std::net::SocketAddr;
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use udpx_lab::cpu::{pin_current_thread, CpuSample, TickRate};
+use udpx_lab::env::Environment;
+use udpx_lab::judge::{checks_text, verdict_rule, Check};
+use udpx_lab::stats::{median_run, Spread};
+use udpx_tokio::quinn;
+use udpx_tokio::quinn::rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
+use udpx_tokio::{tokio, Backend, UdpxSocket};
+
+/// Which datapath a row runs quinn on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum Path {
+    /// quinn's own quinn-udp.
+    QuinnUdp,
+    /// udpx, system calls.
+    UdpxSyscall,
+    /// udpx, io_uring sends.
+    UdpxIoUring,
+}
+
+impl Path {
+    /// The row's label.
+    pub fn label(self) -> &'static str {
+        match self {
+            Path::QuinnUdp => "quinn-udp",
+            Path::UdpxSyscall => "udpx syscalls",
+            Path::UdpxIoUring => "udpx io_uring",
+        }
+    }
+}
+
+/// What to run.
+#[derive(Debug, Clone, Serialize)]
+pub struct QuicBenchConfig {
+    /// Bytes sent per row and round.
+    pub size: u64,
+    /// Rounds (every row once per round).
+    pub rounds: usize,
+    /// The server's CPU.
+    pub server_cpu: usize,
+    /// The client's CPU.
+    pub client_cpu: usize,
+}
+
+impl Default for QuicBenchConfig {
+    /// 1 GB (about a second on loopback: CPU time is read in 10 ms ticks), 3 rounds, server on
+    /// CPU 1, client on CPU 0.
+    fn default() -> Self {
+        QuicBenchConfig { size: 1_000_000_000, rounds: 3, server_cpu: 1, client_cpu: 0 }
+    }
+}
+
+/// One transfer.
+#[derive(Debug, Clone, Serialize)]
+pub struct Run {
+    /// Server CPU-seconds per GB sent.
+    pub cpu_s_per_gb: f64,
+    /// Body throughput seen by the client, Mbit/s.
+    pub mbit_per_s: f64,
+    /// Packets quinn declared lost on the server's path.
+    pub lost_packets: u64,
+    /// The server socket's datagrams per send call (udpx rows).
+    pub datagrams_per_send: Option<f64>,
+    /// The server socket's datagrams per receive call (udpx rows).
+    pub datagrams_per_recv: Option<f64>,
+    /// What the server's socket said of its backend (udpx rows).
+    pub backend: Option<String>,
+}
+
+/// A row: its runs and their medians.
+#[derive(Debug, Clone, Serialize)]
+pub struct Row {
+    /// The datapath.
+    pub path: Path,
+    /// Every run, in round order (`None`: failed).
+    pub runs: Vec<Option<Run>>,
+    /// CPU-seconds per GB over runs.
+    pub cost: Spread,
+    /// Throughput over runs.
+    pub mbit: Spread,
+}
+
+/// The bench's result.
+#[derive(Debug, Clone, Serialize)]
+pub struct QuicBench {
+    /// What ran.
+    pub config: QuicBenchConfig,
+    /// The machine.
+    pub env: Environment,
+    /// quinn-udp first.
+    pub rows: Vec<Row>,
+    /// The targets.
+    pub checks: Vec<Check>,
+}
+
+/// Runs the bench on loopback; `log` gets progress lines.
+pub fn run(cfg: &QuicBenchConfig, log: &mut dyn FnMut(&str)) -> Result<QuicBench, String> {
+    if cfg.size == 0 || cfg.rounds == 0 {
+        return Err("size and rounds must be at least 1".into());
+    }
+    let cpus = udpx_lab::cpu::online_cpus();
+    for c in [cfg.server_cpu, cfg.client_cpu] {
+        if !cpus.contains(&c) {
+            return Err(format!("CPU {c} is not online (online: {cpus:?})"));
+        }
+    }
+    let rate = TickRate::system().map_err(|e| e.to_string())?;
+    let env = Environment::collect(&[(None, "lo")]);
+    let paths = [Path::QuinnUdp, Path::UdpxSyscall, Path::UdpxIoUring];
+    let mut runs: Vec<Vec<Option<Run>>> = vec![Vec::new(); paths.len()];
+    for round in 0..cfg.rounds {
+        for (i, &p) in paths.iter().enumerate() {
+            let r = transfer(p, cfg, rate);
+            match &r {
+                Ok(r) => log(&format!(
+                    "round {}: {}: {:.3} CPU-s/GB, {:.0} Mbit/s, {} lost",
+                    round + 1,
+                    p.label(),
+                    r.cpu_s_per_gb,
+                    r.mbit_per_s,
+                    r.lost_packets
+                )),
+                Err(e) => log(&format!("round {}: {}: failed: {e}", round + 1, p.label())),
+            }
+            runs[i].push(r.ok());
+        }
+    }
+    let rows: Vec<Row> = paths
+        .iter()
+        .zip(runs)
+        .map(|(&path, runs)| {
+            let costs: Vec<f64> = runs.iter().flatten().map(|r| r.cpu_s_per_gb).collect();
+            let mbits: Vec<f64> = runs.iter().flatten().map(|r| r.mbit_per_s).collect();
+            Row { path, cost: Spread::of(&costs), mbit: Spread::of(&mbits), runs }
+        })
+        .collect();
+    let per_run = |r: &Row| r.runs.iter().map(|x| x.as_ref().map(|x| x.cpu_s_per_gb)).collect::<Vec<_>>();
+    let base = per_run(&rows[0]);
+    let mut checks = Vec::new();
+    for (row, at_most, what) in [
+        (&rows[1], 1.0, "udpx syscalls / quinn-udp, server CPU per byte"),
+        (&rows[2], 1.0, "udpx io_uring / quinn-udp, server CPU per byte"),
+        (&rows[2], 0.9, "udpx io_uring / quinn-udp, server CPU per byte (goal)"),
+    ] {
+        checks.extend(Check::judge("loopback", what, &per_run(row), &base, at_most));
+    }
+    Ok(QuicBench { config: cfg.clone(), env, rows, checks })
+}
+
+/// One transfer of `cfg.size` bytes on `path`.
+fn transfer(path: Path, cfg: &QuicBenchConfig, rate: TickRate) -> Result<Run, String> {
+    let ck = rcgen::generate_simple_self_signed(vec!["localhost".into()]).map_err(|e| e.to_string())?;
+    let cert: CertificateDer<'static> = ck.cert.der().clone();
+    let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(ck.key_pair.serialize_der()));
+    let server_cfg = quinn::ServerConfig::with_single_cert(vec![cert.clone()], key).map_err(|e| e.to_string())?;
+    let mut roots = quinn::rustls::RootCertStore::empty();
+    roots.add(cert).map_err(|e| e.to_string())?;
+    let client_cfg = quinn::ClientConfig::with_root_certificates(Arc::new(roots)).map_err(|e| e.to_string())?;
+    let size = cfg.size;
+    let (addr_tx, addr_rx) = mpsc::channel();
+    let server_cpu = cfg.server_cpu;
+    let server = std::thread::spawn(move || -> Result<ServerOut, String> {
+        pin_current_thread(server_cpu).map_err(|e| e.to_string())?;
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
+        rt.block_on(serve(path, server_cfg, size, addr_tx))
+    });
+    let addr: SocketAddr = addr_rx.recv_timeout(Duration::from_secs(10)).map_err(|_| "the server did not start")?;
+    let client_cpu = cfg.client_cpu;
+    let before = CpuSample::now().map_err(|e| e.to_string())?;
+    let client = std::thread::spawn(move || -> Result<(u64, Duration), String> {
+        pin_current_thread(client_cpu).map_err(|e| e.to_string())?;
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
+        rt.block_on(fetch(path, client_cfg, addr))
+    });
+    let got = client.join().map_err(|_| "the client panicked")?;
+    let after = CpuSample::now().map_err(|e| e.to_string())?;
+    let out = server.join().map_err(|_| "the server panicked")??;
+    let (bytes, took) = got?;
+    if bytes != size {
+        return Err(format!("the client got {bytes} of {size} bytes"));
+    }
+    let busy = after.diff(&before).busy_time(&[server_cpu], rate).as_secs_f64();
+    // /proc/stat counts in clock ticks: fewer than 50 of them is too coarse to report.
+    if busy < 50.0 / rate.hz() as f64 {
+        return Err(format!("the server was busy {busy:.3} s: too short to measure; send more (--size)"));
+    }
+    Ok(Run {
+        cpu_s_per_gb: busy / (size as f64 / 1e9),
+        mbit_per_s: size as f64 * 8.0 / took.as_secs_f64() / 1e6,
+        lost_packets: out.lost,
+        datagrams_per_send: out.counters.map(|c| c.datagrams_sent as f64 / c.send_calls.max(1) as f64),
+        datagrams_per_recv: out.counters.map(|c| c.datagrams_received as f64 / c.recv_calls.max(1) as f64),
+        backend: out.backend,
+    })
+}
+
+struct ServerOut {
+    lost: u64,
+    counters: Option<udpx::CounterSnapshot>,
+    backend: Option<String>,
+}
+
+fn endpoint(
+    path: Path,
+    server: Option<quinn::ServerConfig>,
+) -> Result<(quinn::Endpoint, Option<Arc<UdpxSocket>>), String> {
+    let addr: SocketAddr = "127.0.0.1:0".parse().expect("literal address");
+    let backend = match path {
+        Path::QuinnUdp => {
+            let ep = match server {
+                Some(s) => quinn::Endpoint::server(s, addr),
+                None => quinn::Endpoint::client(addr),
+            };
+            return ep.map(|e| (e, None)).map_err(|e| e.to_string());
+        }
+        Path::UdpxSyscall => Backend::Syscall,
+        Path::UdpxIoUring => Backend::IoUring,
+    };
+    let (ep, s) =
+        udpx_tokio::endpoint(addr, backend, quinn::EndpointConfig::default(), server).map_err(|e| e.to_string())?;
+    Ok((ep, Some(s)))
+}
+
+async fn serve(
+    path: Path,
+    cfg: quinn::ServerConfig,
+    size: u64,
+    addr_tx: mpsc::Sender<SocketAddr>,
+) -> Result<ServerOut, String> {
+    let (ep, sock) = endpoint(path, Some(cfg))?;
+    addr_tx.send(ep.local_addr().map_err(|e| e.to_string())?).map_err(|_| "the bench went away")?;
+    let accept = tokio::time::timeout(Duration::from_secs(20), ep.accept()).await.map_err(|_| "no connection")?;
+    let conn = accept.ok_or("the endpoint closed")?.await.map_err(|e| e.to_string())?;
+    let mut s = conn.open_uni().await.map_err(|e| e.to_string())?;
+    let chunk = udpx_lab::pattern(1 << 20, 7);
+    let mut left = size;
+    while left > 0 {
+        let n = left.min(chunk.len() as u64) as usize;
+        s.write_all(&chunk[..n]).await.map_err(|e| e.to_string())?;
+        left -= n as u64;
+    }
+    s.finish().map_err(|e| e.to_string())?;
+    let _ = tokio::time::timeout(Duration::from_secs(60), conn.closed()).await;
+    let lost = conn.stats().path.lost_packets;
+    ep.wait_idle().await;
+    Ok(ServerOut {
+        lost,
+        counters: sock.as_ref().map(|s| s.udpx().counters()),
+        backend: sock.as_ref().map(|s| s.backend_note().to_string()),
+    })
+}
+
+async fn fetch(path: Path, cfg: quinn::ClientConfig, addr: SocketAddr) -> Result<(u64, Duration), String> {
+    let (mut ep, _sock) = endpoint(path, None)?;
+    ep.set_default_client_config(cfg);
+    let start = Instant::now();
+    let conn = ep.connect(addr, "localhost").map_err(|e| e.to_string())?.await.map_err(|e| e.to_string())?;
+    let mut r = conn.accept_uni().await.map_err(|e| e.to_string())?;
+    let mut buf = vec![0u8; 1 << 20];
+    let mut got = 0u64;
+    loop {
+        match tokio::time::timeout(Duration::from_secs(30), r.read(&mut buf)).await {
+            Ok(Ok(Some(n))) => got += n as u64,
+            Ok(Ok(None)) => break,
+            Ok(Err(e)) => return Err(e.to_string()),
+            Err(_) => return Err(format!("stalled after {got} bytes")),
+        }
+    }
+    let took = start.elapsed();
+    conn.close(0u32.into(), b"done");
+    ep.wait_idle().await;
+    Ok((got, took))
+}
+
+impl QuicBench {
+    /// The table, the targets and how they are judged.
+    pub fn to_markdown(&self) -> String {
+        let mut s = format!(
+            "quinn server -> quinn client on loopback, {} MB per transfer, server on CPU {}, client on CPU {}, {} \
+             interleaved rounds; each row its median run by cost, with the range over runs.\n\n```\n",
+            self.config.size / 1_000_000,
+            self.config.server_cpu,
+            self.config.client_cpu,
+            self.config.rounds
+        );
+        s.push_str(&format!(
+            "{:<16} {:>9} {:>5} {:>8} {:>5} {:>9} {:>9} {:>6} {:>8}  backend\n",
+            "datapath", "CPU-s/GB", "±", "Mbit/s", "±", "dg/send", "dg/recv", "lost", "vs udp"
+        ));
+        let base = self.rows.first().map(|r| r.cost.median).unwrap_or(f64::NAN);
+        for r in &self.rows {
+            let costs: Vec<f64> = r.runs.iter().flatten().map(|x| x.cpu_s_per_gb).collect();
+            let m = median_run(&costs).and_then(|i| r.runs.iter().flatten().nth(i));
+            let f = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.1}"));
+            s.push_str(&format!(
+                "{:<16} {:>9.3} {:>5} {:>8.0} {:>5} {:>9} {:>9} {:>6} {:>7.2}x  {}\n",
+                r.path.label(),
+                r.cost.median,
+                udpx_lab::judge::pm(r.cost.median, r.cost.min, r.cost.max),
+                r.mbit.median,
+                udpx_lab::judge::pm(r.mbit.median, r.mbit.min, r.mbit.max),
+                f(m.and_then(|x| x.datagrams_per_send)),
+                f(m.and_then(|x| x.datagrams_per_recv)),
+                m.map_or("-".into(), |x| x.lost_packets.to_string()),
+                r.cost.median / base,
+                m.and_then(|x| x.backend.clone()).unwrap_or_else(|| "quinn-udp".into()),
+            ));
+        }
+        s.push_str(&checks_text(&self.checks));
+        s.push_str("```\n\n");
+        s.push_str(&verdict_rule(self.config.rounds));
+        s.push_str("\n\n");
+        s.push_str(&self.env.to_markdown());
+        s
+    }
+}
