@@ -36,6 +36,18 @@ fn client_config(c: &Certs) -> quinn::ClientConfig {
     quinn::ClientConfig::with_root_certificates(Arc::new(roots)).unwrap()
 }
 
+/// What goes wrong on the udpx server's socket after the handshake.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Trouble {
+    None,
+    /// Every GSO send refused (`SO_NO_CHECK`: the kernel answers EINVAL to a segmented send
+    /// without checksums).
+    RefuseGso,
+    /// One GSO send refused (EIO) and its plain re-send stopped by a full socket (EAGAIN)
+    /// after two datagrams (the test-only fault seam).
+    CutResend,
+}
+
 #[derive(Clone, Copy, Debug)]
 enum Side {
     Udpx(Backend),
@@ -57,10 +69,9 @@ fn make(side: Side, server: Option<quinn::ServerConfig>) -> (quinn::Endpoint, Op
 }
 
 /// The server (on `server_side`) sends the content on one uni stream to the client (on
-/// `client_side`); returns the bytes the client read. With `refuse_gso` (a udpx server) the
-/// server's socket refuses every GSO send from the handshake on (`SO_NO_CHECK`: the kernel
-/// answers EINVAL to a segmented send without checksums).
-async fn transfer(server_side: Side, client_side: Side, refuse_gso: bool) -> Vec<u8> {
+/// `client_side`); returns the bytes the client read. `trouble` (a udpx server) is made on the
+/// server's socket once the handshake is done.
+async fn transfer(server_side: Side, client_side: Side, trouble: Trouble) -> Vec<u8> {
     let c = certs();
     let data = Arc::new(content());
     let (server, ssock) = make(server_side, Some(server_config(&c)));
@@ -69,8 +80,11 @@ async fn transfer(server_side: Side, client_side: Side, refuse_gso: bool) -> Vec
     let ssock2 = ssock.clone();
     let serve = tokio::spawn(async move {
         let conn = server.accept().await.expect("a connection").await.expect("handshake");
-        if refuse_gso {
-            ssock2.as_ref().expect("a udpx server").udpx().set_no_check(true).unwrap();
+        let sock = ssock2.as_ref();
+        match trouble {
+            Trouble::None => {}
+            Trouble::RefuseGso => sock.expect("a udpx server").udpx().set_no_check(true).unwrap(),
+            Trouble::CutResend => inject_cut_resend(sock.expect("a udpx server")),
         }
         let mut s = conn.open_uni().await.unwrap();
         s.write_all(&data2).await.unwrap();
@@ -89,9 +103,16 @@ async fn transfer(server_side: Side, client_side: Side, refuse_gso: bool) -> Vec
     client.wait_idle().await;
     let (ssock, lost) = tokio::time::timeout(Duration::from_secs(20), serve).await.expect("server ends").unwrap();
     eprintln!("server lost packets (quinn's path stats): {lost}");
-    if refuse_gso {
+    if trouble == Trouble::RefuseGso {
         let c = ssock.as_ref().unwrap().udpx().counters();
         assert!(c.gso_fallbacks >= 1, "the refusal happened and was answered by plain re-sends: {c:?}");
+    }
+    if trouble == Trouble::CutResend {
+        let (st, c) = (ssock.as_ref().unwrap().stats(), ssock.as_ref().unwrap().udpx().counters());
+        // The EAGAIN stopped the re-send after two datagrams: the rest was queued, and quinn
+        // lost nothing (each datagram left once).
+        assert_eq!((st.remainders_queued, c.would_block), (1, 1), "{st:?} {c:?}");
+        assert_eq!(lost, 0, "nothing dropped or doubled");
     }
     for (who, s) in [("server", ssock), ("client", csock)] {
         if let Some(s) = s {
@@ -104,12 +125,12 @@ async fn transfer(server_side: Side, client_side: Side, refuse_gso: bool) -> Vec
 }
 
 async fn check(server: Side, client: Side) {
-    check_with(server, client, false).await;
+    check_with(server, client, Trouble::None).await;
 }
 
-async fn check_with(server: Side, client: Side, refuse_gso: bool) {
+async fn check_with(server: Side, client: Side, trouble: Trouble) {
     let got =
-        tokio::time::timeout(Duration::from_secs(60), transfer(server, client, refuse_gso)).await.expect("within 60 s");
+        tokio::time::timeout(Duration::from_secs(60), transfer(server, client, trouble)).await.expect("within 60 s");
     assert!(got == content(), "{server:?} -> {client:?}: {} bytes, content differs", got.len());
 }
 
@@ -138,5 +159,58 @@ async fn stock_server_udpx_client() {
 /// refused transmit: see the README).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gso_refusal_costs_quinn_no_packet() {
-    check_with(Side::Udpx(Backend::Syscall), Side::Udpx(Backend::Syscall), true).await;
+    check_with(Side::Udpx(Backend::Syscall), Side::Udpx(Backend::Syscall), Trouble::RefuseGso).await;
+}
+
+#[cfg(feature = "fault-injection")]
+fn inject_cut_resend(s: &udpx_tokio::UdpxSocket) {
+    use udpx::Fault;
+    // The next GSO call fails with EIO; its plain re-send (one sendmsg per datagram) passes
+    // two calls (a Short fault changes nothing on a plain sendmsg) and then meets EAGAIN.
+    for f in [Fault::ErrnoOnGso(libc::EIO), Fault::Short(64), Fault::Short(64), Fault::Errno(libc::EAGAIN)] {
+        s.udpx().inject_fault(f);
+    }
+}
+
+#[cfg(not(feature = "fault-injection"))]
+fn inject_cut_resend(_: &udpx_tokio::UdpxSocket) {
+    unreachable!("the cut re-send test needs the fault-injection feature");
+}
+
+/// A GSO refusal whose plain re-send stops part-way: the datagrams that left are not sent
+/// again (quinn is told the transmit went) and the rest is queued and sent, not dropped.
+#[cfg(feature = "fault-injection")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cut_resend_is_neither_repeated_nor_dropped() {
+    check_with(Side::Udpx(Backend::Syscall), Side::Udpx(Backend::Syscall), Trouble::CutResend).await;
+}
+
+/// ECN: the codepoint quinn sets on its packets is on the wire (a udpx receiver reads it from
+/// IP_TOS).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quinn_ecn_marks_are_on_the_wire() {
+    let rx = udpx::UdpSocket::builder("127.0.0.1:0".parse().unwrap()).ecn(udpx::Want::Required).bind().unwrap();
+    rx.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let target = rx.local_addr();
+    let (mut client, _s) = make(Side::Udpx(Backend::Syscall), None);
+    client.set_default_client_config(client_config(&certs()));
+    // Nobody answers: the client's Initials are all the test needs.
+    let _connecting = client.connect(target, "localhost").unwrap();
+    let got = tokio::task::spawn_blocking(move || {
+        let mut buf = vec![0u8; 65536];
+        let mut bufs = [std::io::IoSliceMut::new(&mut buf)];
+        let mut meta = [udpx::RecvMeta::default()];
+        let n = rx.recv(&mut bufs, &mut meta).expect("an Initial");
+        (n, meta[0])
+    })
+    .await
+    .unwrap();
+    assert_eq!(got.0, 1);
+    assert_eq!(
+        got.1.ecn,
+        Some(udpx::EcnCodepoint::Ect0),
+        "quinn marks ECT(0) and udpx puts it on the wire: {:?}",
+        got.1
+    );
+    client.close(0u32.into(), b"");
 }
