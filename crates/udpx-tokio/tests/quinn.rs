@@ -214,3 +214,68 @@ async fn quinn_ecn_marks_are_on_the_wire() {
     );
     client.close(0u32.into(), b"");
 }
+
+/// A client that goes away mid-transfer (its port closed: the server's next packets draw ICMP
+/// port unreachable) must not stop a server endpoint whose payloads are 1200 bytes: the next
+/// client gets its whole download.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_icmp_error_and_small_payloads_leave_the_endpoint_serving() {
+    let c = certs();
+    let data = Arc::new(content());
+    let mut ecfg = quinn::EndpointConfig::default();
+    ecfg.max_udp_payload_size(1200).unwrap();
+    let addr: SocketAddr = "127.0.0.1:0".parse().unwrap();
+    let (server, ssock) = endpoint(addr, Backend::Syscall, ecfg, Some(server_config(&c))).unwrap();
+    let saddr = server.local_addr().unwrap();
+    let srv = server.clone();
+    let accept = tokio::spawn(async move {
+        while let Some(incoming) = srv.accept().await {
+            let data = data.clone();
+            tokio::spawn(async move {
+                let Ok(conn) = incoming.await else { return };
+                let Ok(mut s) = conn.open_uni().await else { return };
+                let _ = s.write_all(&data).await;
+                let _ = s.finish();
+                let _ = conn.closed().await;
+            });
+        }
+    });
+    // The first client reads a little, then vanishes without a word: its runtime is shut down
+    // before its drivers can send a close, then its socket is closed.
+    let cc = client_config(&c);
+    tokio::task::spawn_blocking(move || {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let kept = rt.block_on(async move {
+            let (mut gone, s) = make(Side::Udpx(Backend::Syscall), None);
+            gone.set_default_client_config(cc);
+            let conn = gone.connect(saddr, "localhost").unwrap().await.unwrap();
+            let mut r = conn.accept_uni().await.unwrap();
+            let mut buf = vec![0u8; 100_000];
+            r.read_exact(&mut buf).await.unwrap();
+            (gone, conn, r, s)
+        });
+        rt.shutdown_background();
+        drop(kept);
+    })
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The next one is served in full.
+    let (mut next, _s) = make(Side::Udpx(Backend::Syscall), None);
+    next.set_default_client_config(client_config(&c));
+    let conn = tokio::time::timeout(Duration::from_secs(10), async {
+        next.connect(saddr, "localhost").unwrap().await.expect("the endpoint still accepts")
+    })
+    .await
+    .unwrap();
+    let mut r = conn.accept_uni().await.unwrap();
+    let got = tokio::time::timeout(Duration::from_secs(30), r.read_to_end(LEN + 1)).await.unwrap().unwrap();
+    assert!(got == content(), "the second download differs");
+    conn.close(0u32.into(), b"done");
+    let c = ssock.udpx().counters();
+    eprintln!("server: {:?}; {c:?}", ssock.stats());
+    assert!(c.icmp_errors >= 1, "the vanished client's port answered with ICMP: {c:?}");
+    assert!(c.datagrams_sent > 0 && ssock.stats().send_errors == 0);
+    accept.abort();
+    server.close(0u32.into(), b"");
+}
