@@ -45,8 +45,9 @@ enum Role {
     /// of routing by connection ID against a 4-tuple hash, connections that survive a NAT
     /// rebinding, spread over hosts. Needs root, nft, tc.
     Lb(crate::lb::LbBenchArgs),
-    /// quinn on udpx against quinn on quinn-udp: a quinn server sends 1 GB to a quinn client on
-    /// loopback per row (quinn-udp, udpx system calls, udpx io_uring); server CPU per byte.
+    /// quinn on udpx against quinn on quinn-udp: a quinn server sends 1 GB to a quinn client per
+    /// row (quinn-udp, udpx system calls, udpx io_uring), over veth as root, else loopback;
+    /// server CPU per byte.
     Quic(QuicArgs),
 }
 
@@ -59,19 +60,29 @@ pub struct QuicArgs {
     /// Rounds, interleaved (every row once per round).
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=50))]
     rounds: u64,
+    /// On loopback even as root (as root the default is a veth pair between two namespaces,
+    /// as for `udpx bench`).
+    #[arg(long)]
+    loopback: bool,
     /// One JSON object instead of the table.
     #[arg(long)]
     json: bool,
 }
 
 fn quic(a: QuicArgs) -> ExitCode {
+    let veth = udpx_lab::netns::is_root() && !a.loopback;
+    if veth {
+        if let Err(e) = udpx_lab::netns::cleanup_on_signals() {
+            eprintln!("udpx bench quic: warning: no signal cleanup: {e}");
+        }
+    }
     let cpus = udpx_lab::cpu::online_cpus();
     let (server_cpu, client_cpu) = match cpus[..] {
         [c] => (c, c),
         [a, b, ..] => (b, a),
         [] => (0, 0),
     };
-    let cfg = udpx_quinn::QuicBenchConfig { size: a.size, rounds: a.rounds as usize, server_cpu, client_cpu };
+    let cfg = udpx_quinn::QuicBenchConfig { size: a.size, rounds: a.rounds as usize, server_cpu, client_cpu, veth };
     let res = udpx_quinn::run(&cfg, &mut |l| eprintln!("udpx bench quic: {l}"));
     crate::util::print_bench("bench quic", res, a.json, "quic_bench", udpx_quinn::QuicBench::to_markdown)
 }
