@@ -82,6 +82,8 @@ pub struct ServeCounters {
     pub quic: HostCounters,
     /// HTTP.
     pub http: HttpSnapshot,
+    /// The HTTPS-over-TCP listener's connections (`alt_svc_tcp`), if it runs.
+    pub tcp: Option<crate::tcp::TcpSnapshot>,
 }
 
 /// A running server.
@@ -148,7 +150,11 @@ impl H3Server {
 
     /// The counters so far (each shard publishes when it is about to wait).
     pub fn counters(&self) -> ServeCounters {
-        ServeCounters { quic: self.server.counters(), http: self.site.counters() }
+        ServeCounters {
+            quic: self.server.counters(),
+            http: self.site.counters(),
+            tcp: self.tcp.as_ref().map(TcpServer::counters),
+        }
     }
 
     /// Queues a send fault on shard `shard`'s socket (test builds, feature `fault-injection`).
@@ -161,7 +167,11 @@ impl H3Server {
     /// server is dropped: each shard's socket and QUIC counters, and the HTTP responses by
     /// status class (every listener's).
     pub fn serve_metrics(&self, addr: SocketAddr) -> std::io::Result<udpx_metrics::MetricsServer> {
-        let source = MetricsSource { probe: self.server.probe(), site: self.site.clone() };
+        let source = MetricsSource {
+            probe: self.server.probe(),
+            site: self.site.clone(),
+            tcp: self.tcp.as_ref().map(TcpServer::probe),
+        };
         udpx_metrics::MetricsServer::start(addr, Arc::new(source))
     }
 
@@ -177,11 +187,9 @@ impl H3Server {
 
     /// Stops and returns the final counters.
     pub fn stop(self) -> Result<ServeCounters, Error> {
-        if let Some(tcp) = self.tcp {
-            tcp.stop();
-        }
+        let tcp = self.tcp.map(TcpServer::stop);
         let quic = self.server.stop().map_err(Error::Quic)?;
-        Ok(ServeCounters { quic, http: self.site.counters() })
+        Ok(ServeCounters { quic, http: self.site.counters(), tcp })
     }
 }
 
@@ -189,6 +197,7 @@ impl H3Server {
 struct MetricsSource {
     probe: udpx_quic::ServerProbe,
     site: Arc<Site>,
+    tcp: Option<crate::tcp::TcpProbe>,
 }
 
 impl udpx_metrics::Source for MetricsSource {
@@ -233,7 +242,7 @@ impl udpx_metrics::Source for MetricsSource {
     fn global(&self) -> Vec<udpx_metrics::Extra> {
         let h = self.site.counters();
         let c = |name, help, value| udpx_metrics::Extra { name, help, value, gauge: false };
-        vec![
+        let mut out = vec![
             c("http_requests", "HTTP requests whose head arrived (every listener)", h.requests),
             c("http_responses_1xx", "Responses with a 1xx status", h.by_class[0]),
             c("http_responses_2xx", "Responses with a 2xx status (200, 206)", h.by_class[1]),
@@ -245,7 +254,15 @@ impl udpx_metrics::Source for MetricsSource {
             c("http_range_not_satisfiable", "416 responses", h.range_not_satisfiable),
             c("http_body_bytes", "Body bytes the transports took", h.body_bytes),
             c("http_incomplete", "Responses not sent whole (reset, stopped, connection gone)", h.incomplete),
-        ]
+        ];
+        if let Some(t) = self.tcp.as_ref().map(crate::tcp::TcpProbe::snapshot) {
+            out.extend([
+                c("tcp_connections", "HTTPS-over-TCP connections accepted (--alt-svc-tcp)", t.connections),
+                c("tcp_tls_failed", "HTTPS-over-TCP connections whose TLS handshake failed", t.tls_failed),
+                c("tcp_http2_connections", "HTTPS-over-TCP connections that chose HTTP/2", t.http2),
+            ]);
+        }
+        out
     }
 }
 

@@ -108,7 +108,28 @@ pub struct TcpSnapshot {
     pub http2: u64,
 }
 
+/// The listener's counters, readable from another thread (a metrics endpoint).
+#[derive(Debug, Clone)]
+pub struct TcpProbe(Arc<TcpCounters>);
+
+impl TcpProbe {
+    /// The counters now.
+    pub fn snapshot(&self) -> TcpSnapshot {
+        snapshot(&self.0)
+    }
+}
+
+fn snapshot(c: &TcpCounters) -> TcpSnapshot {
+    let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+    TcpSnapshot { connections: g(&c.connections), tls_failed: g(&c.tls_failed), http2: g(&c.http2) }
+}
+
 impl TcpServer {
+    /// A view of the counters for another thread.
+    pub fn probe(&self) -> TcpProbe {
+        TcpProbe(self.counters.clone())
+    }
+
     /// Listens on `listen` with the certificate chain and key in the PEM files `cert` and
     /// `key`, answering from `site`. Returns once the socket listens (the certificate is
     /// loaded by then, so the files may be removed).
@@ -156,9 +177,7 @@ impl TcpServer {
 
     /// The connection counters so far.
     pub fn counters(&self) -> TcpSnapshot {
-        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        let c = &self.counters;
-        TcpSnapshot { connections: g(&c.connections), tls_failed: g(&c.tls_failed), http2: g(&c.http2) }
+        snapshot(&self.counters)
     }
 
     /// Whether the listener's thread still runs.

@@ -188,10 +188,18 @@ fn curl_over_http2_and_http1() {
     assert_eq!(g.status, 200);
     assert!(g.body.starts_with(b"<!DOCTYPE html>"), "{:?}", String::from_utf8_lossy(&g.body));
 
+    // The metrics endpoint counts the TCP listener's connections too.
+    let m = s.server.serve_metrics("127.0.0.1:0".parse().unwrap()).unwrap();
+    let text = udpx_metrics::scrape(m.local_addr()).unwrap();
+    drop(m);
     let c = s.server.stop().unwrap();
     let h = &c.http;
     assert_eq!((h.partial, h.not_found, h.incomplete), (4, 2, 0), "{h:?}");
     assert_eq!(c.quic.connections, 0, "nothing came over QUIC: {c:?}");
+    let t = c.tcp.expect("the TCP listener's counters");
+    assert!(t.connections >= 2 && t.http2 >= 1, "{t:?}");
+    assert!(text.lines().any(|l| l == format!("tcp_connections_total {}", t.connections)), "{text}");
+    assert!(text.contains("tcp_http2_connections_total"), "{text}");
 }
 
 #[test]
