@@ -128,15 +128,6 @@ impl Server {
                 cfg.shards
             )));
         }
-        // A reuseport bind joins any group of the same user on the port without complaint;
-        // a plain bind first finds out whether somebody holds it.
-        if cfg.listen.port() != 0 {
-            match std::net::UdpSocket::bind(cfg.listen) {
-                Ok(s) => drop(s),
-                Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => return Err(Error::AddrInUse(cfg.listen)),
-                Err(e) => return Err(Error::Io(e)),
-            }
-        }
         if configs.len() != cfg.shards {
             return Err(Error::Config(format!("{} quiche configurations for {} shards", configs.len(), cfg.shards)));
         }

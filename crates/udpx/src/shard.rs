@@ -224,6 +224,10 @@ pub struct Shard {
 impl ShardGroup {
     /// Binds `n` sockets to `cfg.bind` with SO_REUSEPORT (all with `cfg`'s other settings) and
     /// attaches the steering program. With port 0 the first socket's port is used for all.
+    ///
+    /// A port somebody already holds is refused (`AddrInUse`), even when that somebody is a
+    /// reuseport group of the same user, which the kernel would let these sockets join
+    /// silently: the two groups would then split each other's datagrams.
     pub fn bind(cfg: SocketConfig, n: usize, steering: Steering) -> Result<ShardGroup, Error> {
         if n == 0 || n > MAX_SHARDS {
             return Err(Error::Config(format!(
@@ -237,6 +241,21 @@ impl ShardGroup {
                      give a byte index from 0 to {}",
                     MAX_CID_LEN - 1
                 )));
+            }
+        }
+        if cfg.bind.port() != 0 {
+            // A plain bind (no SO_REUSEPORT) finds out whether anybody holds the port.
+            if let Err(e) = std::net::UdpSocket::bind(cfg.bind) {
+                if e.kind() == std::io::ErrorKind::AddrInUse {
+                    return Err(Error::Io {
+                        op: format!(
+                            "bind a shard group to {}: the port is taken (joining another reuseport group \
+                             would split its datagrams); pick a free port or stop the other server",
+                            cfg.bind
+                        ),
+                        source: e,
+                    });
+                }
             }
         }
         let mut sockets = Vec::with_capacity(n);

@@ -118,3 +118,17 @@ fn bad_steering_is_refused() {
     let e = ShardGroup::bind(SocketConfig::new(lo4()), 70_000, Steering::Hash).unwrap_err();
     assert!(e.to_string().contains("at most 65535"), "{e}");
 }
+
+/// A port already held, even by another reuseport group of this user (which the kernel would
+/// let new sockets join), is refused instead of joined.
+#[test]
+fn a_taken_port_is_refused_not_joined() {
+    let first = ShardGroup::bind(SocketConfig::new(lo4()), 2, Steering::Hash).unwrap();
+    let taken = first.local_addr();
+    let e = ShardGroup::bind(SocketConfig::new(taken), 2, Steering::Hash).unwrap_err();
+    assert!(e.to_string().contains("the port is taken"), "{e}");
+    assert!(matches!(&e, udpx::Error::Io { source, .. } if source.kind() == std::io::ErrorKind::AddrInUse), "{e:?}");
+    let plain = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let e = ShardGroup::bind(SocketConfig::new(plain.local_addr().unwrap()), 1, Steering::Hash).unwrap_err();
+    assert!(e.to_string().contains("the port is taken"), "{e}");
+}
