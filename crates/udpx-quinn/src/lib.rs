@@ -9,6 +9,9 @@
 //! - `udpx io_uring`: the same on udpx's io_uring send backend (receive by `recvmmsg`; see
 //!   `udpx-tokio`).
 //!
+//! Every row's sockets ask for 4 MiB send and receive buffers (udpx-tokio's default; quinn-udp
+//! leaves the system default), so the rows differ in the datapath only.
+//!
 //! **What is counted.** The server runs on its own thread pinned to one CPU (a current-thread
 //! tokio runtime), the client on another; the server's cost is that CPU's busy time (user +
 //! system + irq + softirq, `/proc/stat`) from the client's connect to its last byte, so kernel
@@ -34,6 +37,9 @@ use udpx_lab::stats::{median_run, Spread};
 use udpx_tokio::quinn;
 use udpx_tokio::quinn::rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 use udpx_tokio::{tokio, Backend, UdpxSocket};
+
+/// Socket buffers of every row (udpx-tokio's default).
+const SOCKET_BUFFER: usize = 4 << 20;
 
 /// Which datapath a row runs quinn on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -260,10 +266,18 @@ fn endpoint(
 ) -> Result<(quinn::Endpoint, Option<Arc<UdpxSocket>>), String> {
     let backend = match path {
         Path::QuinnUdp => {
-            let ep = match server {
-                Some(s) => quinn::Endpoint::server(s, addr),
-                None => quinn::Endpoint::client(addr),
-            };
+            // quinn's own socket, with the socket buffers udpx's rows ask for (4 MiB), so the
+            // rows differ in the datapath only.
+            let sock = std::net::UdpSocket::bind(addr).map_err(|e| e.to_string())?;
+            let r = socket2::SockRef::from(&sock);
+            r.set_recv_buffer_size(SOCKET_BUFFER).map_err(|e| e.to_string())?;
+            r.set_send_buffer_size(SOCKET_BUFFER).map_err(|e| e.to_string())?;
+            let ep = quinn::Endpoint::new(
+                quinn::EndpointConfig::default(),
+                server,
+                sock,
+                Arc::new(quinn::TokioRuntime),
+            );
             return ep.map(|e| (e, None)).map_err(|e| e.to_string());
         }
         Path::UdpxSyscall => Backend::Syscall,
