@@ -272,12 +272,8 @@ fn endpoint(
             let r = socket2::SockRef::from(&sock);
             r.set_recv_buffer_size(SOCKET_BUFFER).map_err(|e| e.to_string())?;
             r.set_send_buffer_size(SOCKET_BUFFER).map_err(|e| e.to_string())?;
-            let ep = quinn::Endpoint::new(
-                quinn::EndpointConfig::default(),
-                server,
-                sock,
-                Arc::new(quinn::TokioRuntime),
-            );
+            let ep =
+                quinn::Endpoint::new(quinn::EndpointConfig::default(), server, sock, Arc::new(quinn::TokioRuntime));
             return ep.map(|e| (e, None)).map_err(|e| e.to_string());
         }
         Path::UdpxSyscall => Backend::Syscall,
