@@ -53,6 +53,15 @@ pub enum Path {
 }
 
 impl Path {
+    /// The server thread's name (at most 15 bytes, the kernel's limit).
+    fn thread_name(self) -> &'static str {
+        match self {
+            Path::QuinnUdp => "srv-quinn-udp",
+            Path::UdpxSyscall => "srv-udpx-sys",
+            Path::UdpxIoUring => "srv-udpx-uring",
+        }
+    }
+
     /// The row's label.
     pub fn label(self) -> &'static str {
         match self {
@@ -215,9 +224,12 @@ fn transfer(path: Path, cfg: &QuicBenchConfig, rate: TickRate, net: Option<&Test
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
         rt.block_on(serve(path, server_cfg, size, SocketAddr::new(server_ip, 0), addr_tx))
     };
+    // Named by row, so a profile of the server CPU tells the rows apart.
     let server = match net {
         Some(n) => n.ns(Side::Rx).spawn(server_job),
-        None => std::thread::spawn(server_job),
+        None => {
+            std::thread::Builder::new().name(path.thread_name().into()).spawn(server_job).map_err(|e| e.to_string())?
+        }
     };
     let addr: SocketAddr = addr_rx.recv_timeout(Duration::from_secs(10)).map_err(|_| "the server did not start")?;
     let client_cpu = cfg.client_cpu;
