@@ -49,8 +49,7 @@ const DEADLINE: Duration = Duration::from_secs(90);
 const GROUP_GONE: Duration = Duration::from_secs(30);
 
 fn chromium() -> Option<PathBuf> {
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    std::env::split_paths(&path).flat_map(|d| [d.join("chromium"), d.join("chromium-browser")]).find(|p| p.is_file())
+    udpx_lab::netns::find_in_path("chromium").or_else(|| udpx_lab::netns::find_in_path("chromium-browser"))
 }
 
 /// A certificate for 127.0.0.1 written as PEM into `dir`, and its SPKI pin.

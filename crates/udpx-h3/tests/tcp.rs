@@ -15,13 +15,12 @@ use std::time::{Duration, Instant};
 use common::{content, TempDir, BIG};
 use udpx_h3::tcp::TcpServer;
 use udpx_h3::{serve, H3Server, ServeConfig, Site, SiteOptions};
-use udpx_lab::netns::{record_skip, ChildGroup};
+use udpx_lab::netns::{find_in_path, record_skip, ChildGroup};
 
 const DEADLINE: Duration = Duration::from_secs(60);
 
 fn curl_path() -> Option<PathBuf> {
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    std::env::split_paths(&path).map(|d| d.join("curl")).find(|p| p.is_file())
+    find_in_path("curl")
 }
 
 /// What one curl run got.

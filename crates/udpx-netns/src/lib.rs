@@ -151,14 +151,16 @@ pub fn record_skip(what: &str, why: &str) {
 
 /// Whether an executable file named `program` is in one of the `PATH` directories.
 pub fn on_path(program: &str) -> bool {
+    find_in_path(program).is_some()
+}
+
+/// The executable file named `program` in the first `PATH` directory that has one.
+pub fn find_in_path(program: &str) -> Option<std::path::PathBuf> {
     use std::os::unix::fs::PermissionsExt;
-    let Some(path) = std::env::var_os("PATH") else {
-        return false;
-    };
-    std::env::split_paths(&path).any(|dir| {
-        let candidate = Path::new(&dir).join(program);
-        candidate.metadata().is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-    })
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|dir| Path::new(&dir).join(program))
+        .find(|candidate| candidate.metadata().is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0))
 }
 
 #[cfg(test)]

@@ -67,11 +67,8 @@ impl Programs {
     }
 }
 
-/// `program` in a directory of `PATH`.
-pub fn find_in_path(program: &str) -> Option<PathBuf> {
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path).map(|d| d.join(program)).find(|p| p.is_file())
-}
+/// `program` in a directory of `PATH` (the lab's lookup).
+pub use udpx_lab::netns::find_in_path;
 
 /// Bench settings.
 #[derive(Debug, Clone, Serialize)]
