@@ -357,13 +357,9 @@ impl Lab {
         let cfg = Balancer::new(VIP, PORT, hosts, self.balancer_cfg.mode())
             .map_err(|e| Error::InvalidConfig { why: format!("lab balancer: {e}") })?;
         self.load_nft(&self.balancer, "balancer-without.nft", &cfg.ruleset())?;
-        for cmd in cfg.route_commands() {
-            // The rules of the first load are still there (`ip rule add` again would only
-            // duplicate them): set the routes.
-            if cmd.get(1).map(String::as_str) == Some("route") {
-                let args: Vec<&str> = cmd.iter().map(String::as_str).collect();
-                self.balancer.exec(&args)?;
-            }
+        for cmd in cfg.route_replacements() {
+            let args: Vec<&str> = cmd.iter().map(String::as_str).collect();
+            self.balancer.exec(&args)?;
         }
         self.balancer_cfg = cfg;
         Ok(())

@@ -347,36 +347,33 @@ impl Balancer {
         s
     }
 
-    /// [`Balancer::routes`] as argument lists for `ip` (without the program name).
+    /// [`Balancer::routes`] as argument lists for `ip` (without the program name): per host,
+    /// the `ip rule` of its mark, then its route.
     pub fn route_commands(&self) -> Vec<Vec<String>> {
-        if self.mode == Mode::Dnat {
-            return Vec::new();
-        }
-        let mut cmds = Vec::new();
-        for (i, h) in self.hosts.iter().enumerate() {
-            let mark = Balancer::mark(i);
-            let table = (TABLE_BASE + mark).to_string();
-            cmds.push(vec![
-                "ip".into(),
-                "rule".into(),
-                "add".into(),
-                "fwmark".into(),
-                mark.to_string(),
-                "table".into(),
-                table.clone(),
-            ]);
-            cmds.push(vec![
-                "ip".into(),
-                "route".into(),
-                "replace".into(),
-                format!("{}/32", self.vip),
-                "via".into(),
-                h.next_hop.to_string(),
-                "table".into(),
-                table,
-            ]);
-        }
-        cmds
+        self.marks().flat_map(|(mark, h)| [self.rule_command(mark), self.route_command(mark, h)]).collect()
+    }
+
+    /// The `ip route replace` lines alone: what re-points the marks after the host list changed
+    /// (the `ip rule`s of the first load stay; adding them again would only duplicate them).
+    pub fn route_replacements(&self) -> Vec<Vec<String>> {
+        self.marks().map(|(mark, h)| self.route_command(mark, h)).collect()
+    }
+
+    /// (mark, host) in order; none in DNAT mode (no policy routing).
+    fn marks(&self) -> impl Iterator<Item = (u32, &Host)> {
+        let stateless = self.mode != Mode::Dnat;
+        self.hosts.iter().enumerate().filter(move |_| stateless).map(|(i, h)| (Balancer::mark(i), h))
+    }
+
+    fn rule_command(&self, mark: u32) -> Vec<String> {
+        let table = (TABLE_BASE + mark).to_string();
+        ["ip", "rule", "add", "fwmark", &mark.to_string(), "table", &table].map(String::from).to_vec()
+    }
+
+    fn route_command(&self, mark: u32, h: &Host) -> Vec<String> {
+        let table = (TABLE_BASE + mark).to_string();
+        let (vip, hop) = (format!("{}/32", self.vip), h.next_hop.to_string());
+        ["ip", "route", "replace", &vip, "via", &hop, "table", &table].map(String::from).to_vec()
     }
 }
 
