@@ -8,10 +8,10 @@
 //! ## Thread model
 //! quinn calls [`AsyncUdpSocket::try_send`] and [`AsyncUdpSocket::poll_recv`] from whichever
 //! runtime worker runs its endpoint and connection drivers, lending its bytes for the one call
-//! only. The socket is non-blocking; readiness comes from tokio's `AsyncFd`; nothing here
-//! waits on a runtime thread (the library's send returns a cursor instead of waiting). The send
-//! state (udpx's send scratch, with the io_uring ring when that backend is on) sits behind a
-//! mutex, so one thread at a time submits to a ring.
+//! only. The socket is non-blocking; readiness comes from tokio's reactor; nothing here waits
+//! on a runtime thread (the library's send returns a cursor instead of waiting). Each ring
+//! sits behind a mutex with the state it serves, so one thread at a time submits to it (the
+//! rings are not set up single-issuer: tokio moves tasks between workers).
 //!
 //! ## What quinn is spared
 //! - A GSO refusal costs no packet: udpx re-sends the batch plain (and keeps ECN) before the
@@ -27,9 +27,18 @@
 //!
 //! ## Backends
 //! [`Backend::Syscall`]: `sendmsg` with `UDP_SEGMENT`, `recvmmsg` with GRO.
-//! [`Backend::IoUring`]: sends as io_uring SENDMSG entries (udpx's io_uring send backend);
-//! receives still by `recvmmsg` with tokio readiness in this version. Where io_uring is
+//! [`Backend::IoUring`]: sends as io_uring SENDMSG entries (udpx's io_uring send backend, one
+//! `io_uring_enter` per transmit, completed before `try_send` returns: quinn's bytes are not
+//! kept, so not copied), receives by a multishot RECVMSG over a ring of provided buffers
+//! ([`udpx::uring::UringReceiver`]) whose eventfd tokio waits on. The kernel fills the ring's
+//! buffers; quinn lends its own only for one `poll_recv`, so each datagram is copied from the
+//! ring into quinn's buffer ([`AdapterStats::bytes_copied`] counts it). Where io_uring is
 //! unavailable the socket stays on system calls and says why ([`UdpxSocket::backend_note`]).
+//!
+//! The ring's completions are posted by the thread that armed its receive (io_uring task
+//! work): a runtime worker. If that thread exits, the kernel cancels the receive and the next
+//! `poll_recv` arms it again. Dropping the socket cancels the receive and waits for its end
+//! before the ring's buffers are freed.
 //!
 //! What does not carry over from udpx: zerocopy (quinn's `Transmit` borrows its bytes for one
 //! call; zerocopy needs the buffer until the kernel is done) and departure times (quinn paces
@@ -49,7 +58,10 @@ use quinn::{AsyncUdpSocket, UdpPoller};
 use std::os::fd::AsFd;
 
 use tokio::io::Interest;
-use udpx::{EcnCodepoint, SendBuffers, SendCursor, SendErrorKind, SendMode, Transmit, UdpSocket, Want};
+use udpx::uring::{UringReceiver, UringRecvStats};
+use udpx::{
+    EcnCodepoint, RecvMeta, SendBuffers, SendCursor, SendError, SendErrorKind, SendMode, Transmit, UdpSocket, Want,
+};
 
 /// The quinn and tokio this crate is built on, for code above it (a tool crate names no
 /// runtime of its own).
@@ -58,13 +70,16 @@ pub use tokio;
 
 /// Messages one receive call takes at most (udpx's `recvmmsg` batch).
 const RECV_BATCH: usize = 64;
+/// Buffers in an io_uring receive ring, each room for a GRO buffer (64 KiB): 8 MiB a socket.
+const RING_BUFFERS: u16 = 128;
 
 /// Which send path the socket uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Backend {
     /// System calls (`sendmsg` with GSO, `recvmmsg` with GRO).
     Syscall,
-    /// io_uring for sends where available (system calls otherwise, the reason recorded).
+    /// io_uring for sends and receives where available (system calls otherwise, the reason
+    /// recorded).
     IoUring,
 }
 
@@ -84,6 +99,12 @@ pub struct AdapterStats {
     pub would_block: u64,
     /// Receive errors counted and not returned (quinn's endpoint would stop on them).
     pub recv_errors: u64,
+    /// Bytes copied from the io_uring receive ring into the caller's buffers (0 on system
+    /// calls, which receive straight into them).
+    pub bytes_copied: u64,
+    /// The io_uring receive's own counts (empty-ring ends, re-arms, waits); zero on system
+    /// calls.
+    pub ring: UringRecvStats,
 }
 
 #[derive(Debug, Default)]
@@ -93,6 +114,7 @@ struct Counters {
     remainders_queued: AtomicU64,
     would_block: AtomicU64,
     recv_errors: AtomicU64,
+    bytes_copied: AtomicU64,
 }
 
 /// The rest of a transmit the socket stopped taking part-way: its bytes (copied) and where
@@ -123,15 +145,24 @@ struct SendState {
     remainder: Option<Remainder>,
 }
 
+/// The io_uring receive: the ring (behind a lock: one thread at a time reaps it) and its
+/// eventfd, registered with tokio's reactor.
+struct RingRecv {
+    rx: Mutex<UringReceiver<Arc<UdpSocket>>>,
+    ready: tokio::net::unix::pipe::Receiver,
+}
+
 /// A udpx socket a tokio task can await; quinn's [`AsyncUdpSocket`].
 ///
 /// Readiness comes from a tokio socket on a duplicate of the descriptor (the same socket, so
-/// the same readiness; no `unsafe` registration), every datagram through the udpx socket.
+/// the same readiness; no `unsafe` registration), every datagram through the udpx socket; on
+/// the io_uring backend, receive readiness from the ring's eventfd.
 pub struct UdpxSocket {
-    sock: UdpSocket,
+    sock: Arc<UdpSocket>,
     io: tokio::net::UdpSocket,
     send: Mutex<SendState>,
-    recv_metas: Mutex<Vec<udpx::RecvMeta>>,
+    ring: Option<RingRecv>,
+    recv_metas: Mutex<Vec<RecvMeta>>,
     counters: Counters,
     gro: bool,
     max_segments: usize,
@@ -167,20 +198,25 @@ impl UdpxSocket {
     pub fn from_udpx(sock: UdpSocket) -> io::Result<UdpxSocket> {
         sock.set_nonblocking(true)?;
         let caps = sock.capabilities();
-        let backend_note = match (caps.io_uring, &caps.io_uring_off_reason) {
-            (true, _) => "io_uring sends, recvmmsg receives".to_string(),
-            (false, Some(why)) => format!("system calls: {why}"),
-            (false, None) => "system calls".to_string(),
-        };
         let max_segments = if caps.gso { caps.gso_max_segments.max(1) } else { 1 };
         let dup = std::net::UdpSocket::from(sock.as_fd().try_clone_to_owned()?);
         dup.set_nonblocking(true)?;
         let io = tokio::net::UdpSocket::from_std(dup)?;
+        let sock = Arc::new(sock);
+        let (ring, backend_note) = match (caps.io_uring, &caps.io_uring_off_reason) {
+            (true, _) => match RingRecv::new(&sock) {
+                Ok(r) => (Some(r), "io_uring sends and receives".to_string()),
+                Err(e) => (None, format!("io_uring sends, recvmmsg receives: {e}")),
+            },
+            (false, Some(why)) => (None, format!("system calls: {why}")),
+            (false, None) => (None, "system calls".to_string()),
+        };
         Ok(UdpxSocket {
             sock,
             io,
             send: Mutex::new(SendState { bufs: SendBuffers::new(), remainder: None }),
-            recv_metas: Mutex::new(vec![udpx::RecvMeta::default(); RECV_BATCH]),
+            ring,
+            recv_metas: Mutex::new(vec![RecvMeta::default(); RECV_BATCH]),
             counters: Counters::default(),
             gro: caps.gro,
             max_segments,
@@ -207,7 +243,152 @@ impl UdpxSocket {
             remainders_queued: c.remainders_queued.load(Relaxed),
             would_block: c.would_block.load(Relaxed),
             recv_errors: c.recv_errors.load(Relaxed),
+            bytes_copied: c.bytes_copied.load(Relaxed),
+            ring: self.ring.as_ref().map(|r| lock(&r.rx).stats()).unwrap_or_default(),
         }
+    }
+
+    /// Whether receives go through the io_uring ring.
+    pub fn receives_by_ring(&self) -> bool {
+        self.ring.is_some()
+    }
+
+    /// Sends `transmits` in order, waiting (asynchronously) for room when the socket is full;
+    /// nothing is sent twice or dropped on the way (udpx's cursor). An error says how far it
+    /// got ([`SendError::sent`]). ENOBUFS (a full device queue) is retried after a short
+    /// sleep, at most [`udpx::ENOBUFS_RETRIES`] times in a row.
+    pub async fn send(&self, transmits: &[Transmit<'_>]) -> Result<usize, SendError> {
+        let mut cursor = SendCursor::default();
+        let mut enobufs = 0u32;
+        loop {
+            // The send itself inside tokio's readiness loop: its WouldBlock clears the
+            // writability it was tried on, and the next edge wakes this task.
+            let tried = self
+                .io
+                .async_io(Interest::WRITABLE, || {
+                    let mut st = lock(&self.send);
+                    // Whatever a quinn transmit left queued goes first.
+                    if !self.drain(&mut st) {
+                        return Err(io::ErrorKind::WouldBlock.into());
+                    }
+                    match self.udpx().try_send(&mut st.bufs, transmits, cursor) {
+                        Ok(n) => Ok(Ok(n)),
+                        Err(e) => {
+                            if e.cursor() != cursor {
+                                enobufs = 0; // progress since the last stop
+                            }
+                            cursor = e.cursor();
+                            match e.kind {
+                                SendErrorKind::WouldBlock => Err(io::ErrorKind::WouldBlock.into()),
+                                _ => Ok(Err(e)),
+                            }
+                        }
+                    }
+                })
+                .await;
+            match tried {
+                Ok(Ok(n)) => return Ok(n),
+                Ok(Err(e)) if matches!(e.kind, SendErrorKind::NoBuffers) && enobufs < udpx::ENOBUFS_RETRIES => {
+                    // A full device queue raises no writability edge: back off and retry.
+                    tokio::time::sleep(std::time::Duration::from_micros(50 << enobufs.min(8))).await;
+                    enobufs += 1;
+                }
+                Ok(Err(e)) => return Err(e),
+                Err(e) => {
+                    return Err(SendError {
+                        sent: cursor.transmit,
+                        partial_segments: cursor.segment,
+                        kind: SendErrorKind::Io(e),
+                    })
+                }
+            }
+        }
+    }
+
+    /// Receives at least one datagram (waiting for it) into `bufs`, its metadata in `meta`, as
+    /// [`UdpSocket::recv`] does: GRO buffers whole, with `stride`. Receive errors are returned
+    /// here (unlike quinn's path, which counts them).
+    pub async fn recv(&self, bufs: &mut [IoSliceMut<'_>], meta: &mut [RecvMeta]) -> io::Result<usize> {
+        std::future::poll_fn(|cx| self.poll_recv_udpx(cx, bufs, meta, false)).await
+    }
+
+    /// One receive: a batch from the ring, or a `recvmmsg`. With `count_errors`, receive
+    /// errors (an ICMP error, a bad datagram) are counted and the next datagram read instead.
+    fn poll_recv_udpx(
+        &self,
+        cx: &mut Context<'_>,
+        bufs: &mut [IoSliceMut<'_>],
+        meta: &mut [RecvMeta],
+        count_errors: bool,
+    ) -> Poll<io::Result<usize>> {
+        let n = bufs.len().min(meta.len());
+        if self.gro {
+            if let Some(b) = bufs[..n].iter().find(|b| b.len() < udpx::GRO_BUFFER) {
+                return Poll::Ready(Err(
+                    udpx::Error::RecvBufferTooSmall { len: b.len(), need: udpx::GRO_BUFFER }.into()
+                ));
+            }
+        }
+        loop {
+            let got = match &self.ring {
+                Some(r) => match self.reap(r, &mut bufs[..n], &mut meta[..n]) {
+                    // Nothing in the ring (reaping it costs no system call): wait on the
+                    // eventfd. A completion posted since it was last read leaves it readable:
+                    // read it and reap again; otherwise the read clears the readiness, and
+                    // the next completion wakes this task.
+                    Ok(0) => {
+                        match r.ready.try_read(&mut [0u8; 8]) {
+                            Ok(_) => {}
+                            Err(e) if e.kind() == io::ErrorKind::WouldBlock => ready!(r.ready.poll_read_ready(cx))?,
+                            Err(e) => return Poll::Ready(Err(e)),
+                        }
+                        continue;
+                    }
+                    got => got,
+                },
+                None => {
+                    ready!(self.io.poll_recv_ready(cx))?;
+                    // try_io clears the readiness when the call says WouldBlock.
+                    match self.io.try_io(Interest::READABLE, || match self.sock.recv(&mut bufs[..n], &mut meta[..n]) {
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => Err(e),
+                        other => Ok(other),
+                    }) {
+                        Ok(got) => got,
+                        Err(_would_block) => continue,
+                    }
+                }
+            };
+            match got {
+                Ok(k) => return Poll::Ready(Ok(k)),
+                // Buffers sized too small for a GRO buffer: a configuration error, said.
+                Err(e) if e.kind() == io::ErrorKind::InvalidInput => return Poll::Ready(Err(e)),
+                Err(e) if count_errors => {
+                    // One bad datagram or someone else's ICMP error must not stop quinn's
+                    // endpoint: counted, and the next one read.
+                    log::debug!("udpx-tokio: receive error (counted, not returned): {e}");
+                    self.counters.recv_errors.fetch_add(1, Relaxed);
+                }
+                Err(e) => return Poll::Ready(Err(e)),
+            }
+        }
+    }
+
+    /// Copies what the ring holds (whole buffers, at most one per destination) into `bufs`.
+    fn reap(&self, r: &RingRecv, bufs: &mut [IoSliceMut<'_>], meta: &mut [RecvMeta]) -> io::Result<usize> {
+        let mut rx = lock(&r.rx);
+        let (mut k, mut copied) = (0, 0u64);
+        rx.recv_buffers(None, bufs.len(), |m, payload| {
+            // Ring buffers hold at most a GRO buffer, and `bufs` were checked to hold one
+            // (a GRO socket), or hold what a datagram may be cut to, as recvmsg cuts it.
+            let dst = &mut bufs[k];
+            let len = payload.len().min(dst.len());
+            dst[..len].copy_from_slice(&payload[..len]);
+            meta[k] = RecvMeta { len, truncated: m.truncated || len < payload.len(), ..*m };
+            copied += len as u64;
+            k += 1;
+        })?;
+        self.counters.bytes_copied.fetch_add(copied, Relaxed);
+        Ok(k)
     }
 
     /// Sends what is left of a cut transmit. `Ok(true)`: nothing is left; `Ok(false)`: the
@@ -238,6 +419,27 @@ impl UdpxSocket {
     }
 }
 
+impl RingRecv {
+    fn new(sock: &Arc<UdpSocket>) -> Result<RingRecv, udpx::Error> {
+        let mut rx = UringReceiver::new(sock.clone(), RING_BUFFERS, udpx::GRO_BUFFER)?;
+        let efd = rx.eventfd().map_err(|e| udpx::Error::Io { op: "io_uring eventfd".into(), source: e })?;
+        // Armed here so the eventfd has something to say before the first poll.
+        rx.arm().map_err(|e| udpx::Error::Io { op: "arm the io_uring receive".into(), source: e })?;
+        // Watched as tokio watches a pipe's reading end: epoll readiness, and read(2) of 8
+        // bytes (the eventfd's counter) or EAGAIN, which clears the readiness. (tokio's
+        // AsyncFd would need `unsafe` here; the pipe type takes an owned descriptor.)
+        let ready = tokio::net::unix::pipe::Receiver::from_owned_fd_unchecked(efd)
+            .map_err(|e| udpx::Error::Io { op: "register the eventfd".into(), source: e })?;
+        Ok(RingRecv { rx: Mutex::new(rx), ready })
+    }
+}
+
+/// A lock that a panic elsewhere does not poison for good (the state stays consistent: every
+/// change under it is a whole assignment).
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 fn to_udpx_ecn(e: QuinnEcn) -> EcnCodepoint {
     match e {
         QuinnEcn::Ect0 => EcnCodepoint::Ect0,
@@ -260,7 +462,7 @@ impl AsyncUdpSocket for UdpxSocket {
     }
 
     fn try_send(&self, t: &QuinnTransmit<'_>) -> io::Result<()> {
-        let mut st = self.send.lock().unwrap_or_else(|e| e.into_inner());
+        let mut st = lock(&self.send);
         if !self.drain(&mut st) {
             return Err(self.would_block());
         }
@@ -309,38 +511,19 @@ impl AsyncUdpSocket for UdpxSocket {
         bufs: &mut [IoSliceMut<'_>],
         meta: &mut [QuinnMeta],
     ) -> Poll<io::Result<usize>> {
-        let mut metas = self.recv_metas.lock().unwrap_or_else(|e| e.into_inner());
+        let mut metas = lock(&self.recv_metas);
         let n = bufs.len().min(meta.len()).min(metas.len());
-        loop {
-            ready!(self.io.poll_recv_ready(cx))?;
-            // try_io clears the readiness when the call says WouldBlock.
-            match self.io.try_io(Interest::READABLE, || match self.sock.recv(&mut bufs[..n], &mut metas[..n]) {
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => Err(e),
-                other => Ok(other),
-            }) {
-                Ok(Ok(k)) => {
-                    for (q, m) in meta.iter_mut().zip(metas.iter()).take(k) {
-                        *q = QuinnMeta {
-                            addr: m.addr,
-                            len: m.len,
-                            stride: if m.stride == 0 { m.len } else { m.stride },
-                            ecn: m.ecn.map(to_quinn_ecn),
-                            dst_ip: m.dst_ip,
-                        };
-                    }
-                    return Poll::Ready(Ok(k));
-                }
-                // Buffers quinn sized too small for a GRO buffer: a configuration error, said.
-                Ok(Err(e)) if e.kind() == io::ErrorKind::InvalidInput => return Poll::Ready(Err(e)),
-                Ok(Err(e)) => {
-                    // One bad datagram or someone else's ICMP error must not stop the
-                    // endpoint: counted, and the next one read.
-                    log::debug!("udpx-tokio: receive error (counted, not returned): {e}");
-                    self.counters.recv_errors.fetch_add(1, Relaxed);
-                }
-                Err(_would_block) => {}
-            }
+        let k = ready!(self.poll_recv_udpx(cx, &mut bufs[..n], &mut metas[..n], true))?;
+        for (q, m) in meta.iter_mut().zip(metas.iter()).take(k) {
+            *q = QuinnMeta {
+                addr: m.addr,
+                len: m.len,
+                stride: if m.stride == 0 { m.len } else { m.stride },
+                ecn: m.ecn.map(to_quinn_ecn),
+                dst_ip: m.dst_ip,
+            };
         }
+        Poll::Ready(Ok(k))
     }
 
     fn local_addr(&self) -> io::Result<SocketAddr> {
@@ -386,7 +569,7 @@ impl UdpPoller for Poller {
             // A remainder that still cannot leave clears the readiness (try_io): wait for the
             // next writability edge.
             let drained = s.io.try_io(Interest::WRITABLE, || {
-                let mut st = s.send.lock().unwrap_or_else(|e| e.into_inner());
+                let mut st = lock(&s.send);
                 if s.drain(&mut st) {
                     Ok(())
                 } else {

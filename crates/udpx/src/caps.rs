@@ -94,9 +94,13 @@ pub struct KernelCaps {
 }
 
 /// Whether sends can go through io_uring in this process: `Ok`, or why not (an old kernel,
-/// `kernel.io_uring_disabled`, a seccomp filter, a build without the `io-uring` feature).
-/// Probed once, by making a ring and asking it for `IORING_OP_SENDMSG`.
+/// `kernel.io_uring_disabled`, a seccomp filter, a build without the `io-uring` feature, or
+/// the operator's `UDPX_IO_URING=off` in the environment). Probed once, by making a ring and
+/// asking it for `IORING_OP_SENDMSG`.
 pub fn io_uring_available() -> Result<(), String> {
+    if std::env::var_os("UDPX_IO_URING").is_some_and(|v| v == "off") {
+        return Err("io_uring switched off (UDPX_IO_URING=off in the environment)".to_owned());
+    }
     #[cfg(feature = "io-uring")]
     return sys::uring::available();
     #[cfg(not(feature = "io-uring"))]

@@ -1,7 +1,7 @@
 //! Receive through io_uring: one multishot `IORING_OP_RECVMSG` over a ring of provided
 //! buffers, so a busy socket is read with no system call per batch at all (the kernel fills
 //! buffers as datagrams arrive; [`UringReceiver::recv`] reaps what is there, and enters the
-//! kernel only to wait or to re-arm). First step of the io_uring backend: the metadata is the
+//! kernel only to wait or to re-arm). The metadata is the
 //! same [`RecvMeta`] as the system-call path (GRO segment size, ECN, pktinfo, the drop
 //! counter, truncation), parsed from the same control messages.
 //!
@@ -14,11 +14,18 @@
 //!
 //! Each buffer holds the kernel's 16-byte header, a 128-byte name, the control space and the
 //! payload; buffers go back to the ring at the next call, so a datagram's bytes are valid only
-//! inside the callback. Not yet: a caller-chosen thread model for async runtimes, and the
-//! receive half of the echo server and bench.
+//! inside the callback.
+//!
+//! - An ICMP error pending on the socket ends the receive as it fails a `recvmsg`: the error
+//!   queue is read (as the system-call path does) and the receive armed again.
+//! - For an event loop: [`UringReceiver::eventfd`] is signalled for each completion, and
+//!   [`UringReceiver::recv_buffers`] hands over whole GRO buffers, a bounded number per call.
+//!   [`UringReceiver::new`] takes the socket by any owner (an `Arc`), so both can live in one
+//!   struct (udpx-tokio's socket does this).
 
 use std::io;
-use std::os::fd::AsRawFd;
+use std::ops::Deref;
+use std::os::fd::{AsRawFd, OwnedFd};
 
 use crate::error::Error;
 use crate::recv::RecvMeta;
@@ -38,21 +45,36 @@ pub struct UringRecvStats {
     pub rearms: u64,
     /// Calls that entered the kernel to wait.
     pub waits: u64,
+    /// Receives ended by an ICMP error about an earlier datagram (the error queue was read,
+    /// as the system-call path does, and the receive armed again).
+    pub icmp_errors: u64,
 }
 
 /// A multishot io_uring receive on one socket; see the module docs.
+///
+/// It holds the socket through `S`: a reference ([`UdpSocket::uring_receiver`]) or an owner
+/// such as an `Arc` ([`UringReceiver::new`]), for code that keeps both in one place.
 #[derive(Debug)]
-pub struct UringReceiver<'s> {
-    socket: &'s UdpSocket,
+pub struct UringReceiver<S: Deref<Target = UdpSocket>> {
+    socket: S,
     ring: RecvRing,
     stats: UringRecvStats,
     started: bool,
+    /// An error the receive ended with after datagrams were delivered: returned next call.
+    error: Option<io::Error>,
 }
 
 impl UdpSocket {
     /// A multishot io_uring receiver on this socket with `buffers` buffers (a power of two,
     /// at most 32,768) of `size` payload bytes each ([`crate::GRO_BUFFER`] for a GRO socket).
-    pub fn uring_receiver(&self, buffers: u16, size: usize) -> Result<UringReceiver<'_>, Error> {
+    pub fn uring_receiver(&self, buffers: u16, size: usize) -> Result<UringReceiver<&UdpSocket>, Error> {
+        UringReceiver::new(self, buffers, size)
+    }
+}
+
+impl<S: Deref<Target = UdpSocket>> UringReceiver<S> {
+    /// A multishot io_uring receiver on `socket`; see [`UdpSocket::uring_receiver`].
+    pub fn new(socket: S, buffers: u16, size: usize) -> Result<UringReceiver<S>, Error> {
         if !buffers.is_power_of_two() || buffers > 32_768 {
             return Err(Error::Config(format!("{buffers} io_uring receive buffers: give a power of two up to 32768")));
         }
@@ -64,15 +86,18 @@ impl UdpSocket {
         }
         crate::caps::io_uring_available()
             .map_err(|why| Error::Unsupported { feature: crate::Feature::IoUring, why })?;
-        let ring = RecvRing::new(self.as_raw_fd(), buffers, size).map_err(|e| Error::Unsupported {
+        let ring = RecvRing::new(socket.as_raw_fd(), buffers, size).map_err(|e| Error::Unsupported {
             feature: crate::Feature::IoUring,
             why: format!("io_uring receive: {e}"),
         })?;
-        Ok(UringReceiver { socket: self, ring, stats: UringRecvStats::default(), started: false })
+        Ok(UringReceiver { socket, ring, stats: UringRecvStats::default(), started: false, error: None })
     }
-}
 
-impl UringReceiver<'_> {
+    /// The socket it receives on.
+    pub fn socket(&self) -> &UdpSocket {
+        &self.socket
+    }
+
     /// Calls `f` for every datagram that arrived (a GRO buffer's datagrams one by one, each
     /// with the buffer's metadata). With `wait`, when nothing is there, waits at most that long
     /// for something (one `io_uring_enter`); without, never enters the kernel unless the
@@ -82,13 +107,73 @@ impl UringReceiver<'_> {
         wait: Option<std::time::Duration>,
         mut f: impl FnMut(&RecvMeta, &[u8]),
     ) -> io::Result<usize> {
-        let fallback = self.socket.peer_addr().unwrap_or(self.socket.local_addr());
-        let gro = self.socket.caps.gro;
+        let mut n = 0;
+        self.reap(wait, usize::MAX, |meta, payload| {
+            for d in meta.segments(payload) {
+                let one = RecvMeta { len: d.len(), stride: d.len(), ..*meta };
+                f(&one, d);
+                n += 1;
+            }
+        })?;
+        Ok(n)
+    }
+
+    /// Calls `f` for each buffer that arrived, at most `max` of them, whole: a GRO buffer is
+    /// one call whose metadata has the segment size in `stride`, as [`UdpSocket::recv`] gives
+    /// it (the rest stay queued for the next call). `wait` as for [`UringReceiver::recv`].
+    /// Returns the buffers delivered. For a caller that copies them into buffers of its own.
+    pub fn recv_buffers(
+        &mut self,
+        wait: Option<std::time::Duration>,
+        max: usize,
+        f: impl FnMut(&RecvMeta, &[u8]),
+    ) -> io::Result<usize> {
+        self.reap(wait, max, f)
+    }
+
+    /// Arms the receive now (it is armed at the first receive otherwise): the kernel starts
+    /// filling buffers, and an [`UringReceiver::eventfd`] is signalled, before anyone reaps.
+    pub fn arm(&mut self) -> io::Result<()> {
+        self.reap(None, 0, |_, _| {}).map(|_| ())
+    }
+
+    /// An eventfd the kernel signals whenever a completion is posted, for an event loop to
+    /// wait on instead of [`UringReceiver::recv`]'s `wait`. Read it (8 bytes, non-blocking)
+    /// before each reap, and reap until nothing is left, so that no completion goes unnoticed.
+    /// Completions are posted by the thread that armed the receive (io_uring task work), so
+    /// that thread must keep running; if it exits, the receive is cancelled and armed again
+    /// at the next reap.
+    pub fn eventfd(&mut self) -> io::Result<OwnedFd> {
+        self.ring.register_eventfd()
+    }
+
+    fn reap(
+        &mut self,
+        wait: Option<std::time::Duration>,
+        max: usize,
+        mut f: impl FnMut(&RecvMeta, &[u8]),
+    ) -> io::Result<usize> {
+        if let Some(e) = self.error.take() {
+            return Err(e);
+        }
+        let sock = &*self.socket;
+        let fallback = sock.peer_addr().unwrap_or(sock.local_addr());
+        let gro = sock.caps.gro;
         let (mut dgrams, mut bytes, mut bufs, mut gro_bufs, mut trunc, mut empty) =
             (0u64, 0u64, 0u64, 0u64, 0u64, 0u64);
+        let (mut icmp, mut error) = (0u64, None);
         let was_armed = self.started;
-        let n = self.ring.reap(wait, |ev| match ev {
+        let n = self.ring.reap(wait, max, |ev| match ev {
             RecvEvent::NoBuffers => empty += 1,
+            RecvEvent::Error(errno) => {
+                // An ICMP error about an earlier datagram, pending on an unconnected socket
+                // with IP_RECVERR: read the error queue (counted there), go on receiving.
+                if sock.caps.recv_err && sock.peer.is_none() && crate::icmp::is_icmp_errno(errno) {
+                    icmp += 1;
+                } else if error.is_none() {
+                    error = Some(io::Error::from_raw_os_error(errno));
+                }
+            }
             RecvEvent::Datagram { raw, payload } => {
                 let meta = RecvMeta::from_raw(&raw, fallback, gro);
                 bufs += 1;
@@ -96,13 +181,13 @@ impl UringReceiver<'_> {
                 trunc += u64::from(meta.truncated);
                 let segs = meta.segment_count() as u64;
                 gro_bufs += u64::from(segs > 1);
-                for d in meta.segments(payload) {
-                    dgrams += 1;
-                    let one = RecvMeta { len: d.len(), stride: d.len(), ..meta };
-                    f(&one, d);
-                }
+                dgrams += segs;
+                f(&meta, payload);
             }
         })?;
+        if icmp > 0 {
+            sock.drain_error_queue(None, None, &mut |_| {})?;
+        }
         if was_armed && n > 0 && !self.ring.is_armed() {
             self.stats.rearms += 1;
         }
@@ -110,14 +195,22 @@ impl UringReceiver<'_> {
         self.stats.completions += n as u64;
         self.stats.datagrams += dgrams;
         self.stats.no_buffers += empty;
+        self.stats.icmp_errors += icmp;
         self.stats.waits += u64::from(wait.is_some());
-        let c = &self.socket.counters;
+        let c = &sock.counters;
         c.add(&c.messages_received, bufs);
         c.add(&c.datagrams_received, dgrams);
         c.add(&c.bytes_received, bytes);
         c.add(&c.gro_buffers_received, gro_bufs);
         c.add(&c.truncated, trunc);
-        Ok(dgrams as usize)
+        match error {
+            Some(e) if bufs == 0 => Err(e),
+            Some(e) => {
+                self.error = Some(e);
+                Ok(bufs as usize)
+            }
+            None => Ok(bufs as usize),
+        }
     }
 
     /// What it counted so far.

@@ -92,7 +92,11 @@ fn off_is_off_and_the_reason_is_reported() {
 }
 
 /// Receives through `r` until `expect` datagrams or `limit`.
-fn drain(r: &mut udpx::uring::UringReceiver<'_>, expect: usize, limit: Duration) -> Vec<(udpx::RecvMeta, Vec<u8>)> {
+fn drain(
+    r: &mut udpx::uring::UringReceiver<&UdpSocket>,
+    expect: usize,
+    limit: Duration,
+) -> Vec<(udpx::RecvMeta, Vec<u8>)> {
     let start = std::time::Instant::now();
     let mut got = Vec::new();
     while got.len() < expect && start.elapsed() < limit {
@@ -205,4 +209,82 @@ fn a_wait_with_nothing_coming_ends_at_its_timeout() {
     let t = std::time::Instant::now();
     assert_eq!(r.recv(Some(Duration::from_millis(50)), |_, _| {}).unwrap(), 0);
     assert!(t.elapsed() < Duration::from_secs(5), "returned: {:?}", t.elapsed());
+}
+
+/// Reads the eventfd until it says something (true) or `limit` passes (false).
+fn signalled(efd: &mut std::fs::File, limit: Duration) -> bool {
+    use std::io::Read;
+    let start = std::time::Instant::now();
+    while start.elapsed() < limit {
+        if efd.read(&mut [0u8; 8]).is_ok() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    false
+}
+
+/// For an event loop: the eventfd is signalled when datagrams arrive, `recv_buffers` hands
+/// over whole GRO buffers (segment size in `stride`) and no more than asked for, the rest
+/// staying queued.
+#[test]
+fn whole_buffers_a_bounded_number_at_a_time_after_an_eventfd() {
+    if !uring_usable("whole_buffers_a_bounded_number_at_a_time_after_an_eventfd") {
+        return;
+    }
+    let rx = UdpSocket::builder(lo4()).gro(Want::Required).recv_buffer(16 << 20).bind().unwrap();
+    let tx = UdpSocket::builder(lo4()).send_mode(SendMode::GsoSendmsg).bind().unwrap();
+    let mut r = rx.uring_receiver(16, udpx::GRO_BUFFER).unwrap();
+    let mut efd = std::fs::File::from(r.eventfd().unwrap());
+    r.arm().unwrap();
+    assert!(!signalled(&mut efd, Duration::from_millis(20)), "nothing arrived, nothing said");
+    // Three GSO transmits of 10 x 1200 bytes: on loopback each arrives as one GRO buffer.
+    let data: Vec<Vec<u8>> = (0..3u32).map(|i| payload(i, 12_000)).collect();
+    for d in &data {
+        let t = udpx::Transmit { segment_size: Some(1200), ..udpx::Transmit::new(rx.local_addr(), d) };
+        tx.send(&[t]).unwrap();
+    }
+    assert!(signalled(&mut efd, Duration::from_secs(2)), "the eventfd said so");
+    let mut got: Vec<(udpx::RecvMeta, Vec<u8>)> = Vec::new();
+    let start = std::time::Instant::now();
+    while got.len() < 3 && start.elapsed() < Duration::from_secs(2) {
+        let before = got.len();
+        let n = r.recv_buffers(None, 2, |m, d| got.push((*m, d.to_vec()))).unwrap();
+        assert!(n <= 2 && got.len() - before == n, "at most 2 a call: {n}");
+    }
+    assert_eq!(got.len(), 3);
+    for ((m, d), sent) in got.iter().zip(&data) {
+        assert_eq!((m.len, m.stride), (12_000, 1200), "a whole GRO buffer: {m:?}");
+        assert_eq!(d, sent);
+    }
+    assert_eq!(r.stats().datagrams, 30);
+    assert_eq!(rx.counters().gro_buffers_received, 3);
+}
+
+/// An ICMP error about an earlier datagram ends a receive as it fails `recvmsg`: the receiver
+/// reads the error queue, counts it, arms again, and the next datagram arrives.
+#[test]
+fn an_icmp_error_ends_the_receive_and_receiving_goes_on() {
+    if !uring_usable("an_icmp_error_ends_the_receive_and_receiving_goes_on") {
+        return;
+    }
+    let rx = UdpSocket::builder(lo4()).bind().unwrap();
+    if !rx.capabilities().recv_err {
+        skip("an_icmp_error_ends_the_receive_and_receiving_goes_on", "IP_RECVERR not set on this socket");
+        return;
+    }
+    let tx = UdpSocket::bind(lo4()).unwrap();
+    let mut r = rx.uring_receiver(4, 1500).unwrap();
+    r.arm().unwrap();
+    // A closed port on loopback: the kernel answers with ICMP port unreachable.
+    let gone = UdpSocket::bind(lo4()).unwrap().local_addr();
+    rx.send(&[udpx::Transmit::new(gone, b"anyone?")]).unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    let after = payload(7, 300);
+    tx.send(&[udpx::Transmit::new(rx.local_addr(), &after)]).unwrap();
+    let got = drain(&mut r, 1, Duration::from_secs(2));
+    assert_eq!(got.len(), 1, "the datagram after the error arrived: {:?}", r.stats());
+    assert_eq!(got[0].1, after);
+    assert_eq!(r.stats().icmp_errors, 1, "{:?}", r.stats());
+    assert!(rx.counters().icmp_errors >= 1, "the error queue was read: {:?}", rx.counters());
 }

@@ -338,6 +338,9 @@ pub(crate) enum RecvEvent<'a> {
     /// The buffer ring ran empty: the kernel dropped nothing yet, but the receive stopped
     /// (ENOBUFS); it is re-armed once buffers are back.
     NoBuffers,
+    /// The receive ended with this error (errno), as `recvmsg` would have returned it (an ICMP
+    /// error pending on the socket, say); it is re-armed at the next reap.
+    Error(i32),
 }
 
 /// A multishot `IORING_OP_RECVMSG` over a ring of provided buffers, on one socket.
@@ -365,6 +368,8 @@ pub(crate) struct RecvRing {
     fd: RawFd,
     /// Buffers handed to the caller in the current `reap` and not yet returned.
     pending: Vec<u16>,
+    /// The completions of the current reap (collected first: the queue borrows the ring).
+    cqes: Vec<(u64, i32, u32)>,
 }
 
 // SAFETY: the raw pointers point into memory this struct owns (PageMem) and into the boxed
@@ -427,6 +432,7 @@ impl RecvRing {
             armed: false,
             fd,
             pending: Vec::with_capacity(usize::from(count)),
+            cqes: Vec::with_capacity(usize::from(count)),
         };
         // SAFETY: `entries` is page-aligned memory for `count` entries, owned by `r` and kept
         // until Drop, which unregisters the group before freeing it.
@@ -486,12 +492,30 @@ impl RecvRing {
         Ok(())
     }
 
+    /// An eventfd the kernel signals for every completion this ring posts, for an event loop
+    /// to wait on (its counter says nothing more: reap to see what came). Read it before
+    /// reaping, so a completion posted after the reap signals it again.
+    pub(crate) fn register_eventfd(&mut self) -> io::Result<std::os::fd::OwnedFd> {
+        use std::os::fd::{AsRawFd, FromRawFd};
+        // SAFETY: eventfd(2) takes no pointers; a non-negative result is a new descriptor
+        // that nothing else owns.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `fd` was just created and is owned by no one else.
+        let owned = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
+        self.ring.submitter().register_eventfd(owned.as_raw_fd())?;
+        Ok(owned)
+    }
+
     /// Hands back the buffers of the last reap and makes sure the receive is armed; then, with
-    /// `wait`, waits at most that long for a completion; then calls `f` for every completion.
-    /// Returns how many completions there were.
+    /// `wait`, waits at most that long for a completion; then calls `f` for at most `max`
+    /// completions (the rest stay queued for the next reap). Returns how many there were.
     pub(crate) fn reap(
         &mut self,
         wait: Option<std::time::Duration>,
+        max: usize,
         mut f: impl FnMut(RecvEvent<'_>),
     ) -> io::Result<usize> {
         if !self.pending.is_empty() {
@@ -522,10 +546,12 @@ impl RecvRing {
             }
         }
         let mut n = 0;
-        // Collected first: the completion queue borrows the ring.
-        let cqes: Vec<(u64, i32, u32)> =
-            self.ring.completion().map(|c| (c.user_data(), c.result(), c.flags())).collect();
-        for (ud, res, flags) in cqes {
+        // Collected first: the completion queue borrows the ring. Those past `max` stay in
+        // the queue (its head moves only past the ones taken).
+        let mut cqes = std::mem::take(&mut self.cqes);
+        cqes.clear();
+        cqes.extend(self.ring.completion().take(max).map(|c| (c.user_data(), c.result(), c.flags())));
+        for &(ud, res, flags) in &cqes {
             if ud != RECV_ARM {
                 continue;
             }
@@ -533,12 +559,18 @@ impl RecvRing {
             if !io_uring::cqueue::more(flags) {
                 self.armed = false; // ended (error, or the kernel's choice): re-armed next time
             }
-            if res == -libc::ENOBUFS {
-                f(RecvEvent::NoBuffers);
-                continue;
-            }
-            if res < 0 {
-                return Err(io::Error::from_raw_os_error(-res));
+            match res {
+                r if r == -libc::ENOBUFS => {
+                    f(RecvEvent::NoBuffers);
+                    continue;
+                }
+                // Cancelled (the thread that armed it exited, say): armed again next time.
+                r if r == -libc::ECANCELED => continue,
+                r if r < 0 => {
+                    f(RecvEvent::Error(-r));
+                    continue;
+                }
+                _ => {}
             }
             let Some(bid) = io_uring::cqueue::buffer_select(flags) else { continue };
             if bid >= self.count {
@@ -584,6 +616,7 @@ impl RecvRing {
             }
             f(RecvEvent::Datagram { raw, payload: out.payload_data() });
         }
+        self.cqes = cqes;
         Ok(n)
     }
 }
