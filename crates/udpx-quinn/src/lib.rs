@@ -6,8 +6,8 @@
 //!
 //! - `quinn-udp`: quinn as shipped (its own `quinn-udp` socket),
 //! - `udpx syscalls`: quinn on [`udpx_tokio::UdpxSocket`], system-call backend,
-//! - `udpx io_uring`: the same on udpx's io_uring send backend (receive by `recvmmsg`; see
-//!   `udpx-tokio`).
+//! - `udpx io_uring`: the same on udpx's io_uring backend (sends as SENDMSG entries, receives
+//!   by a multishot RECVMSG into a ring of buffers, copied into quinn's; see `udpx-tokio`).
 //!
 //! Every row's sockets ask for 4 MiB send and receive buffers (udpx-tokio's default; quinn-udp
 //! leaves the system default), so the rows differ in the datapath only.
@@ -17,8 +17,11 @@
 //! system + irq + softirq, `/proc/stat`) from the client's connect to its last byte, so kernel
 //! work the server's sends cause on its CPU counts (on loopback that includes delivering its
 //! packets to the client's socket), as do io_uring's, which `getrusage` would miss. Per row:
-//! CPU-seconds per GB, throughput, the server's datagrams per send call (udpx's counters;
-//! quinn-udp does not count them) and quinn's lost packets.
+//! CPU-seconds per GB, throughput, the server's datagrams per send call and per receive call
+//! (udpx's counters; quinn-udp does not count them; the ring makes no receive calls), quinn's
+//! lost packets, the share of the client's datagrams that arrived ECN-marked, and the bytes
+//! the client copied out of its io_uring ring per byte received (quinn lends its buffers for
+//! one call only).
 //!
 //! **Targets** ([`QuicBench::checks`]): each udpx row no costlier per byte than quinn-udp
 //! (`<= 1.0`); 0.90x is the issue's goal for io_uring, reported whatever it is.
@@ -111,6 +114,12 @@ pub struct Run {
     pub datagrams_per_recv: Option<f64>,
     /// What the server's socket said of its backend (udpx rows).
     pub backend: Option<String>,
+    /// Share of the datagrams the client received that carried an ECN mark (udpx rows: the
+    /// client's adapter counts them).
+    pub ecn_marked: Option<f64>,
+    /// Bytes the client copied from its io_uring receive ring per byte received (0 on system
+    /// calls; udpx rows).
+    pub copied_per_byte: Option<f64>,
 }
 
 /// A row: its runs and their medians.
@@ -234,7 +243,7 @@ fn transfer(path: Path, cfg: &QuicBenchConfig, rate: TickRate, net: Option<&Test
     let addr: SocketAddr = addr_rx.recv_timeout(Duration::from_secs(10)).map_err(|_| "the server did not start")?;
     let client_cpu = cfg.client_cpu;
     let before = CpuSample::now().map_err(|e| e.to_string())?;
-    let client_job = move || -> Result<(u64, Duration), String> {
+    let client_job = move || -> Result<Fetched, String> {
         pin_current_thread(client_cpu).map_err(|e| e.to_string())?;
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
         rt.block_on(fetch(path, client_cfg, SocketAddr::new(client_ip, 0), addr))
@@ -246,7 +255,7 @@ fn transfer(path: Path, cfg: &QuicBenchConfig, rate: TickRate, net: Option<&Test
     let got = client.join().map_err(|_| "the client panicked")?;
     let after = CpuSample::now().map_err(|e| e.to_string())?;
     let out = server.join().map_err(|_| "the server panicked")??;
-    let (bytes, took) = got?;
+    let Fetched { bytes, took, client } = got?;
     if bytes != size {
         return Err(format!("the client got {bytes} of {size} bytes"));
     }
@@ -260,9 +269,22 @@ fn transfer(path: Path, cfg: &QuicBenchConfig, rate: TickRate, net: Option<&Test
         mbit_per_s: size as f64 * 8.0 / took.as_secs_f64() / 1e6,
         lost_packets: out.lost,
         datagrams_per_send: out.counters.map(|c| c.datagrams_sent as f64 / c.send_calls.max(1) as f64),
-        datagrams_per_recv: out.counters.map(|c| c.datagrams_received as f64 / c.recv_calls.max(1) as f64),
+        // The ring makes no receive calls: nothing to divide by.
+        datagrams_per_recv: out
+            .counters
+            .filter(|c| c.recv_calls > 0)
+            .map(|c| c.datagrams_received as f64 / c.recv_calls as f64),
         backend: out.backend,
+        ecn_marked: client.map(|(st, c)| st.ecn_marked as f64 / c.datagrams_received.max(1) as f64),
+        copied_per_byte: client.map(|(st, c)| st.bytes_copied as f64 / c.bytes_received.max(1) as f64),
     })
+}
+
+/// What the client got: bytes, time, and (udpx rows) its adapter's and socket's counters.
+struct Fetched {
+    bytes: u64,
+    took: Duration,
+    client: Option<(udpx_tokio::AdapterStats, udpx::CounterSnapshot)>,
 }
 
 struct ServerOut {
@@ -326,13 +348,8 @@ async fn serve(
     })
 }
 
-async fn fetch(
-    path: Path,
-    cfg: quinn::ClientConfig,
-    bind: SocketAddr,
-    addr: SocketAddr,
-) -> Result<(u64, Duration), String> {
-    let (mut ep, _sock) = endpoint(path, bind, None)?;
+async fn fetch(path: Path, cfg: quinn::ClientConfig, bind: SocketAddr, addr: SocketAddr) -> Result<Fetched, String> {
+    let (mut ep, sock) = endpoint(path, bind, None)?;
     ep.set_default_client_config(cfg);
     let start = Instant::now();
     let conn = ep.connect(addr, "localhost").map_err(|e| e.to_string())?.await.map_err(|e| e.to_string())?;
@@ -350,7 +367,8 @@ async fn fetch(
     let took = start.elapsed();
     conn.close(0u32.into(), b"done");
     ep.wait_idle().await;
-    Ok((got, took))
+    let client = sock.map(|s| (s.stats(), s.udpx().counters()));
+    Ok(Fetched { bytes: got, took, client })
 }
 
 impl QuicBench {
@@ -371,16 +389,17 @@ impl QuicBench {
             self.config.rounds
         );
         s.push_str(&format!(
-            "{:<16} {:>9} {:>5} {:>8} {:>5} {:>9} {:>9} {:>6} {:>8}  backend\n",
-            "datapath", "CPU-s/GB", "±", "Mbit/s", "±", "dg/send", "dg/recv", "lost", "vs udp"
+            "{:<16} {:>9} {:>5} {:>8} {:>5} {:>8} {:>8} {:>6} {:>5} {:>6} {:>8}  backend\n",
+            "datapath", "CPU-s/GB", "±", "Mbit/s", "±", "dg/send", "dg/recv", "lost", "ECN", "copied", "vs udp"
         ));
         let base = self.rows.first().map(|r| r.cost.median).unwrap_or(f64::NAN);
         for r in &self.rows {
             let costs: Vec<f64> = r.runs.iter().flatten().map(|x| x.cpu_s_per_gb).collect();
             let m = median_run(&costs).and_then(|i| r.runs.iter().flatten().nth(i));
             let f = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.1}"));
+            let pct = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{:.0}%", v * 100.0));
             s.push_str(&format!(
-                "{:<16} {:>9.3} {:>5} {:>8.0} {:>5} {:>9} {:>9} {:>6} {:>7.2}x  {}\n",
+                "{:<16} {:>9.3} {:>5} {:>8.0} {:>5} {:>8} {:>8} {:>6} {:>5} {:>6} {:>7.2}x  {}\n",
                 r.path.label(),
                 r.cost.median,
                 udpx_lab::judge::pm(r.cost.median, r.cost.min, r.cost.max),
@@ -389,10 +408,17 @@ impl QuicBench {
                 f(m.and_then(|x| x.datagrams_per_send)),
                 f(m.and_then(|x| x.datagrams_per_recv)),
                 m.map_or("-".into(), |x| x.lost_packets.to_string()),
+                pct(m.and_then(|x| x.ecn_marked)),
+                pct(m.and_then(|x| x.copied_per_byte)),
                 r.cost.median / base,
                 m.and_then(|x| x.backend.clone()).unwrap_or_else(|| "quinn-udp".into()),
             ));
         }
+        s.push_str(
+            "(dg/send, dg/recv: the server socket's datagrams per call, '-' where uncounted or, on the ring, no \
+             receive calls; ECN: share of the client's datagrams that arrived ECN-marked; copied: bytes the \
+             client copied out of its io_uring ring per byte received)\n",
+        );
         s.push_str(&checks_text(&self.checks));
         s.push_str("```\n\n");
         s.push_str(&verdict_rule(self.config.rounds));

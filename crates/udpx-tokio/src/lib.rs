@@ -102,6 +102,9 @@ pub struct AdapterStats {
     /// Bytes copied from the io_uring receive ring into the caller's buffers (0 on system
     /// calls, which receive straight into them).
     pub bytes_copied: u64,
+    /// Datagrams received carrying an ECN codepoint (ECT(0), ECT(1) or CE): whether the
+    /// peer's marks arrive, for a bench to report.
+    pub ecn_marked: u64,
     /// The io_uring receive's own counts (empty-ring ends, re-arms, waits); zero on system
     /// calls.
     pub ring: UringRecvStats,
@@ -115,6 +118,7 @@ struct Counters {
     would_block: AtomicU64,
     recv_errors: AtomicU64,
     bytes_copied: AtomicU64,
+    ecn_marked: AtomicU64,
 }
 
 /// The rest of a transmit the socket stopped taking part-way: its bytes (copied) and where
@@ -244,6 +248,7 @@ impl UdpxSocket {
             would_block: c.would_block.load(Relaxed),
             recv_errors: c.recv_errors.load(Relaxed),
             bytes_copied: c.bytes_copied.load(Relaxed),
+            ecn_marked: c.ecn_marked.load(Relaxed),
             ring: self.ring.as_ref().map(|r| lock(&r.rx).stats()).unwrap_or_default(),
         }
     }
@@ -359,7 +364,13 @@ impl UdpxSocket {
                 }
             };
             match got {
-                Ok(k) => return Poll::Ready(Ok(k)),
+                Ok(k) => {
+                    let marked: usize = meta[..k].iter().filter(|m| m.ecn.is_some()).map(|m| m.segment_count()).sum();
+                    if marked > 0 {
+                        self.counters.ecn_marked.fetch_add(marked as u64, Relaxed);
+                    }
+                    return Poll::Ready(Ok(k));
+                }
                 // Buffers sized too small for a GRO buffer: a configuration error, said.
                 Err(e) if e.kind() == io::ErrorKind::InvalidInput => return Poll::Ready(Err(e)),
                 Err(e) if count_errors => {

@@ -119,6 +119,7 @@ async fn ecn_marks_reach_quinn(backend: Backend, test: &str) {
     }
     use quinn::udp::EcnCodepoint as Q;
     assert_eq!(seen, vec![Some(Q::Ect0), Some(Q::Ect1), Some(Q::Ce), None], "{}", rx.backend_note());
+    assert_eq!(rx.stats().ecn_marked, 3, "the marked ones counted");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
