@@ -260,8 +260,9 @@ impl UdpxSocket {
 
     /// Sends `transmits` in order, waiting (asynchronously) for room when the socket is full;
     /// nothing is sent twice or dropped on the way (udpx's cursor). An error says how far it
-    /// got ([`SendError::sent`]). ENOBUFS (a full device queue) is retried after a short
-    /// sleep, at most [`udpx::ENOBUFS_RETRIES`] times in a row.
+    /// got ([`SendError::sent`]). ENOBUFS (a full device queue) is retried after
+    /// [`udpx::enobufs_backoff`], at most [`udpx::ENOBUFS_RETRIES`] times in a row, as the
+    /// library's blocking send does.
     pub async fn send(&self, transmits: &[Transmit<'_>]) -> Result<usize, SendError> {
         let mut cursor = SendCursor::default();
         let mut enobufs = 0u32;
@@ -295,7 +296,7 @@ impl UdpxSocket {
                 Ok(Ok(n)) => return Ok(n),
                 Ok(Err(e)) if matches!(e.kind, SendErrorKind::NoBuffers) && enobufs < udpx::ENOBUFS_RETRIES => {
                     // A full device queue raises no writability edge: back off and retry.
-                    tokio::time::sleep(std::time::Duration::from_micros(50 << enobufs.min(8))).await;
+                    tokio::time::sleep(udpx::enobufs_backoff(enobufs)).await;
                     enobufs += 1;
                 }
                 Ok(Err(e)) => return Err(e),
@@ -327,6 +328,7 @@ impl UdpxSocket {
         count_errors: bool,
     ) -> Poll<io::Result<usize>> {
         let n = bufs.len().min(meta.len());
+        // Refused before any wait (`UdpSocket::recv` would say so only once a datagram came).
         if self.gro {
             if let Some(b) = bufs[..n].iter().find(|b| b.len() < udpx::GRO_BUFFER) {
                 return Poll::Ready(Err(

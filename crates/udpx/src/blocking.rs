@@ -28,6 +28,13 @@ pub const ENOBUFS_RETRIES: u32 = 12;
 /// How long [`UdpSocket::send`] waits for buffer space to finish a transmit it has started.
 pub const FINISH_WAIT: Duration = Duration::from_secs(2);
 
+/// The pause before the `retry`-th retry (from 0) after ENOBUFS: 50 us, doubling, at most
+/// 10 ms. A full device queue raises no writability edge, so a waiter sleeps this long; an
+/// async caller (udpx-tokio) sleeps it on its timer.
+pub fn enobufs_backoff(retry: u32) -> Duration {
+    Duration::from_micros(50 << retry.min(8)).min(Duration::from_millis(10))
+}
+
 impl UdpSocket {
     /// Sends `transmits` in order, as many per system call as the send mode allows, waiting
     /// where [`UdpSocket::try_send`] would return (see the module docs).
@@ -72,7 +79,7 @@ impl UdpSocket {
                 }
                 SendErrorKind::NoBuffers if enobufs < ENOBUFS_RETRIES => {
                     self.counters.add(&self.counters.enobufs_retries, 1);
-                    std::thread::sleep(Duration::from_micros(50 << enobufs.min(8)).min(Duration::from_millis(10)));
+                    std::thread::sleep(enobufs_backoff(enobufs));
                     enobufs += 1;
                 }
                 _ => return Err(e),

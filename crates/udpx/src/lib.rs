@@ -69,7 +69,7 @@ pub mod uring;
 mod zc_send;
 pub mod zerocopy;
 
-pub use blocking::{ENOBUFS_RETRIES, FINISH_WAIT};
+pub use blocking::{enobufs_backoff, ENOBUFS_RETRIES, FINISH_WAIT};
 pub use caps::{Capabilities, Feature, KernelCaps, Want};
 pub use counters::CounterSnapshot;
 pub use error::{Error, InvalidTransmit, SendError, SendErrorKind};

@@ -93,11 +93,6 @@ impl<S: Deref<Target = UdpSocket>> UringReceiver<S> {
         Ok(UringReceiver { socket, ring, stats: UringRecvStats::default(), started: false, error: None })
     }
 
-    /// The socket it receives on.
-    pub fn socket(&self) -> &UdpSocket {
-        &self.socket
-    }
-
     /// Calls `f` for every datagram that arrived (a GRO buffer's datagrams one by one, each
     /// with the buffer's metadata). With `wait`, when nothing is there, waits at most that long
     /// for something (one `io_uring_enter`); without, never enters the kernel unless the
