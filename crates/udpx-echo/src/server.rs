@@ -19,6 +19,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
+use udpx::uring::{QueueError, UringShardConfig};
 use udpx::{
     RecvBuffers, RecvMode, SendError, SendErrorKind, SendMode, ShardGroup, SocketConfig, Steering, Transmit, UdpSocket,
     Want,
@@ -577,10 +578,10 @@ fn serve_shard(sock: &UdpSocket, cfg: &ServeConfig, limit: Option<&RateLimit>, s
     }
 }
 
-/// A shard through io_uring: a multishot receive (no system call while requests keep
-/// arriving; one `io_uring_enter` to wait when none are there), replies copied out of the
-/// ring's buffers (they go back to the kernel at the next reap) and sent through the socket's
-/// io_uring send path, with the same retry and drop rules as the system-call shard.
+/// A shard through io_uring ([`udpx::uring::UringShard`]): requests from a multishot receive,
+/// replies copied into the ring's send slots and submitted by the same `io_uring_enter` that
+/// waits for the next requests; the shard's retry and drop rules are the library's (counted
+/// here as the system-call shard counts its own).
 fn serve_shard_uring(
     sock: &UdpSocket,
     cfg: &ServeConfig,
@@ -588,23 +589,29 @@ fn serve_shard_uring(
     stop: &AtomicBool,
     c: &ShardCounters,
 ) {
-    let mut r = match sock.uring_receiver(64, 2048) {
-        Ok(r) => {
+    let shard_cfg = UringShardConfig { recv_buffers: 64, recv_size: 2048, send_slots: 256, send_size: 2048 };
+    let mut shard = match sock.uring_shard(shard_cfg) {
+        Ok(s) => {
             c.io_uring.store(1, Relaxed);
-            r
+            s
         }
         Err(e) => {
-            log::warn!("udpx echo: io_uring receive unavailable ({e}); serving with system calls");
+            log::warn!("udpx echo: io_uring unavailable ({e}); serving with system calls");
             return serve_shard(sock, cfg, limit, stop, c);
         }
     };
-    // Replies: their bytes in one reused buffer, (destination, source, range) beside them.
-    let mut store: Vec<u8> = Vec::with_capacity(64 * 2048);
-    let mut meta: Vec<(SocketAddr, Option<IpAddr>, std::ops::Range<usize>)> = Vec::with_capacity(256);
+    // Replies that found no slot: one reply per request and one request per free slot are
+    // delivered, so none should.
+    let mut unqueued = 0u64;
+    let publish = |st: &udpx::uring::UringShardStats, unqueued: u64| {
+        c.replies.store(st.sent, Relaxed);
+        c.send_retries.store(st.would_block + st.enobufs_retries + st.icmp_retries, Relaxed);
+        c.dropped_too_large.store(st.dropped_too_large, Relaxed);
+        c.dropped_send_error.store(st.dropped_no_buffers + st.dropped_error + unqueued, Relaxed);
+    };
     while !stop.load(Relaxed) {
-        store.clear();
-        meta.clear();
-        let res = r.recv(Some(Duration::from_millis(100)), |m, data| {
+        let mut requests = 0u64;
+        let res = shard.turn(Some(Duration::from_millis(100)), |m, data, replies| {
             if m.truncated || !proto::is_request(data) {
                 c.malformed.fetch_add(1, Relaxed);
                 return;
@@ -615,25 +622,35 @@ fn serve_shard_uring(
                     return;
                 }
             }
-            let at = store.len();
-            store.extend_from_slice(data);
-            proto::make_reply(&mut store[at..]);
-            meta.push((m.addr, m.dst_ip, at..store.len()));
+            requests += 1;
+            let mut reply = [0u8; 2048];
+            let reply = &mut reply[..data.len()];
+            reply.copy_from_slice(data);
+            proto::make_reply(reply);
+            let t = Transmit { src_ip: m.dst_ip, ..Transmit::new(m.addr, reply) };
+            match replies.queue(&t) {
+                Ok(()) => {}
+                Err(QueueError::Invalid(_)) => {
+                    c.dropped_invalid.fetch_add(1, Relaxed);
+                }
+                Err(e) => {
+                    log::warn!("udpx echo: reply not queued: {e}");
+                    unqueued += 1;
+                }
+            }
         });
         if res.is_err() {
             continue;
         }
-        if meta.is_empty() {
-            continue;
+        if requests > 0 {
+            c.recv_calls.fetch_add(1, Relaxed);
+            c.requests.fetch_add(requests, Relaxed);
         }
-        c.recv_calls.fetch_add(1, Relaxed);
-        c.requests.fetch_add(meta.len() as u64, Relaxed);
-        let mut replies: Vec<Transmit<'_>> = meta
-            .iter()
-            .map(|(to, src, range)| Transmit { src_ip: *src, ..Transmit::new(*to, &store[range.clone()]) })
-            .collect();
-        send_and_count(sock, &mut replies, c);
+        publish(&shard.stats(), unqueued);
     }
+    // Replies already accepted go out before the shard ends.
+    let _ = shard.flush(Duration::from_secs(1));
+    publish(&shard.stats(), unqueued);
 }
 
 /// Sends a shard's replies (waiting for writability where the socket is full) and counts

@@ -66,6 +66,8 @@ pub mod transmit;
 pub mod txtime;
 #[cfg(feature = "io-uring")]
 pub mod uring;
+#[cfg(feature = "io-uring")]
+mod uring_shard;
 mod zc_send;
 pub mod zerocopy;
 

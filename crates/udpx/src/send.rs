@@ -219,7 +219,7 @@ impl UdpSocket {
     /// What to add to the transmits' `CLOCK_MONOTONIC` departures to put them on the socket's
     /// `SO_TXTIME` clock: read once per send call, and only when the socket's clock is not
     /// `CLOCK_MONOTONIC` and some transmit carries a departure (see [`crate::txtime`]).
-    fn txtime_offset(&self, transmits: &[Transmit<'_>]) -> i64 {
+    pub(crate) fn txtime_offset(&self, transmits: &[Transmit<'_>]) -> i64 {
         let c = &self.caps;
         if c.txtime && c.txtime_clock != TxClock::Monotonic && transmits.iter().any(|t| t.departure.is_some()) {
             c.txtime_clock.offset_from_monotonic_ns()
@@ -246,15 +246,7 @@ impl UdpSocket {
         let max_segs = self.caps.max_segments().max(1);
         while out.len() < cap && cur.transmit < transmits.len() {
             let t = &transmits[cur.transmit];
-            let base = OutMsg {
-                dst: t.destination,
-                to_peer: self.peer == Some(t.destination),
-                payload: t.contents,
-                segment_size: None,
-                src_ip: t.src_ip,
-                ecn: t.ecn.map(|e| e as u8),
-                txtime: t.departure.map(|d| TxClock::convert(d.as_nanos(), txtime_offset)),
-            };
+            let base = self.out_msg(t, txtime_offset);
             let total = t.segments();
             let per_msg = if plain_t != Some(cur.transmit) && self.caps.gso_for(&t.destination) { max_segs } else { 1 };
             while out.len() < cap && cur.segment < total {
@@ -269,6 +261,20 @@ impl UdpSocket {
                 }
                 cur.segment += n;
             }
+        }
+    }
+
+    /// The message for the whole of transmit `t` (no segment size: the planner adds it),
+    /// departures shifted by `txtime_offset` onto the socket's clock.
+    pub(crate) fn out_msg<'a>(&self, t: &Transmit<'a>, txtime_offset: i64) -> OutMsg<'a> {
+        OutMsg {
+            dst: t.destination,
+            to_peer: self.peer == Some(t.destination),
+            payload: t.contents,
+            segment_size: None,
+            src_ip: t.src_ip,
+            ecn: t.ecn.map(|e| e as u8),
+            txtime: t.departure.map(|d| TxClock::convert(d.as_nanos(), txtime_offset)),
         }
     }
 

@@ -31,6 +31,7 @@ use crate::error::Error;
 use crate::recv::RecvMeta;
 use crate::socket::UdpSocket;
 use crate::sys::uring::{RecvEvent, RecvRing};
+pub use crate::uring_shard::{QueueError, Replies, UringShard, UringShardConfig, UringShardStats};
 
 /// What a receiver counted.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -75,17 +76,7 @@ impl UdpSocket {
 impl<S: Deref<Target = UdpSocket>> UringReceiver<S> {
     /// A multishot io_uring receiver on `socket`; see [`UdpSocket::uring_receiver`].
     pub fn new(socket: S, buffers: u16, size: usize) -> Result<UringReceiver<S>, Error> {
-        if !buffers.is_power_of_two() || buffers > 32_768 {
-            return Err(Error::Config(format!("{buffers} io_uring receive buffers: give a power of two up to 32768")));
-        }
-        if size == 0 || size > crate::GRO_BUFFER {
-            return Err(Error::Config(format!(
-                "io_uring receive buffers of {size} B: give 1 to {}",
-                crate::GRO_BUFFER
-            )));
-        }
-        crate::caps::io_uring_available()
-            .map_err(|why| Error::Unsupported { feature: crate::Feature::IoUring, why })?;
+        check_recv(buffers, size)?;
         let ring = RecvRing::new(socket.as_raw_fd(), buffers, size).map_err(|e| Error::Unsupported {
             feature: crate::Feature::IoUring,
             why: format!("io_uring receive: {e}"),
@@ -152,64 +143,121 @@ impl<S: Deref<Target = UdpSocket>> UringReceiver<S> {
             return Err(e);
         }
         let sock = &*self.socket;
-        let fallback = sock.peer_addr().unwrap_or(sock.local_addr());
-        let gro = sock.caps.gro;
-        let (mut dgrams, mut bytes, mut bufs, mut gro_bufs, mut trunc, mut empty) =
-            (0u64, 0u64, 0u64, 0u64, 0u64, 0u64);
-        let (mut icmp, mut error) = (0u64, None);
+        let mut tally = Tally::new(sock);
         let was_armed = self.started;
-        let n = self.ring.reap(wait, max, |ev| match ev {
-            RecvEvent::NoBuffers => empty += 1,
-            RecvEvent::Error(errno) => {
-                // An ICMP error about an earlier datagram, pending on an unconnected socket
-                // with IP_RECVERR: read the error queue (counted there), go on receiving.
-                if sock.caps.recv_err && sock.peer.is_none() && crate::icmp::is_icmp_errno(errno) {
-                    icmp += 1;
-                } else if error.is_none() {
-                    error = Some(io::Error::from_raw_os_error(errno));
-                }
-            }
-            RecvEvent::Datagram { raw, payload } => {
-                let meta = RecvMeta::from_raw(&raw, fallback, gro);
-                bufs += 1;
-                bytes += payload.len() as u64;
-                trunc += u64::from(meta.truncated);
-                let segs = meta.segment_count() as u64;
-                gro_bufs += u64::from(segs > 1);
-                dgrams += segs;
-                f(&meta, payload);
-            }
-        })?;
-        if icmp > 0 {
-            sock.drain_error_queue(None, None, &mut |_| {})?;
-        }
-        if was_armed && n > 0 && !self.ring.is_armed() {
-            self.stats.rearms += 1;
-        }
+        let n = self.ring.reap(wait, max, |ev| tally.on(sock, ev, &mut f))?;
         self.started = true;
-        self.stats.completions += n as u64;
-        self.stats.datagrams += dgrams;
-        self.stats.no_buffers += empty;
-        self.stats.icmp_errors += icmp;
-        self.stats.waits += u64::from(wait.is_some());
-        let c = &sock.counters;
-        c.add(&c.messages_received, bufs);
-        c.add(&c.datagrams_received, dgrams);
-        c.add(&c.bytes_received, bytes);
-        c.add(&c.gro_buffers_received, gro_bufs);
-        c.add(&c.truncated, trunc);
-        match error {
-            Some(e) if bufs == 0 => Err(e),
-            Some(e) => {
-                self.error = Some(e);
-                Ok(bufs as usize)
-            }
-            None => Ok(bufs as usize),
-        }
+        let rearmed = was_armed && n > 0 && !self.ring.is_armed();
+        tally.finish(sock, n, wait.is_some(), rearmed, &mut self.stats, &mut self.error)
     }
 
     /// What it counted so far.
     pub fn stats(&self) -> UringRecvStats {
         self.stats
+    }
+}
+
+/// Checks a receive ring's sizes and that io_uring may be used here.
+pub(crate) fn check_recv(buffers: u16, size: usize) -> Result<(), Error> {
+    if !buffers.is_power_of_two() || buffers > 32_768 {
+        return Err(Error::Config(format!("{buffers} io_uring receive buffers: give a power of two up to 32768")));
+    }
+    if size == 0 || size > crate::GRO_BUFFER {
+        return Err(Error::Config(format!("io_uring receive buffers of {size} B: give 1 to {}", crate::GRO_BUFFER)));
+    }
+    crate::caps::io_uring_available().map_err(|why| Error::Unsupported { feature: crate::Feature::IoUring, why })
+}
+
+/// What one reap delivered, counted once it is over (shared by [`UringReceiver`] and
+/// [`UringShard`]).
+pub(crate) struct Tally {
+    fallback: std::net::SocketAddr,
+    dgrams: u64,
+    bytes: u64,
+    bufs: u64,
+    gro_bufs: u64,
+    trunc: u64,
+    empty: u64,
+    icmp: u64,
+    error: Option<io::Error>,
+}
+
+impl Tally {
+    pub(crate) fn new(sock: &UdpSocket) -> Tally {
+        Tally {
+            fallback: sock.peer_addr().unwrap_or(sock.local_addr()),
+            dgrams: 0,
+            bytes: 0,
+            bufs: 0,
+            gro_bufs: 0,
+            trunc: 0,
+            empty: 0,
+            icmp: 0,
+            error: None,
+        }
+    }
+
+    /// One receive event: counted; a datagram (or GRO buffer) handed to `f`.
+    pub(crate) fn on(&mut self, sock: &UdpSocket, ev: RecvEvent<'_>, f: &mut impl FnMut(&RecvMeta, &[u8])) {
+        match ev {
+            RecvEvent::NoBuffers => self.empty += 1,
+            RecvEvent::Error(errno) => {
+                // An ICMP error about an earlier datagram, pending on an unconnected socket
+                // with IP_RECVERR: read the error queue (counted there), go on receiving.
+                if sock.caps.recv_err && sock.peer.is_none() && crate::icmp::is_icmp_errno(errno) {
+                    self.icmp += 1;
+                } else if self.error.is_none() {
+                    self.error = Some(io::Error::from_raw_os_error(errno));
+                }
+            }
+            RecvEvent::Datagram { raw, payload } => {
+                let meta = RecvMeta::from_raw(&raw, self.fallback, sock.caps.gro);
+                self.bufs += 1;
+                self.bytes += payload.len() as u64;
+                self.trunc += u64::from(meta.truncated);
+                let segs = meta.segment_count() as u64;
+                self.gro_bufs += u64::from(segs > 1);
+                self.dgrams += segs;
+                f(&meta, payload);
+            }
+            RecvEvent::Other { .. } => {}
+        }
+    }
+
+    /// After a reap of `n` completions: the error queue read if ICMP errors ended the receive,
+    /// the counts added to `stats` and the socket's counters. An error the receive ended with
+    /// is returned now when nothing was delivered, else kept in `later` for the next call.
+    pub(crate) fn finish(
+        self,
+        sock: &UdpSocket,
+        n: usize,
+        waited: bool,
+        rearmed: bool,
+        stats: &mut UringRecvStats,
+        later: &mut Option<io::Error>,
+    ) -> io::Result<usize> {
+        if self.icmp > 0 {
+            sock.drain_error_queue(None, None, &mut |_| {})?;
+        }
+        stats.rearms += u64::from(rearmed);
+        stats.completions += n as u64;
+        stats.datagrams += self.dgrams;
+        stats.no_buffers += self.empty;
+        stats.icmp_errors += self.icmp;
+        stats.waits += u64::from(waited);
+        let c = &sock.counters;
+        c.add(&c.messages_received, self.bufs);
+        c.add(&c.datagrams_received, self.dgrams);
+        c.add(&c.bytes_received, self.bytes);
+        c.add(&c.gro_buffers_received, self.gro_bufs);
+        c.add(&c.truncated, self.trunc);
+        match self.error {
+            Some(e) if self.bufs == 0 => Err(e),
+            Some(e) => {
+                *later = Some(e);
+                Ok(self.bufs as usize)
+            }
+            None => Ok(self.bufs as usize),
+        }
     }
 }

@@ -270,38 +270,52 @@ impl SendScratch {
     }
 
     fn fill(&mut self, i: usize, m: &OutMsg<'_>, v6_socket: bool) {
-        // SAFETY: all-zero is a valid msghdr (null pointers, zero lengths).
-        self.hdrs[i].msg_hdr = unsafe { mem::zeroed() };
         self.hdrs[i].msg_len = 0;
-        let hdr = &mut self.hdrs[i].msg_hdr;
-        if !m.to_peer {
-            self.names[i] = SockAddr::for_socket(&m.dst, v6_socket);
-            hdr.msg_name = self.names[i].as_ptr() as *mut libc::c_void;
-            hdr.msg_namelen = self.names[i].len();
-        }
-        // The kernel only reads from iov_base on send; the cast to *mut is what iovec wants.
-        self.iovs[i] = libc::iovec { iov_base: m.payload.as_ptr() as *mut libc::c_void, iov_len: m.payload.len() };
-        hdr.msg_iov = &mut self.iovs[i];
-        hdr.msg_iovlen = 1;
-        // A datagram to an IPv4 address, written plain or v4-mapped (`::ffff:a.b.c.d`), leaves
-        // through the IPv4 path (`udpv6_sendmsg` hands it to `udp_sendmsg`), which reads only
-        // IPPROTO_IP control messages: its TOS and source must be IP_TOS and IP_PKTINFO.
-        let to_v4 = !v6_socket || super::addr::is_v4(&m.dst);
-        let mut enc = Encoder::new(hdr, &mut self.ctrl[i]);
-        if let Some(s) = m.segment_size {
-            enc.push(&Cmsg::Segment(s));
-        }
-        match m.src_ip.map(super::addr::unmapped) {
-            Some(IpAddr::V4(addr)) => enc.push(&Cmsg::PktInfoV4 { ifindex: 0, addr }),
-            Some(IpAddr::V6(addr)) => enc.push(&Cmsg::PktInfoV6 { ifindex: 0, addr }),
-            None => {}
-        }
-        if let Some(ecn) = m.ecn {
-            enc.push(&if to_v4 { Cmsg::Tos(ecn) } else { Cmsg::TClass(ecn) });
-        }
-        if let Some(t) = m.txtime {
-            enc.push(&Cmsg::TxTime(t));
-        }
+        fill_msg(&mut self.hdrs[i].msg_hdr, &mut self.iovs[i], &mut self.names[i], &mut self.ctrl[i], m, v6_socket);
+    }
+}
+
+/// Writes one message's header: `hdr` is made to point at `iov` (the payload), `name` (the
+/// destination, unless sending to the connected peer) and `ctrl` (segment size, source
+/// address, ECN, departure time), which must stay where they are while the kernel may read
+/// the header.
+pub(crate) fn fill_msg(
+    hdr: &mut libc::msghdr,
+    iov: &mut libc::iovec,
+    name: &mut SockAddr,
+    ctrl: &mut CmsgBuf,
+    m: &OutMsg<'_>,
+    v6_socket: bool,
+) {
+    // SAFETY: all-zero is a valid msghdr (null pointers, zero lengths).
+    *hdr = unsafe { mem::zeroed() };
+    if !m.to_peer {
+        *name = SockAddr::for_socket(&m.dst, v6_socket);
+        hdr.msg_name = name.as_ptr() as *mut libc::c_void;
+        hdr.msg_namelen = name.len();
+    }
+    // The kernel only reads from iov_base on send; the cast to *mut is what iovec wants.
+    *iov = libc::iovec { iov_base: m.payload.as_ptr() as *mut libc::c_void, iov_len: m.payload.len() };
+    hdr.msg_iov = iov;
+    hdr.msg_iovlen = 1;
+    // A datagram to an IPv4 address, written plain or v4-mapped (`::ffff:a.b.c.d`), leaves
+    // through the IPv4 path (`udpv6_sendmsg` hands it to `udp_sendmsg`), which reads only
+    // IPPROTO_IP control messages: its TOS and source must be IP_TOS and IP_PKTINFO.
+    let to_v4 = !v6_socket || super::addr::is_v4(&m.dst);
+    let mut enc = Encoder::new(hdr, ctrl);
+    if let Some(s) = m.segment_size {
+        enc.push(&Cmsg::Segment(s));
+    }
+    match m.src_ip.map(super::addr::unmapped) {
+        Some(IpAddr::V4(addr)) => enc.push(&Cmsg::PktInfoV4 { ifindex: 0, addr }),
+        Some(IpAddr::V6(addr)) => enc.push(&Cmsg::PktInfoV6 { ifindex: 0, addr }),
+        None => {}
+    }
+    if let Some(ecn) = m.ecn {
+        enc.push(&if to_v4 { Cmsg::Tos(ecn) } else { Cmsg::TClass(ecn) });
+    }
+    if let Some(t) = m.txtime {
+        enc.push(&Cmsg::TxTime(t));
     }
 }
 

@@ -23,6 +23,8 @@ pub(crate) mod mmsg;
 pub(crate) mod netlink;
 #[cfg(feature = "io-uring")]
 pub(crate) mod uring;
+#[cfg(feature = "io-uring")]
+pub(crate) mod uring_shard;
 pub(crate) mod zc;
 
 use std::io;

@@ -326,7 +326,7 @@ impl Drop for PageMem {
 }
 
 /// The user data of the multishot receive (and of its cancellation).
-const RECV_ARM: u64 = 1;
+pub(crate) const RECV_ARM: u64 = 1;
 const RECV_CANCEL: u64 = 2;
 /// The buffer group of a receive ring.
 const BGID: u16 = 7;
@@ -341,6 +341,21 @@ pub(crate) enum RecvEvent<'a> {
     /// The receive ended with this error (errno), as `recvmsg` would have returned it (an ICMP
     /// error pending on the socket, say); it is re-armed at the next reap.
     Error(i32),
+    /// The completion of another entry on the ring (a send of a [`super::uring_shard`]).
+    Other { user_data: u64, result: i32 },
+}
+
+/// How a receive ring is set up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RecvSetup {
+    /// Reaped and armed from any thread (one at a time): `COOP_TASKRUN`.
+    Shared,
+    /// Used by the thread that made it, and only by it, with room for `extra` more entries
+    /// in flight beside the receive: `SINGLE_ISSUER | DEFER_TASKRUN` (6.1), so the kernel
+    /// posts the receive's completions only when that thread enters to collect them (no
+    /// wake-up per datagram, none of the work on another thread's account); `COOP_TASKRUN`
+    /// where the kernel lacks it. The socket is registered as a fixed file.
+    OneThread { extra: u32 },
 }
 
 /// A multishot `IORING_OP_RECVMSG` over a ring of provided buffers, on one socket.
@@ -370,6 +385,16 @@ pub(crate) struct RecvRing {
     pending: Vec<u16>,
     /// The completions of the current reap (collected first: the queue borrows the ring).
     cqes: Vec<(u64, i32, u32)>,
+    /// Receive completions collected and not yet delivered (past a reap's `max`): their
+    /// buffers stay off the ring until they are.
+    backlog: std::collections::VecDeque<(u64, i32, u32)>,
+    /// Completions are posted only when this thread enters with GETEVENTS (DEFER_TASKRUN).
+    deferred: bool,
+    /// The socket is the ring's fixed file 0.
+    fixed: bool,
+    /// Completions the entries pushed since the last enter will post at once (sends that
+    /// complete inline): a wait asks for one more than these.
+    pub(crate) expect: u32,
 }
 
 // SAFETY: the raw pointers point into memory this struct owns (PageMem) and into the boxed
@@ -392,6 +417,11 @@ impl RecvRing {
     /// A ring of `count` buffers (a power of two, at most 32768) with room for `payload`
     /// bytes of datagram each, receiving on `fd`.
     pub(crate) fn new(fd: RawFd, count: u16, payload: usize) -> io::Result<RecvRing> {
+        RecvRing::with_setup(fd, count, payload, RecvSetup::Shared)
+    }
+
+    /// As [`RecvRing::new`], set up as `setup` says.
+    pub(crate) fn with_setup(fd: RawFd, count: u16, payload: usize, setup: RecvSetup) -> io::Result<RecvRing> {
         if !count.is_power_of_two() || count > 32768 {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "buffer count: a power of two up to 32768"));
         }
@@ -402,13 +432,33 @@ impl RecvRing {
         let size = len.next_multiple_of(64);
         // A completion per datagram: a completion queue that cannot overflow before the ring's
         // buffers are all used (an overflow ends a multishot receive).
-        let cq = (2 * u32::from(count)).max(64);
+        let extra = match setup {
+            RecvSetup::Shared => 0,
+            RecvSetup::OneThread { extra } => extra,
+        };
+        let cq = (2 * (u32::from(count) + extra)).max(64);
+        let sq = (extra + 8).next_power_of_two();
         // COOP_TASKRUN (5.19): a datagram's completion is posted by the arming thread at its
         // next kernel entry or exit (a sleeping one is woken), not by interrupting it with an
         // IPI per datagram: on a VM the IPIs made a busy QUIC transfer cost twice the CPU.
-        let ring = match IoUring::builder().setup_cqsize(cq).setup_coop_taskrun().build(8) {
-            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => IoUring::builder().setup_cqsize(cq).build(8)?,
-            r => r?,
+        let coop = || match IoUring::builder().setup_cqsize(cq).setup_coop_taskrun().build(sq) {
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => IoUring::builder().setup_cqsize(cq).build(sq),
+            r => r,
+        };
+        let (ring, deferred) = match setup {
+            RecvSetup::Shared => (coop()?, false),
+            // TASKRUN_FLAG: the kernel says in the submission queue's flags when completions
+            // wait to be posted, so a reap that does not wait enters only then.
+            RecvSetup::OneThread { .. } => match IoUring::builder()
+                .setup_cqsize(cq)
+                .setup_single_issuer()
+                .setup_defer_taskrun()
+                .setup_taskrun_flag()
+                .build(sq)
+            {
+                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => (coop()?, false),
+                r => (r?, true),
+            },
         };
         let mut probe = Probe::new();
         ring.submitter().register_probe(&mut probe)?;
@@ -439,7 +489,15 @@ impl RecvRing {
             fd,
             pending: Vec::with_capacity(usize::from(count)),
             cqes: Vec::with_capacity(usize::from(count)),
+            backlog: std::collections::VecDeque::new(),
+            deferred,
+            fixed: false,
+            expect: 0,
         };
+        if let RecvSetup::OneThread { .. } = setup {
+            // No file lookup per entry; best effort (the raw fd works as well).
+            r.fixed = r.ring.submitter().register_files(&[fd]).is_ok();
+        }
         // SAFETY: `entries` is page-aligned memory for `count` entries, owned by `r` and kept
         // until Drop, which unregisters the group before freeing it.
         unsafe { r.ring.submitter().register_buf_ring_with_flags(r.entries.ptr as u64, count, BGID, 0)? };
@@ -487,15 +545,41 @@ impl RecvRing {
         unsafe { &*(self.msghdr.ptr as *const libc::msghdr) }
     }
 
+    /// Queues the receive (submitted by the reap's enter).
     fn arm(&mut self) -> io::Result<()> {
-        let e = opcode::RecvMsgMulti::new(types::Fd(self.fd), self.msghdr(), BGID).build().user_data(RECV_ARM);
+        let e = if self.fixed {
+            opcode::RecvMsgMulti::new(types::Fixed(0), self.msghdr(), BGID).build()
+        } else {
+            opcode::RecvMsgMulti::new(types::Fd(self.fd), self.msghdr(), BGID).build()
+        };
         // SAFETY: the entry points at the msghdr memory, which lives until Drop, where the
         // request is cancelled and waited for before anything is freed. The queue has room:
-        // at most one receive and one cancel are ever outstanding in a ring of 8.
-        unsafe { self.ring.submission().push(&e) }.map_err(|_| io::Error::other("io_uring submission queue full"))?;
-        self.ring.submit()?;
+        // at most one receive and one cancel are ever outstanding beside `extra` other entries
+        // in a queue of at least `extra + 8`.
+        unsafe { self.ring.submission().push(&e.user_data(RECV_ARM)) }
+            .map_err(|_| io::Error::other("io_uring submission queue full"))?;
         self.armed = true;
         Ok(())
+    }
+
+    /// The ring, for a [`super::uring_shard::ShardRing`] to push its own entries on.
+    pub(crate) fn ring_mut(&mut self) -> &mut IoUring {
+        &mut self.ring
+    }
+
+    /// The socket as an entry's target: the fixed file where registered.
+    pub(crate) fn uses_fixed_file(&self) -> bool {
+        self.fixed
+    }
+
+    /// The receive's last completion was read elsewhere (a shard's Drop).
+    pub(crate) fn mark_ended(&mut self) {
+        self.armed = false;
+    }
+
+    /// Whether completions wait for this thread's next enter (DEFER_TASKRUN).
+    pub(crate) fn is_deferred(&self) -> bool {
+        self.deferred
     }
 
     /// An eventfd the kernel signals for every completion this ring posts, for an event loop
@@ -536,35 +620,63 @@ impl RecvRing {
         if !self.armed {
             self.arm()?;
         }
-        if self.ring.submission().cq_overflow() {
-            // Completions the queue had no room for wait in the kernel: entering flushes them.
-            self.ring.submit()?;
-        }
-        if let Some(limit) = wait.filter(|_| self.ring.completion().is_empty()) {
-            // io_uring_enter(GETEVENTS) with a timeout (IORING_ENTER_EXT_ARG, Linux 5.11):
-            // ETIME when it runs out.
-            let ts = types::Timespec::from(limit);
-            let args = types::SubmitArgs::new().timespec(&ts);
-            match self.ring.submitter().submit_with_args(1, &args) {
-                Ok(_) => {}
-                Err(e) if matches!(e.raw_os_error(), Some(libc::EINTR) | Some(libc::ETIME)) => {}
-                Err(e) => return Err(e),
+        let ready = (max > 0 && !self.backlog.is_empty()) || !self.ring.completion().is_empty();
+        let (queued, overflow, taskrun) = {
+            let sq = self.ring.submission();
+            (sq.len(), sq.cq_overflow(), sq.taskrun())
+        };
+        match wait.filter(|_| !ready) {
+            Some(limit) => {
+                // io_uring_enter(GETEVENTS) with a timeout (IORING_ENTER_EXT_ARG, Linux 5.11):
+                // ETIME when it runs out. It submits what is queued in the same call, and
+                // waits for one completion more than those entries post at once.
+                let ts = types::Timespec::from(limit);
+                let args = types::SubmitArgs::new().timespec(&ts);
+                match self.ring.submitter().submit_with_args(1 + self.expect as usize, &args) {
+                    Ok(_) => {}
+                    Err(e) if matches!(e.raw_os_error(), Some(libc::EINTR) | Some(libc::ETIME)) => {}
+                    Err(e) => return Err(e),
+                }
+                self.expect = 0;
             }
+            // Entries to submit; completions the kernel kept when the queue was full
+            // (entering flushes them); or, deferred, completions waiting to be posted
+            // (TASKRUN_FLAG says so: the submit then carries GETEVENTS).
+            None if queued > 0 || overflow || taskrun => {
+                match self.ring.submit() {
+                    Ok(_) => {}
+                    Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}
+                    Err(e) => return Err(e),
+                }
+                self.expect = 0;
+            }
+            None => {}
         }
         let mut n = 0;
-        // Collected first: the completion queue borrows the ring. Those past `max` stay in
-        // the queue (its head moves only past the ones taken).
+        // Collected first: the completion queue borrows the ring. Receive completions past
+        // `max` wait in the backlog, their buffers still ours; the others go out now.
         let mut cqes = std::mem::take(&mut self.cqes);
         cqes.clear();
-        cqes.extend(self.ring.completion().take(max).map(|c| (c.user_data(), c.result(), c.flags())));
-        for &(ud, res, flags) in &cqes {
+        cqes.extend(self.backlog.drain(..));
+        let old = cqes.len();
+        cqes.extend(self.ring.completion().map(|c| (c.user_data(), c.result(), c.flags())));
+        for &(ud, _, flags) in &cqes[old..] {
+            if ud == RECV_ARM && !io_uring::cqueue::more(flags) {
+                self.armed = false; // ended (error, or the kernel's choice): re-armed next time
+            }
+        }
+        for (k, &(ud, res, flags)) in cqes.iter().enumerate() {
             if ud != RECV_ARM {
+                if ud != RECV_CANCEL && k >= old {
+                    f(RecvEvent::Other { user_data: ud, result: res });
+                }
+                continue;
+            }
+            if n >= max {
+                self.backlog.push_back((ud, res, flags));
                 continue;
             }
             n += 1;
-            if !io_uring::cqueue::more(flags) {
-                self.armed = false; // ended (error, or the kernel's choice): re-armed next time
-            }
             match res {
                 r if r == -libc::ENOBUFS => {
                     f(RecvEvent::NoBuffers);
