@@ -174,6 +174,39 @@ fn an_empty_buffer_ring_is_refilled_and_counted_not_a_stall() {
     assert!(s.rearms >= 1, "and the receive was armed again: {s:?}");
 }
 
+/// Reaped one buffer at a time (`recv_buffers(.., 1, ..)`, as an event loop with one slot
+/// does) while more wait than the ring holds: every datagram arrives in order, and the ends of
+/// the receive (ENOBUFS) are not held back with the datagrams: an earlier version queued them
+/// behind the datagrams and re-armed into a ring whose every buffer was held, which ended the
+/// receive again at every reap and grew the queue without end (a spinning task under tokio).
+#[test]
+fn reaped_one_at_a_time_past_an_empty_ring_everything_arrives() {
+    if !uring_usable("reaped_one_at_a_time_past_an_empty_ring_everything_arrives") {
+        return;
+    }
+    let rx = UdpSocket::builder(lo4()).recv_buffer(16 << 20).bind().unwrap();
+    let tx = UdpSocket::bind(lo4()).unwrap();
+    let mut r = rx.uring_receiver(4, 1500).unwrap();
+    r.arm().unwrap();
+    let sent: Vec<Vec<u8>> = (0..64u32).map(|i| payload(i, 300)).collect();
+    let ts: Vec<udpx::Transmit<'_>> = sent.iter().map(|d| udpx::Transmit::new(rx.local_addr(), d)).collect();
+    tx.send(&ts).unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    let mut got = Vec::new();
+    let mut reaps = 0;
+    while got.len() < sent.len() && reaps < 1000 {
+        reaps += 1;
+        let k = r.recv_buffers(Some(Duration::from_millis(20)), 1, |_, d| got.push(d.to_vec())).unwrap();
+        assert!(k <= 1);
+    }
+    assert_eq!(got, sent, "after {reaps} reaps: {:?}", r.stats());
+    let s = r.stats();
+    // One datagram per reap, and the receive ended (ENOBUFS) at most once per reap.
+    assert!(reaps <= 2 * sent.len(), "{reaps} reaps: {s:?}");
+    assert!(s.no_buffers <= reaps as u64, "{s:?} in {reaps} reaps");
+    assert!(s.no_buffers >= 1, "the ring ran empty: {s:?}");
+}
+
 #[test]
 fn a_datagram_larger_than_the_buffer_is_reported_truncated() {
     if !uring_usable("a_datagram_larger_than_the_buffer_is_reported_truncated") {

@@ -600,8 +600,9 @@ impl RecvRing {
     }
 
     /// Hands back the buffers of the last reap and makes sure the receive is armed; then, with
-    /// `wait`, waits at most that long for a completion; then calls `f` for at most `max`
-    /// completions (the rest stay queued for the next reap). Returns how many there were.
+    /// `wait`, waits at most that long for a completion; then calls `f` for every completion
+    /// but datagrams past the first `max` (those wait, their buffers held, in a backlog
+    /// delivered first next time). Returns how many it handled.
     pub(crate) fn reap(
         &mut self,
         wait: Option<std::time::Duration>,
@@ -617,7 +618,9 @@ impl RecvRing {
             self.pending.clear();
             self.publish();
         }
-        if !self.armed {
+        // Armed again only with a buffer on the ring: with every buffer held in the backlog it
+        // would end at once (ENOBUFS), again at every reap.
+        if !self.armed && self.backlog.len() < usize::from(self.count) {
             self.arm()?;
         }
         let ready = (max > 0 && !self.backlog.is_empty()) || !self.ring.completion().is_empty();
@@ -653,8 +656,8 @@ impl RecvRing {
             None => {}
         }
         let mut n = 0;
-        // Collected first: the completion queue borrows the ring. Receive completions past
-        // `max` wait in the backlog, their buffers still ours; the others go out now.
+        // Collected first: the completion queue borrows the ring. Datagrams past `max` wait in
+        // the backlog, their buffers still ours; everything else goes out now.
         let mut cqes = std::mem::take(&mut self.cqes);
         cqes.clear();
         cqes.extend(self.backlog.drain(..));
@@ -665,6 +668,7 @@ impl RecvRing {
                 self.armed = false; // ended (error, or the kernel's choice): re-armed next time
             }
         }
+        let mut delivered = 0;
         for (k, &(ud, res, flags)) in cqes.iter().enumerate() {
             if ud != RECV_ARM {
                 if ud != RECV_CANCEL && k >= old {
@@ -672,9 +676,13 @@ impl RecvRing {
                 }
                 continue;
             }
-            if n >= max {
-                self.backlog.push_back((ud, res, flags));
-                continue;
+            // Only datagrams wait (holding their buffers); the ends of a receive go out now.
+            if res >= 0 {
+                if delivered >= max {
+                    self.backlog.push_back((ud, res, flags));
+                    continue;
+                }
+                delivered += 1;
             }
             n += 1;
             match res {
