@@ -250,21 +250,28 @@ impl SendSide {
         }
         let ready = std::mem::take(&mut self.ready);
         let mut submitted = 0;
-        for &slot in &ready {
+        let mut res = Ok(());
+        for (k, &slot) in ready.iter().enumerate() {
             if let Some(crate::sys::fault::Fault::Errno(e) | crate::sys::fault::Fault::ErrnoOnGso(e)) =
                 sock.faults.next(false)
             {
                 self.completed(sock, slot, -e);
                 continue;
             }
-            ring.submit(slot, 0)?;
+            if let Err(e) = ring.submit(slot, 0) {
+                // Kept for the next turn, not lost (the queue has room for every slot, so
+                // this is not expected).
+                self.ready.extend_from_slice(&ready[k..]);
+                res = Err(e);
+                break;
+            }
             submitted += 1;
         }
         if submitted > 0 {
             self.stats.submits += 1;
             sock.counters.add(&sock.counters.send_calls, 1);
         }
-        Ok(())
+        res
     }
 }
 
