@@ -663,11 +663,6 @@ impl RecvRing {
         cqes.extend(self.backlog.drain(..));
         let old = cqes.len();
         cqes.extend(self.ring.completion().map(|c| (c.user_data(), c.result(), c.flags())));
-        for &(ud, _, flags) in &cqes[old..] {
-            if ud == RECV_ARM && !io_uring::cqueue::more(flags) {
-                self.armed = false; // ended (error, or the kernel's choice): re-armed next time
-            }
-        }
         let mut delivered = 0;
         for (k, &(ud, res, flags)) in cqes.iter().enumerate() {
             if ud != RECV_ARM {
@@ -675,6 +670,9 @@ impl RecvRing {
                     f(RecvEvent::Other { user_data: ud, result: res });
                 }
                 continue;
+            }
+            if k >= old && !io_uring::cqueue::more(flags) {
+                self.armed = false; // ended (error, or the kernel's choice): re-armed next time
             }
             // Only datagrams wait (holding their buffers); the ends of a receive go out now.
             if res >= 0 {
