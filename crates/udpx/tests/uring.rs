@@ -12,21 +12,6 @@ use std::time::Duration;
 use common::*;
 use udpx::{Batch, SendBuffers, SendCursor, SendMode, UdpSocket, Want};
 
-fn uring_usable(test: &str) -> bool {
-    let probe = UdpSocket::builder(lo4()).io_uring(Want::IfAvailable).bind().unwrap();
-    let caps = probe.capabilities();
-    match caps.io_uring_off_reason {
-        Some(why) => {
-            skip(test, &why);
-            false
-        }
-        None => {
-            assert!(caps.io_uring, "asked for, available, so in use");
-            true
-        }
-    }
-}
-
 #[test]
 fn every_send_mode_delivers_every_byte_through_io_uring() {
     if !uring_usable("every_send_mode_delivers_every_byte_through_io_uring") {

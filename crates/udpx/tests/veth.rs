@@ -113,20 +113,26 @@ fn with_tbf(n: &TestNet, limit: &str) {
     .expect("tbf qdisc");
 }
 
-#[test]
-fn real_eagain_under_flood_loses_nothing() {
-    if skip_unless_capable("real_eagain_under_flood_loses_nothing") {
-        return;
-    }
-    for mode in [SendMode::Sendmmsg, SendMode::GsoSendmmsg] {
+/// 3000 datagrams through a tbf-limited veth from a socket with a 16 KiB send buffer, sent on
+/// `backend` (`Want::Off`: system calls; `Want::Required`: io_uring entries). Non-blocking:
+/// the full buffer answers WouldBlock, the sender waits for room and resumes where the error
+/// says. Blocking: the send waits in the kernel for room (on io_uring, the entry waits for
+/// its completion past the first `io_uring_enter`) and returns when all went. Nothing lost
+/// either way.
+fn flood_through_full_buffers(test: &str, backend: Want, nonblocking: bool) {
+    let modes: &[SendMode] =
+        if nonblocking { &[SendMode::Sendmmsg, SendMode::GsoSendmmsg] } else { &[SendMode::Sendmmsg] };
+    for &mode in modes {
         let n = net(Profile::Offload);
         with_tbf(&n, "4mb");
         let rx = bind_in(&n, Side::Rx, n.rx_v4.into(), SendMode::Sendmsg, false, None);
         let cfg = UdpSocket::builder(SocketAddr::new(n.tx_v4.into(), 0))
             .send_mode(mode)
             .send_buffer(16 << 10)
-            .nonblocking(true);
+            .io_uring(backend)
+            .nonblocking(nonblocking);
         let tx = n.tx.run(move || cfg.bind().unwrap());
+        assert_eq!(tx.capabilities().io_uring, backend == Want::Required, "{test}");
         let sent: Vec<Vec<u8>> = (0..3000).map(|i| payload(i, 1000)).collect();
         let got = std::thread::scope(|s| {
             let h = s.spawn(|| receive(&rx, sent.len(), Duration::from_millis(1000), Duration::from_secs(20)));
@@ -139,32 +145,63 @@ fn real_eagain_under_flood_loses_nothing() {
             while from < ts.len() {
                 match tx.send(&ts[from..]) {
                     Ok(k) => from += k,
-                    Err(e) if e.is_would_block() => {
+                    Err(e) if e.is_would_block() && nonblocking => {
                         from += e.sent;
                         assert!(tx.wait_writable(Duration::from_secs(5)).unwrap(), "never writable again");
                     }
-                    Err(e) => panic!("{mode}: {e}"),
+                    Err(e) => panic!("{test} {mode}: {e}"),
                 }
             }
             h.join().unwrap()
         });
         // tbf's watchdog drains the queue from either CPU: order is the path's, not ours.
-        assert_same_set(&sent, &got, &format!("EAGAIN {mode}"));
-        assert!(tx.counters().would_block > 0, "{mode}: the flood never met a full buffer: {:?}", tx.counters());
+        assert_same_set(&sent, &got, &format!("{test} {mode}"));
+        let c = tx.counters();
+        if nonblocking {
+            assert!(c.would_block > 0, "{test} {mode}: the flood never met a full buffer: {c:?}");
+        } else {
+            assert_eq!(c.would_block, 0, "{test} {mode}: a blocking send answered WouldBlock: {c:?}");
+        }
     }
 }
 
 #[test]
-fn real_enobufs_from_qdisc_is_retried() {
-    if skip_unless_capable("real_enobufs_from_qdisc_is_retried") {
+fn real_eagain_under_flood_loses_nothing() {
+    if skip_unless_capable("real_eagain_under_flood_loses_nothing") {
         return;
     }
-    // Plain datagrams: a GSO buffer that tbf must split is dropped segment by segment and the
-    // kernel reports success for it (tbf_segment), a loss no sender can see.
+    flood_through_full_buffers("real_eagain_under_flood_loses_nothing", Want::Off, true);
+}
+
+#[test]
+fn real_eagain_through_io_uring_loses_nothing() {
+    let test = "real_eagain_through_io_uring_loses_nothing";
+    if skip_unless_capable(test) || !uring_usable(test) {
+        return;
+    }
+    flood_through_full_buffers(test, Want::Required, true);
+}
+
+#[test]
+fn a_blocking_io_uring_send_waits_out_a_full_buffer() {
+    let test = "a_blocking_io_uring_send_waits_out_a_full_buffer";
+    if skip_unless_capable(test) || !uring_usable(test) {
+        return;
+    }
+    flood_through_full_buffers(test, Want::Required, false);
+}
+
+/// 2000 plain datagrams from a blocking socket into a tbf queue of 8 KB: the qdisc refuses
+/// with ENOBUFS, which the send retries after its back-off (on `backend`), and every datagram
+/// arrives. Plain datagrams: a GSO buffer that tbf must split is dropped segment by segment
+/// and the kernel reports success for it (tbf_segment), a loss no sender can see.
+fn enobufs_retried(test: &str, backend: Want) {
     let n = net(Profile::Offload);
     with_tbf(&n, "8kb");
     let rx = bind_in(&n, Side::Rx, n.rx_v4.into(), SendMode::Sendmsg, false, None);
-    let tx = bind_in(&n, Side::Tx, n.tx_v4.into(), SendMode::Sendmmsg, false, None);
+    let cfg = UdpSocket::builder(SocketAddr::new(n.tx_v4.into(), 0)).send_mode(SendMode::Sendmmsg).io_uring(backend);
+    let tx = n.tx.run(move || cfg.bind().unwrap());
+    assert_eq!(tx.capabilities().io_uring, backend == Want::Required, "{test}");
     let sent: Vec<Vec<u8>> = (0..2000).map(|i| payload(i, 1000)).collect();
     let got = std::thread::scope(|s| {
         let h = s.spawn(|| receive(&rx, sent.len(), Duration::from_millis(1000), Duration::from_secs(20)));
@@ -175,8 +212,25 @@ fn real_enobufs_from_qdisc_is_retried() {
         tx.send(&batch.transmits()).expect("ENOBUFS must be retried, not reported, at this rate");
         h.join().unwrap()
     });
-    assert_same_set(&sent, &got, "ENOBUFS");
-    assert!(tx.counters().enobufs_retries > 0, "the qdisc never refused: {:?}", tx.counters());
+    assert_same_set(&sent, &got, test);
+    assert!(tx.counters().enobufs_retries > 0, "{test}: the qdisc never refused: {:?}", tx.counters());
+}
+
+#[test]
+fn real_enobufs_from_qdisc_is_retried() {
+    if skip_unless_capable("real_enobufs_from_qdisc_is_retried") {
+        return;
+    }
+    enobufs_retried("real_enobufs_from_qdisc_is_retried", Want::Off);
+}
+
+#[test]
+fn real_enobufs_through_io_uring_is_retried() {
+    let test = "real_enobufs_through_io_uring_is_retried";
+    if skip_unless_capable(test) || !uring_usable(test) {
+        return;
+    }
+    enobufs_retried(test, Want::Required);
 }
 
 /// A datagram over the route's MTU on an unconnected socket (PMTU probe mode): the kernel

@@ -131,12 +131,9 @@ impl Ring {
         })?;
         let mut done = 0;
         self.results[..n].fill(-libc::ECANCELED);
+        let mut first = true;
         while done < n {
-            match self.ring.submit_and_wait(n - done) {
-                Ok(_) => {}
-                Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
-                Err(e) => return Err(e),
-            }
+            self.enter(&mut first, n - done)?;
             for cqe in self.ring.completion() {
                 let Some((ud, res, _)) = sort(&mut self.notifs, &mut self.failed_ids, &cqe) else { continue };
                 let i = ud as usize;
@@ -147,6 +144,21 @@ impl Ring {
             }
         }
         self.first_sent(hdrs, n)
+    }
+
+    /// One `io_uring_enter` for a batch: the first (`*first`) only submits, without waiting
+    /// for completions (`IORING_ENTER_GETEVENTS` unset): a non-blocking send completes while
+    /// it is issued, and its completion, like those of the entries linked after it (issued
+    /// as task work before the call returns to user space), is in the queue when the call
+    /// returns, so the usual batch costs no wait. Later calls wait for `want` completions
+    /// (a blocking socket's entry waits in the kernel for room). EINTR is not an error.
+    fn enter(&mut self, first: &mut bool, want: usize) -> io::Result<()> {
+        let r = if std::mem::take(first) { self.ring.submit() } else { self.ring.submit_and_wait(want) };
+        match r {
+            Ok(_) => Ok(()),
+            Err(e) if e.raw_os_error() == Some(libc::EINTR) => Ok(()),
+            Err(e) => Err(e),
+        }
     }
 
     /// Queues `hdrs[..n]` as one chain of linked entries, entry `i` made by `make(i, header)`.
@@ -215,12 +227,9 @@ impl Ring {
         let mut done = 0;
         self.results[..n].fill(-libc::ECANCELED);
         self.more[..n].fill(false);
+        let mut first = true;
         while done < n {
-            match self.ring.submit_and_wait(1) {
-                Ok(_) => {}
-                Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
-                Err(e) => return Err(e),
-            }
+            self.enter(&mut first, 1)?;
             for cqe in self.ring.completion() {
                 let Some((ud, res, more)) = sort(&mut self.notifs, &mut self.failed_ids, &cqe) else { continue };
                 let i = (ud as u32).wrapping_sub(first_id) as usize;

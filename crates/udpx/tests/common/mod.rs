@@ -126,6 +126,23 @@ pub fn skip(test: &str, why: &str) {
     udpx_netns::record_skip(test, why);
 }
 
+/// Whether this kernel lets the io_uring send backend be used; prints `SKIP` for `test` when
+/// it does not (an old kernel, `kernel.io_uring_disabled`, a seccomp filter).
+pub fn uring_usable(test: &str) -> bool {
+    let probe = UdpSocket::builder(lo4()).io_uring(udpx::Want::IfAvailable).bind().unwrap();
+    let caps = probe.capabilities();
+    match caps.io_uring_off_reason {
+        Some(why) => {
+            skip(test, &why);
+            false
+        }
+        None => {
+            assert!(caps.io_uring, "asked for, available, so in use");
+            true
+        }
+    }
+}
+
 pub fn lo4() -> SocketAddr {
     "127.0.0.1:0".parse().unwrap()
 }
