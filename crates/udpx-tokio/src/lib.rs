@@ -10,8 +10,9 @@
 //! runtime worker runs its endpoint and connection drivers, lending its bytes for the one call
 //! only. The socket is non-blocking; readiness comes from tokio's reactor; nothing here waits
 //! on a runtime thread (the library's send returns a cursor instead of waiting). Each ring
-//! sits behind a mutex with the state it serves, so one thread at a time submits to it (the
-//! rings are not set up single-issuer: tokio moves tasks between workers).
+//! sits behind a mutex with the state it serves, so one thread at a time submits to it. On a
+//! multi-thread runtime the rings are not single-issuer (tokio moves tasks between workers);
+//! on a current-thread runtime the receive ring is the runtime thread's alone (see Backends).
 //!
 //! ## What quinn is spared
 //! - A GSO refusal costs no packet: udpx re-sends the batch plain (and keeps ECN) before the
@@ -35,10 +36,16 @@
 //! ring into quinn's buffer ([`AdapterStats::bytes_copied`] counts it). Where io_uring is
 //! unavailable the socket stays on system calls and says why ([`UdpxSocket::backend_note`]).
 //!
-//! The ring's completions are posted by the thread that armed its receive (io_uring task
-//! work): a runtime worker. If that thread exits, the kernel cancels the receive and the next
-//! `poll_recv` arms it again. Dropping the socket cancels the receive and waits for its end
-//! before the ring's buffers are freed.
+//! On a multi-thread runtime the ring's completions are posted by the thread that armed its
+//! receive (io_uring task work, `COOP_TASKRUN`): a runtime worker. If that thread exits, the
+//! kernel cancels the receive and the next `poll_recv` arms it again. On a current-thread
+//! runtime the ring belongs to the runtime's thread ([`UringReceiver::for_this_thread`]:
+//! `SINGLE_ISSUER | DEFER_TASKRUN`): the kernel receives into its buffers only when that thread
+//! reaps, in one go, instead of interrupting it with task work per wake-up. A receive polled
+//! from another thread (the runtime driven from elsewhere) is made by `recvmmsg` there,
+//! counted ([`AdapterStats::recvs_off_ring`]); nothing is lost, the ring keeps what it took.
+//! Dropping the socket cancels the receive and waits for its end before the ring's buffers
+//! are freed (a one-thread ring dropped on another thread leaks them instead).
 //!
 //! What does not carry over from udpx: zerocopy (quinn's `Transmit` borrows its bytes for one
 //! call; zerocopy needs the buffer until the kernel is done) and departure times (quinn paces
@@ -102,6 +109,9 @@ pub struct AdapterStats {
     /// Bytes copied from the io_uring receive ring into the caller's buffers (0 on system
     /// calls, which receive straight into them).
     pub bytes_copied: u64,
+    /// Receives made by `recvmmsg` on the io_uring backend because the ring belongs to
+    /// another thread (a current-thread runtime's ring, polled from elsewhere).
+    pub recvs_off_ring: u64,
     /// Datagrams received carrying an ECN codepoint (ECT(0), ECT(1) or CE): whether the
     /// peer's marks arrive, for a bench to report.
     pub ecn_marked: u64,
@@ -118,6 +128,7 @@ struct Counters {
     would_block: AtomicU64,
     recv_errors: AtomicU64,
     bytes_copied: AtomicU64,
+    recvs_off_ring: AtomicU64,
     ecn_marked: AtomicU64,
 }
 
@@ -154,6 +165,8 @@ struct SendState {
 struct RingRecv {
     rx: Mutex<UringReceiver<Arc<UdpSocket>>>,
     ready: tokio::net::unix::pipe::Receiver,
+    /// The one thread that may reap a one-thread ring (`None`: any).
+    owner: Option<std::thread::ThreadId>,
 }
 
 /// A udpx socket a tokio task can await; quinn's [`AsyncUdpSocket`].
@@ -209,6 +222,9 @@ impl UdpxSocket {
         let sock = Arc::new(sock);
         let (ring, backend_note) = match (caps.io_uring, &caps.io_uring_off_reason) {
             (true, _) => match RingRecv::new(&sock) {
+                Ok(r) if r.owner.is_some() => {
+                    (Some(r), "io_uring sends and receives (the receive ring the runtime thread's)".to_string())
+                }
                 Ok(r) => (Some(r), "io_uring sends and receives".to_string()),
                 Err(e) => (None, format!("io_uring sends, recvmmsg receives: {e}")),
             },
@@ -248,6 +264,7 @@ impl UdpxSocket {
             would_block: c.would_block.load(Relaxed),
             recv_errors: c.recv_errors.load(Relaxed),
             bytes_copied: c.bytes_copied.load(Relaxed),
+            recvs_off_ring: c.recvs_off_ring.load(Relaxed),
             ecn_marked: c.ecn_marked.load(Relaxed),
             ring: self.ring.as_ref().map(|r| lock(&r.rx).stats()).unwrap_or_default(),
         }
@@ -336,8 +353,13 @@ impl UdpxSocket {
                 ));
             }
         }
+        // A one-thread ring polled from another thread: receive by system call here.
+        let ring = self.ring.as_ref().filter(|r| r.owner.is_none_or(|o| o == std::thread::current().id()));
+        if ring.is_none() && self.ring.is_some() {
+            self.counters.recvs_off_ring.fetch_add(1, Relaxed);
+        }
         loop {
-            let got = match &self.ring {
+            let got = match ring {
                 Some(r) => match self.reap(r, &mut bufs[..n], &mut meta[..n]) {
                     // Nothing in the ring (reaping it costs no system call): wait on the
                     // eventfd. A completion posted since it was last read leaves it readable:
@@ -433,8 +455,17 @@ impl UdpxSocket {
 }
 
 impl RingRecv {
+    /// On a current-thread runtime the ring is that thread's (`SINGLE_ISSUER |
+    /// DEFER_TASKRUN`: the kernel does the receive's work when the thread reaps); shared
+    /// otherwise (tokio moves tasks between workers).
     fn new(sock: &Arc<UdpSocket>) -> Result<RingRecv, udpx::Error> {
-        let mut rx = UringReceiver::new(sock.clone(), RING_BUFFERS, udpx::GRO_BUFFER)?;
+        let one_thread = tokio::runtime::Handle::try_current()
+            .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::CurrentThread);
+        let mut rx = if one_thread {
+            UringReceiver::for_this_thread(sock.clone(), RING_BUFFERS, udpx::GRO_BUFFER)?
+        } else {
+            UringReceiver::new(sock.clone(), RING_BUFFERS, udpx::GRO_BUFFER)?
+        };
         let efd = rx.eventfd().map_err(|e| udpx::Error::Io { op: "io_uring eventfd".into(), source: e })?;
         // Armed here so the eventfd has something to say before the first poll.
         rx.arm().map_err(|e| udpx::Error::Io { op: "arm the io_uring receive".into(), source: e })?;
@@ -443,7 +474,8 @@ impl RingRecv {
         // AsyncFd would need `unsafe` here; the pipe type takes an owned descriptor.)
         let ready = tokio::net::unix::pipe::Receiver::from_owned_fd_unchecked(efd)
             .map_err(|e| udpx::Error::Io { op: "register the eventfd".into(), source: e })?;
-        Ok(RingRecv { rx: Mutex::new(rx), ready })
+        let owner = rx.owner_thread();
+        Ok(RingRecv { rx: Mutex::new(rx), ready, owner })
     }
 }
 

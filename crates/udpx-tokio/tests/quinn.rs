@@ -182,6 +182,13 @@ async fn both_ends_on_udpx_io_uring() {
     check(Side::Udpx(Backend::IoUring), Side::Udpx(Backend::IoUring)).await;
 }
 
+/// Both endpoints on one current-thread runtime: each socket's receive ring is that thread's
+/// (`SINGLE_ISSUER | DEFER_TASKRUN`).
+#[tokio::test]
+async fn both_ends_on_udpx_io_uring_one_thread() {
+    check(Side::Udpx(Backend::IoUring), Side::Udpx(Backend::IoUring)).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn udpx_server_stock_client() {
     check(Side::Udpx(Backend::Syscall), Side::Stock).await;

@@ -90,6 +90,53 @@ async fn batches_arrive_whole_through_the_ring() {
     batches_arrive_whole(Backend::IoUring, "batches_arrive_whole_through_the_ring").await;
 }
 
+/// On a current-thread runtime the ring is the runtime thread's (`SINGLE_ISSUER |
+/// DEFER_TASKRUN`): batches arrive whole through it. Polled from another thread, the socket
+/// receives by system call there (counted), every datagram in order; back on its own thread
+/// the ring goes on receiving.
+#[tokio::test]
+async fn a_current_thread_runtime_owns_its_ring_and_other_threads_still_receive() {
+    let test = "a_current_thread_runtime_owns_its_ring_and_other_threads_still_receive";
+    let rx = Arc::new(UdpxSocket::bind(lo(), Backend::IoUring).unwrap());
+    if !usable(test, &rx, Backend::IoUring) {
+        return;
+    }
+    if !rx.backend_note().contains("runtime thread") {
+        udpx_lab::netns::record_skip(test, "no DEFER_TASKRUN in this kernel: the ring is the shared kind");
+        return;
+    }
+    batches_arrive_whole(Backend::IoUring, test).await;
+
+    let tx = std::net::UdpSocket::bind(lo()).unwrap();
+    let to = rx.udpx().local_addr();
+    let first: Vec<Vec<u8>> = (0..50u64).map(|i| udpx_lab::pattern(100 + i as usize, i)).collect();
+    for d in &first {
+        tx.send_to(d, to).unwrap();
+    }
+    let rx2 = rx.clone();
+    let got = tokio::task::spawn_blocking(move || {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(recv_all(&rx2, 50))
+    })
+    .await
+    .unwrap();
+    let data: Vec<Vec<u8>> = got.into_iter().map(|(_, d)| d).collect();
+    assert_eq!(data, first, "received on another thread by system call, in order");
+    let st = rx.stats();
+    assert!(st.recvs_off_ring > 0, "{st:?}");
+    assert_eq!(st.bytes_copied, 0, "nothing came through the ring: {st:?}");
+
+    let second: Vec<Vec<u8>> = (0..50u64).map(|i| udpx_lab::pattern(200 + i as usize, 100 + i)).collect();
+    for d in &second {
+        tx.send_to(d, to).unwrap();
+    }
+    let data: Vec<Vec<u8>> = recv_all(&rx, 50).await.into_iter().map(|(_, d)| d).collect();
+    assert_eq!(data, second, "back on its thread, through the ring");
+    let after = rx.stats();
+    assert_eq!(after.ring.datagrams, 50, "{after:?}");
+    assert_eq!(after.recvs_off_ring, st.recvs_off_ring, "{after:?}");
+}
+
 /// ECN marks a peer sets reach quinn through `poll_recv` (quinn's `RecvMeta.ecn`), whichever
 /// backend receives them.
 async fn ecn_marks_reach_quinn(backend: Backend, test: &str) {

@@ -22,6 +22,10 @@
 //!   [`UringReceiver::recv_buffers`] hands over whole GRO buffers, a bounded number per call.
 //!   [`UringReceiver::new`] takes the socket by any owner (an `Arc`), so both can live in one
 //!   struct (udpx-tokio's socket does this).
+//! - For one thread: [`UringReceiver::for_this_thread`] sets the ring up `SINGLE_ISSUER |
+//!   DEFER_TASKRUN`, so the kernel does the receive's work only when that thread reaps (no task
+//!   work interrupting it per wake-up, no wake-up of it per datagram). Another thread's reap is
+//!   refused; the datagrams the ring has not taken stay in the socket for a `recv` there.
 
 use std::io;
 use std::ops::Deref;
@@ -30,7 +34,7 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use crate::error::Error;
 use crate::recv::RecvMeta;
 use crate::socket::UdpSocket;
-use crate::sys::uring::{RecvEvent, RecvRing};
+use crate::sys::uring::{RecvEvent, RecvRing, RecvSetup};
 pub use crate::uring_shard::{QueueError, Replies, UringShard, UringShardConfig, UringShardStats};
 
 /// What a receiver counted.
@@ -63,6 +67,8 @@ pub struct UringReceiver<S: Deref<Target = UdpSocket>> {
     started: bool,
     /// An error the receive ended with after datagrams were delivered: returned next call.
     error: Option<io::Error>,
+    /// The one thread that may reap a `SINGLE_ISSUER` ring; `None`: any thread, one at a time.
+    owner: Option<std::thread::ThreadId>,
 }
 
 impl UdpSocket {
@@ -76,12 +82,37 @@ impl UdpSocket {
 impl<S: Deref<Target = UdpSocket>> UringReceiver<S> {
     /// A multishot io_uring receiver on `socket`; see [`UdpSocket::uring_receiver`].
     pub fn new(socket: S, buffers: u16, size: usize) -> Result<UringReceiver<S>, Error> {
+        UringReceiver::with_setup(socket, buffers, size, RecvSetup::Shared)
+    }
+
+    /// A receiver for the calling thread only: its ring is set up `SINGLE_ISSUER |
+    /// DEFER_TASKRUN` (Linux 6.1), so the kernel receives into the buffers only when this
+    /// thread reaps (or waits), in one go, instead of as task work at its every kernel entry;
+    /// the socket is registered with the ring as a fixed file. Another thread's reap is refused
+    /// with an error (see [`UringReceiver::owner_thread`]): datagrams the ring has not taken
+    /// stay in the socket's queue, for a `recv` from that thread. Where the kernel lacks
+    /// `DEFER_TASKRUN` the ring is the shared kind (`owner_thread` is then `None`).
+    ///
+    /// Drop it on its thread: the receive can be cancelled only from there; dropped on
+    /// another, its buffers are leaked (never freed while the kernel may write them).
+    pub fn for_this_thread(socket: S, buffers: u16, size: usize) -> Result<UringReceiver<S>, Error> {
+        UringReceiver::with_setup(socket, buffers, size, RecvSetup::OneThread { extra: 0 })
+    }
+
+    fn with_setup(socket: S, buffers: u16, size: usize, setup: RecvSetup) -> Result<UringReceiver<S>, Error> {
         check_recv(buffers, size)?;
-        let ring = RecvRing::new(socket.as_raw_fd(), buffers, size).map_err(|e| Error::Unsupported {
+        let ring = RecvRing::with_setup(socket.as_raw_fd(), buffers, size, setup).map_err(|e| Error::Unsupported {
             feature: crate::Feature::IoUring,
             why: format!("io_uring receive: {e}"),
         })?;
-        Ok(UringReceiver { socket, ring, stats: UringRecvStats::default(), started: false, error: None })
+        let owner = ring.is_deferred().then(|| std::thread::current().id());
+        Ok(UringReceiver { socket, ring, stats: UringRecvStats::default(), started: false, error: None, owner })
+    }
+
+    /// The only thread that may reap this receiver ([`UringReceiver::for_this_thread`] on a
+    /// kernel with `DEFER_TASKRUN`); `None` when any thread may (one at a time).
+    pub fn owner_thread(&self) -> Option<std::thread::ThreadId> {
+        self.owner
     }
 
     /// Calls `f` for every datagram that arrived (a GRO buffer's datagrams one by one, each
@@ -139,6 +170,13 @@ impl<S: Deref<Target = UdpSocket>> UringReceiver<S> {
         max: usize,
         mut f: impl FnMut(&RecvMeta, &[u8]),
     ) -> io::Result<usize> {
+        if let Some(owner) = self.owner.filter(|&o| o != std::thread::current().id()) {
+            // The kernel would refuse the entry (EEXIST); say what to do instead.
+            return Err(io::Error::other(format!(
+                "this io_uring receive belongs to thread {owner:?} (SINGLE_ISSUER): reap it there, \
+                 or receive by system call from this thread"
+            )));
+        }
         if let Some(e) = self.error.take() {
             return Err(e);
         }

@@ -116,6 +116,51 @@ fn multishot_receive_delivers_every_datagram_with_its_sender() {
     assert_eq!(rx.counters().datagrams_received, 1000);
 }
 
+/// A receiver for one thread (`SINGLE_ISSUER | DEFER_TASKRUN`) delivers on its thread;
+/// another thread's reap is refused, naming the owner, and the datagrams the ring has not
+/// taken are there for that thread's `recvmsg`; back on its thread the ring goes on.
+#[test]
+fn a_one_thread_receiver_is_reaped_on_its_thread_only() {
+    let test = "a_one_thread_receiver_is_reaped_on_its_thread_only";
+    if !uring_usable(test) {
+        return;
+    }
+    let rx = UdpSocket::builder(lo4()).recv_buffer(16 << 20).bind().unwrap();
+    let tx = UdpSocket::builder(lo4()).send_mode(SendMode::Sendmmsg).bind().unwrap();
+    let mut r = udpx::uring::UringReceiver::for_this_thread(&rx, 64, 2048).unwrap();
+    let Some(owner) = r.owner_thread() else {
+        skip(test, "no DEFER_TASKRUN in this kernel: the ring is the shared kind");
+        return;
+    };
+    assert_eq!(owner, std::thread::current().id());
+    let send = |from: u32| {
+        let sent: Vec<Vec<u8>> = (from..from + 100).map(|i| payload(i, 200)).collect();
+        let ts: Vec<udpx::Transmit<'_>> = sent.iter().map(|d| udpx::Transmit::new(rx.local_addr(), d)).collect();
+        tx.send(&ts).unwrap();
+        sent
+    };
+    let sent = send(0);
+    let got: Vec<Vec<u8>> = drain(&mut r, 100, Duration::from_secs(2)).into_iter().map(|(_, d)| d).collect();
+    assert_eq!(got, sent, "on its thread, through the ring");
+
+    let sent = send(100);
+    let got = std::thread::scope(|s| {
+        s.spawn(|| {
+            let e = r.recv(None, |_, _| panic!("delivered on another thread")).unwrap_err();
+            assert!(e.to_string().contains("belongs to thread"), "{e}");
+            receive(&rx, 100, Duration::from_millis(300), Duration::from_secs(3)).datagrams
+        })
+        .join()
+        .unwrap()
+    });
+    assert_eq!(got, sent, "the other thread got them by recvmsg, in order");
+
+    let sent = send(200);
+    let got: Vec<Vec<u8>> = drain(&mut r, 100, Duration::from_secs(2)).into_iter().map(|(_, d)| d).collect();
+    assert_eq!(got, sent, "back on its thread, through the ring");
+    assert_eq!(r.stats().datagrams, 200);
+}
+
 #[test]
 fn multishot_receive_splits_gro_buffers() {
     if !uring_usable("multishot_receive_splits_gro_buffers") {

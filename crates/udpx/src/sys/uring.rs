@@ -424,12 +424,7 @@ const OUT_LEN: usize = 16;
 
 impl RecvRing {
     /// A ring of `count` buffers (a power of two, at most 32768) with room for `payload`
-    /// bytes of datagram each, receiving on `fd`.
-    pub(crate) fn new(fd: RawFd, count: u16, payload: usize) -> io::Result<RecvRing> {
-        RecvRing::with_setup(fd, count, payload, RecvSetup::Shared)
-    }
-
-    /// As [`RecvRing::new`], set up as `setup` says.
+    /// bytes of datagram each, receiving on `fd`, set up as `setup` says.
     pub(crate) fn with_setup(fd: RawFd, count: u16, payload: usize, setup: RecvSetup) -> io::Result<RecvRing> {
         if !count.is_power_of_two() || count > 32768 {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "buffer count: a power of two up to 32768"));
