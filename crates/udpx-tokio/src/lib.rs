@@ -355,9 +355,7 @@ impl UdpxSocket {
         }
         // A one-thread ring polled from another thread: receive by system call here.
         let ring = self.ring.as_ref().filter(|r| r.owner.is_none_or(|o| o == std::thread::current().id()));
-        if ring.is_none() && self.ring.is_some() {
-            self.counters.recvs_off_ring.fetch_add(1, Relaxed);
-        }
+        let off_ring = ring.is_none() && self.ring.is_some();
         loop {
             let got = match ring {
                 Some(r) => match self.reap(r, &mut bufs[..n], &mut meta[..n]) {
@@ -389,6 +387,9 @@ impl UdpxSocket {
             };
             match got {
                 Ok(k) => {
+                    if off_ring {
+                        self.counters.recvs_off_ring.fetch_add(1, Relaxed);
+                    }
                     let marked: usize = meta[..k].iter().filter(|m| m.ecn.is_some()).map(|m| m.segment_count()).sum();
                     if marked > 0 {
                         self.counters.ecn_marked.fetch_add(marked as u64, Relaxed);
