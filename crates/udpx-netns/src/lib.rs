@@ -16,10 +16,14 @@
 //! - [`TestNet`]: two namespaces, a veth pair, documentation-range addresses, a [`Profile`].
 //! - [`LineNet`]: server → router → client, two veth pairs, forwarding, and the lab's knobs:
 //!   a `tbf` bottleneck on the router's egress, device features, RPS.
+//! - [`StarNet`]: the attack lab, a hub forwarding between a server, an attacker, a victim and
+//!   a client, with no source-address filtering (what a forged source reaches).
 //! - Cleanup outside `Drop`: [`cleanup_on_signals`] / [`remove_all_live`] for Ctrl-C,
 //!   [`cleanup_stale`] for namespaces left by a process that was killed.
 //! - [`ChildGroup`]: a peer process (iperf3, sockperf) in a process group of its own, killed
 //!   with its group when dropped and by the signal cleanup.
+//! - [`forge`]: forged packets for the attack tests (a request with a victim's source address,
+//!   ICMP errors quoting any datagram), sent from a raw socket.
 //! - [`run_bounded`]: every external command here (`ip`, `ethtool`, `sh`) runs with a time
 //!   limit, and a failure carries its stderr.
 //!
@@ -48,9 +52,11 @@
 mod child;
 mod command;
 mod error;
+pub mod forge;
 mod line;
 mod link;
 mod namespace;
+mod star;
 mod testnet;
 
 use std::path::Path;
@@ -70,6 +76,7 @@ pub use namespace::{
     cleanup_on_signals, cleanup_stale, live_namespaces, remove_all_live, unique_name, Namespace, EXEC_TIMEOUT,
     NAME_PREFIX, NETNS_RUN_DIR,
 };
+pub use star::{Leaf, StarNet};
 pub use testnet::{
     parse_features, NapiThread, Profile, Side, TestNet, TestNetConfig, MAX_IFNAME_LEN, MAX_MTU, MIN_MTU, RX_V4, RX_V6,
     TX_V4, TX_V6, V4_PREFIX, V6_PREFIX,

@@ -76,6 +76,9 @@ pub struct HostCounters {
     pub accept_errors: u64,
     /// ICMP errors about datagrams sent (the socket's count; port unreachable, ...).
     pub icmp_errors: u64,
+    /// Receive calls that failed with an error the host counted and served on (never one
+    /// an ICMP message caused: the socket keeps those out).
+    pub recv_errors: u64,
 }
 
 impl HostCounters {
@@ -114,6 +117,7 @@ impl HostCounters {
             paced_holds: self.paced_holds + o.paced_holds,
             accept_errors: self.accept_errors + o.accept_errors,
             icmp_errors: self.icmp_errors + o.icmp_errors,
+            recv_errors: self.recv_errors + o.recv_errors,
         };
         s.packets_per_call = ratio(s.datagrams_sent, s.send_calls);
         s

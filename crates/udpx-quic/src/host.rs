@@ -361,7 +361,10 @@ impl<A: App> Host<A> {
         if err {
             // ICMP errors queued (IP_RECVERR): read them, or POLLERR stays raised and the
             // loop spins. The socket counts them (`icmp_errors`).
-            self.socket.drain_errors(|_| {}).map_err(Error::Io)?;
+            if let Err(e) = self.socket.drain_errors(|_| {}) {
+                self.counters.recv_errors += 1;
+                log::debug!("udpx-quic: reading the error queue failed (counted): {e}");
+            }
         }
         Ok(())
     }
@@ -416,9 +419,16 @@ impl<A: App> Host<A> {
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => continue,
-                Err(e) => {
+                // Only a broken descriptor or a bug ends the loop; anything the network can
+                // cause (the library already keeps ICMP errors out) is counted and the loop
+                // goes on.
+                Err(e) if is_fatal(&e) => {
                     result = Err(Error::Io(e));
+                    break;
+                }
+                Err(e) => {
+                    self.counters.recv_errors += 1;
+                    log::debug!("udpx-quic: receive failed (counted, serving on): {e}");
                     break;
                 }
             }
@@ -785,6 +795,12 @@ pub fn pacing_for(peer: std::net::IpAddr) -> Pacing {
         Ok(e) if e.pacing == udpx::qdisc::KernelPacing::Fq => Pacing::Kernel,
         _ => Pacing::Hold,
     }
+}
+
+/// Whether a receive error means the socket itself is unusable (a bug or a closed
+/// descriptor), not something a datagram or an ICMP message could cause.
+pub(crate) fn is_fatal(e: &std::io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::EBADF | libc::EFAULT | libc::ENOTSOCK | libc::EINVAL))
 }
 
 /// A counters cell a running host publishes into.

@@ -102,7 +102,8 @@ impl UdpSocket {
 
     /// Waits up to `timeout` for `events` (POLLIN or POLLOUT). POLLERR on the way (an
     /// error-queue entry) is read and the wait goes on; a pending socket error with an empty
-    /// queue (a connected socket's peer refused) is returned as the error.
+    /// queue is returned as the error on a connected socket (its peer refused), read and
+    /// dropped on an unconnected one (an ICMP error whose queue entry the kernel dropped).
     pub(crate) fn wait_for(
         &self,
         events: libc::c_short,
@@ -120,8 +121,10 @@ impl UdpSocket {
                 return Ok(false);
             }
             if self.drain_error_queue(zc.as_deref_mut(), None, &mut |_| {})?.read == 0 {
+                // A pending error whose queue entry was dropped (full receive buffer), or a
+                // connected socket's peer refusing: SO_ERROR reads and clears it.
                 let err = sys::getsockopt_int(self.fd_ref(), libc::SOL_SOCKET, libc::SO_ERROR)?;
-                if err != 0 {
+                if err != 0 && !self.icmp_pending(err) {
                     return Err(io::Error::from_raw_os_error(err));
                 }
             }

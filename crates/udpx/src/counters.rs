@@ -95,9 +95,28 @@ counters! {
     /// Extended errors from the error queue that were not zerocopy completions (ICMP errors,
     /// with IP_RECVERR).
     icmp_errors,
+    /// Of those: port unreachable (ECONNREFUSED).
+    icmp_port_unreachable,
+    /// Of those: host unreachable (EHOSTUNREACH, EHOSTDOWN).
+    icmp_host_unreachable,
+    /// Of those: network unreachable (ENETUNREACH, ENONET).
+    icmp_net_unreachable,
+    /// Of those: fragmentation needed / packet too big (EMSGSIZE, from the network or the
+    /// local stack).
+    icmp_too_big,
+    /// Of those: administratively prohibited (EACCES).
+    icmp_prohibited,
+    /// Of those: any other kind.
+    icmp_other,
     /// Sends and receives retried after a pending ICMP error failed them (IP_RECVERR,
     /// unconnected sockets).
     icmp_retries,
+    /// Calls that met new ICMP errors on every try of their budget and returned WouldBlock
+    /// (nothing lost: the caller comes back): an ICMP flood at work.
+    icmp_flood_yields,
+    /// ICMP errors the library read and dropped from the ones kept for drain_errors (the
+    /// newest 64 are kept).
+    icmp_unseen,
     /// Other send errors reported to the caller.
     send_errors,
     /// Receive system calls that returned data (recvmsg or recvmmsg).

@@ -286,18 +286,12 @@ impl UdpSocket {
             match call(scratch, mmsg, ctrl, flags) {
                 Ok(got) => break got,
                 // A pending error left by an ICMP error about some earlier datagram
-                // (IP_RECVERR): nothing was received; read the queue and receive again.
-                Err(e)
-                    if self.caps.recv_err
-                        && self.peer.is_none()
-                        && retries < crate::icmp::ICMP_RETRIES
-                        && e.raw_os_error().is_some_and(crate::icmp::is_icmp_errno) =>
-                {
-                    if self.drain_error_queue(None, None, &mut |_| {})?.remote == 0 {
-                        return Err(e);
+                // (IP_RECVERR): nothing was received; read the queue and receive again, up to
+                // the flood budget (see crate::icmp).
+                Err(e) if e.raw_os_error().is_some_and(|errno| self.icmp_pending(errno)) => {
+                    if !self.icmp_recv_retry(&mut retries) {
+                        return Err(io::ErrorKind::WouldBlock.into());
                     }
-                    retries += 1;
-                    c.add(&c.icmp_retries, 1);
                 }
                 Err(e) => return Err(e),
             }

@@ -63,7 +63,8 @@ impl UdpSocket {
         mut zc: Option<&mut ZcState>,
     ) -> Result<usize, SendError> {
         let mut flags = if zc.is_some() { libc::MSG_ZEROCOPY } else { 0 };
-        let mut icmp_retries = 0;
+        // Pending ICMP errors met at the current position (see crate::icmp).
+        let mut icmp = crate::icmp::IcmpRetry::default();
         for (index, t) in transmits.iter().enumerate().skip(from.transmit) {
             self.validate(t).map_err(|reason| SendError {
                 sent: from.transmit,
@@ -105,8 +106,9 @@ impl UdpSocket {
             }
             match res {
                 Ok(n) => {
-                    // The retry budget bounds a flood against one stuck call, not a long send.
-                    icmp_retries = 0;
+                    // The retry budget bounds a flood against one stuck position, not a long
+                    // send.
+                    icmp = Default::default();
                     if let (true, Some(z)) = (zc_call, zc.as_deref_mut()) {
                         if ring_zc.is_none() {
                             z.tracker.extend_open(n as u32);
@@ -145,22 +147,19 @@ impl UdpSocket {
                 }
                 Err(e) => {
                     let errno = e.raw_os_error().unwrap_or(0);
-                    let icmp_kind = self.caps.recv_err && crate::icmp::is_icmp_errno(errno);
-                    let drained = if zc_call || icmp_kind {
+                    let icmp_kind = self.icmp_pending(errno);
+                    let drained = if zc_call || (self.caps.recv_err && crate::icmp::is_icmp_errno(errno)) {
                         self.after_failed_call(zc.as_deref_mut(), zc_call && ring_zc.is_none())
                     } else {
                         Default::default()
                     };
-                    if icmp_kind
-                        && self.peer.is_none()
-                        && drained.remote > 0
-                        && icmp_retries < crate::icmp::ICMP_RETRIES
-                    {
-                        // A pending error left by someone else's ICMP (IP_RECVERR): this call
-                        // sent nothing; the queue is read now, so send again.
-                        icmp_retries += 1;
-                        c.add(&c.icmp_retries, 1);
-                        continue;
+                    if icmp_kind {
+                        // Someone else's ICMP error, or this transmit's own? (crate::icmp)
+                        match self.icmp_send_step(&mut icmp, &drained) {
+                            crate::icmp::IcmpStep::Retry => continue,
+                            crate::icmp::IcmpStep::Yield => return Err(fail(cur, SendErrorKind::WouldBlock)),
+                            crate::icmp::IcmpStep::Own => {}
+                        }
                     }
                     let first_span = scratch.metas()[0];
                     let first_seg = first_span.segment_size;

@@ -268,6 +268,8 @@ pub struct UdpSocket {
     pub(crate) logged_gso_off: AtomicBool,
     pub(crate) logged_ctrunc: AtomicBool,
     pub(crate) zc: Option<Mutex<crate::zerocopy::ZcState>>,
+    /// ICMP errors kept for `drain_errors` and the top list of their senders.
+    pub(crate) icmp_log: Mutex<crate::icmp::IcmpLog>,
     path_mtu: OnceLock<Option<usize>>,
     /// Sends go through io_uring.
     pub(crate) uring: bool,
@@ -525,6 +527,7 @@ impl UdpSocket {
             logged_gso_off: AtomicBool::new(false),
             logged_ctrunc: AtomicBool::new(false),
             zc: zerocopy.then(|| Mutex::new(crate::zerocopy::ZcState::new(zc_cfg))),
+            icmp_log: Mutex::default(),
             path_mtu: OnceLock::new(),
             uring,
             uring_off_reason,

@@ -141,7 +141,7 @@ impl std::error::Error for QueueError {}
 #[derive(Debug, Clone, Copy, Default)]
 struct SlotInfo {
     enobufs: u32,
-    icmp: u32,
+    icmp: crate::icmp::IcmpRetry,
 }
 
 /// The send side's bookkeeping (safe code; the slots' memory is in `sys`).
@@ -194,15 +194,14 @@ impl SendSide {
             return;
         }
         let errno = -result;
-        let unconnected_icmp = sock.caps.recv_err && sock.peer.is_none() && crate::icmp::is_icmp_errno(errno);
-        if unconnected_icmp && info.icmp < crate::icmp::ICMP_RETRIES {
-            // Sent nothing: an error another datagram's ICMP left pending failed it (or a
-            // local one about this datagram, EMSGSIZE, which then fails it again).
+        if sock.icmp_pending(errno) {
+            // Someone else's ICMP error left pending (sent nothing), or this datagram's own
+            // (crate::icmp): the same rule as the system-call path. A flood keeps the slot
+            // queued for the next enter.
             let drained = sock.drain_error_queue(None, None, &mut |_| {}).unwrap_or_default();
-            if errno != libc::EMSGSIZE || drained.remote > 0 {
-                info.icmp += 1;
-                self.stats.icmp_retries += 1;
-                c.add(&c.icmp_retries, 1);
+            let step = sock.icmp_send_step(&mut info.icmp, &drained);
+            if step != crate::icmp::IcmpStep::Own {
+                self.stats.icmp_retries += u64::from(step == crate::icmp::IcmpStep::Retry);
                 self.ready.push(slot);
                 return;
             }

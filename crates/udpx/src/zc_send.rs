@@ -146,7 +146,8 @@ impl UdpSocket {
         self.counters.add(&self.counters.zerocopy_ring_notifs, notifs.len() as u64);
         for n in notifs {
             let code = if n.copied { SO_EE_CODE_ZEROCOPY_COPIED } else { 0 };
-            let e = crate::sys::cmsg::ExtErr { errno: 0, origin: 0, ty: 0, code, info: n.id, data: n.id };
+            let e =
+                crate::sys::cmsg::ExtErr { errno: 0, origin: 0, ty: 0, code, info: n.id, data: n.id, offender: None };
             let (r, o) = self.zerocopy_completion(state, &e, !n.failed);
             released += r;
             off |= o;

@@ -76,7 +76,11 @@ fn gso_einval_then_emsgsize_is_about_size_and_keeps_gso() {
     let p = pair(SendMode::GsoSendmmsg);
     let sent = datagrams(10, 1000);
     p.tx.inject_fault(Fault::Errno(libc::EINVAL));
-    p.tx.inject_fault(Fault::Errno(libc::EMSGSIZE));
+    // A size error fails every try; the socket (unconnected) first tries three times whether
+    // it was an ICMP error left pending (crate docs, icmp), then believes it.
+    for _ in 0..4 {
+        p.tx.inject_fault(Fault::Errno(libc::EMSGSIZE));
+    }
     let mut batch = Batch::for_socket(&p.tx);
     for d in &sent {
         batch.push(p.rx.local_addr(), d).unwrap();
@@ -86,6 +90,7 @@ fn gso_einval_then_emsgsize_is_about_size_and_keeps_gso() {
     assert!(matches!(e.kind, SendErrorKind::MessageTooLarge { segment_size: Some(1000), .. }), "{e}");
     assert!(e.to_string().contains("1000"), "{e}");
     assert!(p.tx.capabilities().gso, "a size problem must not turn GSO off");
+    assert_eq!(p.tx.counters().icmp_retries, 3, "tried as a pending ICMP error first, three times");
     // The caller may resend: everything arrives.
     p.tx.send(&batch.transmits()).unwrap();
     assert_same(&sent, &receive(&p.rx, 10, Duration::from_millis(300), Duration::from_secs(2)), "resend");

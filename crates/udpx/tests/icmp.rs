@@ -83,3 +83,164 @@ fn waits_read_the_error_queue_instead_of_spinning() {
     assert_eq!(srv.counters().icmp_errors, 1, "the wait read the queued error");
     assert!(srv.wait_writable(Duration::from_millis(100)).unwrap());
 }
+
+/// The raw socket the forged-ICMP tests send from, or `None` (skip recorded) when not root.
+fn raw_sender(what: &str) -> Option<udpx_netns::forge::RawSender> {
+    if !udpx_netns::is_root() {
+        udpx_netns::record_skip(what, "forging ICMP errors needs a raw socket (root)");
+        return None;
+    }
+    Some(udpx_netns::forge::RawSender::new().expect("raw socket as root"))
+}
+
+/// An ICMP error of `code` (type 3) from `offender`, about a datagram `server` sent to
+/// `victim` whose payload began with `payload`.
+fn forged_unreachable(
+    server: SocketAddr,
+    victim: std::net::SocketAddrV4,
+    offender: std::net::Ipv4Addr,
+    code: u8,
+    payload: &[u8],
+) -> Vec<u8> {
+    use udpx_netns::forge::*;
+    let SocketAddr::V4(server) = server else { panic!("IPv4 server") };
+    let quoted = udp_datagram(server, victim, payload);
+    let mtu = if code == unreach::FRAG_NEEDED { 1280 } else { 0 };
+    icmp_error(offender, *server.ip(), ICMP_DEST_UNREACH, code, mtu, &quoted, 8 + payload.len())
+}
+
+/// A flood of forged ICMP errors of every "unreachable" code (fragmentation needed included)
+/// about datagrams the server never sent, while a client asks and the server answers on a
+/// non-blocking event loop: no call returns an ICMP error, every request is answered, and the
+/// errors are counted by kind and by sender. (Before this rule, 1,000 such errors in a burst
+/// made a receive return EHOSTUNREACH after 8 retries, and the QUIC host ended on it.)
+#[test]
+fn a_forged_icmp_flood_never_fails_a_call_and_every_request_is_answered() {
+    let Some(raw) = raw_sender("a forged ICMP flood never fails a call") else { return };
+    let srv = UdpSocket::builder(lo4()).nonblocking(true).buffers(4 << 20, 4 << 20).bind().unwrap();
+    let server = srv.local_addr();
+    let victim = "127.0.0.9:9999".parse().unwrap();
+    let offender: std::net::Ipv4Addr = "127.0.0.7".parse().unwrap();
+    const FLOOD: usize = 20_000;
+    const REQUESTS: u32 = 2_000;
+    let flood = std::thread::spawn(move || {
+        let packets: Vec<Vec<u8>> = udpx_netns::forge::unreach::ALL
+            .iter()
+            .map(|&code| forged_unreachable(server, victim, offender, code, b"not ours"))
+            .collect();
+        for i in 0..FLOOD {
+            raw.send(&packets[i % packets.len()]).unwrap();
+        }
+    });
+    // The client's buffer holds every reply, so a slow reader loses none.
+    let client = std::sync::Arc::new(UdpSocket::builder(lo4()).buffers(1 << 20, 4 << 20).bind().unwrap());
+    client.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    let collector = {
+        let client = client.clone();
+        std::thread::spawn(move || {
+            let mut got = std::collections::BTreeSet::new();
+            let mut bufs = udpx::RecvBuffers::new(16, 64);
+            while got.len() < REQUESTS as usize {
+                let Ok(n) = client.recv_into(&mut bufs) else { break };
+                for i in 0..n {
+                    got.insert(u32::from_be_bytes(bufs.message(i).1.try_into().unwrap()));
+                }
+            }
+            got.len()
+        })
+    };
+    let asker = {
+        let client = client.clone();
+        std::thread::spawn(move || {
+            for seq in 0..REQUESTS {
+                client.send(&[Transmit::new(server, &seq.to_be_bytes())]).unwrap();
+                if seq % 50 == 0 {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            }
+        })
+    };
+    let mut bufs = udpx::RecvBuffers::new(16, 2048);
+    let mut send_bufs = udpx::SendBuffers::new();
+    let (mut answered, mut yields) = (0u32, 0u32);
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while answered < REQUESTS && std::time::Instant::now() < deadline {
+        let n = match srv.try_recv_into(&mut bufs) {
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                yields += 1;
+                let _ = srv.wait_readable(Duration::from_millis(10)).expect("a wait never fails on ICMP");
+                continue;
+            }
+            Err(e) => panic!("a receive returned {e} during the flood"),
+        };
+        let replies: Vec<(SocketAddr, Vec<u8>)> = (0..n)
+            .map(|i| {
+                let (m, d) = bufs.message(i);
+                (m.addr, d.to_vec())
+            })
+            .collect();
+        let transmits: Vec<Transmit<'_>> = replies.iter().map(|(a, d)| Transmit::new(*a, d)).collect();
+        let mut cur = udpx::SendCursor::default();
+        loop {
+            match srv.try_send(&mut send_bufs, &transmits, cur) {
+                Ok(_) => break,
+                Err(e) if e.is_would_block() => {
+                    cur = e.cursor();
+                    srv.wait_writable(Duration::from_millis(100)).expect("a wait never fails on ICMP");
+                }
+                Err(e) => panic!("a reply failed with {e} during the flood"),
+            }
+        }
+        answered += n as u32;
+    }
+    flood.join().unwrap();
+    asker.join().unwrap();
+    let c = srv.counters();
+    let replies = collector.join().unwrap();
+    println!(
+        "flood of {FLOOD}: {replies} replies, {c:?}, {yields} waits, offenders {:?}, kernel drops {:?}",
+        srv.icmp_offenders(),
+        srv.kernel_drops()
+    );
+    assert_eq!(answered, REQUESTS, "every request reached the server");
+    assert_eq!(replies, REQUESTS as usize, "every reply reached the client");
+    assert!(c.icmp_errors > 0 && c.icmp_retries > 0, "{c:?}");
+    for (kind, n) in [
+        ("port unreachable", c.icmp_port_unreachable),
+        ("host unreachable", c.icmp_host_unreachable),
+        ("net unreachable", c.icmp_net_unreachable),
+        ("fragmentation needed", c.icmp_too_big),
+        ("prohibited", c.icmp_prohibited),
+        ("other (protocol, source route)", c.icmp_other),
+    ] {
+        assert!(n > 0, "{kind} errors were read and counted by kind: {c:?}");
+    }
+    let top = srv.icmp_offenders();
+    assert_eq!(top.first().map(|t| t.0), Some(offender.into()), "the flood's sender heads the list: {top:?}");
+}
+
+/// What an ICMP error quotes of the datagram reaches the application, so a server can check
+/// a secret it put there; errors the library read itself while retrying are kept for it.
+#[test]
+fn drain_errors_gives_the_quoted_payload_even_when_the_library_read_it_first() {
+    let Some(raw) = raw_sender("the quoted payload reaches drain_errors") else { return };
+    let srv = UdpSocket::builder(lo4()).nonblocking(true).bind().unwrap();
+    let victim = "127.0.0.9:9999".parse().unwrap();
+    let p = forged_unreachable(srv.local_addr(), victim, "127.0.0.8".parse().unwrap(), 3, b"secret-0123456789");
+    raw.send(&p).unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    // A receive meets the pending error: the library reads the queue, keeps the error.
+    let mut bufs = udpx::RecvBuffers::new(4, 2048);
+    assert_eq!(srv.try_recv_into(&mut bufs).unwrap_err().kind(), std::io::ErrorKind::WouldBlock);
+    let mut seen = Vec::new();
+    srv.drain_errors(|e| seen.push(*e)).unwrap();
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    let e = seen[0];
+    assert_eq!(e.destination, Some(SocketAddr::V4(victim)));
+    assert_eq!(e.offender, Some("127.0.0.8".parse().unwrap()));
+    assert_eq!(e.quoted(), b"secret-0123456789");
+    assert_eq!(srv.counters().icmp_port_unreachable, 1);
+    // Seen once: the next drain finds nothing.
+    assert_eq!(srv.drain_errors(|_| {}).unwrap(), 0);
+}

@@ -99,7 +99,7 @@ impl Cmsg {
             Cmsg::PktInfoV6 { .. } => mem::size_of::<libc::in6_pktinfo>(),
             Cmsg::TxTime(_) => mem::size_of::<u64>(),
             Cmsg::RxqOvfl(_) => mem::size_of::<u32>(),
-            Cmsg::ExtErr(_) => ExtErr::LEN,
+            Cmsg::ExtErr(e) => e.encoded_len(),
             Cmsg::Unknown { len, .. } => *len,
         };
         // SAFETY: CMSG_SPACE is pure arithmetic on its argument.
@@ -119,7 +119,9 @@ pub const SO_EE_CODE_ZEROCOPY_COPIED: u8 = 1;
 /// ```
 ///
 /// For a zerocopy completion `ee_errno` is 0, `ee_origin` [`SO_EE_ORIGIN_ZEROCOPY`], and the
-/// completed send ids are the inclusive range `ee_info..=ee_data` (32-bit, wrapping).
+/// completed send ids are the inclusive range `ee_info..=ee_data` (32-bit, wrapping). For an
+/// ICMP error the kernel appends the address of the host that sent it (`SO_EE_OFFENDER`: a
+/// `sockaddr_in` or `sockaddr_in6` right after the 16 bytes).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct ExtErr {
     /// The error (0 for a zerocopy completion).
@@ -134,25 +136,68 @@ pub struct ExtErr {
     pub info: u32,
     /// Last id (zerocopy) or extra data.
     pub data: u32,
+    /// Who sent the ICMP error (`SO_EE_OFFENDER`), when the kernel says.
+    pub offender: Option<IpAddr>,
 }
 
 impl ExtErr {
     const LEN: usize = 16;
+    /// `sizeof(struct sockaddr_in)`, `sizeof(struct sockaddr_in6)`.
+    const SIN_LEN: usize = 16;
+    const SIN6_LEN: usize = 28;
 
-    fn to_bytes(self) -> [u8; 16] {
-        let mut b = [0u8; 16];
+    /// Bytes of cmsg data this error takes: 16, and the offender's sockaddr when it has one.
+    #[cfg(any(test, feature = "internals"))]
+    fn encoded_len(&self) -> usize {
+        Self::LEN
+            + match self.offender {
+                None => 0,
+                Some(IpAddr::V4(_)) => Self::SIN_LEN,
+                Some(IpAddr::V6(_)) => Self::SIN6_LEN,
+            }
+    }
+
+    fn to_bytes(self) -> ([u8; Self::LEN + Self::SIN6_LEN], usize) {
+        let mut b = [0u8; Self::LEN + Self::SIN6_LEN];
         b[0..4].copy_from_slice(&self.errno.to_ne_bytes());
         b[4] = self.origin;
         b[5] = self.ty;
         b[6] = self.code;
         b[8..12].copy_from_slice(&self.info.to_ne_bytes());
         b[12..16].copy_from_slice(&self.data.to_ne_bytes());
-        b
+        let len = match self.offender {
+            None => Self::LEN,
+            Some(IpAddr::V4(a)) => {
+                b[16..18].copy_from_slice(&(libc::AF_INET as u16).to_ne_bytes());
+                b[20..24].copy_from_slice(&a.octets());
+                Self::LEN + Self::SIN_LEN
+            }
+            Some(IpAddr::V6(a)) => {
+                b[16..18].copy_from_slice(&(libc::AF_INET6 as u16).to_ne_bytes());
+                b[24..40].copy_from_slice(&a.octets());
+                Self::LEN + Self::SIN6_LEN
+            }
+        };
+        (b, len)
     }
 
     fn from_bytes(d: &[u8]) -> Option<Self> {
         let u = |i: usize| d.get(i..i + 4).and_then(|x| x.try_into().ok()).map(u32::from_ne_bytes);
-        Some(ExtErr { errno: u(0)?, origin: *d.get(4)?, ty: *d.get(5)?, code: *d.get(6)?, info: u(8)?, data: u(12)? })
+        let family = d.get(16..18).map(|f| u16::from_ne_bytes([f[0], f[1]]));
+        let offender = match family.map(i32::from) {
+            Some(libc::AF_INET) if d.len() >= Self::LEN + Self::SIN_LEN => arr::<4>(&d[20..]).map(IpAddr::from),
+            Some(libc::AF_INET6) if d.len() >= Self::LEN + Self::SIN6_LEN => arr::<16>(&d[24..]).map(IpAddr::from),
+            _ => None,
+        };
+        Some(ExtErr {
+            errno: u(0)?,
+            origin: *d.get(4)?,
+            ty: *d.get(5)?,
+            code: *d.get(6)?,
+            info: u(8)?,
+            data: u(12)?,
+            offender,
+        })
     }
 }
 
@@ -212,7 +257,10 @@ impl<'a> Encoder<'a> {
             Cmsg::TxTime(t) => self.push_raw(libc::SOL_SOCKET, SO_TXTIME, t),
             Cmsg::RxqOvfl(v) => self.push_raw(libc::SOL_SOCKET, SO_RXQ_OVFL, v),
             // Only the kernel sends these; encoded for tests (IPv4 level).
-            Cmsg::ExtErr(e) => self.push_bytes(libc::IPPROTO_IP, libc::IP_RECVERR, &e.to_bytes()),
+            Cmsg::ExtErr(e) => {
+                let (b, len) = e.to_bytes();
+                self.push_bytes(libc::IPPROTO_IP, libc::IP_RECVERR, &b[..len])
+            }
             Cmsg::Unknown { level, ty, len } => {
                 // Only used by tests: data of `len` zero bytes.
                 let zeros = [0u8; 64];
@@ -342,10 +390,12 @@ pub fn encode_bytes(msgs: &[Cmsg]) -> Vec<u8> {
     buf.0[..len].to_vec()
 }
 
+/// The first `N` bytes of `d`, if it has them.
+fn arr<const N: usize>(d: &[u8]) -> Option<[u8; N]> {
+    d.get(..N)?.try_into().ok()
+}
+
 fn classify(level: i32, ty: i32, d: &[u8]) -> Cmsg {
-    fn arr<const N: usize>(d: &[u8]) -> Option<[u8; N]> {
-        d.get(..N)?.try_into().ok()
-    }
     let unknown = Cmsg::Unknown { level, ty, len: d.len() };
     let int = || arr::<4>(d).map(i32::from_ne_bytes);
     match (level, ty) {
@@ -443,9 +493,24 @@ mod tests {
                 .prop_map(|(i, a)| Cmsg::PktInfoV6 { ifindex: i, addr: Ipv6Addr::from(a) }),
             any::<u64>().prop_map(Cmsg::TxTime),
             any::<u32>().prop_map(Cmsg::RxqOvfl),
-            (any::<u32>(), any::<u8>(), any::<u8>(), any::<u8>(), any::<u32>(), any::<u32>()).prop_map(
-                |(errno, origin, ty, code, info, data)| Cmsg::ExtErr(ExtErr { errno, origin, ty, code, info, data })
-            ),
+            (
+                any::<u32>(),
+                any::<u8>(),
+                any::<u8>(),
+                any::<u8>(),
+                any::<u32>(),
+                any::<u32>(),
+                0u8..3,
+                any::<[u8; 16]>()
+            )
+                .prop_map(|(errno, origin, ty, code, info, data, fam, a)| {
+                    let offender = match fam {
+                        0 => None,
+                        1 => Some(IpAddr::from([a[0], a[1], a[2], a[3]])),
+                        _ => Some(IpAddr::from(a)),
+                    };
+                    Cmsg::ExtErr(ExtErr { errno, origin, ty, code, info, data, offender })
+                }),
             (0usize..40).prop_map(|len| Cmsg::Unknown { level: 9999, ty: 7, len }),
         ]
     }

@@ -14,20 +14,25 @@ use super::addr::SockAddr;
 use super::cmsg::{self, Cmsg, CmsgBuf, ExtErr};
 use super::{cvt, retry};
 
-/// Reads every queued error-queue message (up to `max`), calling `f` with each extended error
-/// and, for an ICMP error, the destination of the datagram that caused it (the kernel puts it
-/// in `msg_name`: `ip_recv_error`, `ipv6_recv_error`). Returns how many were read; 0 when the
-/// queue is empty.
+/// Bytes of the quoted datagram an error-queue read keeps.
+pub(crate) const QUOTE_MAX: usize = 64;
+
+/// Reads every queued error-queue message (up to `max`), calling `f` with each extended error,
+/// for an ICMP error the destination of the datagram that caused it (the kernel puts it in
+/// `msg_name`: `ip_recv_error`, `ipv6_recv_error`), and the start of that datagram's payload
+/// as the ICMP message quoted it (the kernel queues the quote from just past the UDP header,
+/// `ip_icmp_error`; empty when a router quoted only the 8 bytes of UDP header, and for
+/// zerocopy completions). Returns how many were read; 0 when the queue is empty.
 pub(crate) fn drain(
     fd: BorrowedFd<'_>,
     max: usize,
-    mut f: impl FnMut(ExtErr, Option<SocketAddr>),
+    mut f: impl FnMut(ExtErr, Option<SocketAddr>, &[u8]),
 ) -> io::Result<usize> {
     let mut n = 0;
     let mut ctrl = CmsgBuf::default();
-    // The payload of an error-queue message is the original datagram (for ICMP errors); we
-    // only need the control data, so a small buffer with MSG_TRUNC set is fine.
-    let mut data = [0u8; 64];
+    // The first QUOTE_MAX bytes of the quote are enough to recognise a datagram of ours; the
+    // rest is cut (MSG_TRUNC), which is fine.
+    let mut data = [0u8; QUOTE_MAX];
     while n < max {
         let mut iov = libc::iovec { iov_base: data.as_mut_ptr().cast(), iov_len: data.len() };
         let mut name = SockAddr::empty();
@@ -46,12 +51,13 @@ pub(crate) fn drain(
             cvt(unsafe { libc::recvmsg(fd.as_raw_fd(), &mut hdr, libc::MSG_ERRQUEUE | libc::MSG_DONTWAIT) })
         });
         match res {
-            Ok(_) => {
+            Ok(got) => {
                 n += 1;
                 let dst = name.with_len(hdr.msg_namelen);
+                let quote = &data[..(got as usize).min(QUOTE_MAX)];
                 cmsg::decode(&hdr, |c| {
                     if let Cmsg::ExtErr(e) = c {
-                        f(e, dst)
+                        f(e, dst, quote)
                     }
                 });
             }

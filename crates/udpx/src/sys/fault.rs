@@ -23,6 +23,9 @@ pub enum Fault {
     /// only means something on a GSO send (EIO), where which call comes first depends on
     /// timing.
     ErrnoOnGso(i32),
+    /// The next call goes through untouched: a place holder that puts the faults queued after
+    /// it on later calls (an io_uring retry round, say).
+    Pass,
 }
 
 /// Queued faults of one socket.
