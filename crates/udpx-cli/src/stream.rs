@@ -32,22 +32,22 @@ struct FlowArgs {
     /// Bytes per second per flow: a number with an optional k, M or G (4k = 4000).
     #[arg(short = 'r', long, value_parser = parse_rate)]
     rate: Option<u64>,
-    /// Bytes per datagram (UDP payload), 48 to the path's maximum.
-    #[arg(short = 's', long, default_value_t = 1200)]
-    size: u32,
+    /// Bytes per datagram (UDP payload), 56 to the path's maximum [default: 1200].
+    #[arg(short = 's', long)]
+    size: Option<u32>,
     /// A release every this many ms (the batch follows from rate x interval); default: by
     /// --segments.
     #[arg(short = 'i', long = "interval-ms")]
     interval_ms: Option<f64>,
-    /// Datagrams per release (default: the server's, 2).
-    #[arg(long, default_value_t = 0)]
-    segments: u32,
-    /// Burst allowance in datagrams (default: twice the batch).
-    #[arg(long, default_value_t = 0)]
-    burst: u32,
-    /// Seconds each flow streams.
-    #[arg(short = 'l', long, default_value_t = 10.0)]
-    duration: f64,
+    /// Datagrams per release [default: the server's, 2].
+    #[arg(long)]
+    segments: Option<u32>,
+    /// Burst allowance in datagrams [default: twice the batch].
+    #[arg(long)]
+    burst: Option<u32>,
+    /// Seconds each flow streams [default: 10].
+    #[arg(short = 'l', long)]
+    duration: Option<f64>,
     /// One JSON object instead of the table.
     #[arg(long)]
     json: bool,
@@ -84,6 +84,25 @@ struct ServeArgs {
     /// Highest rate a client may ask for, bytes/s per flow (k, M, G allowed).
     #[arg(long, value_parser = parse_rate, default_value = "1G")]
     max_rate: u64,
+    /// Most flows at once from one client address [default: 16; the self-test: its flows].
+    #[arg(long)]
+    max_flows_per_addr: Option<u32>,
+    /// Most flows at once from one /24 (IPv4) or /48 (IPv6) [default: 256].
+    #[arg(long)]
+    max_flows_per_prefix: Option<u32>,
+    /// Most bytes/s of one client address's flows together (k, M, G) [default: 1G].
+    #[arg(long, value_parser = parse_rate)]
+    max_rate_per_addr: Option<u64>,
+    /// Most bytes/s of one prefix's flows together (k, M, G) [default: 4G].
+    #[arg(long, value_parser = parse_rate)]
+    max_rate_per_prefix: Option<u64>,
+    /// Answers per second per shard to addresses that have not proven themselves (cookies,
+    /// refusals) [default: 10000].
+    #[arg(long)]
+    unproven_rate: Option<u32>,
+    /// A flow whose client sent no keepalive for this many seconds ends [default: 10].
+    #[arg(long)]
+    consent_timeout: Option<f64>,
     /// Stop serving after this many seconds (default: until Ctrl-C). Not with --flows.
     #[arg(long = "for")]
     run_for: Option<f64>,
@@ -238,19 +257,41 @@ fn parse_rate(s: &str) -> Result<u64, String> {
 }
 
 impl FlowArgs {
+    /// The self-test flags given (they describe the clients a self-test runs, and mean nothing
+    /// to a server alone, which takes each flow's numbers from its client's request).
+    fn given(&self) -> Vec<&'static str> {
+        let mut v = Vec::new();
+        let flags = [
+            (self.rate.is_some(), "--rate"),
+            (self.size.is_some(), "--size"),
+            (self.interval_ms.is_some(), "--interval-ms"),
+            (self.segments.is_some(), "--segments"),
+            (self.burst.is_some(), "--burst"),
+            (self.duration.is_some(), "--duration"),
+            (self.json, "--json"),
+            (self.svg.is_some(), "--svg"),
+        ];
+        for (given, flag) in flags {
+            if given {
+                v.push(flag);
+            }
+        }
+        v
+    }
+
     fn recv_config(&self, server: SocketAddr, flows: u32) -> Result<RecvConfig, String> {
         let rate = self.rate.ok_or("--rate is needed: bytes/s per flow, e.g. 4k")?;
-        let mut c = RecvConfig::new(server, flows, rate, duration("--duration", self.duration)?);
-        c.size = self.size;
-        c.segments = self.segments;
-        c.burst = self.burst;
+        let mut c = RecvConfig::new(server, flows, rate, duration("--duration", self.duration.unwrap_or(10.0))?);
+        c.size = self.size.unwrap_or(1200);
+        c.segments = self.segments.unwrap_or(0);
+        c.burst = self.burst.unwrap_or(0);
         if let Some(ms) = self.interval_ms {
             if !(ms.is_finite() && ms > 0.0 && ms <= 10_000.0) {
                 return Err(format!("--interval-ms {ms}: give more than 0 and at most 10000"));
             }
             c.interval = Some(Duration::from_secs_f64(ms / 1e3));
         }
-        if self.interval_ms.is_some() && self.segments > 0 {
+        if self.interval_ms.is_some() && c.segments > 0 {
             return Err("--interval-ms and --segments both set the batch: give one".into());
         }
         Ok(c)
@@ -293,9 +334,32 @@ fn serve(a: ServeArgs) -> ExitCode {
         }
         cfg.stall = Some((Duration::from_secs_f64(at), Duration::from_secs_f64(ms / 1e3)));
     }
+    let limits = udpx_stream::Limits::default();
+    cfg.limits = udpx_stream::Limits {
+        flows_per_addr: a.max_flows_per_addr.unwrap_or(limits.flows_per_addr),
+        flows_per_prefix: a.max_flows_per_prefix.unwrap_or(limits.flows_per_prefix),
+        rate_per_addr: a.max_rate_per_addr.unwrap_or(limits.rate_per_addr),
+        rate_per_prefix: a.max_rate_per_prefix.unwrap_or(limits.rate_per_prefix),
+        unproven_per_sec: a.unproven_rate.unwrap_or(limits.unproven_per_sec),
+    };
+    if let Some(t) = a.consent_timeout {
+        match duration("--consent-timeout", t) {
+            Ok(d) => cfg.consent_timeout = d,
+            Err(e) => return usage(CMD, e),
+        }
+    }
     let Some(flows) = a.flows else {
         if a.stall_at.is_some() {
             return usage(CMD, "--stall-at is for the self-test: give --flows too");
+        }
+        if let Some(flag) = a.flow.given().first() {
+            return usage(
+                CMD,
+                format!(
+                    "{flag} describes the self-test's clients: give --flows N too, or leave it out (a server \
+                     takes each flow's numbers from its client's request; --max-rate caps them)"
+                ),
+            );
         }
         return serve_forever(cfg, a.run_for);
     };

@@ -455,6 +455,13 @@ fn stream_bad_input_exits_2() {
         (&["stream", "serve", "--shards", "0", "--for", "1"], "--shards 0"),
         (&["stream", "serve", "--smoothing", "100", "--for", "1"], "--smoothing 100"),
         (&["stream", "serve", "--for", "1", "--stall-at", "1", "--stall-ms", "5"], "--flows"),
+        // Self-test flags do nothing for a server alone: refused, saying why.
+        (&["stream", "serve", "--for", "1", "--rate", "0"], "--rate describes the self-test"),
+        (&["stream", "serve", "--for", "1", "--size", "1200"], "--size describes the self-test"),
+        (&["stream", "serve", "--for", "1", "--json"], "give --flows N too"),
+        (&["stream", "serve", "--for", "1", "--max-flows-per-addr", "0"], "above 0"),
+        (&["stream", "serve", "--for", "1", "--unproven-rate", "0"], "--unproven-rate 0"),
+        (&["stream", "serve", "--for", "1", "--consent-timeout", "0"], "--consent-timeout"),
         (&["stream", "recv", "127.0.0.1", "--rate", "4k", "--flows", "0"], "--flows 0"),
         (&["stream", "recv", "127.0.0.1", "--rate", "4k", "--flows", "30000"], "local addresses"),
         (&["bench", "stream", "--repeat", "0"], "--repeat 0"),

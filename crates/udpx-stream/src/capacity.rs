@@ -148,6 +148,11 @@ pub fn text(c: &Capacity) -> String {
         cfg.rounds,
         cfg.duration.as_secs_f64()
     );
+    let _ = writeln!(
+        o,
+        "(the clients share one address: the server's caps raised to {})",
+        crate::Limits::raised_for(cfg.flows, cfg.rate).describe()
+    );
     let _ = writeln!(o, "\n| row | server CPU-s per GB | vs unpaced | delivered / offered |");
     let _ = writeln!(o, "| --- | --- | --- | --- |");
     let f = |s: &Spread, p: usize| {

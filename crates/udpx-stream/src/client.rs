@@ -4,8 +4,11 @@
 //! viewers. One epoll set watches them all; a readable socket is drained with `recvmmsg`.
 //!
 //! Each flow asks with a request datagram and repeats it every [`REQUEST_RETRY`] until the
-//! server accepts or refuses it (a request can be lost like any datagram). The server ends
-//! each flow with an End datagram carrying how many it sent, so loss is exact where it arrives.
+//! server accepts or refuses it (a request can be lost like any datagram). The server's first
+//! answer is a cookie, which the flow's next request carries (it proves the flow receives at
+//! its address); once streaming, the flow sends a keepalive with its secret every
+//! [`KEEPALIVE_INTERVAL`], or the server ends it. The server ends each flow with an End
+//! datagram carrying how many it sent, so loss is exact where it arrives.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::os::fd::AsFd;
@@ -21,6 +24,11 @@ use crate::StreamError;
 
 /// How often an unanswered request is repeated.
 pub const REQUEST_RETRY: Duration = Duration::from_millis(250);
+/// How often a streaming flow tells the server it still wants its data (the server ends a
+/// flow after [`crate::server::CONSENT_TIMEOUT`] without one).
+pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(2);
+/// Keepalives sent per loop turn at most (the rest wait for the next turns).
+const KEEPALIVE_BURST: usize = 512;
 /// Requests sent per flow before the server counts as not answering.
 pub const REQUEST_TRIES: u32 = 20;
 /// Requests sent at once before the receiver lets the server catch up (its receive queue
@@ -122,8 +130,9 @@ impl RecvConfig {
         Ok(())
     }
 
-    fn request(&self, flow: u32) -> Request {
+    fn request(&self, flow: u32, cookie: Option<wire::Cookie>) -> Request {
         Request {
+            cookie,
             flow,
             size: self.size,
             rate: self.rate,
@@ -208,11 +217,12 @@ pub fn receive(cfg: &RecvConfig, progress: &Progress) -> Result<RecvReport, Stre
             .map_err(|e| StreamError::Setup(format!("epoll_ctl: {e}")))?;
         sockets.push(s);
     }
-    let mut state = vec![FlowState::Asking { tries: 0, last: None }; cfg.flows as usize];
+    let mut state = vec![FlowState::Asking { tries: 0, last: None, cookie: None }; cfg.flows as usize];
     let mut tally = Tally::new(cfg.flows as usize);
     let mut rx = RecvBuffers::new(16, (cfg.size as usize).max(2048));
     let mut events = vec![EpollEvent::empty(); 1024];
-    let mut req = [0u8; wire::HEADER];
+    let mut req = [0u8; wire::REQUEST_LEN];
+    let mut next_keepalive = 0usize;
     let start = Instant::now();
     let mut deadline = start + cfg.duration + GRACE;
     let mut refused = (0u32, None);
@@ -231,10 +241,11 @@ pub fn receive(cfg: &RecvConfig, progress: &Progress) -> Result<RecvReport, Stre
             }
             let i = next_ask;
             next_ask = (next_ask + 1) % state.len();
-            if let FlowState::Asking { tries, last } = &mut state[i] {
+            if let FlowState::Asking { tries, last, cookie } = &mut state[i] {
                 if last.is_some_and(|l: Instant| now.duration_since(l) < REQUEST_RETRY) {
                     continue;
                 }
+                let cookie = *cookie;
                 if *tries >= REQUEST_TRIES {
                     return Err(StreamError::Io(format!(
                         "the server at {} did not answer flow {i}'s {REQUEST_TRIES} requests",
@@ -244,8 +255,25 @@ pub fn receive(cfg: &RecvConfig, progress: &Progress) -> Result<RecvReport, Stre
                 *tries += 1;
                 *last = Some(now);
                 asked += 1;
-                let n = wire::write_request(&mut req, &cfg.request(i as u32));
+                let n = wire::write_request(&mut req, &cfg.request(i as u32, cookie));
                 send_ignoring_refusals(&sockets[i], cfg.server, &req[..n])?;
+            }
+        }
+        // Keepalives of the streaming flows that are due, a bounded number per turn.
+        let mut sent = 0;
+        for _ in 0..state.len() {
+            if sent >= KEEPALIVE_BURST {
+                break;
+            }
+            let i = next_keepalive;
+            next_keepalive = (next_keepalive + 1) % state.len();
+            if let FlowState::Streaming { secret, last_keepalive } = &mut state[i] {
+                if now.duration_since(*last_keepalive) >= KEEPALIVE_INTERVAL {
+                    *last_keepalive = now;
+                    sent += 1;
+                    let n = wire::write_keepalive(&mut req, i as u32, *secret);
+                    send_ignoring_refusals(&sockets[i], cfg.server, &req[..n])?;
+                }
             }
         }
         let wait = if asked >= REQUEST_BURST { 1u16 } else { 5 };
@@ -272,10 +300,11 @@ pub fn receive(cfg: &RecvConfig, progress: &Progress) -> Result<RecvReport, Stre
                         tally.malformed += 1;
                         continue;
                     }
+                    let streaming = |secret| FlowState::Streaming { secret, last_keepalive: Instant::now() };
                     match wire::parse(bytes) {
                         Some(Message::Data(d)) => {
                             if matches!(state[i], FlowState::Asking { .. }) {
-                                state[i] = FlowState::Streaming;
+                                state[i] = streaming(d.secret);
                                 accepted += 1;
                                 progress.accepted.fetch_add(1, Ordering::Relaxed);
                             }
@@ -283,11 +312,18 @@ pub fn receive(cfg: &RecvConfig, progress: &Progress) -> Result<RecvReport, Stre
                             progress.datagrams.fetch_add(1, Ordering::Relaxed);
                             progress.bytes.fetch_add(u64::from(d.size), Ordering::Relaxed);
                         }
-                        Some(Message::Accepted { .. }) => {
+                        Some(Message::Accepted { secret, .. }) => {
                             if matches!(state[i], FlowState::Asking { .. }) {
-                                state[i] = FlowState::Streaming;
+                                state[i] = streaming(secret);
                                 accepted += 1;
                                 progress.accepted.fetch_add(1, Ordering::Relaxed);
+                            }
+                        }
+                        Some(Message::Cookie { cookie, .. }) => {
+                            // Ask again at once, with the cookie that proves this address.
+                            if let FlowState::Asking { cookie: c, last, .. } = &mut state[i] {
+                                *c = Some(cookie);
+                                *last = None;
                             }
                         }
                         Some(Message::End { count, .. }) => {
@@ -340,7 +376,7 @@ fn send_ignoring_refusals(s: &UdpSocket, to: SocketAddr, bytes: &[u8]) -> Result
 
 #[derive(Debug, Clone, Copy)]
 enum FlowState {
-    Asking { tries: u32, last: Option<Instant> },
-    Streaming,
+    Asking { tries: u32, last: Option<Instant>, cookie: Option<wire::Cookie> },
+    Streaming { secret: u64, last_keepalive: Instant },
     Done,
 }

@@ -278,6 +278,9 @@ pub(crate) fn run_between(
     smoothing_pct: u32,
 ) -> Result<Run, StreamError> {
     let mut serve = ServeConfig::new(SocketAddr::new(server.1, 0));
+    // Every receiver shares the client namespace's one address: the caps per address and
+    // prefix are raised to fit the run (the tables say so).
+    serve.limits = crate::Limits::raised_for(recv.flows, recv.rate);
     serve.pacing = crate::PacingChoice::Wheel;
     serve.smoothing_pct = smoothing_pct;
     // The bench runs as root: the pacer gets SCHED_FIFO, so the rows differ by their bursts,
@@ -343,6 +346,11 @@ pub fn text(f: &Fig4) -> String {
         c.bottleneck * 100.0,
         c.tbf_burst,
         c.tbf_latency
+    );
+    let _ = writeln!(
+        o,
+        "(the clients share one address: the server's caps raised to {})",
+        crate::Limits::raised_for(c.flows, c.rate).describe()
     );
     let _ = writeln!(
         o,

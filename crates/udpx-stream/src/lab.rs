@@ -58,6 +58,11 @@ pub fn self_test(
         return Err(StreamError::Usage(format!("--flows {}: the self-test runs at most 5,000,000 flows", recv.flows)));
     }
     let addrs = addrs as u8;
+    // The clients share one or a few addresses: caps left at their defaults are raised to fit
+    // them (the report prints the caps in force).
+    if serve.limits == crate::Limits::default() {
+        serve.limits = crate::Limits::raised_for(recv.flows, recv.rate);
+    }
     // Validated with as many (placeholder) local addresses as the self-test will add.
     recv.local = vec![IpAddr::V4(Ipv4Addr::LOCALHOST); addrs as usize];
     recv.validate()?;

@@ -13,11 +13,13 @@
 //! - [`pacing`]: the kernel's pacing (`SCM_TXTIME` under fq) where the egress qdisc honours it,
 //!   the wheel where it does not.
 //! - [`wire`]: the datagram formats; [`report`]: the table, JSON and SVG.
+//! - [`admission`]: cookies (return routability), flow secrets, caps per address and prefix.
 //!
 //! Tool crate: it uses the library, the pacing policy and the lab, never another tool crate.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod admission;
 pub mod alloc;
 pub mod capacity;
 pub mod client;
@@ -31,6 +33,7 @@ pub mod wire;
 
 use std::fmt;
 
+pub use admission::Limits;
 pub use client::{receive, Progress, RecvConfig, RecvReport};
 pub use pacing::{Pacing, PacingChoice};
 pub use server::{ServeConfig, Server, ServerReport, ShardStats};

@@ -208,6 +208,15 @@ pub fn text(cfg: &RecvConfig, path: &str, server: Option<&ServerReport>, r: &Rec
             format!("{} ({per_call:.1} datagrams per call, {} busy wakes)", t.send_calls, t.busy_wakes),
         );
         row(&mut o, "clients gone (flows ended early)", t.clients_gone.to_string());
+        row(&mut o, "caps in force", sv.caps.clone());
+        row(
+            &mut o,
+            "admission",
+            format!(
+                "{} cookies sent, {} bad cookies, {} capped, {} unproven answers over the rate, {} keepalives ({} bad), {} flows lapsed",
+                t.cookies_sent, t.bad_cookies, t.capped, t.unproven_limited, t.keepalives, t.bad_keepalives, t.consent_lapsed
+            ),
+        );
         row(
             &mut o,
             "would-block / ENOBUFS waits",
@@ -393,7 +402,8 @@ mod tests {
         let mut t = Tally::new(1);
         for seq in 0..4000u64 {
             let due = 1_000_000_000 + seq * 1_000_000;
-            let d = Data { flow: 0, size: 1000, seq, intended_ns: due, sent_ns: due + 100_000, rate: 1_000_000 };
+            let d =
+                Data { flow: 0, secret: 1, size: 1000, seq, intended_ns: due, sent_ns: due + 100_000, rate: 1_000_000 };
             t.data(0, &d, due + 150_000);
         }
         let svg = svg(&t, "a <test>");

@@ -25,6 +25,14 @@
 //! No datagram is dropped silently: EAGAIN waits for writability and resumes at the send
 //! cursor; ENOBUFS backs off and resumes; a transmit the kernel refuses for good is counted
 //! (`send_errors`, `unsent`) and the flow's End still tells its receiver how many were sent.
+//!
+//! The network is hostile ([`crate::admission`]): a flow starts only for a request that
+//! carries a cookie proving its source address, goes on only while its client sends
+//! keepalives with the flow's secret (none for [`CONSENT_TIMEOUT`] ends it), and counts
+//! against caps per address and per prefix. Before an address is proven the server sends
+//! nothing larger than the request, at a limited rate. An ICMP "port unreachable" ends a flow
+//! only when its quote carries that flow's secret (a forged one names the address but cannot
+//! know the secret). Every refusal is counted.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -42,6 +50,7 @@ use udpx::{
 };
 use udpx_pace::{FlowConfig, Granularity, Pacer, PacerConfig, Release};
 
+use crate::admission::{self, Bucket, Caps, CookieJar, Limits};
 use crate::pacing::{Pacing, PacingChoice};
 use crate::wire::{self, Message, Request};
 use crate::StreamError;
@@ -56,6 +65,9 @@ const IDLE_WAIT: Duration = Duration::from_millis(20);
 const WRITABLE_WAIT: Duration = Duration::from_secs(2);
 /// ENOBUFS back-offs in a row before the rest of a chunk is counted unsent.
 const NOBUFS_TRIES: u32 = 12;
+/// A flow whose client sent no keepalive for this long ends (the default of
+/// [`ServeConfig::consent_timeout`]).
+pub const CONSENT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// What a server allows and how it paces.
 #[derive(Debug, Clone)]
@@ -98,6 +110,11 @@ pub struct ServeConfig {
     /// none above 3 ms under SCHED_FIFO. The thread sleeps between slots, so it takes no more
     /// CPU for it (and the kernel's RT throttling bounds a runaway one).
     pub realtime: Option<u8>,
+    /// Caps per client address and prefix, and on answers to unproven addresses.
+    pub limits: Limits,
+    /// A flow whose client sent no keepalive for this long ends (default
+    /// [`CONSENT_TIMEOUT`]; clients send one every [`crate::client::KEEPALIVE_INTERVAL`]).
+    pub consent_timeout: Duration,
 }
 
 impl ServeConfig {
@@ -122,6 +139,8 @@ impl ServeConfig {
             cpus: Vec::new(),
             smoothing_pct: 125,
             realtime: None,
+            limits: Limits::default(),
+            consent_timeout: CONSENT_TIMEOUT,
         }
     }
 
@@ -154,6 +173,20 @@ impl ServeConfig {
                 return usage(format!("--realtime {p}: give a SCHED_FIFO priority from 1 to 99"));
             }
         }
+        let l = &self.limits;
+        if l.flows_per_addr == 0 || l.flows_per_prefix == 0 || l.rate_per_addr == 0 || l.rate_per_prefix == 0 {
+            return usage(format!("caps ({}): give every one above 0", l.describe()));
+        }
+        if l.unproven_per_sec == 0 {
+            return usage("--unproven-rate 0 would answer no new client: give at least 1 per second".into());
+        }
+        if self.consent_timeout < Duration::from_millis(100) || self.consent_timeout > Duration::from_secs(3600) {
+            return usage(format!(
+                "consent timeout {:?}: give 100 ms to an hour (clients keep their flows alive every {:?})",
+                self.consent_timeout,
+                crate::client::KEEPALIVE_INTERVAL
+            ));
+        }
         if self.lookahead > Duration::from_secs(1) {
             return usage(format!(
                 "look-ahead {:?}: keep it well inside fq's 10 s horizon (at most 1 s)",
@@ -177,8 +210,30 @@ pub struct ShardStats {
     pub refused: u64,
     /// Datagrams that were not a well-formed request.
     pub malformed: u64,
-    /// Flows ended early because their client went away (ICMP port unreachable).
+    /// Flows ended early because their client went away (an ICMP port unreachable whose
+    /// quote carried the flow's secret).
     pub clients_gone: u64,
+    /// Cookies sent (the answer to a request without a valid one).
+    pub cookies_sent: u64,
+    /// Requests whose cookie was wrong or expired (answered with a fresh cookie).
+    pub bad_cookies: u64,
+    /// Answers to unproven addresses (cookies, refusals) not sent: over the rate limit.
+    pub unproven_limited: u64,
+    /// Requests refused by a cap per address or per prefix (also in `refused`).
+    pub capped: u64,
+    /// Keepalives that carried their flow's secret.
+    pub keepalives: u64,
+    /// Keepalives for no flow of that address, or with the wrong secret (dropped).
+    pub bad_keepalives: u64,
+    /// Flows ended because their client sent no keepalive for the consent timeout.
+    pub consent_lapsed: u64,
+    /// ICMP errors about a flow's address whose quote did not carry its secret (too short,
+    /// or forged): counted, the flow goes on.
+    pub icmp_unverified: u64,
+    /// Receive errors counted and served on.
+    pub recv_errors: u64,
+    /// Consent sweeps (one pass over the shard's flow table each, at most once a second).
+    pub sweeps: u64,
     /// Data datagrams sent.
     pub datagrams: u64,
     /// Their bytes.
@@ -222,16 +277,28 @@ pub struct ServerReport {
     pub shards: Vec<ShardStats>,
     /// Sums over shards (the `shard` and `pacing` fields are those of shard 0).
     pub total: ShardStats,
+    /// The caps the server ran with ([`Limits::describe`]).
+    pub caps: String,
 }
 
 impl ServerReport {
-    fn from_shards(addr: SocketAddr, shards: Vec<ShardStats>) -> ServerReport {
+    fn from_shards(addr: SocketAddr, shards: Vec<ShardStats>, limits: &Limits) -> ServerReport {
         let mut t = shards.first().cloned().unwrap_or_default();
         for s in shards.iter().skip(1) {
             t.flows += s.flows;
             t.refused += s.refused;
             t.malformed += s.malformed;
             t.clients_gone += s.clients_gone;
+            t.cookies_sent += s.cookies_sent;
+            t.bad_cookies += s.bad_cookies;
+            t.unproven_limited += s.unproven_limited;
+            t.capped += s.capped;
+            t.keepalives += s.keepalives;
+            t.bad_keepalives += s.bad_keepalives;
+            t.consent_lapsed += s.consent_lapsed;
+            t.icmp_unverified += s.icmp_unverified;
+            t.recv_errors += s.recv_errors;
+            t.sweeps += s.sweeps;
             t.datagrams += s.datagrams;
             t.bytes += s.bytes;
             t.releases += s.releases;
@@ -249,7 +316,7 @@ impl ServerReport {
             };
             t.steady_iterations += s.steady_iterations;
         }
-        ServerReport { addr: addr.to_string(), shards, total: t }
+        ServerReport { addr: addr.to_string(), shards, total: t, caps: limits.describe() }
     }
 
     /// CPU per datagram sent, ns.
@@ -265,6 +332,7 @@ impl ServerReport {
 #[derive(Debug)]
 pub struct Server {
     addr: SocketAddr,
+    limits: Limits,
     stop: Arc<AtomicBool>,
     live: Arc<AtomicU64>,
     threads: Vec<JoinHandle<Result<ShardStats, StreamError>>>,
@@ -285,16 +353,21 @@ impl Server {
         let stop = Arc::new(AtomicBool::new(false));
         let live = Arc::new(AtomicU64::new(0));
         let per_shard = cfg.max_flows.div_ceil(cfg.shards as u32);
+        let shared = Shared {
+            live: live.clone(),
+            cookies: Arc::new(CookieJar::new().map_err(StreamError::Setup)?),
+            caps: Arc::new(Caps::new(cfg.limits)),
+        };
         let mut threads = Vec::new();
         for shard in group.shards() {
-            let (cfg, stop, live) = (cfg.clone(), stop.clone(), live.clone());
+            let (cfg, stop, shared) = (cfg.clone(), stop.clone(), shared.clone());
             let t = std::thread::Builder::new()
                 .name(format!("stream-{}", shard.index()))
-                .spawn(move || ShardLoop::new(shard, &cfg, per_shard, live)?.run(&cfg, &stop))
+                .spawn(move || ShardLoop::new(shard, &cfg, per_shard, shared)?.run(&cfg, &stop))
                 .map_err(|e| StreamError::Setup(format!("starting a shard thread: {e}")))?;
             threads.push(t);
         }
-        Ok(Server { addr, stop, live, threads })
+        Ok(Server { addr, limits: cfg.limits, stop, live, threads })
     }
 
     /// The address clients send requests to.
@@ -319,8 +392,16 @@ impl Server {
         for t in self.threads {
             shards.push(t.join().map_err(|_| StreamError::Setup("a shard thread panicked".into()))??);
         }
-        Ok(ServerReport::from_shards(self.addr, shards))
+        Ok(ServerReport::from_shards(self.addr, shards, &self.limits))
     }
+}
+
+/// What the shards of one server share: the live count, the cookie key, the caps.
+#[derive(Debug, Clone)]
+struct Shared {
+    live: Arc<AtomicU64>,
+    cookies: Arc<CookieJar>,
+    caps: Arc<Caps>,
 }
 
 /// One flow in a shard's table, indexed like the pacer's flows.
@@ -328,10 +409,13 @@ impl Server {
 struct Flow {
     addr: SocketAddr,
     client_flow: u32,
+    secret: u64,
     size: u32,
     rate: u64,
     seq: u64,
     end_ns: u64,
+    /// When its client was last heard from (request or keepalive), ns.
+    heard_ns: u64,
 }
 
 /// Where one release's bytes are in the payload buffer.
@@ -360,12 +444,18 @@ struct ShardLoop {
     pacing_choice: PacingChoice,
     stats: ShardStats,
     gone: Vec<u32>,
-    live: Arc<AtomicU64>,
+    shared: Shared,
+    /// Answers to addresses not yet proven.
+    unproven: Bucket,
+    next_sweep_ns: u64,
+    /// Consent timeout and the sweep's period (a tenth of it, at most a second), ns.
+    consent_ns: u64,
+    sweep_ns: u64,
     changed: bool,
 }
 
 impl ShardLoop {
-    fn new(shard: udpx::Shard, cfg: &ServeConfig, max_flows: u32, live: Arc<AtomicU64>) -> Result<Self, StreamError> {
+    fn new(shard: udpx::Shard, cfg: &ServeConfig, max_flows: u32, shared: Shared) -> Result<Self, StreamError> {
         let now = Timestamp::now().as_nanos();
         let pcfg = PacerConfig {
             slot_ns: cfg.slot.as_nanos() as u64,
@@ -386,12 +476,16 @@ impl ShardLoop {
             transmits: Vec::with_capacity(CHUNK_TRANSMITS),
             bufs: SendBuffers::new(),
             rx: RecvBuffers::new(32, 2048),
-            ctrl: vec![0; wire::HEADER + wire::MAX_REASON],
+            ctrl: vec![0; wire::REQUEST_LEN],
             pacing: None,
             pacing_choice: cfg.pacing,
             stats: ShardStats { shard: index, pacing: "no flow yet".into(), ..ShardStats::default() },
             gone: Vec::with_capacity(64),
-            live,
+            shared,
+            unproven: Bucket::new(cfg.limits.unproven_per_sec),
+            next_sweep_ns: now,
+            consent_ns: cfg.consent_timeout.as_nanos() as u64,
+            sweep_ns: (cfg.consent_timeout.as_nanos() as u64 / 10).min(1_000_000_000),
             changed: false,
             shard,
         })
@@ -453,6 +547,10 @@ impl ShardLoop {
         if readable {
             self.read_requests(cfg)?;
         }
+        let now = Timestamp::now().as_nanos();
+        if now >= self.next_sweep_ns {
+            self.sweep(now);
+        }
         if let Some((at, len)) = *stall {
             if Timestamp::now().as_nanos() >= at {
                 std::thread::sleep(len);
@@ -491,21 +589,28 @@ impl ShardLoop {
     }
 
     /// Ends the flows whose client answered with "port unreachable" (it went away): a server
-    /// does not stream into nothing for the rest of a flow's duration. Errors the library read
-    /// itself while retrying a call are counted there (`icmp_errors`), not seen here: such a
-    /// flow ends at its duration.
+    /// does not stream into nothing for the rest of a flow's duration. Only an error whose
+    /// quote carries the flow's secret counts: anyone can forge a "port unreachable" naming a
+    /// client's address, but only a host that saw the flow's data knows the secret. (The
+    /// library keeps the errors it read while retrying a call for this drain.)
     fn clients_gone(&mut self) {
-        let by_addr = &self.by_addr;
-        let gone = &mut self.gone;
+        let (flows, by_addr, gone) = (&self.flows, &self.by_addr, &mut self.gone);
+        let mut unverified = 0;
         let _ = self.shard.drain_errors(|e| {
-            if e.errno == libc::ECONNREFUSED {
-                if let Some(idx) = e.destination.and_then(|d| by_addr.get(&d)) {
-                    if !gone.contains(idx) {
-                        gone.push(*idx);
-                    }
+            if e.errno != libc::ECONNREFUSED {
+                return;
+            }
+            let Some(&idx) = e.destination.and_then(|d| by_addr.get(&d)) else { return };
+            let Some(f) = flows[idx as usize] else { return };
+            if wire::quoted_secret(e.quoted()) == Some(f.secret) {
+                if !gone.contains(&idx) {
+                    gone.push(idx);
                 }
+            } else {
+                unverified += 1;
             }
         });
+        self.stats.icmp_unverified += unverified;
         let now = Timestamp::now().as_nanos();
         while let Some(idx) = self.gone.pop() {
             self.stats.clients_gone += 1;
@@ -513,9 +618,25 @@ impl ShardLoop {
         }
     }
 
-    /// Reads one batch of requests (at most the receive buffers' 32): a burst of thousands of
-    /// clients asking at once is taken a batch per iteration, between releases, so the flows
-    /// already streaming keep their schedule (the next poll returns at once while more wait).
+    /// Ends the flows whose client has not been heard from for the consent timeout: one pass
+    /// over the flow table, ten times per timeout and at most once a second (counted in
+    /// `sweeps`).
+    fn sweep(&mut self, now: u64) {
+        self.next_sweep_ns = now + self.sweep_ns;
+        self.stats.sweeps += 1;
+        let timeout = self.consent_ns;
+        for idx in 0..self.flows.len() {
+            if self.flows[idx].is_some_and(|f| now.saturating_sub(f.heard_ns) > timeout) {
+                self.stats.consent_lapsed += 1;
+                self.end_flow(idx as u32, now);
+            }
+        }
+    }
+
+    /// Reads one batch of requests and keepalives (at most the receive buffers' 32): a burst
+    /// of thousands of clients asking at once is taken a batch per iteration, between
+    /// releases, so the flows already streaming keep their schedule (the next poll returns at
+    /// once while more wait).
     fn read_requests(&mut self, cfg: &ServeConfig) -> Result<(), StreamError> {
         loop {
             match self.shard.try_recv_into(&mut self.rx) {
@@ -523,12 +644,13 @@ impl ShardLoop {
                 Ok(n) => {
                     for i in 0..n {
                         let (meta, bytes) = self.rx.message(i);
-                        let addr = meta.addr;
+                        let (addr, len) = (meta.addr, bytes.len());
                         match wire::parse(bytes) {
                             Some(Message::Request(r)) => {
                                 self.changed = true;
-                                self.request(cfg, addr, r);
+                                self.request(cfg, addr, r, len);
                             }
+                            Some(Message::Keepalive { flow, secret }) => self.keepalive(addr, flow, secret),
                             _ => self.stats.malformed += 1,
                         }
                     }
@@ -536,32 +658,81 @@ impl ShardLoop {
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(()),
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                // An ICMP error for an earlier send to a client that went away: the library
-                // has drained it; keep serving the others.
-                Err(e) if e.raw_os_error().is_some_and(|c| c == libc::ECONNREFUSED || c == libc::EHOSTUNREACH) => {}
-                Err(e) => return Err(StreamError::Io(format!("receiving requests: {e}"))),
+                // Nothing a datagram or an ICMP message causes ends the shard (the library
+                // keeps ICMP errors out of receives); only a broken socket does.
+                Err(e) if matches!(e.raw_os_error(), Some(libc::EBADF | libc::EFAULT | libc::ENOTSOCK)) => {
+                    return Err(StreamError::Io(format!("receiving requests: {e}")))
+                }
+                Err(e) => {
+                    self.stats.recv_errors += 1;
+                    log::debug!("udpx stream: receive failed (counted, serving on): {e}");
+                    return Ok(());
+                }
             }
         }
     }
 
-    fn request(&mut self, cfg: &ServeConfig, addr: SocketAddr, r: Request) {
-        if self.by_addr.contains_key(&addr) {
-            // A repeated request (the acceptance was lost): accept again, change nothing.
-            self.accept(addr, r.flow);
+    /// A keepalive: the client still wants its flow (it must know the flow's secret).
+    fn keepalive(&mut self, addr: SocketAddr, flow: u32, secret: u64) {
+        let Some(&idx) = self.by_addr.get(&addr) else {
+            self.stats.bad_keepalives += 1;
+            return;
+        };
+        match self.flows[idx as usize].as_mut() {
+            Some(f) if f.secret == secret && f.client_flow == flow => {
+                f.heard_ns = Timestamp::now().as_nanos();
+                self.stats.keepalives += 1;
+            }
+            _ => self.stats.bad_keepalives += 1,
+        }
+    }
+
+    /// Sends `bytes` to an address not yet proven, if the rate allows (counted either way).
+    fn send_unproven(&mut self, addr: SocketAddr, len: usize) -> bool {
+        if !self.unproven.take(Timestamp::now().as_nanos()) {
+            self.stats.unproven_limited += 1;
+            return false;
+        }
+        if self.shard.send(&[Transmit::new(addr, &self.ctrl[..len])]).is_err() {
+            self.stats.control_unsent += 1;
+        }
+        true
+    }
+
+    /// A request of `len` bytes from `addr` (see the module docs for the order of checks).
+    fn request(&mut self, cfg: &ServeConfig, addr: SocketAddr, r: Request, len: usize) {
+        let now = Timestamp::now().as_nanos();
+        let now_s = now / 1_000_000_000;
+        let proven = r.cookie.is_some_and(|c| self.shared.cookies.check(addr, &c, now_s));
+        if !proven {
+            // No state, and an answer no larger than the request: a cookie to ask again with.
+            self.stats.bad_cookies += u64::from(r.cookie.is_some());
+            let cookie = self.shared.cookies.make(addr, now_s);
+            let n = wire::write_cookie(&mut self.ctrl, r.flow, &cookie);
+            if self.send_unproven(addr, n) {
+                self.stats.cookies_sent += 1;
+            }
             return;
         }
-        let now = Timestamp::now().as_nanos();
+        if let Some(&idx) = self.by_addr.get(&addr) {
+            // A repeated request (the acceptance was lost): accept again, change nothing.
+            if let Some(f) = self.flows[idx as usize].as_mut() {
+                f.heard_ns = now;
+                let secret = f.secret;
+                self.accept(addr, r.flow, secret);
+            }
+            return;
+        }
         if self.pacing.is_none() {
             let p = crate::pacing::decide(self.pacing_choice, addr.ip());
             self.stats.pacing = p.to_string();
             self.pacing = Some(p);
         }
+        // Refusals go to a proven address, still no larger than the request and rate-limited.
         let refuse = |s: &mut Self, why: String| {
             s.stats.refused += 1;
-            let n = wire::write_refused(&mut s.ctrl, r.flow, &why);
-            if s.shard.send(&[Transmit::new(addr, &s.ctrl[..n])]).is_err() {
-                s.stats.control_unsent += 1;
-            }
+            let n = wire::write_refused(&mut s.ctrl, r.flow, &why, len);
+            s.send_unproven(addr, n);
         };
         if r.rate > cfg.max_rate {
             return refuse(self, format!("rate {} B/s is above this server's --max-rate {}", r.rate, cfg.max_rate));
@@ -606,27 +777,38 @@ impl ShardLoop {
             Ok(_) => {}
             Err(e) => return refuse(self, e.to_string()),
         }
+        if let Err(why) = self.shared.caps.admit(addr.ip(), r.rate) {
+            self.stats.capped += 1;
+            return refuse(self, why);
+        }
         match self.pacer.add_flow(fc, now) {
             Ok(idx) => {
+                let secret = admission::flow_secret();
                 self.flows[idx as usize] = Some(Flow {
                     addr,
                     client_flow: r.flow,
+                    secret,
                     size: r.size,
                     rate: r.rate,
                     seq: 0,
                     end_ns: now.saturating_add(duration.as_nanos() as u64),
+                    heard_ns: now,
                 });
                 self.by_addr.insert(addr, idx);
-                self.accept(addr, r.flow);
                 self.stats.flows += 1;
-                self.live.fetch_add(1, Ordering::Relaxed);
+                // Counted live before the client can hear it is.
+                self.shared.live.fetch_add(1, Ordering::Relaxed);
+                self.accept(addr, r.flow, secret);
             }
-            Err(e) => refuse(self, e.to_string()),
+            Err(e) => {
+                self.shared.caps.release(addr.ip(), r.rate);
+                refuse(self, e.to_string())
+            }
         }
     }
 
-    fn accept(&mut self, addr: SocketAddr, flow: u32) {
-        let n = wire::write_accepted(&mut self.ctrl, flow);
+    fn accept(&mut self, addr: SocketAddr, flow: u32, secret: u64) {
+        let n = wire::write_accepted(&mut self.ctrl, flow, secret);
         if self.shard.send(&[Transmit::new(addr, &self.ctrl[..n])]).is_err() {
             // The client asks again until it hears (its requests repeat): counted, not lost.
             self.stats.control_unsent += 1;
@@ -638,9 +820,10 @@ impl ShardLoop {
         let Some(f) = self.flows[idx as usize].take() else { return };
         let _ = self.pacer.remove_flow(idx);
         self.by_addr.remove(&f.addr);
-        self.live.fetch_sub(1, Ordering::Relaxed);
+        self.shared.caps.release(f.addr.ip(), f.rate);
+        self.shared.live.fetch_sub(1, Ordering::Relaxed);
         // Twice: the End tells the receiver its exact loss, so it is worth a spare.
-        let n = wire::write_end(&mut self.ctrl, f.client_flow, f.seq);
+        let n = wire::write_end(&mut self.ctrl, f.client_flow, f.secret, f.seq);
         let t = Transmit::new(f.addr, &self.ctrl[..n]);
         match self.shard.send(&[t, t]) {
             Ok(2) => {}
@@ -687,6 +870,7 @@ impl ShardLoop {
                 for k in 0..r.datagrams as usize {
                     let d = wire::Data {
                         flow: f.client_flow,
+                        secret: f.secret,
                         size: f.size,
                         seq: f.seq + k as u64,
                         intended_ns: r.due_ns,

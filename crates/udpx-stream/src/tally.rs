@@ -374,7 +374,7 @@ mod tests {
     use super::*;
 
     fn data(flow: u32, seq: u64, intended: u64, sent: u64) -> Data {
-        Data { flow, size: 1000, seq, intended_ns: intended, sent_ns: sent, rate: 1_000_000 }
+        Data { flow, secret: 1, size: 1000, seq, intended_ns: intended, sent_ns: sent, rate: 1_000_000 }
     }
 
     /// A flow at 1 MB/s in 1000 B datagrams, two per release every 2 ms, each sent 30 us late.

@@ -14,6 +14,8 @@ static VETH: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn loopback_server(cfg: impl FnOnce(&mut ServeConfig)) -> Server {
     let mut c = ServeConfig::new(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)));
+    // The tests' clients share 127.0.0.1: caps raised past what any test here asks.
+    c.limits = udpx_stream::Limits::raised_for(2_000, 1_000_000_000);
     cfg(&mut c);
     Server::start(c).expect("server starts")
 }
@@ -212,14 +214,14 @@ fn figure4_runs_every_row_with_exact_loss() {
     assert!(udpx_stream::fig4::text(&f).contains("| paced, 2 ms |"));
 }
 
-/// A client that goes away (its port closed: ICMP port unreachable) has its flow ended, not
-/// streamed into for the rest of its minute.
+/// A client that goes away (its port closed: a real ICMP port unreachable, which quotes the
+/// data datagram and so its secret) has its flow ended, not streamed into for the rest of its
+/// minute.
 #[test]
 fn a_client_that_goes_away_has_its_flow_ended() {
     let server = loopback_server(|_| {});
     let client = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
     client.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
-    let mut req = [0u8; udpx_stream::wire::HEADER];
     let r = udpx_stream::wire::Request {
         flow: 0,
         size: 1200,
@@ -228,15 +230,28 @@ fn a_client_that_goes_away_has_its_flow_ended() {
         segments: 2,
         burst: 0,
         duration_ms: 60_000,
+        cookie: None,
     };
-    let n = udpx_stream::wire::write_request(&mut req, &r);
-    client.send_to(&req[..n], server.local_addr()).unwrap();
     let mut buf = [0u8; 2048];
+    let mut req = [0u8; udpx_stream::wire::REQUEST_LEN];
+    let mut cookie = None;
     let mut data = 0;
     while data < 5 {
-        let (len, _) = client.recv_from(&mut buf).expect("the flow streams");
-        if matches!(udpx_stream::wire::parse(&buf[..len]), Some(udpx_stream::wire::Message::Data(_))) {
-            data += 1;
+        let n = udpx_stream::wire::write_request(&mut req, &udpx_stream::wire::Request { cookie, ..r });
+        client.send_to(&req[..n], server.local_addr()).unwrap();
+        loop {
+            let (len, _) = client.recv_from(&mut buf).expect("an answer");
+            match udpx_stream::wire::parse(&buf[..len]) {
+                Some(udpx_stream::wire::Message::Cookie { cookie: c, .. }) => {
+                    cookie = Some(c);
+                    break;
+                }
+                Some(udpx_stream::wire::Message::Data(_)) => data += 1,
+                _ => {}
+            }
+            if data >= 5 {
+                break;
+            }
         }
     }
     assert_eq!(server.live_flows(), 1);
