@@ -49,7 +49,7 @@ set +e
   # Tests that flood a veth pair and must have both cores to themselves: their own step, one
   # at a time (they are #[ignore]d in the run above).
   echo "== tests that run alone"
-  UDPX_TEST_RUN="$run_id" cargo test -p udpx --all-features --test veth_alone -- --ignored --test-threads=1
+  UDPX_TEST_RUN="$run_id" cargo test -p udpx --all-features --test veth_alone --test veth -- --ignored --test-threads=1
   alone_status=$?
   # The send-path suites again, every socket sending through io_uring (the same tests: the
   # backend must keep every guarantee of the system-call path; zerocopy as SENDMSG_ZC).

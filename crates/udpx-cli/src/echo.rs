@@ -65,9 +65,11 @@ struct ServeArgs {
     /// (0-19; short and long headers alike).
     #[arg(long, default_value_t = 0)]
     cid_byte: u8,
-    /// Requests per second per source address at most, over all threads together.
-    #[arg(long)]
-    rate_limit: Option<u32>,
+    /// Requests per second per source address at most, over all threads together, or `off`
+    /// (then anyone can make the server reflect equal-size datagrams at a forged address at
+    /// any rate: for benches with one source only).
+    #[arg(long, value_parser = parse_rate_limit, default_value = "1000")]
+    rate_limit: RateLimitArg,
     /// Receive buffer per shard in bytes (the kernel doubles it); default: room for a burst of
     /// 4 requests from 1,024 clients at once.
     #[arg(long, value_name = "BYTES")]
@@ -81,9 +83,10 @@ struct ServeArgs {
     /// Print per-shard counters as JSON at exit.
     #[arg(long)]
     json: bool,
-    /// Serve Prometheus metrics on this address (`GET /metrics`): the library's counters and
-    /// the server's, per shard. Port 0 picks one (printed).
-    #[arg(long, value_name = "ADDR")]
+    /// Serve Prometheus metrics (`GET /metrics`): the library's counters and the server's, per
+    /// shard. A port alone listens on 127.0.0.1 (0 picks one, printed); give an address
+    /// (0.0.0.0:9100) to let other hosts scrape it.
+    #[arg(long, value_name = "[ADDR:]PORT", value_parser = udpx_metrics::parse_listen)]
     metrics: Option<SocketAddr>,
 }
 
@@ -171,16 +174,14 @@ fn serve(a: ServeArgs) -> ExitCode {
         threads: a.threads,
         batch: a.batch,
         io_uring: a.io_uring,
-        rate_limit: a.rate_limit,
+        rate_limit: a.rate_limit.0,
         cpus: None,
         recv_buffer: a.rcvbuf,
     };
     if let Err(e) = server::check(&cfg, a.allow_oversubscribe) {
         return usage(e);
     }
-    if a.rate_limit == Some(0) {
-        return usage("--rate-limit 0: give at least 1 request per second, or leave it out");
-    }
+
     let dur = match a.duration.map(|d| duration("--duration", d)).transpose() {
         Ok(d) => d,
         Err(e) => return usage(e),
@@ -188,6 +189,7 @@ fn serve(a: ServeArgs) -> ExitCode {
     // SIGINT and SIGTERM are blocked before any thread starts, so every thread inherits the
     // mask and the signal waits for the one thread that takes it (below), instead of killing
     // the process from whichever thread the kernel picks.
+    crate::util::raise_open_files("echo serve");
     let stop = crate::util::stop_on_signals();
     let bound = match server::bind(&cfg) {
         Ok(b) => b,
@@ -200,11 +202,15 @@ fn serve(a: ServeArgs) -> ExitCode {
     let rcvbuf = bound.recv_buffer();
     let srv = server::start(bound);
     eprintln!(
-        "udpx echo serve: {} on {} ({} shards, receive buffer {} KiB each)",
+        "udpx echo serve: {} on {} ({} shards, receive buffer {} KiB each, {})",
         mode.name(),
         srv.addr,
         srv.stats().len(),
-        rcvbuf >> 10
+        rcvbuf >> 10,
+        match a.rate_limit.0 {
+            Some(n) => format!("at most {n} requests/s per source address"),
+            None => "NO per-source rate limit (--rate-limit off): a reflector for forged sources".into(),
+        }
     );
     let metrics = match a.metrics.map(|addr| srv.serve_metrics(addr)).transpose() {
         Ok(m) => m,
@@ -215,6 +221,7 @@ fn serve(a: ServeArgs) -> ExitCode {
     };
     if let Some(m) = &metrics {
         eprintln!("udpx echo serve: metrics on http://{}/metrics", m.local_addr());
+        crate::util::warn_if_exposed("echo serve", m.local_addr());
     }
     let start = std::time::Instant::now();
     while !stop.load(Ordering::Relaxed) && dur.is_none_or(|d| start.elapsed() < d) {
@@ -360,5 +367,21 @@ fn bench(a: EchoBenchArgs) -> ExitCode {
             eprintln!("udpx echo bench: {e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// `--rate-limit`: requests per second per source, or none.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct RateLimitArg(Option<u32>);
+
+fn parse_rate_limit(s: &str) -> Result<RateLimitArg, String> {
+    if s == "off" {
+        return Ok(RateLimitArg(None));
+    }
+    match s.parse::<u32>() {
+        Ok(0) | Err(_) => Err(format!(
+            "--rate-limit {s}: give requests per second per source address (at least 1), or `off` for no limit"
+        )),
+        Ok(n) => Ok(RateLimitArg(Some(n))),
     }
 }

@@ -61,6 +61,31 @@ pub mod util {
         ExitCode::from(super::exit::USAGE)
     }
 
+    /// Raises the open-file limit to its hard limit (a server holds a descriptor per open
+    /// file and TCP connection) and says what it is: `udpx <cmd>: open files: N`. Where the
+    /// raise is refused, says so and goes on with the soft limit.
+    pub fn raise_open_files(cmd: &str) {
+        use nix::sys::resource::{getrlimit, setrlimit, Resource};
+        match getrlimit(Resource::RLIMIT_NOFILE) {
+            Ok((soft, hard)) if soft < hard => match setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+                Ok(()) => eprintln!("udpx {cmd}: open files: {hard} (raised from {soft})"),
+                Err(e) => eprintln!("udpx {cmd}: open files: {soft} (raising to {hard} refused: {e})"),
+            },
+            Ok((soft, _)) => eprintln!("udpx {cmd}: open files: {soft}"),
+            Err(e) => eprintln!("udpx {cmd}: open files: unknown ({e})"),
+        }
+    }
+
+    /// Says loudly that the metrics endpoint on `addr` can be reached from other hosts.
+    pub fn warn_if_exposed(cmd: &str, addr: std::net::SocketAddr) {
+        if udpx_metrics::is_exposed(addr) {
+            eprintln!(
+                "udpx {cmd}: WARNING: metrics on {addr} can be reached from other hosts (counters, \
+                 addresses of ICMP senders); firewall it, or give a port alone to serve 127.0.0.1 only"
+            );
+        }
+    }
+
     /// A duration flag: seconds, more than 0 and at most an hour.
     pub fn duration(flag: &str, secs: f64) -> Result<Duration, String> {
         if !(secs > 0.0 && secs <= 3600.0) {

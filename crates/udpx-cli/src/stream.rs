@@ -407,6 +407,7 @@ fn serve_forever(cfg: ServeConfig, run_for: Option<f64>) -> ExitCode {
         Ok(d) => d,
         Err(e) => return usage(CMD, e),
     };
+    crate::util::raise_open_files("stream serve");
     let stop = crate::util::stop_on_signals();
     let port = cfg.bind.port();
     let server = match Server::start(cfg) {

@@ -349,6 +349,9 @@ fn echo_serve_and_load_agree() {
                 "-l",
                 "3",
                 "--json",
+                // One source at full speed: the per-source limit (on by default) would drop.
+                "--rate-limit",
+                "off",
             ])
             .stdout(Stdio::piped())
             .stderr(Stdio::piped()),
@@ -368,6 +371,31 @@ fn echo_serve_and_load_agree() {
     assert_eq!(served, sent, "the server counted every request: {s}");
     let retried: u64 = s["shards"].as_array().unwrap().iter().map(|x| x["send_retries"].as_u64().unwrap()).sum();
     assert_eq!(retried, 0, "{s}");
+}
+
+/// By default the echo server limits each source address (1,000 requests/s): one client at
+/// full speed is cut to that, the rest dropped and counted, and the server says so at start.
+#[test]
+fn echo_serve_limits_each_source_by_default() {
+    let port = free_port().to_string();
+    let srv = Group::spawn(
+        Command::new(env!("CARGO_BIN_EXE_udpx"))
+            .args(["echo", "serve", "-B", "127.0.0.1", "-p", &port, "-m", "reuseport", "-l", "2.5", "--json"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped()),
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    let load = udpx(&["echo", "load", "-D", "127.0.0.1", "-p", &port, "-l", "1", "-f", "16", "--json"]);
+    let srv = srv.wait_with_output();
+    assert_eq!(srv.status.code(), Some(0), "{}", stderr(&srv));
+    assert!(stderr(&srv).contains("at most 1000 requests/s per source address"), "{}", stderr(&srv));
+    let (l, s) = (json(&load), json(&srv));
+    let served: u64 = s["shards"].as_array().unwrap().iter().map(|x| x["requests"].as_u64().unwrap()).sum();
+    let limited: u64 = s["shards"].as_array().unwrap().iter().map(|x| x["rate_limited"].as_u64().unwrap()).sum();
+    println!("load {l}\nserver: {served} served, {limited} rate-limited");
+    assert!(limited > 0, "a full-speed client is over 1,000/s: {s}");
+    // A second's worth of burst and a second at the rate, and the odd request of the next.
+    assert!(served <= 2_100, "served {served}: about 1,000/s after a burst of 1,000");
 }
 
 /// A child process started in a process group of its own. Dropped before it was waited for

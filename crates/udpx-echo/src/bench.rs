@@ -130,6 +130,9 @@ pub fn run(cfg: &EchoBenchConfig, progress: &mut dyn FnMut(&str)) -> Result<(Vec
              processing runs in softirq on the server's CPU and is charged to the server (the veth path as root is not)"
         ),
     };
+    // One generator address at full speed: the server's per-source limit (on by default in
+    // `udpx echo serve`) is off here, and the report says so.
+    let path = format!("{path}; per-source rate limit off (one generator address)");
     let mut runs: Vec<Vec<EchoRow>> = Vec::new();
     for _ in 0..cfg.repeat.max(1) {
         let mut out = Vec::new();

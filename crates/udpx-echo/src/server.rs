@@ -10,6 +10,27 @@
 //! Each with or without batching (recvmmsg/sendmmsg). Replies leave from the local address the
 //! request arrived at (pktinfo), so a multi-homed server answers correctly; a reply is the
 //! request itself with sockperf's client flag cleared, never larger. Malformed requests are counted and dropped.
+//!
+//! ## The per-source rate limit
+//!
+//! A fixed table of 65,536 GCRA cells (a token bucket
+//! each, one 8-byte theoretical arrival time, updated lock-free), a source's cell chosen by a
+//! keyed hash (SipHash with a random per-process key) of its address.
+//!
+//! What it guarantees, whatever a flood does:
+//! - **Bounded**: 512 KiB, allocated once; no entry per source, so a flood from any number of
+//!   forged sources cannot fill it, grow it or evict anyone.
+//! - **Reflection**: replies are the size of the request, and the requests of one source
+//!   address (a victim whose address is forged) are answered at most `limit` a second with a
+//!   burst of one second's worth: the bytes reflected toward any address are at most what was
+//!   forged, and at most `limit` x the request size per second.
+//! - **Legitimate sources**: sources that share a cell share its budget. The key is secret,
+//!   so a flood cannot aim at a chosen client's cell; spread over forged sources, a flood of
+//!   `F` requests a second adds about `F / CELLS` a second to every cell. A client sending
+//!   `r` a second keeps every request while `r + F / CELLS <= limit`: with the defaults
+//!   (65,536 cells, 1,000/s), a client at 100/s is untouched until the flood passes about 59
+//!   million requests a second, more than one server receives. Past that, clients lose
+//!   requests in proportion, as every cell is over its budget.
 
 use std::hash::BuildHasher;
 use std::net::{IpAddr, SocketAddr};
@@ -73,7 +94,9 @@ pub struct ServeConfig {
     /// unavailable (the shard counts `io_uring` 0 then).
     pub io_uring: bool,
     /// Requests per second per source address at most, over all shards together (excess
-    /// dropped and counted; a burst of up to one second's worth is admitted at once).
+    /// dropped and counted; a burst of up to one second's worth is admitted at once; the
+    /// module docs say what it guarantees under a flood). `None`: no limit, an equal-size
+    /// reflector for anyone who forges a victim's address: for benches with one source.
     pub rate_limit: Option<u32>,
     /// CPUs the shard threads are pinned to, round robin (`reuseport-cpu` pins each socket's
     /// thread to its own CPU regardless). `None`: not pinned.
@@ -89,6 +112,9 @@ pub struct ServeConfig {
 pub fn default_recv_buffer() -> usize {
     udpx::rcvbuf::plan(udpx::rcvbuf::RecvRole::Server { clients: 1024, burst: 4, datagram: 256 }).set
 }
+
+/// The per-source rate limit `udpx echo serve` applies unless told otherwise, requests/s.
+pub const DEFAULT_RATE_LIMIT: u32 = 1_000;
 
 /// Most threads (and sockets) a server may have, oversubscribed or not: far past the CPU count
 /// more threads only add contention, and each holds up to 2 MiB of receive buffers.
@@ -373,6 +399,7 @@ impl udpx_metrics::Source for MetricsSource {
                 udpx_metrics::ShardSample {
                     socket: sock.counters(),
                     kernel_drops: sock.kernel_drops().map(u64::from).unwrap_or(0),
+                    icmp_offenders: sock.icmp_offenders(),
                     extra: vec![
                         counter("echo_requests", "Well-formed requests", s.requests),
                         counter("echo_replies", "Replies sent", s.replies),
@@ -431,6 +458,7 @@ impl Server {
 /// (spoofed) sources resets anyone's bucket. Sources whose hashes collide share a cell and so
 /// a limit: a collision makes the limit stricter, never looser, and the random key (one per
 /// server) keeps a sender from choosing whose cell it lands in.
+/// The per-source limit (see the module docs for what it guarantees).
 #[derive(Debug)]
 pub(crate) struct RateLimit {
     interval_ns: u64,
@@ -442,7 +470,8 @@ pub(crate) struct RateLimit {
 
 impl RateLimit {
     /// Cells of a server's limiter: 512 KiB; about 65k sources before two share a limit.
-    const CELLS: usize = 1 << 16;
+    /// Cells in the table.
+    pub(crate) const CELLS: usize = 1 << 16;
 
     fn new(per_sec: u32, cells: usize) -> RateLimit {
         let interval_ns = (1_000_000_000 / u64::from(per_sec.max(1))).max(1);
@@ -751,6 +780,47 @@ mod tests {
         let (wire, s) = run(3, |r, t| (r == 1 && t == 1).then_some(SendErrorKind::WouldBlock));
         assert_eq!(wire, [0, 1, 2]);
         assert_eq!(s, Sent { ok: 3, ..Sent::default() });
+    }
+
+    /// The guarantee under a flood of forged sources (see [`RateLimit`]), on a table small
+    /// enough to flood in a test: 1,024 cells at 100/s. A client at 20/s keeps every request
+    /// while a flood spread over random sources stays under (100 - 20) x 1,024 a second, and
+    /// loses some once the flood is well past that bound.
+    #[test]
+    fn a_flood_of_forged_sources_leaves_a_modest_client_alone_within_the_bound() {
+        let run = |flood_per_sec: u64| {
+            let l = RateLimit::new(100, 1024);
+            let client: IpAddr = "192.0.2.77".parse().unwrap();
+            let mut rng = 0x1234_5678_9abc_def0u64;
+            let (mut kept, mut asked) = (0, 0);
+
+            let secs = 3u64;
+            let flood_step = 1_000_000_000 / flood_per_sec;
+            let mut next_client = 0u64;
+            let mut t = 0u64;
+            while t < secs * 1_000_000_000 {
+                // xorshift: forged sources from all of 10/8.
+                rng ^= rng << 13;
+                rng ^= rng >> 7;
+                rng ^= rng << 17;
+                let forged = IpAddr::from((0x0a00_0000u32 | (rng as u32 & 0x00ff_ffff)).to_be_bytes());
+                let _ = l.allow_at(forged, t);
+                if t >= next_client {
+                    asked += 1;
+                    kept += l.allow_at(client, t) as u32;
+                    // 20 a second, give or take a few ms.
+                    next_client += 45_000_000 + rng % 10_000_000;
+                }
+                // Arrivals at random gaps around the flood's mean.
+                t += 1 + rng % (2 * flood_step);
+            }
+
+            (kept, asked)
+        };
+        let (kept, asked) = run(60_000); // 58.6/s per cell: inside the bound
+        assert_eq!(kept, asked, "within the bound every request of the client is kept");
+        let (kept, asked) = run(400_000); // 390/s per cell: far past it
+        assert!(kept < asked / 2, "past the bound the client shares the loss: {kept} of {asked}");
     }
 
     #[test]

@@ -230,7 +230,8 @@ fn cpu_steering_puts_requests_on_the_receiving_cpus_shard() {
 }
 
 /// A send that fails with someone else's pending ICMP error (here injected: ECONNREFUSED on
-/// the next send syscall) costs a retry, not the reply.
+/// the next send syscall) costs a retry, not the reply: the library sends it again itself (the
+/// socket's `icmp_retries`), so the server never sees the error.
 #[cfg(feature = "fault-injection")]
 #[test]
 fn a_failed_send_is_retried_and_the_reply_arrives() {
@@ -246,7 +247,7 @@ fn a_failed_send_is_retried_and_the_reply_arrives() {
         let got = c.recv_from(&mut buf);
         let s = srv.stop();
         assert_eq!(got.map(|(n, _)| n).ok(), Some(64), "batch={batch}: no reply: {s:?}");
-        assert_eq!((s[0].replies, s[0].send_retries, s[0].dropped_send_error), (1, 1, 0), "batch={batch}");
+        assert_eq!((s[0].replies, s[0].send_retries, s[0].dropped_send_error), (1, 0, 0), "batch={batch}");
     }
 }
 

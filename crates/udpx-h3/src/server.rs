@@ -211,6 +211,7 @@ impl udpx_metrics::Source for MetricsSource {
                 udpx_metrics::ShardSample {
                     socket: s.socket,
                     kernel_drops: s.kernel_drops,
+                    icmp_offenders: Vec::new(),
                     extra: vec![
                         c("quic_connections", "QUIC connections accepted", h.connections),
                         c("quic_closed", "QUIC connections closed and removed", h.closed),

@@ -156,6 +156,18 @@ pub fn record_skip(what: &str, why: &str) {
     }
 }
 
+/// This process's resident memory (`VmRSS` of `/proc/self/status`), bytes: what the attack
+/// tests report (and bound) of a server that runs inside the test process.
+pub fn rss_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines().find_map(|l| l.strip_prefix("VmRSS:").map(|v| v.trim().trim_end_matches(" kB").trim().to_owned()))
+        })
+        .and_then(|kb| kb.parse::<u64>().ok())
+        .map_or(0, |kb| kb * 1024)
+}
+
 /// Whether an executable file named `program` is in one of the `PATH` directories.
 pub fn on_path(program: &str) -> bool {
     find_in_path(program).is_some()

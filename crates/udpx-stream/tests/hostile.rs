@@ -267,6 +267,7 @@ fn the_attack_lab_forged_requests_and_icmp_floods() {
     let mut recv = RecvConfig::new(srv, 40, 24_000, Duration::from_secs(3));
     recv.local = vec![Leaf::Client.v4().into()];
     let client = net.ns(Leaf::Client).spawn(move || receive(&recv, &Progress::default()));
+    let rss0 = udpx_lab::netns::rss_bytes();
     const FORGED: usize = 4_000;
     let forged_bytes = net.ns(Leaf::Attacker).spawn(move || {
         let raw = RawSender::new().unwrap();
@@ -293,7 +294,9 @@ fn the_attack_lab_forged_requests_and_icmp_floods() {
     let forged_bytes = forged_bytes.join().unwrap();
     let r = client.join().unwrap().expect("the client's run");
     let (victim_bytes, victim_data) = counter.join().unwrap();
+    let grown = udpx_lab::netns::rss_bytes().saturating_sub(rss0);
     assert!(!server.finished(), "the server still runs");
+    assert!(grown < 64 << 20, "4,000 forged requests keep no state: RSS grew {} MB", grown >> 20);
     // After the attack a new client is served.
     let mut after = RecvConfig::new(srv, 2, 24_000, Duration::from_millis(500));
     after.local = vec![Leaf::Client.v4().into()];
@@ -302,7 +305,8 @@ fn the_attack_lab_forged_requests_and_icmp_floods() {
     let rep = server.stop().unwrap();
     let s = &r.summary;
     println!(
-        "attack lab: forged {forged_bytes} B, victim got {victim_bytes} B ({victim_data} data); client: {} flows, {} datagrams, lost {}; server: {:?}",
+        "attack lab: forged {forged_bytes} B, victim got {victim_bytes} B ({victim_data} data); RSS grew {} KB; client: {} flows, {} datagrams, lost {}; server: {:?}",
+        grown >> 10,
         r.accepted, s.datagrams, s.lost, rep.total
     );
     assert_eq!(victim_data, 0, "no data to an unproven address");

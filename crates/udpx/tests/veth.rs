@@ -1,7 +1,10 @@
 //! Over a veth pair at MTU 1500 between two network namespaces the test creates (and removes,
 //! also on panic): the GSO edge cases at real MTU boundaries, every send mode × GRO on both
 //! path profiles with every byte checked, the real GSO fallback, and real EAGAIN and ENOBUFS
-//! from a token-bucket qdisc. Needs root; prints `SKIP:` otherwise.
+//! from a token-bucket qdisc. Needs root; prints `SKIP:` otherwise. The tests that fill queues
+//! (floods into tbf, the software profile's every-byte check) are `#[ignore]`d in the main run
+//! and run alone by scripts/test.sh: beside other tests on two CPUs their queues may never fill,
+//! or the software path reorders.
 
 mod common;
 
@@ -84,6 +87,7 @@ fn every_mode_every_byte_veth_offload() {
 }
 
 #[test]
+#[ignore = "fills queues on a veth pair: needs both CPUs to itself (scripts/test.sh runs it alone)"]
 fn every_mode_every_byte_veth_software() {
     every_mode_over(Profile::Software);
 }
@@ -166,6 +170,7 @@ fn flood_through_full_buffers(test: &str, backend: Want, nonblocking: bool) {
 }
 
 #[test]
+#[ignore = "fills queues on a veth pair: needs both CPUs to itself (scripts/test.sh runs it alone)"]
 fn real_eagain_under_flood_loses_nothing() {
     if skip_unless_capable("real_eagain_under_flood_loses_nothing") {
         return;
@@ -174,6 +179,7 @@ fn real_eagain_under_flood_loses_nothing() {
 }
 
 #[test]
+#[ignore = "fills queues on a veth pair: needs both CPUs to itself (scripts/test.sh runs it alone)"]
 fn real_eagain_through_io_uring_loses_nothing() {
     let test = "real_eagain_through_io_uring_loses_nothing";
     if skip_unless_capable(test) || !uring_usable(test) {
@@ -183,6 +189,7 @@ fn real_eagain_through_io_uring_loses_nothing() {
 }
 
 #[test]
+#[ignore = "fills queues on a veth pair: needs both CPUs to itself (scripts/test.sh runs it alone)"]
 fn a_blocking_io_uring_send_waits_out_a_full_buffer() {
     let test = "a_blocking_io_uring_send_waits_out_a_full_buffer";
     if skip_unless_capable(test) || !uring_usable(test) {
@@ -217,6 +224,7 @@ fn enobufs_retried(test: &str, backend: Want) {
 }
 
 #[test]
+#[ignore = "fills queues on a veth pair: needs both CPUs to itself (scripts/test.sh runs it alone)"]
 fn real_enobufs_from_qdisc_is_retried() {
     if skip_unless_capable("real_enobufs_from_qdisc_is_retried") {
         return;
@@ -225,6 +233,7 @@ fn real_enobufs_from_qdisc_is_retried() {
 }
 
 #[test]
+#[ignore = "fills queues on a veth pair: needs both CPUs to itself (scripts/test.sh runs it alone)"]
 fn real_enobufs_through_io_uring_is_retried() {
     let test = "real_enobufs_through_io_uring_is_retried";
     if skip_unless_capable(test) || !uring_usable(test) {
