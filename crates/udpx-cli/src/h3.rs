@@ -21,9 +21,63 @@ pub struct H3Args {
 #[derive(Subcommand, Debug)]
 enum H3Cmd {
     /// Serve the files under DIR over HTTP/3 (GET, HEAD), one event loop per shard.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Fetch one URL over HTTP/3 and print status, bytes, time and throughput.
     Get(GetArgs),
+    /// Many clients in one event loop, each a video player fetching a segment every interval:
+    /// requests served, latency, lateness, handshake time, the client's CPU.
+    Load(LoadArgs),
+    /// The bench's second HTTP/3 server: quinn with hyperium's h3 (not udpx's datapath).
+    #[command(hide = true)]
+    QuinnServe(QuinnServeArgs),
+}
+
+#[derive(Args, Debug)]
+struct LoadArgs {
+    #[arg(help = "The server: IP:PORT (HTTP/3), or HTTPS over TCP with --tcp.")]
+    server: SocketAddr,
+    /// Connections (players).
+    #[arg(short = 'n', long, default_value_t = 1000)]
+    connections: usize,
+    /// The path each player asks for.
+    #[arg(long, default_value = "/segment")]
+    path: String,
+    /// Seconds between a player's requests (0: idle connections that only keep alive).
+    #[arg(long, default_value_t = 2.0)]
+    interval: f64,
+    /// Seconds over which the connections start.
+    #[arg(long, default_value_t = 5.0)]
+    ramp: f64,
+    /// Seconds measured, after the ramp.
+    #[arg(short = 'l', long, default_value_t = 15.0)]
+    duration: f64,
+    /// Local addresses to send from, round robin (repeatable); default: the kernel's choice.
+    #[arg(long = "local")]
+    locals: Vec<std::net::IpAddr>,
+    /// HTTPS over TCP instead of HTTP/3: h2 or http1.1 (the server's certificate from --ca,
+    /// checked for the name localhost).
+    #[arg(long, value_parser = ["h2", "http1.1"], requires = "ca")]
+    tcp: Option<String>,
+    /// The CA (or self-signed certificate) to trust over TCP.
+    #[arg(long)]
+    ca: Option<PathBuf>,
+    /// One JSON object instead of the summary.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args, Debug)]
+struct QuinnServeArgs {
+    dir: PathBuf,
+    #[arg(long)]
+    listen: SocketAddr,
+    #[arg(long)]
+    cert: PathBuf,
+    #[arg(long)]
+    key: PathBuf,
+    /// Stop after this many seconds.
+    #[arg(short = 'l', long, default_value_t = 60.0)]
+    duration: f64,
 }
 
 #[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
@@ -98,15 +152,51 @@ struct ServeArgs {
     /// on TCP moves to HTTP/3 by itself.
     #[arg(long, value_name = "ADDR")]
     alt_svc_tcp: Option<SocketAddr>,
-    /// A file holding the stateless reset key (64 hex digits) that every host of the service
-    /// shares: a host then ends, with a stateless reset, connections a balancer sends it that it
-    /// does not have (their host was removed or restarted), instead of leaving the client to its
-    /// idle timeout.
-    #[arg(long, value_name = "FILE")]
-    reset_key_file: Option<PathBuf>,
-    /// Serve Prometheus metrics on this address (`GET /metrics`): each shard's socket and QUIC
-    /// counters, and the HTTP responses by status class.
-    #[arg(long, value_name = "ADDR")]
+    /// A file holding the secret (64 hex digits) every host of the service shares: stateless
+    /// resets (a host ends connections a balancer sends it that it does not have, instead of
+    /// leaving the client to its idle timeout), Retry tokens and session tickets (resumption
+    /// and 0-RTT on any host) are derived from it. Without it they are this process's own.
+    #[arg(long, value_name = "FILE", alias = "reset-key-file")]
+    key_file: Option<PathBuf>,
+    /// Send no stateless resets even with --key-file: behind a balancer that pins a client's
+    /// 4-tuple to a host whatever its connection IDs say (dnat with conntrack), answering
+    /// another host's IDs with resets would hand an attacker their tokens (RFC 9000 21.11).
+    #[arg(long, requires = "key_file")]
+    no_stateless_resets: bool,
+    /// Address validation with Retry: `always`, `never`, or `auto` (while half-open handshakes
+    /// pass a quarter of --max-half-open: under an Initial flood).
+    #[arg(long, default_value = "auto")]
+    retry: udpx_quic::RetryPolicy,
+    /// Connections per shard at most (Initials past it are dropped, counted).
+    #[arg(long, default_value_t = udpx_quic::Limits::default().max_connections)]
+    max_connections: usize,
+    /// Handshakes under way per shard at most.
+    #[arg(long, default_value_t = udpx_quic::Limits::default().max_half_open)]
+    max_half_open: usize,
+    /// Connections per shard from one address (IPv6: one /64) at most.
+    #[arg(long, default_value_t = udpx_quic::Limits::default().max_per_ip)]
+    max_per_ip: usize,
+    /// Seconds a handshake may take before the connection is dropped.
+    #[arg(long, default_value_t = 5.0)]
+    handshake_timeout: f64,
+    /// Accept 0-RTT from resuming clients: GET and HEAD answered from early data, other
+    /// methods 425 Too Early.
+    #[arg(long)]
+    early_data: bool,
+    /// Congestion control: cubic (quiche's default, unpaced) or bbr2 (paced).
+    #[arg(long, default_value = "cubic")]
+    cc: udpx_h3::server::Cc,
+    /// Responses with an open file one connection may hold (503 past it; a client has at most
+    /// 100 request streams open at once).
+    #[arg(long, default_value_t = 100)]
+    max_open_per_conn: usize,
+    /// Responses with an open file one shard may hold (503 past it).
+    #[arg(long, default_value_t = 4096)]
+    max_open_per_shard: usize,
+    /// Serve Prometheus metrics (`GET /metrics`): each shard's socket and QUIC counters, and
+    /// the HTTP responses by status class. A port alone listens on 127.0.0.1; give an address
+    /// (0.0.0.0:9100) to let other hosts scrape it.
+    #[arg(long, value_name = "[ADDR:]PORT", value_parser = udpx_metrics::parse_listen)]
     metrics: Option<SocketAddr>,
 }
 
@@ -160,11 +250,158 @@ pub struct H3BenchArgs {
     /// One JSON object instead of the table.
     #[arg(long)]
     json: bool,
+    /// The scale table instead: this many concurrent players per row (comma-separated), each
+    /// fetching a segment every --interval, against udpx, quinn with h3, and nginx over TCP
+    /// (HTTP/2, HTTP/1.1).
+    #[arg(long, value_delimiter = ',', value_name = "N,N,...")]
+    connections: Vec<usize>,
+    /// With --connections: also a row of this many idle connections (0: none).
+    #[arg(long, default_value_t = 50_000, requires = "connections")]
+    idle: usize,
+    /// With --connections: seconds between a player's requests.
+    #[arg(long, default_value_t = 2.0, requires = "connections")]
+    interval: f64,
+    /// With --connections: seconds over which connections start.
+    #[arg(long, default_value_t = 5.0, requires = "connections")]
+    ramp: f64,
+    /// With --connections: seconds measured per row.
+    #[arg(long, default_value_t = 15.0, requires = "connections")]
+    window: f64,
+    /// With --connections: rounds (a verdict needs 3).
+    #[arg(long, default_value_t = 1, requires = "connections")]
+    rounds: usize,
+}
+
+/// `udpx bench h3 --connections`: the scale table.
+fn bench_scale(a: H3BenchArgs) -> ExitCode {
+    const CMD: &str = "bench h3";
+    let secs = |flag: &str, v: f64| duration(flag, v);
+    let (interval, ramp, window) =
+        match (secs("--interval", a.interval), secs("--ramp", a.ramp), secs("--window", a.window)) {
+            (Ok(i), Ok(r), Ok(w)) => (i, r, w),
+            (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => return usage(e),
+        };
+    if a.connections.iter().any(|&n| n == 0 || n > 200_000) || a.idle > 200_000 {
+        return usage("--connections / --idle: give 1 to 200000 each");
+    }
+    if a.rounds == 0 || a.rounds > 20 {
+        return usage("--rounds: give 1 to 20");
+    }
+    let Ok(udpx) = std::env::current_exe() else {
+        return usage("cannot find this program's path to start the servers");
+    };
+    if udpx_lab::netns::is_root() {
+        if let Err(e) = udpx_lab::netns::cleanup_on_signals() {
+            eprintln!("udpx {CMD}: warning: no signal cleanup: {e}");
+        }
+    }
+    crate::util::raise_open_files(CMD);
+    let mut cfg = udpx_h3::bench::scale::ScaleConfig::new(udpx);
+    cfg.connections = a.connections.clone();
+    cfg.idle = (a.idle > 0).then_some(a.idle);
+    (cfg.interval, cfg.ramp, cfg.window, cfg.rounds) = (interval, ramp, window, a.rounds);
+    let b = match udpx_h3::bench::scale::run(&cfg, &mut |l| eprintln!("udpx {CMD}: {l}")) {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!("udpx {CMD}: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    if a.json {
+        println!("{}", serde_json::json!({ "h3_scale": b }));
+    } else {
+        println!("{}", udpx_h3::bench::scale::table(&b));
+    }
+    ExitCode::SUCCESS
+}
+
+/// `udpx h3 load`.
+fn load(a: LoadArgs) -> ExitCode {
+    const CMD: &str = "h3 load";
+    let (ramp, dur) = match (duration("--ramp", a.ramp.max(1e-9)), duration("--duration", a.duration)) {
+        (Ok(r), Ok(d)) => (if a.ramp == 0.0 { std::time::Duration::ZERO } else { r }, d),
+        (Err(e), _) | (_, Err(e)) => return util::usage(CMD, e),
+    };
+    if !(a.interval >= 0.0 && a.interval <= 3600.0) {
+        return util::usage(CMD, format!("--interval {}: give 0 (idle) to 3600 seconds", a.interval));
+    }
+    crate::util::raise_open_files(CMD);
+    let mut cfg = udpx_h3::load::LoadConfig::new(
+        a.server,
+        a.connections,
+        &a.path,
+        std::time::Duration::from_secs_f64(a.interval),
+    );
+    (cfg.ramp, cfg.duration, cfg.locals) = (ramp, dur, a.locals);
+    let r = match (a.tcp.as_deref(), a.ca.as_deref()) {
+        (None, _) => udpx_h3::load::run(&cfg),
+        (Some(v), Some(ca)) => {
+            let http = if v == "h2" { udpx_h3::load_tcp::TcpHttp::H2 } else { udpx_h3::load_tcp::TcpHttp::H1 };
+            udpx_h3::load_tcp::run(&cfg, http, ca)
+        }
+        (Some(_), None) => return util::usage(CMD, "--tcp needs --ca"),
+    };
+    let r = match r {
+        Ok(r) => r,
+        Err(e) if e.is_usage() => return util::usage(CMD, e),
+        Err(e) => {
+            eprintln!("udpx {CMD}: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    if a.json {
+        println!("{}", serde_json::json!({ "h3_load": r }));
+    } else {
+        println!(
+            "{} connections ({} established, {} ended early): {} requests, {:.2} % served, {} failed, {} late, {} never served; latency p50 {:.1} / p99 {:.1} / max {:.1} ms; handshake p50 {:.1} ms; {:.1} MB; client CPU {:.0} %{}",
+            a.connections,
+            r.established,
+            r.ended_early,
+            r.requests,
+            r.served_pct(),
+            r.failed,
+            r.late,
+            r.never_served,
+            r.latency.p50_ms,
+            r.latency.p99_ms,
+            r.latency.max_ms,
+            r.handshake.p50_ms,
+            r.bytes as f64 / 1e6,
+            r.client_cpu_pct(),
+            if r.client_cpu_pct() > 80.0 { " (the client is the limit)" } else { "" }
+        );
+    }
+    ExitCode::SUCCESS
+}
+
+/// `udpx h3 quinn-serve` (hidden: the bench's second server).
+fn quinn_serve(a: QuinnServeArgs) -> ExitCode {
+    let dur = match duration("--duration", a.duration) {
+        Ok(d) => d,
+        Err(e) => return usage(e),
+    };
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let s2 = stop.clone();
+    std::thread::spawn(move || {
+        std::thread::sleep(dur);
+        s2.store(true, std::sync::atomic::Ordering::Relaxed);
+    });
+    eprintln!("udpx h3 quinn-serve: {} on https://{}", a.dir.display(), a.listen);
+    match udpx_h3::quinn_server::serve(&a.dir, a.listen, &a.cert, &a.key, &stop) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("udpx h3 quinn-serve: {e}");
+            ExitCode::FAILURE
+        }
+    }
 }
 
 /// `udpx bench h3`: runs [`udpx_h3::bench`] and prints its table or JSON.
 pub fn bench(a: H3BenchArgs) -> ExitCode {
     const CMD: &str = "bench h3";
+    if !a.connections.is_empty() {
+        return bench_scale(a);
+    }
     let root = udpx_lab::netns::is_root();
     if a.veth && !root {
         eprintln!("udpx {CMD}: --veth needs root (network namespaces): skipped");
@@ -207,8 +444,10 @@ fn usage(msg: impl std::fmt::Display) -> ExitCode {
 
 pub fn main(a: H3Args) -> ExitCode {
     match a.cmd {
-        H3Cmd::Serve(s) => serve(s),
+        H3Cmd::Serve(s) => serve(*s),
         H3Cmd::Get(g) => get(g),
+        H3Cmd::Load(l) => load(l),
+        H3Cmd::QuinnServe(q) => quinn_serve(q),
     }
 }
 
@@ -235,16 +474,32 @@ fn serve(a: ServeArgs) -> ExitCode {
         (Some(cert), Some(key)) => Tls::Files { cert, key },
         _ => Tls::SelfSigned,
     };
-    let reset_key = match &a.reset_key_file {
+    let keys = match &a.key_file {
         None => None,
         Some(p) => {
-            match std::fs::read_to_string(p).map_err(|e| e.to_string()).and_then(|t| udpx_quic::ResetKey::from_hex(&t))
+            match std::fs::read_to_string(p).map_err(|e| e.to_string()).and_then(|t| udpx_quic::reset::parse_secret(&t))
             {
-                Ok(k) => Some(k),
-                Err(e) => return usage(format!("--reset-key-file {}: {e}", p.display())),
+                Ok(secret) if a.no_stateless_resets => Some(udpx_quic::ServiceKeys::shared(&secret).without_resets()),
+                Ok(secret) => Some(udpx_quic::ServiceKeys::shared(&secret)),
+                Err(e) => return usage(format!("--key-file {}: {e}", p.display())),
             }
         }
     };
+    let handshake_timeout = match duration("--handshake-timeout", a.handshake_timeout) {
+        Ok(d) => d,
+        Err(e) => return usage(e),
+    };
+    let limits = udpx_quic::Limits {
+        max_connections: a.max_connections,
+        max_half_open: a.max_half_open,
+        max_per_ip: a.max_per_ip,
+        handshake_timeout,
+        retry: a.retry,
+        ..udpx_quic::Limits::default()
+    };
+    if let Err(e) = limits.check() {
+        return usage(e);
+    }
     let cfg = ServeConfig {
         listen: a.listen,
         tls,
@@ -254,11 +509,17 @@ fn serve(a: ServeArgs) -> ExitCode {
         host_id: a.host_id,
         max_udp_payload: a.max_udp_payload,
         site: SiteOptions { cache_control: a.cache_control, access_log: a.access_log },
-        reset_key,
+        keys,
+        limits,
+        early_data: a.early_data,
+        cc: a.cc,
+        max_open_per_conn: a.max_open_per_conn,
+        max_open_per_shard: a.max_open_per_shard,
         alt_svc_tcp: a.alt_svc_tcp,
     };
     // SIGINT and SIGTERM are blocked before the shard threads start (they inherit the mask),
     // and one thread below takes them: the server then stops cleanly and prints its counters.
+    crate::util::raise_open_files("h3 serve");
     let stop = crate::util::stop_on_signals();
     let server = match udpx_h3::serve(&a.dir, &cfg) {
         Ok(s) => s,
@@ -295,6 +556,7 @@ fn serve(a: ServeArgs) -> ExitCode {
     };
     if let Some(m) = &metrics {
         eprintln!("udpx h3 serve: metrics on http://{}/metrics", m.local_addr());
+        crate::util::warn_if_exposed("h3 serve", m.local_addr());
     }
     let start = std::time::Instant::now();
     while !stop.load(Ordering::Relaxed) && dur.is_none_or(|d| start.elapsed() < d) && server.is_running() {
@@ -332,6 +594,7 @@ fn get(a: GetArgs) -> ExitCode {
         max_udp_payload: a.max_udp_payload,
         head: a.head,
         headers,
+        ..GetConfig::default()
     };
     let r = match udpx_h3::get(&a.url, a.output.as_deref(), &cfg) {
         Ok(r) => r,

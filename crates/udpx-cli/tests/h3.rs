@@ -69,11 +69,7 @@ fn serve_as_a_program_for_get_and_gtlsclient() {
             .stderr(std::fs::File::create(&err).unwrap()),
     )
     .unwrap();
-    let up = Instant::now();
-    while std::net::UdpSocket::bind(("127.0.0.1", port)).is_ok() {
-        assert!(up.elapsed() < Duration::from_secs(10), "server did not bind");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_bound(port);
     let url = format!("https://{listen}/file");
     let got = t.0.join("got");
     let o = udpx(&["h3", "get", &url, "-o", got.to_str().unwrap(), "--io", "sendmmsg"]);
@@ -153,4 +149,81 @@ fn bench_h3_names_a_missing_nginx_and_exits_0() {
     let b = &json["h3_bench"];
     assert_eq!(b["rows"].as_array().map(Vec::len), Some(5), "the udpx h3 get rows only: {b}");
     assert_eq!(b["left_out"].as_array().map(Vec::len), Some(2), "{b}");
+}
+
+/// A TCP connection to `to` from `from` (a loopback address), so the test plays many sources.
+fn connect_from(from: std::net::Ipv4Addr, to: std::net::SocketAddr) -> Option<std::net::TcpStream> {
+    use nix::sys::socket::{bind, connect, socket, AddressFamily, SockFlag, SockType, SockaddrIn};
+    use std::os::fd::AsRawFd;
+    let fd = socket(AddressFamily::Inet, SockType::Stream, SockFlag::SOCK_CLOEXEC, None).ok()?;
+    bind(fd.as_raw_fd(), &SockaddrIn::from(std::net::SocketAddrV4::new(from, 0))).ok()?;
+    let std::net::SocketAddr::V4(to) = to else { return None };
+    connect(fd.as_raw_fd(), &SockaddrIn::from(to)).ok()?;
+    Some(std::net::TcpStream::from(fd))
+}
+
+/// Out of file descriptors: the server (its limit cut to 64 by the shell that starts it)
+/// raises its soft limit to the hard one and says so; idle TCP connections from many addresses
+/// take its descriptors until accepting fails; meanwhile an HTTP/3 request is answered 503 (it
+/// could not open the file) and nothing ends; once the connections go, service resumes.
+#[test]
+fn out_of_descriptors_answers_503_and_recovers() {
+    let t = tmp("nofile");
+    std::fs::write(t.0.join("www/file"), vec![7u8; 100_000]).unwrap();
+    let port = std::net::UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let tcp_port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let (listen, tcp) = (format!("127.0.0.1:{port}"), format!("127.0.0.1:{tcp_port}"));
+    let (out, err) = (t.0.join("serve.out"), t.0.join("serve.err"));
+    let script = format!(
+        "ulimit -Sn 32 && ulimit -Hn 64 && exec {} h3 serve {} --listen {listen} --alt-svc-tcp {tcp} --shards 1 -l 40",
+        env!("CARGO_BIN_EXE_udpx"),
+        t.0.join("www").display()
+    );
+    let server = ChildGroup::spawn(
+        Command::new("sh")
+            .args(["-c", &script])
+            .stdin(Stdio::null())
+            .stdout(std::fs::File::create(&out).unwrap())
+            .stderr(std::fs::File::create(&err).unwrap()),
+    )
+    .unwrap();
+    wait_bound(port);
+    let url = format!("https://{listen}/file");
+    assert!(String::from_utf8_lossy(&udpx(&["h3", "get", &url]).stdout).contains("status 200"));
+    let e = std::fs::read_to_string(&err).unwrap();
+    assert!(e.contains("open files: 64 (raised from 32)"), "{e}");
+    // Idle connections, 10 per address (under the per-address cap), until the server is full.
+    let to: std::net::SocketAddr = tcp.parse().unwrap();
+    let idle: Vec<std::net::TcpStream> =
+        (0..100u8).filter_map(|i| connect_from(std::net::Ipv4Addr::new(127, 0, 1, 1 + i / 10), to)).collect();
+    std::thread::sleep(Duration::from_millis(500));
+    let o = udpx(&["h3", "get", &url]);
+    let line = String::from_utf8_lossy(&o.stdout).to_string();
+    assert!(line.contains("status 503"), "a full server answers 503: {line} {}", String::from_utf8_lossy(&o.stderr));
+    drop(idle);
+    // The server closes its ends as the peers go; the next request is served.
+    let mut served = false;
+    let back = Instant::now();
+    while !served && back.elapsed() < Duration::from_secs(15) {
+        std::thread::sleep(Duration::from_millis(200));
+        served = String::from_utf8_lossy(&udpx(&["h3", "get", &url]).stdout).contains("status 200");
+    }
+    assert!(served, "service resumed once descriptors were free");
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(server.id() as i32), nix::sys::signal::Signal::SIGTERM).unwrap();
+    let status = server.wait().unwrap();
+    assert!(status.success(), "server: {status}: {}", std::fs::read_to_string(&err).unwrap_or_default());
+    let json: serde_json::Value = serde_json::from_str(std::fs::read_to_string(&out).unwrap().trim()).unwrap();
+    let c = &json["h3_serve"];
+    println!("{c}");
+    assert!(c["http"]["unavailable"].as_u64().unwrap() >= 1, "{c}");
+    assert!(c["tcp"]["accept_errors"].as_u64().unwrap() >= 1, "{c}");
+}
+
+/// Waits until a server holds UDP port `port` on 127.0.0.1 (10 s at most).
+fn wait_bound(port: u16) {
+    let up = Instant::now();
+    while std::net::UdpSocket::bind(("127.0.0.1", port)).is_ok() {
+        assert!(up.elapsed() < Duration::from_secs(10), "server did not bind");
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }

@@ -4,7 +4,7 @@
 //! client, under the limit, gets every reply. Counts are asserted, never timings.
 
 use std::net::{SocketAddr, SocketAddrV4, UdpSocket};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use udpx_echo::proto::{self, Request};
 use udpx_echo::server::{self, Mode, ServeConfig, DEFAULT_RATE_LIMIT};
@@ -37,21 +37,7 @@ fn the_attack_lab_forged_requests_and_icmp_floods() {
     };
     let srv = net.ns(Leaf::Server).run(move || server::start(server::bind(&cfg).expect("bind")));
     let addr = srv.addr;
-    let victim = net.ns(Leaf::Victim).run(|| {
-        let s = UdpSocket::bind(SocketAddr::from((Leaf::Victim.v4(), 7001))).unwrap();
-        s.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
-        s
-    });
-    let counter = std::thread::spawn(move || {
-        let (mut bytes, mut buf) = (0usize, [0u8; 2048]);
-        let start = Instant::now();
-        while start.elapsed() < Duration::from_secs(4) {
-            if let Ok((n, _)) = victim.recv_from(&mut buf) {
-                bytes += n;
-            }
-        }
-        bytes
-    });
+    let counter = net.victim_listens(7001, Duration::from_secs(4), |_| false).expect("the victim");
     // The client: 500 requests at about 250 a second (a quarter of the limit), each answered.
     let client = net.ns(Leaf::Client).spawn(move || {
         let s = UdpSocket::bind(SocketAddr::from((Leaf::Client.v4(), 0))).unwrap();
@@ -96,7 +82,7 @@ fn the_attack_lab_forged_requests_and_icmp_floods() {
     });
     let forged_bytes = forged_bytes.join().unwrap();
     let answered = client.join().unwrap();
-    let victim_bytes = counter.join().unwrap();
+    let victim_bytes = counter.join().unwrap().0;
     let running = srv.stats();
     let shards = srv.stop();
     let limited: u64 = shards.iter().map(|s| s.rate_limited).sum();

@@ -30,6 +30,14 @@ pub struct GetConfig {
     /// Request header fields added after the pseudo-headers (names are sent in lower case, as
     /// HTTP/3 requires).
     pub headers: Vec<(String, String)>,
+    /// Another method than GET (or HEAD with `head`).
+    pub method: Option<String>,
+    /// A session from an earlier connection's report ([`GetReport::session`]): resume it, and
+    /// send the request in 0-RTT when the server allows early data.
+    pub session: Option<Vec<u8>>,
+    /// The destination connection ID of the first Initial (e.g. to land on a given shard of
+    /// the server through its steering byte); `None`: random.
+    pub dcid: Option<Vec<u8>>,
 }
 
 impl Default for GetConfig {
@@ -40,6 +48,9 @@ impl Default for GetConfig {
             max_udp_payload: DEFAULT_MAX_UDP_PAYLOAD,
             head: false,
             headers: Vec::new(),
+            method: None,
+            session: None,
+            dcid: None,
         }
     }
 }
@@ -59,6 +70,13 @@ pub struct GetReport {
     pub mbit_per_s: f64,
     /// The client host's counters.
     pub quic: HostCounters,
+    /// The session the server gave (a ticket to resume with), if any.
+    #[serde(skip)]
+    pub session: Option<Vec<u8>>,
+    /// The connection resumed a session.
+    pub resumed: bool,
+    /// The request went in early data (0-RTT).
+    pub early_data: bool,
 }
 
 impl std::fmt::Display for GetReport {
@@ -136,8 +154,13 @@ pub fn get(url: &str, out: Option<&Path>, cfg: &GetConfig) -> Result<GetReport, 
     };
     let socket = client_socket(peer, cfg.io, cfg.gro).map_err(Error::Quic)?;
     let config = client_config(cfg.max_udp_payload)?;
+    let method = match (&cfg.method, cfg.head) {
+        (Some(m), _) => m.as_bytes().to_vec(),
+        (None, true) => b"HEAD".to_vec(),
+        (None, false) => b"GET".to_vec(),
+    };
     let mut request = vec![
-        quiche::h3::Header::new(b":method", if cfg.head { b"HEAD" } else { b"GET" }),
+        quiche::h3::Header::new(b":method", &method),
         quiche::h3::Header::new(b":scheme", b"https"),
         quiche::h3::Header::new(b":authority", url.authority().as_bytes()),
         quiche::h3::Header::new(b":path", url.path.as_bytes()),
@@ -158,11 +181,15 @@ pub fn get(url: &str, out: Option<&Path>, cfg: &GetConfig) -> Result<GetReport, 
         write_error: None,
         close_reason: None,
         buf: vec![0; 64 * 1024],
+        session: None,
+        resumed: false,
+        early_data: false,
+        close_at: None,
     };
     let mut host = Host::new(HostSocket::Own(Box::new(socket)), config, app, false, 0, 0);
     let sni = url.host.parse::<std::net::IpAddr>().is_err().then_some(url.host.as_str());
     let start = Instant::now();
-    host.connect(sni, peer, ()).map_err(Error::Quic)?;
+    host.connect_with(sni, peer, (), cfg.session.as_deref(), cfg.dcid.as_deref()).map_err(Error::Quic)?;
     host.run(&AtomicBool::new(false), true, None).map_err(Error::Quic)?;
     let seconds = start.elapsed().as_secs_f64();
     let quic = host.counters();
@@ -192,6 +219,9 @@ pub fn get(url: &str, out: Option<&Path>, cfg: &GetConfig) -> Result<GetReport, 
         seconds,
         mbit_per_s: bytes as f64 * 8.0 / seconds.max(1e-9) / 1e6,
         quic,
+        session: app.session.take(),
+        resumed: app.resumed,
+        early_data: app.early_data,
     })
 }
 
@@ -208,6 +238,11 @@ struct Fetch {
     write_error: Option<std::io::Error>,
     close_reason: Option<String>,
     buf: Vec<u8>,
+    session: Option<Vec<u8>>,
+    resumed: bool,
+    early_data: bool,
+    /// When to close, once the response is whole.
+    close_at: Option<Instant>,
 }
 
 impl App for Fetch {
@@ -217,6 +252,13 @@ impl App for Fetch {
 
     fn on_turn(&mut self, conn: &mut quiche::Connection, _: &mut ()) {
         if self.done {
+            // An answer that came in the server's first flight (0.5-RTT) can be whole in the
+            // very turn the handshake completes: the close waits a turn, so the client's
+            // Finished leaves first (closed at once, quiche sent neither and the connection
+            // sat until its idle timeout).
+            if conn.is_established() && !conn.is_closed() && self.close_at.is_some_and(|t| Instant::now() >= t) {
+                let _ = conn.close(true, 0x100, b""); // H3_NO_ERROR
+            }
             return;
         }
         if self.h3.is_none() {
@@ -235,7 +277,10 @@ impl App for Fetch {
         let Some(h3) = self.h3.as_mut() else { return };
         if self.stream.is_none() {
             match h3.send_request(conn, &self.request, true) {
-                Ok(id) => self.stream = Some(id),
+                Ok(id) => {
+                    self.stream = Some(id);
+                    self.early_data = conn.is_in_early_data();
+                }
                 Err(quiche::h3::Error::StreamBlocked) => return,
                 Err(e) => {
                     self.close_reason = Some(format!("request refused: {e}"));
@@ -269,7 +314,7 @@ impl App for Fetch {
                 }
                 Ok((_, quiche::h3::Event::Finished)) => {
                     self.done = true;
-                    let _ = conn.close(true, 0x100, b""); // H3_NO_ERROR
+                    self.close_at = Some(Instant::now() + Duration::from_millis(1));
                     break;
                 }
                 Ok((_, quiche::h3::Event::Reset(code))) => {
@@ -287,7 +332,14 @@ impl App for Fetch {
         }
     }
 
+    fn wake_at(&self, _: &()) -> Option<Instant> {
+        // Done: the close is due (see on_turn).
+        self.close_at
+    }
+
     fn closed(&mut self, conn: &quiche::Connection, _: ()) {
+        self.session = conn.session().map(<[u8]>::to_vec);
+        self.resumed = conn.is_resumed();
         if self.close_reason.is_none() {
             self.close_reason = Some(if conn.is_timed_out() {
                 format!(

@@ -160,6 +160,9 @@ struct HttpCounters {
     precondition_failed: AtomicU64,
     range_not_satisfiable: AtomicU64,
     server_error: AtomicU64,
+    unavailable: AtomicU64,
+    too_early: AtomicU64,
+    early_data: AtomicU64,
     body_bytes: AtomicU64,
     incomplete: AtomicU64,
 }
@@ -193,6 +196,13 @@ pub struct HttpSnapshot {
     pub range_not_satisfiable: u64,
     /// 500 responses (a file that could not be read).
     pub server_error: u64,
+    /// 503 responses: out of file descriptors (or memory) for the moment, or the bound on
+    /// open responses reached.
+    pub unavailable: u64,
+    /// 425 responses: a request that is not safe to replay came in early data.
+    pub too_early: u64,
+    /// Requests that arrived in early data (0-RTT), whatever the answer.
+    pub early_data: u64,
     /// Body bytes the transports took.
     pub body_bytes: u64,
     /// Responses not sent whole: the peer reset or stopped the stream, the connection went
@@ -216,6 +226,8 @@ impl HttpCounters {
             405 => &self.method_not_allowed,
             412 => &self.precondition_failed,
             416 => &self.range_not_satisfiable,
+            503 => &self.unavailable,
+            425 => &self.too_early,
             _ => &self.server_error,
         };
         specific.fetch_add(1, Relaxed);
@@ -237,6 +249,9 @@ impl HttpCounters {
             precondition_failed: g(&self.precondition_failed),
             range_not_satisfiable: g(&self.range_not_satisfiable),
             server_error: g(&self.server_error),
+            unavailable: g(&self.unavailable),
+            too_early: g(&self.too_early),
+            early_data: g(&self.early_data),
             body_bytes: g(&self.body_bytes),
             incomplete: g(&self.incomplete),
         }
@@ -294,6 +309,22 @@ impl Site {
         a
     }
 
+    /// A request answered without looking at it: 503 (the server holds as many open
+    /// responses as it may; with `retry-after: 1`) or 425 (early data that is not safe to
+    /// replay). Counted like any answer.
+    pub fn refuse(&self, status: u16) -> Answer {
+        self.counters.requests.fetch_add(1, Relaxed);
+        let extra = if status == 503 { vec![("retry-after", "1".to_string())] } else { vec![] };
+        let a = self.empty(status, extra);
+        self.counters.count(status);
+        a
+    }
+
+    /// Counts a request that arrived in early data (0-RTT).
+    pub fn count_early(&self) {
+        self.counters.early_data.fetch_add(1, Relaxed);
+    }
+
     /// Counts the end of a response and writes its access-log line.
     pub fn finished(&self, e: &LogEntry<'_>) {
         self.counters.body_bytes.fetch_add(e.bytes, Relaxed);
@@ -344,6 +375,12 @@ impl Site {
             Ok(fm) => fm,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return self.empty(Refusal::NotFound.status(), vec![]),
             Err(e) if e.kind() == io::ErrorKind::PermissionDenied => return self.empty(403, vec![]),
+            // Out of descriptors or memory: the server is full for a moment, not broken; the
+            // client may come back (503 with Retry-After), and service resumes as files close.
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE | libc::ENOMEM)) => {
+                log::debug!("udpx-h3: {}: {e}: 503", path.display());
+                return self.empty(503, vec![("retry-after", "1".into())]);
+            }
             Err(e) => {
                 log::warn!("udpx-h3: {}: {e}", path.display());
                 return self.empty(500, vec![]);

@@ -19,7 +19,8 @@
 //!   [`tls`]).
 //!
 //! `get(url, out, cfg)` is the matching client, on a udpx socket and the same host loop.
-//! It does not verify certificates.
+//! It does not verify certificates. [`load`] runs many of them in one loop as video players
+//! (a segment every interval), and [`load_tcp`] the same players over HTTPS on TCP.
 //!
 //! [`bench`](mod@bench) is `udpx bench h3`: the Cloudflare post's table (server CPU per byte by I/O mode,
 //! beside nginx's HTTPS over TCP) measured with this server, ngtcp2's client and `get`.
@@ -29,6 +30,9 @@ pub mod bench;
 pub mod client;
 pub mod files;
 pub mod http;
+pub mod load;
+pub mod load_tcp;
+pub mod quinn_server;
 pub mod server;
 pub mod tcp;
 pub mod tls;

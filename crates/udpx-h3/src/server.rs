@@ -1,10 +1,21 @@
 //! The HTTP/3 file server: an [`App`] on every connection of every shard.
 //!
-//! A response body is read from disk only as fast as the stream takes it: each turn, a
-//! stream with a body asks quiche for its capacity (flow control and congestion window) and
-//! reads at most that much, at most [`CHUNK`] bytes, into its own buffer; what `send_body`
-//! does not take stays there for the next turn. A response therefore holds at most one chunk
-//! in memory, whatever the file size.
+//! A connection is touched only when it has news (the host calls [`App::on_turn`] after its
+//! packets, its timer, or while it sends): its HTTP/3 events are read (new requests are
+//! answered at once, as far as their streams take), then the responses whose streams quiche
+//! reports writable again (`stream_writable_next`) go on. A response blocked on flow control
+//! or congestion is parked until its stream is writable, never polled.
+//!
+//! A response body is read from disk only as fast as the stream takes it: a response asks
+//! quiche for its stream's capacity and reads at most that much, at most [`CHUNK`] bytes,
+//! into its own buffer; what `send_body` does not take stays there. A response therefore holds
+//! at most one chunk in memory, whatever the file size.
+//!
+//! Bounds: a response with a body holds an open file until it is sent; a connection may hold
+//! [`ServeConfig::max_open_per_conn`] of them and a shard [`ServeConfig::max_open_per_shard`]
+//! (a client that opens many streams and never its flow-control window holds no more); past
+//! either, the answer is 503 with `retry-after`. With early data on ([`ServeConfig::early_data`]),
+//! GET and HEAD are answered in 0-RTT and anything else gets 425 Too Early (RFC 8470).
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -45,9 +56,19 @@ pub struct ServeConfig {
     pub max_udp_payload: usize,
     /// Cache-control and the access log.
     pub site: SiteOptions,
-    /// The stateless reset key the service's hosts share (`udpx_quic::reset`); `None`: no
-    /// resets.
-    pub reset_key: Option<udpx_quic::ResetKey>,
+    /// The keys the service's hosts share (stateless resets, Retry tokens, session tickets:
+    /// `udpx_quic::token`); `None`: this process's own.
+    pub keys: Option<udpx_quic::ServiceKeys>,
+    /// Each shard's connection caps and Retry policy.
+    pub limits: udpx_quic::Limits,
+    /// Accept 0-RTT (early data) from resuming clients: GET and HEAD only.
+    pub early_data: bool,
+    /// The congestion controller.
+    pub cc: Cc,
+    /// Responses with an open file one connection may hold (503 past it).
+    pub max_open_per_conn: usize,
+    /// Responses with an open file one shard may hold (503 past it).
+    pub max_open_per_shard: usize,
     /// Also serve HTTPS over TCP here (HTTP/1.1 and HTTP/2, see [`crate::tcp`]) with the same
     /// certificate and rules; its answers' `alt-svc` names the QUIC port: how a browser finds
     /// HTTP/3. `None` (the default): no TCP.
@@ -66,9 +87,44 @@ impl ServeConfig {
             host_id: 0,
             max_udp_payload: DEFAULT_MAX_UDP_PAYLOAD,
             site: SiteOptions::default(),
-            reset_key: None,
+            keys: None,
+            limits: udpx_quic::Limits::default(),
+            early_data: false,
+            cc: Cc::Cubic,
+            max_open_per_conn: crate::tls::MAX_STREAMS as usize,
+            max_open_per_shard: 4096,
             alt_svc_tcp: None,
         }
+    }
+}
+
+/// The congestion controller quiche runs (`--cc`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Cc {
+    /// CUBIC (quiche's default): no pacing, `SendInfo.at` is always now.
+    #[default]
+    Cubic,
+    /// BBRv2 on quiche's gcongestion: paces, so packets carry release times.
+    Bbr2,
+}
+
+impl std::str::FromStr for Cc {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Cc, String> {
+        match s {
+            "cubic" => Ok(Cc::Cubic),
+            "bbr2" => Ok(Cc::Bbr2),
+            _ => Err(format!("--cc {s:?}: give cubic or bbr2")),
+        }
+    }
+}
+
+impl std::fmt::Display for Cc {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Cc::Cubic => "cubic",
+            Cc::Bbr2 => "bbr2",
+        })
     }
 }
 
@@ -106,7 +162,8 @@ pub fn serve(dir: &Path, cfg: &ServeConfig) -> Result<H3Server, Error> {
         io: cfg.io,
         gro: cfg.gro,
         host_id: cfg.host_id,
-        reset_key: cfg.reset_key.clone(),
+        keys: cfg.keys.clone(),
+        limits: cfg.limits,
     };
     let site2 = site.clone();
     let max = cfg.max_udp_payload;
@@ -116,11 +173,30 @@ pub fn serve(dir: &Path, cfg: &ServeConfig) -> Result<H3Server, Error> {
             cfg.shards
         )));
     }
-    let configs = (0..cfg.shards).map(|_| server_config(&files, max)).collect::<Result<Vec<_>, _>>()?;
+    if cfg.max_open_per_conn == 0 || cfg.max_open_per_shard == 0 {
+        return Err(Error::Usage("open-response bounds: give each at least 1".into()));
+    }
+    let (early, cc) = (cfg.early_data, cfg.cc);
+    let configs = (0..cfg.shards)
+        .map(|_| {
+            let mut c = server_config(&files, max)?;
+            if early {
+                c.enable_early_data();
+            }
+            c.set_cc_algorithm(match cc {
+                Cc::Cubic => quiche::CongestionControlAlgorithm::CUBIC,
+                Cc::Bbr2 => quiche::CongestionControlAlgorithm::Bbr2Gcongestion,
+            });
+            Ok(c)
+        })
+        .collect::<Result<Vec<_>, Error>>()?;
+    let bounds = (cfg.max_open_per_conn, cfg.max_open_per_shard);
     let server = Server::start(&scfg, configs, move |_shard| FileServer {
         site: site2.clone(),
         scratch: vec![0; CHUNK],
         h3_config: quiche::h3::Config::new().expect("quiche's h3::Config::new cannot fail"),
+        open: 0,
+        bounds,
     })
     .map_err(Error::Quic)?;
     site.set_alt_svc(server.local_addr().port());
@@ -211,7 +287,7 @@ impl udpx_metrics::Source for MetricsSource {
                 udpx_metrics::ShardSample {
                     socket: s.socket,
                     kernel_drops: s.kernel_drops,
-                    icmp_offenders: Vec::new(),
+                    icmp_offenders: s.icmp_offenders,
                     extra: vec![
                         c("quic_connections", "QUIC connections accepted", h.connections),
                         c("quic_closed", "QUIC connections closed and removed", h.closed),
@@ -255,12 +331,20 @@ impl udpx_metrics::Source for MetricsSource {
             c("http_range_not_satisfiable", "416 responses", h.range_not_satisfiable),
             c("http_body_bytes", "Body bytes the transports took", h.body_bytes),
             c("http_incomplete", "Responses not sent whole (reset, stopped, connection gone)", h.incomplete),
+            c("http_unavailable", "503 responses: out of file descriptors for the moment", h.unavailable),
         ];
         if let Some(t) = self.tcp.as_ref().map(crate::tcp::TcpProbe::snapshot) {
             out.extend([
                 c("tcp_connections", "HTTPS-over-TCP connections accepted (--alt-svc-tcp)", t.connections),
                 c("tcp_tls_failed", "HTTPS-over-TCP connections whose TLS handshake failed", t.tls_failed),
                 c("tcp_http2_connections", "HTTPS-over-TCP connections that chose HTTP/2", t.http2),
+                c(
+                    "tcp_per_source_refused",
+                    "HTTPS-over-TCP connections closed at once: their address had its share",
+                    t.per_source_refused,
+                ),
+                c("tcp_too_slow", "HTTPS-over-TCP connections closed for taking a response too slowly", t.too_slow),
+                c("tcp_accept_errors", "HTTPS-over-TCP accepts that failed (out of descriptors)", t.accept_errors),
             ]);
         }
         out
@@ -271,6 +355,10 @@ struct FileServer {
     site: Arc<Site>,
     scratch: Vec<u8>,
     h3_config: quiche::h3::Config,
+    /// Responses with an open file on this shard.
+    open: usize,
+    /// At most this many per connection, and per shard.
+    bounds: (usize, usize),
 }
 
 /// A response being sent.
@@ -302,6 +390,8 @@ struct ConnState {
     h3: Option<quiche::h3::Connection>,
     peer: SocketAddr,
     responses: HashMap<u64, Response>,
+    /// Of them, responses with an open file.
+    open: usize,
 }
 
 impl App for FileServer {
@@ -309,7 +399,7 @@ impl App for FileServer {
 
     fn accepted(&mut self, conn: &quiche::Connection) -> ConnState {
         let peer = conn.path_stats().next().map_or(SocketAddr::from(([0, 0, 0, 0], 0)), |p| p.peer_addr);
-        ConnState { h3: None, peer, responses: HashMap::new() }
+        ConnState { h3: None, peer, responses: HashMap::new(), open: 0 }
     }
 
     fn on_turn(&mut self, conn: &mut quiche::Connection, st: &mut ConnState) {
@@ -324,11 +414,20 @@ impl App for FileServer {
             }
         }
         let Some(h3) = st.h3.as_mut() else { return };
+        // New requests and stream events.
+        let mut fresh: Vec<u64> = Vec::new();
         loop {
             match h3.poll(conn) {
                 Ok((sid, quiche::h3::Event::Headers { list, .. })) => {
-                    let r = self.respond(&list);
+                    let early = conn.is_in_early_data();
+                    let full = st.open >= self.bounds.0 || self.open >= self.bounds.1;
+                    let r = self.respond(&list, early, full);
+                    if r.body.is_some() {
+                        st.open += 1;
+                        self.open += 1;
+                    }
                     st.responses.insert(sid, r);
+                    fresh.push(sid);
                 }
                 Ok((sid, quiche::h3::Event::Data)) => {
                     // A request body: not used by GET or HEAD; read and dropped.
@@ -340,7 +439,7 @@ impl App for FileServer {
                 }
                 Ok((sid, quiche::h3::Event::Reset(_))) => {
                     if let Some(r) = st.responses.remove(&sid) {
-                        self.finish(st.peer, &r, false);
+                        self.finish(st.peer, &r, false, &mut st.open);
                     }
                 }
                 Ok(_) => {}
@@ -351,31 +450,33 @@ impl App for FileServer {
                 }
             }
         }
-        let mut finished = Vec::new();
-        for (&sid, r) in st.responses.iter_mut() {
-            match progress(h3, conn, sid, r) {
-                Ok(true) => finished.push((sid, true)),
-                Ok(false) => {}
-                Err(()) => finished.push((sid, false)),
-            }
-        }
-        for (sid, complete) in finished {
-            if let Some(r) = st.responses.remove(&sid) {
-                self.finish(st.peer, &r, complete);
+        // The new responses go as far as their streams take them; then the parked ones whose
+        // streams quiche says are writable again. No other response is looked at.
+        let writable = std::iter::from_fn(|| conn.stream_writable_next()).collect::<Vec<u64>>();
+        for sid in fresh.into_iter().chain(writable) {
+            let Some(r) = st.responses.get_mut(&sid) else { continue };
+            let outcome = progress(h3, conn, sid, r);
+            if !matches!(outcome, Ok(false)) {
+                if let Some(r) = st.responses.remove(&sid) {
+                    self.finish(st.peer, &r, outcome.is_ok(), &mut st.open);
+                }
             }
         }
     }
 
-    fn closed(&mut self, _conn: &quiche::Connection, state: ConnState) {
+    fn closed(&mut self, _conn: &quiche::Connection, mut state: ConnState) {
         // Responses still under way when the connection ended were not sent whole.
-        for r in state.responses.values() {
-            self.finish(state.peer, r, false);
+        let responses = std::mem::take(&mut state.responses);
+        for r in responses.values() {
+            self.finish(state.peer, r, false, &mut state.open);
         }
     }
 }
 
 impl FileServer {
-    fn respond(&self, list: &[quiche::h3::Header]) -> Response {
+    /// The response to a request head. `early`: it came in 0-RTT; `full`: the connection or
+    /// the shard holds as many open files as it may.
+    fn respond(&self, list: &[quiche::h3::Header], early: bool, full: bool) -> Response {
         let started = Instant::now();
         let (mut method, mut path) = (None, None);
         let mut fields = Vec::with_capacity(list.len());
@@ -388,11 +489,18 @@ impl FileServer {
             }
         }
         let text = |b: Option<&[u8]>| String::from_utf8_lossy(b.unwrap_or(b"-")).into_owned();
+        let safe = matches!(method, Some(b"GET" | b"HEAD"));
         let answer = match (method, path) {
+            // Early data can be replayed: only safe methods are answered from it (RFC 8470).
+            _ if early && !safe => self.site.refuse(425),
+            (Some(_), Some(_)) if full => self.site.refuse(503),
             (Some(m), Some(p)) => self.site.answer(&RequestHead { method: m, path: p, headers: &fields }),
             // Without :method or :path the request is malformed (RFC 9114 4.3.1).
             _ => self.site.answer(&RequestHead { method: b"GET", path: b"", headers: &[] }),
         };
+        if early {
+            self.site.count_early();
+        }
         let status = answer.status;
         let mut headers = Vec::with_capacity(answer.headers.len() + 1);
         headers.push(quiche::h3::Header::new(b":status", status.to_string().as_bytes()));
@@ -412,7 +520,12 @@ impl FileServer {
         }
     }
 
-    fn finish(&self, peer: SocketAddr, r: &Response, complete: bool) {
+    /// A response is over: logged and counted; its open file (if any) given back.
+    fn finish(&mut self, peer: SocketAddr, r: &Response, complete: bool, conn_open: &mut usize) {
+        if r.body.is_some() {
+            *conn_open = conn_open.saturating_sub(1);
+            self.open = self.open.saturating_sub(1);
+        }
         self.site.finished(&LogEntry {
             peer,
             method: &r.method,
@@ -456,6 +569,8 @@ fn progress(
                 Err(_) => return Err(()),
             };
             if cap == 0 {
+                // Parked: quiche reports the stream writable again once it can take a byte.
+                let _ = conn.stream_writable(sid, 1);
                 return Ok(false);
             }
             let n = (cap.min(CHUNK) as u64).min(b.left) as usize;

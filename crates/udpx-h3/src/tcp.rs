@@ -30,18 +30,25 @@
 //!   Exactly `len` bytes are sent; a file that shrinks under us fails the response (hyper
 //!   then resets the stream or closes the connection) rather than sending a short body.
 //! - A failed or slow TLS handshake, or a peer that sends garbage, ends that connection only.
+//! - Bounded against its peers ([`TcpLimits`]): [`MAX_CONNECTIONS`] at once, at most
+//!   `per_source` from one address (more are closed at once, counted), and a minimum rate: a
+//!   connection with a response under way that takes fewer than `min_bytes` in a `window`
+//!   (a slow reader, or an HTTP/2 client that never opens its flow-control window) is closed,
+//!   counted, so slow readers cannot hold the permits and lock everyone out. An accept error
+//!   (EMFILE, ENFILE, ENOMEM) pauses accepting for a moment; it never ends the listener.
 //! - [`TcpServer::stop`] (or drop) ends the accept loop and the connections, and joins the
 //!   thread.
 
+use std::collections::HashMap;
 use std::convert::Infallible;
 use std::fs::File;
 use std::future::Future;
 use std::io::{self, Read};
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::Path;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::task::{ready, Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -79,6 +86,26 @@ const H2_PING_TIMEOUT: Duration = Duration::from_secs(20);
 /// or the disk.
 const READ_THREADS: usize = 4;
 
+/// What one peer may hold of the listener (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TcpLimits {
+    /// Connections at once from one address.
+    pub per_source: usize,
+    /// A connection with a response under way must take at least `min_bytes` ...
+    pub min_bytes: u64,
+    /// ... in every `window`, or it is closed.
+    pub window: Duration,
+}
+
+impl Default for TcpLimits {
+    /// 16 connections per address (browsers open 6 per origin; a household behind one
+    /// address, a few browsers), and 16 KiB every 20 s (a reader slower than 800 B/s for 20 s
+    /// is let go; nginx's `send_timeout` is 60 s between two writes).
+    fn default() -> TcpLimits {
+        TcpLimits { per_source: 16, min_bytes: 16 * 1024, window: Duration::from_secs(20) }
+    }
+}
+
 /// A running HTTPS-over-TCP listener (see the module docs).
 #[derive(Debug)]
 pub struct TcpServer {
@@ -94,6 +121,9 @@ struct TcpCounters {
     connections: AtomicU64,
     tls_failed: AtomicU64,
     http2: AtomicU64,
+    per_source_refused: AtomicU64,
+    too_slow: AtomicU64,
+    accept_errors: AtomicU64,
 }
 
 /// A snapshot of the TCP listener's connection counters.
@@ -106,6 +136,12 @@ pub struct TcpSnapshot {
     pub tls_failed: u64,
     /// Connections that chose HTTP/2 by ALPN.
     pub http2: u64,
+    /// Connections closed at once: their address had its share already.
+    pub per_source_refused: u64,
+    /// Connections closed for taking a response too slowly (the minimum rate).
+    pub too_slow: u64,
+    /// Accepts that failed (out of descriptors or memory); accepting paused, never ended.
+    pub accept_errors: u64,
 }
 
 /// The listener's counters, readable from another thread (a metrics endpoint).
@@ -121,7 +157,14 @@ impl TcpProbe {
 
 fn snapshot(c: &TcpCounters) -> TcpSnapshot {
     let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
-    TcpSnapshot { connections: g(&c.connections), tls_failed: g(&c.tls_failed), http2: g(&c.http2) }
+    TcpSnapshot {
+        connections: g(&c.connections),
+        tls_failed: g(&c.tls_failed),
+        http2: g(&c.http2),
+        per_source_refused: g(&c.per_source_refused),
+        too_slow: g(&c.too_slow),
+        accept_errors: g(&c.accept_errors),
+    }
 }
 
 impl TcpServer {
@@ -134,6 +177,17 @@ impl TcpServer {
     /// `key`, answering from `site`. Returns once the socket listens (the certificate is
     /// loaded by then, so the files may be removed).
     pub fn start(listen: SocketAddr, cert: &Path, key: &Path, site: Arc<Site>) -> Result<TcpServer, Error> {
+        TcpServer::start_with(listen, cert, key, site, TcpLimits::default())
+    }
+
+    /// [`TcpServer::start`] with limits other than the defaults.
+    pub fn start_with(
+        listen: SocketAddr,
+        cert: &Path,
+        key: &Path,
+        site: Arc<Site>,
+        limits: TcpLimits,
+    ) -> Result<TcpServer, Error> {
         let tls = Arc::new(tls_config(cert, key)?);
         let std_listener = std::net::TcpListener::bind(listen)
             .map_err(|e| Error::Usage(format!("HTTPS over TCP on {listen}: {e}")))?;
@@ -158,7 +212,7 @@ impl TcpServer {
             .name("udpx-h3-tcp".into())
             .spawn(move || {
                 rt.block_on(async move {
-                    tokio::spawn(accept_loop(listener, acceptor, site, c));
+                    tokio::spawn(accept_loop(listener, acceptor, site, c, limits));
                     // A send or a dropped sender: either way, stop.
                     let _ = stopped.await;
                 });
@@ -235,8 +289,10 @@ async fn accept_loop(
     acceptor: tokio_rustls::TlsAcceptor,
     site: Arc<Site>,
     counters: Arc<TcpCounters>,
+    limits: TcpLimits,
 ) {
     let limit = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let sources: Arc<Mutex<HashMap<IpAddr, usize>>> = Arc::default();
     loop {
         let Ok(permit) = limit.clone().acquire_owned().await else { return }; // never closed
         let (tcp, peer) = match listener.accept().await {
@@ -244,16 +300,24 @@ async fn accept_loop(
             Err(e) => {
                 // Out of descriptors or memory, or the peer gave up before accept: none of
                 // these ends the listener. A pause keeps EMFILE from spinning.
+                counters.accept_errors.fetch_add(1, Ordering::Relaxed);
                 log::debug!("udpx-h3: accept over TCP: {e}");
                 tokio::time::sleep(Duration::from_millis(50)).await;
                 continue;
             }
         };
+        let Some(share) = SourceShare::take(&sources, peer.ip(), limits.per_source) else {
+            counters.per_source_refused.fetch_add(1, Ordering::Relaxed);
+            drop(tcp); // closed at once: the permit goes back
+            continue;
+        };
         counters.connections.fetch_add(1, Ordering::Relaxed);
         let _ = tcp.set_nodelay(true);
+        let written = Arc::new(AtomicU64::new(0));
+        let tcp = Metered { inner: tcp, written: written.clone() };
         let (acceptor, site, counters) = (acceptor.clone(), site.clone(), counters.clone());
         tokio::spawn(async move {
-            let _permit = permit;
+            let _held = (permit, share);
             let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
                 Ok(Ok(s)) => s,
                 Ok(Err(e)) => {
@@ -292,19 +356,136 @@ async fn accept_loop(
             if h2 {
                 counters.http2.fetch_add(1, Ordering::Relaxed);
             }
+            // Bodies under way on this connection: while any is, it must keep taking bytes.
+            let bodies = Arc::new(AtomicUsize::new(0));
+            let on_conn = bodies.clone();
             let service = hyper::service::service_fn(move |req| {
-                let resp = respond(&site, peer, &req);
+                let resp = respond(&site, peer, &req, &on_conn);
                 async move { Ok::<_, Infallible>(resp) }
             });
-            if let Err(e) = b.serve_connection(TokioIo::new(tls), service).await {
-                log::debug!("udpx-h3: {peer}: HTTP over TCP: {e}");
+            let conn = b.serve_connection(TokioIo::new(tls), service);
+            tokio::pin!(conn);
+            let mut check = tokio::time::interval(limits.window);
+            check.tick().await; // the first tick is now
+            let mut seen = written.load(Ordering::Relaxed);
+            let mut busy_since_check = false;
+            loop {
+                tokio::select! {
+                    r = &mut conn => {
+                        if let Err(e) = r {
+                            log::debug!("udpx-h3: {peer}: HTTP over TCP: {e}");
+                        }
+                        return;
+                    }
+                    _ = check.tick() => {
+                        let now = written.load(Ordering::Relaxed);
+                        let busy = bodies.load(Ordering::Relaxed) > 0;
+                        // A response under way at both ends of the window that moved too
+                        // little: a slow reader or a stalled window. Closed (the connection
+                        // future is dropped), counted.
+                        if busy && busy_since_check && now - seen < limits.min_bytes {
+                            counters.too_slow.fetch_add(1, Ordering::Relaxed);
+                            log::debug!("udpx-h3: {peer}: {} B in {:?} with a response under way: closed", now - seen, limits.window);
+                            return;
+                        }
+                        busy_since_check = busy;
+                        seen = now;
+                    }
+                }
             }
         });
     }
 }
 
+/// One connection's share of its address's cap, given back on drop.
+struct SourceShare {
+    sources: Arc<Mutex<HashMap<IpAddr, usize>>>,
+    ip: IpAddr,
+}
+
+impl SourceShare {
+    fn take(sources: &Arc<Mutex<HashMap<IpAddr, usize>>>, ip: IpAddr, cap: usize) -> Option<SourceShare> {
+        let ip = ip.to_canonical();
+        let mut m = sources.lock().unwrap_or_else(|e| e.into_inner());
+        let n = m.entry(ip).or_insert(0);
+        if *n >= cap {
+            return None;
+        }
+        *n += 1;
+        Some(SourceShare { sources: sources.clone(), ip })
+    }
+}
+
+impl Drop for SourceShare {
+    fn drop(&mut self) {
+        let mut m = self.sources.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = m.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                m.remove(&self.ip);
+            }
+        }
+    }
+}
+
+/// A socket that counts the bytes written to it (under TLS: the records), for the minimum
+/// rate.
+struct Metered<T> {
+    inner: T,
+    written: Arc<AtomicU64>,
+}
+
+impl<T: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for Metered<T> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl<T: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Metered<T> {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        let r = Pin::new(&mut self.inner).poll_write(cx, buf);
+        if let Poll::Ready(Ok(n)) = r {
+            self.written.fetch_add(n as u64, Ordering::Relaxed);
+        }
+        r
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let r = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        if let Poll::Ready(Ok(n)) = r {
+            self.written.fetch_add(n as u64, Ordering::Relaxed);
+        }
+        r
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
 /// One request through the shared rules.
-fn respond(site: &Arc<Site>, peer: SocketAddr, req: &Request<Incoming>) -> Response<FileStream> {
+fn respond(
+    site: &Arc<Site>,
+    peer: SocketAddr,
+    req: &Request<Incoming>,
+    bodies: &Arc<AtomicUsize>,
+) -> Response<FileStream> {
     let start = Instant::now();
     let protocol = if req.version() == Version::HTTP_2 { "h2" } else { "http/1.1" };
     let path = req.uri().path_and_query().map_or("", |p| p.as_str());
@@ -326,7 +507,7 @@ fn respond(site: &Arc<Site>, peer: SocketAddr, req: &Request<Incoming>) -> Respo
         bytes: 0,
         complete: false,
     };
-    let mut resp = Response::new(FileStream::new(body, log));
+    let mut resp = Response::new(FileStream::new(body, log, bodies.clone()));
     *resp.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     let h = resp.headers_mut();
     for (name, value) in answer_headers {
@@ -348,6 +529,17 @@ struct FileStream {
     /// Bytes still to send.
     left: u64,
     log: Finish,
+    /// The connection's count of bodies under way (this one counts while bytes are left).
+    bodies: Arc<AtomicUsize>,
+    counted: bool,
+}
+
+impl Drop for FileStream {
+    fn drop(&mut self) {
+        if self.counted {
+            self.bodies.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
 }
 
 enum Reading {
@@ -358,17 +550,17 @@ enum Reading {
 }
 
 impl FileStream {
-    fn new(body: Option<FileBody>, mut log: Finish) -> FileStream {
-        match body {
-            Some(FileBody { file, len }) => {
-                log.complete = len == 0;
-                FileStream { read: Reading::Idle(Some(file)), left: len, log }
-            }
-            None => {
-                log.complete = true;
-                FileStream { read: Reading::Idle(None), left: 0, log }
-            }
+    fn new(body: Option<FileBody>, mut log: Finish, bodies: Arc<AtomicUsize>) -> FileStream {
+        let (read, left) = match body {
+            Some(FileBody { file, len }) => (Reading::Idle(Some(file)), len),
+            None => (Reading::Idle(None), 0),
+        };
+        log.complete = left == 0;
+        let counted = left > 0;
+        if counted {
+            bodies.fetch_add(1, Ordering::Relaxed);
         }
+        FileStream { read, left, log, bodies, counted }
     }
 }
 

@@ -23,7 +23,9 @@ fn refusals_are_resumed_counted_and_lose_nothing() {
     for _ in 0..5 {
         faults.extend([Fault::Errno(libc::EAGAIN), Fault::Errno(libc::ENOBUFS), Fault::Short(1)]);
     }
-    faults.push(Fault::Errno(libc::EMSGSIZE));
+    // Refused for good: a size error fails every try (the socket first tries three times
+    // whether it was someone else's pending ICMP error).
+    faults.extend([Fault::Errno(libc::EMSGSIZE); 4]);
     // On the first GSO call after the others: on a plain call EIO is a hard error, not a GSO
     // refusal, and which call comes first depends on timing.
     faults.push(Fault::ErrnoOnGso(libc::EIO));

@@ -208,17 +208,7 @@ fn garbage_does_not_stop_the_listener() {
         return;
     };
     // The listener alone, on a Site of its own, so its connection counters can be read.
-    let tmp = TempDir::new("tcp-garbage");
-    let www = tmp.path().join("www");
-    std::fs::create_dir_all(&www).unwrap();
-    let big = content(BIG, 12);
-    std::fs::write(www.join("big"), &big).unwrap();
-    let ck = rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_string()]).unwrap();
-    let (cert, key) = (tmp.path().join("cert.pem"), tmp.path().join("key.pem"));
-    std::fs::write(&cert, ck.cert.pem()).unwrap();
-    std::fs::write(&key, ck.key_pair.serialize_pem()).unwrap();
-    let site = Arc::new(Site::new(&www, &SiteOptions::default()).unwrap());
-    let server = TcpServer::start("127.0.0.1:0".parse().unwrap(), &cert, &key, site.clone()).unwrap();
+    let (tmp, server, big, _, site) = hostile_listener("tcp-garbage", udpx_h3::tcp::TcpLimits::default(), BIG);
     let addr = server.local_addr();
     let garbage: [&[u8]; 3] = [
         b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",        // plain HTTP on the TLS port
@@ -258,4 +248,133 @@ fn a_tcp_port_in_use_is_a_usage_error() {
     let e = serve(tmp.path(), &cfg).expect_err("the TCP port is taken");
     assert!(e.is_usage(), "{e}");
     assert!(e.to_string().contains(&taken.local_addr().unwrap().to_string()), "{e}");
+}
+
+/// The listener alone with `limits` on a Site of its own: its directory, the server, the big
+/// file's bytes, the certificate's PEM path, the Site.
+fn hostile_listener(
+    tag: &str,
+    limits: udpx_h3::tcp::TcpLimits,
+    size: usize,
+) -> (TempDir, TcpServer, Vec<u8>, PathBuf, Arc<Site>) {
+    let tmp = TempDir::new(tag);
+    let www = tmp.path().join("www");
+    std::fs::create_dir_all(&www).unwrap();
+    let big = content(size, 13);
+    std::fs::write(www.join("big"), &big).unwrap();
+    let ck = rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_string()]).unwrap();
+    let (cert, key) = (tmp.path().join("cert.pem"), tmp.path().join("key.pem"));
+    std::fs::write(&cert, ck.cert.pem()).unwrap();
+    std::fs::write(&key, ck.key_pair.serialize_pem()).unwrap();
+    let site = Arc::new(Site::new(&www, &SiteOptions::default()).unwrap());
+    let server = TcpServer::start_with("127.0.0.1:0".parse().unwrap(), &cert, &key, site.clone(), limits).unwrap();
+    (tmp, server, big, cert, site)
+}
+
+/// One address may hold only its share of the connections; another address is served
+/// meanwhile.
+#[test]
+fn one_address_holds_only_its_share() {
+    let Some(curl_bin) = curl_path() else {
+        record_skip("one_address_holds_only_its_share", "curl not installed (scripts/setup.sh installs it)");
+        return;
+    };
+    let limits = udpx_h3::tcp::TcpLimits { per_source: 4, ..Default::default() };
+    let (tmp, server, big, _, _) = hostile_listener("tcp-share", limits, BIG);
+    let addr = server.local_addr();
+    let held: Vec<TcpStream> = (0..20).map(|_| TcpStream::connect(addr).unwrap()).collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let g = curl(&curl_bin, tmp.path(), &["--http2", "--interface", "127.0.0.2"], &format!("https://{addr}/big"));
+    assert_eq!(g.status, 200);
+    assert!(g.body == big);
+    let c = server.stop();
+    assert_eq!(c.per_source_refused, 16, "{c:?}");
+    drop(held);
+}
+
+/// A reader slower than the minimum rate (curl --limit-rate) is cut off and counted; it does
+/// not keep its connection for the length of the file.
+#[test]
+fn a_slow_reader_is_cut_off() {
+    let Some(curl_bin) = curl_path() else {
+        record_skip("a_slow_reader_is_cut_off", "curl not installed (scripts/setup.sh installs it)");
+        return;
+    };
+    let limits =
+        udpx_h3::tcp::TcpLimits { min_bytes: 512 * 1024, window: Duration::from_secs(1), ..Default::default() };
+    // Larger than what the two sockets' buffers take on loopback (several MB each way), so
+    // the server still has a body under way when the reader stalls.
+    let (_tmp, server, _, _, _) = hostile_listener("tcp-slow", limits, 48 << 20);
+    let addr = server.local_addr();
+    for (k, flag) in ["--http2", "--http1.1"].into_iter().enumerate() {
+        let start = Instant::now();
+        // Killed (its group) when dropped at the end of the turn.
+        let _reader = ChildGroup::spawn(
+            Command::new(&curl_bin)
+                .args([
+                    "-k",
+                    "-s",
+                    "--noproxy",
+                    "*",
+                    "--max-time",
+                    "30",
+                    "--limit-rate",
+                    "20k",
+                    flag,
+                    "-o",
+                    "/dev/null",
+                ])
+                .arg(format!("https://{addr}/big"))
+                .stdout(Stdio::null())
+                .stderr(Stdio::null()),
+        )
+        .unwrap();
+        // The server lets go of it (the client only notices once it has read what its own
+        // socket already holds, at 20 kB/s).
+        while server.counters().too_slow <= k as u64 && start.elapsed() < Duration::from_secs(25) {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        println!("{flag}: cut off after {:?}", start.elapsed());
+        assert_eq!(server.counters().too_slow, k as u64 + 1, "{flag}: cut off within a few windows");
+    }
+    let c = server.stop();
+    assert_eq!(c.too_slow, 2, "{c:?}");
+}
+
+/// An HTTP/2 client that asks for a file and never opens its flow-control window holds the
+/// response (and its open file) only for one window of the minimum rate.
+#[test]
+fn a_client_that_never_opens_its_window_is_cut_off() {
+    let limits = udpx_h3::tcp::TcpLimits { min_bytes: 64 * 1024, window: Duration::from_secs(1), ..Default::default() };
+    let (_tmp, server, _, cert, _) = hostile_listener("tcp-window", limits, BIG);
+    let addr = server.local_addr();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let outcome = rt.block_on(async move {
+        use rustls::pki_types::pem::PemObject;
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(rustls::pki_types::CertificateDer::from_pem_file(&cert).unwrap()).unwrap();
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut cfg = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        cfg.alpn_protocols = vec![b"h2".to_vec()];
+        let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
+        let tls = tokio_rustls::TlsConnector::from(Arc::new(cfg)).connect(name, tcp).await.unwrap();
+        // A window of 0: the server may send headers, never a byte of body.
+        let (mut client, conn) =
+            h2::client::Builder::new().initial_window_size(0).handshake::<_, bytes::Bytes>(tls).await.unwrap();
+        let driver = tokio::spawn(conn);
+        let req = http::Request::get(format!("https://{addr}/big")).body(()).unwrap();
+        let (resp, _) = client.send_request(req, true).unwrap();
+        let resp = resp.await.unwrap();
+        assert_eq!(resp.status(), 200);
+        // Hold the response, read nothing; the server must end the connection.
+        tokio::time::timeout(Duration::from_secs(15), driver).await.is_ok()
+    });
+    assert!(outcome, "the server closed the stalled connection");
+    let c = server.stop();
+    assert_eq!(c.too_slow, 1, "{c:?}");
 }

@@ -251,7 +251,7 @@ impl Lab {
     }
 
     /// Starts `udpx h3 serve DIR --host-id <id> --listen <addr> --shards 1 -l <secs>
-    /// --reset-key-file <one key for all>` on every host (`udpx` is the binary's path) and waits
+    /// --key-file <one key for all>` on every host (`udpx` is the binary's path) and waits
     /// until each has announced itself.
     pub fn start_servers(&mut self, udpx: &Path, dir: &Path, secs: u32) -> Result<(), Error> {
         self.udpx = Some(udpx.to_path_buf());
@@ -272,8 +272,12 @@ impl Lab {
                 .arg(dir)
                 .args(["--host-id", &host_id(i).to_string(), "--listen", &self.listen_addr(i).to_string()])
                 .args(["--shards", "1", "-l", &secs.to_string()])
-                .arg("--reset-key-file")
+                .arg("--key-file")
                 .arg(&key_file)
+                // Behind dnat, conntrack pins a client's 4-tuple to one host whatever IDs its
+                // later packets carry: a host answering another host's IDs with resets would
+                // hand an attacker their tokens (RFC 9000 21.11). No resets in that mode.
+                .args(if self.balancer_cfg.mode() == Mode::Dnat { &["--no-stateless-resets"][..] } else { &[][..] })
                 .stdin(Stdio::null())
                 .stdout(file(&stdout)?)
                 .stderr(file(&stderr)?);

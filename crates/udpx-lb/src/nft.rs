@@ -36,7 +36,12 @@
 //! - [`Mode::Dnat`]: the first packet of each conntrack flow is classified the same way and
 //!   `dnat to` its host's address; conntrack rewrites the rest and the replies. The hosts need
 //!   no VIP, but the balancer keeps state, and the replies must come back through it. A client
-//!   whose address changes starts a new flow, classified again by its connection ID.
+//!   whose address changes starts a new flow, classified again by its connection ID. Hosts
+//!   behind it must send no stateless resets (`udpx h3 serve --no-stateless-resets`, as the
+//!   lab does): conntrack pins an attacker's 4-tuple to one host whatever connection IDs its
+//!   later packets carry, so that host would answer other hosts' IDs with their reset tokens
+//!   (RFC 9000 21.11). In the stateless mode every packet goes by its ID, so no host sees
+//!   another live host's IDs and resets stay on.
 
 use std::collections::BTreeSet;
 use std::fmt::{self, Write as _};

@@ -15,7 +15,8 @@
 //! user whose service the attack must not take away. Addresses are RFC 1918 and exist only in
 //! these namespaces; neighbours are static. Dropping the net removes all five namespaces.
 
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
+use std::time::{Duration, Instant};
 
 use crate::link::{self, ip};
 use crate::namespace::{name_for, next_serial, Namespace};
@@ -155,6 +156,37 @@ impl StarNet {
     /// The leaf's device.
     pub fn dev(&self, leaf: Leaf) -> &str {
         &self.devs[leaf.index()].0
+    }
+
+    /// The victim's ear: a UDP socket on the victim's `port` that counts, for `listen`, the
+    /// bytes that reach it and the datagrams `mark` picks out (say, data a server should never
+    /// have sent to an unproven address). Join the thread for `(bytes, marked)`.
+    pub fn victim_listens<F>(
+        &self,
+        port: u16,
+        listen: Duration,
+        mark: F,
+    ) -> Result<std::thread::JoinHandle<(usize, usize)>, Error>
+    where
+        F: Fn(&[u8]) -> bool + Send + 'static,
+    {
+        let sock = self.ns(Leaf::Victim).run(move || -> std::io::Result<UdpSocket> {
+            let s = UdpSocket::bind(SocketAddr::from((Leaf::Victim.v4(), port)))?;
+            s.set_read_timeout(Some(Duration::from_millis(200)))?;
+            Ok(s)
+        });
+        let sock = sock.map_err(|e| Error::io("bind the victim's socket", e))?;
+        Ok(std::thread::spawn(move || {
+            let (mut bytes, mut marked, mut buf) = (0usize, 0usize, [0u8; 2048]);
+            let start = Instant::now();
+            while start.elapsed() < listen {
+                if let Ok((n, _)) = sock.recv_from(&mut buf) {
+                    bytes += n;
+                    marked += usize::from(mark(&buf[..n]));
+                }
+            }
+            (bytes, marked)
+        }))
     }
 }
 

@@ -1,90 +1,83 @@
-//! The connection host: one event loop that owns a socket and the quiche connections on it.
-//!
-//! Each turn of [`Host::run`]:
+//! The connection host: one event loop that owns a socket and the quiche connections on it,
+//! and does work in proportion to the connections that have work.
 //!
 //! ```text
-//!  poll (only when the last turn did nothing) ─► receive all queued (GRO buffers split)
-//!    ─► each datagram: header → connection by DCID (or a new one from an Initial) → quiche recv
-//!    ─► expired timers → on_timeout ─► the application's turn on every connection
-//!    ─► each connection writes up to its send_quantum() into the outbox ─► flush ─► reap closed
+//!  wait (ppoll, ns) only when nothing is ready ─► receive (GRO buffers split)
+//!    ─► each datagram → connection by DCID (a new one from an Initial: admission, Retry)
+//!         → quiche recv → the connection is ready
+//!    ─► timers due (one deadline per connection: quiche's timer, a pacing hold, the
+//!         handshake deadline) → on_timeout → ready
+//!    ─► serve the ready connections, round robin, each once: the application's turn, new
+//!         connection IDs, up to its quantum of packets into the outbox; closed ones leave;
+//!         each is re-keyed in the timers; one with more to send goes to the back
+//!    ─► flush: the outbox's GSO runs of every connection served, in few sendmmsg calls
 //! ```
+//!
+//! Nothing walks the connection table per turn: a connection is touched when a datagram for
+//! it arrives, when its deadline passes, or when it is still sending (see [`crate::timers`]
+//! and [`crate::ready`]). 10,000 idle connections cost a turn nothing. The counters are kept
+//! as the work happens (a connection's losses are added as they are seen when it is served),
+//! never summed over the table.
+//!
+//! Fairness: a connection writes at most its quantum per turn ([`QUANTUM_PACKETS`] packets,
+//! or quiche's `send_quantum()` when that is smaller), then waits behind every other ready
+//! connection, so a large download never delays a small one by more than one quantum.
 //!
 //! Departure times: quiche's pacer stamps every packet with `SendInfo.at`. Where the egress
 //! qdisc honours `SCM_TXTIME` (fq: [`udpx::qdisc`]), each transmit carries its first packet's
-//! time and the kernel holds it ([`Pacing::Kernel`]; one departure per GSO run, so a run is one
-//! burst, as in the Cloudflare post). Elsewhere (this machine: no fq) the host paces itself
-//! ([`Pacing::Hold`]): a packet whose `at` is more than [`PACING_SLACK`] ahead is held, its
-//! connection produces nothing more until then, and the loop sleeps (ppoll, ns resolution) to
-//! the earliest held time. quiche's own pacer (BBRv2, `Bbr2Gcongestion`) mostly paces by
-//! returning `Done` until the next release time and arming the connection's timer for it,
-//! with `at` at most tens of microseconds ahead: so the loop waits with `ppoll` at nanosecond
-//! resolution (a millisecond `poll` would round every release up to 1 ms). Besides, each
-//! connection writes at most its `send_quantum()` per turn, and acknowledgements are read
-//! between turns.
+//! time and the kernel holds it ([`Pacing::Kernel`]; a GSO run is cut where the time moves
+//! more than quiche's own tolerance, 50 us). Elsewhere (this machine: no fq) the host paces
+//! itself ([`Pacing::Hold`]): a packet whose `at` is more than [`PACING_SLACK`] ahead is held
+//! (the connection's one held packet), the connection's deadline is its time, and the loop
+//! sleeps with `ppoll` (ns resolution) to the earliest deadline. Under BBRv2
+//! (`bbr2_gcongestion`) quiche mostly paces by returning `Done` until the next release and
+//! arming its timer for it, which the same deadline covers.
 //!
 //! Connection IDs: a server issues, besides the one it chose at the handshake, as many more as
-//! the peer's `active_connection_id_limit` allows (NEW_CONNECTION_ID, with a random stateless
-//! reset token), each made by the same [`CidGenerator`]: the same host ID and worker byte,
-//! so a client that moves to a new ID (after a NAT rebinding or a change of network) still
-//! reaches this host through a QUIC-LB balancer and this shard through the group's steering.
-//! IDs the peer retires leave the table; the peer is given new ones in their place. With a
-//! [`ResetKey`] shared by the service's hosts every ID's reset token is derived from it, and a
-//! short-header packet for an ID this host does not know is answered with a stateless reset
-//! (see [`crate::reset`]).
+//! the peer's `active_connection_id_limit` allows (NEW_CONNECTION_ID, with a reset token),
+//! each made by the same [`CidGenerator`]: the same host ID and worker byte, so a client that
+//! moves to a new ID still reaches this host through a QUIC-LB balancer and this shard
+//! through the group's steering. With shared [`ServiceKeys`] every ID's reset token is derived
+//! from the service's secret and a short-header packet for an unknown ID is answered with a
+//! stateless reset (see [`crate::reset`]).
 //!
-//! No Retry: an Initial from an unknown address makes a connection at once (address
-//! validation by Retry tokens is future work); the 3x amplification limit quiche enforces
-//! holds until the handshake completes.
+//! Admission ([`crate::admission`]): caps on connections, half-open handshakes and
+//! connections per address; a handshake not done within its deadline is dropped; Retry with
+//! address-bound tokens ([`crate::token`]) always, never, or while under an Initial flood.
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::ops::Deref;
 use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use nix::poll::{PollFd, PollFlags};
 use udpx::{RecvBuffers, Shard, UdpSocket};
 
+use crate::admission::{Admission, Admit, Cap, Limits, Rate};
 use crate::cid::{CidGenerator, CID_LEN};
 use crate::counters::HostCounters;
 use crate::io::{Flush, Outbox};
-use crate::reset::{RateLimit, ResetKey};
+use crate::pacing::{departure, Held, Pacing, PACING_SLACK};
+use crate::ready::ReadyQueue;
+use crate::timers::Timers;
+use crate::token::{ServiceKeys, TokenError, TokenKey};
 use crate::Error;
 
 /// Longest a loop sleeps in `poll` before it looks at its stop flag again.
 const STOP_CHECK: Duration = Duration::from_millis(50);
-/// Least time between two counter publications of a loop (each sums every connection's
-/// quiche statistics).
+/// Least time between two counter publications of a loop.
 const PUBLISH_EVERY: Duration = Duration::from_millis(100);
-/// A packet due within this much of now leaves now (less is below what a wake-up can hit).
-pub const PACING_SLACK: Duration = Duration::from_micros(200);
-
-/// Who holds packets to their departure time (`SendInfo.at`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Pacing {
-    /// Nobody: every packet leaves at once.
-    Off,
-    /// The host: packets due later are held and sent at their time.
-    Hold,
-    /// The qdisc (fq): each transmit carries its departure time (`SCM_TXTIME`, the socket
-    /// needs `SO_TXTIME`).
-    Kernel,
-}
-
-/// A packet held until its departure time.
-struct Held {
-    at: Instant,
-    conn: usize,
-    to: SocketAddr,
-    bytes: Vec<u8>,
-}
-
 /// Receive calls per turn at most, so that sending is never starved by a flood.
 const RECV_CALLS_PER_TURN: usize = 16;
 /// Receive buffers per call.
 const RECV_BUFFERS: usize = 8;
+/// Packets one connection writes per turn at most (its quantum): a GSO run's worth.
+pub const QUANTUM_PACKETS: usize = 64;
+/// New connection IDs offered to one connection in one turn, at most.
+const MAX_ISSUED_PER_TURN: usize = 8;
 
 /// What runs on the connections: the HTTP/3 server, a client. The host calls it from its own
 /// thread; it does no I/O of its own on the socket.
@@ -94,9 +87,18 @@ pub trait App {
     /// A server connection was accepted: its state. (If the Initial that made it then fails
     /// to decrypt, the connection and this state are dropped at once, without [`App::closed`].)
     fn accepted(&mut self, conn: &quiche::Connection) -> Self::State;
-    /// The application's turn on `conn`, every loop turn after the packets were fed: read
-    /// what arrived, write what the streams can take.
+    /// The application's turn on `conn`: called when the connection has had news (packets
+    /// arrived, a timer fired, it is still sending) and is established or in early data, and
+    /// only then. Read what arrived; write what the streams can take (quiche's
+    /// `stream_writable_next()` names the streams that became writable since).
     fn on_turn(&mut self, conn: &mut quiche::Connection, state: &mut Self::State);
+    /// When the application wants its next turn on a connection even if nothing arrives (a
+    /// client that sends on a schedule, a step to take on the next turn): part of the
+    /// connection's deadline, asked after each of its turns. Default: never.
+    fn wake_at(&self, state: &Self::State) -> Option<Instant> {
+        let _ = state;
+        None
+    }
     /// `conn` is closed and about to be dropped.
     fn closed(&mut self, conn: &quiche::Connection, state: Self::State);
 }
@@ -140,8 +142,20 @@ struct Entry<S> {
     conn: quiche::Connection,
     state: S,
     keys: Vec<CidKey>,
-    /// A packet of this connection is held until then: produce nothing more before.
-    hold_until: Option<Instant>,
+    /// The address it counts against in the admission caps.
+    peer_ip: IpAddr,
+    /// Its local address (quiche's path): the unspecified address for a client connection
+    /// that lets the kernel choose.
+    local: SocketAddr,
+    /// Its handshake completed (counted once).
+    established: bool,
+    /// Dropped if not established by then (server connections).
+    handshake_deadline: Option<Instant>,
+    /// Its one packet waiting for its departure time: it produces nothing more before.
+    held: Option<Held>,
+    /// quiche's lost and retransmitted counts already added to the host's counters.
+    seen_lost: u64,
+    seen_retrans: u64,
 }
 
 /// One event loop over one socket (see the module docs).
@@ -154,35 +168,45 @@ pub struct Host<A: App> {
     conns: Vec<Option<Entry<A::State>>>,
     free: Vec<usize>,
     by_cid: HashMap<CidKey, usize>,
+    timers: Timers,
+    ready: ReadyQueue,
     recv: Option<RecvBuffers>,
     out: Outbox,
     blocked: Option<Flush>,
     app: A,
     counters: HostCounters,
-    next_first: usize,
     /// The socket's `icmp_errors` when last looked at.
     icmp_seen: u64,
     pacing: Pacing,
-    held: Vec<Held>,
+    /// The timers' clock: deadlines are ns since this.
+    epoch: Instant,
     /// `Instant` and `CLOCK_MONOTONIC` read together, to turn `SendInfo.at` into a departure.
     anchor: (Instant, udpx::Timestamp),
-    /// Derives reset tokens and allows resets; `None`: random tokens, no resets.
-    reset_key: Option<ResetKey>,
-    resets: RateLimit,
+    keys: ServiceKeys,
+    token_key: TokenKey,
+    /// The session ticket key's period in force (server).
+    ticket_period: Option<u64>,
+    answers: Rate,
+    admission: Admission,
+    /// The last turn found nothing to do: the next one waits first.
+    idle: bool,
 }
 
 impl<A: App> std::fmt::Debug for Host<A> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Host").field("local", &self.local).field("connections", &self.by_cid.len()).finish()
+        f.debug_struct("Host").field("local", &self.local).field("connections", &self.connection_count()).finish()
     }
 }
 
 impl<A: App> Host<A> {
     /// A host on `socket` (which must be non-blocking) that accepts connections (`accepting`)
     /// with IDs of host `host_id`, worker `worker`, or only serves those added with
-    /// [`Host::connect`].
+    /// [`Host::connect`]. Its keys are its own ([`ServiceKeys::random`]) until
+    /// [`Host::set_keys`].
     pub fn new(socket: HostSocket, config: quiche::Config, app: A, accepting: bool, host_id: u16, worker: u8) -> Self {
         let recv = RecvBuffers::for_socket(&socket, RECV_BUFFERS);
+        let keys = ServiceKeys::random();
+        let limits = Limits::default();
         Host {
             local: socket.local_addr(),
             socket,
@@ -192,30 +216,43 @@ impl<A: App> Host<A> {
             conns: Vec::new(),
             free: Vec::new(),
             by_cid: HashMap::new(),
+            timers: Timers::new(),
+            ready: ReadyQueue::new(),
             recv: Some(recv),
             out: Outbox::new(),
             blocked: None,
             app,
             counters: HostCounters::default(),
-            next_first: 0,
             icmp_seen: 0,
             pacing: Pacing::Hold,
-            held: Vec::new(),
+            epoch: Instant::now(),
             anchor: (Instant::now(), udpx::Timestamp::now()),
-            reset_key: None,
-            resets: RateLimit::default(),
+            token_key: keys.token_key(),
+            keys,
+            ticket_period: None,
+            answers: Rate::new(limits.answers_per_sec),
+            admission: Admission::new(limits),
+            idle: false,
         }
     }
 
-    /// Derives every connection ID's stateless reset token from `key` (shared by the hosts of
-    /// one service) and answers packets for unknown IDs with a stateless reset (see
-    /// [`crate::reset`]). Set it before the first connection.
-    pub fn set_reset_key(&mut self, key: ResetKey) {
-        self.reset_key = Some(key);
+    /// Uses the service's shared keys: reset tokens derived from its secret (and stateless
+    /// resets sent for unknown IDs), Retry tokens any host opens, session tickets any host
+    /// resumes. Set it before the first connection.
+    pub fn set_keys(&mut self, keys: ServiceKeys) {
+        self.token_key = keys.token_key();
+        self.keys = keys;
+        self.ticket_period = None;
+    }
+
+    /// Sets the admission caps and the Retry policy (default [`Limits::default`]).
+    pub fn set_limits(&mut self, limits: Limits) {
+        self.answers = Rate::new(limits.answers_per_sec);
+        self.admission = Admission::new(limits);
     }
 
     /// Sets who paces (default [`Pacing::Hold`]). [`Pacing::Kernel`] needs a socket with
-    /// `SO_TXTIME` and an fq egress qdisc to mean anything; see [`pacing_for`].
+    /// `SO_TXTIME` and an fq egress qdisc to mean anything; see [`crate::pacing_for`].
     pub fn set_pacing(&mut self, p: Pacing) {
         self.pacing = p;
     }
@@ -246,19 +283,97 @@ impl<A: App> Host<A> {
     }
 
     /// Opens a client connection to `peer` with a random 12-byte source ID; `state` is the
-    /// application's.
+    /// application's. With `session` (from an earlier connection's [`quiche::Connection::session`])
+    /// it resumes, and may send early data.
     pub fn connect(&mut self, server_name: Option<&str>, peer: SocketAddr, state: A::State) -> Result<(), Error> {
+        self.connect_with(server_name, peer, state, None, None).map(|_| ())
+    }
+
+    /// [`Host::connect`] with a session to resume and a chosen destination ID for the first
+    /// Initial (`dcid`: e.g. to land on a given shard of a server); returns the connection's
+    /// slot.
+    pub fn connect_with(
+        &mut self,
+        server_name: Option<&str>,
+        peer: SocketAddr,
+        state: A::State,
+        session: Option<&[u8]>,
+        dcid: Option<&[u8]>,
+    ) -> Result<usize, Error> {
+        self.connect_from(None, server_name, peer, state, session, dcid)
+    }
+
+    /// [`Host::connect_with`] from local address `from` (a socket bound to the unspecified
+    /// address, with `IP_PKTINFO`, sends each connection's packets from its own address: one
+    /// socket and loop can play many clients).
+    pub fn connect_from(
+        &mut self,
+        from: Option<IpAddr>,
+        server_name: Option<&str>,
+        peer: SocketAddr,
+        state: A::State,
+        session: Option<&[u8]>,
+        dcid: Option<&[u8]>,
+    ) -> Result<usize, Error> {
+        let local = match from {
+            Some(ip) => SocketAddr::new(ip, self.local.port()),
+            None => self.local,
+        };
         let mut scid = [0u8; CID_LEN];
         crate::cid::random_bytes(&mut scid).map_err(Error::Io)?;
         let scid_ref = quiche::ConnectionId::from_ref(&scid);
-        let conn = quiche::connect(server_name, &scid_ref, self.local, peer, &mut self.config)
-            .map_err(|e| Error::Quic("connect", e))?;
+        let mut conn = match dcid {
+            Some(d) => quiche::connect_with_dcid(
+                server_name,
+                &scid_ref,
+                &quiche::ConnectionId::from_ref(d),
+                local,
+                peer,
+                &mut self.config,
+            ),
+            None => quiche::connect(server_name, &scid_ref, local, peer, &mut self.config),
+        }
+        .map_err(|e| Error::Quic("connect", e))?;
+        if let Some(s) = session {
+            conn.set_session(s).map_err(|e| Error::Quic("resume a session", e))?;
+        }
         self.counters.connections += 1;
-        self.insert(conn, state, &[CidKey::new(&scid)]);
-        Ok(())
+        let idx = self.insert(conn, state, &[CidKey::new(&scid)], peer.ip(), local, None);
+        // A client speaks first.
+        self.ready.push(idx as u32);
+        Ok(idx)
     }
 
-    fn insert(&mut self, conn: quiche::Connection, state: A::State, keys: &[CidKey]) -> usize {
+    /// Makes connection `idx` ready: its application gets a turn on the next step (an outside
+    /// event: the driver queued work for it).
+    pub fn wake(&mut self, idx: usize) {
+        if self.conns.get(idx).is_some_and(Option::is_some) {
+            self.ready.push(idx as u32);
+        }
+    }
+
+    /// Calls `f` with every open connection and its application state: a walk over the whole
+    /// table, for a report at the end of a run, never for the loop.
+    pub fn for_each_connection(&self, mut f: impl FnMut(&quiche::Connection, &A::State)) {
+        for e in self.conns.iter().flatten() {
+            f(&e.conn, &e.state);
+        }
+    }
+
+    /// The connection in slot `idx` and its application state, if it is open.
+    pub fn connection(&self, idx: usize) -> Option<(&quiche::Connection, &A::State)> {
+        self.conns.get(idx)?.as_ref().map(|e| (&e.conn, &e.state))
+    }
+
+    fn insert(
+        &mut self,
+        conn: quiche::Connection,
+        state: A::State,
+        keys: &[CidKey],
+        peer_ip: IpAddr,
+        local: SocketAddr,
+        handshake_deadline: Option<Instant>,
+    ) -> usize {
         let idx = match self.free.pop() {
             Some(i) => i,
             None => {
@@ -269,7 +384,18 @@ impl<A: App> Host<A> {
         for k in keys {
             self.by_cid.insert(*k, idx);
         }
-        self.conns[idx] = Some(Entry { conn, state, keys: keys.to_vec(), hold_until: None });
+        self.conns[idx] = Some(Entry {
+            conn,
+            state,
+            keys: keys.to_vec(),
+            peer_ip,
+            local,
+            established: false,
+            handshake_deadline,
+            held: None,
+            seen_lost: 0,
+            seen_retrans: 0,
+        });
         idx
     }
 
@@ -284,45 +410,32 @@ impl<A: App> Host<A> {
         c.recv_calls = s.recv_calls;
         c.gro_buffers = s.gro_buffers_received;
         c.icmp_errors = s.icmp_errors;
-        for e in self.conns.iter().flatten() {
-            let st = e.conn.stats();
-            c.lost_packets += st.lost as u64;
-            c.retransmitted += st.retrans as u64;
-        }
+        c.open_connections = self.connection_count() as u64;
+        c.half_open = self.admission.counts().1 as u64;
         c.add(&HostCounters::default())
     }
 
     /// Runs until `stop` is set, or (`until_idle`) until no connection is left.
-    /// `publish` receives the counters when the loop is about to wait (at most every 100 ms)
-    /// and when it ends.
+    /// `publish` receives the counters every 100 ms at most, and when the loop ends.
     pub fn run(
         &mut self,
         stop: &AtomicBool,
         until_idle: bool,
         publish: Option<&Mutex<HostCounters>>,
     ) -> Result<(), Error> {
-        let mut idle = false;
         let mut published: Option<Instant> = None;
         loop {
             if stop.load(Ordering::Relaxed) || (until_idle && self.connection_count() == 0) {
                 break;
             }
-            if idle {
-                if let Some(p) = publish.filter(|_| published.is_none_or(|t| t.elapsed() >= PUBLISH_EVERY)) {
+            if let Some(p) = publish {
+                let now = Instant::now();
+                if published.is_none_or(|t| now.duration_since(t) >= PUBLISH_EVERY) {
                     *p.lock().unwrap_or_else(|e| e.into_inner()) = self.counters();
-                    published = Some(Instant::now());
+                    published = Some(now);
                 }
-                self.wait()?;
             }
-            let got = self.receive()?;
-            self.check_unreachable();
-            self.timers();
-            self.app_turns();
-            self.issue_cids();
-            let sent = self.send();
-            self.reap();
-            // Blocked: wait for writability (or back off) before the next flush.
-            idle = self.blocked.is_some() || (got == 0 && sent == 0);
+            self.step(STOP_CHECK)?;
         }
         if let Some(p) = publish {
             *p.lock().unwrap_or_else(|e| e.into_inner()) = self.counters();
@@ -330,17 +443,40 @@ impl<A: App> Host<A> {
         Ok(())
     }
 
-    /// Waits for a datagram, writability when blocked, or the next timer.
-    fn wait(&mut self) -> Result<(), Error> {
-        let now = Instant::now();
-        let mut timeout = STOP_CHECK;
-        for e in self.conns.iter().flatten() {
-            if let Some(t) = e.conn.timeout_instant() {
-                timeout = timeout.min(t.saturating_duration_since(now));
-            }
+    /// One turn of the loop: when the last turn found nothing to do, first waits (at most
+    /// `max_wait`) for a datagram, the earliest deadline or writability; then receives, runs
+    /// the due deadlines and serves the ready connections. For a driver that does things
+    /// between turns (a load generator opening connections on a schedule).
+    pub fn step(&mut self, max_wait: Duration) -> Result<(), Error> {
+        if self.idle {
+            self.wait(max_wait)?;
         }
-        for h in &self.held {
-            timeout = timeout.min(h.at.saturating_duration_since(now + PACING_SLACK));
+        self.counters.turns += 1;
+        let got = self.receive()?;
+        self.check_unreachable();
+        let now = Instant::now();
+        self.rotate_ticket_key();
+        self.expire(now);
+        let served = self.serve(now);
+        // Nothing came, nothing is ready, or the socket is full: wait for a datagram, a
+        // deadline, or writability.
+        self.idle = self.blocked.is_some() || (got == 0 && served == 0 && self.ready.is_empty());
+        Ok(())
+    }
+
+    /// Nanoseconds of the timers' clock at `t`.
+    fn ns(&self, t: Instant) -> u64 {
+        t.saturating_duration_since(self.epoch).as_nanos() as u64
+    }
+
+    /// Waits for a datagram, writability when blocked, or the earliest deadline, at most
+    /// `max_wait`.
+    fn wait(&mut self, max_wait: Duration) -> Result<(), Error> {
+        let now = Instant::now();
+        let mut timeout = max_wait;
+        if let Some((at, _)) = self.timers.peek() {
+            let now_ns = self.ns(now);
+            timeout = timeout.min(Duration::from_nanos(at.saturating_sub(now_ns)));
         }
         let mut flags = PollFlags::POLLIN;
         match self.blocked {
@@ -351,7 +487,8 @@ impl<A: App> Host<A> {
         if timeout.is_zero() {
             return Ok(());
         }
-        // ppoll: a held packet may be due in a few hundred microseconds.
+        self.counters.waits += 1;
+        // ppoll: a deadline (a held packet) may be a few hundred microseconds away.
         let mut fds = [PollFd::new(self.socket.as_fd(), flags)];
         let err = match nix::poll::ppoll(&mut fds, Some(nix::sys::time::TimeSpec::from_duration(timeout)), None) {
             Ok(_) => fds[0].revents().is_some_and(|r| r.contains(PollFlags::POLLERR)),
@@ -381,14 +518,17 @@ impl<A: App> Host<A> {
             return;
         }
         self.icmp_seen = n;
-        for e in self.conns.iter_mut().flatten() {
+        for (idx, slot) in self.conns.iter_mut().enumerate() {
+            let Some(e) = slot.as_mut() else { continue };
             if e.conn.stats().recv == 0 {
                 let _ = e.conn.close(false, 0x0, b"peer unreachable");
+                self.ready.push(idx as u32);
             }
         }
     }
 
-    /// Receives what is queued; returns the datagrams fed.
+    /// Receives what is queued and feeds it to the connections (each becomes ready); returns
+    /// the datagrams fed.
     fn receive(&mut self) -> Result<usize, Error> {
         let Some(mut bufs) = self.recv.take() else { return Ok(0) };
         let mut fed = 0;
@@ -409,11 +549,17 @@ impl<A: App> Host<A> {
                             self.counters.dropped_unparseable += 1;
                             continue;
                         }
+                        // The address it was sent to (pktinfo, on a socket bound to the
+                        // unspecified address), or the socket's.
+                        let to = match meta.dst_ip {
+                            Some(ip) => SocketAddr::new(ip, self.local.port()),
+                            None => self.local,
+                        };
                         for d in data.chunks_mut(stride) {
                             fed += 1;
                             self.counters.datagrams_received += 1;
                             self.counters.bytes_received += d.len() as u64;
-                            self.datagram(meta.addr, d);
+                            self.datagram(meta.addr, to, d);
                         }
                     }
                 }
@@ -437,8 +583,8 @@ impl<A: App> Host<A> {
         result.map(|_| fed)
     }
 
-    /// One datagram from `from`.
-    fn datagram(&mut self, from: SocketAddr, buf: &mut [u8]) {
+    /// One datagram from `from` to local address `to`.
+    fn datagram(&mut self, from: SocketAddr, to: SocketAddr, buf: &mut [u8]) {
         let hdr = match quiche::Header::from_slice(buf, CID_LEN) {
             Ok(h) => h,
             Err(_) => {
@@ -461,18 +607,21 @@ impl<A: App> Host<A> {
                     return;
                 }
             },
-            None => match self.new_connection(from, &hdr, buf.len()) {
+            None => match self.new_connection(from, to, &hdr, buf.len()) {
                 Some(i) => (i, true),
                 None => return,
             },
         };
         let Some(e) = self.conns[idx].as_mut() else { return };
-        let info = quiche::RecvInfo { from, to: self.local };
+        // A connection that let the kernel choose its address keeps its unspecified one.
+        let to = if e.local.ip().is_unspecified() { e.local } else { to };
+        let info = quiche::RecvInfo { from, to };
         match e.conn.recv(buf, info) {
             Ok(_) | Err(quiche::Error::Done) => {
                 if fresh {
                     self.counters.connections += 1;
                 }
+                self.ready.push(idx as u32);
             }
             Err(err) => {
                 self.counters.dropped_by_quic += 1;
@@ -480,14 +629,23 @@ impl<A: App> Host<A> {
                 if fresh {
                     // An Initial that does not decrypt leaves no state behind.
                     self.remove(idx);
+                } else {
+                    self.ready.push(idx as u32);
                 }
             }
         }
     }
 
     /// A connection for an Initial to an unknown DCID, or `None` (counted) when it cannot
-    /// start one.
-    fn new_connection(&mut self, from: SocketAddr, hdr: &quiche::Header<'_>, len: usize) -> Option<usize> {
+    /// or must not start one: not an Initial, another version, too small, a bad token, a cap,
+    /// or a Retry sent instead.
+    fn new_connection(
+        &mut self,
+        from: SocketAddr,
+        local: SocketAddr,
+        hdr: &quiche::Header<'_>,
+        len: usize,
+    ) -> Option<usize> {
         if !self.accepting || hdr.ty != quiche::Type::Initial {
             self.counters.dropped_unknown_cid += 1;
             if self.accepting && hdr.ty == quiche::Type::Short {
@@ -495,7 +653,17 @@ impl<A: App> Host<A> {
             }
             return None;
         }
+        if len < quiche::MIN_CLIENT_INITIAL_LEN {
+            // RFC 9000 14.1: a client's first datagram is at least 1,200 bytes; a smaller one
+            // gets nothing, not even Version Negotiation (which would be an amplifier).
+            self.counters.dropped_bad_initial += 1;
+            return None;
+        }
         if !quiche::version_is_supported(hdr.version) {
+            if !self.answers.allow(Instant::now()) {
+                self.counters.answers_limited += 1;
+                return None;
+            }
             let mut out = [0u8; 1350];
             if let Ok(n) = quiche::negotiate_version(&hdr.scid, &hdr.dcid, &mut out) {
                 self.send_now(from, &out[..n], "version negotiation");
@@ -503,19 +671,59 @@ impl<A: App> Host<A> {
             }
             return None;
         }
-        if len < quiche::MIN_CLIENT_INITIAL_LEN || hdr.dcid.len() < 8 {
+        if hdr.dcid.len() < 8 {
             self.counters.dropped_bad_initial += 1;
             return None;
+        }
+        let now = SystemTime::now();
+        let odcid = match hdr.token.as_deref().filter(|t| !t.is_empty()) {
+            None => None,
+            Some(t) => match self.token_key.open(from, t, now) {
+                Ok(odcid) => Some(odcid),
+                Err(TokenError::Expired) => {
+                    self.counters.tokens_expired += 1;
+                    return None;
+                }
+                Err(TokenError::Invalid) => {
+                    // A NEW_TOKEN token (quiche never sends one) or a forgery: ours are Retry
+                    // tokens only.
+                    self.counters.tokens_invalid += 1;
+                    return None;
+                }
+            },
+        };
+        match self.admission.check(from.ip(), odcid.is_some()) {
+            Admit::Refuse(cap) => {
+                match cap {
+                    Cap::Connections => self.counters.refused_connections += 1,
+                    Cap::HalfOpen => self.counters.refused_half_open += 1,
+                    Cap::PerIp => self.counters.refused_per_ip += 1,
+                }
+                return None;
+            }
+            Admit::Retry => {
+                self.retry(from, hdr, now);
+                return None;
+            }
+            Admit::Accept => {}
         }
         let Some(scid) = fresh_cid(&mut self.cids, &self.by_cid) else {
             self.counters.accept_errors += 1;
             return None;
         };
-        if let Some(k) = &self.reset_key {
+        if let Some(k) = &self.keys.reset {
             self.config.set_stateless_reset_token(Some(k.token(&scid)));
         }
         let scid_ref = quiche::ConnectionId::from_ref(&scid);
-        let conn = match quiche::accept(&scid_ref, None, self.local, from, &mut self.config) {
+        let conn = match &odcid {
+            Some(o) => {
+                let o = quiche::ConnectionId::from_ref(o);
+                let cids = quiche::RetryConnectionIds { original_destination_cid: &o, retry_source_cid: &hdr.dcid };
+                quiche::accept_with_retry(&scid_ref, cids, local, from, &mut self.config)
+            }
+            None => quiche::accept(&scid_ref, None, local, from, &mut self.config),
+        };
+        let conn = match conn {
             Ok(c) => c,
             Err(e) => {
                 self.counters.accept_errors += 1;
@@ -523,32 +731,62 @@ impl<A: App> Host<A> {
                 return None;
             }
         };
+        if odcid.is_some() {
+            self.counters.validated_by_retry += 1;
+        }
         let state = self.app.accepted(&conn);
-        // Both IDs lead to it: ours, and the one the client chose, which its retransmitted
-        // Initials still carry.
-        Some(self.insert(conn, state, &[CidKey::new(&scid), CidKey::new(&hdr.dcid)]))
+        self.admission.opened(from.ip());
+        let deadline = Instant::now() + self.admission.limits().handshake_timeout;
+        // Both IDs lead to it: ours, and the one the client chose (or our Retry's), which its
+        // retransmitted Initials still carry.
+        Some(self.insert(conn, state, &[CidKey::new(&scid), CidKey::new(&hdr.dcid)], from.ip(), local, Some(deadline)))
     }
 
-    fn timers(&mut self) {
-        let now = Instant::now();
-        for e in self.conns.iter_mut().flatten() {
+    /// Answers an Initial with a Retry: a fresh ID of this shard (so the client's next Initial
+    /// comes back here, by the steering's worker byte and the balancer's host ID) and a token
+    /// for the address. No state is kept.
+    fn retry(&mut self, to: SocketAddr, hdr: &quiche::Header<'_>, now: SystemTime) {
+        let Some(new_scid) = fresh_cid(&mut self.cids, &self.by_cid) else { return };
+        let token = self.token_key.seal(to, &hdr.dcid, now);
+        if token.is_empty() {
+            self.counters.accept_errors += 1;
+            return;
+        }
+        let mut out = [0u8; 256];
+        let new = quiche::ConnectionId::from_ref(&new_scid);
+        match quiche::retry(&hdr.scid, &hdr.dcid, &new, &token, hdr.version, &mut out) {
+            Ok(n) => {
+                self.send_now(to, &out[..n], "retry");
+                self.counters.retries_sent += 1;
+            }
+            Err(e) => log::debug!("udpx-quic: no Retry for {to}: {e}"),
+        }
+    }
+
+    /// Runs the deadlines that are due: quiche's timers fire, held packets are released
+    /// (their connections become ready), handshakes past their deadline are dropped.
+    fn expire(&mut self, now: Instant) {
+        let due = self.ns(now + PACING_SLACK);
+        while let Some(c) = self.timers.pop_due(due) {
+            self.counters.timers_fired += 1;
+            let idx = c as usize;
+            let Some(e) = self.conns.get_mut(idx).and_then(Option::as_mut) else { continue };
+            if !e.established && e.handshake_deadline.is_some_and(|d| d <= now) && !e.conn.is_established() {
+                // Dropped, not closed: nothing more is sent to an address that never finished.
+                self.counters.handshake_timeouts += 1;
+                self.drop_connection(idx);
+                continue;
+            }
             if e.conn.timeout_instant().is_some_and(|t| t <= now) {
                 e.conn.on_timeout();
             }
+            self.ready.push(c);
         }
     }
 
-    fn app_turns(&mut self) {
-        for e in self.conns.iter_mut().flatten() {
-            if e.conn.is_established() || e.conn.is_in_early_data() {
-                self.app.on_turn(&mut e.conn, &mut e.state);
-            }
-        }
-    }
-
-    /// Lets every connection write up to its send quantum, round robin, and flushes. Returns
-    /// the packets produced.
-    fn send(&mut self) -> usize {
+    /// Serves the connections that are ready now, each once (see the module docs), then
+    /// flushes. Returns how many were served.
+    fn serve(&mut self, now: Instant) -> usize {
         if !self.out.is_empty() {
             let f = self.out.flush(&self.socket, &mut self.counters);
             if f != Flush::Done {
@@ -557,92 +795,131 @@ impl<A: App> Host<A> {
             }
         }
         self.blocked = None;
-        let mut produced = 0;
-        let now = Instant::now();
-        self.release_held(now);
-        let n = self.conns.len();
-        if n == 0 {
-            return 0;
-        }
-        self.next_first = (self.next_first + 1) % n;
-        for k in 0..n {
-            let idx = (self.next_first + k) % n;
-            let Some(e) = self.conns[idx].as_mut() else { continue };
-            if e.hold_until.is_some() {
-                continue; // a packet of it waits for its time
+        let n = self.ready.len();
+        let mut served = 0;
+        for _ in 0..n {
+            if self.blocked.is_some() {
+                break; // the rest stay ready for the next turn
             }
-            let max = e.conn.max_send_udp_payload_size();
-            let mut budget = e.conn.send_quantum().max(max);
-            while budget > 0 {
-                let space = match self.out.space(max) {
-                    Some(s) => s,
-                    None => {
-                        let f = self.out.flush(&self.socket, &mut self.counters);
-                        if f != Flush::Done {
-                            self.blocked = Some(f);
-                            return produced;
-                        }
-                        continue;
+            let Some(c) = self.ready.pop() else { break };
+            served += 1;
+            self.serve_one(c as usize, now);
+        }
+        self.counters.served += served as u64;
+        if !self.out.is_empty() && self.blocked.is_none() {
+            let f = self.out.flush(&self.socket, &mut self.counters);
+            if f != Flush::Done {
+                self.blocked = Some(f);
+            }
+        }
+        served
+    }
+
+    /// One ready connection: its application's turn, connection IDs, its quantum of packets;
+    /// then it leaves (closed), waits for its deadline, or goes to the back of the queue.
+    fn serve_one(&mut self, idx: usize, now: Instant) {
+        let Some(e) = self.conns.get_mut(idx).and_then(Option::as_mut) else { return };
+        if !e.established && e.conn.is_established() {
+            e.established = true;
+            e.handshake_deadline = None;
+            if self.accepting {
+                self.admission.established();
+            }
+        }
+        let ran = e.conn.is_established() || e.conn.is_in_early_data();
+        if ran {
+            self.app.on_turn(&mut e.conn, &mut e.state);
+        }
+        self.issue_cids(idx);
+        let mut more = self.produce(idx, now);
+        // A resuming client is in early data only once its first flight is written: its
+        // application gets its turn now, so its request goes in 0-RTT, not a round trip later.
+        if let Some(e) = self.conns.get_mut(idx).and_then(Option::as_mut).filter(|e| !ran && e.conn.is_in_early_data())
+        {
+            self.app.on_turn(&mut e.conn, &mut e.state);
+            more |= self.produce(idx, now);
+        }
+        let Some(e) = self.conns.get_mut(idx).and_then(Option::as_mut) else { return };
+        let st = e.conn.stats();
+        self.counters.lost_packets += (st.lost as u64).saturating_sub(e.seen_lost);
+        self.counters.retransmitted += (st.retrans as u64).saturating_sub(e.seen_retrans);
+        (e.seen_lost, e.seen_retrans) = (st.lost as u64, st.retrans as u64);
+        if e.conn.is_closed() {
+            self.reap(idx);
+            return;
+        }
+        let wake = if e.conn.is_established() || e.conn.is_in_early_data() { self.app.wake_at(&e.state) } else { None };
+        let deadline = [e.conn.timeout_instant(), e.held.as_ref().map(|h| h.at), e.handshake_deadline, wake]
+            .into_iter()
+            .flatten()
+            .min();
+        let at = deadline.map(|d| self.ns(d));
+        self.timers.set(idx as u32, at);
+        if more {
+            self.ready.push(idx as u32);
+        }
+    }
+
+    /// Writes up to the connection's quantum into the outbox; whether it may have more.
+    fn produce(&mut self, idx: usize, now: Instant) -> bool {
+        let Some(e) = self.conns.get_mut(idx).and_then(Option::as_mut) else { return false };
+        if let Some(h) = &e.held {
+            if h.at > now + PACING_SLACK {
+                return false; // its time has not come
+            }
+            // Due: it leaves first, then the connection produces on.
+            let len = h.bytes.len();
+            let Some(space) = self.out.space(len) else {
+                return true;
+            };
+            let h = e.held.take().expect("checked above");
+            space[..len].copy_from_slice(&h.bytes);
+            self.out.commit(idx, h.to, h.from, len, None);
+        }
+        let max = e.conn.max_send_udp_payload_size();
+        let mut budget = e.conn.send_quantum().max(max).min(QUANTUM_PACKETS * max);
+        while budget > 0 {
+            let space = match self.out.space(max) {
+                Some(s) => s,
+                None => {
+                    let f = self.out.flush(&self.socket, &mut self.counters);
+                    if f != Flush::Done {
+                        self.blocked = Some(f);
+                        return true;
                     }
-                };
-                match e.conn.send(space) {
-                    Ok((len, info)) => {
-                        self.counters.packets_sent += 1;
-                        self.counters.bytes_sent += len as u64;
-                        produced += 1;
-                        budget = budget.saturating_sub(len);
-                        if self.pacing == Pacing::Hold && info.at > now + PACING_SLACK {
-                            // Not yet: keep it (the only copy made), and the connection's
-                            // later packets behind it.
-                            let bytes = space[..len].to_vec();
-                            self.held.push(Held { at: info.at, conn: idx, to: info.to, bytes });
-                            e.hold_until = Some(info.at);
-                            self.counters.paced_holds += 1;
-                            break;
-                        }
-                        let departure = (self.pacing == Pacing::Kernel).then(|| departure(self.anchor, info.at));
-                        self.out.commit(idx, info.to, len, departure);
+                    continue;
+                }
+            };
+            match e.conn.send(space) {
+                Ok((len, info)) => {
+                    self.counters.packets_sent += 1;
+                    self.counters.bytes_sent += len as u64;
+                    budget = budget.saturating_sub(len);
+                    if self.pacing == Pacing::Hold && info.at > now + PACING_SLACK {
+                        // Not yet: keep it (the only copy made), and the connection's later
+                        // packets behind it; its deadline is the packet's time.
+                        let from = src_for(self.local, info.from);
+                        e.held = Some(Held { at: info.at, to: info.to, from, bytes: space[..len].to_vec() });
+                        self.counters.paced_holds += 1;
+                        return false;
                     }
-                    Err(quiche::Error::Done) => break,
-                    Err(err) => {
-                        log::debug!("udpx-quic: {} send failed: {err}", e.conn.trace_id());
-                        let _ = e.conn.close(false, 0x1, b"send failed");
-                        break;
-                    }
+                    let departure = (self.pacing == Pacing::Kernel).then(|| departure(self.anchor, info.at));
+                    let from = src_for(self.local, info.from);
+                    self.out.commit(idx, info.to, from, len, departure);
+                }
+                Err(quiche::Error::Done) => return false,
+                Err(err) => {
+                    log::debug!("udpx-quic: {} send failed: {err}", e.conn.trace_id());
+                    let _ = e.conn.close(false, 0x1, b"send failed");
+                    return false;
                 }
             }
         }
-        let f = self.out.flush(&self.socket, &mut self.counters);
-        if f != Flush::Done {
-            self.blocked = Some(f);
-        }
-        produced
+        true
     }
 
-    /// Moves the held packets now due into the outbox, each connection's in order, and lets
-    /// their connections produce again.
-    fn release_held(&mut self, now: Instant) {
-        if self.held.is_empty() {
-            return;
-        }
-        let mut i = 0;
-        while i < self.held.len() {
-            if self.held[i].at > now + PACING_SLACK {
-                i += 1;
-                continue;
-            }
-            let len = self.held[i].bytes.len();
-            let Some(space) = self.out.space(len) else { break };
-            let h = self.held.swap_remove(i);
-            space[..len].copy_from_slice(&h.bytes);
-            self.out.commit(h.conn, h.to, len, None);
-            if let Some(e) = self.conns.get_mut(h.conn).and_then(Option::as_mut) {
-                e.hold_until = None;
-            }
-        }
-    }
-
-    /// The connection to `from` whose peer's stateless reset token ends `buf`, if any.
+    /// The connection to `from` whose peer's stateless reset token ends `buf`, if any (a
+    /// client's: it has few connections, so this looks at each).
     fn reset_target(&self, from: SocketAddr, buf: &[u8]) -> Option<usize> {
         let tail = buf.len().checked_sub(16).filter(|_| buf.len() >= 21).map(|at| &buf[at..])?;
         self.conns.iter().position(|slot| {
@@ -657,9 +934,10 @@ impl<A: App> Host<A> {
     }
 
     /// Answers a short-header packet of `len` bytes for the unknown connection ID `dcid` with
-    /// a stateless reset, when a key is set, the packet is long enough and the rate allows.
+    /// a stateless reset, when the keys are shared, the packet is long enough and the rate
+    /// allows.
     fn stateless_reset(&mut self, to: SocketAddr, dcid: &[u8], len: usize) {
-        let Some(key) = &self.reset_key else { return };
+        let Some(key) = &self.keys.reset else { return };
         // A short header does not say how long its DCID is: this service's are CID_LEN.
         let Some(cid) = dcid.get(..CID_LEN) else { return };
         let mut random = [0u8; 64];
@@ -668,7 +946,7 @@ impl<A: App> Host<A> {
             return;
         }
         let Some(n) = key.write_reset(cid, len, &random, &mut out) else { return };
-        if !self.resets.allow(Instant::now()) {
+        if !self.answers.allow(Instant::now()) {
             self.counters.resets_limited += 1;
             return;
         }
@@ -676,8 +954,8 @@ impl<A: App> Host<A> {
         self.counters.stateless_resets += 1;
     }
 
-    /// Sends one datagram outside the outbox (version negotiation, stateless reset): once,
-    /// without waiting; a refusal is logged (the peer will send again).
+    /// Sends one datagram outside the outbox (version negotiation, stateless reset, Retry):
+    /// once, without waiting; a refusal is logged (the peer will send again).
     fn send_now(&self, to: SocketAddr, bytes: &[u8], what: &str) {
         if let Err(e) = self.socket.try_send(
             &mut udpx::SendBuffers::new(),
@@ -688,82 +966,113 @@ impl<A: App> Host<A> {
         }
     }
 
-    /// Forgets the connection IDs peers retired; a server offers every established
-    /// connection as many new ones as its peer takes (see the module docs).
-    fn issue_cids(&mut self) {
-        for (idx, slot) in self.conns.iter_mut().enumerate() {
-            let Some(e) = slot.as_mut() else { continue };
-            while let Some(old) = e.conn.retired_scid_next() {
-                let k = CidKey::new(&old);
-                self.by_cid.remove(&k);
-                e.keys.retain(|x| *x != k);
+    /// Forgets the connection IDs the peer retired; a server offers an established connection
+    /// as many new ones as its peer takes (see the module docs). Bounded per turn.
+    fn issue_cids(&mut self, idx: usize) {
+        let Some(e) = self.conns.get_mut(idx).and_then(Option::as_mut) else { return };
+        while let Some(old) = e.conn.retired_scid_next() {
+            let k = CidKey::new(&old);
+            self.by_cid.remove(&k);
+            e.keys.retain(|x| *x != k);
+        }
+        if !self.accepting || !e.conn.is_established() || e.conn.is_closed() {
+            return;
+        }
+        // Bounded: a peer's limit is at most what we advertise (quiche: the minimum of both),
+        // but a broken peer must not make this loop spin.
+        for _ in 0..MAX_ISSUED_PER_TURN {
+            if e.conn.scids_left() == 0 {
+                break;
             }
-            if !self.accepting || !e.conn.is_established() || e.conn.is_closed() {
-                continue;
-            }
-            // Bounded: a peer's limit is at most what we advertise (quiche: the minimum of
-            // both), but a broken peer must not make this loop spin.
-            for _ in 0..MAX_ISSUED_PER_TURN {
-                if e.conn.scids_left() == 0 {
-                    break;
-                }
-                let Some(cid) = fresh_cid(&mut self.cids, &self.by_cid) else { break };
-                let token = match &self.reset_key {
-                    Some(k) => k.token(&cid),
-                    None => {
-                        let mut t = [0u8; 16];
-                        if crate::cid::random_bytes(&mut t).is_err() {
-                            break;
-                        }
-                        u128::from_ne_bytes(t)
-                    }
-                };
-                match e.conn.new_scid(&quiche::ConnectionId::from_ref(&cid), token, false) {
-                    Ok(_) => {
-                        let k = CidKey::new(&cid);
-                        self.by_cid.insert(k, idx);
-                        e.keys.push(k);
-                        self.counters.cids_issued += 1;
-                    }
-                    Err(err) => {
-                        log::debug!("udpx-quic: {}: no new connection ID: {err}", e.conn.trace_id());
+            let Some(cid) = fresh_cid(&mut self.cids, &self.by_cid) else { break };
+            let token = match &self.keys.reset {
+                Some(k) => k.token(&cid),
+                None => {
+                    let mut t = [0u8; 16];
+                    if crate::cid::random_bytes(&mut t).is_err() {
                         break;
                     }
+                    u128::from_ne_bytes(t)
+                }
+            };
+            match e.conn.new_scid(&quiche::ConnectionId::from_ref(&cid), token, false) {
+                Ok(_) => {
+                    let k = CidKey::new(&cid);
+                    self.by_cid.insert(k, idx);
+                    e.keys.push(k);
+                    self.counters.cids_issued += 1;
+                }
+                Err(err) => {
+                    log::debug!("udpx-quic: {}: no new connection ID: {err}", e.conn.trace_id());
+                    break;
                 }
             }
         }
     }
 
-    fn reap(&mut self) {
-        for idx in 0..self.conns.len() {
-            let closed = self.conns[idx].as_mut().is_some_and(|e| e.conn.is_closed());
-            if !closed {
-                continue;
-            }
-            let Some(e) = self.remove(idx) else { continue };
-            let st = e.conn.stats();
-            self.counters.lost_packets += st.lost as u64;
-            self.counters.retransmitted += st.retrans as u64;
+    /// A closed connection leaves: counted, the application told.
+    fn reap(&mut self, idx: usize) {
+        let Some(e) = self.remove(idx) else { return };
+        self.counters.closed += 1;
+        self.app.closed(&e.conn, e.state);
+    }
+
+    /// A half-open connection past its deadline leaves without a word to its peer.
+    fn drop_connection(&mut self, idx: usize) {
+        if let Some(e) = self.remove(idx) {
             self.counters.closed += 1;
             self.app.closed(&e.conn, e.state);
         }
     }
 
-    /// Takes connection `idx` out of the table.
+    /// Takes connection `idx` out of the table, the timers, the ready queue and the caps.
     fn remove(&mut self, idx: usize) -> Option<Entry<A::State>> {
-        let e = self.conns[idx].take()?;
+        let e = self.conns.get_mut(idx)?.take()?;
         for k in &e.keys {
             self.by_cid.remove(k);
         }
-        // A closed connection's held packet goes nowhere (its slot may be reused).
-        self.held.retain(|h| h.conn != idx);
+        self.timers.remove(idx as u32);
+        self.ready.remove(idx as u32);
+        if self.accepting {
+            self.admission.closed(e.peer_ip, !e.established);
+        }
         self.free.push(idx);
         Some(e)
     }
+
+    /// Sets the session ticket key of the period in force (every shard and host derives the
+    /// same from the service's keys): resumption works across shards and hosts, and keys change
+    /// every [`crate::token::TICKET_KEY_PERIOD`].
+    fn rotate_ticket_key(&mut self) {
+        if !self.accepting {
+            return;
+        }
+        let period = crate::token::ticket_period(SystemTime::now());
+        if self.ticket_period == Some(period) {
+            return;
+        }
+        let key = self.keys.ticket_key_of(period);
+        match self.config.set_ticket_key(&key) {
+            Ok(()) => self.ticket_period = Some(period),
+            Err(e) => {
+                log::warn!("udpx-quic: the session ticket key was refused ({e}); resumption stays per shard");
+                self.ticket_period = Some(period);
+            }
+        }
+    }
+
+    /// Deadlines and readiness, for tests: (connections with a deadline, connections ready).
+    pub fn queues(&self) -> (usize, usize) {
+        (self.timers.len(), self.ready.len())
+    }
 }
 
-/// New connection IDs offered to one connection in one turn, at most.
-const MAX_ISSUED_PER_TURN: usize = 8;
+/// The source address a packet from local address `from` must name (`IP_PKTINFO`) on a
+/// socket bound to `bound`: none when the socket is bound to one address (the kernel's choice
+/// is right), else the connection's own.
+fn src_for(bound: SocketAddr, from: SocketAddr) -> Option<IpAddr> {
+    (bound.ip().is_unspecified() && !from.ip().is_unspecified()).then_some(from.ip())
+}
 
 /// A connection ID of this host that no connection uses; `None` without randomness.
 fn fresh_cid(cids: &mut CidGenerator, by_cid: &HashMap<CidKey, usize>) -> Option<[u8; CID_LEN]> {
@@ -779,24 +1088,6 @@ fn fresh_cid(cids: &mut CidGenerator, by_cid: &HashMap<CidKey, usize>) -> Option
     }
 }
 
-/// `SendInfo.at` as a departure on `CLOCK_MONOTONIC`, through an (`Instant`, `Timestamp`)
-/// pair read together.
-fn departure(anchor: (Instant, udpx::Timestamp), at: Instant) -> udpx::Timestamp {
-    match at.checked_duration_since(anchor.0) {
-        Some(d) => anchor.1 + d,
-        None => anchor.1, // before the anchor: due already
-    }
-}
-
-/// Who should pace traffic to `peer` from this namespace: the kernel where the route's egress
-/// qdisc honours departure times on `CLOCK_MONOTONIC` (fq), else the host.
-pub fn pacing_for(peer: std::net::IpAddr) -> Pacing {
-    match udpx::qdisc::egress(peer) {
-        Ok(e) if e.pacing == udpx::qdisc::KernelPacing::Fq => Pacing::Kernel,
-        _ => Pacing::Hold,
-    }
-}
-
 /// Whether a receive error means the socket itself is unusable (a bug or a closed
 /// descriptor), not something a datagram or an ICMP message could cause.
 pub(crate) fn is_fatal(e: &std::io::Error) -> bool {
@@ -805,22 +1096,3 @@ pub(crate) fn is_fatal(e: &std::io::Error) -> bool {
 
 /// A counters cell a running host publishes into.
 pub type SharedCounters = Arc<Mutex<HostCounters>>;
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn departure_times_follow_the_anchor() {
-        let anchor = (Instant::now(), udpx::Timestamp::from_nanos(1_000_000_000));
-        let later = anchor.0 + Duration::from_micros(300);
-        assert_eq!(departure(anchor, later).as_nanos(), 1_000_300_000);
-        let earlier = anchor.0.checked_sub(Duration::from_millis(1)).unwrap_or(anchor.0);
-        assert_eq!(departure(anchor, earlier).as_nanos(), 1_000_000_000, "due already: the anchor");
-    }
-
-    #[test]
-    fn loopback_is_paced_by_the_host() {
-        assert_eq!(pacing_for("127.0.0.1".parse().unwrap()), Pacing::Hold, "lo's noqueue ignores SO_TXTIME");
-    }
-}

@@ -21,7 +21,7 @@
 //! quiche produced is dropped, and no new packet is produced until the old ones are gone.
 
 use std::fmt;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::str::FromStr;
 
 use udpx::{SendBuffers, SendCursor, SendErrorKind, SendMode, Transmit, UdpSocket};
@@ -30,11 +30,15 @@ use crate::counters::HostCounters;
 
 /// Most packets in one GSO run: what every kernel since 4.18 takes (6.9 takes 128).
 pub const MAX_RUN_SEGMENTS: usize = 64;
+/// Departure times this close (ns) go out in one GSO run: quiche's `ReleaseDecision`
+/// treats releases within 50 us as one burst.
+const SAME_DEPARTURE_NS: u64 = 50_000;
 /// Bytes the outbox holds before it must be flushed.
 pub const OUTBOX_BYTES: usize = 512 * 1024;
 
 /// How packets leave: the four rows of the Cloudflare post.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
 pub enum IoMode {
     /// One `sendmsg` per packet.
     Sendmsg,
@@ -92,6 +96,8 @@ impl fmt::Display for IoMode {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Run {
     pub to: SocketAddr,
+    /// The source address to send from (`IP_PKTINFO`); `None`: the socket's.
+    pub from: Option<IpAddr>,
     /// The connection (the host's slot) whose packets these are.
     pub conn: usize,
     pub start: usize,
@@ -144,11 +150,25 @@ impl Outbox {
     }
 
     /// Appends the `len`-byte packet of connection `conn` just written into
-    /// [`Outbox::space`], for `to`.
-    pub fn commit(&mut self, conn: usize, to: SocketAddr, len: usize, departure: Option<udpx::Timestamp>) {
+    /// [`Outbox::space`], for `to` from `from`. A run is cut where the departure time moves
+    /// more than quiche's own tolerance for one burst (50 us).
+    pub fn commit(
+        &mut self,
+        conn: usize,
+        to: SocketAddr,
+        from: Option<IpAddr>,
+        len: usize,
+        departure: Option<udpx::Timestamp>,
+    ) {
         let start = self.end();
         if let Some(r) = self.runs.last_mut() {
+            let same_time = match (r.departure, departure) {
+                (Some(a), Some(b)) => a.as_nanos().abs_diff(b.as_nanos()) <= SAME_DEPARTURE_NS,
+                (a, b) => a.is_none() == b.is_none(),
+            };
             let fits = r.to == to
+                && r.from == from
+                && same_time
                 && r.conn == conn
                 && !r.closed
                 && len <= r.seg
@@ -162,7 +182,7 @@ impl Outbox {
                 return;
             }
         }
-        self.runs.push(Run { to, conn, start, len, seg: len, packets: 1, closed: false, departure });
+        self.runs.push(Run { to, from, conn, start, len, seg: len, packets: 1, closed: false, departure });
     }
 
     #[cfg(test)]
@@ -181,6 +201,7 @@ impl Outbox {
                 .map(|r| {
                     let mut t = Transmit::new(r.to, &self.buf[r.start..r.start + r.len]);
                     t.departure = r.departure;
+                    t.src_ip = r.from;
                     if r.packets > 1 {
                         t.segmented(r.seg)
                     } else {
@@ -229,7 +250,7 @@ mod tests {
 
     fn push(o: &mut Outbox, to: SocketAddr, len: usize) {
         o.space(len).unwrap();
-        o.commit(0, to, len, None);
+        o.commit(0, to, None, len, None);
     }
 
     #[test]
@@ -269,7 +290,7 @@ mod tests {
         let mut o = Outbox::new();
         let mut n = 0;
         while o.space(1500).is_some() {
-            o.commit(0, a, 1500, None);
+            o.commit(0, a, None, 1500, None);
             n += 1;
         }
         assert_eq!(n, OUTBOX_BYTES / 1500);

@@ -36,22 +36,30 @@
 //!   more than the one server connection ID per connection.
 #![forbid(unsafe_code)]
 
+pub mod admission;
 pub mod cid;
 pub mod counters;
 pub mod host;
 pub mod io;
+pub mod pacing;
+pub mod ready;
 pub mod reset;
 pub mod server;
+pub mod timers;
+pub mod token;
 
 use std::fmt;
 use std::net::SocketAddr;
 
+pub use admission::{Limits, RetryPolicy};
 pub use cid::{CidGenerator, ServerCid, CID_LEN, WORKER_BYTE};
 pub use counters::HostCounters;
-pub use host::{pacing_for, App, Host, HostSocket, Pacing, PACING_SLACK};
+pub use host::{App, Host, HostSocket, QUANTUM_PACKETS};
 pub use io::IoMode;
+pub use pacing::{pacing_for, Pacing, PACING_SLACK};
 pub use reset::ResetKey;
 pub use server::{client_socket, socket_config, Server, ServerConfig, ServerProbe, ShardSample};
+pub use token::{ServiceKeys, TokenKey};
 
 /// What can go wrong in the host.
 #[derive(Debug)]

@@ -8,10 +8,8 @@
 //! tokens are random and it sends no resets.
 //!
 //! A reset answers only a short-header packet of at least [`MIN_TRIGGER`] bytes, is always
-//! shorter than it (no two endpoints can ping-pong resets), and at most [`MAX_PER_SEC`] leave a
-//! host per second.
-
-use std::time::{Duration, Instant};
+//! shorter than it (no two endpoints can ping-pong resets), and at most
+//! [`crate::Limits::answers_per_sec`] leave a shard per second.
 
 use ring::hmac;
 
@@ -21,9 +19,6 @@ pub const KEY_LEN: usize = 32;
 /// The smallest packet answered: a reset is at least 21 bytes (RFC 9000 10.3) and shorter
 /// than what it answers.
 pub const MIN_TRIGGER: usize = 22;
-
-/// Resets sent per second per host, at most.
-pub const MAX_PER_SEC: u32 = 1000;
 
 /// The shared key.
 #[derive(Clone)]
@@ -43,20 +38,7 @@ impl ResetKey {
 
     /// From 64 hex digits (surrounding white space ignored), e.g. the contents of a key file.
     pub fn from_hex(text: &str) -> Result<ResetKey, String> {
-        let t = text.trim();
-        if t.len() != 2 * KEY_LEN || !t.bytes().all(|b| b.is_ascii_hexdigit()) {
-            return Err(format!(
-                "a stateless reset key is {} hex digits (got {} characters); make one with \
-                 `head -c {KEY_LEN} /dev/urandom | od -An -tx1 | tr -d ' \\n'`",
-                2 * KEY_LEN,
-                t.len()
-            ));
-        }
-        let mut b = [0u8; KEY_LEN];
-        for (i, out) in b.iter_mut().enumerate() {
-            *out = u8::from_str_radix(&t[2 * i..2 * i + 2], 16).expect("checked hex digits");
-        }
-        Ok(ResetKey::new(&b))
+        parse_secret(text).map(|b| ResetKey::new(&b))
     }
 
     /// The reset token of connection ID `cid`, as quiche takes it (its big-endian bytes are
@@ -85,32 +67,23 @@ impl ResetKey {
     }
 }
 
-/// At most [`MAX_PER_SEC`] events per second (a fixed one-second window).
-#[derive(Debug)]
-pub struct RateLimit {
-    window: Instant,
-    used: u32,
-}
-
-impl Default for RateLimit {
-    fn default() -> Self {
-        RateLimit { window: Instant::now(), used: 0 }
+/// A service's shared 32-byte secret from 64 hex digits (surrounding white space ignored), e.g.
+/// the contents of a key file.
+pub fn parse_secret(text: &str) -> Result<[u8; KEY_LEN], String> {
+    let t = text.trim();
+    if t.len() != 2 * KEY_LEN || !t.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(format!(
+            "a service key is {} hex digits (got {} characters); make one with \
+             `head -c {KEY_LEN} /dev/urandom | od -An -tx1 | tr -d ' \\n'`",
+            2 * KEY_LEN,
+            t.len()
+        ));
     }
-}
-
-impl RateLimit {
-    /// Whether one more is allowed at `now` (and counts it).
-    pub fn allow(&mut self, now: Instant) -> bool {
-        if now.duration_since(self.window) >= Duration::from_secs(1) {
-            self.window = now;
-            self.used = 0;
-        }
-        if self.used >= MAX_PER_SEC {
-            return false;
-        }
-        self.used += 1;
-        true
+    let mut b = [0u8; KEY_LEN];
+    for (i, out) in b.iter_mut().enumerate() {
+        *out = u8::from_str_radix(&t[2 * i..2 * i + 2], 16).expect("checked hex digits");
     }
+    Ok(b)
 }
 
 #[cfg(test)]
@@ -136,13 +109,5 @@ mod tests {
         for bad in ["", "zz", &"0".repeat(63), &"g".repeat(64)] {
             assert!(ResetKey::from_hex(bad).unwrap_err().contains("64 hex digits"), "{bad:?}");
         }
-    }
-
-    #[test]
-    fn the_rate_limit_refills_each_second() {
-        let mut r = RateLimit::default();
-        let t = Instant::now();
-        assert_eq!((0..MAX_PER_SEC + 5).filter(|_| r.allow(t)).count(), MAX_PER_SEC as usize);
-        assert!(r.allow(t + Duration::from_millis(1001)));
     }
 }

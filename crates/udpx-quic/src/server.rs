@@ -42,15 +42,26 @@ pub struct ServerConfig {
     pub gro: bool,
     /// The QUIC-LB host ID in every connection ID.
     pub host_id: u16,
-    /// The stateless reset key shared by the service's hosts (see [`crate::reset`]); `None`:
-    /// random reset tokens, no resets sent.
-    pub reset_key: Option<crate::ResetKey>,
+    /// The keys the service's hosts share (stateless resets, Retry tokens, session tickets:
+    /// see [`crate::token`]); `None`: keys of this process's own, shared by its shards (no
+    /// stateless resets, tokens and tickets good on this host only).
+    pub keys: Option<crate::ServiceKeys>,
+    /// Each shard's caps and Retry policy.
+    pub limits: crate::Limits,
 }
 
 impl ServerConfig {
     /// One shard, `gso-mmsg`, GRO on, host 0.
     pub fn new(listen: SocketAddr) -> ServerConfig {
-        ServerConfig { listen, shards: 1, io: IoMode::GsoMmsg, gro: true, host_id: 0, reset_key: None }
+        ServerConfig {
+            listen,
+            shards: 1,
+            io: IoMode::GsoMmsg,
+            gro: true,
+            host_id: 0,
+            keys: None,
+            limits: crate::Limits::default(),
+        }
     }
 }
 
@@ -59,6 +70,10 @@ pub fn socket_config(bind: SocketAddr, io: IoMode, gro: bool) -> SocketConfig {
     SocketConfig::new(bind)
         .send_mode(io.send_mode())
         .gro(if gro { Want::IfAvailable } else { Want::Off })
+        // Bound to the unspecified address: each connection's packets name its own local
+        // address (a multi-homed server answers from the address asked; a load client plays
+        // many addresses on one socket).
+        .pktinfo(if bind.ip().is_unspecified() { Want::IfAvailable } else { Want::Off })
         .nonblocking(true)
         .buffers(SOCKET_BUFFER, SOCKET_BUFFER)
 }
@@ -94,6 +109,8 @@ pub struct ShardSample {
     pub socket: udpx::CounterSnapshot,
     /// Datagrams the kernel dropped on the socket (SO_MEMINFO; 0 where unreadable).
     pub kernel_drops: u64,
+    /// The socket's top ICMP senders ([`udpx::UdpSocket::icmp_offenders`]).
+    pub icmp_offenders: Vec<(std::net::IpAddr, u64)>,
     /// The event loop's, as last published.
     pub host: HostCounters,
 }
@@ -107,6 +124,7 @@ impl ServerProbe {
             .map(|(s, c)| ShardSample {
                 socket: s.counters(),
                 kernel_drops: s.kernel_drops().map(u64::from).unwrap_or(0),
+                icmp_offenders: s.icmp_offenders(),
                 host: c.lock().unwrap_or_else(|e| e.into_inner()).clone(),
             })
             .collect()
@@ -128,6 +146,7 @@ impl Server {
                 cfg.shards
             )));
         }
+        cfg.limits.check().map_err(Error::Config)?;
         if configs.len() != cfg.shards {
             return Err(Error::Config(format!("{} quiche configurations for {} shards", configs.len(), cfg.shards)));
         }
@@ -148,20 +167,22 @@ impl Server {
         let mut threads = Vec::new();
         let mut counters = Vec::new();
         let shards = group.shards();
+        // One set of keys for every shard: a Retry token or a session ticket one shard made
+        // is good on the others.
+        let keys = cfg.keys.clone().unwrap_or_else(crate::ServiceKeys::random);
         for (shard, qc) in group.shards().into_iter().zip(configs) {
             let (stop, make_app) = (stop.clone(), make_app.clone());
             let cell: SharedCounters = Arc::new(Mutex::new(HostCounters::default()));
             counters.push(cell.clone());
-            let (host_id, reset_key) = (cfg.host_id, cfg.reset_key.clone());
+            let (host_id, keys, limits) = (cfg.host_id, keys.clone(), cfg.limits);
             let t = std::thread::Builder::new()
                 .name(format!("udpx-quic-{}", shard.index()))
                 .spawn(move || {
                     let worker = shard.index() as u8;
                     let app = make_app(shard.index());
                     let mut host = Host::new(HostSocket::Shard(shard), qc, app, true, host_id, worker);
-                    if let Some(k) = reset_key {
-                        host.set_reset_key(k);
-                    }
+                    host.set_keys(keys);
+                    host.set_limits(limits);
                     host.run(&stop, false, Some(&cell))
                 })
                 .map_err(Error::Io)?;

@@ -8,7 +8,7 @@ use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use udpx_quic::{client_socket, App, Host, HostSocket, IoMode, ResetKey, Server, ServerConfig};
+use udpx_quic::{client_socket, App, Host, HostSocket, IoMode, Server, ServerConfig, ServiceKeys};
 
 mod common;
 
@@ -46,21 +46,25 @@ impl App for Pinger {
             }
         }
     }
+    fn wake_at(&self, _: &()) -> Option<Instant> {
+        // Waits for `go` (set by the test thread), then pings every millisecond.
+        (self.sent < 50).then(|| Instant::now() + Duration::from_millis(1))
+    }
     fn closed(&mut self, conn: &quiche::Connection, _: ()) {
         self.ended = Some((conn.is_timed_out(), conn.peer_error().is_some(), conn.local_error().is_some()));
     }
 }
 
-fn server(cert: &TempCert, listen: std::net::SocketAddr, host_id: u16, key: Option<ResetKey>) -> Server {
+fn server(cert: &TempCert, listen: std::net::SocketAddr, host_id: u16, key: Option<ServiceKeys>) -> Server {
     let mut cfg = ServerConfig::new(listen);
     cfg.host_id = host_id;
-    cfg.reset_key = key;
+    cfg.keys = key;
     Server::start(&cfg, vec![quiche_config(Some(cert.pem()), false)], |_| Quiet).unwrap()
 }
 
 /// Connects to host 1, replaces it by host 2 on the same address, pings: how long the client
 /// lived after the switch, how it ended, and host 2's counters.
-fn switch_hosts(key1: Option<ResetKey>, key2: Option<ResetKey>) -> (Duration, (bool, bool, bool), u64, u64) {
+fn switch_hosts(key1: Option<ServiceKeys>, key2: Option<ServiceKeys>) -> (Duration, (bool, bool, bool), u64, u64) {
     let cert = TempCert::new("reset");
     let one = server(&cert, "127.0.0.1:0".parse().unwrap(), 1, key1);
     let addr = one.local_addr();
@@ -87,7 +91,7 @@ fn switch_hosts(key1: Option<ResetKey>, key2: Option<ResetKey>) -> (Duration, (b
 
 #[test]
 fn a_host_that_shares_the_key_resets_connections_it_does_not_have() {
-    let key = || Some(ResetKey::new(&[7; udpx_quic::reset::KEY_LEN]));
+    let key = || Some(ServiceKeys::shared(&[7; udpx_quic::reset::KEY_LEN]));
     let (lived, (timed_out, peer_err, local_err), resets, unknown) = switch_hosts(key(), key());
     eprintln!("shared key: lived {lived:?}, resets {resets}, unknown {unknown}");
     assert!(resets >= 1 && unknown >= 1, "host 2 answered the unknown ID: {resets} resets, {unknown} unknown");
@@ -98,7 +102,7 @@ fn a_host_that_shares_the_key_resets_connections_it_does_not_have() {
 #[test]
 fn without_the_shared_key_the_client_waits_for_its_idle_timeout() {
     let (lived, (timed_out, ..), resets, unknown) =
-        switch_hosts(None, Some(ResetKey::new(&[9; udpx_quic::reset::KEY_LEN])));
+        switch_hosts(None, Some(ServiceKeys::shared(&[9; udpx_quic::reset::KEY_LEN])));
     eprintln!("other key: lived {lived:?}, resets {resets}, unknown {unknown}");
     // Host 2 sends resets, but with tokens of its own key: the client ignores them.
     assert!(unknown >= 1, "host 2 got the client's packets");

@@ -35,26 +35,33 @@ impl App for Recorder {
 /// Client side: closes each connection the turn after it is established (closing in the
 /// very turn the handshake completes makes quiche send nothing at all: its application
 /// close needs a 1-RTT packet, and the client's Finished is not sent while closing, so the
-/// connection would only end at its idle timeout), and counts them.
+/// connection would only end at its idle timeout), and counts them. It asks for that next
+/// turn with `wake_at` (the host calls an application only when it has news or asks).
 #[derive(Default)]
 struct Closer {
     established: usize,
 }
 
 impl App for Closer {
-    /// Whether the connection had its first established turn.
-    type State = bool;
-    fn accepted(&mut self, _: &quiche::Connection) -> bool {
-        false
+    /// Turns the connection had while established: 1 after the first, 2 once closed.
+    type State = u8;
+    fn accepted(&mut self, _: &quiche::Connection) -> u8 {
+        0
     }
-    fn on_turn(&mut self, conn: &mut quiche::Connection, seen: &mut bool) {
-        if !std::mem::replace(seen, true) {
-            self.established += 1;
-        } else {
-            let _ = conn.close(true, 0, b"done");
+    fn on_turn(&mut self, conn: &mut quiche::Connection, turns: &mut u8) {
+        match *turns {
+            0 => self.established += 1,
+            1 => {
+                let _ = conn.close(true, 0, b"done");
+            }
+            _ => {}
         }
+        *turns = turns.saturating_add(1);
     }
-    fn closed(&mut self, _: &quiche::Connection, _: bool) {}
+    fn wake_at(&self, turns: &u8) -> Option<std::time::Instant> {
+        (*turns == 1).then(std::time::Instant::now)
+    }
+    fn closed(&mut self, _: &quiche::Connection, _: u8) {}
 }
 
 /// A loopback server of `shards` shards with host ID `host_id` (the certificate lives as long
@@ -92,7 +99,7 @@ fn connections_stay_on_the_shard_of_their_worker_byte() {
     let conns = 32;
     let mut client = client(addr, Closer::default());
     for _ in 0..conns {
-        client.connect(Some("localhost"), addr, false).unwrap();
+        client.connect(Some("localhost"), addr, 0).unwrap();
     }
     let t0 = std::time::Instant::now();
     client.run(&AtomicBool::new(false), true, None).unwrap();
@@ -160,6 +167,7 @@ struct Mover {
 struct MoverState {
     retired: bool,
     pinged: bool,
+    closed: bool,
 }
 
 impl App for Mover {
@@ -179,9 +187,14 @@ impl App for Mover {
             st.pinged = conn.stream_send(0, b"ping", true).is_ok();
             return;
         }
-        if conn.close(true, 0, b"done").is_ok() {
+        if !st.closed && conn.close(true, 0, b"done").is_ok() {
+            st.closed = true;
             self.closed_after_move += 1;
         }
+    }
+    fn wake_at(&self, st: &MoverState) -> Option<std::time::Instant> {
+        // Each step on the next turn once the first (a new ID to move to) has happened.
+        (st.retired && !st.closed).then(std::time::Instant::now)
     }
     fn closed(&mut self, _: &quiche::Connection, _: MoverState) {}
 }

@@ -248,22 +248,9 @@ fn the_attack_lab_forged_requests_and_icmp_floods() {
     cfg.limits = Limits::raised_for(40, 24_000);
     let server = Arc::new(net.ns(Leaf::Server).run(move || Server::start(cfg).expect("server")));
     let srv = server.local_addr();
-    let victim = net.ns(Leaf::Victim).run(|| {
-        let s = UdpSocket::bind(SocketAddr::from((Leaf::Victim.v4(), 7001))).unwrap();
-        s.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
-        s
-    });
-    let counter = std::thread::spawn(move || {
-        let (mut bytes, mut data, mut buf) = (0usize, 0usize, [0u8; 2048]);
-        let start = Instant::now();
-        while start.elapsed() < Duration::from_secs(6) {
-            if let Ok((n, _)) = victim.recv_from(&mut buf) {
-                bytes += n;
-                data += matches!(wire::parse(&buf[..n]), Some(Message::Data(_))) as usize;
-            }
-        }
-        (bytes, data)
-    });
+    let counter = net
+        .victim_listens(7001, Duration::from_secs(6), |d| matches!(wire::parse(d), Some(Message::Data(_))))
+        .expect("the victim");
     let mut recv = RecvConfig::new(srv, 40, 24_000, Duration::from_secs(3));
     recv.local = vec![Leaf::Client.v4().into()];
     let client = net.ns(Leaf::Client).spawn(move || receive(&recv, &Progress::default()));

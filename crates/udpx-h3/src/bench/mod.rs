@@ -42,6 +42,7 @@ use udpx_quic::IoMode;
 use crate::{get, serve, GetConfig, ServeConfig, Tls};
 
 mod peers;
+pub mod scale;
 
 use peers::{cpu_secs, gtlsclient, nginx_run, quic_threads};
 

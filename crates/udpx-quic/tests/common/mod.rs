@@ -15,7 +15,10 @@ pub struct TempCert {
 
 impl TempCert {
     pub fn new(test: &str) -> TempCert {
-        let dir = std::env::temp_dir().join(format!("udpx-quic-{test}-{}", std::process::id()));
+        // Unique per call: tests of one binary run at once and may share a tag.
+        static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("udpx-quic-{test}-{}-{n}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let ck = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
         let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));

@@ -1,0 +1,644 @@
+//! `udpx bench h3 --connections N,...`: the seed paper's workload. N clients at once, each a
+//! video player fetching a segment every interval ([`crate::load`]), against `udpx h3 serve`,
+//! a second HTTP/3 server (quinn with h3, [`crate::quinn_server`]), and nginx over TCP (HTTP/2
+//! and HTTP/1.1, TLS 1.3, one worker) under the same schedule ([`crate::load_tcp`]), side by
+//! side in one run; and a row of idle connections (no requests, a PING every 10 s).
+//!
+//! **Where.** Two namespaces over a veth pair (root; loopback otherwise, said in the table):
+//! every server runs as its own process pinned to the last CPU, the client on the first;
+//! GRO and threaded NAPI on each side, the NAPI thread pinned to that side's CPU, so every
+//! packet's receive work (TCP's ACK-clocked sends included) is charged to the side that
+//! receives it. The client sends from many addresses of its namespace (one socket, IP_PKTINFO,
+//! for QUIC; a bound socket per connection for TCP).
+//!
+//! **What is counted.** Server CPU: the busy time of the server's CPU (`/proc/stat`: user,
+//! system, irq, softirq) over the measured window, whoever ran there: the server, its
+//! NAPI thread, the kernel's work for it. Per byte: over the body bytes the client received
+//! in the window; per connection: CPU-seconds per connection-second. Server memory: its
+//! resident set when every connection is up, less before the first one, per connection. The
+//! client's CPU is reported beside every row: a row whose client was above 80 % of its CPU
+//! judges the client, not the server, and its latency is not judged.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use udpx_lab::cpu::{CpuSample, TickRate};
+use udpx_lab::env::Environment;
+use udpx_lab::judge::Check;
+use udpx_lab::netns::{ChildGroup, Namespace, Profile, Side, TestNet, TestNetConfig};
+
+use super::{write_cert, Programs, Scratch};
+use crate::load::{self, LoadConfig, LoadReport};
+use crate::load_tcp::{self, TcpHttp};
+
+/// The file every player asks for.
+const SEGMENT: &str = "segment";
+/// A row whose client used more than this share of its CPU measured the client.
+pub const CLIENT_LIMIT_PCT: f64 = 80.0;
+
+/// Which server a row measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum ScaleServer {
+    /// `udpx h3 serve`, one shard.
+    Udpx,
+    /// quinn with h3 (`udpx h3 quinn-serve`).
+    Quinn,
+    /// nginx, HTTP/2 over TLS 1.3, one worker.
+    NginxH2,
+    /// nginx, HTTP/1.1 over TLS 1.3, one worker.
+    NginxH1,
+}
+
+impl ScaleServer {
+    /// Every server, in table order.
+    pub const ALL: [ScaleServer; 4] =
+        [ScaleServer::Udpx, ScaleServer::Quinn, ScaleServer::NginxH2, ScaleServer::NginxH1];
+
+    /// Its name in the table.
+    pub fn name(self) -> &'static str {
+        match self {
+            ScaleServer::Udpx => "udpx h3",
+            ScaleServer::Quinn => "quinn h3",
+            ScaleServer::NginxH2 => "nginx h2/tcp",
+            ScaleServer::NginxH1 => "nginx http1.1/tcp",
+        }
+    }
+}
+
+/// The bench's settings.
+#[derive(Debug, Clone, Serialize)]
+pub struct ScaleConfig {
+    /// Connection counts of the sweep.
+    pub connections: Vec<usize>,
+    /// Idle connections of the idle row (`None`: no idle row).
+    pub idle: Option<usize>,
+    /// Segment bytes.
+    pub segment: usize,
+    /// Between a player's requests.
+    pub interval: Duration,
+    /// Connection starts spread over this.
+    pub ramp: Duration,
+    /// The measured window.
+    pub window: Duration,
+    /// Client addresses.
+    pub addresses: usize,
+    /// The servers of the sweep.
+    pub servers: Vec<ScaleServer>,
+    /// The `udpx` binary that runs the HTTP/3 servers (this one, usually).
+    pub udpx: PathBuf,
+    /// nginx's path (`None`: its rows left out).
+    pub nginx: Option<PathBuf>,
+    /// Rounds: every row once per round, interleaved; a row shows its median run, the
+    /// targets are judged on per-round ratios (3 rounds at least give a verdict).
+    pub rounds: usize,
+}
+
+impl ScaleConfig {
+    /// 100, 1,000 and 10,000 players of 16 KiB every 2 s, 50,000 idle, 64 addresses, a 5 s
+    /// ramp and 15 s measured, every server; `udpx` the binary that runs the servers.
+    pub fn new(udpx: PathBuf) -> ScaleConfig {
+        ScaleConfig {
+            connections: vec![100, 1_000, 10_000],
+            idle: Some(50_000),
+            segment: 16 * 1024,
+            interval: Duration::from_secs(2),
+            ramp: Duration::from_secs(5),
+            window: Duration::from_secs(15),
+            addresses: 64,
+            servers: ScaleServer::ALL.to_vec(),
+            udpx,
+            nginx: Programs::from_path().nginx,
+            rounds: 1,
+        }
+    }
+}
+
+/// One row: its runs (one per round) and the median one by server CPU.
+#[derive(Debug, Clone, Serialize)]
+pub struct ScaleRow {
+    /// Which server.
+    pub server: ScaleServer,
+    /// Connections.
+    pub connections: usize,
+    /// The idle row.
+    pub idle: bool,
+    /// Every run, in round order (`None` where it failed).
+    pub runs: Vec<Option<RowRun>>,
+    /// The median run by server CPU per byte (by CPU share for the idle row).
+    pub median: Option<RowRun>,
+    /// The first failure.
+    pub error: Option<String>,
+}
+
+impl ScaleRow {
+    fn costs(&self) -> Vec<Option<f64>> {
+        self.runs.iter().map(|r| r.as_ref().and_then(|r| r.server_cpu_s_per_gb)).collect()
+    }
+}
+
+/// One run of a row.
+#[derive(Debug, Clone, Serialize)]
+pub struct RowRun {
+    /// The client's figures.
+    pub load: LoadReport,
+    /// The server CPU's busy share over the window, percent of one CPU.
+    pub server_cpu_pct: f64,
+    /// The server process's own CPU time over the window (user + system, `/proc/PID/stat`),
+    /// percent of one CPU: a cross-check of the CPU's busy share (the rest on that CPU is
+    /// softirq and NAPI work for it, or anything else that ran there).
+    pub server_process_pct: f64,
+    /// Server CPU-seconds per GB of body received by the client.
+    pub server_cpu_s_per_gb: Option<f64>,
+    /// Server CPU-microseconds per connection-second.
+    pub server_cpu_us_per_conn_s: f64,
+    /// The server's resident memory per connection, KiB.
+    pub server_kib_per_conn: Option<f64>,
+    /// The client was above [`CLIENT_LIMIT_PCT`] of its CPU: this row measured the client.
+    pub client_limited: bool,
+}
+
+/// The bench's result.
+#[derive(Debug, Clone, Serialize)]
+pub struct ScaleBench {
+    /// Settings.
+    pub config: ScaleConfig,
+    /// The path, in words.
+    pub path: String,
+    /// The rows.
+    pub rows: Vec<ScaleRow>,
+    /// Rows not run, and why.
+    pub left_out: Vec<String>,
+    /// The targets, judged.
+    pub checks: Vec<Check>,
+    /// Kernel, CPU, devices.
+    pub environment: Environment,
+}
+
+/// Where the ends are: the namespaces (root) or loopback.
+struct Place {
+    net: Option<TestNet>,
+    server_ip: IpAddr,
+    client_ips: Vec<IpAddr>,
+    server_cpu: usize,
+    client_cpu: usize,
+}
+
+impl Place {
+    fn server_ns(&self) -> Option<&Namespace> {
+        self.net.as_ref().map(|n| n.ns(Side::Rx))
+    }
+
+    fn client_ns(&self) -> Option<&Namespace> {
+        self.net.as_ref().map(|n| n.ns(Side::Tx))
+    }
+
+    /// `taskset -c CPU program`, in the server's namespace.
+    fn server_command(&self, program: &Path) -> Command {
+        let mut c = match self.server_ns() {
+            Some(ns) => ns.command("taskset"),
+            None => Command::new("taskset"),
+        };
+        c.args(["-c", &self.server_cpu.to_string()]).arg(program);
+        c
+    }
+}
+
+fn setup(cfg: &ScaleConfig) -> Result<Place, String> {
+    let cpus = udpx_lab::cpu::online_cpus();
+    let (client_cpu, server_cpu) = (cpus[0], *cpus.last().unwrap_or(&0));
+    if !udpx_lab::netns::is_root() {
+        return Ok(Place {
+            net: None,
+            server_ip: IpAddr::V4(Ipv4Addr::LOCALHOST),
+            client_ips: (0..cfg.addresses)
+                .map(|k| IpAddr::V4(Ipv4Addr::new(127, 0, 1 + (k / 250) as u8, 1 + (k % 250) as u8)))
+                .collect(),
+            server_cpu,
+            client_cpu,
+        });
+    }
+    let net = TestNet::setup(&TestNetConfig::new(Profile::Offload)).map_err(|e| format!("veth pair: {e}"))?;
+    net.threaded_napi(Side::Rx, Some(server_cpu)).map_err(|e| format!("server-side NAPI: {e}"))?;
+    net.threaded_napi(Side::Tx, Some(client_cpu)).map_err(|e| format!("client-side NAPI: {e}"))?;
+    let mut client_ips = vec![IpAddr::V4(net.tx_v4)];
+    let o = net.tx_v4.octets();
+    for k in 1..cfg.addresses.clamp(1, 200) {
+        let ip = Ipv4Addr::new(o[0], o[1], o[2], 10 + k as u8);
+        net.tx
+            .exec(&["ip", "addr", "add", &format!("{ip}/24"), "dev", &net.tx_dev])
+            .map_err(|e| format!("client address {ip}: {e}"))?;
+        client_ips.push(IpAddr::V4(ip));
+    }
+    Ok(Place { server_ip: IpAddr::V4(net.rx_v4), net: Some(net), client_ips, server_cpu, client_cpu })
+}
+
+/// Runs the sweep and the idle row. `progress` gets a line per row.
+pub fn run(cfg: &ScaleConfig, progress: &mut dyn FnMut(&str)) -> Result<ScaleBench, String> {
+    if cfg.connections.is_empty() && cfg.idle.is_none() {
+        return Err("give at least one connection count".into());
+    }
+    let scratch = Scratch::new()?;
+    let www = scratch.0.join("www");
+    std::fs::write(www.join(SEGMENT), udpx_lab::pattern(cfg.segment, 1)).map_err(|e| e.to_string())?;
+    let (cert, key) = (scratch.0.join("cert.pem"), scratch.0.join("key.pem"));
+    write_cert(&cert, &key)?;
+    let place = setup(cfg)?;
+    let rate = TickRate::system().map_err(|e| e.to_string())?;
+    let mut rows = Vec::new();
+    let mut left_out = Vec::new();
+    let servers: Vec<ScaleServer> = cfg
+        .servers
+        .iter()
+        .copied()
+        .filter(|s| {
+            let nginx = matches!(s, ScaleServer::NginxH2 | ScaleServer::NginxH1);
+            if nginx && cfg.nginx.is_none() {
+                left_out.push(format!("{}: nginx not found in PATH (scripts/setup.sh installs it)", s.name()));
+            }
+            !(nginx && cfg.nginx.is_none())
+        })
+        .collect();
+    let mut plan: Vec<(ScaleServer, usize, bool)> = Vec::new();
+    for &n in &cfg.connections {
+        for &s in &servers {
+            plan.push((s, n, false));
+        }
+    }
+    if let Some(n) = cfg.idle {
+        plan.push((ScaleServer::Udpx, n, true));
+    }
+    let mut runs: Vec<Vec<Result<RowRun, String>>> = vec![Vec::new(); plan.len()];
+    for round in 0..cfg.rounds.max(1) {
+        for (i, &(server, n, idle)) in plan.iter().enumerate() {
+            let r = one_run(cfg, &place, &scratch.0, (&cert, &key), server, n, idle, rate);
+            let label = format!(
+                "round {}/{}: {} x {n}{}",
+                round + 1,
+                cfg.rounds.max(1),
+                server.name(),
+                if idle { " idle" } else { "" }
+            );
+            progress(&match &r {
+                Err(e) => format!("{label}: failed: {e}"),
+                Ok(x) => format!(
+                    "{label}: {:.1} % served, p99 {:.1} ms, server CPU {:.1} %, client CPU {:.1} %",
+                    x.load.served_pct(),
+                    x.load.latency.p99_ms,
+                    x.server_cpu_pct,
+                    x.load.client_cpu_pct()
+                ),
+            });
+            runs[i].push(r);
+        }
+    }
+    for (&(server, n, idle), r) in plan.iter().zip(runs) {
+        let error = r.iter().find_map(|x| x.as_ref().err().cloned());
+        let runs: Vec<Option<RowRun>> = r.into_iter().map(Result::ok).collect();
+        let ok: Vec<usize> = (0..runs.len()).filter(|&i| runs[i].is_some()).collect();
+        let key = |r: &RowRun| if idle { r.server_cpu_pct } else { r.server_cpu_s_per_gb.unwrap_or(f64::MAX) };
+        let vals: Vec<f64> = ok.iter().filter_map(|&i| runs[i].as_ref().map(key)).collect();
+        let median = udpx_lab::stats::median_run(&vals).map(|k| ok[k]).and_then(|i| runs[i].clone());
+        rows.push(ScaleRow { server, connections: n, idle, runs, median, error });
+    }
+    let path = match &place.net {
+        Some(n) => format!(
+            "veth pair between two namespaces ({} on the server's side; MTU 1500; GRO and threaded NAPI on both ends, \
+             each pinned to its side's CPU); servers pinned to CPU {}, the client to CPU {}; {} client addresses",
+            n.rx_dev,
+            place.server_cpu,
+            place.client_cpu,
+            place.client_ips.len()
+        ),
+        None => "LOOPBACK (not root): the client's receive work is charged to the server's CPU; veth figures need root"
+            .into(),
+    };
+    let environment = match &place.net {
+        Some(n) => Environment::collect(&[(Some(&n.rx), &n.rx_dev), (Some(&n.tx), &n.tx_dev)]),
+        None => Environment::collect(&[(None, "lo")]),
+    };
+    let checks = judge(&rows);
+    Ok(ScaleBench { config: cfg.clone(), path, rows, left_out, checks, environment })
+}
+
+/// A running server: its process, what it serves on.
+struct Running {
+    process: ChildGroup,
+    addr: SocketAddr,
+}
+
+#[allow(clippy::too_many_arguments)]
+fn one_run(
+    cfg: &ScaleConfig,
+    place: &Place,
+    dir: &Path,
+    (cert, key): (&Path, &Path),
+    server: ScaleServer,
+    n: usize,
+    idle: bool,
+    rate: TickRate,
+) -> Result<RowRun, String> {
+    let lifetime = cfg.ramp + cfg.window + Duration::from_secs(60);
+    let running = start_server(cfg, place, dir, (cert, key), server, lifetime)?;
+    let rss0 = rss(running.process.id());
+    let mut lc =
+        LoadConfig::new(running.addr, n, &format!("/{SEGMENT}"), if idle { Duration::ZERO } else { cfg.interval });
+    lc.ramp = if idle { cfg.ramp.max(Duration::from_secs(n as u64 / 4000)) } else { cfg.ramp };
+    lc.duration = cfg.window;
+    lc.locals = place.client_ips.clone();
+    let client_cpu = place.client_cpu;
+    let start = Instant::now();
+    let window_start = start + lc.ramp;
+    let lc2 = lc.clone();
+    let ca = cert.to_path_buf();
+    let job = move || {
+        let _ = udpx_lab::cpu::pin_current_thread(client_cpu);
+        match server {
+            ScaleServer::Udpx | ScaleServer::Quinn => load::run(&lc2).map_err(|e| e.to_string()),
+            ScaleServer::NginxH2 => load_tcp::run(&lc2, TcpHttp::H2, &ca).map_err(|e| e.to_string()),
+            ScaleServer::NginxH1 => load_tcp::run(&lc2, TcpHttp::H1, &ca).map_err(|e| e.to_string()),
+        }
+    };
+    let handle = match place.client_ns() {
+        Some(ns) => ns.try_spawn(job).map_err(|e| e.to_string())?,
+        None => std::thread::spawn(job),
+    };
+    // The server's CPU and memory over the window, sampled from here.
+    std::thread::sleep(window_start.saturating_duration_since(Instant::now()));
+    let cpu0 = CpuSample::now().ok();
+    let proc0 = process_ticks(running.process.id());
+    let rss1 = rss(running.process.id());
+    std::thread::sleep((window_start + lc.duration).saturating_duration_since(Instant::now()));
+    let cpu1 = CpuSample::now().ok();
+    let proc1 = process_ticks(running.process.id());
+    let result = handle.join().map_err(|_| "the client panicked".to_string()).and_then(|r| r);
+    drop(running);
+    let load = result?;
+    let (Some(a), Some(b)) = (cpu0, cpu1) else { return Err("/proc/stat could not be read".into()) };
+    let busy = b.diff(&a).busy_time(&[place.server_cpu], rate).as_secs_f64();
+    let secs = lc.duration.as_secs_f64();
+    let own = proc0.zip(proc1).map_or(0.0, |(a, b)| rate.to_secs_f64(b.saturating_sub(a)));
+    Ok(RowRun {
+        server_cpu_pct: busy * 100.0 / secs,
+        server_process_pct: own * 100.0 / secs,
+        server_cpu_s_per_gb: (load.bytes > 0).then(|| busy / (load.bytes as f64 / 1e9)),
+        server_cpu_us_per_conn_s: busy * 1e6 / (n as f64 * secs),
+        server_kib_per_conn: rss0.zip(rss1).map(|(a, b)| b.saturating_sub(a) as f64 / 1024.0 / n as f64),
+        client_limited: load.client_cpu_pct() > CLIENT_LIMIT_PCT,
+        load,
+    })
+}
+
+/// `utime + stime` of process `pid` (clock ticks), its threads included.
+fn process_ticks(pid: u32) -> Option<u64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &s[s.rfind(')')? + 1..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
+}
+
+/// The resident memory of process `pid`, bytes.
+fn rss(pid: u32) -> Option<u64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let kb: u64 =
+        s.lines().find_map(|l| l.strip_prefix("VmRSS:"))?.trim().trim_end_matches(" kB").trim().parse().ok()?;
+    Some(kb * 1024)
+}
+
+/// A free UDP (`udp`) or TCP port at the server's address.
+fn free_port(place: &Place, udp: bool) -> Result<u16, String> {
+    let ip = place.server_ip;
+    let f = move || {
+        if udp {
+            std::net::UdpSocket::bind((ip, 0)).and_then(|s| s.local_addr()).map(|a| a.port())
+        } else {
+            std::net::TcpListener::bind((ip, 0)).and_then(|s| s.local_addr()).map(|a| a.port())
+        }
+    };
+    match place.server_ns() {
+        Some(ns) => ns.try_run(f).map_err(|e| e.to_string())?,
+        None => f(),
+    }
+    .map_err(|e| format!("a free port: {e}"))
+}
+
+fn start_server(
+    cfg: &ScaleConfig,
+    place: &Place,
+    dir: &Path,
+    (cert, key): (&Path, &Path),
+    server: ScaleServer,
+    lifetime: Duration,
+) -> Result<Running, String> {
+    let www = dir.join("www");
+    let log = dir.join(format!("{}.log", server.name().replace(['/', ' '], "-")));
+    let logf = std::fs::File::create(&log).map_err(|e| e.to_string())?;
+    let (mut cmd, addr, ready): (Command, SocketAddr, &str) = match server {
+        ScaleServer::Udpx | ScaleServer::Quinn => {
+            let addr = SocketAddr::new(place.server_ip, free_port(place, true)?);
+            let mut c = place.server_command(&cfg.udpx);
+            let sub = if server == ScaleServer::Udpx { "serve" } else { "quinn-serve" };
+            c.args(["h3", sub])
+                .arg(&www)
+                .args(["--listen", &addr.to_string(), "--cert"])
+                .arg(cert)
+                .arg("--key")
+                .arg(key);
+            c.args(["-l", &lifetime.as_secs().to_string()]);
+            if server == ScaleServer::Udpx {
+                c.args(["--shards", "1"]);
+            }
+            (c, addr, " on https://")
+        }
+        ScaleServer::NginxH2 | ScaleServer::NginxH1 => {
+            let nginx = cfg.nginx.as_deref().ok_or("nginx not found")?;
+            let addr = SocketAddr::new(place.server_ip, free_port(place, false)?);
+            let ndir = dir.join("nginx-scale");
+            let _ = std::fs::remove_dir_all(&ndir);
+            std::fs::create_dir_all(&ndir).map_err(|e| e.to_string())?;
+            std::fs::write(ndir.join("nginx.conf"), nginx_conf(&ndir, &www, addr, cert, key))
+                .map_err(|e| e.to_string())?;
+            let mut c = place.server_command(nginx);
+            c.arg("-p").arg(&ndir).arg("-c").arg(ndir.join("nginx.conf")).arg("-e").arg(ndir.join("error.log"));
+            (c, addr, "")
+        }
+    };
+    cmd.stdin(Stdio::null()).stdout(logf.try_clone().map_err(|e| e.to_string())?).stderr(logf);
+    let process = ChildGroup::spawn(&mut cmd).map_err(|e| format!("starting {}: {e}", server.name()))?;
+    let start = Instant::now();
+    loop {
+        let up = if ready.is_empty() {
+            let f = move || std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok();
+            match place.client_ns() {
+                Some(ns) => ns.try_run(f).unwrap_or(false),
+                None => f(),
+            }
+        } else {
+            std::fs::read_to_string(&log).unwrap_or_default().contains(ready)
+        };
+        if up {
+            return Ok(Running { process, addr });
+        }
+        if start.elapsed() > Duration::from_secs(15) {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            return Err(format!("{} did not start in 15 s: {}", server.name(), text.trim()));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// nginx for many connections: one worker, TLS 1.3, HTTP/2 and HTTP/1.1 by ALPN, connections
+/// kept open as long as the run (a player asks every few seconds).
+fn nginx_conf(dir: &Path, www: &Path, listen: SocketAddr, cert: &Path, key: &Path) -> String {
+    let d = dir.display();
+    format!(
+        "daemon off;\nmaster_process off;\nworker_processes 1;\nworker_rlimit_nofile 200000;\npid {d}/nginx.pid;\n\
+         error_log {d}/error.log warn;\nevents {{ worker_connections 100000; }}\n\
+         http {{\n  access_log off;\n  default_type application/octet-stream;\n  keepalive_timeout 120s;\n\
+         keepalive_requests 1000000;\n  client_body_temp_path {d}/body;\n  proxy_temp_path {d}/proxy;\n\
+         fastcgi_temp_path {d}/fastcgi;\n  uwsgi_temp_path {d}/uwsgi;\n  scgi_temp_path {d}/scgi;\n\
+         server {{\n    listen {listen} ssl http2;\n    ssl_protocols TLSv1.3;\n    ssl_certificate {};\n\
+         ssl_certificate_key {};\n    root {};\n  }}\n}}\n",
+        cert.display(),
+        key.display(),
+        www.display()
+    )
+}
+
+/// The issue's targets, from per-round ratios (see [`udpx_lab::judge`]: a verdict needs 3
+/// rounds at least; fewer say inconclusive).
+pub fn judge(rows: &[ScaleRow]) -> Vec<Check> {
+    let mut out = Vec::new();
+    let find = |s: ScaleServer, n: usize| rows.iter().find(|r| r.server == s && r.connections == n && !r.idle);
+    let max_n = rows.iter().filter(|r| !r.idle).map(|r| r.connections).max().unwrap_or(0);
+    let min_n = rows.iter().filter(|r| !r.idle).map(|r| r.connections).min().unwrap_or(0);
+    let per_run = |r: &ScaleRow, f: &dyn Fn(&RowRun) -> Option<f64>| -> Vec<Option<f64>> {
+        r.runs.iter().map(|x| x.as_ref().and_then(f)).collect()
+    };
+    let ones = |r: &ScaleRow| -> Vec<Option<f64>> { r.runs.iter().map(|_| Some(1.0)).collect() };
+    let top = find(ScaleServer::Udpx, max_n);
+    if let (Some(u), Some(ng)) = (top, find(ScaleServer::NginxH2, max_n)) {
+        out.extend(Check::judge(
+            "h3 scale",
+            &format!("udpx / nginx h2, CPU per byte at {max_n}"),
+            &u.costs(),
+            &ng.costs(),
+            1.5,
+        ));
+        // p99 only where neither client was the limit.
+        let p99 = |x: &RowRun| (!x.client_limited).then_some(x.load.latency.p99_ms);
+        out.extend(Check::judge(
+            "h3 scale",
+            &format!("udpx / nginx h2, p99 latency at {max_n}"),
+            &per_run(u, &p99),
+            &per_run(ng, &p99),
+            2.0,
+        ));
+    }
+    if let (Some(u), Some(q)) = (top, find(ScaleServer::Quinn, max_n)) {
+        out.extend(Check::judge(
+            "h3 scale",
+            &format!("udpx / quinn h3, CPU per byte at {max_n}"),
+            &u.costs(),
+            &q.costs(),
+            1.0,
+        ));
+    }
+    if let (Some(hi), Some(lo)) = (top, find(ScaleServer::Udpx, min_n)) {
+        if max_n != min_n {
+            out.extend(Check::judge(
+                "h3 scale",
+                &format!("udpx CPU per byte at {max_n} / at {min_n}"),
+                &hi.costs(),
+                &lo.costs(),
+                1.25,
+            ));
+        }
+    }
+    if let Some(u) = top {
+        let unserved = |x: &RowRun| Some(100.0 - x.load.served_pct());
+        // "Every request served": the share not served, against 0 (as a ratio to 1).
+        out.extend(Check::judge(
+            "h3 scale",
+            &format!("udpx requests not served at {max_n}, percent"),
+            &per_run(u, &unserved),
+            &ones(u),
+            0.0,
+        ));
+    }
+    if let Some(r) = rows.iter().find(|r| r.idle) {
+        let kib = |x: &RowRun| x.server_kib_per_conn;
+        let cpu = |x: &RowRun| Some(x.server_cpu_pct);
+        out.extend(Check::judge(
+            "h3 scale",
+            &format!("udpx KiB per idle connection ({})", r.connections),
+            &per_run(r, &kib),
+            &ones(r),
+            32.0,
+        ));
+        out.extend(Check::judge(
+            "h3 scale",
+            &format!("udpx CPU % with {} idle connections", r.connections),
+            &per_run(r, &cpu),
+            &ones(r),
+            5.0,
+        ));
+    }
+    out
+}
+
+/// The table as text.
+pub fn table(b: &ScaleBench) -> String {
+    use std::fmt::Write as _;
+    let c = &b.config;
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "Players: a {} KiB segment every {:.1} s each, starts over {:.0} s, {:.0} s measured; {}\n",
+        c.segment / 1024,
+        c.interval.as_secs_f64(),
+        c.ramp.as_secs_f64(),
+        c.window.as_secs_f64(),
+        b.path
+    );
+    let _ = writeln!(
+        s,
+        "| server | conns | served % | never served | p50 / p99 / max ms | late | handshake p50 ms | server CPU % (its process) | CPU-s/GB | CPU-us per conn-s | KiB per conn | client CPU % |"
+    );
+    let _ = writeln!(s, "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
+    for row in &b.rows {
+        let name = if row.idle { format!("{} (idle)", row.server.name()) } else { row.server.name().to_string() };
+        let Some(r) = &row.median else {
+            let _ = writeln!(s, "| {name} | {} | failed: {} |", row.connections, row.error.as_deref().unwrap_or("?"));
+            continue;
+        };
+        let l = &r.load;
+        let _ = writeln!(
+            s,
+            "| {name} | {} | {} | {} | {:.1} / {:.1} / {:.1} | {} | {:.1} | {:.1} ({:.1}) | {} | {:.1} | {} | {:.0}{} |",
+            row.connections,
+            if row.idle { "-".to_string() } else { format!("{:.2}", l.served_pct()) },
+            l.never_served,
+            l.latency.p50_ms,
+            l.latency.p99_ms,
+            l.latency.max_ms,
+            l.late,
+            l.handshake.p50_ms,
+            r.server_cpu_pct,
+            r.server_process_pct,
+            r.server_cpu_s_per_gb.map_or("-".into(), |v| format!("{v:.2}")),
+            r.server_cpu_us_per_conn_s,
+            r.server_kib_per_conn.map_or("-".into(), |v| format!("{v:.1}")),
+            l.client_cpu_pct(),
+            if r.client_limited { " (client-limited)" } else { "" }
+        );
+    }
+    for l in &b.left_out {
+        let _ = writeln!(s, "\nleft out: {l}");
+    }
+    let _ = writeln!(s, "\n{}", udpx_lab::judge::checks_text(&b.checks));
+    let _ = writeln!(s, "{}", b.environment.to_markdown());
+    s
+}

@@ -1,0 +1,158 @@
+//! Resumption and 0-RTT across shards, and the bound on open responses.
+//!
+//! - A client resumes on another shard than the one that gave it its ticket (the shards derive
+//!   one ticket key from the service's keys), and with early data on, its GET is answered from
+//!   0-RTT; a POST in 0-RTT gets 425 Too Early. Without early data on the server, the resumed
+//!   request waits for the handshake.
+//! - A client that never opens its stream windows holds at most the bound of open files: the
+//!   requests past it are answered 503 without opening anything.
+
+mod common;
+
+use std::sync::atomic::AtomicBool;
+use std::time::{Duration, Instant};
+
+use common::{content, TempDir};
+use udpx_h3::{get, serve, GetConfig, ServeConfig};
+use udpx_quic::{App, Host, HostSocket, IoMode};
+
+/// A DCID whose worker byte names `shard` (the steering program reads it).
+fn dcid_for(shard: u8) -> Vec<u8> {
+    let mut d = vec![0x42; 12];
+    d[udpx_quic::WORKER_BYTE as usize] = shard;
+    d
+}
+
+fn site() -> TempDir {
+    let tmp = TempDir::new("early");
+    std::fs::create_dir_all(tmp.path().join("www")).unwrap();
+    std::fs::write(tmp.path().join("www/seg"), content(20_000, 9)).unwrap();
+    tmp
+}
+
+#[test]
+fn zero_rtt_get_is_answered_across_shards_and_unsafe_methods_wait() {
+    let tmp = site();
+    let mut cfg = ServeConfig::new("127.0.0.1:0".parse().unwrap());
+    cfg.shards = 2;
+    cfg.early_data = true;
+    let server = serve(&tmp.path().join("www"), &cfg).unwrap();
+    let url = format!("https://{}/seg", server.local_addr());
+    // First visit on shard 0: a full handshake, a ticket.
+    let first = get(&url, None, &GetConfig { dcid: Some(dcid_for(0)), ..GetConfig::default() }).unwrap();
+    assert_eq!((first.status, first.resumed, first.early_data), (200, false, false));
+    let session = first.session.clone().expect("the server sent a session ticket");
+    // Back on shard 1, in 0-RTT.
+    let again =
+        get(&url, None, &GetConfig { dcid: Some(dcid_for(1)), session: Some(session.clone()), ..GetConfig::default() })
+            .unwrap();
+    assert_eq!((again.status, again.bytes), (200, 20_000));
+    assert!(again.resumed, "resumed on another shard");
+    assert!(again.early_data, "the GET went in 0-RTT");
+    // A POST in 0-RTT: 425.
+    let post = get(
+        &url,
+        None,
+        &GetConfig {
+            dcid: Some(dcid_for(1)),
+            session: Some(session),
+            method: Some("POST".into()),
+            ..GetConfig::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(post.status, 425);
+    println!("seconds: first {:.3}, 0-RTT GET {:.3}, 0-RTT POST {:.3}", first.seconds, again.seconds, post.seconds);
+    let c = server.stop().unwrap();
+    assert_eq!((c.http.early_data, c.http.too_early), (2, 1), "{:?}", c.http);
+    let shards_used = c.quic.connections;
+    assert_eq!(shards_used, 3);
+}
+
+#[test]
+fn without_early_data_on_the_server_a_resumed_request_waits_for_the_handshake() {
+    let tmp = site();
+    let server = serve(&tmp.path().join("www"), &ServeConfig::new("127.0.0.1:0".parse().unwrap())).unwrap();
+    let url = format!("https://{}/seg", server.local_addr());
+    let first = get(&url, None, &GetConfig::default()).unwrap();
+    let again = get(&url, None, &GetConfig { session: first.session, ..GetConfig::default() }).unwrap();
+    assert_eq!(again.status, 200);
+    assert!(again.resumed, "resumption works without early data");
+    let c = server.stop().unwrap();
+    assert_eq!(c.http.early_data, 0, "nothing was answered from 0-RTT");
+}
+
+/// A client that opens no stream window: sends `n` requests for `path`, reads nothing.
+struct Stalled {
+    n: usize,
+    sent: usize,
+    h3: Option<quiche::h3::Connection>,
+    authority: String,
+}
+
+impl App for Stalled {
+    type State = ();
+    fn accepted(&mut self, _: &quiche::Connection) {}
+    fn on_turn(&mut self, conn: &mut quiche::Connection, _: &mut ()) {
+        if self.h3.is_none() {
+            self.h3 = quiche::h3::Connection::with_transport(conn, &quiche::h3::Config::new().unwrap()).ok();
+        }
+        let Some(h3) = self.h3.as_mut() else { return };
+        while self.sent < self.n {
+            let req = [
+                quiche::h3::Header::new(b":method", b"GET"),
+                quiche::h3::Header::new(b":scheme", b"https"),
+                quiche::h3::Header::new(b":authority", self.authority.as_bytes()),
+                quiche::h3::Header::new(b":path", b"/seg"),
+            ];
+            if h3.send_request(conn, &req, true).is_err() {
+                break;
+            }
+            self.sent += 1;
+        }
+        while h3.poll(conn).is_ok() {}
+    }
+    fn closed(&mut self, _: &quiche::Connection, _: ()) {}
+}
+
+/// The file's descriptors open in this process (the server runs here).
+fn open_fds_to(path: &std::path::Path) -> usize {
+    let Ok(rd) = std::fs::read_dir("/proc/self/fd") else { return 0 };
+    rd.flatten().filter(|e| std::fs::read_link(e.path()).is_ok_and(|t| t == path)).count()
+}
+
+#[test]
+fn a_client_that_opens_no_window_holds_at_most_the_bound_of_files() {
+    let tmp = site();
+    let mut cfg = ServeConfig::new("127.0.0.1:0".parse().unwrap());
+    cfg.max_open_per_conn = 5;
+    let root = tmp.path().join("www");
+    let server = serve(&root, &cfg).unwrap();
+    let addr = server.local_addr();
+    let socket = udpx_quic::client_socket(addr, IoMode::GsoMmsg, true).unwrap();
+    let mut qc = quiche::Config::new(quiche::PROTOCOL_VERSION).unwrap();
+    qc.verify_peer(false);
+    qc.set_application_protos(quiche::h3::APPLICATION_PROTOCOL).unwrap();
+    qc.set_max_idle_timeout(10_000);
+    qc.set_initial_max_data(1 << 20);
+    // Our request streams accept nothing from the server: not even response headers.
+    qc.set_initial_max_stream_data_bidi_local(0);
+    qc.set_initial_max_stream_data_uni(1 << 16);
+    qc.set_initial_max_streams_uni(16);
+    let app = Stalled { n: 20, sent: 0, h3: None, authority: addr.to_string() };
+    let mut c = Host::new(HostSocket::Own(Box::new(socket)), qc, app, false, 0, 0);
+    c.connect(Some("localhost"), addr, ()).unwrap();
+    let start = Instant::now();
+    let mut most = 0;
+    while start.elapsed() < Duration::from_secs(2) {
+        c.step(Duration::from_millis(10)).unwrap();
+        most = most.max(open_fds_to(&std::fs::canonicalize(root.join("seg")).unwrap()));
+    }
+    assert_eq!(c.app().sent, 20);
+    let _ = AtomicBool::new(false);
+    drop(c);
+    let s = server.stop().unwrap();
+    println!("at most {most} files open; {:?}", s.http);
+    assert!(most <= 5, "{most} files open for one stalled connection");
+    assert_eq!((s.http.requests, s.http.unavailable), (20, 15), "past the bound: 503 without a file");
+}

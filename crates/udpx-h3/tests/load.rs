@@ -1,0 +1,74 @@
+//! The video-player load (`udpx h3 load`) against the server on loopback: every connection is
+//! established and every request in the window is answered whole, over HTTP/3 and (against the
+//! server's HTTPS-over-TCP listener) over HTTP/2 and HTTP/1.1. Counts are asserted; latencies
+//! are printed, never judged.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{content, TempDir};
+use udpx_h3::load::{self, LoadConfig};
+use udpx_h3::load_tcp::{self, TcpHttp};
+use udpx_h3::{serve, ServeConfig};
+
+fn site() -> TempDir {
+    let tmp = TempDir::new("load");
+    std::fs::create_dir_all(tmp.path().join("www")).unwrap();
+    std::fs::write(tmp.path().join("www/seg"), content(16 * 1024, 3)).unwrap();
+    tmp
+}
+
+#[test]
+fn players_over_http3_are_all_served() {
+    let tmp = site();
+    let server = serve(&tmp.path().join("www"), &ServeConfig::new("127.0.0.1:0".parse().unwrap())).unwrap();
+    let mut cfg = LoadConfig::new(server.local_addr(), 200, "/seg", Duration::from_millis(300));
+    cfg.ramp = Duration::from_secs(1);
+    cfg.duration = Duration::from_secs(2);
+    // Four source addresses of loopback: the server sees four clients' worth of connections.
+    cfg.locals = (1..=4).map(|i| std::net::IpAddr::from([127, 0, 0, i])).collect();
+    let r = load::run(&cfg).unwrap();
+    let c = server.stop().unwrap();
+    println!(
+        "h3 load: {} requests, {} served, {} late, latency {:?}, handshake {:?}, client CPU {:.1} %; server {:?}",
+        r.requests,
+        r.served,
+        r.late,
+        r.latency,
+        r.handshake,
+        r.client_cpu_pct(),
+        c.quic
+    );
+    assert_eq!(r.established, 200);
+    assert!(r.requests >= 200 * 2, "each asks every 300 ms over 2 s: {}", r.requests);
+    assert_eq!((r.served, r.failed, r.never_served, r.ended_early), (r.requests, 0, 0, 0));
+    assert_eq!(r.bytes % (16 * 1024), 0, "whole segments");
+    assert_eq!(c.quic.connections, 200);
+}
+
+#[test]
+fn players_over_tcp_are_all_served() {
+    let tmp = site();
+    let mut sc = ServeConfig::new("127.0.0.1:0".parse().unwrap());
+    sc.alt_svc_tcp = Some("127.0.0.1:0".parse().unwrap());
+    let ck = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
+    let (cert, key) = (tmp.path().join("cert.pem"), tmp.path().join("key.pem"));
+    std::fs::write(&cert, ck.cert.pem()).unwrap();
+    std::fs::write(&key, ck.key_pair.serialize_pem()).unwrap();
+    sc.tls = udpx_h3::Tls::Files { cert: cert.clone(), key };
+    let server = serve(&tmp.path().join("www"), &sc).unwrap();
+    let tcp = server.tcp_addr().unwrap();
+    for http in [TcpHttp::H2, TcpHttp::H1] {
+        let mut cfg = LoadConfig::new(tcp, 100, "/seg", Duration::from_millis(300));
+        cfg.ramp = Duration::from_millis(500);
+        cfg.duration = Duration::from_secs(2);
+        cfg.locals = (1..=8).map(|i| std::net::IpAddr::from([127, 0, 1, i])).collect();
+        let r = load_tcp::run(&cfg, http, &cert).unwrap();
+        println!("{http:?} load: {} requests, {} served, latency {:?}", r.requests, r.served, r.latency);
+        assert_eq!(r.established, 100, "{http:?}");
+        assert!(r.requests >= 100 * 2, "{http:?}: {}", r.requests);
+        assert_eq!((r.served, r.failed, r.never_served, r.ended_early), (r.requests, 0, 0, 0), "{http:?}");
+    }
+    server.stop().unwrap();
+}

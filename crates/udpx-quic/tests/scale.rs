@@ -1,0 +1,372 @@
+//! The event-driven host (correctness, not timing): idle connections cost a turn nothing;
+//! a small response is not held up behind a large one by more than a few quanta; every cap
+//! refuses with its counter; a handshake that does not finish is dropped at its deadline;
+//! Retry sends a client back to the same shard; tokens that are forged, expired or from
+//! another address are refused.
+
+use std::collections::HashMap;
+use std::net::{SocketAddr, UdpSocket as StdUdp};
+use std::sync::atomic::AtomicBool;
+use std::time::{Duration, Instant, SystemTime};
+
+use udpx_quic::{client_socket, App, Host, HostSocket, IoMode, Limits, RetryPolicy, Server, ServerConfig, ServiceKeys};
+
+mod common;
+
+use common::TempCert;
+
+/// A config with a long idle timeout (the tests' connections sit idle for seconds).
+fn config(pem: Option<(&str, &str)>) -> quiche::Config {
+    let mut c = common::quiche_config(pem, true);
+    c.set_max_idle_timeout(60_000);
+    c.set_initial_max_streams_bidi(1000);
+    c
+}
+
+/// Server: a request on a stream names a size ("123"); the answer is that many bytes and FIN.
+/// Event-driven: new requests from the readable streams, the rest when a stream is writable.
+#[derive(Default)]
+struct Bytes;
+
+impl App for Bytes {
+    /// Bytes left to send, by stream.
+    type State = HashMap<u64, usize>;
+    fn accepted(&mut self, _: &quiche::Connection) -> HashMap<u64, usize> {
+        HashMap::new()
+    }
+    fn on_turn(&mut self, conn: &mut quiche::Connection, left: &mut HashMap<u64, usize>) {
+        let readable: Vec<u64> = conn.readable().collect();
+        let mut buf = [0u8; 64];
+        for sid in readable {
+            while let Ok((n, fin)) = conn.stream_recv(sid, &mut buf) {
+                if fin {
+                    let size = std::str::from_utf8(&buf[..n]).ok().and_then(|s| s.parse().ok()).unwrap_or(0);
+                    left.insert(sid, size);
+                }
+            }
+        }
+        let writable: Vec<u64> = std::iter::from_fn(|| conn.stream_writable_next()).collect();
+        let chunk = [0x5au8; 16 * 1024];
+        for (&sid, n) in left.iter_mut() {
+            if *n == 0 && !writable.contains(&sid) {
+                continue;
+            }
+            while *n > 0 {
+                match conn.stream_send(sid, &chunk[..chunk.len().min(*n)], chunk.len() >= *n) {
+                    Ok(w) => *n -= w,
+                    Err(_) => break,
+                }
+            }
+            if *n > 0 {
+                let _ = conn.stream_writable(sid, 1);
+            }
+        }
+        left.retain(|_, n| *n > 0);
+    }
+    fn closed(&mut self, _: &quiche::Connection, _: HashMap<u64, usize>) {}
+}
+
+/// A loopback server of `shards` shards answering with [`Bytes`].
+fn server(cert: &TempCert, shards: usize, limits: Limits, keys: Option<ServiceKeys>) -> Server {
+    let mut cfg = ServerConfig::new("127.0.0.1:0".parse().unwrap());
+    cfg.shards = shards;
+    cfg.limits = limits;
+    cfg.keys = keys;
+    let configs = (0..shards).map(|_| config(Some(cert.pem()))).collect();
+    Server::start(&cfg, configs, |_| Bytes).unwrap()
+}
+
+/// The client side of the tests: per connection, what it asked and got.
+#[derive(Default)]
+struct Asker {
+    /// Connections established.
+    established: usize,
+    /// Requests to send on the next turn, by connection tag.
+    want: HashMap<u32, Vec<usize>>,
+    /// Bytes received, by tag.
+    got: HashMap<u32, usize>,
+    /// Finished responses, by tag: (when, that tag's stream).
+    done: Vec<(u32, Instant)>,
+}
+
+struct Tag {
+    tag: u32,
+    established: bool,
+    next_stream: u64,
+}
+
+impl App for Asker {
+    type State = Tag;
+    fn accepted(&mut self, _: &quiche::Connection) -> Tag {
+        unreachable!("a client")
+    }
+    fn on_turn(&mut self, conn: &mut quiche::Connection, t: &mut Tag) {
+        if !t.established {
+            t.established = true;
+            self.established += 1;
+        }
+        if let Some(sizes) = self.want.remove(&t.tag) {
+            for size in sizes {
+                let _ = conn.stream_send(t.next_stream, size.to_string().as_bytes(), true);
+                t.next_stream += 4;
+            }
+        }
+        let readable: Vec<u64> = conn.readable().collect();
+        let mut buf = [0u8; 64 * 1024];
+        for sid in readable {
+            while let Ok((n, fin)) = conn.stream_recv(sid, &mut buf) {
+                *self.got.entry(t.tag).or_default() += n;
+                if fin {
+                    self.done.push((t.tag, Instant::now()));
+                }
+            }
+        }
+    }
+    fn wake_at(&self, t: &Tag) -> Option<Instant> {
+        // A request queued from outside the loop goes on the next turn.
+        self.want.contains_key(&t.tag).then(Instant::now)
+    }
+    fn closed(&mut self, _: &quiche::Connection, _: Tag) {}
+}
+
+fn client(addr: SocketAddr) -> Host<Asker> {
+    let socket = client_socket(addr, IoMode::GsoMmsg, true).unwrap();
+    Host::new(HostSocket::Own(Box::new(socket)), config(None), Asker::default(), false, 0, 0)
+}
+
+/// Runs `h` until `done` or `limit` passes; whether `done`.
+fn run_until(h: &mut Host<Asker>, limit: Duration, mut done: impl FnMut(&Host<Asker>) -> bool) -> bool {
+    let start = Instant::now();
+    while start.elapsed() < limit {
+        if done(h) {
+            return true;
+        }
+        h.step(Duration::from_millis(5)).unwrap();
+    }
+    done(h)
+}
+
+fn connect(h: &mut Host<Asker>, addr: SocketAddr, tag: u32) {
+    h.connect(Some("localhost"), addr, Tag { tag, established: false, next_stream: 0 }).unwrap();
+}
+
+/// 10,000 connections sit idle while one of them asks and gets 100 small answers: the
+/// server's turns in that time serve about one connection each, not ten thousand.
+#[test]
+fn idle_connections_cost_a_turn_nothing() {
+    let cert = TempCert::new("idle");
+    // Every connection comes from 127.0.0.1: the cap per address is raised past them.
+    let srv = server(&cert, 1, Limits { max_per_ip: 20_000, ..Limits::default() }, None);
+    let addr = srv.local_addr();
+    let mut c = client(addr);
+    const N: u32 = 10_000;
+    let start = Instant::now();
+    // Opened in waves, so handshakes do not pile up past their deadline on a slow machine.
+    for wave in 0..N / 500 {
+        for k in 0..500 {
+            connect(&mut c, addr, wave * 500 + k);
+        }
+        let want = ((wave + 1) * 500) as usize;
+        let ok = run_until(&mut c, Duration::from_secs(60), |h| h.app().established >= want);
+        assert!(
+            ok,
+            "wave {wave}: {} established; client {:?}; server {:?}",
+            c.app().established,
+            c.counters(),
+            srv.counters()
+        );
+    }
+    println!("{N} handshakes in {:?}", start.elapsed());
+    // Quiet: the handshakes' last acknowledgements and timers settle.
+    run_until(&mut c, Duration::from_millis(500), |_| false);
+    std::thread::sleep(Duration::from_millis(200)); // the server publishes every 100 ms
+    let before = srv.counters();
+    assert_eq!(before.open_connections, u64::from(N));
+    for round in 0..100 {
+        c.app_mut().want.insert(0, vec![100]);
+        c.wake(0);
+        let want = round + 1;
+        assert!(run_until(&mut c, Duration::from_secs(5), |h| h.app().done.len() >= want), "answer {round}");
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    let after = srv.counters();
+    let (turns, served) = (after.turns - before.turns, after.served - before.served);
+    println!(
+        "100 exchanges beside {N} idle connections: {turns} turns, {served} connections served, {} deadlines fired",
+        after.timers_fired - before.timers_fired
+    );
+    assert!(turns >= 100, "one turn at least per request");
+    assert!(served <= 3 * turns, "a turn served only the connection with work: {served} in {turns} turns");
+    assert!(served < u64::from(N), "no turn walked the idle connections");
+    srv.stop().unwrap();
+}
+
+/// A 50 MB answer and a 10 KB one on two connections of one client, the small one asked once
+/// the large one is flowing: while the small one is answered the large one gets at most a few
+/// quanta (each connection writes at most its quantum per turn, round robin).
+#[test]
+fn a_large_download_delays_a_small_one_by_a_few_quanta() {
+    let cert = TempCert::new("fair");
+    let srv = server(&cert, 1, Limits::default(), None);
+    let addr = srv.local_addr();
+    let mut c = client(addr);
+    connect(&mut c, addr, 0);
+    connect(&mut c, addr, 1);
+    assert!(run_until(&mut c, Duration::from_secs(5), |h| h.app().established == 2));
+    c.app_mut().want.insert(0, vec![50_000_000]);
+    c.wake(0);
+    assert!(run_until(&mut c, Duration::from_secs(10), |h| h.app().got.get(&0).copied().unwrap_or(0) > 2_000_000));
+    let big_before = c.app().got[&0];
+    c.app_mut().want.insert(1, vec![10_000]);
+    c.wake(1);
+    assert!(run_until(&mut c, Duration::from_secs(10), |h| h.app().done.iter().any(|d| d.0 == 1)));
+    let big_meanwhile = c.app().got[&0] - big_before;
+    let quantum = udpx_quic::QUANTUM_PACKETS * 1350;
+    println!("the large download got {big_meanwhile} B while the small one was answered (a quantum: ~{quantum} B)");
+    assert!(big_meanwhile <= 6 * quantum, "{big_meanwhile} B: more than a few quanta");
+    srv.stop().unwrap();
+}
+
+/// Each cap refuses what passes it, counted: connections per shard, and per address.
+#[test]
+fn caps_refuse_with_their_counters() {
+    let cert = TempCert::new("caps");
+    for (limits, what) in [
+        (Limits { max_connections: 3, retry: RetryPolicy::Never, ..Limits::default() }, "connections"),
+        (Limits { max_per_ip: 2, retry: RetryPolicy::Never, ..Limits::default() }, "per address"),
+    ] {
+        let srv = server(&cert, 1, limits, None);
+        let addr = srv.local_addr();
+        let mut c = client(addr);
+        for tag in 0..5 {
+            connect(&mut c, addr, tag);
+        }
+        run_until(&mut c, Duration::from_secs(2), |_| false);
+        let k = srv.counters();
+        let cap = limits.max_connections.min(limits.max_per_ip);
+        assert_eq!(c.app().established, cap, "{what}");
+        let refused = match what {
+            "connections" => k.refused_connections,
+            _ => k.refused_per_ip,
+        };
+        assert!(refused >= 2, "{what}: two clients refused (and their retransmitted Initials): {k:?}");
+        srv.stop().unwrap();
+    }
+}
+
+/// A client Initial (quiche's first datagram of a fresh connection from `local`).
+fn initial(local: SocketAddr, server: SocketAddr) -> Vec<u8> {
+    let mut cfg = config(None);
+    let mut scid = [0u8; 16];
+    udpx_quic::cid::random_bytes(&mut scid).unwrap();
+    let mut conn =
+        quiche::connect(Some("localhost"), &quiche::ConnectionId::from_ref(&scid), local, server, &mut cfg).unwrap();
+    let mut out = vec![0u8; 1500];
+    let (n, _) = conn.send(&mut out).unwrap();
+    out.truncate(n);
+    out
+}
+
+/// `initial` with `token` in its (empty) token field: the long header's token length is the
+/// byte after the source connection ID.
+fn with_token(initial: &[u8], token: &[u8]) -> Vec<u8> {
+    let dcil = initial[5] as usize;
+    let scil = initial[6 + dcil] as usize;
+    let at = 7 + dcil + scil;
+    assert_eq!(initial[at], 0, "a fresh client's Initial has no token");
+    assert!(token.len() < 64, "a one-byte varint length");
+    let mut out = initial[..at].to_vec();
+    out.push(token.len() as u8);
+    out.extend_from_slice(token);
+    out.extend_from_slice(&initial[at + 1..]);
+    out
+}
+
+/// Half-open handshakes are capped and dropped at their deadline (nothing sent to the
+/// address after it): a raw socket sends Initials and never answers.
+#[test]
+fn half_open_handshakes_are_capped_and_dropped_at_their_deadline() {
+    let cert = TempCert::new("halfopen");
+    let limits = Limits {
+        max_half_open: 3,
+        handshake_timeout: Duration::from_millis(500),
+        retry: RetryPolicy::Never,
+        ..Limits::default()
+    };
+    let srv = server(&cert, 1, limits, None);
+    let raw = StdUdp::bind("127.0.0.1:0").unwrap();
+    for _ in 0..5 {
+        raw.send_to(&initial(raw.local_addr().unwrap(), srv.local_addr()), srv.local_addr()).unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let k = srv.counters();
+    assert_eq!((k.half_open, k.refused_half_open), (3, 2), "{k:?}");
+    std::thread::sleep(Duration::from_millis(700));
+    let k = srv.counters();
+    assert_eq!((k.handshake_timeouts, k.half_open, k.open_connections), (3, 0, 0), "{k:?}");
+    srv.stop().unwrap();
+}
+
+/// Retry, always: the client's Initial (steered to shard 1 by its DCID's worker byte) gets a
+/// Retry whose ID makes the second Initial come back to shard 1, which makes the connection.
+#[test]
+fn a_retried_client_lands_on_the_same_shard() {
+    let cert = TempCert::new("retry");
+    let limits = Limits { retry: RetryPolicy::Always, ..Limits::default() };
+    let srv = server(&cert, 2, limits, None);
+    let addr = srv.local_addr();
+    let mut c = client(addr);
+    let mut dcid = [7u8; 12];
+    dcid[udpx_quic::WORKER_BYTE as usize] = 1;
+    c.connect_with(Some("localhost"), addr, Tag { tag: 0, established: false, next_stream: 0 }, None, Some(&dcid))
+        .unwrap();
+    assert!(run_until(&mut c, Duration::from_secs(5), |h| h.app().established == 1), "established after a Retry");
+    c.app_mut().want.insert(0, vec![5_000]);
+    c.wake(0);
+    assert!(run_until(&mut c, Duration::from_secs(5), |h| !h.app().done.is_empty()));
+    std::thread::sleep(Duration::from_millis(200));
+    let shards = srv.shard_counters();
+    println!("{:?}", shards.iter().map(|s| (s.retries_sent, s.validated_by_retry, s.connections)).collect::<Vec<_>>());
+    // quiche's first flight may be two Initials (a large ClientHello): a Retry each.
+    assert!(shards[1].retries_sent >= 1, "{:?}", shards[1]);
+    assert_eq!((shards[1].validated_by_retry, shards[1].connections), (1, 1));
+    assert_eq!((shards[0].retries_sent, shards[0].connections), (0, 0), "nothing reached shard 0");
+    srv.stop().unwrap();
+}
+
+/// Tokens that are forged, expired, or replayed from another address are refused (counted),
+/// and no connection is made for them.
+#[test]
+fn bad_tokens_are_refused() {
+    let cert = TempCert::new("tokens");
+    let secret = [5u8; 32];
+    let limits = Limits { retry: RetryPolicy::Always, ..Limits::default() };
+    let srv = server(&cert, 1, limits, Some(ServiceKeys::shared(&secret)));
+    let addr = srv.local_addr();
+    let a = StdUdp::bind("127.0.0.1:0").unwrap();
+    let b = StdUdp::bind("127.0.0.1:0").unwrap();
+    a.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    // A real Retry token, for a's address.
+    a.send_to(&initial(a.local_addr().unwrap(), addr), addr).unwrap();
+    let mut buf = [0u8; 1500];
+    let (n, _) = a.recv_from(&mut buf).expect("a Retry");
+    let hdr = quiche::Header::from_slice(&mut buf[..n], 16).unwrap();
+    assert_eq!(hdr.ty, quiche::Type::Retry);
+    let token = hdr.token.clone().unwrap();
+    // Replayed from b.
+    b.send_to(&with_token(&initial(b.local_addr().unwrap(), addr), &token), addr).unwrap();
+    // Forged.
+    b.send_to(&with_token(&initial(b.local_addr().unwrap(), addr), &[0x52; 40]), addr).unwrap();
+    // Expired: sealed with the service's key a minute ago.
+    let old = ServiceKeys::shared(&secret).token_key().seal(
+        b.local_addr().unwrap(),
+        &[1; 16],
+        SystemTime::now() - Duration::from_secs(60),
+    );
+    b.send_to(&with_token(&initial(b.local_addr().unwrap(), addr), &old), addr).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let k = srv.counters();
+    assert_eq!((k.tokens_invalid, k.tokens_expired, k.connections, k.retries_sent), (2, 1, 0, 1), "{k:?}");
+    srv.stop().unwrap();
+    let _ = AtomicBool::new(false);
+}
