@@ -3,8 +3,9 @@
 //! The path is split on `/` first and each segment percent-decoded after, so an encoded
 //! slash (`%2f`) can never make a new segment: a segment that decodes to something holding
 //! `/` or `\\` is refused, and so is `..` in any spelling (`..`, `%2e%2e`); a NUL (`%00`) is a
-//! bad request. What is left is joined onto the directory and canonicalized (symlinks
-//! resolved); a result outside the directory (a symlink pointing out) is refused too. A
+//! bad request. What is left is opened beneath the directory ([`open`]: `openat2` with
+//! `RESOLVE_BENEATH`, so the kernel refuses a symlink pointing out: 403), or, without
+//! `openat2`, joined onto it and canonicalized ([`resolve`]) with the same answers. A
 //! directory is served by its `index.html`: asked with a trailing slash, that file; without,
 //! [`Resolved::AddSlash`] (the caller redirects, so relative links in the page resolve).
 //!
@@ -18,7 +19,10 @@
 //! | `relative`, `/bad%zz`, `/a%00b` | 400 |
 
 use std::ffi::OsString;
+use std::fs::{File, Metadata};
+use std::io;
 use std::os::unix::ffi::OsStringExt;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 /// Why a path is not served.
@@ -52,8 +56,9 @@ pub enum Resolved {
     AddSlash,
 }
 
-/// The file `raw` (a request's `:path`) names under `root`, which must be canonical.
-pub fn resolve(root: &Path, raw: &str) -> Result<Resolved, Refusal> {
+/// The relative path a request's `:path` names (empty for the directory itself), and the
+/// path as asked (for the trailing slash).
+fn relative(raw: &str) -> Result<(PathBuf, &str), Refusal> {
     let path = raw.split(['?', '#']).next().unwrap_or("");
     if !path.starts_with('/') {
         return Err(Refusal::BadRequest);
@@ -72,6 +77,139 @@ pub fn resolve(root: &Path, raw: &str) -> Result<Resolved, Refusal> {
         }
         rel.push(OsString::from_vec(dec));
     }
+    Ok((rel, path))
+}
+
+/// The directory a site serves: its canonical path and an open descriptor of it.
+#[derive(Debug)]
+pub struct Root {
+    path: PathBuf,
+    dir: File,
+}
+
+impl Root {
+    /// Opens `dir` (a directory; canonicalized).
+    pub fn open(dir: &Path) -> io::Result<Root> {
+        let path = dir.canonicalize()?;
+        let dir =
+            std::fs::OpenOptions::new().read(true).custom_flags(libc::O_DIRECTORY | libc::O_CLOEXEC).open(&path)?;
+        Ok(Root { path, dir })
+    }
+
+    /// Its canonical path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+/// A file a request names, open.
+#[derive(Debug)]
+#[allow(clippy::large_enum_variant)] // made once per request and taken apart at once
+pub enum Opened {
+    /// This regular file (`path`: its path, for its type and the logs).
+    File {
+        /// The open file.
+        file: File,
+        /// Its metadata (one `fstat`).
+        meta: Metadata,
+        /// Its path under the root.
+        path: PathBuf,
+    },
+    /// A directory with an `index.html`, asked without its trailing slash.
+    AddSlash,
+}
+
+/// Why [`open`] did not open a file.
+#[derive(Debug)]
+pub enum OpenError {
+    /// The request's path is refused.
+    Refused(Refusal),
+    /// The system refused (out of descriptors, memory, ...).
+    Io(io::Error),
+}
+
+impl From<Refusal> for OpenError {
+    fn from(r: Refusal) -> Self {
+        OpenError::Refused(r)
+    }
+}
+
+/// Opens the file `raw` (a request's `:path`) names under `root`: one `openat2` with
+/// `RESOLVE_BENEATH` (nothing that would leave the directory resolves) and one `fstat`,
+/// instead of canonicalizing the path (a `readlink` per component) and stating it twice
+/// before opening. Where `openat2` is missing (Linux before 5.6, or a seccomp filter) or
+/// refuses a symlink (an absolute one, or one pointing out), [`resolve`] and `open`. Opened non-blocking, so a FIFO in the directory
+/// cannot stall the loop; anything but a regular file or a directory is 404.
+pub fn open(root: &Root, raw: &str) -> Result<Opened, OpenError> {
+    let (rel, asked) = relative(raw)?;
+    let rel_c = if rel.as_os_str().is_empty() { PathBuf::from(".") } else { rel.clone() };
+    let file = match open_beneath(&root.dir, &rel_c) {
+        Ok(f) => f,
+        // No openat2 here; or the path crossed an absolute symlink or one pointing out of the
+        // directory (EXDEV): the path way decides those (an absolute link to a file inside
+        // is served, one pointing out is 403).
+        Err(e) if matches!(e.raw_os_error(), Some(libc::ENOSYS | libc::EPERM | libc::EXDEV)) => {
+            return fallback(root, raw);
+        }
+        Err(e) => return Err(refusal_of(e)),
+    };
+    let meta = file.metadata().map_err(OpenError::Io)?;
+    if meta.is_dir() {
+        let index = open_beneath(&file, Path::new("index.html")).map_err(refusal_of)?;
+        let meta = index.metadata().map_err(OpenError::Io)?;
+        if !meta.is_file() {
+            return Err(Refusal::NotFound.into());
+        }
+        if !asked.ends_with('/') {
+            return Ok(Opened::AddSlash);
+        }
+        return Ok(Opened::File { file: index, meta, path: root.path.join(rel).join("index.html") });
+    }
+    if !meta.is_file() {
+        return Err(Refusal::NotFound.into());
+    }
+    Ok(Opened::File { file, meta, path: root.path.join(rel) })
+}
+
+/// `openat2(dir, rel, O_RDONLY, RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS)`.
+fn open_beneath(dir: &File, rel: &Path) -> io::Result<File> {
+    use rustix::fs::{Mode, OFlags, ResolveFlags};
+    let flags = OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOCTTY | OFlags::NONBLOCK;
+    let resolve = ResolveFlags::BENEATH | ResolveFlags::NO_MAGICLINKS;
+    Ok(File::from(rustix::fs::openat2(dir, rel, flags, Mode::empty(), resolve)?))
+}
+
+/// What an `open` failure means to the client.
+fn refusal_of(e: io::Error) -> OpenError {
+    match e.raw_os_error() {
+        // Leaving the directory (a `..` or a symlink pointing out).
+        Some(libc::EXDEV) => Refusal::Forbidden.into(),
+        Some(libc::EACCES | libc::EPERM) => Refusal::Forbidden.into(),
+        Some(libc::ENOENT | libc::ENOTDIR | libc::ELOOP | libc::ENAMETOOLONG | libc::ENXIO) => Refusal::NotFound.into(),
+        _ => OpenError::Io(e),
+    }
+}
+
+/// [`open`] without `openat2`.
+fn fallback(root: &Root, raw: &str) -> Result<Opened, OpenError> {
+    match resolve(&root.path, raw)? {
+        Resolved::AddSlash => Ok(Opened::AddSlash),
+        Resolved::File(path) => {
+            let file = std::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_NOCTTY | libc::O_NONBLOCK)
+                .open(&path)
+                .map_err(refusal_of)?;
+            let meta = file.metadata().map_err(OpenError::Io)?;
+            Ok(Opened::File { file, meta, path })
+        }
+    }
+}
+
+/// The file `raw` (a request's `:path`) names under `root`, which must be canonical, by
+/// path (canonicalized: symlinks resolved, then checked to stay under `root`).
+pub fn resolve(root: &Path, raw: &str) -> Result<Resolved, Refusal> {
+    let (rel, path) = relative(raw)?;
     let full = root.join(rel).canonicalize().map_err(|_| Refusal::NotFound)?;
     if !full.starts_with(root) {
         return Err(Refusal::Forbidden);
@@ -149,6 +287,53 @@ mod tests {
         assert_eq!(ok("/a/"), Ok("a/index.html".into()));
         assert_eq!(ok("/a?q"), Ok("AddSlash".into()));
         assert_eq!(resolve(&root, "/"), Err(Refusal::NotFound));
+
+        // `open` (openat2 beneath the root) answers every path as `resolve` does; a symlink
+        // inside keeps the name asked for (its type comes from the request, as in nginx).
+        let r = Root::open(&root).unwrap();
+        let opened = |p: &str| match open(&r, p) {
+            Ok(Opened::File { path, file, meta }) => {
+                assert!(meta.is_file() && file.metadata().unwrap().len() == meta.len());
+                Ok(path.strip_prefix(&root).unwrap().to_path_buf())
+            }
+            Ok(Opened::AddSlash) => Ok("AddSlash".into()),
+            Err(OpenError::Refused(x)) => Err(x),
+            Err(OpenError::Io(e)) => panic!("{p}: {e}"),
+        };
+        for p in [
+            "/a/b.txt",
+            "/a//b.txt?x=1",
+            "/a/./b.txt",
+            "/a%20b",
+            "/../secret",
+            "/a/../../secret",
+            "/a/%2e%2e/%2e%2e/secret",
+            "/a%2fb.txt",
+            "/out",
+            "/a%5cb",
+            "/missing",
+            "/missing/x",
+            "/a/b.txt/x",
+            "/",
+            "a/b.txt",
+            "/bad%zz",
+            "/a%00b",
+            "/a/",
+            "/a?q",
+        ] {
+            assert_eq!(opened(p), ok(p), "{p}");
+        }
+        // An absolute symlink to a file inside is served (by the path way, by its target's
+        // name); a relative one keeps the name asked for (its type comes from the request, as
+        // in nginx); a relative one pointing out is refused.
+        assert_eq!(opened("/in"), Ok("a/b.txt".into()));
+        std::os::unix::fs::symlink("a/b.txt", root.join("rel-in")).unwrap();
+        std::os::unix::fs::symlink("../secret", root.join("rel-out")).unwrap();
+        assert_eq!(opened("/rel-in"), Ok("rel-in".into()));
+        assert_eq!(opened("/rel-out"), Err(Refusal::Forbidden));
+        // A FIFO is not served, and opening it does not wait for a writer.
+        rustix::fs::mkfifoat(rustix::fs::CWD, root.join("fifo"), rustix::fs::Mode::from_raw_mode(0o644)).unwrap();
+        assert_eq!(opened("/fifo"), Err(Refusal::NotFound));
         std::fs::remove_dir_all(&base).unwrap();
     }
 }

@@ -51,7 +51,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
 
-use crate::files::{resolve, Refusal, Resolved};
+use crate::files::{open, OpenError, Opened, Root};
 use crate::Error;
 
 /// Largest read from a file per response and turn, for every listener: a response holds at
@@ -78,7 +78,7 @@ impl Default for SiteOptions {
 /// The files under one directory and the rules that serve them; shared by every listener
 /// and shard.
 pub struct Site {
-    root: PathBuf,
+    root: Root,
     cache_control: String,
     alt_svc: OnceLock<String>,
     counters: HttpCounters,
@@ -87,7 +87,10 @@ pub struct Site {
 
 impl std::fmt::Debug for Site {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Site").field("root", &self.root).field("alt_svc", &self.alt_svc.get()).finish_non_exhaustive()
+        f.debug_struct("Site")
+            .field("root", &self.root.path())
+            .field("alt_svc", &self.alt_svc.get())
+            .finish_non_exhaustive()
     }
 }
 
@@ -261,8 +264,13 @@ impl HttpCounters {
 impl Site {
     /// The site of the files under `dir`; opens the access log, if any, for appending.
     pub fn new(dir: &Path, opts: &SiteOptions) -> Result<Site, Error> {
-        let root = dir.canonicalize().map_err(|e| Error::Usage(format!("directory {}: {e}", dir.display())))?;
-        if !root.is_dir() {
+        let root = Root::open(dir).map_err(|e| match e.raw_os_error() {
+            Some(libc::ENOTDIR) => {
+                Error::Usage(format!("{} is not a directory: give the directory to serve", dir.display()))
+            }
+            _ => Error::Usage(format!("directory {}: {e}", dir.display())),
+        })?;
+        if !root.path().is_dir() {
             return Err(Error::Usage(format!("{} is not a directory: give the directory to serve", dir.display())));
         }
         let cc = &opts.cache_control;
@@ -358,9 +366,9 @@ impl Site {
             _ => return self.empty(405, vec![("allow", "GET, HEAD".into())]),
         };
         let Ok(target) = std::str::from_utf8(req.path) else { return self.empty(400, vec![]) };
-        let path = match resolve(&self.root, target) {
-            Ok(Resolved::File(p)) => p,
-            Ok(Resolved::AddSlash) => {
+        let (mut file, meta, path) = match open(&self.root, target) {
+            Ok(Opened::File { file, meta, path }) => (file, meta, path),
+            Ok(Opened::AddSlash) => {
                 let (p, q) = target.split_once('?').map_or((target, None), |(p, q)| (p, Some(q)));
                 let location = match q {
                     Some(q) => format!("{p}/?{q}"),
@@ -368,21 +376,15 @@ impl Site {
                 };
                 return self.empty(301, vec![("location", location)]);
             }
-            Err(r) => return self.empty(r.status(), vec![]),
-        };
-        let opened = File::open(&path).and_then(|f| f.metadata().map(|m| (f, m)));
-        let (mut file, meta) = match opened {
-            Ok(fm) => fm,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return self.empty(Refusal::NotFound.status(), vec![]),
-            Err(e) if e.kind() == io::ErrorKind::PermissionDenied => return self.empty(403, vec![]),
+            Err(OpenError::Refused(r)) => return self.empty(r.status(), vec![]),
             // Out of descriptors or memory: the server is full for a moment, not broken; the
             // client may come back (503 with Retry-After), and service resumes as files close.
-            Err(e) if matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE | libc::ENOMEM)) => {
-                log::debug!("udpx-h3: {}: {e}: 503", path.display());
+            Err(OpenError::Io(e)) if matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE | libc::ENOMEM)) => {
+                log::debug!("udpx-h3: {target}: {e}: 503");
                 return self.empty(503, vec![("retry-after", "1".into())]);
             }
-            Err(e) => {
-                log::warn!("udpx-h3: {}: {e}", path.display());
+            Err(OpenError::Io(e)) => {
+                log::warn!("udpx-h3: {target}: {e}");
                 return self.empty(500, vec![]);
             }
         };

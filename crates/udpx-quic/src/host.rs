@@ -452,15 +452,16 @@ impl<A: App> Host<A> {
             self.wait(max_wait)?;
         }
         self.counters.turns += 1;
-        let got = self.receive()?;
+        self.receive()?;
         self.check_unreachable();
         let now = Instant::now();
         self.rotate_ticket_key();
         self.expire(now);
-        let served = self.serve(now);
-        // Nothing came, nothing is ready, or the socket is full: wait for a datagram, a
-        // deadline, or writability.
-        self.idle = self.blocked.is_some() || (got == 0 && served == 0 && self.ready.is_empty());
+        self.serve(now);
+        // Nothing is left ready (what was ready got served), or the socket is full: wait for
+        // a datagram, a deadline, or writability. A datagram that came during the turn ends
+        // the wait at once; a deadline already due makes it zero.
+        self.idle = self.blocked.is_some() || self.ready.is_empty();
         Ok(())
     }
 
@@ -561,6 +562,11 @@ impl<A: App> Host<A> {
                             self.counters.bytes_received += d.len() as u64;
                             self.datagram(meta.addr, to, d);
                         }
+                    }
+                    // A short batch emptied the queue: another call now would find nothing
+                    // (what arrives meanwhile wakes the next wait at once).
+                    if n < bufs.capacity() {
+                        break;
                     }
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,

@@ -183,6 +183,11 @@ impl RecvBuffers {
         Self::new(count, size)
     }
 
+    /// Messages one receive can return: the number of buffers.
+    pub fn capacity(&self) -> usize {
+        self.slots.count()
+    }
+
     /// Messages the last receive returned (a GRO buffer is one message).
     pub fn len(&self) -> usize {
         self.got

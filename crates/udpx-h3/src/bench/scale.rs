@@ -11,9 +11,12 @@
 //! receives it. The client sends from many addresses of its namespace (one socket, IP_PKTINFO,
 //! for QUIC; a bound socket per connection for TCP).
 //!
-//! **What is counted.** Server CPU: the busy time of the server's CPU (`/proc/stat`: user,
-//! system, irq, softirq) over the measured window, whoever ran there: the server, its
-//! NAPI thread, the kernel's work for it. Per byte: over the body bytes the client received
+//! **What is counted.** Server CPU: the busy time of the server's CPU over the measured
+//! window, whoever ran there: the server, its NAPI thread, the kernel's work for it. Busy is
+//! the larger of the tick-sampled work (`/proc/stat`: user, system, irq, softirq) and the
+//! window less the CPU's exactly measured idle and steal ([`udpx_lab::cpu::CpuDelta::busy_time`]): an
+//! event-driven server wakes for microseconds at a time and the tick alone undercounts it
+//! (by about half, measured). Per byte: over the body bytes the client received
 //! in the window; per connection: CPU-seconds per connection-second. Server memory: its
 //! resident set when every connection is up, less before the first one, per connection. The
 //! client's CPU is reported beside every row: a row whose client was above 80 % of its CPU
