@@ -448,7 +448,8 @@ impl<A: App> Host<A> {
     /// the due deadlines and serves the ready connections. For a driver that does things
     /// between turns (a load generator opening connections on a schedule).
     pub fn step(&mut self, max_wait: Duration) -> Result<(), Error> {
-        if self.idle {
+        // Something made ready between turns (a connection opened, a wake) is served now.
+        if self.idle && self.ready.is_empty() {
             self.wait(max_wait)?;
         }
         self.counters.turns += 1;

@@ -39,6 +39,8 @@ use crate::load_tcp::{self, TcpHttp};
 
 /// The file every player asks for.
 const SEGMENT: &str = "segment";
+/// Idle connections opened per second in the idle row (the ramp stretches to fit).
+const IDLE_OPENS_PER_SEC: u64 = 1_000;
 /// A row whose client used more than this share of its CPU measured the client.
 pub const CLIENT_LIMIT_PCT: f64 = 80.0;
 
@@ -174,11 +176,21 @@ pub struct ScaleBench {
     pub rows: Vec<ScaleRow>,
     /// Rows not run, and why.
     pub left_out: Vec<String>,
+    /// The server's CPU busy share with nothing of the bench running on it (sampled for
+    /// [`BASELINE`] before the rows), percent: this VM's own agents and timers. A row's server
+    /// CPU includes it.
+    pub baseline_pct: Option<f64>,
     /// The targets, judged.
     pub checks: Vec<Check>,
     /// Kernel, CPU, devices.
     pub environment: Environment,
 }
+
+/// How long the server CPU's baseline is sampled.
+pub const BASELINE: Duration = Duration::from_secs(3);
+/// The scaling check compares the top row with the smallest row whose udpx server CPU is at
+/// least this many times the baseline: below that it would measure the baseline.
+pub const ABOVE_BASELINE: f64 = 10.0;
 
 /// Where the ends are: the namespaces (root) or loopback.
 struct Place {
@@ -250,6 +262,20 @@ pub fn run(cfg: &ScaleConfig, progress: &mut dyn FnMut(&str)) -> Result<ScaleBen
     write_cert(&cert, &key)?;
     let place = setup(cfg)?;
     let rate = TickRate::system().map_err(|e| e.to_string())?;
+    let baseline_pct = {
+        let a = CpuSample::now().ok();
+        std::thread::sleep(BASELINE);
+        a.zip(CpuSample::now().ok()).map(|(a, b)| {
+            let d = b.diff(&a);
+            d.busy_time(&[place.server_cpu], rate).as_secs_f64() * 100.0 / d.elapsed.as_secs_f64().max(1e-9)
+        })
+    };
+    if let Some(b) = baseline_pct {
+        progress(&format!(
+            "CPU {} with nothing of ours running: {b:.1} % busy (in every row's server CPU)",
+            place.server_cpu
+        ));
+    }
     let mut rows = Vec::new();
     let mut left_out = Vec::new();
     let servers: Vec<ScaleServer> = cfg
@@ -322,8 +348,8 @@ pub fn run(cfg: &ScaleConfig, progress: &mut dyn FnMut(&str)) -> Result<ScaleBen
         Some(n) => Environment::collect(&[(Some(&n.rx), &n.rx_dev), (Some(&n.tx), &n.tx_dev)]),
         None => Environment::collect(&[(None, "lo")]),
     };
-    let checks = judge(&rows);
-    Ok(ScaleBench { config: cfg.clone(), path, rows, left_out, checks, environment })
+    let checks = judge(&rows, baseline_pct);
+    Ok(ScaleBench { config: cfg.clone(), path, rows, left_out, baseline_pct, checks, environment })
 }
 
 /// A running server: its process, what it serves on.
@@ -343,12 +369,16 @@ fn one_run(
     idle: bool,
     rate: TickRate,
 ) -> Result<RowRun, String> {
-    let lifetime = cfg.ramp + cfg.window + Duration::from_secs(60);
+    // Idle connections are measured established: their handshakes (a few hundred
+    // microseconds of each side's CPU apiece) must end before the window, at a rate both
+    // sides keep up with on this machine.
+    let ramp = if idle { cfg.ramp.max(Duration::from_secs(n as u64 / IDLE_OPENS_PER_SEC)) } else { cfg.ramp };
+    let lifetime = ramp + cfg.window + Duration::from_secs(60);
     let running = start_server(cfg, place, dir, (cert, key), server, lifetime)?;
     let rss0 = rss(running.process.id());
     let mut lc =
         LoadConfig::new(running.addr, n, &format!("/{SEGMENT}"), if idle { Duration::ZERO } else { cfg.interval });
-    lc.ramp = if idle { cfg.ramp.max(Duration::from_secs(n as u64 / 4000)) } else { cfg.ramp };
+    lc.ramp = ramp;
     lc.duration = cfg.window;
     lc.locals = place.client_ips.clone();
     let client_cpu = place.client_cpu;
@@ -511,12 +541,12 @@ fn nginx_conf(dir: &Path, www: &Path, listen: SocketAddr, cert: &Path, key: &Pat
 }
 
 /// The targets, from per-round ratios (see [`udpx_lab::judge`]: a verdict needs 3
-/// rounds at least; fewer say inconclusive).
-pub fn judge(rows: &[ScaleRow]) -> Vec<Check> {
+/// rounds at least; fewer say inconclusive). `baseline`: the server CPU's busy share with
+/// nothing running ([`ScaleBench::baseline_pct`]).
+pub fn judge(rows: &[ScaleRow], baseline: Option<f64>) -> Vec<Check> {
     let mut out = Vec::new();
     let find = |s: ScaleServer, n: usize| rows.iter().find(|r| r.server == s && r.connections == n && !r.idle);
     let max_n = rows.iter().filter(|r| !r.idle).map(|r| r.connections).max().unwrap_or(0);
-    let min_n = rows.iter().filter(|r| !r.idle).map(|r| r.connections).min().unwrap_or(0);
     let per_run = |r: &ScaleRow, f: &dyn Fn(&RowRun) -> Option<f64>| -> Vec<Option<f64>> {
         r.runs.iter().map(|x| x.as_ref().and_then(f)).collect()
     };
@@ -549,7 +579,16 @@ pub fn judge(rows: &[ScaleRow]) -> Vec<Check> {
             1.0,
         ));
     }
-    if let (Some(hi), Some(lo)) = (top, find(ScaleServer::Udpx, min_n)) {
+    // The smallest row well above the server CPU's baseline (a row near it measures the
+    // VM's own agents, and its cost per byte is theirs).
+    let floor = ABOVE_BASELINE * baseline.unwrap_or(0.0).max(0.1);
+    let low = rows
+        .iter()
+        .filter(|r| !r.idle && r.server == ScaleServer::Udpx)
+        .filter(|r| r.median.as_ref().is_some_and(|m| m.server_cpu_pct >= floor))
+        .min_by_key(|r| r.connections);
+    if let (Some(hi), Some(lo)) = (top, low) {
+        let min_n = lo.connections;
         if max_n != min_n {
             out.extend(Check::judge(
                 "h3 scale",
@@ -606,6 +645,12 @@ pub fn table(b: &ScaleBench) -> String {
         c.window.as_secs_f64(),
         b.path
     );
+    if let Some(base) = b.baseline_pct {
+        let _ = writeln!(
+            s,
+            "Server CPU includes what ran there without us ({base:.1} % before the rows: this machine's own agents);              the scaling check starts at the smallest udpx row above {ABOVE_BASELINE:.0}x that.\n"
+        );
+    }
     let _ = writeln!(
         s,
         "| server | conns | served % | never served | p50 / p99 / max ms | late | handshake p50 ms | server CPU % (its process) | CPU-s/GB | CPU-us per conn-s | KiB per conn | client CPU % |"
