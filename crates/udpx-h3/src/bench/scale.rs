@@ -648,7 +648,8 @@ pub fn table(b: &ScaleBench) -> String {
     if let Some(base) = b.baseline_pct {
         let _ = writeln!(
             s,
-            "Server CPU includes what ran there without us ({base:.1} % before the rows: this machine's own agents);              the scaling check starts at the smallest udpx row above {ABOVE_BASELINE:.0}x that.\n"
+            "Server CPU includes what ran there without us ({base:.1} % before the rows: this machine's own agents); \
+             the scaling check starts at the smallest udpx row above {ABOVE_BASELINE:.0}x that.\n"
         );
     }
     let _ = writeln!(
