@@ -247,6 +247,11 @@ pub struct H3BenchArgs {
     /// On loopback even as root (there the client's receive work is charged to the server).
     #[arg(long)]
     loopback: bool,
+    /// Over veth: who segments the server's sends. software: TSO and UDP segmentation offload
+    /// off on the server's device (both split in the server's context); offload: both on (they
+    /// cross the pair whole); both: one table each.
+    #[arg(long, value_enum, default_value = "both", conflicts_with = "loopback")]
+    profile: BenchProfile,
     /// One JSON object instead of the table.
     #[arg(long)]
     json: bool,
@@ -396,7 +401,19 @@ fn quinn_serve(a: QuinnServeArgs) -> ExitCode {
     }
 }
 
-/// `udpx bench h3`: runs [`udpx_h3::bench`] and prints its table or JSON.
+/// `udpx bench h3 --profile`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum BenchProfile {
+    /// Both segment in software.
+    Software,
+    /// Neither segments: the device offloads.
+    Offload,
+    /// Both tables.
+    Both,
+}
+
+/// `udpx bench h3`: runs [`udpx_h3::bench`] and prints its table or JSON (`h3_bench`: one
+/// object per profile).
 pub fn bench(a: H3BenchArgs) -> ExitCode {
     const CMD: &str = "bench h3";
     if !a.connections.is_empty() {
@@ -413,27 +430,40 @@ pub fn bench(a: H3BenchArgs) -> ExitCode {
             eprintln!("udpx {CMD}: warning: no signal cleanup: {e}");
         }
     }
-    let cfg = udpx_h3::bench::H3BenchConfig {
-        size: a.size,
-        repeat: a.repeat as usize,
-        veth,
-        ..udpx_h3::bench::H3BenchConfig::new()
+    use udpx_lab::netns::Profile;
+    let profiles: &[Profile] = match (veth, a.profile) {
+        (false, _) => &[Profile::Software], // loopback: one table, no profile
+        (true, BenchProfile::Software) => &[Profile::Software],
+        (true, BenchProfile::Offload) => &[Profile::Offload],
+        (true, BenchProfile::Both) => &[Profile::Software, Profile::Offload],
     };
-    let b = match udpx_h3::bench::run(&cfg, &mut |l| eprintln!("udpx {CMD}: {l}")) {
-        Ok(b) => b,
-        Err(e) => {
-            eprintln!("udpx {CMD}: {e}");
-            return ExitCode::FAILURE;
+    let mut benches = Vec::new();
+    for &profile in profiles {
+        let cfg = udpx_h3::bench::H3BenchConfig {
+            size: a.size,
+            repeat: a.repeat as usize,
+            veth,
+            profile,
+            ..udpx_h3::bench::H3BenchConfig::new()
+        };
+        let b = match udpx_h3::bench::run(&cfg, &mut |l| eprintln!("udpx {CMD}: {l}")) {
+            Ok(b) => b,
+            Err(e) => {
+                eprintln!("udpx {CMD}: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
+        for l in &b.left_out {
+            eprintln!("udpx {CMD}: left out {}: {}", l.rows, l.why);
         }
-    };
-    for l in &b.left_out {
-        eprintln!("udpx {CMD}: left out {}: {}", l.rows, l.why);
+        if !a.json {
+            println!("{}", udpx_h3::bench::table(&b));
+            println!("{}", b.environment.to_markdown());
+        }
+        benches.push(b);
     }
     if a.json {
-        println!("{}", serde_json::json!({ "h3_bench": b }));
-    } else {
-        println!("{}", udpx_h3::bench::table(&b));
-        println!("{}", b.environment.to_markdown());
+        println!("{}", serde_json::json!({ "h3_bench": benches }));
     }
     ExitCode::SUCCESS
 }

@@ -146,7 +146,9 @@ fn bench_h3_names_a_missing_nginx_and_exits_0() {
     assert!(err.contains("left out nginx https/tcp / curl: nginx and curl not found in PATH"), "{err}");
     assert!(err.contains("gtlsclient not found in PATH"), "{err}");
     let json: serde_json::Value = serde_json::from_slice(&o.stdout).expect("one JSON object");
-    let b = &json["h3_bench"];
+    let b = &json["h3_bench"][0];
+    assert_eq!(json["h3_bench"].as_array().map(Vec::len), Some(1), "loopback: one table");
+    assert_eq!(b["profile"], "loopback");
     assert_eq!(b["rows"].as_array().map(Vec::len), Some(5), "the udpx h3 get rows only: {b}");
     assert_eq!(b["left_out"].as_array().map(Vec::len), Some(2), "{b}");
 }

@@ -4,12 +4,13 @@
 //! its rows out by name. No timing is asserted: the figures belong to the bench's report.
 
 use udpx_h3::bench::{run, udpx_servers, H3BenchConfig, Programs};
+use udpx_lab::netns::Profile;
 
 const SIZE: u64 = 2_000_000;
 
 #[test]
 fn a_small_bench_runs_every_row_and_names_missing_peers() {
-    let cfg = H3BenchConfig { size: SIZE, repeat: 1, veth: false, programs: Programs::from_path() };
+    let cfg = H3BenchConfig { size: SIZE, repeat: 1, veth: false, ..H3BenchConfig::new() };
     let mut lines = Vec::new();
     let b = run(&cfg, &mut |l| lines.push(l.to_string())).expect("bench");
     assert_eq!(lines.len(), b.rows.len(), "a progress line per run: {lines:?}");
@@ -57,4 +58,37 @@ fn a_small_bench_runs_every_row_and_names_missing_peers() {
     let t = udpx_h3::bench::table(&b);
     assert!(t.contains("left out: nginx https/tcp / curl: nginx and curl not found"), "{t}");
     assert!(t.contains("left out: every udpx row with gtlsclient: gtlsclient not found"), "{t}");
+}
+
+/// Over veth, each profile sets the server's device as it says (TCP and UDP segmentation
+/// offload both off, or both on: equal footing) and every row is measured on the server's
+/// CPU. Needs root.
+#[test]
+fn each_profile_sets_the_servers_offloads_alike() {
+    if !udpx_lab::netns::is_root() {
+        println!("SKIP: each_profile_sets_the_servers_offloads_alike: needs root (network namespaces)");
+        return;
+    }
+    for (profile, said) in
+        [(Profile::Software, "TSO and tx-udp-segmentation off"), (Profile::Offload, "TSO and tx-udp-segmentation on")]
+    {
+        let cfg = H3BenchConfig { size: SIZE, repeat: 1, veth: true, profile, ..H3BenchConfig::new() };
+        let b = run(&cfg, &mut |_| {}).expect("bench over veth");
+        assert_eq!(b.profile, profile.as_str());
+        assert!(b.path.contains(said), "{}", b.path);
+        // The server's device in the environment: tso and tx-udp-segmentation as the profile says.
+        let env = b.environment.to_markdown();
+        let row = env.lines().find(|l| l.contains("-rx/")).expect("the server's device").to_string();
+        let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+        let head = env.lines().find(|l| l.starts_with("| device")).expect("the device table").to_string();
+        let names: Vec<&str> = head.split('|').map(str::trim).collect();
+        let col = |n: &str| cells[names.iter().position(|x| *x == n).unwrap_or_else(|| panic!("{n} in {head}"))];
+        let want = if profile == Profile::Software { "off" } else { "on" };
+        assert_eq!((col("tso"), col("tx-udp-seg")), (want, want), "{row}");
+        for r in &b.rows {
+            let m = r.median.unwrap_or_else(|| panic!("{}: {:?}", r.label(), r.error));
+            assert_eq!(m.bytes, SIZE);
+            assert!(m.server_cpu_s > 0.0 && m.server_task_s <= m.server_cpu_s * 1.5, "{}: {m:?}", r.label());
+        }
+    }
 }

@@ -210,13 +210,19 @@ pub struct CpuSample {
     pub total: CpuTimes,
     /// Per CPU number; offline CPUs have no line and are absent.
     pub per_cpu: BTreeMap<usize, CpuTimes>,
+    /// Per CPU, microseconds spent in its idle states (`cpuidle`'s `state*/time`, summed),
+    /// where the kernel has cpuidle: idle time to the microsecond, where `/proc/stat` gives it
+    /// in ticks of 10 ms. Empty where it cannot be read.
+    pub idle_us: BTreeMap<usize, u64>,
 }
 
 impl CpuSample {
-    /// Reads and parses `/proc/stat` now.
+    /// Reads and parses `/proc/stat` now, and each CPU's cpuidle residency.
     pub fn now() -> Result<CpuSample, Error> {
         let text = std::fs::read_to_string(PROC_STAT).map_err(|source| Error::Read { path: PROC_STAT, source })?;
-        Ok(CpuSample::from_proc_stat(&text, Instant::now())?)
+        let mut s = CpuSample::from_proc_stat(&text, Instant::now())?;
+        s.idle_us = s.per_cpu.keys().filter_map(|&n| cpuidle_us(n).map(|us| (n, us))).collect();
+        Ok(s)
     }
 
     /// Builds a sample from `/proc/stat` text read at `taken`.
@@ -232,7 +238,7 @@ impl CpuSample {
             }
         }
         let total = total.unwrap_or_else(|| per_cpu.values().fold(CpuTimes::default(), |a, t| a.add(t)));
-        Ok(CpuSample { taken, total, per_cpu })
+        Ok(CpuSample { taken, total, per_cpu, idle_us: BTreeMap::new() })
     }
 
     /// What happened between `earlier` and `self`, saturating at zero. A CPU present in only
@@ -246,8 +252,30 @@ impl CpuSample {
                 .iter()
                 .filter_map(|(n, now)| earlier.per_cpu.get(n).map(|then| (*n, now.diff(then))))
                 .collect(),
+            idle_us: self
+                .idle_us
+                .iter()
+                .filter_map(|(n, now)| earlier.idle_us.get(n).map(|then| (*n, now.saturating_sub(*then))))
+                .collect(),
         }
     }
+}
+
+/// Microseconds CPU `n` has spent in its idle states (`/sys/devices/system/cpu/cpuN/cpuidle/
+/// state*/time`, summed); `None` without cpuidle.
+fn cpuidle_us(n: usize) -> Option<u64> {
+    let dir = std::fs::read_dir(format!("/sys/devices/system/cpu/cpu{n}/cpuidle")).ok()?;
+    let mut sum = 0u64;
+    let mut any = false;
+    for e in dir.flatten() {
+        if !e.file_name().to_string_lossy().starts_with("state") {
+            continue;
+        }
+        let t = std::fs::read_to_string(e.path().join("time")).ok()?;
+        sum = sum.saturating_add(t.trim().parse::<u64>().ok()?);
+        any = true;
+    }
+    any.then_some(sum)
 }
 
 /// The difference of two [`CpuSample`]s.
@@ -259,6 +287,8 @@ pub struct CpuDelta {
     pub total: CpuTimes,
     /// Per CPU present in both samples.
     pub per_cpu: BTreeMap<usize, CpuTimes>,
+    /// Per CPU, microseconds idle (cpuidle), where both samples had it.
+    pub idle_us: BTreeMap<usize, u64>,
 }
 
 impl CpuDelta {
@@ -270,31 +300,46 @@ impl CpuDelta {
         }
     }
 
-    /// Busy time of the given CPUs together, converted with `rate`; CPUs not sampled add
-    /// nothing. Per CPU, the larger of two readings:
+    /// Busy time of the given CPUs together; CPUs not sampled add nothing. Per CPU:
     ///
-    /// - the work ticks ([`CpuTimes::busy_as`] with this process's [`Accounting`]): sampled at
-    ///   each timer tick, so a task that wakes often for a few microseconds and sleeps
-    ///   through most ticks is undercounted (measured here: a task busy 19 % of a CPU in
-    ///   30 us bursts read as 11 %);
-    /// - the time it was awake ([`CpuDelta::awake_ticks`]): the wall-clock length of the
-    ///   delta less its idle, iowait and steal (and other people's `nice`). With a tickless
-    ///   idle (`NO_HZ`, every current kernel) idle time is measured exactly at each idle
-    ///   entry and exit, so this sees the short wake-ups that the tick misses.
+    /// - the work ticks ([`CpuTimes::busy_as`] with this process's [`Accounting`]) are
+    ///   sampled at each timer tick, so a task that wakes often for a few microseconds and
+    ///   sleeps through most ticks is undercounted (measured here: a task busy 19 % of a CPU
+    ///   in 30 us bursts read as 11 %);
+    /// - the time it was awake ([`CpuDelta::awake`]) is the wall-clock length of the delta
+    ///   less its idle time (measured at each idle entry and exit: tickless idle), steal and
+    ///   other people's `nice`, and sees those short wake-ups.
     ///
-    /// Where the CPU runs flat out the two agree; an event-driven server is judged by the
-    /// second.
+    /// Where cpuidle gives idle time to the microsecond, the time awake alone (the tick's
+    /// 10 ms would blur a download of a fraction of a second); else the larger of the two.
+    /// Where the CPU runs flat out they agree.
     pub fn busy_time(&self, cpus: &[usize], rate: TickRate) -> Duration {
         let acc = Accounting::for_this_process();
-        rate.to_duration(self.sum(cpus, |t| t.busy_as(acc).max(self.awake_ticks(t, rate, acc))))
+        cpus.iter()
+            .filter_map(|&n| {
+                let t = self.per_cpu.get(&n)?;
+                let ticks = rate.to_duration(t.busy_as(acc));
+                Some(match self.awake(n, rate, acc) {
+                    Some((awake, true)) => awake,
+                    Some((awake, false)) => awake.max(ticks),
+                    None => ticks,
+                })
+            })
+            .sum()
     }
 
-    /// Ticks a CPU with times `t` over this delta was neither idle nor stolen, nor running
-    /// niced work that is not ours: the delta's wall-clock length less those.
-    pub fn awake_ticks(&self, t: &CpuTimes, rate: TickRate, acc: Accounting) -> u64 {
-        let wall = (self.elapsed.as_nanos() * u128::from(rate.hz()) / 1_000_000_000) as u64;
+    /// How long CPU `n` was neither idle nor stolen, nor running niced work that is not ours:
+    /// the delta's wall-clock length less those; `true` when its idle time came from cpuidle
+    /// (to the microsecond), `false` when from `/proc/stat`'s ticks. `None` if not sampled.
+    pub fn awake(&self, n: usize, rate: TickRate, acc: Accounting) -> Option<(Duration, bool)> {
+        let t = self.per_cpu.get(&n)?;
+        let (idle, exact) = match self.idle_us.get(&n) {
+            Some(&us) => (Duration::from_micros(us), true),
+            None => (rate.to_duration(t.idle_total()), false),
+        };
         let others = if acc.nice { 0 } else { t.nice };
-        wall.saturating_sub(t.idle_total()).saturating_sub(t.steal).saturating_sub(others)
+        let not_ours = rate.to_duration(t.steal.saturating_add(others));
+        Some((self.elapsed.saturating_sub(idle).saturating_sub(not_ours), exact))
     }
 
     /// Time the hypervisor stole from the given CPUs (not counted as busy; reported apart).
@@ -671,7 +716,8 @@ softirq 409213 0 108244 1 2 3 4 5 6 7 8
         // A CPU stolen half the time and busy the other half: utilization 0.5, not 1.0.
         assert_eq!(times([1, 0, 0, 0, 0, 0, 0, 1]).utilization(), Some(0.5));
         assert_eq!(times([u64::MAX, 1, 0, 0, 0, 0, 0, 0]).busy(), u64::MAX);
-        let d = CpuDelta { elapsed: Duration::ZERO, total: t, per_cpu: [(0, t), (1, t)].into() };
+        let d =
+            CpuDelta { elapsed: Duration::ZERO, total: t, per_cpu: [(0, t), (1, t)].into(), idle_us: BTreeMap::new() };
         let rate = TickRate::new(100).unwrap();
         assert_eq!(d.steal_time(&[0, 1], rate), Duration::from_millis(120));
     }
@@ -713,10 +759,28 @@ softirq 409213 0 108244 1 2 3 4 5 6 7 8
         // Steal and other people's niced work are not ours.
         let d = at("cpu0 10 5 0 70 0 0 0 10\n");
         let acc = Accounting { nice: false };
-        assert_eq!(d.awake_ticks(d.times(Some(0)).unwrap(), rate, acc), 15);
-        assert_eq!(d.awake_ticks(d.times(Some(0)).unwrap(), rate, Accounting { nice: true }), 20);
+        assert_eq!(d.awake(0, rate, acc), Some((Duration::from_millis(150), false)));
+        assert_eq!(d.awake(0, rate, Accounting { nice: true }), Some((Duration::from_millis(200), false)));
         // Rounding the other way: the work ticks win.
         assert_eq!(at("cpu0 60 0 0 45 0 0 0 0\n").busy_time(&[0], rate), Duration::from_millis(600));
+        // With cpuidle's microseconds, the time awake alone: 1 s less 873,250 us idle.
+        let mut d = at("cpu0 60 0 0 45 0 0 0 0\n");
+        d.idle_us.insert(0, 873_250);
+        assert_eq!(d.busy_time(&[0], rate), Duration::from_micros(126_750));
+    }
+
+    #[test]
+    fn cpuidle_is_read_where_the_kernel_has_it() {
+        let s = CpuSample::now().unwrap();
+        if std::fs::metadata("/sys/devices/system/cpu/cpu0/cpuidle").is_err() {
+            println!("SKIP: cpuidle_is_read_where_the_kernel_has_it: no cpuidle in this kernel");
+            return;
+        }
+        assert_eq!(s.idle_us.len(), s.per_cpu.len(), "every CPU's idle time: {:?}", s.idle_us);
+        let later = CpuSample::now().unwrap();
+        let d = later.diff(&s);
+        assert_eq!(d.idle_us.len(), s.per_cpu.len());
+        assert!(d.idle_us.values().all(|&us| us <= d.elapsed.as_micros() as u64 + 1_000), "{d:?}");
     }
 
     #[test]

@@ -7,10 +7,10 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use udpx_lab::cpu::TickRate;
+use udpx_lab::cpu::{CpuSample, TickRate};
 use udpx_lab::netns::ChildGroup;
 
-use super::{measured, H3BenchConfig, H3Run, Place, FILE};
+use super::{busy_since, measured, H3BenchConfig, H3Run, Place, FILE};
 
 /// gtlsclient downloads `url` into a directory of its own; returns (bytes, seconds).
 pub(super) fn gtlsclient(
@@ -25,7 +25,7 @@ pub(super) fn gtlsclient(
     let _ = std::fs::remove_dir_all(&out);
     std::fs::create_dir_all(&out).map_err(|e| format!("{}: {e}", out.display()))?;
     let log = dir.join("gtlsclient.log");
-    let mut cmd = place.command(place.client_ns(), prog);
+    let mut cmd = place.command(place.client_ns(), place.client_cpu, prog);
     cmd.args(["-q", "--exit-on-all-streams-close", "--timeout=20s"])
         .arg(format!("--download={}", out.display()))
         .args([addr.ip().to_string(), addr.port().to_string(), url.to_string()]);
@@ -57,7 +57,7 @@ pub(super) fn nginx_run(
     let conf = nginx_conf(&ndir, &dir.join("www"), SocketAddr::new(place.server_ip, port), cert, key);
     std::fs::write(ndir.join("nginx.conf"), conf).map_err(|e| format!("nginx.conf: {e}"))?;
     let log = std::fs::File::create(ndir.join("stderr.log")).map_err(|e| e.to_string())?;
-    let mut cmd = place.command(place.server_ns(), nginx);
+    let mut cmd = place.command(place.server_ns(), place.server_cpu, nginx);
     cmd.arg("-p")
         .arg(&ndir)
         .arg("-c")
@@ -77,13 +77,15 @@ pub(super) fn nginx_run(
     let task = [format!("/proc/{}", server.id())];
     let url = format!("https://{addr}/{FILE}");
     let out = ndir.join("curl.out");
-    let mut c = place.command(place.client_ns(), curl);
+    let mut c = place.command(place.client_ns(), place.client_cpu, curl);
     c.args(["-k", "-s", "-S", "--http1.1", "--tlsv1.3", "-o", "/dev/null", "-w", "%{size_download} %{http_code}"])
         .args(["--max-time", &cfg.deadline().as_secs().to_string(), &url]);
     let cpu0 = cpu_secs(&task, rate);
+    let busy0 = CpuSample::now().ok();
     let start = Instant::now();
     let status = run_bounded(&mut c, &out, cfg.deadline() + Duration::from_secs(5));
     let seconds = start.elapsed().as_secs_f64();
+    let busy = busy_since(busy0, place.server_cpu, rate);
     let cpu1 = cpu_secs(&task, rate);
     drop(server);
     let text = std::fs::read_to_string(&out).unwrap_or_default();
@@ -94,8 +96,10 @@ pub(super) fn nginx_run(
     if code != "200" || bytes != cfg.size {
         return Err(format!("curl: HTTP {code}, {bytes} bytes; the file has {}", cfg.size));
     }
-    let (Some(c0), Some(c1)) = (cpu0, cpu1) else { return Err("nginx's /proc/PID could not be read".into()) };
-    Ok(measured((c1 - c0).max(0.0), bytes, seconds))
+    let (Some(c0), Some(c1), Some(busy)) = (cpu0, cpu1, busy) else {
+        return Err("nginx's /proc/PID or /proc/stat could not be read".into());
+    };
+    Ok(measured(busy, (c1 - c0).max(0.0), bytes, seconds))
 }
 
 /// nginx's configuration: one process (`master_process off`), every path under `dir`, TLS 1.3
