@@ -8,8 +8,13 @@ use udpx_lab::netns::Profile;
 
 const SIZE: u64 = 2_000_000;
 
+/// One bench at a time: a bench finds its server's shard threads by name in
+/// `/proc/self/task`, which the tests of this file share.
+static ONE_BENCH: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 #[test]
 fn a_small_bench_runs_every_row_and_names_missing_peers() {
+    let _one = ONE_BENCH.lock().unwrap_or_else(|e| e.into_inner());
     let cfg = H3BenchConfig { size: SIZE, repeat: 1, veth: false, ..H3BenchConfig::new() };
     let mut lines = Vec::new();
     let b = run(&cfg, &mut |l| lines.push(l.to_string())).expect("bench");
@@ -65,6 +70,7 @@ fn a_small_bench_runs_every_row_and_names_missing_peers() {
 /// CPU. Needs root.
 #[test]
 fn each_profile_sets_the_servers_offloads_alike() {
+    let _one = ONE_BENCH.lock().unwrap_or_else(|e| e.into_inner());
     if !udpx_lab::netns::is_root() {
         println!("SKIP: each_profile_sets_the_servers_offloads_alike: needs root (network namespaces)");
         return;
