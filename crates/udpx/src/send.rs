@@ -64,7 +64,7 @@ impl UdpSocket {
     ) -> Result<usize, SendError> {
         let mut flags = if zc.is_some() { libc::MSG_ZEROCOPY } else { 0 };
         // Pending ICMP errors met at the current position (see crate::icmp).
-        let mut icmp = crate::icmp::IcmpRetry::default();
+        let mut icmp = crate::icmp::log::IcmpRetry::default();
         for (index, t) in transmits.iter().enumerate().skip(from.transmit) {
             self.validate(t).map_err(|reason| SendError {
                 sent: from.transmit,
@@ -148,7 +148,7 @@ impl UdpSocket {
                 Err(e) => {
                     let errno = e.raw_os_error().unwrap_or(0);
                     let icmp_kind = self.icmp_pending(errno);
-                    let drained = if zc_call || (self.caps.recv_err && crate::icmp::is_icmp_errno(errno)) {
+                    let drained = if zc_call || (self.caps.recv_err && crate::icmp::log::is_icmp_errno(errno)) {
                         self.after_failed_call(zc.as_deref_mut(), zc_call && ring_zc.is_none())
                     } else {
                         Default::default()
@@ -156,9 +156,9 @@ impl UdpSocket {
                     if icmp_kind {
                         // Someone else's ICMP error, or this transmit's own? (crate::icmp)
                         match self.icmp_send_step(&mut icmp, &drained) {
-                            crate::icmp::IcmpStep::Retry => continue,
-                            crate::icmp::IcmpStep::Yield => return Err(fail(cur, SendErrorKind::WouldBlock)),
-                            crate::icmp::IcmpStep::Own => {}
+                            crate::icmp::log::IcmpStep::Retry => continue,
+                            crate::icmp::log::IcmpStep::Yield => return Err(fail(cur, SendErrorKind::WouldBlock)),
+                            crate::icmp::log::IcmpStep::Own => {}
                         }
                     }
                     let first_span = scratch.metas()[0];
@@ -281,7 +281,7 @@ impl UdpSocket {
     /// `zc_call`, a completion covering the next zerocopy id means the failed call consumed it
     /// (the kernel built the packet, then refused it): the id joins the send's open entry,
     /// already complete, so later ids line up with the kernel's.
-    fn after_failed_call(&self, mut zc: Option<&mut ZcState>, zc_call: bool) -> crate::icmp::Drained {
+    fn after_failed_call(&self, mut zc: Option<&mut ZcState>, zc_call: bool) -> crate::icmp::log::Drained {
         let watch = zc.as_deref().filter(|_| zc_call).map(|z| z.tracker.next_id());
         let d = self.drain_error_queue(zc.as_deref_mut(), watch, &mut |_| {}).unwrap_or_default();
         if let (Some(id), true, Some(z)) = (watch, d.watched_completed, zc) {

@@ -269,7 +269,7 @@ pub struct UdpSocket {
     pub(crate) logged_ctrunc: AtomicBool,
     pub(crate) zc: Option<Mutex<crate::zerocopy::ZcState>>,
     /// ICMP errors kept for `drain_errors` and the top list of their senders.
-    pub(crate) icmp_log: Mutex<crate::icmp::IcmpLog>,
+    pub(crate) icmp_log: Mutex<crate::icmp::log::IcmpLog>,
     path_mtu: OnceLock<Option<usize>>,
     /// Sends go through io_uring.
     pub(crate) uring: bool,

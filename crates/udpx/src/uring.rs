@@ -242,7 +242,7 @@ impl Tally {
             RecvEvent::Error(errno) => {
                 // An ICMP error about an earlier datagram, pending on an unconnected socket
                 // with IP_RECVERR: read the error queue (counted there), go on receiving.
-                if sock.caps.recv_err && sock.peer.is_none() && crate::icmp::is_icmp_errno(errno) {
+                if sock.caps.recv_err && sock.peer.is_none() && crate::icmp::log::is_icmp_errno(errno) {
                     self.icmp += 1;
                 } else if self.error.is_none() {
                     self.error = Some(io::Error::from_raw_os_error(errno));

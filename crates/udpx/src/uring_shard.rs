@@ -141,7 +141,7 @@ impl std::error::Error for QueueError {}
 #[derive(Debug, Clone, Copy, Default)]
 struct SlotInfo {
     enobufs: u32,
-    icmp: crate::icmp::IcmpRetry,
+    icmp: crate::icmp::log::IcmpRetry,
 }
 
 /// The send side's bookkeeping (safe code; the slots' memory is in `sys`).
@@ -200,8 +200,8 @@ impl SendSide {
             // queued for the next enter.
             let drained = sock.drain_error_queue(None, None, &mut |_| {}).unwrap_or_default();
             let step = sock.icmp_send_step(&mut info.icmp, &drained);
-            if step != crate::icmp::IcmpStep::Own {
-                self.stats.icmp_retries += u64::from(step == crate::icmp::IcmpStep::Retry);
+            if step != crate::icmp::log::IcmpStep::Own {
+                self.stats.icmp_retries += u64::from(step == crate::icmp::log::IcmpStep::Retry);
                 self.ready.push(slot);
                 return;
             }
