@@ -439,13 +439,15 @@ pub fn bench(a: H3BenchArgs) -> ExitCode {
     };
     let mut benches = Vec::new();
     for &profile in profiles {
-        let cfg = udpx_h3::bench::H3BenchConfig {
+        let mut cfg = udpx_h3::bench::H3BenchConfig {
             size: a.size,
             repeat: a.repeat as usize,
             veth,
             profile,
             ..udpx_h3::bench::H3BenchConfig::new()
         };
+        // This binary runs the second HTTP/3 server (quinn with h3).
+        cfg.programs.udpx = std::env::current_exe().ok();
         let b = match udpx_h3::bench::run(&cfg, &mut |l| eprintln!("udpx {CMD}: {l}")) {
             Ok(b) => b,
             Err(e) => {

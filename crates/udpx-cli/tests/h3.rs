@@ -149,7 +149,9 @@ fn bench_h3_names_a_missing_nginx_and_exits_0() {
     let b = &json["h3_bench"][0];
     assert_eq!(json["h3_bench"].as_array().map(Vec::len), Some(1), "loopback: one table");
     assert_eq!(b["profile"], "loopback");
-    assert_eq!(b["rows"].as_array().map(Vec::len), Some(5), "the udpx h3 get rows only: {b}");
+    assert_eq!(b["rows"].as_array().map(Vec::len), Some(6), "the udpx h3 get rows and quinn's: {b}");
+    assert_eq!(b["rows"][5]["server"], "quinn h3", "{b}");
+    assert!(b["rows"][5]["median"]["bytes"].as_u64().is_some(), "quinn's download measured: {b}");
     assert_eq!(b["left_out"].as_array().map(Vec::len), Some(2), "{b}");
 }
 

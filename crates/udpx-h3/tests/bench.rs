@@ -38,7 +38,8 @@ fn a_small_bench_runs_every_row_and_names_missing_peers() {
     let gtls = if cfg.programs.gtlsclient.is_some() { 5 } else { 0 };
     let nginx = usize::from(cfg.programs.nginx.is_some() && cfg.programs.curl.is_some());
     assert_eq!(b.rows.len(), udpx_servers().len() + gtls + nginx);
-    assert_eq!(b.left_out.len(), usize::from(gtls == 0) + (1 - nginx), "{:?}", b.left_out);
+    // quinn's row needs the udpx binary, which only `udpx bench h3` gives: left out here.
+    assert_eq!(b.left_out.len(), usize::from(gtls == 0) + (1 - nginx) + 1, "{:?}", b.left_out);
     for l in &b.left_out {
         udpx_lab::netns::record_skip("a_small_bench_runs_every_row (some rows)", &l.why);
     }

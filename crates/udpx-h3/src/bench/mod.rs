@@ -49,10 +49,14 @@ use crate::{get, serve, GetConfig, ServeConfig, Tls};
 mod peers;
 pub mod scale;
 
-use peers::{cpu_secs, gtlsclient, nginx_run, quic_threads};
+use peers::{cpu_secs, gtlsclient, nginx_run, quic_threads, quinn_run};
 
 /// The file's name under the served directory.
 const FILE: &str = "file";
+/// The nginx row's server column.
+const NGINX: &str = "nginx https/tcp";
+/// The quinn row's server column.
+const QUINN: &str = "quinn h3";
 
 /// The external programs, found in `PATH` (or given). `None`: not installed, rows left out.
 #[derive(Debug, Clone, Default, Serialize)]
@@ -63,13 +67,21 @@ pub struct Programs {
     pub nginx: Option<PathBuf>,
     /// curl (Debian `curl`).
     pub curl: Option<PathBuf>,
+    /// The `udpx` binary, which runs quinn with h3 (`udpx h3 quinn-serve`) as a second
+    /// HTTP/3 server: set by `udpx bench h3` to itself; `None` leaves that row out.
+    pub udpx: Option<PathBuf>,
 }
 
 impl Programs {
     /// Each program looked up in the directories of `PATH` only (Debian puts nginx in
     /// `/usr/sbin`, which root's `PATH` holds), so a `PATH` without one leaves its rows out.
     pub fn from_path() -> Programs {
-        Programs { gtlsclient: find_in_path("gtlsclient"), nginx: find_in_path("nginx"), curl: find_in_path("curl") }
+        Programs {
+            gtlsclient: find_in_path("gtlsclient"),
+            nginx: find_in_path("nginx"),
+            curl: find_in_path("curl"),
+            udpx: None,
+        }
     }
 }
 
@@ -132,6 +144,8 @@ pub enum ServerKind {
     },
     /// nginx, HTTPS over TCP with TLS 1.3.
     Nginx,
+    /// quinn with h3 (`udpx h3 quinn-serve`, a child process): the second HTTP/3 server.
+    Quinn,
 }
 
 /// Which client downloads.
@@ -161,7 +175,8 @@ fn server_name(s: ServerKind) -> String {
     match s {
         ServerKind::Udpx { io, gro: true } => format!("{} +GRO", io.name()),
         ServerKind::Udpx { io, gro: false } => io.name().to_string(),
-        ServerKind::Nginx => "nginx https/tcp".to_string(),
+        ServerKind::Nginx => NGINX.to_string(),
+        ServerKind::Quinn => QUINN.to_string(),
     }
 }
 
@@ -227,7 +242,7 @@ impl H3Row {
     }
 
     fn is_udpx(&self) -> bool {
-        self.client != ClientKind::Curl.name()
+        self.server != NGINX && self.server != QUINN
     }
 }
 
@@ -304,11 +319,18 @@ impl Place<'_> {
         self.net.map(|n| n.ns(Side::Rx))
     }
 
-    /// `taskset -c CPU program` in namespace `ns` (or here).
+    /// `taskset -c CPU program` in namespace `ns` (or here); without `taskset` in `PATH`
+    /// (util-linux), the program unpinned.
     fn command(&self, ns: Option<&Namespace>, cpu: usize, program: &Path) -> Command {
+        let Some(taskset) = find_in_path("taskset") else {
+            return match ns {
+                Some(ns) => ns.command(&program.to_string_lossy()),
+                None => Command::new(program),
+            };
+        };
         let mut c = match ns {
-            Some(ns) => ns.command("taskset"),
-            None => Command::new("taskset"),
+            Some(ns) => ns.command(&taskset.to_string_lossy()),
+            None => Command::new(taskset),
         };
         c.args(["-c", &cpu.to_string()]).arg(program);
         c
@@ -349,6 +371,14 @@ fn plan(p: &Programs) -> (Vec<(ServerKind, ClientKind)>, Vec<LeftOut>) {
     }
     let missing: Vec<&str> =
         [("nginx", &p.nginx), ("curl", &p.curl)].iter().filter(|(_, p)| p.is_none()).map(|(n, _)| *n).collect();
+    if p.udpx.is_some() {
+        rows.push((ServerKind::Quinn, ClientKind::UdpxGet));
+    } else {
+        left.push(LeftOut {
+            rows: format!("{QUINN} / udpx h3 get"),
+            why: "no udpx binary to run `udpx h3 quinn-serve` (`udpx bench h3` gives itself)".into(),
+        });
+    }
     if missing.is_empty() {
         rows.push((ServerKind::Nginx, ClientKind::Curl));
     } else {
@@ -484,7 +514,11 @@ pub fn judge(rows: &[H3Row], vs_nginx: f64) -> Vec<Check> {
         .filter(|r| r.is_udpx())
         .filter_map(|r| Some((r, r.median?.cpu_s_per_gb)))
         .min_by(|a, b| a.1.total_cmp(&b.1));
-    if let (Some((best, _)), Some(nginx)) = (best, rows.iter().find(|r| !r.is_udpx())) {
+    if let (Some((best, _)), Some(quinn)) = (best, rows.iter().find(|r| r.server == QUINN)) {
+        let what = format!("best udpx ({}) / quinn h3, CPU per byte", best.label());
+        out.extend(Check::judge("h3", &what, &best.costs(), &quinn.costs(), 1.0));
+    }
+    if let (Some((best, _)), Some(nginx)) = (best, rows.iter().find(|r| r.server == NGINX)) {
         let what = format!("best udpx ({}) / nginx, CPU per byte", best.label());
         out.extend(Check::judge("h3", &what, &best.costs(), &nginx.costs(), vs_nginx));
     }
@@ -528,7 +562,7 @@ pub fn table(b: &H3Bench) -> String {
         "±",
         "runs"
     );
-    let nginx = b.rows.iter().find(|r| !r.is_udpx()).map(H3Row::costs);
+    let nginx = b.rows.iter().find(|r| r.server == NGINX).map(H3Row::costs);
     for r in &b.rows {
         let Some(m) = r.median else {
             let _ = writeln!(s, "{:<16} {:<12} failed: {}", r.server, r.client, r.error.as_deref().unwrap_or("?"));
@@ -625,6 +659,7 @@ fn one_run(
     match server {
         ServerKind::Udpx { io, gro } => udpx_run(cfg, place, dir, (cert, key), io, gro, client, rate),
         ServerKind::Nginx => nginx_run(cfg, place, dir, (cert, key), rate),
+        ServerKind::Quinn => quinn_run(cfg, place, dir, (cert, key), rate),
     }
 }
 
@@ -733,8 +768,12 @@ mod tests {
         let (rows, left) = plan(&Programs::default());
         assert_eq!(rows.len(), udpx_servers().len(), "udpx h3 get needs no peer");
         assert!(rows.iter().all(|r| r.1 == ClientKind::UdpxGet));
-        assert_eq!(left.len(), 2);
-        assert!(left[0].why.contains("gtlsclient") && left[1].why.contains("nginx and curl"), "{left:?}");
+        assert_eq!(left.len(), 3);
+        assert!(left[0].why.contains("gtlsclient") && left[1].why.contains("udpx binary"), "{left:?}");
+        assert!(left[2].why.contains("nginx and curl"), "{left:?}");
+        let with_udpx = Programs { udpx: Some("/bin/true".into()), ..Programs::default() };
+        let (rows, _) = plan(&with_udpx);
+        assert_eq!(rows.last(), Some(&(ServerKind::Quinn, ClientKind::UdpxGet)));
     }
 
     #[test]

@@ -102,6 +102,72 @@ pub(super) fn nginx_run(
     Ok(measured(busy, (c1 - c0).max(0.0), bytes, seconds))
 }
 
+/// `udpx h3 quinn-serve` (quinn with h3, a child process under `taskset`) serves the file and
+/// `udpx h3 get` downloads it.
+pub(super) fn quinn_run(
+    cfg: &H3BenchConfig,
+    place: &Place<'_>,
+    dir: &Path,
+    (cert, key): (&Path, &Path),
+    rate: TickRate,
+) -> Result<H3Run, String> {
+    let udpx = cfg.programs.udpx.as_deref().ok_or("no udpx binary")?;
+    let ip = place.server_ip;
+    let port = place.run_on(place.server_ns(), place.server_cpu, move || {
+        std::net::UdpSocket::bind((ip, 0)).and_then(|s| s.local_addr()).map(|a| a.port())
+    })?;
+    let port = port.map_err(|e| format!("a free UDP port: {e}"))?;
+    let addr = SocketAddr::new(ip, port);
+    let logp = dir.join("quinn.log");
+    let log = std::fs::File::create(&logp).map_err(|e| e.to_string())?;
+    let mut cmd = place.command(place.server_ns(), place.server_cpu, udpx);
+    cmd.args(["h3", "quinn-serve"])
+        .arg(dir.join("www"))
+        .args(["--listen", &addr.to_string(), "--cert"])
+        .arg(cert)
+        .arg("--key")
+        .arg(key)
+        .args(["-l", &(cfg.deadline().as_secs() + 10).to_string()])
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().map_err(|e| e.to_string())?)
+        .stderr(log);
+    let server = ChildGroup::spawn(&mut cmd).map_err(|e| format!("starting quinn-serve: {e}"))?;
+    let start = Instant::now();
+    while !std::fs::read_to_string(&logp).unwrap_or_default().contains(" on https://") {
+        if exited(server.id()) || start.elapsed() > Duration::from_secs(10) {
+            return Err(format!("quinn-serve did not start: {}", std::fs::read_to_string(&logp).unwrap_or_default()));
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // Every thread of the process (its runtime's and quinn's).
+    let tasks = || -> Vec<String> {
+        let d = format!("/proc/{}/task", server.id());
+        std::fs::read_dir(&d)
+            .map(|rd| rd.flatten().map(|e| format!("{d}/{}", e.file_name().to_string_lossy())).collect())
+            .unwrap_or_default()
+    };
+    let t0 = tasks();
+    let cpu0 = cpu_secs(&t0, rate);
+    let busy0 = CpuSample::now().ok();
+    let url = format!("https://{addr}/{FILE}");
+    let got = place
+        .run_on(place.client_ns(), place.client_cpu, move || {
+            crate::get(&url, None, &crate::GetConfig::default()).map(|r| (r.bytes, r.seconds))
+        })?
+        .map_err(|e| format!("udpx h3 get from quinn: {e}"));
+    let busy = busy_since(busy0, place.server_cpu, rate);
+    let cpu1 = cpu_secs(&t0, rate);
+    drop(server);
+    let (bytes, seconds) = got?;
+    if bytes != cfg.size {
+        return Err(format!("{bytes} bytes received from quinn; the file has {}", cfg.size));
+    }
+    let (Some(c0), Some(c1), Some(busy)) = (cpu0, cpu1, busy) else {
+        return Err("quinn-serve's /proc/PID/task or /proc/stat could not be read".into());
+    };
+    Ok(measured(busy, (c1 - c0).max(0.0), bytes, seconds))
+}
+
 /// nginx's configuration: one process (`master_process off`), every path under `dir`, TLS 1.3
 /// only, the file served from `www` (sendfile cannot apply under TLS without kernel TLS).
 fn nginx_conf(dir: &Path, www: &Path, listen: SocketAddr, cert: &Path, key: &Path) -> String {
