@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Where the server's CPU goes in `udpx bench h3` on equal footing, udpx beside nginx: runs the
+# bench (software profile, one round, a 2 GB file so a row lasts seconds) and records
+# `perf record -e cpu-clock -C <server CPU> -g` for 2.5 s inside the `gso +GRO / udpx h3 get`
+# row and 1.2 s inside the nginx row (started from the bench's progress lines), then prints
+# each profile's samples by process and by kind of work (the patterns are below).
+#
+#   scripts/profile-h3.sh [--size 2G]
+#
+# Needs root (namespaces; perf on a CPU) and perf; the release binary is built first. Nothing
+# else should run meanwhile. The windows are timed from progress lines: on a much faster or
+# slower machine a window can miss its row (the process table then says so).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+command -v perf >/dev/null || { echo "profile-h3: perf is not installed (Debian: apt-get install linux-perf)" >&2; exit 1; }
+size=2G
+[ "${1:-}" = --size ] && size=$2
+cargo build --release -q -p udpx-cli
+server_cpu=$(awk '/^cpu[0-9]/ {n++} END {print (n > 1) ? n - 1 : 0}' /proc/stat)
+
+out=$(mktemp -d)
+trap 'rm -rf "$out"; [ -n "${bench:-}" ] && kill "$bench" 2>/dev/null || true' EXIT
+./target/release/udpx bench h3 --size "$size" --repeat 1 --profile software >"$out/bench.md" 2>"$out/bench.log" &
+bench=$!
+u=0 n=0
+while kill -0 "$bench" 2>/dev/null; do
+    if [ $u = 0 ] && grep -q "gso-mmsg / udpx h3 get" "$out/bench.log"; then
+        sleep 1.5
+        perf record -q -e cpu-clock -C "$server_cpu" -g -o "$out/udpx.data" -- sleep 2.5 >/dev/null 2>&1
+        u=1
+    fi
+    if [ $n = 0 ] && grep -q "quinn h3 / udpx h3 get" "$out/bench.log"; then
+        sleep 0.8
+        perf record -q -e cpu-clock -C "$server_cpu" -g -o "$out/nginx.data" -- sleep 1.2 >/dev/null 2>&1
+        n=1
+    fi
+    sleep 0.05
+done
+bench=
+grep -E '^(gso \+GRO +udpx h3 get|nginx https/tcp)' "$out/bench.md" || true
+
+for who in udpx nginx; do
+    [ -f "$out/$who.data" ] || { echo "profile-h3: no $who profile (its row was missed)"; continue; }
+    echo
+    echo "== $who row: samples on CPU $server_cpu by process"
+    perf report -i "$out/$who.data" --no-children --sort comm -g none -q 2>/dev/null | head -4
+    echo "== $who row: by kind of work"
+    perf report -i "$out/$who.data" --no-children --sort dso,sym -g none -q 2>/dev/null | awk '
+    { pct = $1; sub("%", "", pct); dso = $2; sym = ""; for (i = 4; i <= NF; i++) sym = sym " " $i
+      c = "other"
+      if (sym ~ /__napi_schedule|irqentry_exit|finish_task_switch|__pv_queued_spin|_raw_spin_unlock_irqrestore|handle_softirqs/) c = "waking the peer, interrupts, locks (kernel)"
+      else if (sym ~ /aes|gcm|ghash|gmult|chacha|poly1305|EVP_|aead/ || dso ~ /libcrypto/) c = "crypto (AES-GCM)"
+      else if (sym ~ /memmove|memcpy|memset|copy_user|_copy_from_iter|_copy_to_iter|__check_object_size/) c = "copies"
+      else if (sym ~ /malloc|free|_int_|realloc|kmem_cache|kmalloc|kfree|__alloc|alloc_skb|skb_release|__slab|slab_/) c = "allocation (user and kernel)"
+      else if (dso ~ /kernel/ && sym ~ /tcp_|inet_|ip_|skb_|udp|dev_|netif|napi|gro|gso|veth|nf_|sock_|lock_sock|release_sock|fib_|neigh|net_rx|csum/) c = "network stack (kernel)"
+      else if (dso ~ /kernel/) c = "system calls, scheduling, other (kernel)"
+      else if (sym ~ /quiche|octets|qpack/) c = "quiche"
+      else if (sym ~ /udpx/) c = "udpx (host, file server)"
+      else if (dso ~ /nginx|libssl/) c = "nginx, OpenSSL (not crypto)"
+      s[c] += pct; t += pct }
+    END { for (c in s) printf "%6.1f %%  %s\n", s[c] * 100 / t, c }' | sort -rn
+done
