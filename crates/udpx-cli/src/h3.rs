@@ -186,6 +186,11 @@ struct ServeArgs {
     /// Congestion control: cubic (quiche's default, unpaced) or bbr2 (paced).
     #[arg(long, default_value = "cubic")]
     cc: udpx_h3::server::Cc,
+    /// How much one connection writes per loop turn: quantum (quiche's send_quantum(), about
+    /// ten packets under CUBIC) or window (what the congestion window allows, at most 64
+    /// packets: fewer, larger GSO runs; see `udpx bench h3 --burst`).
+    #[arg(long, value_enum, default_value = "quantum")]
+    burst: BurstArg,
     /// Responses with an open file one connection may hold (503 past it; a client has at most
     /// 100 request streams open at once).
     #[arg(long, default_value_t = 100)]
@@ -252,6 +257,9 @@ pub struct H3BenchArgs {
     /// cross the pair whole); both: one table each.
     #[arg(long, value_enum, default_value = "both", conflicts_with = "loopback")]
     profile: BenchProfile,
+    /// How much one udpx connection writes per loop turn (as `udpx h3 serve --burst`).
+    #[arg(long, value_enum, default_value = "quantum")]
+    burst: BurstArg,
     /// One JSON object instead of the table.
     #[arg(long)]
     json: bool,
@@ -401,6 +409,24 @@ fn quinn_serve(a: QuinnServeArgs) -> ExitCode {
     }
 }
 
+/// `--burst`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum BurstArg {
+    /// quiche's send_quantum().
+    Quantum,
+    /// What the congestion window allows, at most 64 packets.
+    Window,
+}
+
+impl From<BurstArg> for udpx_quic::Burst {
+    fn from(b: BurstArg) -> Self {
+        match b {
+            BurstArg::Quantum => udpx_quic::Burst::Quantum,
+            BurstArg::Window => udpx_quic::Burst::Window,
+        }
+    }
+}
+
 /// `udpx bench h3 --profile`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 enum BenchProfile {
@@ -444,6 +470,7 @@ pub fn bench(a: H3BenchArgs) -> ExitCode {
             repeat: a.repeat as usize,
             veth,
             profile,
+            burst: a.burst.into(),
             ..udpx_h3::bench::H3BenchConfig::new()
         };
         // This binary runs the second HTTP/3 server (quinn with h3).
@@ -545,6 +572,7 @@ fn serve(a: ServeArgs) -> ExitCode {
         limits,
         early_data: a.early_data,
         cc: a.cc,
+        burst: a.burst.into(),
         max_open_per_conn: a.max_open_per_conn,
         max_open_per_shard: a.max_open_per_shard,
         alt_svc_tcp: a.alt_svc_tcp,

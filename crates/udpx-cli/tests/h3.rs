@@ -155,6 +155,29 @@ fn bench_h3_names_a_missing_nginx_and_exits_0() {
     assert_eq!(b["left_out"].as_array().map(Vec::len), Some(2), "{b}");
 }
 
+/// `--burst window`: every udpx row still delivers the whole file, and the GSO rows write
+/// more than quiche's quantum (ten packets under CUBIC) per send call.
+#[test]
+fn bench_h3_burst_window_writes_larger_runs() {
+    let o = Command::new(env!("CARGO_BIN_EXE_udpx"))
+        .args(["bench", "h3", "--size", "4M", "--repeat", "1", "--loopback", "--burst", "window", "--json"])
+        .output()
+        .expect("run udpx");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    let json: serde_json::Value = serde_json::from_slice(&o.stdout).expect("one JSON object");
+    let b = &json["h3_bench"][0];
+    assert!(b["path"].as_str().is_some_and(|p| p.contains("--burst window")), "{b}");
+    let rows = b["rows"].as_array().expect("rows");
+    let udpx_get: Vec<_> = rows.iter().filter(|r| r["client"] == "udpx h3 get" && r["server"] != "quinn h3").collect();
+    assert_eq!(udpx_get.len(), 5, "{b}");
+    for r in &udpx_get {
+        assert_eq!(r["median"]["bytes"].as_u64(), Some(4_000_000), "{r}");
+    }
+    let most = udpx_get.iter().filter_map(|r| r["median"]["packets_per_call"].as_f64()).fold(0.0, f64::max);
+    assert!(most > 10.0, "no row wrote more than ten packets per call: {b}");
+}
+
 /// A TCP connection to `to` from `from` (a loopback address), so the test plays many sources.
 fn connect_from(from: std::net::Ipv4Addr, to: std::net::SocketAddr) -> Option<std::net::TcpStream> {
     use nix::sys::socket::{bind, connect, socket, AddressFamily, SockFlag, SockType, SockaddrIn};

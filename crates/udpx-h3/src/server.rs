@@ -65,6 +65,8 @@ pub struct ServeConfig {
     pub early_data: bool,
     /// The congestion controller.
     pub cc: Cc,
+    /// How much one connection writes per loop turn ([`udpx_quic::Burst`]).
+    pub burst: udpx_quic::Burst,
     /// Responses with an open file one connection may hold (503 past it).
     pub max_open_per_conn: usize,
     /// Responses with an open file one shard may hold (503 past it).
@@ -91,6 +93,7 @@ impl ServeConfig {
             limits: udpx_quic::Limits::default(),
             early_data: false,
             cc: Cc::Cubic,
+            burst: udpx_quic::Burst::Quantum,
             max_open_per_conn: crate::tls::MAX_STREAMS as usize,
             max_open_per_shard: 4096,
             alt_svc_tcp: None,
@@ -164,6 +167,7 @@ pub fn serve(dir: &Path, cfg: &ServeConfig) -> Result<H3Server, Error> {
         host_id: cfg.host_id,
         keys: cfg.keys.clone(),
         limits: cfg.limits,
+        burst: cfg.burst,
     };
     let site2 = site.clone();
     let max = cfg.max_udp_payload;

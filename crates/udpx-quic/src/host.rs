@@ -76,6 +76,21 @@ const RECV_CALLS_PER_TURN: usize = 16;
 const RECV_BUFFERS: usize = 8;
 /// Packets one connection writes per turn at most (its quantum): a GSO run's worth.
 pub const QUANTUM_PACKETS: usize = 64;
+
+/// How much one connection writes per turn.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Burst {
+    /// quiche's `send_quantum()` (its advice: under CUBIC about ten packets), at most
+    /// [`QUANTUM_PACKETS`].
+    #[default]
+    Quantum,
+    /// What the congestion window and the stream data allow, at most [`QUANTUM_PACKETS`]:
+    /// fewer, larger GSO runs per byte. Measured on veth (`udpx bench h3 --burst window`):
+    /// about 0.6x the CPU per byte of `Quantum` for one bulk download, a few hundred packets
+    /// lost per 400 MB. Under a paced congestion controller (BBRv2 with the host's holds) the
+    /// holds still space the packets out.
+    Window,
+}
 /// New connection IDs offered to one connection in one turn, at most.
 const MAX_ISSUED_PER_TURN: usize = 8;
 
@@ -178,6 +193,7 @@ pub struct Host<A: App> {
     /// The socket's `icmp_errors` when last looked at.
     icmp_seen: u64,
     pacing: Pacing,
+    burst: Burst,
     /// The timers' clock: deadlines are ns since this.
     epoch: Instant,
     /// `Instant` and `CLOCK_MONOTONIC` read together, to turn `SendInfo.at` into a departure.
@@ -225,6 +241,7 @@ impl<A: App> Host<A> {
             counters: HostCounters::default(),
             icmp_seen: 0,
             pacing: Pacing::Hold,
+            burst: Burst::Quantum,
             epoch: Instant::now(),
             anchor: (Instant::now(), udpx::Timestamp::now()),
             token_key: keys.token_key(),
@@ -249,6 +266,11 @@ impl<A: App> Host<A> {
     pub fn set_limits(&mut self, limits: Limits) {
         self.answers = Rate::new(limits.answers_per_sec);
         self.admission = Admission::new(limits);
+    }
+
+    /// Sets how much one connection writes per turn (default [`Burst::Quantum`]).
+    pub fn set_burst(&mut self, b: Burst) {
+        self.burst = b;
     }
 
     /// Sets who paces (default [`Pacing::Hold`]). [`Pacing::Kernel`] needs a socket with
@@ -884,7 +906,10 @@ impl<A: App> Host<A> {
             self.out.commit(idx, h.to, h.from, len, None);
         }
         let max = e.conn.max_send_udp_payload_size();
-        let mut budget = e.conn.send_quantum().max(max).min(QUANTUM_PACKETS * max);
+        let mut budget = match self.burst {
+            Burst::Quantum => e.conn.send_quantum().max(max).min(QUANTUM_PACKETS * max),
+            Burst::Window => QUANTUM_PACKETS * max,
+        };
         while budget > 0 {
             let space = match self.out.space(max) {
                 Some(s) => s,

@@ -54,7 +54,7 @@ use std::net::SocketAddr;
 pub use admission::{Limits, RetryPolicy};
 pub use cid::{CidGenerator, ServerCid, CID_LEN, WORKER_BYTE};
 pub use counters::HostCounters;
-pub use host::{App, Host, HostSocket, QUANTUM_PACKETS};
+pub use host::{App, Burst, Host, HostSocket, QUANTUM_PACKETS};
 pub use io::IoMode;
 pub use pacing::{pacing_for, Pacing, PACING_SLACK};
 pub use reset::ResetKey;

@@ -48,6 +48,8 @@ pub struct ServerConfig {
     pub keys: Option<crate::ServiceKeys>,
     /// Each shard's caps and Retry policy.
     pub limits: crate::Limits,
+    /// How much one connection writes per turn.
+    pub burst: crate::Burst,
 }
 
 impl ServerConfig {
@@ -61,6 +63,7 @@ impl ServerConfig {
             host_id: 0,
             keys: None,
             limits: crate::Limits::default(),
+            burst: crate::Burst::Quantum,
         }
     }
 }
@@ -174,7 +177,7 @@ impl Server {
             let (stop, make_app) = (stop.clone(), make_app.clone());
             let cell: SharedCounters = Arc::new(Mutex::new(HostCounters::default()));
             counters.push(cell.clone());
-            let (host_id, keys, limits) = (cfg.host_id, keys.clone(), cfg.limits);
+            let (host_id, keys, limits, burst) = (cfg.host_id, keys.clone(), cfg.limits, cfg.burst);
             let t = std::thread::Builder::new()
                 .name(format!("udpx-quic-{}", shard.index()))
                 .spawn(move || {
@@ -183,6 +186,7 @@ impl Server {
                     let mut host = Host::new(HostSocket::Shard(shard), qc, app, true, host_id, worker);
                     host.set_keys(keys);
                     host.set_limits(limits);
+                    host.set_burst(burst);
                     host.run(&stop, false, Some(&cell))
                 })
                 .map_err(Error::Io)?;

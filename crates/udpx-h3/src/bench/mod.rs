@@ -103,6 +103,9 @@ pub struct H3BenchConfig {
     /// cross the pair whole). Equal footing either way. (In the JSON: [`H3Bench::profile`].)
     #[serde(skip)]
     pub profile: Profile,
+    /// How much one udpx connection writes per loop turn (`--burst`).
+    #[serde(skip)]
+    pub burst: udpx_quic::Burst,
     /// The peers to run (recorded in the JSON: which binaries ran).
     pub programs: Programs,
 }
@@ -115,6 +118,7 @@ impl H3BenchConfig {
             repeat: 3,
             veth: false,
             profile: Profile::Software,
+            burst: udpx_quic::Burst::Quantum,
             programs: Programs::from_path(),
         }
     }
@@ -432,6 +436,13 @@ pub fn run(cfg: &H3BenchConfig, progress: &mut dyn FnMut(&str)) -> Result<H3Benc
              counted with the server (for nginx too)"
         ),
     };
+    let path = format!(
+        "{path}; each udpx connection writes per turn {}",
+        match cfg.burst {
+            udpx_quic::Burst::Quantum => "its send_quantum() (--burst quantum)",
+            udpx_quic::Burst::Window => "what its window allows, at most 64 packets (--burst window)",
+        }
+    );
     let (plan, left_out) = plan(&cfg.programs);
     let rate = TickRate::system().map_err(|e| e.to_string())?;
     let mut runs: Vec<Vec<Result<H3Run, String>>> = vec![Vec::new(); plan.len()];
@@ -678,6 +689,7 @@ fn udpx_run(
         tls: Tls::Files { cert: cert.to_path_buf(), key: key.to_path_buf() },
         io,
         gro,
+        burst: cfg.burst,
         ..ServeConfig::new(SocketAddr::new(place.server_ip, 0))
     };
     let before = quic_threads();
