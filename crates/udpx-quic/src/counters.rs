@@ -100,6 +100,9 @@ host_counters! {
     accept_errors,
     /// ICMP errors about datagrams sent (the socket's count; port unreachable, ...).
     icmp_errors,
+    /// Datagrams the kernel dropped at this socket, its receive buffer full (the socket's
+    /// count, `SO_RXQ_OVFL`).
+    kernel_drops,
     /// Receive calls that failed with an error the host counted and served on (never one
     /// an ICMP message caused: the socket keeps those out).
     recv_errors,

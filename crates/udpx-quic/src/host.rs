@@ -432,6 +432,7 @@ impl<A: App> Host<A> {
         c.recv_calls = s.recv_calls;
         c.gro_buffers = s.gro_buffers_received;
         c.icmp_errors = s.icmp_errors;
+        c.kernel_drops = s.kernel_drops;
         c.open_connections = self.connection_count() as u64;
         c.half_open = self.admission.counts().1 as u64;
         c.add(&HostCounters::default())
