@@ -23,6 +23,7 @@ fn loopback_server(cfg: impl FnOnce(&mut ServeConfig)) -> Server {
 /// The check: 1,000 flows on veth, every datagram arrives exactly once, and the
 /// server's steady state allocates nothing.
 #[test]
+#[ignore = "exact delivery over veth: needs both CPUs to itself (scripts/test.sh runs it alone)"]
 fn a_thousand_flows_on_veth_arrive_exactly_once() {
     if udpx_lab::netns::skip_unless_capable("a_thousand_flows_on_veth_arrive_exactly_once") {
         return;
