@@ -715,8 +715,7 @@ fn udpx_run(
     let tasks: Vec<String> = threads.iter().map(|t| format!("/proc/self/task/{t}")).collect();
     let addr = server.local_addr();
     let url = format!("https://{addr}/{FILE}");
-    let cpu0 = cpu_secs(&tasks, rate);
-    let busy0 = CpuSample::now().ok();
+    let meter = ServerMeter::start(tasks, place.server_cpu, rate);
     let got = match client {
         ClientKind::Gtlsclient => gtlsclient(cfg, place, dir, addr, &url),
         ClientKind::UdpxGet => {
@@ -726,8 +725,7 @@ fn udpx_run(
         }
         ClientKind::Curl => Err("curl is not an HTTP/3 client here".into()),
     };
-    let busy = busy_since(busy0, place.server_cpu, rate);
-    let cpu1 = cpu_secs(&tasks, rate);
+    let cost = meter.stop();
     let counters = server.stop().map_err(|e| format!("udpx server: {e}"))?;
     let (bytes, seconds) = got?;
     if bytes != cfg.size || counters.http.ok != 1 || counters.http.body_bytes != cfg.size {
@@ -736,10 +734,9 @@ fn udpx_run(
             counters.http.body_bytes, counters.http.ok, cfg.size
         ));
     }
-    let (Some(c0), Some(c1), Some(busy)) = (cpu0, cpu1, busy) else {
+    let Some((busy, task)) = cost else {
         return Err("the server's threads (/proc/self/task) or /proc/stat could not be read".into());
     };
-    let task = (c1 - c0).max(0.0);
     let q = &counters.quic;
     Ok(H3Run {
         send_calls: Some(q.send_calls),
@@ -750,10 +747,30 @@ fn udpx_run(
     })
 }
 
-/// The busy seconds of `cpu` since `before` (see [`udpx_lab::cpu::CpuDelta::busy_time`]).
-fn busy_since(before: Option<CpuSample>, cpu: usize, rate: TickRate) -> Option<f64> {
-    let after = CpuSample::now().ok()?;
-    Some(after.diff(&before?).busy_time(&[cpu], rate).as_secs_f64())
+/// A server's cost over one download: its CPU's busy time (see
+/// [`udpx_lab::cpu::CpuDelta::busy_time`]) and its own tasks' time on CPU.
+struct ServerMeter {
+    tasks: Vec<String>,
+    cpu: usize,
+    rate: TickRate,
+    task0: Option<f64>,
+    busy0: Option<CpuSample>,
+}
+
+impl ServerMeter {
+    /// Starts measuring CPU `cpu` and the tasks (`/proc/...` directories).
+    fn start(tasks: Vec<String>, cpu: usize, rate: TickRate) -> ServerMeter {
+        let task0 = cpu_secs(&tasks, rate);
+        ServerMeter { tasks, cpu, rate, task0, busy0: CpuSample::now().ok() }
+    }
+
+    /// (busy seconds of the CPU, seconds of the tasks) since the start; `None` if `/proc`
+    /// could not be read.
+    fn stop(&self) -> Option<(f64, f64)> {
+        let busy = CpuSample::now().ok()?.diff(self.busy0.as_ref()?).busy_time(&[self.cpu], self.rate).as_secs_f64();
+        let task = (cpu_secs(&self.tasks, self.rate)? - self.task0?).max(0.0);
+        Some((busy, task))
+    }
 }
 
 fn measured(cpu: f64, task: f64, bytes: u64, seconds: f64) -> H3Run {

@@ -7,10 +7,10 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use udpx_lab::cpu::{CpuSample, TickRate};
+use udpx_lab::cpu::TickRate;
 use udpx_lab::netns::ChildGroup;
 
-use super::{busy_since, measured, H3BenchConfig, H3Run, Place, FILE};
+use super::{measured, H3BenchConfig, H3Run, Place, ServerMeter, FILE};
 
 /// gtlsclient downloads `url` into a directory of its own; returns (bytes, seconds).
 pub(super) fn gtlsclient(
@@ -80,13 +80,11 @@ pub(super) fn nginx_run(
     let mut c = place.command(place.client_ns(), place.client_cpu, curl);
     c.args(["-k", "-s", "-S", "--http1.1", "--tlsv1.3", "-o", "/dev/null", "-w", "%{size_download} %{http_code}"])
         .args(["--max-time", &cfg.deadline().as_secs().to_string(), &url]);
-    let cpu0 = cpu_secs(&task, rate);
-    let busy0 = CpuSample::now().ok();
+    let meter = ServerMeter::start(task.to_vec(), place.server_cpu, rate);
     let start = Instant::now();
     let status = run_bounded(&mut c, &out, cfg.deadline() + Duration::from_secs(5));
     let seconds = start.elapsed().as_secs_f64();
-    let busy = busy_since(busy0, place.server_cpu, rate);
-    let cpu1 = cpu_secs(&task, rate);
+    let cost = meter.stop();
     drop(server);
     let text = std::fs::read_to_string(&out).unwrap_or_default();
     status.map_err(|e| format!("curl: {e}: {}", text.trim()))?;
@@ -96,10 +94,10 @@ pub(super) fn nginx_run(
     if code != "200" || bytes != cfg.size {
         return Err(format!("curl: HTTP {code}, {bytes} bytes; the file has {}", cfg.size));
     }
-    let (Some(c0), Some(c1), Some(busy)) = (cpu0, cpu1, busy) else {
+    let Some((busy, own)) = cost else {
         return Err("nginx's /proc/PID or /proc/stat could not be read".into());
     };
-    Ok(measured(busy, (c1 - c0).max(0.0), bytes, seconds))
+    Ok(measured(busy, own, bytes, seconds))
 }
 
 /// `udpx h3 quinn-serve` (quinn with h3, a child process under `taskset`) serves the file and
@@ -146,26 +144,23 @@ pub(super) fn quinn_run(
             .map(|rd| rd.flatten().map(|e| format!("{d}/{}", e.file_name().to_string_lossy())).collect())
             .unwrap_or_default()
     };
-    let t0 = tasks();
-    let cpu0 = cpu_secs(&t0, rate);
-    let busy0 = CpuSample::now().ok();
+    let meter = ServerMeter::start(tasks(), place.server_cpu, rate);
     let url = format!("https://{addr}/{FILE}");
     let got = place
         .run_on(place.client_ns(), place.client_cpu, move || {
             crate::get(&url, None, &crate::GetConfig::default()).map(|r| (r.bytes, r.seconds))
         })?
         .map_err(|e| format!("udpx h3 get from quinn: {e}"));
-    let busy = busy_since(busy0, place.server_cpu, rate);
-    let cpu1 = cpu_secs(&t0, rate);
+    let cost = meter.stop();
     drop(server);
     let (bytes, seconds) = got?;
     if bytes != cfg.size {
         return Err(format!("{bytes} bytes received from quinn; the file has {}", cfg.size));
     }
-    let (Some(c0), Some(c1), Some(busy)) = (cpu0, cpu1, busy) else {
+    let Some((busy, own)) = cost else {
         return Err("quinn-serve's /proc/PID/task or /proc/stat could not be read".into());
     };
-    Ok(measured(busy, (c1 - c0).max(0.0), bytes, seconds))
+    Ok(measured(busy, own, bytes, seconds))
 }
 
 /// nginx's configuration: one process (`master_process off`), every path under `dir`, TLS 1.3
