@@ -97,7 +97,12 @@ impl Collector for SourceCollector {
             let mut family =
                 encoder.encode_descriptor(&metric, help.trim(), None, ConstCounter::new(0u64).metric_type())?;
             for (i, s) in shards.iter().enumerate() {
-                let value = s.socket.fields_with_help()[k].2;
+                let mut value = s.socket.fields_with_help()[k].2;
+                if name == "kernel_drops" {
+                    // The receive path's count moves only on a socket that asked for
+                    // SO_RXQ_OVFL; SO_MEMINFO's, read at the scrape, holds on every socket.
+                    value = value.max(s.kernel_drops);
+                }
                 ConstCounter::new(value).encode(family.encode_family(&label(i))?)?;
             }
         }

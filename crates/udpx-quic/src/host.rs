@@ -432,7 +432,9 @@ impl<A: App> Host<A> {
         c.recv_calls = s.recv_calls;
         c.gro_buffers = s.gro_buffers_received;
         c.icmp_errors = s.icmp_errors;
-        c.kernel_drops = s.kernel_drops;
+        // SO_MEMINFO: the socket asks for no SO_RXQ_OVFL control message, so the receive
+        // path's own count stays 0; a socket that cannot be read keeps the path's count.
+        c.kernel_drops = self.socket.kernel_drops().map_or(s.kernel_drops, u64::from);
         c.open_connections = self.connection_count() as u64;
         c.half_open = self.admission.counts().1 as u64;
         c.add(&HostCounters::default())

@@ -12,16 +12,7 @@ use udpx_quic::{client_socket, App, Host, HostSocket, IoMode, Server, ServerConf
 
 mod common;
 
-use common::{quiche_config, TempCert};
-
-struct Quiet;
-
-impl App for Quiet {
-    type State = ();
-    fn accepted(&mut self, _: &quiche::Connection) {}
-    fn on_turn(&mut self, _: &mut quiche::Connection, _: &mut ()) {}
-    fn closed(&mut self, _: &quiche::Connection, _: ()) {}
-}
+use common::{quiche_config, Quiet, TempCert};
 
 /// Tells the test when the handshake is done, then, once `go` is set, sends on a stream every
 /// turn; records how the connection ended.

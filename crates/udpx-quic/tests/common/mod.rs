@@ -56,3 +56,13 @@ pub fn quiche_config(pem: Option<(&str, &str)>, big_windows: bool) -> quiche::Co
     c.set_initial_max_streams_bidi(10);
     c
 }
+
+/// An application that does nothing with its connections.
+pub struct Quiet;
+
+impl udpx_quic::App for Quiet {
+    type State = ();
+    fn accepted(&mut self, _: &quiche::Connection) {}
+    fn on_turn(&mut self, _: &mut quiche::Connection, _: &mut ()) {}
+    fn closed(&mut self, _: &quiche::Connection, _: ()) {}
+}
