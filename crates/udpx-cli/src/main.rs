@@ -11,6 +11,7 @@ mod bench;
 mod echo;
 mod h3;
 mod lb;
+mod logger;
 mod stream;
 
 #[derive(Parser, Debug)]
@@ -213,6 +214,7 @@ pub mod exit {
 }
 
 fn main() -> ExitCode {
+    logger::init();
     let cli = match Cli::try_parse() {
         Ok(c) => c,
         Err(e) => {
