@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use udpx_lab::netns::{record_skip, ChildGroup};
 
-use common::udpx;
+use common::{udpx, wait_bound};
 
 struct Tmp(PathBuf);
 impl Drop for Tmp {
@@ -223,7 +223,9 @@ fn out_of_descriptors_answers_503_and_recovers() {
     let to: std::net::SocketAddr = tcp.parse().unwrap();
     let idle: Vec<std::net::TcpStream> =
         (0..100u8).filter_map(|i| connect_from(std::net::Ipv4Addr::new(127, 0, 1, 1 + i / 10), to)).collect();
-    std::thread::sleep(Duration::from_millis(500));
+    // Full once the server has accepted them up to its limit (64, `ulimit -Hn` above; `sh`
+    // exec'd the server, so the pid is the server's).
+    wait_descriptors(server.id(), 64);
     let o = udpx(&["h3", "get", &url]);
     let line = String::from_utf8_lossy(&o.stdout).to_string();
     assert!(line.contains("status 503"), "a full server answers 503: {line} {}", String::from_utf8_lossy(&o.stderr));
@@ -246,11 +248,12 @@ fn out_of_descriptors_answers_503_and_recovers() {
     assert!(c["tcp"]["accept_errors"].as_u64().unwrap() >= 1, "{c}");
 }
 
-/// Waits until a server holds UDP port `port` on 127.0.0.1 (10 s at most).
-fn wait_bound(port: u16) {
-    let up = Instant::now();
-    while std::net::UdpSocket::bind(("127.0.0.1", port)).is_ok() {
-        assert!(up.elapsed() < Duration::from_secs(10), "server did not bind");
-        std::thread::sleep(Duration::from_millis(20));
+/// Waits (10 s at most) until process `pid` holds `n` descriptors or more (/proc/PID/fd).
+fn wait_descriptors(pid: u32, n: usize) {
+    let start = Instant::now();
+    let count = || std::fs::read_dir(format!("/proc/{pid}/fd")).map(|d| d.count()).unwrap_or(0);
+    while count() < n {
+        assert!(start.elapsed() < Duration::from_secs(10), "the server holds {} descriptors, not {n}", count());
+        std::thread::sleep(Duration::from_millis(10));
     }
 }

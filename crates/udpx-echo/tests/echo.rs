@@ -6,13 +6,13 @@
 use std::net::{SocketAddr, UdpSocket as StdUdp};
 use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 use udpx_echo::load::{self, LoadConfig};
 use udpx_echo::proto::{self, Request};
-use udpx_echo::server::{self, Mode, ServeConfig};
+use udpx_echo::server::{self, Mode, ServeConfig, ShardStats};
 
 /// A loopback server's settings: no rate limit, no pinning, the default receive buffer.
 fn config(mode: Mode, threads: usize, batch: bool) -> ServeConfig {
@@ -33,6 +33,10 @@ fn serve(mode: Mode, threads: usize, batch: bool, bind: &str) -> server::Server 
     server::start(server::bind(&cfg).unwrap())
 }
 
+/// Half a second of closed-loop load. A request counts as lost only after 5 s without its
+/// reply: on a busy machine a reply can be late by far more than a loopback round trip, and a
+/// late reply is not a lost one. (Replies that do come are at once: the generator waits that
+/// long only for what is missing.)
 fn load_cfg(dst: SocketAddr, flows: usize) -> LoadConfig {
     LoadConfig {
         dst,
@@ -42,7 +46,40 @@ fn load_cfg(dst: SocketAddr, flows: usize) -> LoadConfig {
         outstanding: 4,
         rate: None,
         duration: Duration::from_millis(500),
-        timeout: Duration::from_millis(500),
+        timeout: REPLY_TIMEOUT,
+    }
+}
+
+/// How long a test waits for a reply before calling it missing.
+const REPLY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Datagrams this network namespace received for a port nobody listens on (/proc/net/snmp,
+/// `Udp: NoPorts`).
+fn udp_no_ports() -> u64 {
+    let snmp = std::fs::read_to_string("/proc/net/snmp").unwrap_or_default();
+    let mut udp = snmp.lines().filter(|l| l.starts_with("Udp: "));
+    let (Some(names), Some(values)) = (udp.next(), udp.next()) else { return 0 };
+    names
+        .split_whitespace()
+        .zip(values.split_whitespace())
+        .find(|(n, _)| *n == "NoPorts")
+        .and_then(|(_, v)| v.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Waits (10 s at most) until a UDP socket is bound to local port `port` (/proc/net/udp), read
+/// rather than probed with a bind of the test's own, which could make the server's bind fail.
+fn wait_bound(port: u16) {
+    let listed = || {
+        std::fs::read_to_string("/proc/net/udp").unwrap_or_default().lines().skip(1).any(|l| {
+            let local = l.split_whitespace().nth(1).and_then(|a| a.rsplit(':').next());
+            local.and_then(|p| u16::from_str_radix(p, 16).ok()) == Some(port)
+        })
+    };
+    let start = Instant::now();
+    while !listed() {
+        assert!(start.elapsed() < Duration::from_secs(10), "nothing bound UDP port {port} within 10 s");
+        std::thread::sleep(Duration::from_millis(10));
     }
 }
 
@@ -90,18 +127,29 @@ fn every_mode_answers_every_request_exactly_once() {
 /// The generator starts before the server: its first sends meet ICMP port unreachable
 /// (ECONNREFUSED). They are counted, and every flow's window is full again once the server
 /// answers, instead of settling near one request outstanding.
+///
+/// The requests sent before the server was up are never answered: their slots come back
+/// when they time out (1 s), well before sending ends (3 s), and a request answered by the
+/// running server would have to be a second late to be taken for lost.
 #[test]
 fn closed_loop_refills_the_window_after_failed_sends() {
     let port = StdUdp::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let dst = SocketAddr::from(([127, 0, 0, 1], port));
-    let cfg =
-        LoadConfig { duration: Duration::from_millis(1200), timeout: Duration::from_millis(100), ..load_cfg(dst, 8) };
+    let cfg = LoadConfig { duration: Duration::from_secs(3), timeout: Duration::from_secs(1), ..load_cfg(dst, 8) };
     let socks = load::bind_flows(&cfg).unwrap();
+    let no_ports = udp_no_ports();
     let gen = std::thread::spawn({
         let cfg = cfg.clone();
         move || load::run(&cfg, socks)
     });
+    // The server starts once the generator's first requests met the closed port (counted
+    // as NoPorts: each draws the ICMP error that fails its flow's next send).
     std::thread::sleep(Duration::from_millis(300));
+    let start = Instant::now();
+    while udp_no_ports() < no_ports + 8 {
+        assert!(start.elapsed() < Duration::from_secs(10), "the generator sent nothing within 10 s");
+        std::thread::sleep(Duration::from_millis(10));
+    }
     let srv = serve(Mode::Reuseport, 1, true, &dst.to_string());
     let res = gen.join().unwrap().unwrap();
     let stats = srv.stop();
@@ -148,11 +196,14 @@ fn open_loop_retries_a_failed_send() {
     assert_eq!((res.received, res.lost), (res.sent, 0), "{res:?}");
 }
 
+/// Malformed requests, then a good one, to a one-shard server: it handles them in order, so
+/// a reply to any malformed one would arrive before the good one's. The first reply is the
+/// good one's, and nothing else came.
 #[test]
 fn malformed_requests_get_no_reply() {
     let srv = serve(Mode::Reuseport, 1, true, "127.0.0.1:0");
     let c = StdUdp::bind("127.0.0.1:0").unwrap();
-    c.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
+    c.set_read_timeout(Some(REPLY_TIMEOUT)).unwrap();
     let mut no_pong = request(1, 100);
     no_pong[9] = 0x01;
     let mut wrong_len = request(2, 100);
@@ -162,16 +213,18 @@ fn malformed_requests_get_no_reply() {
     for b in &bad {
         c.send_to(b, srv.addr).unwrap();
     }
-    let mut buf = [0u8; 256];
-    assert!(c.recv_from(&mut buf).is_err(), "a malformed request was answered");
-    // A good one still is, and the reply is exactly as long as the request.
+    // A good one still is answered, and the reply is exactly as long as the request.
     c.send_to(&request(9, 60), srv.addr).unwrap();
-    let (n, _) = c.recv_from(&mut buf).unwrap();
-    assert_eq!(n, 60);
+    let mut buf = [0u8; 256];
+    let (n, _) = c.recv_from(&mut buf).expect("the good request's reply");
+    assert_eq!(n, 60, "a malformed request was answered: {:?}", &buf[..n]);
+    assert_eq!(proto::parse_reply(&buf[..n]).map(|r| r.seq), Some(9), "a malformed request was answered");
     assert_eq!(&buf[8..10], &[0, 2], "client flag cleared");
     let stats = srv.stop();
+    c.set_nonblocking(true).unwrap();
+    assert!(c.recv_from(&mut buf).is_err(), "a reply after the good one's: {:?}", &buf[..]);
     assert_eq!(stats[0].malformed, bad.len() as u64);
-    assert_eq!(stats[0].requests, 1);
+    assert_eq!((stats[0].requests, stats[0].replies), (1, 1));
 }
 
 #[test]
@@ -191,7 +244,7 @@ fn cid_steering_picks_the_shard_named_by_the_cid_byte() {
     // A short header (first bit 0): DCID byte 0 is payload byte 1.
     let srv = serve(Mode::ReuseportCid { cid_byte: 0 }, 4, false, "127.0.0.1:0");
     let c = StdUdp::bind("127.0.0.1:0").unwrap();
-    c.set_read_timeout(Some(Duration::from_secs(1))).unwrap();
+    c.set_read_timeout(Some(REPLY_TIMEOUT)).unwrap();
     let mut buf = [0u8; 256];
     for k in 0u64..8 {
         // Byte 1 of the message is byte 1 of the big-endian sequence number.
@@ -214,7 +267,7 @@ fn cpu_steering_puts_requests_on_the_receiving_cpus_shard() {
         std::thread::spawn(move || {
             udpx_lab::cpu::pin_current_thread(k).unwrap();
             let c = StdUdp::bind("127.0.0.1:0").unwrap();
-            c.set_read_timeout(Some(Duration::from_secs(1))).unwrap();
+            c.set_read_timeout(Some(REPLY_TIMEOUT)).unwrap();
             let mut buf = [0u8; 256];
             for i in 0..20 {
                 c.send_to(&request(i, 64), addr).unwrap();
@@ -241,7 +294,7 @@ fn a_failed_send_is_retried_and_the_reply_arrives() {
         bound.inject_fault(0, udpx::Fault::Errno(nix::errno::Errno::ECONNREFUSED as i32));
         let srv = server::start(bound);
         let c = StdUdp::bind("127.0.0.1:0").unwrap();
-        c.set_read_timeout(Some(Duration::from_millis(500))).unwrap();
+        c.set_read_timeout(Some(REPLY_TIMEOUT)).unwrap();
         c.send_to(&request(1, 64), srv.addr).unwrap();
         let mut buf = [0u8; 256];
         let got = c.recv_from(&mut buf);
@@ -251,18 +304,52 @@ fn a_failed_send_is_retried_and_the_reply_arrives() {
     }
 }
 
+/// Stops `srv` once its shards have accounted for `sent` requests (admitted or rate-limited),
+/// waiting 10 s at most; the final counters, and the time from `start` (taken before the
+/// first request was sent) until they were all accounted for: every admission was decided
+/// within it.
+fn stop_when_accounted(srv: server::Server, sent: u64, start: Instant) -> (Vec<ShardStats>, Duration) {
+    let accounted = |s: &[ShardStats]| s.iter().map(|x| x.requests + x.rate_limited).sum::<u64>();
+    while accounted(&srv.stats()) < sent && start.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let span = start.elapsed();
+    (srv.stop(), span)
+}
+
+/// Judges a limit of 10/s per source against `sent` requests from one address: each request
+/// admitted or limited (unless the server's sockets dropped some: then that count is not
+/// judged, and `SKIP` says so); a full bucket of 10 admitted at once, and at most 10 more a
+/// second over `span`, the time requests were decided in.
+fn judge_limit_of_10(what: &str, s: &[ShardStats], sent: u64, span: Duration) {
+    let admitted: u64 = s.iter().map(|x| x.requests).sum();
+    let limited: u64 = s.iter().map(|x| x.rate_limited).sum();
+    let drops: u64 = s.iter().map(|x| x.kernel_drops).sum();
+    if drops == 0 {
+        assert_eq!(admitted + limited, sent, "{what}: {s:?}");
+        assert!(admitted >= 10, "{what}: a full bucket admits 10 at once: {s:?}");
+    } else {
+        udpx_lab::netns::record_skip(
+            &format!("{what} (every request admitted or limited)"),
+            &format!("the server's sockets dropped {drops} requests"),
+        );
+        assert_eq!(admitted + limited + drops, sent, "{what}: {s:?}");
+    }
+    let most = 10 + (10.0 * span.as_secs_f64()).ceil() as u64;
+    assert!(admitted <= most, "{what}: {admitted} admitted in {span:?}, at most {most} for 10/s: {s:?}");
+}
+
 #[test]
 fn rate_limit_per_source() {
     let cfg = ServeConfig { rate_limit: Some(10), ..config(Mode::Reuseport, 1, true) };
     let srv = server::start(server::bind(&cfg).unwrap());
     let c = StdUdp::bind("127.0.0.1:0").unwrap();
+    let start = Instant::now();
     for i in 0..100 {
         c.send_to(&request(i, 64), srv.addr).unwrap();
     }
-    std::thread::sleep(Duration::from_millis(200));
-    let s = srv.stop();
-    assert!(s[0].requests <= 13 && s[0].requests >= 10, "{s:?}");
-    assert_eq!(s[0].requests + s[0].rate_limited, 100);
+    let (s, span) = stop_when_accounted(srv, 100, start);
+    judge_limit_of_10("rate_limit_per_source", &s, 100, span);
 }
 
 /// One limit per source address for the whole server: a source that varies its port, and so
@@ -272,19 +359,16 @@ fn rate_limit_holds_across_shards() {
     let cfg = ServeConfig { rate_limit: Some(10), ..config(Mode::Reuseport, 4, true) };
     let srv = server::start(server::bind(&cfg).unwrap());
     let ports: Vec<StdUdp> = (0..40).map(|_| StdUdp::bind("127.0.0.1:0").unwrap()).collect();
+    let start = Instant::now();
     for (i, c) in ports.iter().enumerate() {
         for k in 0..25 {
             c.send_to(&request((i * 100 + k) as u64, 64), srv.addr).unwrap();
         }
     }
-    std::thread::sleep(Duration::from_millis(200));
-    let s = srv.stop();
-    let admitted: u64 = s.iter().map(|x| x.requests).sum();
-    let limited: u64 = s.iter().map(|x| x.rate_limited).sum();
+    let (s, span) = stop_when_accounted(srv, 1000, start);
     assert!(s.iter().filter(|x| x.requests + x.rate_limited > 0).count() >= 2, "one shard only: {s:?}");
-    assert_eq!(admitted + limited, 1000, "{s:?}");
-    // 10 at once, plus what refills while the test runs (under a second: at most 10 more).
-    assert!((10..=20).contains(&admitted), "{admitted} admitted for a limit of 10/s: {s:?}");
+    // One limit for the address, not one per shard: 10 at once, plus what refills meanwhile.
+    judge_limit_of_10("rate_limit_holds_across_shards", &s, 1000, span);
 }
 
 #[test]
@@ -324,7 +408,7 @@ fn sockperf_server_answers_the_same_generator() {
             .stdout(Stdio::null())
             .stderr(Stdio::null()),
     );
-    std::thread::sleep(Duration::from_millis(500));
+    wait_bound(port);
     let cfg = load_cfg(SocketAddr::from(([127, 0, 0, 1], port)), 8);
     let res = load::run(&cfg, load::bind_flows(&cfg).unwrap()).unwrap();
     assert!(res.sent > 0 && res.received == res.sent && res.unexpected == 0 && res.lost == 0, "{res:?}");
@@ -427,7 +511,7 @@ fn the_io_uring_shard_answers_every_request_exactly_once() {
     // A malformed request gets no reply and is counted, as on the system-call shard.
     let srv = server::start(server::bind(&uring(Mode::Reuseport, 1)).unwrap());
     let c = StdUdp::bind("127.0.0.1:0").unwrap();
-    c.set_read_timeout(Some(Duration::from_millis(300))).unwrap();
+    c.set_read_timeout(Some(REPLY_TIMEOUT)).unwrap();
     c.send_to(b"garbage", srv.addr).unwrap();
     c.send_to(&request(1, 100), srv.addr).unwrap();
     let mut buf = [0u8; 256];

@@ -122,8 +122,9 @@ fn drop_removes_namespaces_and_napi_threads() {
         assert!(!live.contains(name), "{name} still in {live:?}");
     }
     // The kernel frees the namespaces, and with them the veth and its NAPI thread,
-    // asynchronously (cleanup_net runs from a workqueue).
-    let deadline = Instant::now() + Duration::from_secs(3);
+    // asynchronously (cleanup_net runs from a workqueue, later still on a busy machine): what
+    // is judged is that they go, not how fast, so the bound is generous.
+    let deadline = Instant::now() + Duration::from_secs(30);
     while napi.iter().any(|pid| std::path::Path::new(&format!("/proc/{pid}")).exists()) {
         assert!(Instant::now() < deadline, "NAPI threads {napi:?} outlived the veth");
         std::thread::sleep(Duration::from_millis(10));

@@ -9,7 +9,9 @@ use std::net::{SocketAddr, UdpSocket as StdUdp};
 use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant, SystemTime};
 
-use udpx_quic::{client_socket, App, Host, HostSocket, IoMode, Limits, RetryPolicy, Server, ServerConfig, ServiceKeys};
+use udpx_quic::{
+    client_socket, App, Host, HostCounters, HostSocket, IoMode, Limits, RetryPolicy, Server, ServerConfig, ServiceKeys,
+};
 
 mod common;
 
@@ -150,6 +152,31 @@ fn connect(h: &mut Host<Asker>, addr: SocketAddr, tag: u32) {
     h.connect(Some("localhost"), addr, Tag { tag, established: false, next_stream: 0 }).unwrap();
 }
 
+/// The server's per-shard counters once every shard has published them anew since this call
+/// (each loop publishes every 100 ms at most, and its `turns` count up between publications,
+/// idle or not: a changed count is a later publication, which has everything the shard did
+/// before this call) and `settled` holds for them. Polls for 5 s at most; at the deadline the
+/// last read is returned for the caller's assertions to judge, once every shard published.
+fn shard_counters_when(srv: &Server, settled: impl Fn(&[HostCounters]) -> bool) -> Vec<HostCounters> {
+    let stale: Vec<u64> = srv.shard_counters().iter().map(|c| c.turns).collect();
+    let start = Instant::now();
+    loop {
+        let now = srv.shard_counters();
+        let fresh = now.iter().zip(&stale).all(|(c, t)| c.turns != *t);
+        if fresh && (settled(&now) || start.elapsed() > Duration::from_secs(5)) {
+            return now;
+        }
+        assert!(start.elapsed() < Duration::from_secs(5) || fresh, "a shard published no counters within 5 s: {now:?}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// [`shard_counters_when`], summed over the shards.
+fn counters_when(srv: &Server, settled: impl Fn(&HostCounters) -> bool) -> HostCounters {
+    let sum = |s: &[HostCounters]| s.iter().fold(HostCounters::default(), |a, c| a.add(c));
+    sum(&shard_counters_when(srv, |s| settled(&sum(s))))
+}
+
 /// 10,000 connections sit idle while one of them asks and gets 100 small answers: the
 /// server's turns in that time serve about one connection each, not ten thousand.
 #[test]
@@ -179,8 +206,7 @@ fn idle_connections_cost_a_turn_nothing() {
     println!("{N} handshakes in {:?}", start.elapsed());
     // Quiet: the handshakes' last acknowledgements and timers settle.
     run_until(&mut c, Duration::from_millis(500), |_| false);
-    std::thread::sleep(Duration::from_millis(200)); // the server publishes every 100 ms
-    let before = srv.counters();
+    let before = counters_when(&srv, |k| k.open_connections == u64::from(N));
     assert_eq!(before.open_connections, u64::from(N));
     for round in 0..100 {
         c.app_mut().want.insert(0, vec![100]);
@@ -188,8 +214,8 @@ fn idle_connections_cost_a_turn_nothing() {
         let want = round + 1;
         assert!(run_until(&mut c, Duration::from_secs(5), |h| h.app().done.len() >= want), "answer {round}");
     }
-    std::thread::sleep(Duration::from_millis(200));
-    let after = srv.counters();
+    // Published after the last answer arrived: every turn that served the 100 requests.
+    let after = counters_when(&srv, |_| true);
     let (turns, served) = (after.turns - before.turns, after.served - before.served);
     println!(
         "100 exchanges beside {N} idle connections: {turns} turns, {served} connections served, {} deadlines fired",
@@ -320,11 +346,12 @@ fn half_open_handshakes_are_capped_and_dropped_at_their_deadline() {
     for _ in 0..5 {
         raw.send_to(&initial(raw.local_addr().unwrap(), srv.local_addr()), srv.local_addr()).unwrap();
     }
-    std::thread::sleep(Duration::from_millis(300));
-    let k = srv.counters();
-    assert_eq!((k.half_open, k.refused_half_open), (3, 2), "{k:?}");
-    std::thread::sleep(Duration::from_millis(700));
-    let k = srv.counters();
+    // All five handled: admitted (half-open until their deadline, then timed out) or refused.
+    // Three admitted and two refused, whenever the counters are read.
+    let k = counters_when(&srv, |k| k.half_open + k.handshake_timeouts + k.refused_half_open >= 5);
+    assert_eq!((k.half_open + k.handshake_timeouts, k.refused_half_open), (3, 2), "{k:?}");
+    assert_eq!(k.open_connections, k.half_open, "no handshake finished: {k:?}");
+    let k = counters_when(&srv, |k| k.half_open == 0 && k.handshake_timeouts >= 3);
     assert_eq!((k.handshake_timeouts, k.half_open, k.open_connections), (3, 0, 0), "{k:?}");
     srv.stop().unwrap();
 }
@@ -346,8 +373,7 @@ fn a_retried_client_lands_on_the_same_shard() {
     c.app_mut().want.insert(0, vec![5_000]);
     c.wake(0);
     assert!(run_until(&mut c, Duration::from_secs(5), |h| !h.app().done.is_empty()));
-    std::thread::sleep(Duration::from_millis(200));
-    let shards = srv.shard_counters();
+    let shards = shard_counters_when(&srv, |s| s[1].connections >= 1 && s[1].validated_by_retry >= 1);
     println!("{:?}", shards.iter().map(|s| (s.retries_sent, s.validated_by_retry, s.connections)).collect::<Vec<_>>());
     // quiche's first flight may be two Initials (a large ClientHello): a Retry each.
     assert!(shards[1].retries_sent >= 1, "{:?}", shards[1]);
@@ -386,8 +412,8 @@ fn bad_tokens_are_refused() {
         SystemTime::now() - Duration::from_secs(60),
     );
     b.send_to(&with_token(&initial(b.local_addr().unwrap(), addr), &old), addr).unwrap();
-    std::thread::sleep(Duration::from_millis(300));
-    let k = srv.counters();
+    // All three of b's Initials handled (a token refused, counted by kind), then judged.
+    let k = counters_when(&srv, |k| k.tokens_invalid + k.tokens_expired >= 3);
     assert_eq!((k.tokens_invalid, k.tokens_expired, k.connections, k.retries_sent), (2, 1, 0, 1), "{k:?}");
     srv.stop().unwrap();
     let _ = AtomicBool::new(false);

@@ -5,9 +5,9 @@
 //! own binary, so the descriptor count is this test's alone.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use udpx_tokio::{Backend, UdpxSocket};
 
@@ -24,8 +24,8 @@ fn ring_fds() -> (usize, usize) {
     (rings, efds)
 }
 
-/// A thread sending 1200-byte datagrams to `to` until `stop`.
-fn blaster(to: SocketAddr, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<u64> {
+/// A thread sending 1200-byte datagrams to `to` until `stop`, counting them in `sent`.
+fn blaster(to: SocketAddr, stop: Arc<AtomicBool>, sent: Arc<AtomicU64>) -> std::thread::JoinHandle<u64> {
     std::thread::spawn(move || {
         let s = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
         let d = [0x40u8; 1200]; // a short-header-looking packet: quinn drops or resets it
@@ -33,6 +33,7 @@ fn blaster(to: SocketAddr, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<u64
         while !stop.load(Ordering::Relaxed) {
             if s.send_to(&d, to).is_ok() {
                 n += 1;
+                sent.store(n, Ordering::Relaxed);
             }
             if n % 64 == 0 {
                 std::thread::yield_now();
@@ -40,6 +41,19 @@ fn blaster(to: SocketAddr, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<u64
         }
         n
     })
+}
+
+/// Datagrams the blaster must have sent before the runtime is dropped: enough that the
+/// multishot receive is armed and filling ring buffers (it keeps sending meanwhile).
+const IN_FLIGHT: u64 = 256;
+
+/// Sets the flag when dropped, so the blaster stops also when the round fails.
+struct StopOnDrop(Arc<AtomicBool>);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
 }
 
 fn runtime() -> tokio::runtime::Runtime {
@@ -51,6 +65,8 @@ fn runtime() -> tokio::runtime::Runtime {
 fn round(quinn_endpoint: bool) -> bool {
     let rt = runtime();
     let stop = Arc::new(AtomicBool::new(false));
+    let _stop_blaster = StopOnDrop(stop.clone());
+    let sent = Arc::new(AtomicU64::new(0));
     let used_ring = rt.block_on(async {
         let addr: SocketAddr = "127.0.0.1:0".parse().unwrap();
         let (to, ring) = if quinn_endpoint {
@@ -79,8 +95,13 @@ fn round(quinn_endpoint: bool) -> bool {
             });
             (to, ring)
         };
-        let b = blaster(to, stop.clone());
-        tokio::time::sleep(Duration::from_millis(30)).await;
+        let b = blaster(to, stop.clone(), sent.clone());
+        // Datagrams pouring in before the runtime goes: however the blaster is scheduled.
+        let start = Instant::now();
+        while sent.load(Ordering::Relaxed) < IN_FLIGHT {
+            assert!(start.elapsed() < Duration::from_secs(10), "the blaster sent {sent:?} datagrams in 10 s");
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
         (ring, b)
     });
     let (ring, b) = used_ring;
@@ -88,7 +109,7 @@ fn round(quinn_endpoint: bool) -> bool {
     // blaster still sending.
     rt.shutdown_timeout(Duration::from_secs(5));
     stop.store(true, Ordering::Relaxed);
-    assert!(b.join().unwrap() > 0, "datagrams were in flight");
+    assert!(b.join().unwrap() >= IN_FLIGHT, "datagrams were in flight");
     ring
 }
 
