@@ -191,6 +191,12 @@ struct ServeArgs {
     /// packets: fewer, larger GSO runs; see `udpx bench h3 --burst`).
     #[arg(long, value_enum, default_value = "quantum")]
     burst: BurstArg,
+    /// Microseconds at least between the starts of two loop turns while work keeps coming
+    /// (0: a turn as soon as a datagram arrives). Datagrams that arrive meanwhile are served
+    /// together: fewer wake-ups and system calls for many connections at once, at the price
+    /// of up to this much added latency under load. Deadlines are never delayed. 0 to 100000.
+    #[arg(long, default_value_t = 0, value_name = "US")]
+    coalesce: u64,
     /// Responses with an open file one connection may hold (503 past it; a client has at most
     /// 100 request streams open at once).
     #[arg(long, default_value_t = 100)]
@@ -260,6 +266,9 @@ pub struct H3BenchArgs {
     /// How much one udpx connection writes per loop turn (as `udpx h3 serve --burst`).
     #[arg(long, value_enum, default_value = "quantum")]
     burst: BurstArg,
+    /// With --connections: `udpx h3 serve --coalesce` for the udpx rows (microseconds).
+    #[arg(long, default_value_t = 0, value_name = "US", value_parser = clap::value_parser!(u64).range(0..=100_000))]
+    coalesce: u64,
     /// One JSON object instead of the table.
     #[arg(long)]
     json: bool,
@@ -313,6 +322,7 @@ fn bench_scale(a: H3BenchArgs) -> ExitCode {
     cfg.connections = a.connections.clone();
     cfg.idle = (a.idle > 0).then_some(a.idle);
     (cfg.interval, cfg.ramp, cfg.window, cfg.rounds) = (interval, ramp, window, a.rounds);
+    cfg.coalesce = Duration::from_micros(a.coalesce);
     let b = match udpx_h3::bench::scale::run(&cfg, &mut |l| eprintln!("udpx {CMD}: {l}")) {
         Ok(b) => b,
         Err(e) => {
@@ -559,6 +569,9 @@ fn serve(a: ServeArgs) -> ExitCode {
     if let Err(e) = limits.check() {
         return usage(e);
     }
+    if a.coalesce > 100_000 {
+        return usage(format!("--coalesce {}: give 0 to 100000 microseconds", a.coalesce));
+    }
     let cfg = ServeConfig {
         listen: a.listen,
         tls,
@@ -573,6 +586,7 @@ fn serve(a: ServeArgs) -> ExitCode {
         early_data: a.early_data,
         cc: a.cc,
         burst: a.burst.into(),
+        coalesce: std::time::Duration::from_micros(a.coalesce),
         max_open_per_conn: a.max_open_per_conn,
         max_open_per_shard: a.max_open_per_shard,
         alt_svc_tcp: a.alt_svc_tcp,

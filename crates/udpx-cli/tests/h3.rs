@@ -45,6 +45,7 @@ fn bad_input_exits_2_and_says_what_to_change() {
         (&["h3", "serve", www, "--host-id", "70000"], "--host-id"),
         (&["h3", "serve", www, "--max-udp-payload", "1000"], "--max-udp-payload 1000"),
         (&["h3", "serve", www, "--gro", "maybe"], "--gro"),
+        (&["h3", "serve", www, "--coalesce", "200000"], "--coalesce 200000: give 0 to 100000"),
         (&["h3", "get", "http://127.0.0.1/"], "https://"),
         (&["h3", "get", "https://127.0.0.1:99999/"], "port"),
         (&["h3", "get", "https://127.0.0.1:1/", "-o", "/nonexistent-dir/x"], "output file"),
@@ -123,6 +124,7 @@ fn bench_h3_bad_flags_exit_2_naming_the_flag() {
         (&["bench", "h3", "--repeat", "many"], "--repeat"),
         (&["bench", "h3", "--warp"], "--warp"),
         (&["bench", "h3", "--veth", "--loopback"], "--loopback"),
+        (&["bench", "h3", "--coalesce", "200000"], "--coalesce"),
     ];
     for (args, needle) in cases {
         let o = udpx(args);

@@ -67,6 +67,8 @@ pub struct ServeConfig {
     pub cc: Cc,
     /// How much one connection writes per loop turn ([`udpx_quic::Burst`]).
     pub burst: udpx_quic::Burst,
+    /// The least time between two loop turns' starts under load (`udpx_quic::Host::set_coalesce`).
+    pub coalesce: std::time::Duration,
     /// Responses with an open file one connection may hold (503 past it).
     pub max_open_per_conn: usize,
     /// Responses with an open file one shard may hold (503 past it).
@@ -94,6 +96,7 @@ impl ServeConfig {
             early_data: false,
             cc: Cc::Cubic,
             burst: udpx_quic::Burst::Quantum,
+            coalesce: std::time::Duration::ZERO,
             max_open_per_conn: crate::tls::MAX_STREAMS as usize,
             max_open_per_shard: 4096,
             alt_svc_tcp: None,
@@ -168,6 +171,7 @@ pub fn serve(dir: &Path, cfg: &ServeConfig) -> Result<H3Server, Error> {
         keys: cfg.keys.clone(),
         limits: cfg.limits,
         burst: cfg.burst,
+        coalesce: cfg.coalesce,
     };
     let site2 = site.clone();
     let max = cfg.max_udp_payload;

@@ -100,8 +100,8 @@ host_counters! {
     accept_errors,
     /// ICMP errors about datagrams sent (the socket's count; port unreachable, ...).
     icmp_errors,
-    /// Datagrams the kernel dropped at this socket, its receive buffer full (the socket's
-    /// count, `SO_RXQ_OVFL`).
+    /// Datagrams the kernel dropped at this socket, its receive buffer full (`SO_MEMINFO`,
+    /// read when the counters are taken).
     kernel_drops,
     /// Receive calls that failed with an error the host counted and served on (never one
     /// an ICMP message caused: the socket keeps those out).
@@ -131,6 +131,8 @@ host_counters! {
     timers_fired,
     /// Times the loop waited in ppoll (it waits only when nothing is ready).
     waits,
+    /// Times the loop slept first to let work gather (`Host::set_coalesce`).
+    coalesced,
 }
 
 pub(crate) fn ratio(a: u64, b: u64) -> f64 {

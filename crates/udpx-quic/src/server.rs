@@ -50,6 +50,8 @@ pub struct ServerConfig {
     pub limits: crate::Limits,
     /// How much one connection writes per turn.
     pub burst: crate::Burst,
+    /// The least time between two turns' starts under load (`Host::set_coalesce`; zero: none).
+    pub coalesce: std::time::Duration,
 }
 
 impl ServerConfig {
@@ -64,6 +66,7 @@ impl ServerConfig {
             keys: None,
             limits: crate::Limits::default(),
             burst: crate::Burst::Quantum,
+            coalesce: std::time::Duration::ZERO,
         }
     }
 }
@@ -177,7 +180,8 @@ impl Server {
             let (stop, make_app) = (stop.clone(), make_app.clone());
             let cell: SharedCounters = Arc::new(Mutex::new(HostCounters::default()));
             counters.push(cell.clone());
-            let (host_id, keys, limits, burst) = (cfg.host_id, keys.clone(), cfg.limits, cfg.burst);
+            let (host_id, keys, limits, burst, coalesce) =
+                (cfg.host_id, keys.clone(), cfg.limits, cfg.burst, cfg.coalesce);
             let t = std::thread::Builder::new()
                 .name(format!("udpx-quic-{}", shard.index()))
                 .spawn(move || {
@@ -187,6 +191,7 @@ impl Server {
                     host.set_keys(keys);
                     host.set_limits(limits);
                     host.set_burst(burst);
+                    host.set_coalesce(coalesce);
                     host.run(&stop, false, Some(&cell))
                 })
                 .map_err(Error::Io)?;

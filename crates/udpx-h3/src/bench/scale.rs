@@ -99,6 +99,8 @@ pub struct ScaleConfig {
     /// Rounds: every row once per round, interleaved; a row shows its median run, the
     /// targets are judged on per-round ratios (3 rounds at least give a verdict).
     pub rounds: usize,
+    /// `udpx h3 serve --coalesce` for the udpx rows (zero: none).
+    pub coalesce: Duration,
 }
 
 impl ScaleConfig {
@@ -117,6 +119,7 @@ impl ScaleConfig {
             udpx,
             nginx: Programs::from_path().nginx,
             rounds: 1,
+            coalesce: Duration::ZERO,
         }
     }
 }
@@ -481,7 +484,7 @@ fn start_server(
                 .arg(key);
             c.args(["-l", &lifetime.as_secs().to_string()]);
             if server == ScaleServer::Udpx {
-                c.args(["--shards", "1"]);
+                c.args(["--shards", "1", "--coalesce", &cfg.coalesce.as_micros().to_string()]);
             }
             (c, addr, " on https://")
         }
@@ -645,6 +648,13 @@ pub fn table(b: &ScaleBench) -> String {
         c.window.as_secs_f64(),
         b.path
     );
+    if !c.coalesce.is_zero() {
+        let _ = writeln!(
+            s,
+            "udpx rows: `udpx h3 serve --coalesce {}` (loop turns at least that many microseconds apart under load)\n",
+            c.coalesce.as_micros()
+        );
+    }
     if let Some(base) = b.baseline_pct {
         let _ = writeln!(
             s,
