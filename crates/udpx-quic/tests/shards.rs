@@ -25,11 +25,11 @@ struct Recorder {
 
 impl App for Recorder {
     type State = ();
-    fn accepted(&mut self, conn: &quiche::Connection) {
+    fn accepted(&mut self, conn: &udpx_quic::Connection) {
         self.seen.lock().unwrap().push((self.shard, conn.source_id().to_vec()));
     }
-    fn on_turn(&mut self, _: &mut quiche::Connection, _: &mut ()) {}
-    fn closed(&mut self, _: &quiche::Connection, _: ()) {}
+    fn on_turn(&mut self, _: &mut udpx_quic::Connection, _: &mut ()) {}
+    fn closed(&mut self, _: &udpx_quic::Connection, _: ()) {}
 }
 
 /// Client side: closes each connection the turn after it is established (closing in the
@@ -45,10 +45,10 @@ struct Closer {
 impl App for Closer {
     /// Turns the connection had while established: 1 after the first, 2 once closed.
     type State = u8;
-    fn accepted(&mut self, _: &quiche::Connection) -> u8 {
+    fn accepted(&mut self, _: &udpx_quic::Connection) -> u8 {
         0
     }
-    fn on_turn(&mut self, conn: &mut quiche::Connection, turns: &mut u8) {
+    fn on_turn(&mut self, conn: &mut udpx_quic::Connection, turns: &mut u8) {
         match *turns {
             0 => self.established += 1,
             1 => {
@@ -61,7 +61,7 @@ impl App for Closer {
     fn wake_at(&self, turns: &u8) -> Option<std::time::Instant> {
         (*turns == 1).then(std::time::Instant::now)
     }
-    fn closed(&mut self, _: &quiche::Connection, _: u8) {}
+    fn closed(&mut self, _: &udpx_quic::Connection, _: u8) {}
 }
 
 /// A loopback server of `shards` shards with host ID `host_id` (the certificate lives as long
@@ -137,18 +137,18 @@ struct IdRecorder {
 impl App for IdRecorder {
     /// The index of this connection's entry in `ids`.
     type State = usize;
-    fn accepted(&mut self, conn: &quiche::Connection) -> usize {
+    fn accepted(&mut self, conn: &udpx_quic::Connection) -> usize {
         let mut ids = self.ids.lock().unwrap();
         ids.push((self.shard, [conn.source_id().to_vec()].into()));
         ids.len() - 1
     }
-    fn on_turn(&mut self, conn: &mut quiche::Connection, at: &mut usize) {
+    fn on_turn(&mut self, conn: &mut udpx_quic::Connection, at: &mut usize) {
         let mut ids = self.ids.lock().unwrap();
         for id in conn.source_ids() {
             ids[*at].1.insert(id.to_vec());
         }
     }
-    fn closed(&mut self, conn: &quiche::Connection, _: usize) {
+    fn closed(&mut self, conn: &udpx_quic::Connection, _: usize) {
         if conn.peer_error().is_some_and(|e| e.reason == b"done") {
             self.closed_by_client.fetch_add(1, Ordering::Relaxed);
         }
@@ -172,10 +172,10 @@ struct MoverState {
 
 impl App for Mover {
     type State = MoverState;
-    fn accepted(&mut self, _: &quiche::Connection) -> MoverState {
+    fn accepted(&mut self, _: &udpx_quic::Connection) -> MoverState {
         MoverState::default()
     }
-    fn on_turn(&mut self, conn: &mut quiche::Connection, st: &mut MoverState) {
+    fn on_turn(&mut self, conn: &mut udpx_quic::Connection, st: &mut MoverState) {
         if !st.retired {
             if conn.available_dcids() > 0 && conn.retire_dcid(0).is_ok() {
                 st.retired = true;
@@ -196,7 +196,7 @@ impl App for Mover {
         // Each step on the next turn once the first (a new ID to move to) has happened.
         (st.retired && !st.closed).then(std::time::Instant::now)
     }
-    fn closed(&mut self, _: &quiche::Connection, _: MoverState) {}
+    fn closed(&mut self, _: &udpx_quic::Connection, _: MoverState) {}
 }
 
 #[test]
@@ -218,6 +218,12 @@ fn new_connection_ids_keep_the_host_and_the_shard() {
     let t0 = std::time::Instant::now();
     client.run(&AtomicBool::new(false), true, None).unwrap();
     let took = t0.elapsed();
+    // The clients' closes are on their way: the server reads them on its own thread (on a
+    // busy machine after the client has ended), so wait for them before stopping it.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while by_client.load(Ordering::Relaxed) < conns && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
     let total = server.stop().unwrap();
     let ids = ids.lock().unwrap();
     eprintln!("took {took:?}; server {total:?}");
