@@ -248,9 +248,9 @@ struct Fetch {
 impl App for Fetch {
     type State = ();
 
-    fn accepted(&mut self, _conn: &quiche::Connection) {}
+    fn accepted(&mut self, _conn: &udpx_quic::Connection) {}
 
-    fn on_turn(&mut self, conn: &mut quiche::Connection, _: &mut ()) {
+    fn on_turn(&mut self, conn: &mut udpx_quic::Connection, _: &mut ()) {
         if self.done {
             // An answer that came in the server's first flight (0.5-RTT) can be whole in the
             // very turn the handshake completes: the close waits a turn, so the client's
@@ -337,7 +337,7 @@ impl App for Fetch {
         self.close_at
     }
 
-    fn closed(&mut self, conn: &quiche::Connection, _: ()) {
+    fn closed(&mut self, conn: &udpx_quic::Connection, _: ()) {
         self.session = conn.session().map(<[u8]>::to_vec);
         self.resumed = conn.is_resumed();
         if self.close_reason.is_none() {

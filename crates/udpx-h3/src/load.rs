@@ -260,11 +260,11 @@ impl Players {
 impl App for Players {
     type State = Player;
 
-    fn accepted(&mut self, _conn: &quiche::Connection) -> Player {
+    fn accepted(&mut self, _conn: &udpx_quic::Connection) -> Player {
         unreachable!("a client host accepts nothing")
     }
 
-    fn on_turn(&mut self, conn: &mut quiche::Connection, p: &mut Player) {
+    fn on_turn(&mut self, conn: &mut udpx_quic::Connection, p: &mut Player) {
         let now = Instant::now();
         if !p.established {
             p.established = true;
@@ -350,7 +350,7 @@ impl App for Players {
         p.inflight.is_none().then_some(p.next)
     }
 
-    fn closed(&mut self, _conn: &quiche::Connection, mut p: Player) {
+    fn closed(&mut self, _conn: &udpx_quic::Connection, mut p: Player) {
         let now = Instant::now();
         if p.inflight.is_some() {
             self.done(&mut p, false, now);

@@ -8,8 +8,11 @@
 //!
 //! A response body is read from disk only as fast as the stream takes it: a response asks
 //! quiche for its stream's capacity and reads at most that much, at most [`CHUNK`] bytes,
-//! into its own buffer; what `send_body` does not take stays there. A response therefore holds
-//! at most one chunk in memory, whatever the file size.
+//! straight into a buffer quiche keeps (`send_body_zc` on [`udpx_quic::bufs`]), with the DATA
+//! frame's header written in the room before it: the only user-space copy of a body byte
+//! after the read is quiche's into a packet. quiche holds each chunk until it is
+//! acknowledged; the shard then reuses its vector (a bounded pool), so in steady state no
+//! chunk is allocated.
 //!
 //! Bounds: a response with a body holds an open file until it is sent; a connection may hold
 //! [`ServeConfig::max_open_per_conn`] of them and a shard [`ServeConfig::max_open_per_shard`]
@@ -27,6 +30,7 @@ use std::time::Instant;
 
 use quiche::h3::NameValue;
 use serde::Serialize;
+use udpx_quic::bufs::{Buf, BufPool};
 use udpx_quic::{App, HostCounters, IoMode, Server, ServerConfig};
 
 use crate::http::{HttpSnapshot, LogEntry, RequestHead, Site, SiteOptions};
@@ -202,6 +206,7 @@ pub fn serve(dir: &Path, cfg: &ServeConfig) -> Result<H3Server, Error> {
     let server = Server::start(&scfg, configs, move |_shard| FileServer {
         site: site2.clone(),
         scratch: vec![0; CHUNK],
+        bodies: BufPool::new(CHUNK, BODY_BUFFERS_KEPT),
         h3_config: quiche::h3::Config::new().expect("quiche's h3::Config::new cannot fail"),
         open: 0,
         bounds,
@@ -360,6 +365,8 @@ impl udpx_metrics::Source for MetricsSource {
 }
 
 struct FileServer {
+    /// Body chunks quiche takes without copying ([`udpx_quic::bufs`]), reused once acknowledged.
+    bodies: BufPool,
     site: Arc<Site>,
     scratch: Vec<u8>,
     h3_config: quiche::h3::Config,
@@ -389,9 +396,8 @@ struct Body {
     file: File,
     /// Bytes of the range not yet read.
     left: u64,
-    buf: Vec<u8>,
-    /// Bytes of `buf` already taken.
-    off: usize,
+    /// Read, not yet (all) taken by quiche.
+    pending: Option<Buf>,
 }
 
 struct ConnState {
@@ -405,12 +411,12 @@ struct ConnState {
 impl App for FileServer {
     type State = ConnState;
 
-    fn accepted(&mut self, conn: &quiche::Connection) -> ConnState {
+    fn accepted(&mut self, conn: &udpx_quic::Connection) -> ConnState {
         let peer = conn.path_stats().next().map_or(SocketAddr::from(([0, 0, 0, 0], 0)), |p| p.peer_addr);
         ConnState { h3: None, peer, responses: HashMap::new(), open: 0 }
     }
 
-    fn on_turn(&mut self, conn: &mut quiche::Connection, st: &mut ConnState) {
+    fn on_turn(&mut self, conn: &mut udpx_quic::Connection, st: &mut ConnState) {
         if st.h3.is_none() {
             match quiche::h3::Connection::with_transport(conn, &self.h3_config) {
                 Ok(h) => st.h3 = Some(h),
@@ -463,7 +469,7 @@ impl App for FileServer {
         let writable = std::iter::from_fn(|| conn.stream_writable_next()).collect::<Vec<u64>>();
         for sid in fresh.into_iter().chain(writable) {
             let Some(r) = st.responses.get_mut(&sid) else { continue };
-            let outcome = progress(h3, conn, sid, r);
+            let outcome = progress(h3, conn, sid, r, &mut self.bodies);
             if !matches!(outcome, Ok(false)) {
                 if let Some(r) = st.responses.remove(&sid) {
                     self.finish(st.peer, &r, outcome.is_ok(), &mut st.open);
@@ -472,7 +478,7 @@ impl App for FileServer {
         }
     }
 
-    fn closed(&mut self, _conn: &quiche::Connection, mut state: ConnState) {
+    fn closed(&mut self, _conn: &udpx_quic::Connection, mut state: ConnState) {
         // Responses still under way when the connection ended were not sent whole.
         let responses = std::mem::take(&mut state.responses);
         for r in responses.values() {
@@ -515,7 +521,7 @@ impl FileServer {
         for (n, v) in &answer.headers {
             headers.push(quiche::h3::Header::new(n.as_bytes(), v.as_bytes()));
         }
-        let body = answer.body.map(|b| Body { file: b.file, left: b.len, buf: Vec::new(), off: 0 });
+        let body = answer.body.map(|b| Body { file: b.file, left: b.len, pending: None });
         Response {
             headers: Some(headers),
             fin_with_headers: body.is_none(),
@@ -547,14 +553,44 @@ impl FileServer {
     }
 }
 
+/// The longest HTTP/3 DATA frame header: its type (one byte) and its length (a varint, at
+/// most 8 bytes).
+const DATA_HEADER_MAX: usize = 9;
+
+/// Body chunk vectors a shard keeps for reuse (each [`CHUNK`] bytes: 16 MiB); past them a
+/// chunk is a vector of its own, freed once acknowledged.
+const BODY_BUFFERS_KEPT: usize = 256;
+
+/// The DATA frame header of a `len`-byte body chunk, as quiche writes it (type 0x00, then the
+/// length as a QUIC varint): its bytes and how many.
+fn data_header(len: usize) -> ([u8; DATA_HEADER_MAX], usize) {
+    let mut h = [0u8; DATA_HEADER_MAX];
+    let len = len as u64;
+    let n = if len < 1 << 6 {
+        h[1] = len as u8;
+        1
+    } else if len < 1 << 14 {
+        h[1..3].copy_from_slice(&((len as u16) | 0x4000).to_be_bytes());
+        2
+    } else if len < 1 << 30 {
+        h[1..5].copy_from_slice(&((len as u32) | 0x8000_0000).to_be_bytes());
+        4
+    } else {
+        h[1..9].copy_from_slice(&(len | 0xc000_0000_0000_0000).to_be_bytes());
+        8
+    };
+    (h, 1 + n)
+}
+
 /// Moves a response on as far as the stream takes it, counting the body bytes taken in
 /// `r.sent`. `Ok(true)`: done; `Err(())`: the stream is gone (reset, stopped) or the file
 /// failed.
 fn progress(
     h3: &mut quiche::h3::Connection,
-    conn: &mut quiche::Connection,
+    conn: &mut udpx_quic::Connection,
     sid: u64,
     r: &mut Response,
+    pool: &mut BufPool,
 ) -> Result<bool, ()> {
     if let Some(h) = r.headers.take() {
         match h3.send_response(conn, sid, &h, r.fin_with_headers) {
@@ -568,7 +604,7 @@ fn progress(
     }
     let Some(b) = r.body.as_mut() else { return Ok(true) };
     loop {
-        if b.off == b.buf.len() {
+        if b.pending.is_none() {
             if b.left == 0 {
                 return Ok(true);
             }
@@ -576,36 +612,60 @@ fn progress(
                 Ok(c) => c,
                 Err(_) => return Err(()),
             };
-            if cap == 0 {
-                // Parked: quiche reports the stream writable again once it can take a byte.
-                let _ = conn.stream_writable(sid, 1);
+            // Room for the DATA frame's header too, so the chunk goes whole, in one frame.
+            if cap <= DATA_HEADER_MAX {
+                // Parked: quiche reports the stream writable again once it can take this.
+                let _ = conn.stream_writable(sid, DATA_HEADER_MAX + 1);
                 return Ok(false);
             }
-            let n = (cap.min(CHUNK) as u64).min(b.left) as usize;
-            b.buf.resize(n, 0);
-            if b.file.read_exact(&mut b.buf).is_err() {
-                // The file shrank or failed under us: the stream cannot be completed honestly.
-                let _ = conn.stream_shutdown(sid, quiche::Shutdown::Write, 0x102);
-                return Err(());
+            let n = ((cap - DATA_HEADER_MAX).min(pool.size()) as u64).min(b.left) as usize;
+            let (header, hlen) = data_header(n);
+            // The file read straight into the buffer quiche keeps: no copy before the packet.
+            match pool.fill(n, &header[..hlen], |s| b.file.read_exact(s)) {
+                Ok(buf) => b.pending = Some(buf),
+                Err(_) => {
+                    // The file shrank or failed under us: the stream cannot be completed honestly.
+                    let _ = conn.stream_shutdown(sid, quiche::Shutdown::Write, 0x102);
+                    return Err(());
+                }
             }
             b.left -= n as u64;
-            b.off = 0;
         }
         let fin = b.left == 0;
-        match h3.send_body(conn, sid, &b.buf[b.off..], fin) {
+        let buf = b.pending.as_mut().expect("filled above");
+        let len = buf.len();
+        match h3.send_body_zc(conn, sid, buf, fin) {
             Ok(w) => {
-                b.off += w;
                 r.sent += w as u64;
-                if b.off < b.buf.len() {
-                    return Ok(false);
+                if w < len {
+                    return Ok(false); // `buf` is what is left of the chunk
                 }
+                b.pending = None;
                 if fin {
-                    b.buf = Vec::new();
                     return Ok(true);
                 }
             }
             Err(quiche::h3::Error::Done | quiche::h3::Error::StreamBlocked) => return Ok(false),
             Err(_) => return Err(()),
         }
+    }
+}
+
+#[cfg(test)]
+mod body_tests {
+    use super::data_header;
+
+    #[test]
+    fn data_headers_are_quiches_varints() {
+        let h = |n| {
+            let (b, len) = data_header(n);
+            b[..len].to_vec()
+        };
+        assert_eq!(h(0), [0x00, 0x00]);
+        assert_eq!(h(63), [0x00, 0x3f]);
+        assert_eq!(h(64), [0x00, 0x40, 0x40]);
+        assert_eq!(h(16_383), [0x00, 0x7f, 0xff]);
+        assert_eq!(h(16_384), [0x00, 0x80, 0x00, 0x40, 0x00]);
+        assert_eq!(h(65_536), [0x00, 0x80, 0x01, 0x00, 0x00]);
     }
 }

@@ -92,8 +92,8 @@ struct Stalled {
 
 impl App for Stalled {
     type State = ();
-    fn accepted(&mut self, _: &quiche::Connection) {}
-    fn on_turn(&mut self, conn: &mut quiche::Connection, _: &mut ()) {
+    fn accepted(&mut self, _: &udpx_quic::Connection) {}
+    fn on_turn(&mut self, conn: &mut udpx_quic::Connection, _: &mut ()) {
         if self.h3.is_none() {
             self.h3 = quiche::h3::Connection::with_transport(conn, &quiche::h3::Config::new().unwrap()).ok();
         }
@@ -112,7 +112,7 @@ impl App for Stalled {
         }
         while h3.poll(conn).is_ok() {}
     }
-    fn closed(&mut self, _: &quiche::Connection, _: ()) {}
+    fn closed(&mut self, _: &udpx_quic::Connection, _: ()) {}
 }
 
 /// The file's descriptors open in this process (the server runs here).

@@ -57,6 +57,7 @@ use nix::poll::{PollFd, PollFlags};
 use udpx::{RecvBuffers, Shard, UdpSocket};
 
 use crate::admission::{Admission, Admit, Cap, Limits, Rate};
+use crate::bufs::Connection;
 use crate::cid::{CidGenerator, CID_LEN};
 use crate::counters::HostCounters;
 use crate::io::{Flush, Outbox};
@@ -101,12 +102,12 @@ pub trait App {
     type State;
     /// A server connection was accepted: its state. (If the Initial that made it then fails
     /// to decrypt, the connection and this state are dropped at once, without [`App::closed`].)
-    fn accepted(&mut self, conn: &quiche::Connection) -> Self::State;
+    fn accepted(&mut self, conn: &Connection) -> Self::State;
     /// The application's turn on `conn`: called when the connection has had news (packets
     /// arrived, a timer fired, it is still sending) and is established or in early data, and
     /// only then. Read what arrived; write what the streams can take (quiche's
     /// `stream_writable_next()` names the streams that became writable since).
-    fn on_turn(&mut self, conn: &mut quiche::Connection, state: &mut Self::State);
+    fn on_turn(&mut self, conn: &mut Connection, state: &mut Self::State);
     /// When the application wants its next turn on a connection even if nothing arrives (a
     /// client that sends on a schedule, a step to take on the next turn): part of the
     /// connection's deadline, asked after each of its turns. Default: never.
@@ -115,7 +116,7 @@ pub trait App {
         None
     }
     /// `conn` is closed and about to be dropped.
-    fn closed(&mut self, conn: &quiche::Connection, state: Self::State);
+    fn closed(&mut self, conn: &Connection, state: Self::State);
 }
 
 /// The socket a host serves: a shard of a group, or its own.
@@ -154,7 +155,7 @@ impl CidKey {
 }
 
 struct Entry<S> {
-    conn: quiche::Connection,
+    conn: Connection,
     state: S,
     keys: Vec<CidKey>,
     /// The address it counts against in the admission caps.
@@ -366,7 +367,7 @@ impl<A: App> Host<A> {
         crate::cid::random_bytes(&mut scid).map_err(Error::Io)?;
         let scid_ref = quiche::ConnectionId::from_ref(&scid);
         let mut conn = match dcid {
-            Some(d) => quiche::connect_with_dcid(
+            Some(d) => quiche::connect_with_dcid_and_buffer_factory(
                 server_name,
                 &scid_ref,
                 &quiche::ConnectionId::from_ref(d),
@@ -374,7 +375,7 @@ impl<A: App> Host<A> {
                 peer,
                 &mut self.config,
             ),
-            None => quiche::connect(server_name, &scid_ref, local, peer, &mut self.config),
+            None => quiche::connect_with_buffer_factory(server_name, &scid_ref, local, peer, &mut self.config),
         }
         .map_err(|e| Error::Quic("connect", e))?;
         if let Some(s) = session {
@@ -397,20 +398,20 @@ impl<A: App> Host<A> {
 
     /// Calls `f` with every open connection and its application state: a walk over the whole
     /// table, for a report at the end of a run, never for the loop.
-    pub fn for_each_connection(&self, mut f: impl FnMut(&quiche::Connection, &A::State)) {
+    pub fn for_each_connection(&self, mut f: impl FnMut(&Connection, &A::State)) {
         for e in self.conns.iter().flatten() {
             f(&e.conn, &e.state);
         }
     }
 
     /// The connection in slot `idx` and its application state, if it is open.
-    pub fn connection(&self, idx: usize) -> Option<(&quiche::Connection, &A::State)> {
+    pub fn connection(&self, idx: usize) -> Option<(&Connection, &A::State)> {
         self.conns.get(idx)?.as_ref().map(|e| (&e.conn, &e.state))
     }
 
     fn insert(
         &mut self,
-        conn: quiche::Connection,
+        conn: Connection,
         state: A::State,
         keys: &[CidKey],
         peer_ip: IpAddr,
@@ -790,7 +791,7 @@ impl<A: App> Host<A> {
                 let cids = quiche::RetryConnectionIds { original_destination_cid: &o, retry_source_cid: &hdr.dcid };
                 quiche::accept_with_retry(&scid_ref, cids, local, from, &mut self.config)
             }
-            None => quiche::accept(&scid_ref, None, local, from, &mut self.config),
+            None => quiche::accept_with_buf_factory(&scid_ref, None, local, from, &mut self.config),
         };
         let conn = match conn {
             Ok(c) => c,

@@ -37,6 +37,7 @@
 #![forbid(unsafe_code)]
 
 pub mod admission;
+pub mod bufs;
 pub mod cid;
 pub mod counters;
 pub mod host;
@@ -52,6 +53,7 @@ use std::fmt;
 use std::net::SocketAddr;
 
 pub use admission::{Limits, RetryPolicy};
+pub use bufs::{Buf, BufPool, Bufs, Connection};
 pub use cid::{CidGenerator, ServerCid, CID_LEN, WORKER_BYTE};
 pub use counters::HostCounters;
 pub use host::{App, Burst, Host, HostSocket, QUANTUM_PACKETS};

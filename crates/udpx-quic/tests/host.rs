@@ -32,8 +32,8 @@ struct Echo;
 
 impl App for Echo {
     type State = ();
-    fn accepted(&mut self, _: &quiche::Connection) {}
-    fn on_turn(&mut self, conn: &mut quiche::Connection, _: &mut ()) {
+    fn accepted(&mut self, _: &udpx_quic::Connection) {}
+    fn on_turn(&mut self, conn: &mut udpx_quic::Connection, _: &mut ()) {
         let readable: Vec<u64> = conn.readable().collect();
         let mut buf = [0u8; 4096];
         for sid in readable {
@@ -43,7 +43,7 @@ impl App for Echo {
             }
         }
     }
-    fn closed(&mut self, _: &quiche::Connection, _: ()) {}
+    fn closed(&mut self, _: &udpx_quic::Connection, _: ()) {}
 }
 
 /// Client: once established, sends `SIZE` bytes on stream 0 with FIN; counts what comes back.
@@ -58,10 +58,10 @@ const SIZE: usize = 3000;
 
 impl App for Sender {
     type State = bool;
-    fn accepted(&mut self, _: &quiche::Connection) -> bool {
+    fn accepted(&mut self, _: &udpx_quic::Connection) -> bool {
         unreachable!("a client")
     }
-    fn on_turn(&mut self, conn: &mut quiche::Connection, sent: &mut bool) {
+    fn on_turn(&mut self, conn: &mut udpx_quic::Connection, sent: &mut bool) {
         if !*sent && conn.is_established() {
             *sent = true;
             self.established += 1;
@@ -73,7 +73,7 @@ impl App for Sender {
             self.done += usize::from(fin);
         }
     }
-    fn closed(&mut self, _: &quiche::Connection, _: bool) {}
+    fn closed(&mut self, _: &udpx_quic::Connection, _: bool) {}
 }
 
 /// With turns coalesced (at least 5 ms apart while work keeps coming) every handshake

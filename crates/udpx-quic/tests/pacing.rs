@@ -34,10 +34,10 @@ struct Sender;
 impl App for Sender {
     /// Bytes of the body written so far (`None`: no request yet).
     type State = Option<usize>;
-    fn accepted(&mut self, _: &quiche::Connection) -> Option<usize> {
+    fn accepted(&mut self, _: &udpx_quic::Connection) -> Option<usize> {
         None
     }
-    fn on_turn(&mut self, conn: &mut quiche::Connection, sent: &mut Option<usize>) {
+    fn on_turn(&mut self, conn: &mut udpx_quic::Connection, sent: &mut Option<usize>) {
         let mut buf = [0u8; 64];
         while let Ok((_, _)) = conn.stream_recv(0, &mut buf) {
             sent.get_or_insert(0);
@@ -52,7 +52,7 @@ impl App for Sender {
             }
         }
     }
-    fn closed(&mut self, _: &quiche::Connection, _: Option<usize>) {}
+    fn closed(&mut self, _: &udpx_quic::Connection, _: Option<usize>) {}
 }
 
 /// Client: sends a request, reads the body to its FIN, closes.
@@ -64,10 +64,10 @@ struct Getter {
 
 impl App for Getter {
     type State = bool;
-    fn accepted(&mut self, _: &quiche::Connection) -> bool {
+    fn accepted(&mut self, _: &udpx_quic::Connection) -> bool {
         false
     }
-    fn on_turn(&mut self, conn: &mut quiche::Connection, asked: &mut bool) {
+    fn on_turn(&mut self, conn: &mut udpx_quic::Connection, asked: &mut bool) {
         if !std::mem::replace(asked, true) {
             conn.stream_send(0, b"GET", true).unwrap();
         }
@@ -81,7 +81,7 @@ impl App for Getter {
             }
         }
     }
-    fn closed(&mut self, _: &quiche::Connection, _: bool) {}
+    fn closed(&mut self, _: &udpx_quic::Connection, _: bool) {}
 }
 
 #[test]

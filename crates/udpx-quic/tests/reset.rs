@@ -25,8 +25,8 @@ struct Pinger {
 
 impl App for Pinger {
     type State = ();
-    fn accepted(&mut self, _: &quiche::Connection) {}
-    fn on_turn(&mut self, conn: &mut quiche::Connection, _: &mut ()) {
+    fn accepted(&mut self, _: &udpx_quic::Connection) {}
+    fn on_turn(&mut self, conn: &mut udpx_quic::Connection, _: &mut ()) {
         if let Some(tx) = self.established.take() {
             let _ = tx.send(());
         }
@@ -41,7 +41,7 @@ impl App for Pinger {
         // Waits for `go` (set by the test thread), then pings every millisecond.
         (self.sent < 50).then(|| Instant::now() + Duration::from_millis(1))
     }
-    fn closed(&mut self, conn: &quiche::Connection, _: ()) {
+    fn closed(&mut self, conn: &udpx_quic::Connection, _: ()) {
         self.ended = Some((conn.is_timed_out(), conn.peer_error().is_some(), conn.local_error().is_some()));
     }
 }

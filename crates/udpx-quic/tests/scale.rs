@@ -33,10 +33,10 @@ struct Bytes;
 impl App for Bytes {
     /// Bytes left to send, by stream.
     type State = HashMap<u64, usize>;
-    fn accepted(&mut self, _: &quiche::Connection) -> HashMap<u64, usize> {
+    fn accepted(&mut self, _: &udpx_quic::Connection) -> HashMap<u64, usize> {
         HashMap::new()
     }
-    fn on_turn(&mut self, conn: &mut quiche::Connection, left: &mut HashMap<u64, usize>) {
+    fn on_turn(&mut self, conn: &mut udpx_quic::Connection, left: &mut HashMap<u64, usize>) {
         let readable: Vec<u64> = conn.readable().collect();
         let mut buf = [0u8; 64];
         for sid in readable {
@@ -65,7 +65,7 @@ impl App for Bytes {
         }
         left.retain(|_, n| *n > 0);
     }
-    fn closed(&mut self, _: &quiche::Connection, _: HashMap<u64, usize>) {}
+    fn closed(&mut self, _: &udpx_quic::Connection, _: HashMap<u64, usize>) {}
 }
 
 /// A loopback server of `shards` shards answering with [`Bytes`].
@@ -99,10 +99,10 @@ struct Tag {
 
 impl App for Asker {
     type State = Tag;
-    fn accepted(&mut self, _: &quiche::Connection) -> Tag {
+    fn accepted(&mut self, _: &udpx_quic::Connection) -> Tag {
         unreachable!("a client")
     }
-    fn on_turn(&mut self, conn: &mut quiche::Connection, t: &mut Tag) {
+    fn on_turn(&mut self, conn: &mut udpx_quic::Connection, t: &mut Tag) {
         if !t.established {
             t.established = true;
             self.established += 1;
@@ -128,7 +128,7 @@ impl App for Asker {
         // A request queued from outside the loop goes on the next turn.
         self.want.contains_key(&t.tag).then(Instant::now)
     }
-    fn closed(&mut self, _: &quiche::Connection, _: Tag) {}
+    fn closed(&mut self, _: &udpx_quic::Connection, _: Tag) {}
 }
 
 fn client(addr: SocketAddr) -> Host<Asker> {

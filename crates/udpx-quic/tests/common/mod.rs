@@ -62,7 +62,7 @@ pub struct Quiet;
 
 impl udpx_quic::App for Quiet {
     type State = ();
-    fn accepted(&mut self, _: &quiche::Connection) {}
-    fn on_turn(&mut self, _: &mut quiche::Connection, _: &mut ()) {}
-    fn closed(&mut self, _: &quiche::Connection, _: ()) {}
+    fn accepted(&mut self, _: &udpx_quic::Connection) {}
+    fn on_turn(&mut self, _: &mut udpx_quic::Connection, _: &mut ()) {}
+    fn closed(&mut self, _: &udpx_quic::Connection, _: ()) {}
 }
