@@ -8,6 +8,7 @@
 //! of the kernel's `udpgso_bench`, run in the same job with the same receive buffer), and
 //! [`paced`] compares receivers at a rate both sustain.
 
+pub mod chart;
 pub mod matrix;
 pub mod paced;
 pub mod probe;

@@ -1,12 +1,14 @@
 //! Reports: the text tables (the paper's Figure 1 for the send side, Figure 5 for the receive
-//! side), the targets of the issues checked against the measured ratios, Markdown, JSON and an
-//! SVG chart of cost per byte.
+//! side), the targets of the issues checked against the measured ratios, Markdown and JSON; the
+//! SVG chart of cost per byte is [`crate::chart`]'s.
 
 use std::fmt::Write as _;
 
 use crate::matrix::{Figures, LeftOut, ProfileResult, RowResult};
 use crate::stats::{paired_ratios, Spread};
 use udpx_lab::judge::pm;
+// The chart, under the path the CLI has always used.
+pub use crate::chart::svg_chart;
 // The judged targets and how they print: the lab's, under the paths the reports have always used.
 pub use udpx_lab::judge::{checks_text, verdict_rule, Check};
 
@@ -301,67 +303,6 @@ pub fn steal_note(profiles: &[ProfileResult]) -> Option<String> {
         runs.len(),
         stolen.iter().copied().fold(0.0, f64::max)
     ))
-}
-
-/// An SVG bar chart: CPU-s per delivered GB for every row, one bar per profile.
-pub fn svg_chart(profiles: &[ProfileResult]) -> String {
-    let colors = ["#3b6ea5", "#d08c2e", "#5a9e5a"];
-    let ids: Vec<(&str, &str)> =
-        profiles.first().map(|p| p.rows.iter().map(|r| (r.row.id, r.row.label)).collect()).unwrap_or_default();
-    let max = profiles
-        .iter()
-        .flat_map(|p| p.rows.iter().map(|r| r.median.cpu_per_gb))
-        .filter(|x| x.is_finite())
-        .fold(0.0f64, f64::max)
-        .max(0.1);
-    let (label_w, bar_w, row_h, bar_h) = (190.0, 520.0, 12.0 * profiles.len() as f64 + 10.0, 11.0);
-    let height = 60.0 + row_h * ids.len() as f64;
-    let mut s = String::new();
-    let _ = writeln!(
-        s,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{height}" font-family="sans-serif" font-size="11">"#,
-        w = label_w + bar_w + 80.0
-    );
-    let _ = writeln!(
-        s,
-        r#"<text x="10" y="18" font-size="13">CPU seconds per delivered GB (both CPUs; lower is better)</text>"#
-    );
-    for (pi, p) in profiles.iter().enumerate() {
-        let x = label_w + 160.0 * pi as f64;
-        let _ = writeln!(
-            s,
-            r#"<rect x="{x}" y="28" width="10" height="10" fill="{}"/><text x="{}" y="37">{}</text>"#,
-            colors[pi % 3],
-            x + 14.0,
-            p.profile
-        );
-    }
-    for (i, (id, label)) in ids.iter().enumerate() {
-        let y0 = 50.0 + row_h * i as f64;
-        let _ = writeln!(
-            s,
-            r#"<text x="{}" y="{}" text-anchor="end">{label}</text>"#,
-            label_w - 6.0,
-            y0 + row_h / 2.0 + 3.0
-        );
-        for (pi, p) in profiles.iter().enumerate() {
-            let Some(r) = p.get(id) else { continue };
-            let v = r.median.cpu_per_gb;
-            if !v.is_finite() {
-                continue;
-            }
-            let w = (v / max * bar_w).max(1.0);
-            let y = y0 + 2.0 + 12.0 * pi as f64;
-            let _ = writeln!(
-                s,
-                r#"<rect x="{label_w}" y="{y}" width="{w:.1}" height="{bar_h}" fill="{}"/>"#,
-                colors[pi % 3]
-            );
-            let _ = writeln!(s, r#"<text x="{:.1}" y="{}">{v:.2}</text>"#, label_w + w + 4.0, y + 9.0);
-        }
-    }
-    s.push_str("</svg>\n");
-    s
 }
 
 /// The whole run as Markdown.

@@ -8,6 +8,8 @@
 //! - [`judge`]: targets judged by that rule ([`judge::Check`]) and how the reports print them.
 //! - [`env`](mod@env): the environment record printed beside every figure (kernel, CPU, qdiscs,
 //!   device features, sysctls).
+//! - [`chart`]: what the tools' SVG charts share (a monospace font, text widths that size
+//!   the canvas, escaping, and a reader of the drawn text for tests).
 //! - [`netns`]: network namespaces and veth pairs, removed on drop (the `udpx-netns` crate,
 //!   which the datapath library's own tests use directly).
 //!
@@ -15,6 +17,7 @@
 //! a tool's own table lives in its crate (echo's modes in `udpx_echo::bench`), the main job's
 //! tables in `udpx-bench`.
 
+pub mod chart;
 pub mod cpu;
 pub mod env;
 pub mod judge;

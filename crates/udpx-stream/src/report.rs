@@ -9,6 +9,7 @@ use std::fmt::Write as _;
 use std::time::Duration;
 
 use serde::Serialize;
+use udpx_lab::chart::{self, escape};
 
 use crate::client::{RecvConfig, RecvReport};
 use crate::server::ServerReport;
@@ -275,24 +276,42 @@ pub fn json(
     })
 }
 
-/// Two plots: the departure error CDF and the aggregate rate in 1 ms bins.
+/// Two plots: the departure error CDF and the aggregate rate in 1 ms bins. The canvas is at
+/// least 760 px wide and as wide as its longest text needs ([`chart::text_width`]), and the
+/// plots start right of their widest y label, so no text is cut.
 pub fn svg(t: &Tally, title: &str) -> String {
-    let (w, h) = (760.0, 220.0);
+    const FONT: f64 = 11.0;
+    const TITLE_FONT: f64 = 13.0;
+    let h = 220.0;
+    let cdf = t.departure_cdf(400);
+    let bins = t.bins();
+    let ymax = bins.iter().copied().fold(0.0, f64::max).max(1.0);
+    let secs = bins.len() as f64 / 1e3;
+    let top_label = "departure error (log scale), share of datagrams at or below";
+    let bottom_label =
+        format!("aggregate send rate per 1 ms bin (MB/s) over {secs:.0} s: mean per column, largest (light)");
+    let y_labels = [Panel::y_label(1.0), Panel::y_label(ymax / 1e6)];
+    let left = y_labels.iter().map(|l| chart::text_width(l, FONT)).fold(0.0, f64::max).max(40.0) + 10.0;
+    let w = (chart::text_width(title, TITLE_FONT) + 20.0)
+        .max(left + chart::text_width(top_label, FONT).max(chart::text_width(&bottom_label, FONT)) + 20.0)
+        .max(760.0)
+        .ceil();
     let mut o = String::new();
     let _ = writeln!(
         o,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{}" font-family="sans-serif" font-size="11">"#,
-        2.0 * h + 60.0
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{}" font-family="{}" font-size="{FONT}">"#,
+        2.0 * h + 60.0,
+        chart::FONT_FAMILY
     );
-    let _ = writeln!(o, r#"<text x="10" y="18" font-size="13">{}</text>"#, escape(title));
+    let _ = writeln!(o, r#"<rect width="100%" height="100%" fill="white"/>"#);
+    let _ = writeln!(o, r#"<text x="10" y="18" font-size="{TITLE_FONT}">{}</text>"#, escape(title));
     // Departure error CDF, on a log scale from 10 us: the body (a slot) and the tail (late
     // wakes, milliseconds) both show.
-    let cdf = t.departure_cdf(400);
     let lo = 10_000f64.ln();
     let hi = cdf.last().map_or(1e6, |p| p.0).max(1e6).ln();
     let x_of = |ns: f64| ((ns.max(10_000.0).ln() - lo) / (hi - lo)).clamp(0.0, 1.0);
-    let top = Panel { top: 30.0, w, h };
-    top.frame(&mut o, "departure error (log scale), share of datagrams at or below", "", 1.0);
+    let top = Panel { top: 30.0, left, w, h };
+    top.frame(&mut o, top_label, "", 1.0);
     for (ns, label) in
         [(1e4f64, "10 us"), (1e5, "100 us"), (1e6, "1 ms"), (1e7, "10 ms"), (1e8, "100 ms"), (1e9, "1 s")]
     {
@@ -304,16 +323,8 @@ pub fn svg(t: &Tally, title: &str) -> String {
     top.polyline(&mut o, &pts, "#3b6ea5");
     // 1 ms bins: per pixel column the mean (dark) and the largest (light) bin, and the run's
     // mean (dashed).
-    let bins = t.bins();
-    let ymax = bins.iter().copied().fold(0.0, f64::max).max(1.0);
-    let secs = bins.len() as f64 / 1e3;
-    let bottom = Panel { top: 40.0 + h, w, h };
-    bottom.frame(
-        &mut o,
-        &format!("aggregate send rate per 1 ms bin (MB/s) over {secs:.0} s: mean per column, largest (light)"),
-        &format!("{secs:.0} s"),
-        ymax / 1e6,
-    );
+    let bottom = Panel { top: 40.0 + h, left, w, h };
+    bottom.frame(&mut o, &bottom_label, &format!("{secs:.0} s"), ymax / 1e6);
     let group = (bins.len() / 700).max(1);
     let n = bins.len().div_ceil(group).max(2) as f64;
     let col = |f: fn(&[f64]) -> f64| -> Vec<(f64, f64)> {
@@ -329,19 +340,24 @@ pub fn svg(t: &Tally, title: &str) -> String {
     o
 }
 
-/// One plot's place in the picture: its top edge, width and height (px).
+/// One plot's place in the picture: its top edge, the plot area's left edge, the width and
+/// height (px).
 struct Panel {
     top: f64,
+    left: f64,
     w: f64,
     h: f64,
 }
 
 impl Panel {
-    const PAD: f64 = 50.0;
+    /// The text of the y axis's top value.
+    fn y_label(ymax: f64) -> String {
+        format!("{ymax:.2}")
+    }
 
     /// The plot area: left, top, right, bottom.
     fn area(&self) -> (f64, f64, f64, f64) {
-        (Self::PAD, self.top + 20.0, self.w - 20.0, self.top + self.h - 20.0)
+        (self.left, self.top + 20.0, self.w - 20.0, self.top + self.h - 20.0)
     }
 
     fn frame(&self, o: &mut String, label: &str, xmax: &str, ymax: f64) {
@@ -353,7 +369,8 @@ impl Panel {
             y1 - y0
         );
         let _ = writeln!(o, r#"<text x="{x0}" y="{}">{}</text>"#, y0 - 5.0, escape(label));
-        let _ = writeln!(o, r#"<text x="{}" y="{}" text-anchor="end">{ymax:.2}</text>"#, x0 - 4.0, y0 + 8.0);
+        let _ =
+            writeln!(o, r#"<text x="{}" y="{}" text-anchor="end">{}</text>"#, x0 - 4.0, y0 + 8.0, Self::y_label(ymax));
         let _ = writeln!(o, r#"<text x="{}" y="{y1}" text-anchor="end">0</text>"#, x0 - 4.0);
         let _ = writeln!(o, r#"<text x="{x1}" y="{}" text-anchor="end">{}</text>"#, y1 + 14.0, escape(xmax));
     }
@@ -388,10 +405,6 @@ impl Panel {
     }
 }
 
-fn escape(s: &str) -> String {
-    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -410,6 +423,16 @@ mod tests {
         assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
         assert!(svg.contains("a &lt;test&gt;"));
         assert_eq!(svg.matches("<polyline").count(), 3, "the CDF, the bins' mean and largest");
+        // A title longer than the plots are wide widens the canvas: every text drawn whole.
+        let title = format!("udpx stream: 10000 flows x 4000 B/s, {}", "veth between two namespaces, ".repeat(3));
+        let wide = super::svg(&t, &title);
+        let (width, _) = chart::canvas(&wide).unwrap();
+        let texts = chart::texts(&wide);
+        assert!(texts.iter().any(|x| x.content == title), "the title whole");
+        for x in &texts {
+            let (l, r) = x.extent();
+            assert!(l >= 0.0 && r <= width, "{x:?} leaves the canvas of width {width}");
+        }
         let cs = checks(&t.summary(), None, Duration::from_micros(250));
         assert_eq!(cs[0].met, Some(true), "100 us <= 175 us: {:?}", cs[0]);
         assert_eq!(cs[3].met, Some(true), "a steady 1 MB/s: {:?}", cs[3]);
