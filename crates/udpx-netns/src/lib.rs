@@ -22,6 +22,8 @@
 //!   [`cleanup_stale`] for namespaces left by a process that was killed.
 //! - [`ChildGroup`]: a peer process (iperf3, sockperf) in a process group of its own, killed
 //!   with its group when dropped and by the signal cleanup.
+//! - [`examples`](mod@examples): a package's examples run by its tests as a user runs them (the binary cargo
+//!   built, or built on demand; output read as it comes; killed and reaped on drop).
 //! - [`forge`]: forged packets for the attack tests (a request with a victim's source address,
 //!   ICMP errors quoting any datagram), sent from a raw socket.
 //! - [`run_bounded`]: every external command here (`ip`, `ethtool`, `sh`) runs with a time
@@ -52,6 +54,7 @@
 mod child;
 mod command;
 mod error;
+pub mod examples;
 pub mod forge;
 mod line;
 mod link;

@@ -51,6 +51,7 @@
 //! call; zerocopy needs the buffer until the kernel is done) and departure times (quinn paces
 //! internally and passes no send time).
 #![forbid(unsafe_code)]
+#![warn(missing_docs)]
 
 use std::fmt;
 use std::io::{self, IoSliceMut};
