@@ -289,9 +289,16 @@ struct MetricsSource {
     tcp: Option<crate::tcp::TcpProbe>,
 }
 
+/// `quic_<name>` for every host count, made once: metric names are `'static` (a bounded set,
+/// the host's fields).
+static QUIC_NAMES: std::sync::OnceLock<HashMap<&'static str, &'static str>> = std::sync::OnceLock::new();
+
+fn quic_names(h: &HostCounters) -> HashMap<&'static str, &'static str> {
+    h.fields_with_help().into_iter().map(|(n, _, _)| (n, &*Box::leak(format!("quic_{n}").into_boxed_str()))).collect()
+}
+
 impl udpx_metrics::Source for MetricsSource {
     fn sample(&self) -> Vec<udpx_metrics::ShardSample> {
-        let c = |name, help, value| udpx_metrics::Extra { name, help, value, gauge: false };
         self.probe
             .sample()
             .into_iter()
@@ -301,29 +308,18 @@ impl udpx_metrics::Source for MetricsSource {
                     socket: s.socket,
                     kernel_drops: s.kernel_drops,
                     icmp_offenders: s.icmp_offenders,
-                    extra: vec![
-                        c("quic_connections", "QUIC connections accepted", h.connections),
-                        c("quic_closed", "QUIC connections closed and removed", h.closed),
-                        udpx_metrics::Extra {
-                            name: "quic_open_connections",
-                            help: "QUIC connections open now",
-                            value: h.connections.saturating_sub(h.closed),
-                            gauge: true,
-                        },
-                        c("quic_packets_sent", "QUIC packets handed to the socket", h.packets_sent),
-                        c("quic_bytes_sent", "Their bytes (UDP payload)", h.bytes_sent),
-                        c("quic_lost_packets", "Packets quiche declared lost", h.lost_packets),
-                        c("quic_retransmitted", "Packets quiche retransmitted", h.retransmitted),
-                        c("quic_send_blocked", "Flushes stopped by EAGAIN or ENOBUFS (packets kept)", h.send_blocked),
-                        c("quic_send_errors", "Transmits the kernel refused for good", h.send_errors),
-                        c("quic_dropped_unparseable", "Datagrams without a QUIC header", h.dropped_unparseable),
-                        c(
-                            "quic_dropped_unknown_cid",
-                            "Packets for no connection that could not start one",
-                            h.dropped_unknown_cid,
-                        ),
-                        c("quic_dropped_by_quic", "Datagrams quiche refused", h.dropped_by_quic),
-                    ],
+                    // Every host count, as `quic_<name>` (levels as gauges): one list, the
+                    // host's own, so a counter added there is served here.
+                    extra: h
+                        .fields_with_help()
+                        .into_iter()
+                        .map(|(name, help, value)| udpx_metrics::Extra {
+                            name: QUIC_NAMES.get_or_init(|| quic_names(h)).get(name).copied().unwrap_or("quic_unnamed"),
+                            help: help.trim(),
+                            value,
+                            gauge: HostCounters::is_level(name),
+                        })
+                        .collect(),
                 }
             })
             .collect()
@@ -344,7 +340,11 @@ impl udpx_metrics::Source for MetricsSource {
             c("http_range_not_satisfiable", "416 responses", h.range_not_satisfiable),
             c("http_body_bytes", "Body bytes the transports took", h.body_bytes),
             c("http_incomplete", "Responses not sent whole (reset, stopped, connection gone)", h.incomplete),
-            c("http_unavailable", "503 responses: out of file descriptors for the moment", h.unavailable),
+            c(
+                "http_unavailable",
+                "503 responses: out of file descriptors, or an open-file bound reached",
+                h.unavailable,
+            ),
         ];
         if let Some(t) = self.tcp.as_ref().map(crate::tcp::TcpProbe::snapshot) {
             out.extend([

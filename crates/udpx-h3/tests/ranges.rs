@@ -180,7 +180,17 @@ fn ranges_conditionals_and_bad_input() {
     ] {
         assert!(text.lines().any(|l| l == format!("{name} {value}")), "{name} {value}:\n{text}");
     }
-    for family in ["udpx_datagrams_received_total{shard=\"0\"}", "quic_connections_total{shard=\"0\"}"] {
+    for family in [
+        "udpx_datagrams_received_total{shard=\"0\"}",
+        "quic_connections_total{shard=\"0\"}",
+        // Admission and address validation: what an operator alerts on under attack.
+        "quic_half_open{shard=\"0\"}",
+        "quic_refused_per_ip_total{shard=\"0\"}",
+        "quic_tokens_invalid_total{shard=\"0\"}",
+        "quic_handshake_timeouts_total{shard=\"0\"}",
+        "quic_retries_sent_total{shard=\"0\"}",
+        "quic_coalesced_total{shard=\"0\"} 0", // off by default,
+    ] {
         assert!(text.contains(family), "{family}:\n{text}");
     }
     drop(m);

@@ -20,6 +20,17 @@ macro_rules! host_counters {
                 s.packets_per_call = ratio(s.datagrams_sent, s.send_calls);
                 s
             }
+
+            /// `(name, what it counts, value)` of every count, for metrics endpoints: the text
+            /// is the field's documentation.
+            pub fn fields_with_help(&self) -> Vec<(&'static str, &'static str, u64)> {
+                vec![ $( (stringify!($name), concat!($($doc),*), self.$name), )* ]
+            }
+
+            /// Whether the count `name` is a level (it goes down as well as up), not a total.
+            pub fn is_level(name: &str) -> bool {
+                matches!(name, "open_connections" | "half_open")
+            }
         }
     };
 }
