@@ -29,11 +29,10 @@
 //!
 //! ## What it does not do yet
 //!
-//! - Departure times: quiche's `SendInfo.at` is ignored and every packet goes at once; each
-//!   connection writes at most its `send_quantum()` per loop turn (see [`host`]). SCM_TXTIME
-//!   and the software pacer come with the streaming issue.
-//! - Retry (address validation before state), connection migration to new server IDs, and
-//!   more than the one server connection ID per connection.
+//! - NEW_TOKEN: quiche 0.30 never sends one, so a returning client is validated by Retry.
+//! - Caps per address are per shard (shards share nothing), not per host.
+//! - Kernel pacing ([`Pacing::Kernel`]: each GSO run handed to an fq qdisc with its departure
+//!   time) is built but no server here turns it on; the host holds early packets itself.
 #![forbid(unsafe_code)]
 
 pub mod admission;

@@ -12,8 +12,8 @@
 //!   backlog, IRQ affinity versus the driver's affinity_hint (irqbalance `-h exact`), RPS for
 //!   a device with fewer receive queues than CPUs.
 //!
-//! Plus what this project measured on veth (see MACHINE.md): checksum offload and UDP GSO,
-//! `rx-udp-gro-forwarding` for GRO of locally sent UDP.
+//! Plus what this project measured on veth (the development machine's notes): checksum offload
+//! and UDP GSO, `rx-udp-gro-forwarding` for GRO of locally sent UDP.
 //!
 //! Severities: [`Severity::Ok`] (fine), [`Severity::Info`] (worth knowing, maybe intended),
 //! [`Severity::Warn`] (costs throughput or correctness). A fix is one shell line to run as
