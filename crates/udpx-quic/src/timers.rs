@@ -11,9 +11,11 @@
 //! or down: O(log₄ n), no stale entries to skip later, and the earliest deadline is at the
 //! root. lsquic keeps its "advisory tick times" in a heap too; msquic and quicly use a timing
 //! wheel, whose O(1) re-key buys less than it seems here: deadlines need microsecond
-//! precision for pacing, which a millisecond wheel rounds away. (A re-key's cost among 50,000
-//! entries against 100 has not been benchmarked here; the scale tests check the structure's
-//! behaviour, not its speed.)
+//! precision for pacing, which a millisecond wheel rounds away. Measured
+//! (`cargo bench -p udpx-quic --bench timers`, 2026-11-25 19:35, the project's 2-core VM):
+//! a re-key costs 43 ns among 100 connections and 56 ns among 50,000; a deadline fired and
+//! re-armed 79 ns and 132 ns: at 50,000 connections a few hundred nanoseconds per packet at
+//! most, against the tens of microseconds a packet costs in quiche and the kernel.
 //!
 //! Deadlines are nanoseconds on the host's own clock (an `Instant` taken at start): a `u64`
 //! compares faster than an `Instant` and holds 584 years.
