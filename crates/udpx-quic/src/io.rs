@@ -116,6 +116,18 @@ pub(crate) struct Outbox {
     runs: Vec<Run>,
     cursor: SendCursor,
     bufs: SendBuffers,
+    /// The list of transmits a flush hands the socket, kept empty between flushes so its
+    /// allocation serves every flush (see [`recycle`]).
+    spare: Vec<Transmit<'static>>,
+}
+
+/// An empty vector of another lifetime on the same allocation: collecting a vector's own
+/// `into_iter()` reuses its buffer when the element layouts match (here the same type but for
+/// a lifetime), so the transmit list borrowing the outbox's bytes costs no allocation per
+/// flush once it has grown.
+fn recycle<'a, 'b>(mut v: Vec<Transmit<'a>>) -> Vec<Transmit<'b>> {
+    v.clear();
+    v.into_iter().map(|_| unreachable!("the vector is empty")).collect()
 }
 
 /// What [`Outbox::flush`] achieved.
@@ -131,7 +143,13 @@ pub(crate) enum Flush {
 
 impl Outbox {
     pub fn new() -> Outbox {
-        Outbox { buf: vec![0; OUTBOX_BYTES], runs: Vec::new(), cursor: SendCursor::default(), bufs: SendBuffers::new() }
+        Outbox {
+            buf: vec![0; OUTBOX_BYTES],
+            runs: Vec::new(),
+            cursor: SendCursor::default(),
+            bufs: SendBuffers::new(),
+            spare: Vec::new(),
+        }
     }
 
     fn end(&self) -> usize {
@@ -195,21 +213,20 @@ impl Outbox {
     /// re-sends its frames.
     pub fn flush(&mut self, socket: &UdpSocket, c: &mut HostCounters) -> Flush {
         while !self.runs.is_empty() {
-            let transmits: Vec<Transmit<'_>> = self
-                .runs
-                .iter()
-                .map(|r| {
-                    let mut t = Transmit::new(r.to, &self.buf[r.start..r.start + r.len]);
-                    t.departure = r.departure;
-                    t.src_ip = r.from;
-                    if r.packets > 1 {
-                        t.segmented(r.seg)
-                    } else {
-                        t
-                    }
-                })
-                .collect();
-            match socket.try_send(&mut self.bufs, &transmits, self.cursor) {
+            let mut transmits: Vec<Transmit<'_>> = recycle(std::mem::take(&mut self.spare));
+            transmits.extend(self.runs.iter().map(|r| {
+                let mut t = Transmit::new(r.to, &self.buf[r.start..r.start + r.len]);
+                t.departure = r.departure;
+                t.src_ip = r.from;
+                if r.packets > 1 {
+                    t.segmented(r.seg)
+                } else {
+                    t
+                }
+            }));
+            let sent = socket.try_send(&mut self.bufs, &transmits, self.cursor);
+            self.spare = recycle(transmits);
+            match sent {
                 Ok(_) => {
                     c.transmits += self.runs.len() as u64;
                     c.multi_packet_runs += self.runs.iter().filter(|r| r.packets > 1).count() as u64;
@@ -294,6 +311,29 @@ mod tests {
             n += 1;
         }
         assert_eq!(n, OUTBOX_BYTES / 1500);
+    }
+
+    #[test]
+    fn flushes_reuse_one_transmit_list() {
+        let (rx, rx2) =
+            (std::net::UdpSocket::bind("127.0.0.1:0").unwrap(), std::net::UdpSocket::bind("127.0.0.1:0").unwrap());
+        let tx = udpx::UdpSocket::builder("127.0.0.1:0".parse().unwrap()).nonblocking(true).bind().unwrap();
+        let (to, other) = (rx.local_addr().unwrap(), rx2.local_addr().unwrap());
+        let mut o = Outbox::new();
+        let mut c = HostCounters::default();
+        let mut capacity = None;
+        for _ in 0..3 {
+            // Two peers: two runs, a list of two transmits.
+            push(&mut o, to, 1200);
+            push(&mut o, other, 700);
+            assert_eq!(o.flush(&tx, &mut c), Flush::Done);
+            assert!(o.spare.is_empty());
+            let cap = o.spare.capacity();
+            assert!(cap >= 2, "the list's allocation is kept: capacity {cap}");
+            // The same allocation every time: the capacity never changes once grown.
+            assert_eq!(*capacity.get_or_insert(cap), cap);
+        }
+        assert_eq!(c.transmits, 6);
     }
 
     #[test]
