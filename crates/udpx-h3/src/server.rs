@@ -304,6 +304,7 @@ impl udpx_metrics::Source for MetricsSource {
             .into_iter()
             .map(|s| {
                 let h = &s.host;
+                let names = QUIC_NAMES.get_or_init(|| quic_names(h));
                 udpx_metrics::ShardSample {
                     socket: s.socket,
                     kernel_drops: s.kernel_drops,
@@ -314,7 +315,7 @@ impl udpx_metrics::Source for MetricsSource {
                         .fields_with_help()
                         .into_iter()
                         .map(|(name, help, value)| udpx_metrics::Extra {
-                            name: QUIC_NAMES.get_or_init(|| quic_names(h)).get(name).copied().unwrap_or("quic_unnamed"),
+                            name: names.get(name).copied().unwrap_or("quic_unnamed"),
                             help: help.trim(),
                             value,
                             gauge: HostCounters::is_level(name),

@@ -24,6 +24,7 @@
 //!   with its group when dropped and by the signal cleanup.
 //! - [`examples`](mod@examples): a package's examples run by its tests as a user runs them (the binary cargo
 //!   built, or built on demand; output read as it comes; killed and reaped on drop).
+//! - [`micro`]: the micro benchmarks' timer (nanoseconds per operation, printed).
 //! - [`forge`]: forged packets for the attack tests (a request with a victim's source address,
 //!   ICMP errors quoting any datagram), sent from a raw socket.
 //! - [`run_bounded`]: every external command here (`ip`, `ethtool`, `sh`) runs with a time
@@ -58,6 +59,7 @@ pub mod examples;
 pub mod forge;
 mod line;
 mod link;
+pub mod micro;
 mod namespace;
 mod star;
 mod testnet;

@@ -5,8 +5,8 @@
 //! looking at, never for pass/fail.
 
 use std::hint::black_box;
-use std::time::{Duration, Instant};
 
+use udpx_netns::micro::bench;
 use udpx_quic::timers::Timers;
 
 /// A small xorshift generator: the same sequence every run.
@@ -21,20 +21,6 @@ impl Rng {
     }
 }
 
-fn bench(name: &str, mut f: impl FnMut()) {
-    for _ in 0..1000 {
-        f();
-    }
-    let start = Instant::now();
-    let mut iters = 0u64;
-    while start.elapsed() < Duration::from_millis(300) {
-        f();
-        iters += 1;
-    }
-    let ns = start.elapsed().as_nanos() as f64 / iters as f64;
-    println!("{name:<52} {ns:>8.1} ns/op  ({iters} iterations)");
-}
-
 fn main() {
     // Deadlines spread over 10 s, in nanoseconds, as the host keys them.
     const SPREAD: u64 = 10_000_000_000;
@@ -44,12 +30,12 @@ fn main() {
         for conn in 0..n {
             t.set(conn, Some(rng.next() % SPREAD));
         }
-        bench(&format!("re-key one of {n} (a packet moved its deadline)"), || {
+        bench(&format!("re-key one of {n} (a packet moved its deadline)"), 1, || {
             let conn = (rng.next() % u64::from(n)) as u32;
             t.set(black_box(conn), Some(rng.next() % SPREAD));
         });
         let mut now = 0u64;
-        bench(&format!("fire the earliest of {n} and re-arm it"), || {
+        bench(&format!("fire the earliest of {n} and re-arm it"), 1, || {
             now = t.peek().map_or(now, |(at, _)| at);
             if let Some(conn) = t.pop_due(black_box(now)) {
                 t.set(conn, Some(now + rng.next() % SPREAD));

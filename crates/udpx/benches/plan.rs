@@ -4,25 +4,10 @@
 //! are for looking at, never for pass/fail.
 
 use std::hint::black_box;
-use std::time::{Duration, Instant};
 
 use udpx::internals::{decode_bytes, encode_bytes, Cmsg};
 use udpx::{messages, Batch, SegmentLimits, Transmit};
-
-fn bench(name: &str, per_iter: u64, mut f: impl FnMut()) {
-    // Warm up, then run for ~300 ms.
-    for _ in 0..100 {
-        f();
-    }
-    let start = Instant::now();
-    let mut iters = 0u64;
-    while start.elapsed() < Duration::from_millis(300) {
-        f();
-        iters += 1;
-    }
-    let ns = start.elapsed().as_nanos() as f64 / (iters * per_iter) as f64;
-    println!("{name:<40} {ns:>8.1} ns/op  ({iters} iterations)");
-}
+use udpx_netns::micro::bench;
 
 fn main() {
     let dst = "192.0.2.2:4433".parse().unwrap();
