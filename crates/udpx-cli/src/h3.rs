@@ -292,6 +292,51 @@ pub struct H3BenchArgs {
     /// With --connections: rounds (a verdict needs 3).
     #[arg(long, default_value_t = 1, requires = "connections")]
     rounds: usize,
+    /// The Initial flood instead (root: the attack lab's namespaces): this many forged client
+    /// Initials a second from random addresses against `udpx h3 serve`, while a legitimate
+    /// client downloads; one row per --flood-retry mode.
+    #[arg(long, value_name = "PER_SEC", conflicts_with = "connections",
+          value_parser = clap::value_parser!(u64).range(1..=200_000))]
+    flood: Option<u64>,
+    /// With --flood: seconds the flood lasts.
+    #[arg(long, default_value_t = 30, requires = "flood", value_parser = clap::value_parser!(u64).range(1..=600))]
+    flood_seconds: u64,
+    /// With --flood: the `udpx h3 serve --retry` modes, one row each.
+    #[arg(long, value_delimiter = ',', default_value = "never,auto", requires = "flood", value_parser = ["never", "auto", "always"])]
+    flood_retry: Vec<String>,
+}
+
+/// `udpx bench h3 --flood`: the Initial flood table.
+fn bench_flood(a: H3BenchArgs, rate: u64) -> ExitCode {
+    const CMD: &str = "bench h3 --flood";
+    let Ok(udpx) = std::env::current_exe() else {
+        return usage("cannot find this program's path to start the server");
+    };
+    if udpx_lab::netns::is_root() {
+        if let Err(e) = udpx_lab::netns::cleanup_on_signals() {
+            eprintln!("udpx {CMD}: warning: no signal cleanup: {e}");
+        }
+    }
+    let mut cfg = udpx_h3::bench::flood::FloodConfig::new(udpx);
+    (cfg.rate, cfg.duration, cfg.retry) = (rate, Duration::from_secs(a.flood_seconds), a.flood_retry.clone());
+    match udpx_h3::bench::flood::run(&cfg, &mut |l| eprintln!("udpx {CMD}: {l}")) {
+        Ok(None) => {
+            eprintln!("udpx {CMD}: SKIP: the attack lab needs root (network namespaces, raw sockets)");
+            ExitCode::from(crate::exit::SKIPPED)
+        }
+        Ok(Some(b)) => {
+            if a.json {
+                println!("{}", serde_json::json!({ "h3_flood": b }));
+            } else {
+                println!("{}", udpx_h3::bench::flood::table(&b));
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("udpx {CMD}: {e}");
+            ExitCode::FAILURE
+        }
+    }
 }
 
 /// `udpx bench h3 --connections`: the scale table.
@@ -454,6 +499,9 @@ pub fn bench(a: H3BenchArgs) -> ExitCode {
     const CMD: &str = "bench h3";
     if !a.connections.is_empty() {
         return bench_scale(a);
+    }
+    if let Some(rate) = a.flood {
+        return bench_flood(a, rate);
     }
     let root = udpx_lab::netns::is_root();
     if a.veth && !root {

@@ -39,6 +39,7 @@ pub mod admission;
 pub mod bufs;
 pub mod cid;
 pub mod counters;
+pub mod forge;
 pub mod host;
 pub mod io;
 pub mod pacing;

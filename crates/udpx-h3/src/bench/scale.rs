@@ -436,7 +436,7 @@ fn process_ticks(pid: u32) -> Option<u64> {
 }
 
 /// The resident memory of process `pid`, bytes.
-fn rss(pid: u32) -> Option<u64> {
+pub(super) fn rss(pid: u32) -> Option<u64> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     let kb: u64 =
         s.lines().find_map(|l| l.strip_prefix("VmRSS:"))?.trim().trim_end_matches(" kB").trim().parse().ok()?;
