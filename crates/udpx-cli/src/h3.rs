@@ -187,9 +187,12 @@ struct ServeArgs {
     #[arg(long, default_value = "cubic")]
     cc: udpx_h3::server::Cc,
     /// How much one connection writes per loop turn: quantum (quiche's send_quantum(), about
-    /// ten packets under CUBIC) or window (what the congestion window allows, at most 64
-    /// packets: fewer, larger GSO runs; see `udpx bench h3 --burst`).
-    #[arg(long, value_enum, default_value = "quantum")]
+    /// ten packets under CUBIC), window (what the congestion window allows, at most 64
+    /// packets: fewer, larger GSO runs, about a sixth of the send calls) or auto: window
+    /// where the congestion controller paces (bbr2), quantum where it does not (cubic:
+    /// unpaced 64-packet bursts overflow a shallow bottleneck's queue; see `udpx bench h3
+    /// --bottleneck`).
+    #[arg(long, value_enum, default_value = "auto")]
     burst: BurstArg,
     /// Microseconds at least between the starts of two loop turns while work keeps coming
     /// (0: a turn as soon as a datagram arrives). Datagrams that arrive meanwhile are served
@@ -263,8 +266,9 @@ pub struct H3BenchArgs {
     /// cross the pair whole); both: one table each.
     #[arg(long, value_enum, default_value = "both", conflicts_with = "loopback")]
     profile: BenchProfile,
-    /// How much one udpx connection writes per loop turn (as `udpx h3 serve --burst`).
-    #[arg(long, value_enum, default_value = "quantum")]
+    /// How much one udpx connection writes per loop turn (as `udpx h3 serve --burst`; the
+    /// bulk table runs cubic, where auto is quantum).
+    #[arg(long, value_enum, default_value = "auto")]
     burst: BurstArg,
     /// With --connections: `udpx h3 serve --coalesce` for the udpx rows (microseconds).
     #[arg(long, default_value_t = 0, value_name = "US", value_parser = clap::value_parser!(u64).range(0..=100_000))]
@@ -292,12 +296,25 @@ pub struct H3BenchArgs {
     /// With --connections: rounds (a verdict needs 3).
     #[arg(long, default_value_t = 1, requires = "connections")]
     rounds: usize,
+    /// With --connections or --bottleneck: `udpx h3 serve --cc` for the udpx rows (cubic or
+    /// bbr2).
+    #[arg(long, default_value = "cubic")]
+    cc: udpx_h3::server::Cc,
     /// The Initial flood instead (root: the attack lab's namespaces): this many forged client
     /// Initials a second from random addresses against `udpx h3 serve`, while a legitimate
     /// client downloads; one row per --flood-retry mode.
     #[arg(long, value_name = "PER_SEC", conflicts_with = "connections",
           value_parser = clap::value_parser!(u64).range(1..=200_000))]
     flood: Option<u64>,
+    /// The burst rules through a bottleneck instead (root: namespaces and a router): a tbf
+    /// of this many Mbit/s on the router's egress, one --size download per --burst mode
+    /// (quantum, rate, window) and --repeat round, losses and packets per call side by side.
+    #[arg(long, value_name = "MBIT", conflicts_with_all = ["connections", "flood"],
+          value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    bottleneck: Option<u64>,
+    /// With --bottleneck: milliseconds of queue at the bottleneck's rate (tbf's latency).
+    #[arg(long, default_value_t = 2, requires = "bottleneck", value_parser = clap::value_parser!(u64).range(1..=1000))]
+    bottleneck_buffer: u64,
     /// With --flood: seconds the flood lasts.
     #[arg(long, default_value_t = 30, requires = "flood", value_parser = clap::value_parser!(u64).range(1..=600))]
     flood_seconds: u64,
@@ -306,37 +323,73 @@ pub struct H3BenchArgs {
     flood_retry: Vec<String>,
 }
 
+/// A root-only lab's ending: SKIP without root (`needs`: what for), its table or its JSON
+/// under `key`, or its error.
+fn lab_report<T: serde::Serialize>(
+    cmd: &str,
+    needs: &str,
+    key: &str,
+    json: bool,
+    result: Result<Option<T>, String>,
+    table: fn(&T) -> String,
+) -> ExitCode {
+    match result {
+        Ok(None) => {
+            eprintln!("udpx {cmd}: SKIP: {needs}");
+            ExitCode::from(crate::exit::SKIPPED)
+        }
+        Ok(Some(b)) => {
+            if json {
+                println!("{}", serde_json::json!({ key: b }));
+            } else {
+                println!("{}", table(&b));
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("udpx {cmd}: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Removes the lab's namespaces and processes on Ctrl-C (as root; the lab needs it).
+fn lab_cleanup(cmd: &str) {
+    if udpx_lab::netns::is_root() {
+        if let Err(e) = udpx_lab::netns::cleanup_on_signals() {
+            eprintln!("udpx {cmd}: warning: no signal cleanup: {e}");
+        }
+    }
+}
+
+/// `udpx bench h3 --bottleneck`: the burst rules through a shallow bottleneck.
+fn bench_bottleneck(a: H3BenchArgs, mbit: u64) -> ExitCode {
+    const CMD: &str = "bench h3 --bottleneck";
+    lab_cleanup(CMD);
+    let cfg = udpx_h3::bench::burst::BottleneckConfig {
+        mbit,
+        buffer: Duration::from_millis(a.bottleneck_buffer),
+        size: a.size,
+        rounds: a.repeat as usize,
+        cc: a.cc,
+    };
+    let r = udpx_h3::bench::burst::run(&cfg, &mut |l| eprintln!("udpx {CMD}: {l}"));
+    let needs = "the bottleneck lab needs root (network namespaces)";
+    lab_report(CMD, needs, "h3_bottleneck", a.json, r, udpx_h3::bench::burst::table)
+}
+
 /// `udpx bench h3 --flood`: the Initial flood table.
 fn bench_flood(a: H3BenchArgs, rate: u64) -> ExitCode {
     const CMD: &str = "bench h3 --flood";
     let Ok(udpx) = std::env::current_exe() else {
         return usage("cannot find this program's path to start the server");
     };
-    if udpx_lab::netns::is_root() {
-        if let Err(e) = udpx_lab::netns::cleanup_on_signals() {
-            eprintln!("udpx {CMD}: warning: no signal cleanup: {e}");
-        }
-    }
+    lab_cleanup(CMD);
     let mut cfg = udpx_h3::bench::flood::FloodConfig::new(udpx);
     (cfg.rate, cfg.duration, cfg.retry) = (rate, Duration::from_secs(a.flood_seconds), a.flood_retry.clone());
-    match udpx_h3::bench::flood::run(&cfg, &mut |l| eprintln!("udpx {CMD}: {l}")) {
-        Ok(None) => {
-            eprintln!("udpx {CMD}: SKIP: the attack lab needs root (network namespaces, raw sockets)");
-            ExitCode::from(crate::exit::SKIPPED)
-        }
-        Ok(Some(b)) => {
-            if a.json {
-                println!("{}", serde_json::json!({ "h3_flood": b }));
-            } else {
-                println!("{}", udpx_h3::bench::flood::table(&b));
-            }
-            ExitCode::SUCCESS
-        }
-        Err(e) => {
-            eprintln!("udpx {CMD}: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    let r = udpx_h3::bench::flood::run(&cfg, &mut |l| eprintln!("udpx {CMD}: {l}"));
+    let needs = "the attack lab needs root (network namespaces, raw sockets)";
+    lab_report(CMD, needs, "h3_flood", a.json, r, udpx_h3::bench::flood::table)
 }
 
 /// `udpx bench h3 --connections`: the scale table.
@@ -357,17 +410,14 @@ fn bench_scale(a: H3BenchArgs) -> ExitCode {
     let Ok(udpx) = std::env::current_exe() else {
         return usage("cannot find this program's path to start the servers");
     };
-    if udpx_lab::netns::is_root() {
-        if let Err(e) = udpx_lab::netns::cleanup_on_signals() {
-            eprintln!("udpx {CMD}: warning: no signal cleanup: {e}");
-        }
-    }
+    lab_cleanup(CMD);
     crate::util::raise_open_files(CMD);
     let mut cfg = udpx_h3::bench::scale::ScaleConfig::new(udpx);
     cfg.connections = a.connections.clone();
     cfg.idle = (a.idle > 0).then_some(a.idle);
     (cfg.interval, cfg.ramp, cfg.window, cfg.rounds) = (interval, ramp, window, a.rounds);
     cfg.coalesce = Duration::from_micros(a.coalesce);
+    cfg.cc = a.cc;
     let b = match udpx_h3::bench::scale::run(&cfg, &mut |l| eprintln!("udpx {CMD}: {l}")) {
         Ok(b) => b,
         Err(e) => {
@@ -467,15 +517,19 @@ fn quinn_serve(a: QuinnServeArgs) -> ExitCode {
 /// `--burst`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 enum BurstArg {
+    /// window under a pacing congestion controller (bbr2), quantum otherwise.
+    Auto,
     /// quiche's send_quantum().
     Quantum,
     /// What the congestion window allows, at most 64 packets.
     Window,
 }
 
-impl From<BurstArg> for udpx_quic::Burst {
-    fn from(b: BurstArg) -> Self {
-        match b {
+impl BurstArg {
+    /// The host's rule under congestion controller `cc`.
+    fn under(self, cc: udpx_h3::server::Cc) -> udpx_quic::Burst {
+        match self {
+            BurstArg::Auto => cc.safe_burst(),
             BurstArg::Quantum => udpx_quic::Burst::Quantum,
             BurstArg::Window => udpx_quic::Burst::Window,
         }
@@ -503,6 +557,14 @@ pub fn bench(a: H3BenchArgs) -> ExitCode {
     if let Some(rate) = a.flood {
         return bench_flood(a, rate);
     }
+    if let Some(mbit) = a.bottleneck {
+        return bench_bottleneck(a, mbit);
+    }
+    if a.cc != udpx_h3::server::Cc::Cubic {
+        return usage(
+            "--cc: only with --connections or --bottleneck (the bulk table's rows run quiche's default, cubic)",
+        );
+    }
     let root = udpx_lab::netns::is_root();
     if a.veth && !root {
         eprintln!("udpx {CMD}: --veth needs root (network namespaces): skipped");
@@ -528,7 +590,7 @@ pub fn bench(a: H3BenchArgs) -> ExitCode {
             repeat: a.repeat as usize,
             veth,
             profile,
-            burst: a.burst.into(),
+            burst: a.burst.under(udpx_h3::server::Cc::Cubic),
             ..udpx_h3::bench::H3BenchConfig::new()
         };
         // This binary runs the second HTTP/3 server (quinn with h3).
@@ -633,7 +695,7 @@ fn serve(a: ServeArgs) -> ExitCode {
         limits,
         early_data: a.early_data,
         cc: a.cc,
-        burst: a.burst.into(),
+        burst: a.burst.under(a.cc),
         coalesce: std::time::Duration::from_micros(a.coalesce),
         max_open_per_conn: a.max_open_per_conn,
         max_open_per_shard: a.max_open_per_shard,

@@ -129,6 +129,10 @@ fn bench_h3_bad_flags_exit_2_naming_the_flag() {
         (&["bench", "h3", "--flood", "1000", "--flood-retry", "sometimes"], "--flood-retry"),
         (&["bench", "h3", "--flood", "1000", "--connections", "10"], "--connections"),
         (&["bench", "h3", "--flood-seconds", "5"], "--flood"),
+        (&["bench", "h3", "--bottleneck", "0"], "--bottleneck"),
+        (&["bench", "h3", "--bottleneck-buffer", "5"], "--bottleneck"),
+        (&["bench", "h3", "--cc", "bbr2"], "--cc"),
+        (&["bench", "h3", "--burst", "rate"], "--burst"),
     ];
     for (args, needle) in cases {
         let o = udpx(args);
@@ -271,18 +275,8 @@ fn wait_descriptors(pid: u32, n: usize) {
 /// counts, not timings.
 #[test]
 fn bench_h3_flood_holds_its_bounds() {
-    let o = Command::new(env!("CARGO_BIN_EXE_udpx"))
-        .args(["bench", "h3", "--flood", "2000", "--flood-seconds", "3", "--flood-retry", "never,always", "--json"])
-        .output()
-        .expect("run udpx");
-    let err = String::from_utf8_lossy(&o.stderr);
-    if o.status.code() == Some(4) {
-        // `udpx`'s exit code for a feature this machine lacks (here: root).
-        record_skip("bench_h3_flood_holds_its_bounds", err.trim());
-        return;
-    }
-    assert!(o.status.success(), "{err}");
-    let json: serde_json::Value = serde_json::from_slice(&o.stdout).expect("one JSON object");
+    let args = ["bench", "h3", "--flood", "2000", "--flood-seconds", "3", "--flood-retry", "never,always", "--json"];
+    let Some(json) = root_lab("bench_h3_flood_holds_its_bounds", &args) else { return };
     let rows = json["h3_flood"]["rows"].as_array().expect("rows");
     assert_eq!(rows.len(), 2, "{json}");
     for (r, mode) in rows.iter().zip(["never", "always"]) {
@@ -308,4 +302,34 @@ fn bench_h3_flood_holds_its_bounds() {
             assert!(c["connections"].as_u64() > Some(initials / 2), "forged Initials became handshakes: {r}");
         }
     }
+}
+
+/// `udpx bench h3 --bottleneck` (root: a router with a tbf), short: a row per burst rule,
+/// each download whole (the bench fails a run otherwise), the server's counts carried. Losses
+/// and goodput belong to the report, not to this test.
+#[test]
+fn bench_h3_bottleneck_runs_each_burst_rule() {
+    let args = ["bench", "h3", "--bottleneck", "300", "--size", "5M", "--repeat", "1", "--cc", "bbr2", "--json"];
+    let Some(json) = root_lab("bench_h3_bottleneck_runs_each_burst_rule", &args) else { return };
+    let rows = json["h3_bottleneck"]["rows"].as_array().expect("rows");
+    let modes: Vec<&str> = rows.iter().filter_map(|r| r["mode"].as_str()).collect();
+    assert_eq!(modes, ["quantum", "window"], "{json}");
+    for r in rows {
+        let m = &r["median"];
+        assert!(m["packets"].as_u64() > Some(3_000) && m["send_calls"].as_u64() > Some(0), "{r}");
+        assert!(m["mbit_per_s"].as_f64() > Some(0.0), "{r}");
+    }
+}
+
+/// Runs a root-only lab of `udpx` with `args` (ending in `--json`): its JSON, or `None` after
+/// recording the skip when `udpx` says SKIP (exit 4: a feature this machine lacks, here root).
+fn root_lab(test: &str, args: &[&str]) -> Option<serde_json::Value> {
+    let o = Command::new(env!("CARGO_BIN_EXE_udpx")).args(args).output().expect("run udpx");
+    let err = String::from_utf8_lossy(&o.stderr);
+    if o.status.code() == Some(4) {
+        record_skip(test, err.trim());
+        return None;
+    }
+    assert!(o.status.success(), "{err}");
+    Some(serde_json::from_slice(&o.stdout).expect("one JSON object"))
 }

@@ -87,11 +87,14 @@ pub enum Burst {
     Quantum,
     /// What the congestion window and the stream data allow, at most [`QUANTUM_PACKETS`]:
     /// fewer, larger GSO runs per byte. Measured on veth (`udpx bench h3 --burst window`):
-    /// about 0.6x the CPU per byte of `Quantum` for one bulk download, a few hundred packets
-    /// lost per 400 MB. Under a paced congestion controller (BBRv2 with the host's holds) the
-    /// holds still space the packets out.
+    /// about 0.6x the CPU per byte of `Quantum` for one bulk download, a sixth of the send
+    /// calls. Safe only where the congestion controller paces (BBRv2, the host holding each
+    /// packet to its release time): unpaced (CUBIC), a 64-packet burst overflows a bottleneck
+    /// queue shorter than it (`udpx bench h3 --bottleneck 500 --bottleneck-buffer 1`: about 20
+    /// times the losses of `Quantum`), paced it lost nothing there.
     Window,
 }
+
 /// New connection IDs offered to one connection in one turn, at most.
 const MAX_ISSUED_PER_TURN: usize = 8;
 

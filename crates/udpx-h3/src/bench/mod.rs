@@ -46,6 +46,7 @@ use udpx_quic::IoMode;
 
 use crate::{get, serve, GetConfig, ServeConfig, Tls};
 
+pub mod burst;
 pub mod flood;
 mod peers;
 pub mod scale;

@@ -101,6 +101,13 @@ pub struct ScaleConfig {
     pub rounds: usize,
     /// `udpx h3 serve --coalesce` for the udpx rows (zero: none).
     pub coalesce: Duration,
+    /// `udpx h3 serve --cc` for the udpx rows.
+    #[serde(serialize_with = "as_text")]
+    pub cc: crate::server::Cc,
+}
+
+fn as_text<S: serde::Serializer, T: std::fmt::Display>(v: &T, s: S) -> Result<S::Ok, S::Error> {
+    s.collect_str(v)
 }
 
 impl ScaleConfig {
@@ -120,6 +127,7 @@ impl ScaleConfig {
             nginx: Programs::from_path().nginx,
             rounds: 1,
             coalesce: Duration::ZERO,
+            cc: crate::server::Cc::Cubic,
         }
     }
 }
@@ -485,6 +493,7 @@ fn start_server(
             c.args(["-l", &lifetime.as_secs().to_string()]);
             if server == ScaleServer::Udpx {
                 c.args(["--shards", "1", "--coalesce", &cfg.coalesce.as_micros().to_string()]);
+                c.args(["--cc", &cfg.cc.to_string()]);
             }
             (c, addr, " on https://")
         }
@@ -653,6 +662,13 @@ pub fn table(b: &ScaleBench) -> String {
             s,
             "udpx rows: `udpx h3 serve --coalesce {}` (loop turns at least that many microseconds apart under load)\n",
             c.coalesce.as_micros()
+        );
+    }
+    if c.cc != crate::server::Cc::Cubic {
+        let _ = writeln!(
+            s,
+            "udpx rows: `udpx h3 serve --cc {}` (quiche paces: release times held in the shard's deadline heap)\n",
+            c.cc
         );
     }
     if let Some(base) = b.baseline_pct {
