@@ -144,6 +144,9 @@ host_counters! {
     waits,
     /// Times the loop slept first to let work gather (`Host::set_coalesce`).
     coalesced,
+    /// Turns that ended with connections still ready and kept their few packets for the next
+    /// turn's send call instead of sending them alone.
+    deferred_flushes,
 }
 
 pub(crate) fn ratio(a: u64, b: u64) -> f64 {

@@ -167,6 +167,11 @@ impl Outbox {
         self.runs.is_empty()
     }
 
+    /// Bytes of the packets that wait to be sent.
+    pub fn pending_bytes(&self) -> usize {
+        self.runs.first().map_or(0, |f| self.end() - f.start)
+    }
+
     /// Appends the `len`-byte packet of connection `conn` just written into
     /// [`Outbox::space`], for `to` from `from`. A run is cut where the departure time moves
     /// more than quiche's own tolerance for one burst (50 us).

@@ -227,6 +227,27 @@ fn idle_connections_cost_a_turn_nothing() {
     srv.stop().unwrap();
 }
 
+/// A server host and a client host of it, both for this thread to step in turn ([`lockstep`]).
+fn lockstep_pair(cert: &TempCert) -> (Host<Bytes>, Host<Asker>, SocketAddr) {
+    let socket = udpx_quic::socket_config("127.0.0.1:0".parse().unwrap(), IoMode::GsoMmsg, true).bind().unwrap();
+    let s = Host::new(HostSocket::Own(Box::new(socket)), config(Some(cert.pem())), Bytes, true, 0, 0);
+    let addr = s.local_addr();
+    (s, client(addr), addr)
+}
+
+/// One turn each, the client first, until `done` holds: after how many turns (`None`: not
+/// within `limit`).
+fn lockstep(c: &mut Host<Asker>, s: &mut Host<Bytes>, limit: u32, done: &dyn Fn(&Asker) -> bool) -> Option<u32> {
+    for n in 0..limit {
+        if done(c.app()) {
+            return Some(n);
+        }
+        c.step(Duration::from_millis(1)).unwrap();
+        s.step(Duration::from_millis(1)).unwrap();
+    }
+    None
+}
+
 /// A 50 MB answer and a 10 KB one on two connections of one client, the small one asked once
 /// the large one is flowing: the small one is answered within a few of the server's turns, and
 /// the large one gets at most a few quanta meanwhile (each connection writes at most its
@@ -240,21 +261,8 @@ fn idle_connections_cost_a_turn_nothing() {
 #[test]
 fn a_large_download_delays_a_small_one_by_a_few_quanta() {
     let cert = TempCert::new("fair");
-    let socket = udpx_quic::socket_config("127.0.0.1:0".parse().unwrap(), IoMode::GsoMmsg, true).bind().unwrap();
-    let mut s = Host::new(HostSocket::Own(Box::new(socket)), config(Some(cert.pem())), Bytes, true, 0, 0);
-    let addr = s.local_addr();
-    let mut c = client(addr);
-    // One turn each, the client first; whether `done` held before `limit` turns.
-    let turns = |c: &mut Host<Asker>, s: &mut Host<Bytes>, limit: u32, done: &dyn Fn(&Asker) -> bool| -> Option<u32> {
-        for n in 0..limit {
-            if done(c.app()) {
-                return Some(n);
-            }
-            c.step(Duration::from_millis(1)).unwrap();
-            s.step(Duration::from_millis(1)).unwrap();
-        }
-        None
-    };
+    let (mut s, mut c, addr) = lockstep_pair(&cert);
+    let turns = lockstep;
     connect(&mut c, addr, 0);
     connect(&mut c, addr, 1);
     assert!(turns(&mut c, &mut s, 1_000, &|a| a.established == 2).is_some(), "handshakes");
@@ -273,6 +281,45 @@ fn a_large_download_delays_a_small_one_by_a_few_quanta() {
     );
     assert!(took.is_some_and(|n| n <= 3), "the small response took {took:?} turns of each side");
     assert!(big_meanwhile <= 6 * quantum, "{big_meanwhile} B: more than a few quanta");
+}
+
+/// A response a little larger than the connection's quantum (quiche's 10-packet
+/// `send_quantum()` under CUBIC) leaves in one send call: the turn that wrote the quantum
+/// keeps its packets while the connection is still ready, and the next turn's join them. In
+/// lockstep, the server stepping alone (no ACK reaches it meanwhile), after a warm-up that
+/// opened the congestion window past the response.
+#[test]
+fn a_response_past_the_quantum_leaves_in_one_send_call() {
+    let cert = TempCert::new("defer");
+    let (mut s, mut c, addr) = lockstep_pair(&cert);
+    let both =
+        |c: &mut Host<Asker>, s: &mut Host<Bytes>, done: &dyn Fn(&Asker) -> bool| lockstep(c, s, 5_000, done).is_some();
+    connect(&mut c, addr, 0);
+    assert!(both(&mut c, &mut s, &|a| a.established == 1), "handshake");
+    c.app_mut().want.insert(0, vec![1_000_000]);
+    c.wake(0);
+    assert!(both(&mut c, &mut s, &|a| a.done.len() == 1), "the warm-up download");
+    // Everything acknowledged: the server has nothing in flight.
+    for _ in 0..50 {
+        c.step(Duration::from_millis(1)).unwrap();
+        s.step(Duration::from_millis(1)).unwrap();
+    }
+    const SIZE: usize = 16 * 1024;
+    c.app_mut().want.insert(0, vec![SIZE]);
+    c.wake(0);
+    c.step(Duration::from_millis(1)).unwrap(); // the request leaves
+    let before = s.counters();
+    for _ in 0..4 {
+        s.step(Duration::from_millis(1)).unwrap();
+    }
+    let after = s.counters();
+    let (calls, packets) = (after.send_calls - before.send_calls, after.packets_sent - before.packets_sent);
+    println!("{packets} packets in {calls} send calls, {} deferred", after.deferred_flushes - before.deferred_flushes);
+    assert!(packets > 10, "more than the quantum was written: {packets}");
+    assert_eq!(calls, 1, "{packets} packets");
+    assert!(after.deferred_flushes > before.deferred_flushes);
+    assert!(both(&mut c, &mut s, &|a| a.done.len() == 2), "the response arrives whole");
+    assert_eq!(c.app().got[&0], 1_000_000 + SIZE);
 }
 
 /// Each cap refuses what passes it, counted: connections per shard, and per address.
