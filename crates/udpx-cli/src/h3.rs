@@ -266,8 +266,8 @@ pub struct H3BenchArgs {
     /// cross the pair whole); both: one table each.
     #[arg(long, value_enum, default_value = "both", conflicts_with = "loopback")]
     profile: BenchProfile,
-    /// How much one udpx connection writes per loop turn (as `udpx h3 serve --burst`; the
-    /// bulk table runs cubic, where auto is quantum).
+    /// How much one udpx connection writes per loop turn (as `udpx h3 serve --burst`: auto is
+    /// window under --cc bbr2, quantum under cubic).
     #[arg(long, value_enum, default_value = "auto")]
     burst: BurstArg,
     /// With --connections: `udpx h3 serve --coalesce` for the udpx rows (microseconds).
@@ -296,8 +296,7 @@ pub struct H3BenchArgs {
     /// With --connections: rounds (a verdict needs 3).
     #[arg(long, default_value_t = 1, requires = "connections")]
     rounds: usize,
-    /// With --connections or --bottleneck: `udpx h3 serve --cc` for the udpx rows (cubic or
-    /// bbr2).
+    /// `udpx h3 serve --cc` for the udpx rows (cubic or bbr2; quinn and nginx keep their own).
     #[arg(long, default_value = "cubic")]
     cc: udpx_h3::server::Cc,
     /// The Initial flood instead (root: the attack lab's namespaces): this many forged client
@@ -560,11 +559,6 @@ pub fn bench(a: H3BenchArgs) -> ExitCode {
     if let Some(mbit) = a.bottleneck {
         return bench_bottleneck(a, mbit);
     }
-    if a.cc != udpx_h3::server::Cc::Cubic {
-        return usage(
-            "--cc: only with --connections or --bottleneck (the bulk table's rows run quiche's default, cubic)",
-        );
-    }
     let root = udpx_lab::netns::is_root();
     if a.veth && !root {
         eprintln!("udpx {CMD}: --veth needs root (network namespaces): skipped");
@@ -590,7 +584,8 @@ pub fn bench(a: H3BenchArgs) -> ExitCode {
             repeat: a.repeat as usize,
             veth,
             profile,
-            burst: a.burst.under(udpx_h3::server::Cc::Cubic),
+            burst: a.burst.under(a.cc),
+            cc: a.cc,
             ..udpx_h3::bench::H3BenchConfig::new()
         };
         // This binary runs the second HTTP/3 server (quinn with h3).

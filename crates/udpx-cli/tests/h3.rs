@@ -131,7 +131,7 @@ fn bench_h3_bad_flags_exit_2_naming_the_flag() {
         (&["bench", "h3", "--flood-seconds", "5"], "--flood"),
         (&["bench", "h3", "--bottleneck", "0"], "--bottleneck"),
         (&["bench", "h3", "--bottleneck-buffer", "5"], "--bottleneck"),
-        (&["bench", "h3", "--cc", "bbr2"], "--cc"),
+        (&["bench", "h3", "--cc", "reno"], "--cc"),
         (&["bench", "h3", "--burst", "rate"], "--burst"),
     ];
     for (args, needle) in cases {

@@ -108,6 +108,9 @@ pub struct H3BenchConfig {
     /// How much one udpx connection writes per loop turn (`--burst`).
     #[serde(skip)]
     pub burst: udpx_quic::Burst,
+    /// The udpx servers' congestion controller (`--cc`).
+    #[serde(skip)]
+    pub cc: crate::server::Cc,
     /// The peers to run (recorded in the JSON: which binaries ran).
     pub programs: Programs,
 }
@@ -121,6 +124,7 @@ impl H3BenchConfig {
             veth: false,
             profile: Profile::Software,
             burst: udpx_quic::Burst::Quantum,
+            cc: crate::server::Cc::Cubic,
             programs: Programs::from_path(),
         }
     }
@@ -439,7 +443,8 @@ pub fn run(cfg: &H3BenchConfig, progress: &mut dyn FnMut(&str)) -> Result<H3Benc
         ),
     };
     let path = format!(
-        "{path}; each udpx connection writes per turn {}",
+        "{path}; udpx under --cc {}; each udpx connection writes per turn {}",
+        cfg.cc,
         match cfg.burst {
             udpx_quic::Burst::Quantum => "its send_quantum() (--burst quantum)",
             udpx_quic::Burst::Window => "what its window allows, at most 64 packets (--burst window)",
@@ -692,6 +697,7 @@ fn udpx_run(
         io,
         gro,
         burst: cfg.burst,
+        cc: cfg.cc,
         ..ServeConfig::new(SocketAddr::new(place.server_ip, 0))
     };
     let before = quic_threads();
