@@ -333,3 +333,34 @@ fn root_lab(test: &str, args: &[&str]) -> Option<serde_json::Value> {
     assert!(o.status.success(), "{err}");
     Some(serde_json::from_slice(&o.stdout).expect("one JSON object"))
 }
+
+/// `udpx bench h3 --connections`, small: a row per server (nginx's where installed) and the
+/// idle row, every row's players established, and the udpx row carries its host's counts per
+/// request over the window (read from its `/metrics`). Latency and CPU belong to the report.
+#[test]
+fn bench_h3_scale_rows_carry_the_hosts_counts() {
+    let o = Command::new(env!("CARGO_BIN_EXE_udpx"))
+        .args(["bench", "h3", "--connections", "50", "--idle", "100", "--interval", "1"])
+        .args(["--ramp", "1", "--window", "2", "--json"])
+        .output()
+        .expect("run udpx");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    let json: serde_json::Value = serde_json::from_slice(&o.stdout).expect("one JSON object");
+    let rows = json["h3_scale"]["rows"].as_array().expect("rows");
+    let nginx = json["h3_scale"]["left_out"].as_array().is_some_and(|l| l.is_empty());
+    assert_eq!(rows.len(), if nginx { 5 } else { 3 }, "{json}");
+    for r in rows {
+        let m = &r["median"];
+        let want = r["connections"].as_u64().unwrap();
+        assert_eq!(m["load"]["established"].as_u64(), Some(want), "{r}");
+        let host = &m["host"];
+        if r["server"] == "Udpx" && r["idle"] == false {
+            assert!(host["requests"].as_u64() > Some(0), "{r}");
+            assert!(host["send_calls"].as_f64() > Some(0.0) && host["datagrams_per_send"].as_f64() >= Some(1.0), "{r}");
+            assert!(host["recv_calls"].as_f64() > Some(0.0) && host["turns"].as_f64() > Some(0.0), "{r}");
+        } else {
+            assert!(host.is_null(), "only the udpx player row has them: {r}");
+        }
+    }
+}

@@ -22,6 +22,7 @@
 //! client's CPU is reported beside every row: a row whose client was above 80 % of its CPU
 //! judges the client, not the server, and its latency is not judged.
 
+use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -174,6 +175,86 @@ pub struct RowRun {
     pub server_kib_per_conn: Option<f64>,
     /// The client was above [`CLIENT_LIMIT_PCT`] of its CPU: this row measured the client.
     pub client_limited: bool,
+    /// udpx rows: the server's own counts over the window, per request (its `/metrics`,
+    /// read at the window's start and end).
+    pub host: Option<HostPerRequest>,
+}
+
+/// What the udpx server's host did per request over the measured window (issue 27 asks for
+/// messages and datagrams per call at 10,000 connections).
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct HostPerRequest {
+    /// Requests the client sent in the window.
+    pub requests: u64,
+    /// Send system calls per request.
+    pub send_calls: f64,
+    /// Datagrams per send call.
+    pub datagrams_per_send: f64,
+    /// GSO runs (transmits) per send call: messages per `sendmmsg`.
+    pub runs_per_send: f64,
+    /// Receive system calls per request.
+    pub recv_calls: f64,
+    /// Datagrams per receive call.
+    pub datagrams_per_recv: f64,
+    /// Times the loop waited in `ppoll` (wake-ups), per request.
+    pub wakeups: f64,
+    /// Loop turns per request.
+    pub turns: f64,
+    /// Connections served per turn.
+    pub served_per_turn: f64,
+}
+
+impl HostPerRequest {
+    /// From two scrapes of `quic_*` counters (summed over shards) and the window's requests.
+    fn from_scrapes(a: &HashMap<String, f64>, b: &HashMap<String, f64>, requests: u64) -> Option<HostPerRequest> {
+        if requests == 0 {
+            return None; // the idle row: no requests to count per
+        }
+        let d = |k: &str| Some(b.get(&format!("quic_{k}_total"))? - a.get(&format!("quic_{k}_total"))?);
+        let per = |x: f64, y: f64| if y > 0.0 { x / y } else { 0.0 };
+        let (send, dgs, runs) = (d("send_calls")?, d("datagrams_sent")?, d("transmits")?);
+        let (recv, dgr, waits, turns, served) =
+            (d("recv_calls")?, d("datagrams_received")?, d("waits")?, d("turns")?, d("served")?);
+        let r = requests as f64;
+        Some(HostPerRequest {
+            requests,
+            send_calls: send / r,
+            datagrams_per_send: per(dgs, send),
+            runs_per_send: per(runs, send),
+            recv_calls: recv / r,
+            datagrams_per_recv: per(dgr, recv),
+            wakeups: waits / r,
+            turns: turns / r,
+            served_per_turn: per(served, turns),
+        })
+    }
+}
+
+/// `GET /metrics` from `addr` (in the server's namespace): every sample's value summed by
+/// name over its labels (the shards).
+fn scrape(place: &Place, addr: SocketAddr) -> Option<HashMap<String, f64>> {
+    let f = move || -> Option<String> {
+        use std::io::{Read, Write};
+        let mut t = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
+        t.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+        t.write_all(b"GET /metrics HTTP/1.0\r\nhost: bench\r\n\r\n").ok()?;
+        let mut body = String::new();
+        t.read_to_string(&mut body).ok()?;
+        Some(body)
+    };
+    let text = match place.server_ns() {
+        Some(ns) => ns.try_run(f).ok()??,
+        None => f()?,
+    };
+    let mut out: HashMap<String, f64> = HashMap::new();
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        let Some((name, value)) = line.rsplit_once(' ') else { continue };
+        let name = name.split('{').next().unwrap_or(name);
+        if let Ok(v) = value.parse::<f64>() {
+            *out.entry(name.to_string()).or_default() += v;
+        }
+    }
+    Some(out)
 }
 
 /// The bench's result.
@@ -367,6 +448,8 @@ pub fn run(cfg: &ScaleConfig, progress: &mut dyn FnMut(&str)) -> Result<ScaleBen
 struct Running {
     process: ChildGroup,
     addr: SocketAddr,
+    /// The udpx server's `/metrics`.
+    metrics: Option<SocketAddr>,
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -411,12 +494,14 @@ fn one_run(
     };
     // The server's CPU and memory over the window, sampled from here.
     std::thread::sleep(window_start.saturating_duration_since(Instant::now()));
+    let scrape0 = running.metrics.and_then(|m| scrape(place, m));
     let cpu0 = CpuSample::now().ok();
     let proc0 = process_ticks(running.process.id());
     let rss1 = rss(running.process.id());
     std::thread::sleep((window_start + lc.duration).saturating_duration_since(Instant::now()));
     let cpu1 = CpuSample::now().ok();
     let proc1 = process_ticks(running.process.id());
+    let scrape1 = running.metrics.and_then(|m| scrape(place, m));
     let result = handle.join().map_err(|_| "the client panicked".to_string()).and_then(|r| r);
     drop(running);
     let load = result?;
@@ -431,6 +516,7 @@ fn one_run(
         server_cpu_us_per_conn_s: busy * 1e6 / (n as f64 * secs),
         server_kib_per_conn: rss0.zip(rss1).map(|(a, b)| b.saturating_sub(a) as f64 / 1024.0 / n as f64),
         client_limited: load.client_cpu_pct() > CLIENT_LIMIT_PCT,
+        host: scrape0.zip(scrape1).and_then(|(a, b)| HostPerRequest::from_scrapes(&a, &b, load.requests)),
         load,
     })
 }
@@ -479,6 +565,7 @@ fn start_server(
     let www = dir.join("www");
     let log = dir.join(format!("{}.log", server.name().replace(['/', ' '], "-")));
     let logf = std::fs::File::create(&log).map_err(|e| e.to_string())?;
+    let mut metrics = None;
     let (mut cmd, addr, ready): (Command, SocketAddr, &str) = match server {
         ScaleServer::Udpx | ScaleServer::Quinn => {
             let addr = SocketAddr::new(place.server_ip, free_port(place, true)?);
@@ -494,6 +581,9 @@ fn start_server(
             if server == ScaleServer::Udpx {
                 c.args(["--shards", "1", "--coalesce", &cfg.coalesce.as_micros().to_string()]);
                 c.args(["--cc", &cfg.cc.to_string()]);
+                let m = SocketAddr::new(place.server_ip, free_port(place, false)?);
+                c.args(["--metrics", &m.to_string()]);
+                metrics = Some(m);
             }
             (c, addr, " on https://")
         }
@@ -524,7 +614,7 @@ fn start_server(
             std::fs::read_to_string(&log).unwrap_or_default().contains(ready)
         };
         if up {
-            return Ok(Running { process, addr });
+            return Ok(Running { process, addr, metrics });
         }
         if start.elapsed() > Duration::from_secs(15) {
             let text = std::fs::read_to_string(&log).unwrap_or_default();
@@ -709,6 +799,33 @@ pub fn table(b: &ScaleBench) -> String {
             l.client_cpu_pct(),
             if r.client_limited { " (client-limited)" } else { "" }
         );
+    }
+    let hosts: Vec<(&ScaleRow, HostPerRequest)> =
+        b.rows.iter().filter_map(|r| Some((r, r.median.as_ref()?.host?))).collect();
+    if !hosts.is_empty() {
+        let _ = writeln!(
+            s,
+            "\nThe udpx server's host over the window, per request (its `/metrics` at the window's start and end):\n\n\
+             | conns | requests | send calls | datagrams per send call | runs per send call | receive calls | datagrams per receive call | wake-ups | turns | connections served per turn |\n\
+             | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+        );
+        for (row, h) in hosts {
+            let _ = writeln!(
+                s,
+                "| {}{} | {} | {:.2} | {:.1} | {:.2} | {:.2} | {:.1} | {:.2} | {:.2} | {:.2} |",
+                row.connections,
+                if row.idle { " idle" } else { "" },
+                h.requests,
+                h.send_calls,
+                h.datagrams_per_send,
+                h.runs_per_send,
+                h.recv_calls,
+                h.datagrams_per_recv,
+                h.wakeups,
+                h.turns,
+                h.served_per_turn
+            );
+        }
     }
     for l in &b.left_out {
         let _ = writeln!(s, "\nleft out: {l}");
