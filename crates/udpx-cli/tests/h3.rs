@@ -275,7 +275,7 @@ fn wait_descriptors(pid: u32, n: usize) {
 /// counts, not timings.
 #[test]
 fn bench_h3_flood_holds_its_bounds() {
-    let args = ["bench", "h3", "--flood", "2000", "--flood-seconds", "3", "--flood-retry", "never,always", "--json"];
+    let args = ["bench", "h3", "--flood", "1000", "--flood-seconds", "3", "--flood-retry", "never,always", "--json"];
     let Some(json) = root_lab("bench_h3_flood_holds_its_bounds", &args) else { return };
     let rows = json["h3_flood"]["rows"].as_array().expect("rows");
     assert_eq!(rows.len(), 2, "{json}");
