@@ -516,7 +516,7 @@ fn quinn_serve(a: QuinnServeArgs) -> ExitCode {
 /// `--burst`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 enum BurstArg {
-    /// window under a pacing congestion controller (bbr2), quantum otherwise.
+    /// Window under a pacing congestion controller (bbr2), quantum otherwise.
     Auto,
     /// quiche's send_quantum().
     Quantum,
