@@ -322,11 +322,16 @@ fn one_run(
         }
         std::thread::sleep(Duration::from_millis(250));
     }
-    let (initials, forged_bytes) = attacker.join().map_err(|_| "the attacker panicked")?;
-    let flood_secs = start.elapsed().as_secs_f64();
-    let cpu1 = CpuSample::now().map_err(|e| e.to_string())?;
+    // The client stops with the flood (its download under way finishes first), whatever
+    // happens below: no thread outlives the run.
     stop.store(true, Ordering::Relaxed);
-    let (started, times) = client.join().map_err(|_| "the client panicked")?;
+    let cpu1 = CpuSample::now();
+    let attacked = attacker.join();
+    let flood_secs = start.elapsed().as_secs_f64();
+    let client = client.join();
+    let (initials, forged_bytes) = attacked.map_err(|_| "the attacker panicked")?;
+    let (started, times) = client.map_err(|_| "the client panicked")?;
+    let cpu1 = cpu1.map_err(|e| e.to_string())?;
     // The server's answers to the last Initials, their retransmissions and the handshake
     // deadline (5 s) end before the victim's count and the memory after.
     std::thread::sleep(Duration::from_secs(7));
