@@ -217,6 +217,8 @@ pub struct Host<A: App> {
     coalesce: Duration,
     /// The last turn kept its packets for this one (see `serve`).
     deferred: bool,
+    /// A connection served this turn wrote its quantum and went back to the ready queue.
+    more_this_turn: bool,
     /// When the last turn started.
     last_turn: Instant,
 }
@@ -265,6 +267,7 @@ impl<A: App> Host<A> {
             idle: false,
             coalesce: Duration::ZERO,
             deferred: false,
+            more_this_turn: false,
             last_turn: Instant::now(),
         }
     }
@@ -878,6 +881,7 @@ impl<A: App> Host<A> {
         self.blocked = None;
         let n = self.ready.len();
         let mut served = 0;
+        self.more_this_turn = false;
         for _ in 0..n {
             if self.blocked.is_some() {
                 break; // the rest stay ready for the next turn
@@ -887,13 +891,16 @@ impl<A: App> Host<A> {
             self.serve_one(c as usize, now);
         }
         self.counters.served += served as u64;
-        // A connection still ready (it wrote its quantum and has more) is served again at
-        // once: a small remainder waits for its next packets, which join the same runs and
+        // A connection still ready (it wrote its quantum and has more: a live one, so the
+        // next turn comes) is served again at once: a small remainder waits for its next packets, which join the same runs and
         // the same send call (a 13-packet response was two calls at a 10-packet quantum).
         // One turn at most, so a packet waits at most one more turn's writing, and never
         // across a wait: with nothing ready the loop flushes before it sleeps.
-        let defer =
-            !self.deferred && !self.ready.is_empty() && !self.out.is_empty() && self.out.pending_bytes() < DEFER_BELOW;
+        let defer = !self.deferred
+            && self.more_this_turn
+            && !self.ready.is_empty()
+            && !self.out.is_empty()
+            && self.out.pending_bytes() < DEFER_BELOW;
         self.deferred = defer;
         if defer {
             self.counters.deferred_flushes += 1;
@@ -949,6 +956,7 @@ impl<A: App> Host<A> {
         self.timers.set(idx as u32, at);
         if more {
             self.ready.push(idx as u32);
+            self.more_this_turn = true;
         }
     }
 
