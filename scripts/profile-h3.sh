@@ -5,7 +5,7 @@
 # row and 1.2 s inside the nginx row (started from the bench's progress lines), then prints
 # each profile's samples by process and by kind of work (the patterns are below).
 #
-#   scripts/profile-h3.sh [--size 2G]
+#   scripts/profile-h3.sh [--size 2G] [more `udpx bench h3` flags, e.g. --defer-flush]
 #
 # Needs root (namespaces; perf on a CPU) and perf; the release binary is built first. Nothing
 # else should run meanwhile. The windows are timed from progress lines: on a much faster or
@@ -15,13 +15,13 @@ cd "$(dirname "$0")/.."
 
 command -v perf >/dev/null || { echo "profile-h3: perf is not installed (Debian: apt-get install linux-perf)" >&2; exit 1; }
 size=2G
-[ "${1:-}" = --size ] && size=$2
+if [ "${1:-}" = --size ]; then size=$2; shift 2; fi
 cargo build --release -q -p udpx-cli
 server_cpu=$(awk '/^cpu[0-9]/ {n++} END {print (n > 1) ? n - 1 : 0}' /proc/stat)
 
 out=$(mktemp -d)
 trap 'rm -rf "$out"; [ -n "${bench:-}" ] && kill "$bench" 2>/dev/null || true' EXIT
-./target/release/udpx bench h3 --size "$size" --repeat 1 --profile software >"$out/bench.md" 2>"$out/bench.log" &
+./target/release/udpx bench h3 --size "$size" --repeat 1 --profile software "$@" >"$out/bench.md" 2>"$out/bench.log" &
 bench=$!
 u=0 n=0
 while kill -0 "$bench" 2>/dev/null; do

@@ -73,6 +73,8 @@ pub struct ServeConfig {
     pub burst: udpx_quic::Burst,
     /// The least time between two loop turns' starts under load (`udpx_quic::Host::set_coalesce`).
     pub coalesce: std::time::Duration,
+    /// `--defer-flush` (`udpx_quic::Host::set_deferred_flush`; off by default).
+    pub defer_flush: bool,
     /// Responses with an open file one connection may hold (503 past it).
     pub max_open_per_conn: usize,
     /// Responses with an open file one shard may hold (503 past it).
@@ -101,6 +103,7 @@ impl ServeConfig {
             cc: Cc::Cubic,
             burst: udpx_quic::Burst::Quantum,
             coalesce: std::time::Duration::ZERO,
+            defer_flush: false,
             max_open_per_conn: crate::tls::MAX_STREAMS as usize,
             max_open_per_shard: 4096,
             alt_svc_tcp: None,
@@ -190,6 +193,7 @@ pub fn serve(dir: &Path, cfg: &ServeConfig) -> Result<H3Server, Error> {
         limits: cfg.limits,
         burst: cfg.burst,
         coalesce: cfg.coalesce,
+        defer_flush: cfg.defer_flush,
     };
     let site2 = site.clone();
     let max = cfg.max_udp_payload;

@@ -181,6 +181,9 @@ pub fn run(cfg: &LbBenchConfig, log: &mut dyn FnMut(&str)) -> Result<LbBench, Er
             }
             if ok && std::fs::read(&out).is_ok_and(|b| b == big) {
                 survived += 1;
+            } else {
+                let why = std::fs::read_to_string(out.with_extension("err")).unwrap_or_default();
+                log(&format!("{rules} rules: download {k} did not arrive whole: {}", why.trim()));
             }
         }
         log(&format!(

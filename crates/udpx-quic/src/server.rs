@@ -52,6 +52,8 @@ pub struct ServerConfig {
     pub burst: crate::Burst,
     /// The least time between two turns' starts under load (`Host::set_coalesce`; zero: none).
     pub coalesce: std::time::Duration,
+    /// `Host::set_deferred_flush` (off by default).
+    pub defer_flush: bool,
 }
 
 impl ServerConfig {
@@ -67,6 +69,7 @@ impl ServerConfig {
             limits: crate::Limits::default(),
             burst: crate::Burst::Quantum,
             coalesce: std::time::Duration::ZERO,
+            defer_flush: false,
         }
     }
 }
@@ -180,8 +183,8 @@ impl Server {
             let (stop, make_app) = (stop.clone(), make_app.clone());
             let cell: SharedCounters = Arc::new(Mutex::new(HostCounters::default()));
             counters.push(cell.clone());
-            let (host_id, keys, limits, burst, coalesce) =
-                (cfg.host_id, keys.clone(), cfg.limits, cfg.burst, cfg.coalesce);
+            let (host_id, keys, limits, burst, coalesce, defer) =
+                (cfg.host_id, keys.clone(), cfg.limits, cfg.burst, cfg.coalesce, cfg.defer_flush);
             let t = std::thread::Builder::new()
                 .name(format!("udpx-quic-{}", shard.index()))
                 .spawn(move || {
@@ -192,6 +195,7 @@ impl Server {
                     host.set_limits(limits);
                     host.set_burst(burst);
                     host.set_coalesce(coalesce);
+                    host.set_deferred_flush(defer);
                     host.run(&stop, false, Some(&cell))
                 })
                 .map_err(Error::Io)?;

@@ -283,8 +283,8 @@ fn a_large_download_delays_a_small_one_by_a_few_quanta() {
     assert!(big_meanwhile <= 6 * quantum, "{big_meanwhile} B: more than a few quanta");
 }
 
-/// A response a little larger than the connection's quantum (quiche's 10-packet
-/// `send_quantum()` under CUBIC) leaves in one send call: the turn that wrote the quantum
+/// With the deferred flush on: a response a little larger than the connection's quantum
+/// (quiche's 10-packet `send_quantum()` under CUBIC) leaves in one send call: the turn that wrote the quantum
 /// keeps its packets while the connection is still ready, and the next turn's join them. In
 /// lockstep, the server stepping alone (no ACK reaches it meanwhile), after a warm-up that
 /// opened the congestion window past the response.
@@ -292,6 +292,7 @@ fn a_large_download_delays_a_small_one_by_a_few_quanta() {
 fn a_response_past_the_quantum_leaves_in_one_send_call() {
     let cert = TempCert::new("defer");
     let (mut s, mut c, addr) = lockstep_pair(&cert);
+    s.set_deferred_flush(true); // off by default (see its docs)
     let both =
         |c: &mut Host<Asker>, s: &mut Host<Bytes>, done: &dyn Fn(&Asker) -> bool| lockstep(c, s, 5_000, done).is_some();
     connect(&mut c, addr, 0);

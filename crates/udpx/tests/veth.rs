@@ -162,7 +162,10 @@ fn flood_through_full_buffers(test: &str, backend: Want, nonblocking: bool) {
         assert_same_set(&sent, &got, &format!("{test} {mode}"));
         let c = tx.counters();
         if nonblocking {
-            assert!(c.would_block > 0, "{test} {mode}: the flood never met a full buffer: {c:?}");
+            // A full buffer shows as WouldBlock to the caller, or as a partial batch (the
+            // kernel took the datagrams before the one that would block and the library went
+            // on from there): the full suite once saw 316 partial batches and no WouldBlock.
+            assert!(c.would_block + c.partial_sends > 0, "{test} {mode}: the flood never met a full buffer: {c:?}");
         } else {
             assert_eq!(c.would_block, 0, "{test} {mode}: a blocking send answered WouldBlock: {c:?}");
         }

@@ -39,6 +39,8 @@ pub struct BottleneckConfig {
     /// The server's congestion controller.
     #[serde(skip)]
     pub cc: crate::server::Cc,
+    /// `--defer-flush` for the server.
+    pub defer_flush: bool,
 }
 
 impl BottleneckConfig {
@@ -50,6 +52,7 @@ impl BottleneckConfig {
             size: 50_000_000,
             rounds: 3,
             cc: crate::server::Cc::Cubic,
+            defer_flush: false,
         }
     }
 }
@@ -166,6 +169,7 @@ fn one_run(net: &LineNet, www: &std::path::Path, mode: Burst, cfg: &BottleneckCo
     sc.shards = 1;
     sc.burst = mode;
     sc.cc = cfg.cc;
+    sc.defer_flush = cfg.defer_flush;
     let root = www.to_path_buf();
     let server = net.ns(Node::Server).try_run(move || serve(&root, &sc)).map_err(|e| e.to_string())?;
     let server = server.map_err(|e| format!("server: {e}"))?;

@@ -111,6 +111,8 @@ pub struct H3BenchConfig {
     /// The udpx servers' congestion controller (`--cc`).
     #[serde(skip)]
     pub cc: crate::server::Cc,
+    /// `--defer-flush` for the udpx servers.
+    pub defer_flush: bool,
     /// The peers to run (recorded in the JSON: which binaries ran).
     pub programs: Programs,
 }
@@ -125,6 +127,7 @@ impl H3BenchConfig {
             profile: Profile::Software,
             burst: udpx_quic::Burst::Quantum,
             cc: crate::server::Cc::Cubic,
+            defer_flush: false,
             programs: Programs::from_path(),
         }
     }
@@ -443,8 +446,9 @@ pub fn run(cfg: &H3BenchConfig, progress: &mut dyn FnMut(&str)) -> Result<H3Benc
         ),
     };
     let path = format!(
-        "{path}; udpx under --cc {}; each udpx connection writes per turn {}",
+        "{path}; udpx under --cc {}{}; each udpx connection writes per turn {}",
         cfg.cc,
+        if cfg.defer_flush { " with --defer-flush" } else { "" },
         match cfg.burst {
             udpx_quic::Burst::Quantum => "its send_quantum() (--burst quantum)",
             udpx_quic::Burst::Window => "what its window allows, at most 64 packets (--burst window)",
@@ -698,6 +702,7 @@ fn udpx_run(
         gro,
         burst: cfg.burst,
         cc: cfg.cc,
+        defer_flush: cfg.defer_flush,
         ..ServeConfig::new(SocketAddr::new(place.server_ip, 0))
     };
     let before = quic_threads();

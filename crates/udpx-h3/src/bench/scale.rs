@@ -105,6 +105,8 @@ pub struct ScaleConfig {
     /// `udpx h3 serve --cc` for the udpx rows.
     #[serde(serialize_with = "as_text")]
     pub cc: crate::server::Cc,
+    /// `udpx h3 serve --defer-flush` for the udpx rows.
+    pub defer_flush: bool,
 }
 
 fn as_text<S: serde::Serializer, T: std::fmt::Display>(v: &T, s: S) -> Result<S::Ok, S::Error> {
@@ -129,6 +131,7 @@ impl ScaleConfig {
             rounds: 1,
             coalesce: Duration::ZERO,
             cc: crate::server::Cc::Cubic,
+            defer_flush: false,
         }
     }
 }
@@ -581,6 +584,9 @@ fn start_server(
             if server == ScaleServer::Udpx {
                 c.args(["--shards", "1", "--coalesce", &cfg.coalesce.as_micros().to_string()]);
                 c.args(["--cc", &cfg.cc.to_string()]);
+                if cfg.defer_flush {
+                    c.arg("--defer-flush");
+                }
                 let m = SocketAddr::new(place.server_ip, free_port(place, false)?);
                 c.args(["--metrics", &m.to_string()]);
                 metrics = Some(m);
@@ -753,6 +759,9 @@ pub fn table(b: &ScaleBench) -> String {
             "udpx rows: `udpx h3 serve --coalesce {}` (loop turns at least that many microseconds apart under load)\n",
             c.coalesce.as_micros()
         );
+    }
+    if c.defer_flush {
+        let _ = writeln!(s, "udpx rows: `udpx h3 serve --defer-flush`\n");
     }
     if c.cc != crate::server::Cc::Cubic {
         let _ = writeln!(
