@@ -72,9 +72,7 @@ pub struct QuicArgs {
 fn quic(a: QuicArgs) -> ExitCode {
     let veth = udpx_lab::netns::is_root() && !a.loopback;
     if veth {
-        if let Err(e) = udpx_lab::netns::cleanup_on_signals() {
-            eprintln!("udpx bench quic: warning: no signal cleanup: {e}");
-        }
+        crate::util::signal_cleanup("bench quic");
     }
     let cpus = udpx_lab::cpu::online_cpus();
     let (server_cpu, client_cpu) = match cpus[..] {
@@ -650,9 +648,7 @@ fn main_job(a: MainArgs) -> ExitCode {
     }
     if veth {
         // Before any thread exists: Ctrl-C, TERM and HUP remove our namespaces, then exit.
-        if let Err(e) = udpx_lab::netns::cleanup_on_signals() {
-            eprintln!("udpx bench: warning: no signal cleanup: {e}");
-        }
+        crate::util::signal_cleanup("bench");
     }
     let cpus_online = online_cpus();
     let cpus = Cpus { tx: cpus_online[0], rx: *cpus_online.get(1).unwrap_or(&cpus_online[0]) };

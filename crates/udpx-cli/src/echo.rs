@@ -308,9 +308,7 @@ fn bench(a: EchoBenchArgs) -> ExitCode {
     };
     let veth = !a.loopback && udpx_lab::netns::check_capable().is_ok();
     if veth {
-        if let Err(e) = udpx_lab::netns::cleanup_on_signals() {
-            eprintln!("udpx echo bench: warning: no signal cleanup: {e}");
-        }
+        crate::util::signal_cleanup("echo bench");
     }
     let cfg = EchoBenchConfig {
         duration: dur,

@@ -364,9 +364,7 @@ fn lab_report<T: serde::Serialize>(
 /// Removes the lab's namespaces and processes on Ctrl-C (as root; the lab needs it).
 fn lab_cleanup(cmd: &str) {
     if udpx_lab::netns::is_root() {
-        if let Err(e) = udpx_lab::netns::cleanup_on_signals() {
-            eprintln!("udpx {cmd}: warning: no signal cleanup: {e}");
-        }
+        crate::util::signal_cleanup(cmd);
     }
 }
 
@@ -577,9 +575,7 @@ pub fn bench(a: H3BenchArgs) -> ExitCode {
     }
     let veth = a.veth || (root && !a.loopback);
     if veth {
-        if let Err(e) = udpx_lab::netns::cleanup_on_signals() {
-            eprintln!("udpx {CMD}: warning: no signal cleanup: {e}");
-        }
+        crate::util::signal_cleanup(CMD);
     }
     use udpx_lab::netns::Profile;
     let profiles: &[Profile] = match (veth, a.profile) {

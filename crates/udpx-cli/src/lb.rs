@@ -161,9 +161,7 @@ pub fn bench(a: LbBenchArgs) -> ExitCode {
         eprintln!("udpx {CMD}: {t} is not installed (scripts/setup.sh installs it): skipped");
         return ExitCode::from(crate::exit::SKIPPED);
     }
-    if let Err(e) = udpx_lab::netns::cleanup_on_signals() {
-        eprintln!("udpx {CMD}: warning: no signal cleanup: {e}");
-    }
+    crate::util::signal_cleanup(CMD);
     let udpx = match std::env::current_exe() {
         Ok(p) => p,
         Err(e) => {

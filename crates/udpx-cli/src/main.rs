@@ -62,6 +62,14 @@ pub mod util {
         ExitCode::from(super::exit::USAGE)
     }
 
+    /// Removes the lab's namespaces and processes on Ctrl-C, TERM and HUP (call it before any
+    /// thread exists); says so where it cannot.
+    pub fn signal_cleanup(cmd: &str) {
+        if let Err(e) = udpx_lab::netns::cleanup_on_signals() {
+            eprintln!("udpx {cmd}: warning: no signal cleanup: {e}");
+        }
+    }
+
     /// Raises the open-file limit to its hard limit (a server holds a descriptor per open
     /// file and TCP connection) and says what it is: `udpx <cmd>: open files: N`. Where the
     /// raise is refused, says so and goes on with the soft limit.

@@ -210,9 +210,7 @@ pub fn fig4(a: Fig4Args) -> ExitCode {
     if let Err(e) = cap_probe.validate() {
         return exit_for(CMD, e);
     }
-    if let Err(e) = udpx_lab::netns::cleanup_on_signals() {
-        eprintln!("udpx {CMD}: warning: no signal cleanup: {e}");
-    }
+    crate::util::signal_cleanup(CMD);
     let mut progress = |l: &str| eprintln!("udpx {CMD}: {l}");
     let want = |t: &str| a.only.as_deref().is_none_or(|o| o == t);
     let f = if want("fig4") {
@@ -371,9 +369,7 @@ fn serve(a: ServeArgs) -> ExitCode {
         Err(e) => return usage(CMD, e),
     };
     if udpx_lab::netns::is_root() {
-        if let Err(e) = udpx_lab::netns::cleanup_on_signals() {
-            eprintln!("udpx {CMD}: warning: no signal cleanup: {e}");
-        }
+        crate::util::signal_cleanup(CMD);
     }
     let slot = cfg.slot;
     let progress = Arc::new(Progress::default());

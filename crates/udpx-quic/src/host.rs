@@ -903,15 +903,13 @@ impl<A: App> Host<A> {
             self.serve_one(c as usize, now);
         }
         self.counters.served += served as u64;
-        // A connection still ready (it wrote its quantum and has more: a live one, so the
-        // next turn comes) is served again at once: a small remainder waits for its next packets, which join the same runs and
-        // the same send call (a 13-packet response was two calls at a 10-packet quantum).
-        // One turn at most, so a packet waits at most one more turn's writing, and never
-        // across a wait: with nothing ready the loop flushes before it sleeps.
+        // With the deferred flush on (`set_deferred_flush`): a connection that wrote its
+        // quantum and has more went back to the ready queue, so the next turn comes at once;
+        // a small remainder waits for that turn's packets, which join the same runs and the
+        // same send call. One turn at most, and never across a wait.
         let defer = self.defer_flush
-            && !self.deferred
             && self.more_this_turn
-            && !self.ready.is_empty()
+            && !self.deferred
             && !self.out.is_empty()
             && self.out.pending_bytes() < DEFER_BELOW;
         self.deferred = defer;

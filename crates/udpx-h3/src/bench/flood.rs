@@ -285,13 +285,9 @@ fn one_run(
         .stderr(logf);
     let server = ChildGroup::spawn(&mut cmd).map_err(|e| format!("starting the server: {e}"))?;
     let pid = server.id();
-    let up = Instant::now();
-    while !std::fs::read_to_string(&log).unwrap_or_default().contains(" on https://") {
-        if up.elapsed() > Duration::from_secs(15) {
-            return Err(format!("the server did not start: {}", std::fs::read_to_string(&log).unwrap_or_default()));
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    super::scale::wait_until_up("udpx h3 serve", &log, || {
+        std::fs::read_to_string(&log).unwrap_or_default().contains(" on https://")
+    })?;
     let url = format!("https://{srv}/{FILE}");
     // One download before the flood: the server's memory with its first connection served.
     let u = url.clone();

@@ -608,9 +608,8 @@ fn start_server(
     };
     cmd.stdin(Stdio::null()).stdout(logf.try_clone().map_err(|e| e.to_string())?).stderr(logf);
     let process = ChildGroup::spawn(&mut cmd).map_err(|e| format!("starting {}: {e}", server.name()))?;
-    let start = Instant::now();
-    loop {
-        let up = if ready.is_empty() {
+    let up = || {
+        if ready.is_empty() {
             let f = move || std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok();
             match place.client_ns() {
                 Some(ns) => ns.try_run(f).unwrap_or(false),
@@ -618,16 +617,24 @@ fn start_server(
             }
         } else {
             std::fs::read_to_string(&log).unwrap_or_default().contains(ready)
-        };
-        if up {
-            return Ok(Running { process, addr, metrics });
         }
+    };
+    wait_until_up(server.name(), &log, up)?;
+    Ok(Running { process, addr, metrics })
+}
+
+/// Waits up to 15 s for a server started with its output in `log` to be `up`; past that, an
+/// error with what it printed.
+pub(super) fn wait_until_up(name: &str, log: &Path, up: impl Fn() -> bool) -> Result<(), String> {
+    let start = Instant::now();
+    while !up() {
         if start.elapsed() > Duration::from_secs(15) {
-            let text = std::fs::read_to_string(&log).unwrap_or_default();
-            return Err(format!("{} did not start in 15 s: {}", server.name(), text.trim()));
+            let text = std::fs::read_to_string(log).unwrap_or_default();
+            return Err(format!("{name} did not start in 15 s: {}", text.trim()));
         }
         std::thread::sleep(Duration::from_millis(20));
     }
+    Ok(())
 }
 
 /// nginx for many connections: one worker, TLS 1.3, HTTP/2 and HTTP/1.1 by ALPN, connections
