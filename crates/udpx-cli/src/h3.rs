@@ -305,6 +305,9 @@ pub struct H3BenchArgs {
     /// With --connections: rounds (a verdict needs 3).
     #[arg(long, default_value_t = 1, requires = "connections")]
     rounds: usize,
+    /// With --connections: seconds between an idle connection's PINGs (the idle row's load).
+    #[arg(long, default_value_t = 10.0, requires = "connections")]
+    keepalive: f64,
     /// `udpx h3 serve --cc` for the udpx rows (cubic or bbr2; quinn and nginx keep their own).
     #[arg(long, default_value = "cubic")]
     cc: udpx_h3::server::Cc,
@@ -408,6 +411,9 @@ fn bench_scale(a: H3BenchArgs) -> ExitCode {
             (Ok(i), Ok(r), Ok(w)) => (i, r, w),
             (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => return usage(e),
         };
+    if !(a.keepalive >= 0.1 && a.keepalive <= 3600.0) {
+        return usage("--keepalive: give 0.1 to 3600 seconds");
+    }
     if a.connections.iter().any(|&n| n == 0 || n > 200_000) || a.idle > 200_000 {
         return usage("--connections / --idle: give 1 to 200000 each");
     }
@@ -426,6 +432,7 @@ fn bench_scale(a: H3BenchArgs) -> ExitCode {
     cfg.coalesce = Duration::from_micros(a.coalesce);
     cfg.cc = a.cc;
     cfg.defer_flush = a.defer_flush;
+    cfg.keepalive = Duration::from_secs_f64(a.keepalive);
     let b = match udpx_h3::bench::scale::run(&cfg, &mut |l| eprintln!("udpx {CMD}: {l}")) {
         Ok(b) => b,
         Err(e) => {

@@ -341,7 +341,7 @@ fn root_lab(test: &str, args: &[&str]) -> Option<serde_json::Value> {
 fn bench_h3_scale_rows_carry_the_hosts_counts() {
     let o = Command::new(env!("CARGO_BIN_EXE_udpx"))
         .args(["bench", "h3", "--connections", "50", "--idle", "100", "--interval", "1"])
-        .args(["--ramp", "1", "--window", "2", "--json"])
+        .args(["--ramp", "1", "--window", "2", "--keepalive", "0.2", "--json"])
         .output()
         .expect("run udpx");
     let err = String::from_utf8_lossy(&o.stderr);
@@ -363,4 +363,19 @@ fn bench_h3_scale_rows_carry_the_hosts_counts() {
             assert!(host.is_null(), "only the udpx player row has them: {r}");
         }
     }
+    // The idle row's floor: a bare echo server at the rate the udpx server received (100
+    // connections, a PING each every 0.2 s: about 500 a second), every datagram answered.
+    let floor = &json["h3_scale"]["idle_floor"];
+    if Command::new("sockperf").arg("--version").output().is_err() {
+        println!("SKIP (the floor part): sockperf not installed (scripts/setup.sh installs it)");
+        return;
+    }
+    let errors = &json["h3_scale"]["idle_floor_errors"];
+    assert_eq!(floor.as_array().map(Vec::len), Some(1), "one floor for the one round: {floor} {errors}");
+    let f = &floor[0];
+    let rate = f["rate"].as_u64().unwrap();
+    assert!((250..=1_000).contains(&rate), "about 500 datagrams a second: {f}");
+    let (sent, answered) = (f["sent"].as_u64().unwrap(), f["answered"].as_u64().unwrap());
+    // Ping-pong: one datagram at a time, so at most the last is in flight when the client stops.
+    assert!(sent > 0 && answered + 1 >= sent && answered <= sent, "every datagram answered: {f}");
 }

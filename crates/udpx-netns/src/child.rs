@@ -47,6 +47,24 @@ impl ChildGroup {
         drop(self); // kills what is left of the group, if anything
         status
     }
+
+    /// Waits up to `limit` for the child to exit by itself (`None`: it did not, and its group
+    /// is killed); whatever else is left of its group is killed either way.
+    pub fn wait_timeout(mut self, limit: std::time::Duration) -> io::Result<Option<ExitStatus>> {
+        let deadline = std::time::Instant::now() + limit;
+        let child = self.child.as_mut().ok_or_else(|| io::Error::other("no child"))?;
+        let status = loop {
+            if let Some(s) = child.try_wait()? {
+                break Some(s);
+            }
+            if std::time::Instant::now() >= deadline {
+                break None;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        };
+        drop(self);
+        Ok(status)
+    }
 }
 
 impl Drop for ChildGroup {

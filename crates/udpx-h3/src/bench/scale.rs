@@ -2,7 +2,8 @@
 //! video player fetching a segment every interval ([`crate::load`]), against `udpx h3 serve`,
 //! a second HTTP/3 server (quinn with h3, [`crate::quinn_server`]), and nginx over TCP (HTTP/2
 //! and HTTP/1.1, TLS 1.3, one worker) under the same schedule ([`crate::load_tcp`]), side by
-//! side in one run; and a row of idle connections (no requests, a PING every 10 s).
+//! side in one run; and a row of idle connections (no requests, a PING every 10 s by
+//! default), beside its floor: a bare echo server answering as many datagrams ([`EchoFloor`]).
 //!
 //! **Where.** Two namespaces over a veth pair (root; loopback otherwise, said in the table):
 //! every server runs as its own process pinned to the last CPU, the client on the first;
@@ -107,6 +108,8 @@ pub struct ScaleConfig {
     pub cc: crate::server::Cc,
     /// `udpx h3 serve --defer-flush` for the udpx rows.
     pub defer_flush: bool,
+    /// The idle row's PING period per connection.
+    pub keepalive: Duration,
 }
 
 fn as_text<S: serde::Serializer, T: std::fmt::Display>(v: &T, s: S) -> Result<S::Ok, S::Error> {
@@ -132,6 +135,7 @@ impl ScaleConfig {
             coalesce: Duration::ZERO,
             cc: crate::server::Cc::Cubic,
             defer_flush: false,
+            keepalive: Duration::from_secs(10),
         }
     }
 }
@@ -181,6 +185,55 @@ pub struct RowRun {
     /// udpx rows: the server's own counts over the window, per request (its `/metrics`,
     /// read at the window's start and end).
     pub host: Option<HostPerRequest>,
+    /// udpx rows: datagrams the server received and sent over the window (its `/metrics`).
+    pub datagrams: Option<DatagramRates>,
+}
+
+/// What the udpx server received and sent over a row's window: the idle row's load, the rate
+/// its echo floor ([`EchoFloor`]) is measured at.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct DatagramRates {
+    /// Datagrams received per second.
+    pub received_per_s: f64,
+    /// Datagrams sent per second.
+    pub sent_per_s: f64,
+    /// Mean UDP payload of a received datagram, bytes.
+    pub received_size: f64,
+}
+
+impl DatagramRates {
+    fn from_scrapes(a: &HashMap<String, f64>, b: &HashMap<String, f64>, secs: f64) -> Option<DatagramRates> {
+        let d = |k: &str| Some(b.get(&format!("quic_{k}_total"))? - a.get(&format!("quic_{k}_total"))?);
+        let (rx, tx, bytes) = (d("datagrams_received")?, d("datagrams_sent")?, d("bytes_received")?);
+        Some(DatagramRates {
+            received_per_s: rx / secs,
+            sent_per_s: tx / secs,
+            received_size: if rx > 0.0 { bytes / rx } else { 0.0 },
+        })
+    }
+}
+
+/// The floor under the idle row: a bare echo server (sockperf's, in C: one blocking receive and
+/// one send per datagram) answering datagrams of the idle row's mean size at the rate the udpx
+/// server received them, on the same CPU, path and meter. An event-driven server that wakes
+/// once per datagram cannot cost less than this; below it only batching across datagrams
+/// (waiting for several: `--coalesce`) goes.
+#[derive(Debug, Clone, Serialize)]
+pub struct EchoFloor {
+    /// The round.
+    pub round: usize,
+    /// Datagrams per second sent to it.
+    pub rate: u64,
+    /// Their size, bytes.
+    pub size: usize,
+    /// The server CPU's busy share over the window, percent (as a row's).
+    pub server_cpu_pct: f64,
+    /// sockperf's server process, percent of one CPU.
+    pub server_process_pct: f64,
+    /// Datagrams sent and answered, from sockperf's client.
+    pub sent: u64,
+    /// Answers received.
+    pub answered: u64,
 }
 
 /// What the udpx server's host did per request over the measured window (issue 27 asks for
@@ -275,6 +328,10 @@ pub struct ScaleBench {
     /// [`BASELINE`] before the rows), percent: this VM's own agents and timers. A row's server
     /// CPU includes it.
     pub baseline_pct: Option<f64>,
+    /// The idle row's echo floor, per round ([`EchoFloor`]).
+    pub idle_floor: Vec<EchoFloor>,
+    /// Why a round has no echo floor.
+    pub idle_floor_errors: Vec<String>,
     /// The targets, judged.
     pub checks: Vec<Check>,
     /// Kernel, CPU, devices.
@@ -395,6 +452,7 @@ pub fn run(cfg: &ScaleConfig, progress: &mut dyn FnMut(&str)) -> Result<ScaleBen
         plan.push((ScaleServer::Udpx, n, true));
     }
     let mut runs: Vec<Vec<Result<RowRun, String>>> = vec![Vec::new(); plan.len()];
+    let (mut idle_floor, mut idle_floor_errors) = (Vec::new(), Vec::new());
     for round in 0..cfg.rounds.max(1) {
         for (i, &(server, n, idle)) in plan.iter().enumerate() {
             let r = one_run(cfg, &place, &scratch.0, (&cert, &key), server, n, idle, rate);
@@ -415,6 +473,26 @@ pub fn run(cfg: &ScaleConfig, progress: &mut dyn FnMut(&str)) -> Result<ScaleBen
                     x.load.client_cpu_pct()
                 ),
             });
+            if let (true, Ok(x)) = (idle, &r) {
+                match echo_floor(cfg, &place, &scratch.0, x.datagrams, rate) {
+                    Ok(mut f) => {
+                        f.round = round + 1;
+                        progress(&format!(
+                            "round {}/{}: echo floor at {} datagrams/s of {} B: server CPU {:.1} %",
+                            round + 1,
+                            cfg.rounds.max(1),
+                            f.rate,
+                            f.size,
+                            f.server_cpu_pct
+                        ));
+                        idle_floor.push(f);
+                    }
+                    Err(e) => {
+                        progress(&format!("round {}: echo floor: {e}", round + 1));
+                        idle_floor_errors.push(format!("round {}: {e}", round + 1));
+                    }
+                }
+            }
             runs[i].push(r);
         }
     }
@@ -444,7 +522,17 @@ pub fn run(cfg: &ScaleConfig, progress: &mut dyn FnMut(&str)) -> Result<ScaleBen
         None => Environment::collect(&[(None, "lo")]),
     };
     let checks = judge(&rows, baseline_pct);
-    Ok(ScaleBench { config: cfg.clone(), path, rows, left_out, baseline_pct, checks, environment })
+    Ok(ScaleBench {
+        config: cfg.clone(),
+        path,
+        rows,
+        left_out,
+        baseline_pct,
+        idle_floor,
+        idle_floor_errors,
+        checks,
+        environment,
+    })
 }
 
 /// A running server: its process, what it serves on.
@@ -477,6 +565,7 @@ fn one_run(
         LoadConfig::new(running.addr, n, &format!("/{SEGMENT}"), if idle { Duration::ZERO } else { cfg.interval });
     lc.ramp = ramp;
     lc.duration = cfg.window;
+    lc.keepalive = cfg.keepalive;
     lc.locals = place.client_ips.clone();
     let client_cpu = place.client_cpu;
     let start = Instant::now();
@@ -519,8 +608,89 @@ fn one_run(
         server_cpu_us_per_conn_s: busy * 1e6 / (n as f64 * secs),
         server_kib_per_conn: rss0.zip(rss1).map(|(a, b)| b.saturating_sub(a) as f64 / 1024.0 / n as f64),
         client_limited: load.client_cpu_pct() > CLIENT_LIMIT_PCT,
-        host: scrape0.zip(scrape1).and_then(|(a, b)| HostPerRequest::from_scrapes(&a, &b, load.requests)),
+        host: scrape0
+            .as_ref()
+            .zip(scrape1.as_ref())
+            .and_then(|(a, b)| HostPerRequest::from_scrapes(a, b, load.requests)),
+        datagrams: scrape0.zip(scrape1).and_then(|(a, b)| DatagramRates::from_scrapes(&a, &b, secs)),
         load,
+    })
+}
+
+/// Measures the [`EchoFloor`] at the rate and size of `load` (the idle row's): sockperf's
+/// server pinned to the server's CPU, its ping-pong client (one datagram answered before the
+/// next, sent at the rate) on the client's, the server CPU's busy share over the same window.
+fn echo_floor(
+    cfg: &ScaleConfig,
+    place: &Place,
+    dir: &Path,
+    load: Option<DatagramRates>,
+    rate: TickRate,
+) -> Result<EchoFloor, String> {
+    let load = load.ok_or("the idle row's datagram counts could not be read from the server")?;
+    let mps = load.received_per_s.round() as u64;
+    if mps == 0 {
+        return Err("the idle row's server received no datagrams in the window".into());
+    }
+    // sockperf's header is 14 bytes; its largest datagram 65,507.
+    let size = (load.received_size.round() as usize).clamp(14, 65_507);
+    let port = free_port(place, true)?;
+    let mut srv = match place.server_ns() {
+        Some(ns) => ns.command("taskset"),
+        None => Command::new("taskset"),
+    };
+    srv.args(["-c", &place.server_cpu.to_string(), "sockperf", "sr", "-i", &place.server_ip.to_string()])
+        .args(["-p", &port.to_string()])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    // Its own process group: dropped, it is killed with SIGKILL (sockperf ignores SIGTERM).
+    let server =
+        ChildGroup::spawn(&mut srv).map_err(|e| format!("start sockperf (scripts/setup.sh installs it): {e}"))?;
+    std::thread::sleep(Duration::from_millis(500));
+    // The client runs a second longer at each end than the window measured.
+    let secs = cfg.window.as_secs().max(1) + 2;
+    let mut cli = match place.client_ns() {
+        Some(ns) => ns.command("taskset"),
+        None => Command::new("taskset"),
+    };
+    let log = dir.join("sockperf-client.log");
+    let logf = std::fs::File::create(&log).map_err(|e| e.to_string())?;
+    cli.args(["-c", &place.client_cpu.to_string(), "sockperf", "ping-pong", "-i", &place.server_ip.to_string()])
+        .args(["-p", &port.to_string(), "-t", &secs.to_string(), "--mps", &mps.to_string(), "-m", &size.to_string()])
+        .stdin(Stdio::null())
+        .stdout(logf.try_clone().map_err(|e| e.to_string())?)
+        .stderr(logf);
+    let client = ChildGroup::spawn(&mut cli).map_err(|e| format!("start sockperf's client: {e}"))?;
+    std::thread::sleep(Duration::from_secs(1));
+    let (cpu0, proc0) = (CpuSample::now().ok(), process_ticks(server.id()));
+    std::thread::sleep(cfg.window);
+    let (cpu1, proc1) = (CpuSample::now().ok(), process_ticks(server.id()));
+    let ended = client.wait_timeout(Duration::from_secs(secs + 10)).map_err(|e| format!("sockperf's client: {e}"))?;
+    drop(server);
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    if ended.is_none() {
+        return Err(format!("sockperf's client did not end in {} s: {}", secs + 10, text.trim()));
+    }
+    let count = |key: &str| -> Option<u64> {
+        let at = text.find(key)? + key.len();
+        text[at..].split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
+    };
+    let (Some(sent), Some(answered)) = (count("SentMessages="), count("ReceivedMessages=")) else {
+        return Err(format!("sockperf's client printed no totals: {}", text.trim()));
+    };
+    let (Some(a), Some(b)) = (cpu0, cpu1) else { return Err("/proc/stat could not be read".into()) };
+    let window = cfg.window.as_secs_f64();
+    let busy = b.diff(&a).busy_time(&[place.server_cpu], rate).as_secs_f64();
+    let own = proc0.zip(proc1).map_or(0.0, |(a, b)| rate.to_secs_f64(b.saturating_sub(a)));
+    Ok(EchoFloor {
+        round: 0,
+        rate: mps,
+        size,
+        server_cpu_pct: busy * 100.0 / window,
+        server_process_pct: own * 100.0 / window,
+        sent,
+        answered,
     })
 }
 
@@ -753,9 +923,10 @@ pub fn table(b: &ScaleBench) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "Players: a {} KiB segment every {:.1} s each, starts over {:.0} s, {:.0} s measured; {}\n",
+        "Players: a {} KiB segment every {:.1} s each (idle connections: a PING every {:.1} s), starts over {:.0} s, {:.0} s measured; {}\n",
         c.segment / 1024,
         c.interval.as_secs_f64(),
+        c.keepalive.as_secs_f64(),
         c.ramp.as_secs_f64(),
         c.window.as_secs_f64(),
         b.path
@@ -841,6 +1012,39 @@ pub fn table(b: &ScaleBench) -> String {
                 h.turns,
                 h.served_per_turn
             );
+        }
+    }
+    if let Some(idle) = b.rows.iter().find(|r| r.idle) {
+        if !b.idle_floor.is_empty() || !b.idle_floor_errors.is_empty() {
+            let _ = writeln!(
+                s,
+                "\nThe idle row's floor: a bare echo server (sockperf's, one wake-up per datagram) answering datagrams of \
+                 the idle row's mean size at the rate the udpx server received them, same CPU, path and meter:\n\n\
+                 | round | datagrams/s (udpx sent) | bytes | answered | echo server CPU % (its process) | udpx idle row CPU % | udpx / floor |\n\
+                 | --- | --- | --- | --- | --- | --- | --- |"
+            );
+            for f in &b.idle_floor {
+                let run = idle.runs.get(f.round - 1).and_then(Option::as_ref);
+                let udpx = run.map(|r| r.server_cpu_pct);
+                let sent = run.and_then(|r| r.datagrams).map_or("?".into(), |d| format!("{:.0}", d.sent_per_s));
+                let _ = writeln!(
+                    s,
+                    "| {} | {} ({sent}) | {} | {}/{} | {:.1} ({:.1}) | {} | {} |",
+                    f.round,
+                    f.rate,
+                    f.size,
+                    f.answered,
+                    f.sent,
+                    f.server_cpu_pct,
+                    f.server_process_pct,
+                    udpx.map_or("-".into(), |u| format!("{u:.1}")),
+                    udpx.filter(|_| f.server_cpu_pct > 0.0)
+                        .map_or("-".into(), |u| format!("{:.2}", u / f.server_cpu_pct))
+                );
+            }
+            for e in &b.idle_floor_errors {
+                let _ = writeln!(s, "\nno echo floor: {e}");
+            }
         }
     }
     for l in &b.left_out {
