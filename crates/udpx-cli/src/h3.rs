@@ -183,6 +183,11 @@ struct ServeArgs {
     /// methods 425 Too Early.
     #[arg(long)]
     early_data: bool,
+    /// Send GREASE (reserved frame, stream and transport parameter values that exercise a
+    /// peer's handling of unknown ones). Off by default: it costs about 3 KiB per connection
+    /// (quiche's table of streams doubles at the eighth). What peers send is handled either way.
+    #[arg(long)]
+    grease: bool,
     /// Congestion control: cubic (quiche's default, unpaced) or bbr2 (paced).
     #[arg(long, default_value = "cubic")]
     cc: udpx_h3::server::Cc,
@@ -704,6 +709,7 @@ fn serve(a: ServeArgs) -> ExitCode {
         keys,
         limits,
         early_data: a.early_data,
+        grease: a.grease,
         cc: a.cc,
         burst: a.burst.under(a.cc),
         coalesce: std::time::Duration::from_micros(a.coalesce),

@@ -67,6 +67,12 @@ pub struct ServeConfig {
     pub limits: udpx_quic::Limits,
     /// Accept 0-RTT (early data) from resuming clients: GET and HEAD only.
     pub early_data: bool,
+    /// Send GREASE (RFC 9114 7.2.8, 6.2.3; RFC 9000 18.1: reserved frame, stream and
+    /// parameter values that exercise a peer's handling of unknown ones). Off by default: the
+    /// GREASE stream is an idle connection's eighth stream, and quiche's table of streams
+    /// doubles at the eighth (about 3 KiB per connection, measured: `scripts/heap-h3.sh`).
+    /// What peers send us is handled either way.
+    pub grease: bool,
     /// The congestion controller.
     pub cc: Cc,
     /// How much one connection writes per loop turn ([`udpx_quic::Burst`]).
@@ -100,6 +106,7 @@ impl ServeConfig {
             keys: None,
             limits: udpx_quic::Limits::default(),
             early_data: false,
+            grease: false,
             cc: Cc::Cubic,
             burst: udpx_quic::Burst::Quantum,
             coalesce: std::time::Duration::ZERO,
@@ -206,13 +213,14 @@ pub fn serve(dir: &Path, cfg: &ServeConfig) -> Result<H3Server, Error> {
     if cfg.max_open_per_conn == 0 || cfg.max_open_per_shard == 0 {
         return Err(Error::Usage("open-response bounds: give each at least 1".into()));
     }
-    let (early, cc) = (cfg.early_data, cfg.cc);
+    let (early, cc, grease) = (cfg.early_data, cfg.cc, cfg.grease);
     let configs = (0..cfg.shards)
         .map(|_| {
             let mut c = server_config(&files, max)?;
             if early {
                 c.enable_early_data();
             }
+            c.grease(grease);
             c.set_cc_algorithm(match cc {
                 Cc::Cubic => quiche::CongestionControlAlgorithm::CUBIC,
                 Cc::Bbr2 => quiche::CongestionControlAlgorithm::Bbr2Gcongestion,
