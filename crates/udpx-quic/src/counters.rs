@@ -147,6 +147,9 @@ host_counters! {
     /// Turns that ended with connections still ready and kept their few packets for the next
     /// turn's send call instead of sending them alone.
     deferred_flushes,
+    /// Probes written on a path the peer left after a NAT rebinding and sent to its new
+    /// address instead: what quiche stranded on the old path (`Host::resend_stranded`).
+    stranded_probes,
 }
 
 pub(crate) fn ratio(a: u64, b: u64) -> f64 {

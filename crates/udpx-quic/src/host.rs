@@ -178,6 +178,11 @@ struct Entry<S> {
     /// quiche's lost and retransmitted counts already added to the host's counters.
     seen_lost: u64,
     seen_retrans: u64,
+    /// quiche's timers fired since its last turn: a path the peer left may hold stranded
+    /// packets ([`Host::resend_stranded`]).
+    timed_out: bool,
+    /// PTOs of the paths other than the active one, as last seen by `resend_stranded`.
+    left_ptos: usize,
 }
 
 /// One event loop over one socket (see the module docs).
@@ -463,6 +468,8 @@ impl<A: App> Host<A> {
             held: None,
             seen_lost: 0,
             seen_retrans: 0,
+            timed_out: false,
+            left_ptos: 0,
         });
         idx
     }
@@ -873,6 +880,7 @@ impl<A: App> Host<A> {
             }
             if e.conn.timeout_instant().is_some_and(|t| t <= now) {
                 e.conn.on_timeout();
+                e.timed_out = true;
             }
             self.ready.push(c);
         }
@@ -971,6 +979,59 @@ impl<A: App> Host<A> {
         }
     }
 
+    /// After a NAT rebinding, quiche 0.30 moves the connection to the peer's new address but
+    /// strands what it had in flight to the old one (cloudflare/quiche#2452): those packets'
+    /// ACKs cannot come, loss detection runs per path, so nothing acknowledged on the new path
+    /// declares them lost, and when the old path's PTO fires `send()` writes nothing. The
+    /// stream keeps a hole and the connection dies at its idle timeout (6 downloads in 10
+    /// through a rebinding relay, `udpx-h3`'s `tests/rebind.rs`).
+    ///
+    /// So when the old path's PTO fired (its `total_pto_count` grew), a connection with
+    /// nothing more to send writes that path's PTO probes (`send_on_path`: probes may exceed
+    /// the window, as RFC 9002 allows, and carry the stranded data) and the host sends them to
+    /// the address the connection now uses, once that address is validated (no
+    /// amplification: it proved it receives). Their ACK reaches the old path's loss
+    /// detection, which then declares the rest lost, and quiche resends it on the new path
+    /// under the new path's window. At most two probes per path and PTO (quiche's own
+    /// limit); counted in `stranded_probes`. Looked at only after quiche's timers fired.
+    fn resend_stranded(&mut self, idx: usize) {
+        let Some(e) = self.conns.get_mut(idx).and_then(Option::as_mut) else { return };
+        let Some(active) = e.conn.path_stats().find(|p| p.active).map(|p| (p.local_addr, p.peer_addr)) else {
+            return;
+        };
+        if !e.conn.is_path_validated(active.0, active.1).unwrap_or(false) {
+            return;
+        }
+        let left: Vec<(SocketAddr, SocketAddr, usize)> = e
+            .conn
+            .path_stats()
+            .filter(|p| !p.active && p.peer_addr != active.1)
+            .map(|p| (p.local_addr, p.peer_addr, p.total_pto_count))
+            .collect();
+        let ptos = left.iter().map(|l| l.2).sum();
+        if ptos <= e.left_ptos {
+            e.left_ptos = ptos; // a path went away: count from what is left
+            return;
+        }
+        e.left_ptos = ptos;
+        let max = e.conn.max_send_udp_payload_size();
+        for (local, peer, _) in left {
+            for _ in 0..2 {
+                let Some(space) = self.out.space(max) else { return };
+                match e.conn.send_on_path(space, Some(local), Some(peer)) {
+                    Ok((len, info)) => {
+                        self.counters.packets_sent += 1;
+                        self.counters.bytes_sent += len as u64;
+                        self.counters.stranded_probes += 1;
+                        let from = src_for(self.local, info.from);
+                        self.out.commit(idx, active.1, from, len, None);
+                    }
+                    Err(_) => break,
+                }
+            }
+        }
+    }
+
     /// Writes up to the connection's quantum into the outbox; whether it may have more.
     fn produce(&mut self, idx: usize, now: Instant) -> bool {
         let Some(e) = self.conns.get_mut(idx).and_then(Option::as_mut) else { return false };
@@ -1021,7 +1082,12 @@ impl<A: App> Host<A> {
                     let from = src_for(self.local, info.from);
                     self.out.commit(idx, info.to, from, len, departure);
                 }
-                Err(quiche::Error::Done) => return false,
+                Err(quiche::Error::Done) => {
+                    if std::mem::take(&mut e.timed_out) {
+                        self.resend_stranded(idx);
+                    }
+                    return false;
+                }
                 Err(err) => {
                     log::debug!("udpx-quic: {} send failed: {err}", e.conn.trace_id());
                     let _ = e.conn.close(false, 0x1, b"send failed");
