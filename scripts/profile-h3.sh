@@ -5,7 +5,7 @@
 # row and 1.2 s inside the nginx row (started from the bench's progress lines), then prints
 # each profile's samples by process and by kind of work (the patterns are below).
 #
-#   scripts/profile-h3.sh [--size 2G] [more `udpx bench h3` flags, e.g. --defer-flush]
+#   scripts/profile-h3.sh [--size 2G] [more `udpx bench h3` flags, e.g. --defer-flush off]
 #
 # Needs root (namespaces; perf on a CPU) and perf; the release binary is built first. Nothing
 # else should run meanwhile. The windows are timed from progress lines: on a much faster or

@@ -205,12 +205,11 @@ struct ServeArgs {
     /// of up to this much added latency under load. Deadlines are never delayed. 0 to 100000.
     #[arg(long, default_value_t = 0, value_name = "US")]
     coalesce: u64,
-    /// Let a loop turn in which a connection wrote its quantum and has more keep its packets
-    /// for the next turn's send call (once, under 64 KiB): half the send calls for bulk
-    /// downloads. Off by default: a download stalled after a NAT rebinding in 3 of 38 runs of
-    /// the balancer lab with it on (none in 43 without), not explained yet.
-    #[arg(long)]
-    defer_flush: bool,
+    /// Whether a loop turn in which a connection wrote its quantum and has more keeps its
+    /// packets for the next turn's send call (once, under 64 KiB): half the send calls for
+    /// bulk downloads.
+    #[arg(long, value_enum, default_value_t = OnOff::On)]
+    defer_flush: OnOff,
     /// Responses with an open file one connection may hold (503 past it; a client has at most
     /// 100 request streams open at once).
     #[arg(long, default_value_t = 100)]
@@ -285,8 +284,8 @@ pub struct H3BenchArgs {
     #[arg(long, default_value_t = 0, value_name = "US", value_parser = clap::value_parser!(u64).range(0..=100_000))]
     coalesce: u64,
     /// `udpx h3 serve --defer-flush` for the udpx servers (every table).
-    #[arg(long)]
-    defer_flush: bool,
+    #[arg(long, value_enum, default_value_t = OnOff::On)]
+    defer_flush: OnOff,
     /// One JSON object instead of the table.
     #[arg(long)]
     json: bool,
@@ -386,7 +385,7 @@ fn bench_bottleneck(a: H3BenchArgs, mbit: u64) -> ExitCode {
         size: a.size,
         rounds: a.repeat as usize,
         cc: a.cc,
-        defer_flush: a.defer_flush,
+        defer_flush: a.defer_flush == OnOff::On,
     };
     let r = udpx_h3::bench::burst::run(&cfg, &mut |l| eprintln!("udpx {CMD}: {l}"));
     let needs = "the bottleneck lab needs root (network namespaces)";
@@ -436,7 +435,7 @@ fn bench_scale(a: H3BenchArgs) -> ExitCode {
     (cfg.interval, cfg.ramp, cfg.window, cfg.rounds) = (interval, ramp, window, a.rounds);
     cfg.coalesce = Duration::from_micros(a.coalesce);
     cfg.cc = a.cc;
-    cfg.defer_flush = a.defer_flush;
+    cfg.defer_flush = a.defer_flush == OnOff::On;
     cfg.keepalive = Duration::from_secs_f64(a.keepalive);
     let b = match udpx_h3::bench::scale::run(&cfg, &mut |l| eprintln!("udpx {CMD}: {l}")) {
         Ok(b) => b,
@@ -605,7 +604,7 @@ pub fn bench(a: H3BenchArgs) -> ExitCode {
             profile,
             burst: a.burst.under(a.cc),
             cc: a.cc,
-            defer_flush: a.defer_flush,
+            defer_flush: a.defer_flush == OnOff::On,
             ..udpx_h3::bench::H3BenchConfig::new()
         };
         // This binary runs the second HTTP/3 server (quinn with h3).
@@ -713,7 +712,7 @@ fn serve(a: ServeArgs) -> ExitCode {
         cc: a.cc,
         burst: a.burst.under(a.cc),
         coalesce: std::time::Duration::from_micros(a.coalesce),
-        defer_flush: a.defer_flush,
+        defer_flush: a.defer_flush == OnOff::On,
         max_open_per_conn: a.max_open_per_conn,
         max_open_per_shard: a.max_open_per_shard,
         alt_svc_tcp: a.alt_svc_tcp,

@@ -79,7 +79,7 @@ pub struct ServeConfig {
     pub burst: udpx_quic::Burst,
     /// The least time between two loop turns' starts under load (`udpx_quic::Host::set_coalesce`).
     pub coalesce: std::time::Duration,
-    /// `--defer-flush` (`udpx_quic::Host::set_deferred_flush`; off by default).
+    /// `--defer-flush` (`udpx_quic::Host::set_deferred_flush`; on by default).
     pub defer_flush: bool,
     /// Responses with an open file one connection may hold (503 past it).
     pub max_open_per_conn: usize,
@@ -110,7 +110,7 @@ impl ServeConfig {
             cc: Cc::Cubic,
             burst: udpx_quic::Burst::Quantum,
             coalesce: std::time::Duration::ZERO,
-            defer_flush: false,
+            defer_flush: true,
             max_open_per_conn: crate::tls::MAX_STREAMS as usize,
             max_open_per_shard: 4096,
             alt_svc_tcp: None,

@@ -52,7 +52,7 @@ pub struct ServerConfig {
     pub burst: crate::Burst,
     /// The least time between two turns' starts under load (`Host::set_coalesce`; zero: none).
     pub coalesce: std::time::Duration,
-    /// `Host::set_deferred_flush` (off by default).
+    /// `Host::set_deferred_flush` (on by default).
     pub defer_flush: bool,
 }
 
@@ -69,7 +69,7 @@ impl ServerConfig {
             limits: crate::Limits::default(),
             burst: crate::Burst::Quantum,
             coalesce: std::time::Duration::ZERO,
-            defer_flush: false,
+            defer_flush: true,
         }
     }
 }

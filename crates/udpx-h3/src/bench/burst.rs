@@ -52,7 +52,7 @@ impl BottleneckConfig {
             size: 50_000_000,
             rounds: 3,
             cc: crate::server::Cc::Cubic,
-            defer_flush: false,
+            defer_flush: true,
         }
     }
 }

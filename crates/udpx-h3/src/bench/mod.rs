@@ -111,7 +111,7 @@ pub struct H3BenchConfig {
     /// The udpx servers' congestion controller (`--cc`).
     #[serde(skip)]
     pub cc: crate::server::Cc,
-    /// `--defer-flush` for the udpx servers.
+    /// `--defer-flush` for the udpx servers (on by default, as for `udpx h3 serve`).
     pub defer_flush: bool,
     /// The peers to run (recorded in the JSON: which binaries ran).
     pub programs: Programs,
@@ -127,7 +127,7 @@ impl H3BenchConfig {
             profile: Profile::Software,
             burst: udpx_quic::Burst::Quantum,
             cc: crate::server::Cc::Cubic,
-            defer_flush: false,
+            defer_flush: true,
             programs: Programs::from_path(),
         }
     }
@@ -448,7 +448,7 @@ pub fn run(cfg: &H3BenchConfig, progress: &mut dyn FnMut(&str)) -> Result<H3Benc
     let path = format!(
         "{path}; udpx under --cc {}{}; each udpx connection writes per turn {}",
         cfg.cc,
-        if cfg.defer_flush { " with --defer-flush" } else { "" },
+        if cfg.defer_flush { "" } else { " with --defer-flush off" },
         match cfg.burst {
             udpx_quic::Burst::Quantum => "its send_quantum() (--burst quantum)",
             udpx_quic::Burst::Window => "what its window allows, at most 64 packets (--burst window)",

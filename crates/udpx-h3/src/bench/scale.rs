@@ -134,7 +134,7 @@ impl ScaleConfig {
             rounds: 1,
             coalesce: Duration::ZERO,
             cc: crate::server::Cc::Cubic,
-            defer_flush: false,
+            defer_flush: true,
             keepalive: Duration::from_secs(10),
         }
     }
@@ -754,9 +754,7 @@ fn start_server(
             if server == ScaleServer::Udpx {
                 c.args(["--shards", "1", "--coalesce", &cfg.coalesce.as_micros().to_string()]);
                 c.args(["--cc", &cfg.cc.to_string()]);
-                if cfg.defer_flush {
-                    c.arg("--defer-flush");
-                }
+                c.args(["--defer-flush", if cfg.defer_flush { "on" } else { "off" }]);
                 let m = SocketAddr::new(place.server_ip, free_port(place, false)?);
                 c.args(["--metrics", &m.to_string()]);
                 metrics = Some(m);
@@ -938,8 +936,8 @@ pub fn table(b: &ScaleBench) -> String {
             c.coalesce.as_micros()
         );
     }
-    if c.defer_flush {
-        let _ = writeln!(s, "udpx rows: `udpx h3 serve --defer-flush`\n");
+    if !c.defer_flush {
+        let _ = writeln!(s, "udpx rows: `udpx h3 serve --defer-flush off`\n");
     }
     if c.cc != crate::server::Cc::Cubic {
         let _ = writeln!(
