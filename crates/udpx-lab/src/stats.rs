@@ -124,9 +124,11 @@ pub fn paired_ratios(a: &[Option<f64>], b: &[Option<f64>]) -> Vec<f64> {
     a.iter()
         .zip(b)
         .filter_map(|(x, y)| match (*x, *y) {
-            (Some(x), Some(y)) if x.is_finite() && y.is_finite() => Some(x / y),
-            // A pass in which one side delivered nothing (an infinite cost): it stays in the
-            // pairing as NaN, so [`verdict`] says inconclusive rather than judge the others.
+            (Some(x), Some(y)) if x.is_finite() && y.is_finite() && y > 0.0 => Some(x / y),
+            // A pass in which one side delivered nothing (an infinite cost), or whose
+            // reference cost read zero (a meter that saw no work: no ratio, not infinity):
+            // it stays in the pairing as NaN, so [`verdict`] says inconclusive rather than
+            // judge the others.
             (Some(_), Some(_)) => Some(f64::NAN),
             _ => None,
         })
@@ -144,6 +146,13 @@ mod tests {
         let r = paired_ratios(&a, &b);
         assert_eq!(r.len(), 3, "a missing run drops out; an infinite one does not");
         assert!(r[1].is_nan());
+        assert_eq!(verdict(&r, 1.0), Verdict::Inconclusive);
+    }
+
+    #[test]
+    fn a_reference_that_read_zero_gives_no_ratio() {
+        let r = paired_ratios(&[Some(1.0), Some(1.0), Some(1.0)], &[Some(2.0), Some(0.0), Some(2.0)]);
+        assert!(r[1].is_nan(), "not infinity: {r:?}");
         assert_eq!(verdict(&r, 1.0), Verdict::Inconclusive);
     }
 
