@@ -1019,11 +1019,12 @@ impl<A: App> Host<A> {
             for _ in 0..2 {
                 let Some(space) = self.out.space(max) else { return };
                 match e.conn.send_on_path(space, Some(local), Some(peer)) {
-                    Ok((len, info)) => {
+                    Ok((len, _)) => {
                         self.counters.packets_sent += 1;
                         self.counters.bytes_sent += len as u64;
                         self.counters.stranded_probes += 1;
-                        let from = src_for(self.local, info.from);
+                        // It leaves on the active path: to its peer, from its local address.
+                        let from = src_for(self.local, active.0);
                         self.out.commit(idx, active.1, from, len, None);
                     }
                     Err(_) => break,
