@@ -996,26 +996,30 @@ impl<A: App> Host<A> {
     /// limit); counted in `stranded_probes`. Looked at only after quiche's timers fired.
     fn resend_stranded(&mut self, idx: usize) {
         let Some(e) = self.conns.get_mut(idx).and_then(Option::as_mut) else { return };
-        let Some(active) = e.conn.path_stats().find(|p| p.active).map(|p| (p.local_addr, p.peer_addr)) else {
-            return;
-        };
-        if !e.conn.is_path_validated(active.0, active.1).unwrap_or(false) {
-            return;
+        // One pass, no allocation: this runs on every timeout of every connection, and almost
+        // all have one path.
+        let (mut active, mut ptos) = (None, 0);
+        for p in e.conn.path_stats() {
+            if p.active {
+                active = Some((p.local_addr, p.peer_addr));
+            } else {
+                ptos += p.total_pto_count;
+            }
         }
-        let left: Vec<(SocketAddr, SocketAddr, usize)> = e
-            .conn
-            .path_stats()
-            .filter(|p| !p.active && p.peer_addr != active.1)
-            .map(|p| (p.local_addr, p.peer_addr, p.total_pto_count))
-            .collect();
-        let ptos = left.iter().map(|l| l.2).sum();
         if ptos <= e.left_ptos {
             e.left_ptos = ptos; // a path went away: count from what is left
             return;
         }
+        let Some(active) = active.filter(|a| e.conn.is_path_validated(a.0, a.1).unwrap_or(false)) else { return };
         e.left_ptos = ptos;
+        let left: Vec<(SocketAddr, SocketAddr)> = e
+            .conn
+            .path_stats()
+            .filter(|p| !p.active && p.peer_addr != active.1)
+            .map(|p| (p.local_addr, p.peer_addr))
+            .collect();
         let max = e.conn.max_send_udp_payload_size();
-        for (local, peer, _) in left {
+        for (local, peer) in left {
             for _ in 0..2 {
                 let Some(space) = self.out.space(max) else { return };
                 match e.conn.send_on_path(space, Some(local), Some(peer)) {

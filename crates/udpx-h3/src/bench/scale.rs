@@ -203,7 +203,7 @@ pub struct DatagramRates {
 
 impl DatagramRates {
     fn from_scrapes(a: &HashMap<String, f64>, b: &HashMap<String, f64>, secs: f64) -> Option<DatagramRates> {
-        let d = |k: &str| Some(b.get(&format!("quic_{k}_total"))? - a.get(&format!("quic_{k}_total"))?);
+        let d = |k: &str| counter_delta(a, b, k);
         let (rx, tx, bytes) = (d("datagrams_received")?, d("datagrams_sent")?, d("bytes_received")?);
         Some(DatagramRates {
             received_per_s: rx / secs,
@@ -266,7 +266,7 @@ impl HostPerRequest {
         if requests == 0 {
             return None; // the idle row: no requests to count per
         }
-        let d = |k: &str| Some(b.get(&format!("quic_{k}_total"))? - a.get(&format!("quic_{k}_total"))?);
+        let d = |k: &str| counter_delta(a, b, k);
         let per = |x: f64, y: f64| if y > 0.0 { x / y } else { 0.0 };
         let (send, dgs, runs) = (d("send_calls")?, d("datagrams_sent")?, d("transmits")?);
         let (recv, dgr, waits, turns, served) =
@@ -284,6 +284,12 @@ impl HostPerRequest {
             served_per_turn: per(served, turns),
         })
     }
+}
+
+/// How much the host counter `quic_<name>_total` grew from scrape `a` to scrape `b`.
+fn counter_delta(a: &HashMap<String, f64>, b: &HashMap<String, f64>, name: &str) -> Option<f64> {
+    let key = format!("quic_{name}_total");
+    Some(b.get(&key)? - a.get(&key)?)
 }
 
 /// `GET /metrics` from `addr` (in the server's namespace): every sample's value summed by
@@ -362,13 +368,22 @@ impl Place {
         self.net.as_ref().map(|n| n.ns(Side::Tx))
     }
 
-    /// `taskset -c CPU program`, in the server's namespace.
+    /// `taskset -c CPU program`, in the server's namespace on the server's CPU.
     fn server_command(&self, program: &Path) -> Command {
-        let mut c = match self.server_ns() {
+        Self::pinned(self.server_ns(), self.server_cpu, program)
+    }
+
+    /// The same in the client's namespace, on the client's CPU.
+    fn client_command(&self, program: &Path) -> Command {
+        Self::pinned(self.client_ns(), self.client_cpu, program)
+    }
+
+    fn pinned(ns: Option<&Namespace>, cpu: usize, program: &Path) -> Command {
+        let mut c = match ns {
             Some(ns) => ns.command("taskset"),
             None => Command::new("taskset"),
         };
-        c.args(["-c", &self.server_cpu.to_string()]).arg(program);
+        c.args(["-c", &cpu.to_string()]).arg(program);
         c
     }
 }
@@ -587,20 +602,16 @@ fn one_run(
     // The server's CPU and memory over the window, sampled from here.
     std::thread::sleep(window_start.saturating_duration_since(Instant::now()));
     let scrape0 = running.metrics.and_then(|m| scrape(place, m));
-    let cpu0 = CpuSample::now().ok();
-    let proc0 = process_ticks(running.process.id());
+    let meter = Meter::start(running.process.id());
     let rss1 = rss(running.process.id());
     std::thread::sleep((window_start + lc.duration).saturating_duration_since(Instant::now()));
-    let cpu1 = CpuSample::now().ok();
-    let proc1 = process_ticks(running.process.id());
+    let spent = meter.stop(place, rate);
     let scrape1 = running.metrics.and_then(|m| scrape(place, m));
     let result = handle.join().map_err(|_| "the client panicked".to_string()).and_then(|r| r);
     drop(running);
     let load = result?;
-    let (Some(a), Some(b)) = (cpu0, cpu1) else { return Err("/proc/stat could not be read".into()) };
-    let busy = b.diff(&a).busy_time(&[place.server_cpu], rate).as_secs_f64();
+    let (busy, own) = spent?;
     let secs = lc.duration.as_secs_f64();
-    let own = proc0.zip(proc1).map_or(0.0, |(a, b)| rate.to_secs_f64(b.saturating_sub(a)));
     Ok(RowRun {
         server_cpu_pct: busy * 100.0 / secs,
         server_process_pct: own * 100.0 / secs,
@@ -635,12 +646,8 @@ fn echo_floor(
     // sockperf's header is 14 bytes; its largest datagram 65,507.
     let size = (load.received_size.round() as usize).clamp(14, 65_507);
     let port = free_port(place, true)?;
-    let mut srv = match place.server_ns() {
-        Some(ns) => ns.command("taskset"),
-        None => Command::new("taskset"),
-    };
-    srv.args(["-c", &place.server_cpu.to_string(), "sockperf", "sr", "-i", &place.server_ip.to_string()])
-        .args(["-p", &port.to_string()])
+    let mut srv = place.server_command(Path::new("sockperf"));
+    srv.args(["sr", "-i", &place.server_ip.to_string(), "-p", &port.to_string()])
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null());
@@ -650,22 +657,19 @@ fn echo_floor(
     std::thread::sleep(Duration::from_millis(500));
     // The client runs a second longer at each end than the window measured.
     let secs = cfg.window.as_secs().max(1) + 2;
-    let mut cli = match place.client_ns() {
-        Some(ns) => ns.command("taskset"),
-        None => Command::new("taskset"),
-    };
     let log = dir.join("sockperf-client.log");
     let logf = std::fs::File::create(&log).map_err(|e| e.to_string())?;
-    cli.args(["-c", &place.client_cpu.to_string(), "sockperf", "ping-pong", "-i", &place.server_ip.to_string()])
-        .args(["-p", &port.to_string(), "-t", &secs.to_string(), "--mps", &mps.to_string(), "-m", &size.to_string()])
+    let mut cli = place.client_command(Path::new("sockperf"));
+    cli.args(["ping-pong", "-i", &place.server_ip.to_string(), "-p", &port.to_string()])
+        .args(["-t", &secs.to_string(), "--mps", &mps.to_string(), "-m", &size.to_string()])
         .stdin(Stdio::null())
         .stdout(logf.try_clone().map_err(|e| e.to_string())?)
         .stderr(logf);
     let client = ChildGroup::spawn(&mut cli).map_err(|e| format!("start sockperf's client: {e}"))?;
     std::thread::sleep(Duration::from_secs(1));
-    let (cpu0, proc0) = (CpuSample::now().ok(), process_ticks(server.id()));
+    let meter = Meter::start(server.id());
     std::thread::sleep(cfg.window);
-    let (cpu1, proc1) = (CpuSample::now().ok(), process_ticks(server.id()));
+    let spent = meter.stop(place, rate);
     let ended = client.wait_timeout(Duration::from_secs(secs + 10)).map_err(|e| format!("sockperf's client: {e}"))?;
     drop(server);
     let text = std::fs::read_to_string(&log).unwrap_or_default();
@@ -679,10 +683,8 @@ fn echo_floor(
     let (Some(sent), Some(answered)) = (count("SentMessages="), count("ReceivedMessages=")) else {
         return Err(format!("sockperf's client printed no totals: {}", text.trim()));
     };
-    let (Some(a), Some(b)) = (cpu0, cpu1) else { return Err("/proc/stat could not be read".into()) };
+    let (busy, own) = spent?;
     let window = cfg.window.as_secs_f64();
-    let busy = b.diff(&a).busy_time(&[place.server_cpu], rate).as_secs_f64();
-    let own = proc0.zip(proc1).map_or(0.0, |(a, b)| rate.to_secs_f64(b.saturating_sub(a)));
     Ok(EchoFloor {
         round: 0,
         rate: mps,
@@ -692,6 +694,29 @@ fn echo_floor(
         sent,
         answered,
     })
+}
+
+/// A measured window: the server CPU's busy time (the rows' meter, see the module docs) and a
+/// process's own CPU time, from `start` to `stop`.
+struct Meter {
+    cpu: Option<CpuSample>,
+    pid: u32,
+    ticks: Option<u64>,
+}
+
+impl Meter {
+    fn start(pid: u32) -> Meter {
+        Meter { cpu: CpuSample::now().ok(), pid, ticks: process_ticks(pid) }
+    }
+
+    /// Seconds: the server CPU busy, and the process on CPU, since `start`.
+    fn stop(self, place: &Place, rate: TickRate) -> Result<(f64, f64), String> {
+        let (cpu, ticks) = (CpuSample::now().ok(), process_ticks(self.pid));
+        let (Some(a), Some(b)) = (self.cpu, cpu) else { return Err("/proc/stat could not be read".into()) };
+        let busy = b.diff(&a).busy_time(&[place.server_cpu], rate).as_secs_f64();
+        let own = self.ticks.zip(ticks).map_or(0.0, |(a, b)| rate.to_secs_f64(b.saturating_sub(a)));
+        Ok((busy, own))
+    }
 }
 
 /// `utime + stime` of process `pid` (clock ticks), its threads included.
