@@ -210,6 +210,13 @@ struct ServeArgs {
     /// bulk downloads.
     #[arg(long, value_enum, default_value_t = OnOff::On)]
     defer_flush: OnOff,
+    /// MSG_ZEROCOPY for sends of large GSO runs (16 KiB a run on average), saving the kernel's
+    /// copy of every byte: auto turns it off where the kernel copies anyway (loopback, veth,
+    /// a device without scatter-gather: its first completions say so); always keeps it on
+    /// there (to measure its cost); off copies every send. Pinned pages count against
+    /// RLIMIT_MEMLOCK (unless CAP_IPC_LOCK): past it, sends copy (counted).
+    #[arg(long, value_enum, default_value_t = ZerocopyArg::Auto)]
+    zerocopy: ZerocopyArg,
     /// Responses with an open file one connection may hold (503 past it; a client has at most
     /// 100 request streams open at once).
     #[arg(long, default_value_t = 100)]
@@ -286,6 +293,9 @@ pub struct H3BenchArgs {
     /// `udpx h3 serve --defer-flush` for the udpx servers (every table).
     #[arg(long, value_enum, default_value_t = OnOff::On)]
     defer_flush: OnOff,
+    /// `udpx h3 serve --zerocopy` for the udpx servers of the bulk table.
+    #[arg(long, value_enum, default_value_t = ZerocopyArg::Auto)]
+    zerocopy: ZerocopyArg,
     /// One JSON object instead of the table.
     #[arg(long)]
     json: bool,
@@ -533,6 +543,24 @@ fn quinn_serve(a: QuinnServeArgs) -> ExitCode {
     }
 }
 
+/// `--zerocopy`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum ZerocopyArg {
+    Off,
+    Auto,
+    Always,
+}
+
+impl ZerocopyArg {
+    fn setting(self) -> udpx_quic::Zerocopy {
+        match self {
+            ZerocopyArg::Off => udpx_quic::Zerocopy::Off,
+            ZerocopyArg::Auto => udpx_quic::Zerocopy::Auto,
+            ZerocopyArg::Always => udpx_quic::Zerocopy::Always,
+        }
+    }
+}
+
 /// `--burst`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 enum BurstArg {
@@ -605,6 +633,7 @@ pub fn bench(a: H3BenchArgs) -> ExitCode {
             burst: a.burst.under(a.cc),
             cc: a.cc,
             defer_flush: a.defer_flush == OnOff::On,
+            zerocopy: a.zerocopy.setting(),
             ..udpx_h3::bench::H3BenchConfig::new()
         };
         // This binary runs the second HTTP/3 server (quinn with h3).
@@ -713,6 +742,7 @@ fn serve(a: ServeArgs) -> ExitCode {
         burst: a.burst.under(a.cc),
         coalesce: std::time::Duration::from_micros(a.coalesce),
         defer_flush: a.defer_flush == OnOff::On,
+        zerocopy: a.zerocopy.setting(),
         max_open_per_conn: a.max_open_per_conn,
         max_open_per_shard: a.max_open_per_shard,
         alt_svc_tcp: a.alt_svc_tcp,

@@ -45,6 +45,7 @@ fn bad_input_exits_2_and_says_what_to_change() {
         (&["h3", "serve", www, "--host-id", "70000"], "--host-id"),
         (&["h3", "serve", www, "--max-udp-payload", "1000"], "--max-udp-payload 1000"),
         (&["h3", "serve", www, "--gro", "maybe"], "--gro"),
+        (&["h3", "serve", www, "--zerocopy", "maybe"], "--zerocopy"),
         (&["h3", "serve", www, "--coalesce", "200000"], "--coalesce 200000: give 0 to 100000"),
         (&["h3", "get", "http://127.0.0.1/"], "https://"),
         (&["h3", "get", "https://127.0.0.1:99999/"], "port"),
@@ -378,4 +379,91 @@ fn bench_h3_scale_rows_carry_the_hosts_counts() {
     let (sent, answered) = (f["sent"].as_u64().unwrap(), f["answered"].as_u64().unwrap());
     // Ping-pong: one datagram at a time, so at most the last is in flight when the client stops.
     assert!(sent > 0 && answered + 1 >= sent && answered <= sent, "every datagram answered: {f}");
+}
+
+/// One `udpx h3 serve --zerocopy <z>` run: `get`s `files` two at a time (two connections in
+/// the same flushes), each compared with the file, then SIGTERM; returns the host's counters.
+/// `memlock`: the server runs without CAP_IPC_LOCK and with RLIMIT_MEMLOCK 0, so every page
+/// MSG_ZEROCOPY would pin is refused.
+fn zerocopy_run(t: &Tmp, content: &[u8], z: &str, memlock: bool) -> serde_json::Value {
+    let port = std::net::UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let listen = format!("127.0.0.1:{port}");
+    let (out, err) = (t.0.join(format!("serve-{z}.out")), t.0.join(format!("serve-{z}.err")));
+    let mut cmd = if memlock {
+        // setpriv executes udpx itself: the PID is the server's (for prlimit and SIGTERM).
+        let mut c = Command::new("setpriv");
+        c.args(["--inh-caps=-ipc_lock", "--bounding-set=-ipc_lock", env!("CARGO_BIN_EXE_udpx")]);
+        c
+    } else {
+        Command::new(env!("CARGO_BIN_EXE_udpx"))
+    };
+    cmd.args(["h3", "serve", t.0.join("www").to_str().unwrap(), "--listen", &listen, "--shards", "1"])
+        .args(["--zerocopy", z, "-l", "30"])
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(&out).unwrap())
+        .stderr(std::fs::File::create(&err).unwrap());
+    let server = ChildGroup::spawn(&mut cmd).unwrap();
+    if memlock {
+        let pid = server.id().to_string();
+        let o = Command::new("prlimit").args(["--pid", &pid, "--memlock=0:0"]).output().unwrap();
+        assert!(o.status.success(), "prlimit: {}", String::from_utf8_lossy(&o.stderr));
+    }
+    wait_bound(port);
+    let url = format!("https://{listen}/file");
+    for pair in 0..2 {
+        let gets: Vec<_> = (0..2)
+            .map(|i| {
+                let (url, got) = (url.clone(), t.0.join(format!("got-{z}-{pair}-{i}")));
+                std::thread::spawn(move || (udpx(&["h3", "get", &url, "-o", got.to_str().unwrap()]), got))
+            })
+            .collect();
+        for g in gets {
+            let (o, got) = g.join().unwrap();
+            assert!(o.status.success(), "get ({z}): {}", String::from_utf8_lossy(&o.stderr));
+            assert!(std::fs::read(&got).unwrap() == content, "--zerocopy {z}: the body differs");
+        }
+    }
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(server.id() as i32), nix::sys::signal::Signal::SIGTERM).unwrap();
+    let status = server.wait().unwrap();
+    assert!(status.success(), "server: {status}: {}", std::fs::read_to_string(&err).unwrap_or_default());
+    let json: serde_json::Value = serde_json::from_str(std::fs::read_to_string(&out).unwrap().trim()).unwrap();
+    json["h3_serve"]["quic"].clone()
+}
+
+/// `--zerocopy`: the outbox writes into pooled buffers, large flushes go with MSG_ZEROCOPY,
+/// and a buffer is written again only after the kernel's completions (every body compared,
+/// two downloads at once). On loopback the kernel copies anyway: `auto` turns zerocopy off
+/// (once), `always` keeps it on and every completion says copied. Past RLIMIT_MEMLOCK (no
+/// CAP_IPC_LOCK) the kernel refuses each zerocopy call: each is sent by copying at once.
+#[test]
+fn zerocopy_serves_whole_files_and_copies_past_the_memlock_limit() {
+    if !udpx::KernelCaps::get().zerocopy {
+        return record_skip("zerocopy_serves_whole_files_and_copies_past_the_memlock_limit", "no SO_ZEROCOPY");
+    }
+    let t = tmp("zerocopy");
+    let content: Vec<u8> = (0..8_000_017u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 11) as u8).collect();
+    std::fs::write(t.0.join("www/file"), &content).unwrap();
+    let n = |c: &serde_json::Value, k: &str| c[k].as_u64().unwrap_or_else(|| panic!("no {k}: {c}"));
+
+    let c = zerocopy_run(&t, &content, "always", false);
+    assert!(n(&c, "zerocopy_sends") > 0, "{c}");
+    assert!(n(&c, "zerocopy_copied") > 0, "loopback copies: {c}");
+    assert_eq!(n(&c, "zerocopy_turned_off"), 0, "{c}");
+
+    let c = zerocopy_run(&t, &content, "auto", false);
+    assert_eq!(n(&c, "zerocopy_turned_off"), 1, "loopback copies, so auto turns it off: {c}");
+
+    let c = zerocopy_run(&t, &content, "off", false);
+    assert_eq!(n(&c, "zerocopy_sends"), 0, "{c}");
+
+    let tools = ["setpriv", "prlimit"].iter().all(|p| Command::new(p).arg("--version").output().is_ok());
+    if !udpx_lab::netns::is_root() || !tools {
+        return record_skip(
+            "zerocopy_serves_whole_files_and_copies_past_the_memlock_limit (RLIMIT_MEMLOCK part)",
+            "needs root, setpriv and prlimit (util-linux)",
+        );
+    }
+    let c = zerocopy_run(&t, &content, "always", true);
+    assert!(n(&c, "zerocopy_refused") > 0, "every pinned page is past the limit: {c}");
+    assert_eq!(n(&c, "zerocopy_sends"), 0, "{c}");
 }

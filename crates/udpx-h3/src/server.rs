@@ -81,6 +81,8 @@ pub struct ServeConfig {
     pub coalesce: std::time::Duration,
     /// `--defer-flush` (`udpx_quic::Host::set_deferred_flush`; on by default).
     pub defer_flush: bool,
+    /// `--zerocopy`: MSG_ZEROCOPY for large flushes (`auto` by default).
+    pub zerocopy: udpx_quic::Zerocopy,
     /// Responses with an open file one connection may hold (503 past it).
     pub max_open_per_conn: usize,
     /// Responses with an open file one shard may hold (503 past it).
@@ -111,6 +113,7 @@ impl ServeConfig {
             burst: udpx_quic::Burst::Quantum,
             coalesce: std::time::Duration::ZERO,
             defer_flush: true,
+            zerocopy: udpx_quic::Zerocopy::Auto,
             max_open_per_conn: crate::tls::MAX_STREAMS as usize,
             max_open_per_shard: 4096,
             alt_svc_tcp: None,
@@ -201,6 +204,7 @@ pub fn serve(dir: &Path, cfg: &ServeConfig) -> Result<H3Server, Error> {
         burst: cfg.burst,
         coalesce: cfg.coalesce,
         defer_flush: cfg.defer_flush,
+        zerocopy: cfg.zerocopy,
     };
     let site2 = site.clone();
     let max = cfg.max_udp_payload;

@@ -150,6 +150,17 @@ host_counters! {
     /// Probes written on a path the peer left after a NAT rebinding and sent to its new
     /// address instead: what quiche stranded on the old path (`Host::resend_stranded`).
     stranded_probes,
+    /// Send calls that carried MSG_ZEROCOPY (the socket's count of messages it took so).
+    zerocopy_sends,
+    /// Of their completions, those in which the kernel copied after all (the socket's count).
+    zerocopy_copied,
+    /// Times zerocopy was turned off because the kernel kept copying (the socket's count).
+    zerocopy_turned_off,
+    /// Zerocopy send calls the kernel refused with ENOBUFS and that were sent by copying at
+    /// once: socket option memory, or pinned pages past RLIMIT_MEMLOCK (the socket's count).
+    zerocopy_refused,
+    /// Flushes that could not take a pooled buffer (all in flight) and copied instead.
+    zerocopy_pool_empty,
 }
 
 pub(crate) fn ratio(a: u64, b: u64) -> f64 {

@@ -245,6 +245,9 @@ impl<A: App> Host<A> {
         let recv = RecvBuffers::for_socket(&socket, RECV_BUFFERS);
         let keys = ServiceKeys::random();
         let limits = Limits::default();
+        // A socket with zerocopy on: the outbox writes into pooled buffers (see `io`).
+        let mut out = Outbox::new();
+        out.enable_zerocopy(&socket);
         Host {
             local: socket.local_addr(),
             socket,
@@ -257,7 +260,7 @@ impl<A: App> Host<A> {
             timers: Timers::new(),
             ready: ReadyQueue::new(),
             recv: Some(recv),
-            out: Outbox::new(),
+            out,
             blocked: None,
             app,
             counters: HostCounters::default(),
@@ -485,6 +488,10 @@ impl<A: App> Host<A> {
         c.recv_calls = s.recv_calls;
         c.gro_buffers = s.gro_buffers_received;
         c.icmp_errors = s.icmp_errors;
+        c.zerocopy_sends = s.zerocopy_sends;
+        c.zerocopy_copied = s.zerocopy_copied;
+        c.zerocopy_turned_off = s.zerocopy_turned_off;
+        c.zerocopy_refused = s.zerocopy_enobufs_copied;
         // SO_MEMINFO: the socket asks for no SO_RXQ_OVFL control message, so the receive
         // path's own count stays 0; a socket that cannot be read keeps the path's count.
         c.kernel_drops = self.socket.kernel_drops().map_or(s.kernel_drops, u64::from);

@@ -19,12 +19,20 @@
 //! socket cannot take more (`EAGAIN`, or `ENOBUFS` from a full device queue) the outbox keeps
 //! the unsent packets and the exact [`SendCursor`], and the next flush resumes there: nothing
 //! quiche produced is dropped, and no new packet is produced until the old ones are gone.
+//!
+//! With zerocopy ([`Zerocopy`]) the outbox writes into buffers of a pool instead of its own
+//! vector. A flush whose runs are large (the socket's threshold on average) goes with
+//! MSG_ZEROCOPY, and the kernel's copy from user memory is saved; the socket then keeps a
+//! share of that buffer until the kernel's completions, and the outbox writes the next
+//! packets into another one. Where the kernel copies anyway (loopback, veth, a device without
+//! scatter-gather) its completions say so and the socket turns zerocopy off (`auto`).
 
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
 use std::str::FromStr;
+use std::sync::Arc;
 
-use udpx::{SendBuffers, SendCursor, SendErrorKind, SendMode, Transmit, UdpSocket};
+use udpx::{SendBuffers, SendCursor, SendErrorKind, SendMode, Transmit, UdpSocket, ZcBuf, ZcPool};
 
 use crate::counters::HostCounters;
 
@@ -92,6 +100,80 @@ impl fmt::Display for IoMode {
     }
 }
 
+/// Zerocopy for the outbox's large flushes (`--zerocopy`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Zerocopy {
+    /// Every send copies.
+    Off,
+    /// MSG_ZEROCOPY for flushes of large runs, turned off where the kernel's completions say
+    /// it copied anyway (the first few sends tell).
+    #[default]
+    Auto,
+    /// As `auto`, but kept on where the kernel copies (to measure what it costs there).
+    Always,
+}
+
+impl Zerocopy {
+    /// The command-line names.
+    pub const NAMES: &'static str = "off, auto, always";
+
+    /// The socket settings that implement it.
+    pub fn apply(self, cfg: udpx::SocketConfig) -> udpx::SocketConfig {
+        let copied_limit = if self == Zerocopy::Always { 0 } else { udpx::ZcConfig::default().copied_limit };
+        match self {
+            Zerocopy::Off => cfg.zerocopy(udpx::Want::Off),
+            _ => cfg
+                .zerocopy(udpx::Want::IfAvailable)
+                .zerocopy_config(udpx::ZcConfig { copied_limit, ..udpx::ZcConfig::default() }),
+        }
+    }
+}
+
+impl FromStr for Zerocopy {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Zerocopy, String> {
+        match s {
+            "off" => Ok(Zerocopy::Off),
+            "auto" => Ok(Zerocopy::Auto),
+            "always" => Ok(Zerocopy::Always),
+            _ => Err(format!("unknown zerocopy setting {s:?}: use one of {}", Zerocopy::NAMES)),
+        }
+    }
+}
+
+impl fmt::Display for Zerocopy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Zerocopy::Off => "off",
+            Zerocopy::Auto => "auto",
+            Zerocopy::Always => "always",
+        })
+    }
+}
+
+/// Pool buffers a zerocopy outbox may have in flight or in use at once (each `OUTBOX_BYTES`;
+/// touched only when used).
+pub const ZEROCOPY_OUTBOXES: usize = 8;
+
+/// A zerocopy outbox's storage: the pool and the buffer being filled.
+struct ZcStore {
+    pool: ZcPool,
+    /// The buffer the runs are in, shared with the socket while a send from it is in flight.
+    cur: Option<Arc<ZcBuf>>,
+    /// The runs are in `cur` (else in the outbox's own vector); chosen when the outbox is
+    /// empty, fixed until it is empty again.
+    active: bool,
+}
+
+/// The storage the runs are in: the active pooled buffer, else the outbox's own vector.
+fn store<'a>(own: &'a [u8], zc: &'a Option<ZcStore>) -> &'a [u8] {
+    match zc {
+        Some(ZcStore { cur: Some(b), active: true, .. }) => b.full(),
+        _ => own,
+    }
+}
+
 /// Consecutive packets to one peer, all `seg` bytes but possibly the last.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Run {
@@ -119,6 +201,8 @@ pub(crate) struct Outbox {
     /// The list of transmits a flush hands the socket, kept empty between flushes so its
     /// allocation serves every flush (see [`recycle`]).
     spare: Vec<Transmit<'static>>,
+    /// Zerocopy storage, when the socket has zerocopy (see the module docs).
+    zc: Option<ZcStore>,
 }
 
 /// An empty vector of another lifetime on the same allocation: collecting a vector's own
@@ -149,6 +233,49 @@ impl Outbox {
             cursor: SendCursor::default(),
             bufs: SendBuffers::new(),
             spare: Vec::new(),
+            zc: None,
+        }
+    }
+
+    /// Writes into pooled buffers from now on while `socket` has zerocopy on (a no-op when it
+    /// has not).
+    pub fn enable_zerocopy(&mut self, socket: &UdpSocket) {
+        if self.zc.is_none() && socket.zerocopy_on() {
+            let pool = ZcPool::new(OUTBOX_BYTES, ZEROCOPY_OUTBOXES);
+            self.zc = Some(ZcStore { pool, cur: None, active: false });
+            if self.runs.is_empty() {
+                self.renew(socket, &mut HostCounters::default());
+            }
+        }
+    }
+
+    /// With the outbox empty: where the next runs go. A pooled buffer no send holds any more
+    /// while zerocopy is on, else the outbox's own vector (counted when the pool ran dry).
+    fn renew(&mut self, socket: &UdpSocket, c: &mut HostCounters) {
+        let Some(z) = self.zc.as_mut() else { return };
+        z.active = false;
+        if !socket.zerocopy_on() {
+            z.cur = None;
+            return;
+        }
+        if z.cur.as_mut().is_some_and(|b| Arc::get_mut(b).is_some()) {
+            z.active = true;
+            return;
+        }
+        // The last buffer is in flight: take another (reading completions first if none is
+        // free).
+        z.cur = None;
+        let mut next = z.pool.get();
+        if next.is_none() {
+            let _ = socket.reap_completions(None);
+            next = z.pool.get();
+        }
+        match next {
+            Some(b) => {
+                z.cur = Some(Arc::new(b));
+                z.active = true;
+            }
+            None => c.zerocopy_pool_empty += 1,
         }
     }
 
@@ -159,7 +286,13 @@ impl Outbox {
     /// Free space for one more packet of up to `max` bytes, or `None` when full.
     pub fn space(&mut self, max: usize) -> Option<&mut [u8]> {
         let end = self.end();
-        (end + max <= self.buf.len()).then(|| &mut self.buf[end..end + max])
+        let store: &mut [u8] = match &mut self.zc {
+            // Never shared while active: a send's share leaves only with the outbox empty,
+            // and then `renew` picks a buffer no send holds.
+            Some(ZcStore { cur: Some(b), active: true, .. }) => Arc::get_mut(b)?.full_mut(),
+            _ => &mut self.buf,
+        };
+        (end + max <= store.len()).then(|| &mut store[end..end + max])
     }
 
     /// Whether packets wait to be sent.
@@ -219,8 +352,9 @@ impl Outbox {
     pub fn flush(&mut self, socket: &UdpSocket, c: &mut HostCounters) -> Flush {
         while !self.runs.is_empty() {
             let mut transmits: Vec<Transmit<'_>> = recycle(std::mem::take(&mut self.spare));
+            let store = store(&self.buf, &self.zc);
             transmits.extend(self.runs.iter().map(|r| {
-                let mut t = Transmit::new(r.to, &self.buf[r.start..r.start + r.len]);
+                let mut t = Transmit::new(r.to, &store[r.start..r.start + r.len]);
                 t.departure = r.departure;
                 t.src_ip = r.from;
                 if r.packets > 1 {
@@ -229,7 +363,12 @@ impl Outbox {
                     t
                 }
             }));
-            let sent = socket.try_send(&mut self.bufs, &transmits, self.cursor);
+            let sent = match &self.zc {
+                Some(ZcStore { cur: Some(b), active: true, .. }) => {
+                    socket.try_send_zerocopy(&mut self.bufs, &transmits, self.cursor, b)
+                }
+                _ => socket.try_send(&mut self.bufs, &transmits, self.cursor),
+            };
             self.spare = recycle(transmits);
             match sent {
                 Ok(_) => {
@@ -237,6 +376,7 @@ impl Outbox {
                     c.multi_packet_runs += self.runs.iter().filter(|r| r.packets > 1).count() as u64;
                     self.runs.clear();
                     self.cursor = SendCursor::default();
+                    self.renew(socket, c);
                 }
                 Err(e) => {
                     self.cursor = e.cursor();
@@ -256,6 +396,7 @@ impl Outbox {
                             if self.cursor.transmit >= self.runs.len() {
                                 self.runs.clear();
                                 self.cursor = SendCursor::default();
+                                self.renew(socket, c);
                             }
                         }
                     }
@@ -339,6 +480,74 @@ mod tests {
             assert_eq!(*capacity.get_or_insert(cap), cap);
         }
         assert_eq!(c.transmits, 6);
+    }
+
+    /// A buffer a zerocopy send holds is never written again before the kernel's completion:
+    /// the next packets go into another pooled buffer, and the first is reused only once its
+    /// completion was read.
+    #[test]
+    fn zerocopy_never_writes_a_buffer_in_flight() {
+        if !udpx::KernelCaps::get().zerocopy {
+            println!("SKIP: zerocopy_never_writes_a_buffer_in_flight: no SO_ZEROCOPY");
+            return;
+        }
+        let rx = udpx::UdpSocket::builder("127.0.0.1:0".parse().unwrap()).recv_buffer(8 << 20).bind().unwrap();
+        let tx = Zerocopy::Always
+            .apply(udpx::UdpSocket::builder("127.0.0.1:0".parse().unwrap()).nonblocking(true))
+            .bind()
+            .unwrap();
+        let mut o = Outbox::new();
+        o.enable_zerocopy(&tx);
+        let mut c = HostCounters::default();
+        let base = |o: &mut Outbox| o.space(1).unwrap().as_ptr() as usize;
+        let fill = |o: &mut Outbox, byte: u8| {
+            for _ in 0..20 {
+                o.space(1200).unwrap().fill(byte);
+                o.commit(0, rx.local_addr(), None, 1200, None);
+            }
+        };
+        // 24 KB in one run: above the 16 KiB threshold.
+        let first = base(&mut o);
+        fill(&mut o, 1);
+        assert_eq!(o.flush(&tx, &mut c), Flush::Done);
+        assert_eq!(tx.zerocopy_in_flight(), 1, "the send is held until its completion is read");
+        let second = base(&mut o);
+        assert_ne!(first, second, "written again while the kernel may read it");
+        fill(&mut o, 2);
+        assert_eq!(o.flush(&tx, &mut c), Flush::Done);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while tx.zerocopy_in_flight() > 0 && std::time::Instant::now() < deadline {
+            tx.reap_completions(Some(std::time::Duration::from_millis(100))).unwrap();
+        }
+        assert_eq!(tx.zerocopy_in_flight(), 0);
+        // Every buffer back: the pool hands them out in turn, the first again among them.
+        let mut seen = Vec::new();
+        for round in 0..ZEROCOPY_OUTBOXES + 1 {
+            seen.push(base(&mut o));
+            fill(&mut o, 3 + round as u8);
+            assert_eq!(o.flush(&tx, &mut c), Flush::Done);
+            while tx.zerocopy_in_flight() > 0 {
+                tx.reap_completions(Some(std::time::Duration::from_millis(100))).unwrap();
+            }
+        }
+        assert!(seen.contains(&first), "the first buffer came back to the pool");
+        assert_eq!(c.zerocopy_pool_empty, 0);
+        let s = tx.counters();
+        assert!(s.zerocopy_sends >= ZEROCOPY_OUTBOXES as u64 + 3, "{s:?}");
+        // Every datagram arrived whole, with the bytes written for it: 20 of each fill.
+        let mut bufs = udpx::RecvBuffers::for_socket(&rx, 64);
+        let mut got = std::collections::BTreeMap::<u8, usize>::new();
+        while let Ok(n) = rx.try_recv_into(&mut bufs) {
+            if n == 0 {
+                break;
+            }
+            for (_, d) in bufs.datagrams() {
+                assert!(d.len() == 1200 && d.iter().all(|&b| b == d[0]), "a datagram changed in flight");
+                *got.entry(d[0]).or_default() += 1;
+            }
+        }
+        assert_eq!(got.len(), ZEROCOPY_OUTBOXES + 3, "{got:?}");
+        assert!(got.values().all(|&n| n == 20), "{got:?}");
     }
 
     #[test]

@@ -57,7 +57,7 @@ pub use bufs::{Buf, BufPool, Bufs, Connection};
 pub use cid::{CidGenerator, ServerCid, CID_LEN, WORKER_BYTE};
 pub use counters::HostCounters;
 pub use host::{App, Burst, Host, HostSocket, QUANTUM_PACKETS};
-pub use io::IoMode;
+pub use io::{IoMode, Zerocopy};
 pub use pacing::{pacing_for, Pacing, PACING_SLACK};
 pub use reset::ResetKey;
 pub use server::{client_socket, socket_config, Server, ServerConfig, ServerProbe, ShardSample};

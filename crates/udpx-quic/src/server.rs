@@ -54,6 +54,8 @@ pub struct ServerConfig {
     pub coalesce: std::time::Duration,
     /// `Host::set_deferred_flush` (on by default).
     pub defer_flush: bool,
+    /// MSG_ZEROCOPY for large flushes (`auto` by default: off where the kernel copies).
+    pub zerocopy: crate::Zerocopy,
 }
 
 impl ServerConfig {
@@ -70,6 +72,7 @@ impl ServerConfig {
             burst: crate::Burst::Quantum,
             coalesce: std::time::Duration::ZERO,
             defer_flush: true,
+            zerocopy: crate::Zerocopy::Auto,
         }
     }
 }
@@ -160,7 +163,7 @@ impl Server {
             return Err(Error::Config(format!("{} quiche configurations for {} shards", configs.len(), cfg.shards)));
         }
         let group = ShardGroup::bind(
-            socket_config(cfg.listen, cfg.io, cfg.gro),
+            cfg.zerocopy.apply(socket_config(cfg.listen, cfg.io, cfg.gro)),
             cfg.shards,
             Steering::QuicCid { cid_byte: WORKER_BYTE },
         )

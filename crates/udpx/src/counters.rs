@@ -87,6 +87,8 @@ counters! {
     zerocopy_ring_notifs,
     /// Zerocopy sends refused with ENOBUFS (optmem) and sent by copying instead.
     zerocopy_enobufs_copied,
+    /// Zerocopy-eligible sends copied because `max_inflight` sends were in flight already.
+    zerocopy_inflight_copied,
     /// Times zerocopy was turned off for the socket because the kernel kept copying.
     zerocopy_turned_off,
     /// Buffers still in flight when the socket was dropped, kept alive (leaked) so the kernel

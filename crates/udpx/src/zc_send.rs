@@ -10,7 +10,7 @@ use crate::socket::UdpSocket;
 use crate::sys;
 use crate::sys::cmsg::SO_EE_CODE_ZEROCOPY_COPIED;
 use crate::transmit::Transmit;
-use crate::zerocopy::{ZcBuf, ZcSendError, ZcState, DROP_WAIT};
+use crate::zerocopy::{Held, ZcBuf, ZcSendError, ZcState, DROP_WAIT};
 
 impl UdpSocket {
     /// Sends `buf` (its first `len` bytes) to `dst`, segmented by `segment_size` if given, with
@@ -57,15 +57,66 @@ impl UdpSocket {
             // all completed already (or that went by copying) comes back here and is dropped
             // into its pool.
             Ok(_) => {
-                drop(state.tracker.close_open(buf));
+                drop(state.tracker.close_open(Held::Own(buf)));
                 Ok(())
             }
             // While any id of the send is outstanding (part of it went with MSG_ZEROCOPY), the
             // kernel may read the buffer: the tracker keeps it and the caller gets the error
             // alone. Otherwise (nothing went, or only a refused call's id, already complete)
             // the buffer comes back with the error, to be sent again.
-            Err(error) => Err(ZcSendError { buf: state.tracker.close_open(buf), error }),
+            Err(error) => {
+                let buf = match state.tracker.close_open(Held::Own(buf)) {
+                    Some(Held::Own(b)) => Some(b),
+                    _ => None,
+                };
+                Err(ZcSendError { buf, error })
+            }
         }
+    }
+
+    /// [`UdpSocket::try_send`] for transmits that borrow `storage`, a pooled buffer its owner
+    /// fills again and again (an outbox): with zerocopy on for this socket and transmits of at
+    /// least the threshold on average (from `from` on), the calls carry MSG_ZEROCOPY and the
+    /// socket keeps a share of `storage` until every id they consumed has completed.
+    /// `Arc::get_mut` on the caller's share fails until then: the caller must not write to
+    /// `storage` before it succeeds (take another buffer from the pool meanwhile). Otherwise,
+    /// and when more than `max_inflight` sends are in flight, the transmits are copied. Never
+    /// waits; errors and the cursor are [`UdpSocket::try_send`]'s.
+    pub fn try_send_zerocopy(
+        &self,
+        bufs: &mut crate::SendBuffers,
+        transmits: &[Transmit<'_>],
+        from: crate::SendCursor,
+        storage: &std::sync::Arc<ZcBuf>,
+    ) -> Result<usize, crate::SendError> {
+        let Some(zc) = self.zc.as_ref() else { return self.try_send(bufs, transmits, from) };
+        let rest = transmits.get(from.transmit..).unwrap_or_default();
+        let bytes: usize = rest.iter().map(|t| t.contents.len()).sum();
+        let mut state = zc.lock().unwrap_or_else(|e| e.into_inner());
+        let large = !rest.is_empty() && bytes / rest.len() >= state.cfg.threshold;
+        if !self.caps.zerocopy.load(Ordering::Relaxed) || !large {
+            drop(state);
+            return self.try_send(bufs, transmits, from);
+        }
+        if state.tracker.len() >= state.cfg.max_inflight {
+            // Completions read now may make room; otherwise copy rather than wait.
+            let _ = self.drain_error_queue(Some(&mut state), None, &mut |_| {});
+            if state.tracker.len() >= state.cfg.max_inflight {
+                self.counters.add(&self.counters.zerocopy_inflight_copied, 1);
+                drop(state);
+                return self.try_send(bufs, transmits, from);
+            }
+        }
+        state.tracker.open();
+        let res = self.send_with(&mut bufs.0, transmits, from, Some(&mut state));
+        // No id consumed, or all completed already: the share comes back and is dropped.
+        drop(state.tracker.close_open(Held::Shared(storage.clone())));
+        res
+    }
+
+    /// Whether this socket's sends use zerocopy now (asked for, accepted, not turned off).
+    pub fn zerocopy_on(&self) -> bool {
+        self.zc.is_some() && self.caps.zerocopy.load(Ordering::Relaxed)
     }
 
     /// Zerocopy sends whose buffers the kernel may still read.

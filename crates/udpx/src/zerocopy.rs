@@ -125,6 +125,11 @@ impl ZcBuf {
         self.data.as_ref().map_or(0, |d| d.len())
     }
 
+    /// The whole buffer (not just the bytes to send).
+    pub fn full(&self) -> &[u8] {
+        self.data.as_deref().unwrap_or(&[])
+    }
+
     /// The whole buffer, to fill.
     pub fn full_mut(&mut self) -> &mut [u8] {
         self.data.as_deref_mut().unwrap_or(&mut [])
@@ -319,11 +324,31 @@ impl<T> CompletionTracker<T> {
     }
 }
 
+/// What the tracker keeps alive for the kernel until its ids complete: a buffer sent whole
+/// ([`UdpSocket::send_zerocopy`](crate::UdpSocket::send_zerocopy)), or a share of a buffer its
+/// owner writes again only once no share is left
+/// ([`UdpSocket::try_send_zerocopy`](crate::UdpSocket::try_send_zerocopy)).
+#[derive(Debug)]
+pub(crate) enum Held {
+    Own(ZcBuf),
+    Shared(Arc<ZcBuf>),
+}
+
+impl Held {
+    /// Keeps the memory alive forever (the kernel may still read it).
+    pub(crate) fn leak(self) {
+        match self {
+            Held::Own(b) => b.leak(),
+            Held::Shared(b) => std::mem::forget(b),
+        }
+    }
+}
+
 /// The zerocopy state of one socket.
 #[derive(Debug)]
 pub(crate) struct ZcState {
     pub cfg: ZcConfig,
-    pub tracker: CompletionTracker<ZcBuf>,
+    pub tracker: CompletionTracker<Held>,
     /// Completions that said copied, in a row.
     pub copied_in_row: u64,
     /// Completions that did not copy, ever.

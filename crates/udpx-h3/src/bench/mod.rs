@@ -113,6 +113,8 @@ pub struct H3BenchConfig {
     pub cc: crate::server::Cc,
     /// `--defer-flush` for the udpx servers (on by default, as for `udpx h3 serve`).
     pub defer_flush: bool,
+    /// `--zerocopy` for the udpx servers (`auto` by default, as for `udpx h3 serve`).
+    pub zerocopy: udpx_quic::Zerocopy,
     /// The peers to run (recorded in the JSON: which binaries ran).
     pub programs: Programs,
 }
@@ -128,6 +130,7 @@ impl H3BenchConfig {
             burst: udpx_quic::Burst::Quantum,
             cc: crate::server::Cc::Cubic,
             defer_flush: true,
+            zerocopy: udpx_quic::Zerocopy::Auto,
             programs: Programs::from_path(),
         }
     }
@@ -225,6 +228,20 @@ pub struct H3Run {
     pub lost_packets: Option<u64>,
     /// Receive buffers that held more than one datagram (udpx, GRO).
     pub gro_buffers: Option<u64>,
+    /// Send calls that went with MSG_ZEROCOPY, of them those the kernel copied anyway, and
+    /// whether zerocopy was turned off for that (udpx, `--zerocopy`).
+    pub zerocopy: Option<ZerocopyUse>,
+}
+
+/// What zerocopy did in one udpx run.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct ZerocopyUse {
+    /// Send calls with MSG_ZEROCOPY.
+    pub sends: u64,
+    /// Their completions that said the kernel copied.
+    pub copied: u64,
+    /// Zerocopy was turned off (`auto`: the kernel kept copying).
+    pub turned_off: bool,
 }
 
 /// One row: its median run (by cost), whole, and every run.
@@ -446,9 +463,10 @@ pub fn run(cfg: &H3BenchConfig, progress: &mut dyn FnMut(&str)) -> Result<H3Benc
         ),
     };
     let path = format!(
-        "{path}; udpx under --cc {}{}; each udpx connection writes per turn {}",
+        "{path}; udpx under --cc {}{}, --zerocopy {}; each udpx connection writes per turn {}",
         cfg.cc,
         if cfg.defer_flush { "" } else { " with --defer-flush off" },
+        cfg.zerocopy,
         match cfg.burst {
             udpx_quic::Burst::Quantum => "its send_quantum() (--burst quantum)",
             udpx_quic::Burst::Window => "what its window allows, at most 64 packets (--burst window)",
@@ -633,10 +651,37 @@ pub fn table(b: &H3Bench) -> String {
     for l in &b.left_out {
         let _ = writeln!(s, "left out: {}: {}", l.rows, l.why);
     }
+    let _ = write!(s, "{}", zerocopy_note(b));
     if !b.checks.is_empty() {
         let _ = write!(s, "\n{}\n{}", verdict_rule(b.config.repeat), checks_text(&b.checks));
     }
     s
+}
+
+/// What zerocopy did over the udpx runs, in a line: a gain it cannot show on this path is
+/// said, not claimed.
+fn zerocopy_note(b: &H3Bench) -> String {
+    let uses: Vec<ZerocopyUse> =
+        b.rows.iter().flat_map(|r| r.runs.iter().flatten()).filter_map(|m| m.zerocopy).collect();
+    let sends: u64 = uses.iter().map(|u| u.sends).sum();
+    if uses.is_empty() || b.config.zerocopy == udpx_quic::Zerocopy::Off {
+        return String::new();
+    }
+    let copied: u64 = uses.iter().map(|u| u.copied).sum();
+    let off = uses.iter().filter(|u| u.turned_off).count();
+    let mut s = format!(
+        "zerocopy (--zerocopy {}): {sends} send calls of large runs went with MSG_ZEROCOPY over {} udpx runs; the \
+         kernel copied {copied} of them anyway",
+        b.config.zerocopy,
+        uses.len()
+    );
+    if off > 0 {
+        s += &format!(", so {off} runs turned it off after their first sends");
+    }
+    if sends > 0 && copied == sends {
+        s += " (loopback and veth always copy: what zerocopy saves shows only on a NIC with scatter-gather)";
+    }
+    s + "\n"
 }
 
 /// Writes `size` bytes of a fixed pseudo-random sequence (xorshift64: nothing compresses it).
@@ -703,6 +748,7 @@ fn udpx_run(
         burst: cfg.burst,
         cc: cfg.cc,
         defer_flush: cfg.defer_flush,
+        zerocopy: cfg.zerocopy,
         ..ServeConfig::new(SocketAddr::new(place.server_ip, 0))
     };
     let before = quic_threads();
@@ -756,6 +802,11 @@ fn udpx_run(
         packets_per_call: Some(q.packets_per_call),
         lost_packets: Some(q.lost_packets),
         gro_buffers: Some(q.gro_buffers),
+        zerocopy: Some(ZerocopyUse {
+            sends: q.zerocopy_sends,
+            copied: q.zerocopy_copied,
+            turned_off: q.zerocopy_turned_off > 0,
+        }),
         ..measured(busy, task, bytes, seconds)
     })
 }
@@ -798,6 +849,7 @@ fn measured(cpu: f64, task: f64, bytes: u64, seconds: f64) -> H3Run {
         packets_per_call: None,
         lost_packets: None,
         gro_buffers: None,
+        zerocopy: None,
     }
 }
 
