@@ -150,7 +150,7 @@ host_counters! {
     /// Probes written on a path the peer left after a NAT rebinding and sent to its new
     /// address instead: what quiche stranded on the old path (`Host::resend_stranded`).
     stranded_probes,
-    /// Send calls that carried MSG_ZEROCOPY (the socket's count of messages it took so).
+    /// Messages the socket sent with MSG_ZEROCOPY (the socket's count).
     zerocopy_sends,
     /// Of their completions, those in which the kernel copied after all (the socket's count).
     zerocopy_copied,

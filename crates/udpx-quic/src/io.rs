@@ -550,6 +550,29 @@ mod tests {
         assert!(got.values().all(|&n| n == 20), "{got:?}");
     }
 
+    /// Without GSO each packet is its own message: pinning a page per small datagram costs more
+    /// than copying it, so those flushes copy even with zerocopy on.
+    #[test]
+    fn zerocopy_only_for_large_messages() {
+        if !udpx::KernelCaps::get().zerocopy {
+            println!("SKIP: zerocopy_only_for_large_messages: no SO_ZEROCOPY");
+            return;
+        }
+        let rx = udpx::UdpSocket::builder("127.0.0.1:0".parse().unwrap()).recv_buffer(4 << 20).bind().unwrap();
+        for (mode, want_zc) in [(IoMode::Sendmmsg, false), (IoMode::GsoMmsg, true)] {
+            let b = udpx::UdpSocket::builder("127.0.0.1:0".parse().unwrap()).send_mode(mode.send_mode());
+            let tx = Zerocopy::Always.apply(b.nonblocking(true)).bind().unwrap();
+            let mut o = Outbox::new();
+            o.enable_zerocopy(&tx);
+            for _ in 0..20 {
+                o.space(1200).unwrap().fill(7);
+                o.commit(0, rx.local_addr(), None, 1200, None);
+            }
+            assert_eq!(o.flush(&tx, &mut HostCounters::default()), Flush::Done);
+            assert_eq!(tx.counters().zerocopy_sends > 0, want_zc, "{mode}: {:?}", tx.counters());
+        }
+    }
+
     #[test]
     fn io_mode_names_round_trip() {
         for m in IoMode::ALL {

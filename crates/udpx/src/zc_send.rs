@@ -75,8 +75,9 @@ impl UdpSocket {
     }
 
     /// [`UdpSocket::try_send`] for transmits that borrow `storage`, a pooled buffer its owner
-    /// fills again and again (an outbox): with zerocopy on for this socket and transmits of at
-    /// least the threshold on average (from `from` on), the calls carry MSG_ZEROCOPY and the
+    /// fills again and again (an outbox): with zerocopy on for this socket and messages of at
+    /// least the threshold on average (from `from` on; a transmit is one message where it goes
+    /// as one GSO buffer, one per segment otherwise), the calls carry MSG_ZEROCOPY and the
     /// socket keeps a share of `storage` until every id they consumed has completed.
     /// `Arc::get_mut` on the caller's share fails until then: the caller must not write to
     /// `storage` before it succeeds (take another buffer from the pool meanwhile). Otherwise,
@@ -90,10 +91,17 @@ impl UdpSocket {
         storage: &std::sync::Arc<ZcBuf>,
     ) -> Result<usize, crate::SendError> {
         let Some(zc) = self.zc.as_ref() else { return self.try_send(bufs, transmits, from) };
+        // The messages' mean size: a transmit is one message where it goes as one GSO buffer,
+        // one per segment otherwise (pinning pages for each small datagram costs more than
+        // copying it).
         let rest = transmits.get(from.transmit..).unwrap_or_default();
-        let bytes: usize = rest.iter().map(|t| t.contents.len()).sum();
+        let (mut bytes, mut msgs) = (0, 0);
+        for t in rest {
+            bytes += t.contents.len();
+            msgs += if self.caps.gso_for(&t.destination) { 1 } else { t.segments() };
+        }
         let mut state = zc.lock().unwrap_or_else(|e| e.into_inner());
-        let large = !rest.is_empty() && bytes / rest.len() >= state.cfg.threshold;
+        let large = msgs > 0 && bytes / msgs >= state.cfg.threshold;
         if !self.caps.zerocopy.load(Ordering::Relaxed) || !large {
             drop(state);
             return self.try_send(bufs, transmits, from);

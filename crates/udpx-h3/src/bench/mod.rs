@@ -228,7 +228,7 @@ pub struct H3Run {
     pub lost_packets: Option<u64>,
     /// Receive buffers that held more than one datagram (udpx, GRO).
     pub gro_buffers: Option<u64>,
-    /// Send calls that went with MSG_ZEROCOPY, of them those the kernel copied anyway, and
+    /// Messages that went with MSG_ZEROCOPY, of them those the kernel copied anyway, and
     /// whether zerocopy was turned off for that (udpx, `--zerocopy`).
     pub zerocopy: Option<ZerocopyUse>,
 }
@@ -236,7 +236,7 @@ pub struct H3Run {
 /// What zerocopy did in one udpx run.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct ZerocopyUse {
-    /// Send calls with MSG_ZEROCOPY.
+    /// Messages sent with MSG_ZEROCOPY.
     pub sends: u64,
     /// Their completions that said the kernel copied.
     pub copied: u64,
@@ -670,7 +670,7 @@ fn zerocopy_note(b: &H3Bench) -> String {
     let copied: u64 = uses.iter().map(|u| u.copied).sum();
     let off = uses.iter().filter(|u| u.turned_off).count();
     let mut s = format!(
-        "zerocopy (--zerocopy {}): {sends} send calls of large runs went with MSG_ZEROCOPY over {} udpx runs; the \
+        "zerocopy (--zerocopy {}): {sends} messages (GSO runs) went with MSG_ZEROCOPY over {} udpx runs; the \
          kernel copied {copied} of them anyway",
         b.config.zerocopy,
         uses.len()
