@@ -105,6 +105,8 @@ pub struct Lab {
     client_dev: String,
     balancer_client_dev: String,
     balancer_cfg: Balancer,
+    /// The addresses the client was rebound to so far (their mappings stay, as in a NAT).
+    rebound: std::sync::Mutex<Vec<Ipv4Addr>>,
     scratch: Scratch,
 }
 
@@ -151,6 +153,7 @@ impl Lab {
             client_dev: dev_name(pid, serial, 'c'),
             balancer_client_dev: dev_name(pid, serial, 'd'),
             balancer_cfg,
+            rebound: std::sync::Mutex::new(Vec::new()),
             scratch,
         };
         lab.wire()?;
@@ -394,8 +397,10 @@ impl Lab {
     /// Rewrites the client's address from then on, as a NAT that rebinds would: a stateless nft
     /// rule in the client's namespace turns [`CLIENT`] into `addr` (in 10.78.0.0/24, not an
     /// address of the lab) on the way out and back on the way in, so the client's socket sees
-    /// nothing and the hosts see a new address. Calling it again moves to another address.
-    /// Returns after the rules are loaded.
+    /// nothing and the hosts see a new address. Calling it again moves to another address; the
+    /// earlier ones keep their way in, as a NAT keeps a mapping until it expires, so packets a
+    /// server still sends to an earlier address reach the client (which answers from the new
+    /// one). Returns after the rules are loaded.
     pub fn rebind_client_to(&self, addr: Ipv4Addr) -> Result<(), Error> {
         self.rebind(addr, None)
     }
@@ -438,6 +443,17 @@ impl Lab {
             "nud",
             "permanent",
         ])?;
+        // Every address rebound to so far (without a port rewrite) still comes back in.
+        let back_in = {
+            let mut r = self.rebound.lock().unwrap_or_else(|e| e.into_inner());
+            if !r.contains(&addr) {
+                r.push(addr);
+            }
+            match ports {
+                None => r.iter().map(Ipv4Addr::to_string).collect::<Vec<_>>().join(", "),
+                Some(_) => addr.to_string(),
+            }
+        };
         // Matches, then rewrites: (out match, out set, in match, in set).
         let (om, os, im, is) = match ports {
             Some((old, new)) => (
@@ -459,7 +475,7 @@ impl Lab {
              \t}}\n\
              \tchain prerouting {{\n\
              \t\ttype filter hook prerouting priority raw; policy accept;\n\
-             \t\tip saddr {VIP} ip daddr {addr}{im} notrack ip daddr set {CLIENT}{is} counter name \"in\"\n\
+             \t\tip saddr {VIP} ip daddr {{ {back_in} }}{im} notrack ip daddr set {CLIENT}{is} counter name \"in\"\n\
              \t}}\n\
              }}\n"
         );
