@@ -188,8 +188,8 @@ struct ServeArgs {
     /// (quiche's table of streams doubles at the eighth). What peers send is handled either way.
     #[arg(long)]
     grease: bool,
-    /// Congestion control: cubic (quiche's default, unpaced) or bbr2 (paced).
-    #[arg(long, default_value = "cubic")]
+    /// Congestion control: bbr2 (paced; the default) or cubic (quiche's own default, unpaced).
+    #[arg(long, default_value = "bbr2")]
     cc: udpx_h3::server::Cc,
     /// How much one connection writes per loop turn: quantum (quiche's send_quantum(), about
     /// ten packets under CUBIC), window (what the congestion window allows, at most 64
@@ -322,8 +322,8 @@ pub struct H3BenchArgs {
     /// With --connections: seconds between an idle connection's PINGs (the idle row's load).
     #[arg(long, default_value_t = 10.0, requires = "connections")]
     keepalive: f64,
-    /// `udpx h3 serve --cc` for the udpx rows (cubic or bbr2; quinn and nginx keep their own).
-    #[arg(long, default_value = "cubic")]
+    /// `udpx h3 serve --cc` for the udpx rows (bbr2 or cubic; quinn and nginx keep their own).
+    #[arg(long, default_value = "bbr2")]
     cc: udpx_h3::server::Cc,
     /// The Initial flood instead (root: the attack lab's namespaces): this many forged client
     /// Initials a second from random addresses against `udpx h3 serve`, while a legitimate

@@ -109,8 +109,8 @@ impl ServeConfig {
             limits: udpx_quic::Limits::default(),
             early_data: false,
             grease: false,
-            cc: Cc::Cubic,
-            burst: udpx_quic::Burst::Quantum,
+            cc: Cc::Bbr2,
+            burst: udpx_quic::Burst::Window,
             coalesce: std::time::Duration::ZERO,
             defer_flush: true,
             zerocopy: udpx_quic::Zerocopy::Auto,
@@ -124,10 +124,11 @@ impl ServeConfig {
 /// The congestion controller quiche runs (`--cc`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Cc {
-    /// CUBIC (quiche's default): no pacing, `SendInfo.at` is always now.
-    #[default]
+    /// CUBIC (quiche's own default): no pacing, `SendInfo.at` is always now.
     Cubic,
-    /// BBRv2 on quiche's gcongestion: paces, so packets carry release times.
+    /// BBRv2 on quiche's gcongestion (udpx's default): paces, so packets carry release times;
+    /// its recovery state is about 3 KiB smaller per connection than CUBIC's.
+    #[default]
     Bbr2,
 }
 

@@ -51,7 +51,7 @@ impl BottleneckConfig {
             buffer: Duration::from_millis(2),
             size: 50_000_000,
             rounds: 3,
-            cc: crate::server::Cc::Cubic,
+            cc: crate::server::Cc::Bbr2,
             defer_flush: true,
         }
     }

@@ -133,7 +133,7 @@ impl ScaleConfig {
             nginx: Programs::from_path().nginx,
             rounds: 1,
             coalesce: Duration::ZERO,
-            cc: crate::server::Cc::Cubic,
+            cc: crate::server::Cc::Bbr2,
             defer_flush: true,
             keepalive: Duration::from_secs(10),
         }
@@ -964,12 +964,8 @@ pub fn table(b: &ScaleBench) -> String {
     if !c.defer_flush {
         let _ = writeln!(s, "udpx rows: `udpx h3 serve --defer-flush off`\n");
     }
-    if c.cc != crate::server::Cc::Cubic {
-        let _ = writeln!(
-            s,
-            "udpx rows: `udpx h3 serve --cc {}` (quiche paces: release times held in the shard's deadline heap)\n",
-            c.cc
-        );
+    if c.cc != crate::server::Cc::default() {
+        let _ = writeln!(s, "udpx rows: `udpx h3 serve --cc {}` (unpaced)\n", c.cc);
     }
     if let Some(base) = b.baseline_pct {
         let _ = writeln!(
