@@ -215,8 +215,8 @@ struct ServeArgs {
     /// a device without scatter-gather: its first completions say so); always keeps it on
     /// there (to measure its cost); off copies every send. Pinned pages count against
     /// RLIMIT_MEMLOCK (unless CAP_IPC_LOCK): past it, sends copy (counted).
-    #[arg(long, value_enum, default_value_t = ZerocopyArg::Auto)]
-    zerocopy: ZerocopyArg,
+    #[arg(long, default_value = "auto")]
+    zerocopy: udpx_quic::Zerocopy,
     /// Responses with an open file one connection may hold (503 past it; a client has at most
     /// 100 request streams open at once).
     #[arg(long, default_value_t = 100)]
@@ -294,8 +294,8 @@ pub struct H3BenchArgs {
     #[arg(long, value_enum, default_value_t = OnOff::On)]
     defer_flush: OnOff,
     /// `udpx h3 serve --zerocopy` for the udpx servers of the bulk table.
-    #[arg(long, value_enum, default_value_t = ZerocopyArg::Auto)]
-    zerocopy: ZerocopyArg,
+    #[arg(long, default_value = "auto")]
+    zerocopy: udpx_quic::Zerocopy,
     /// One JSON object instead of the table.
     #[arg(long)]
     json: bool,
@@ -543,24 +543,6 @@ fn quinn_serve(a: QuinnServeArgs) -> ExitCode {
     }
 }
 
-/// `--zerocopy`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-enum ZerocopyArg {
-    Off,
-    Auto,
-    Always,
-}
-
-impl ZerocopyArg {
-    fn setting(self) -> udpx_quic::Zerocopy {
-        match self {
-            ZerocopyArg::Off => udpx_quic::Zerocopy::Off,
-            ZerocopyArg::Auto => udpx_quic::Zerocopy::Auto,
-            ZerocopyArg::Always => udpx_quic::Zerocopy::Always,
-        }
-    }
-}
-
 /// `--burst`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 enum BurstArg {
@@ -633,7 +615,7 @@ pub fn bench(a: H3BenchArgs) -> ExitCode {
             burst: a.burst.under(a.cc),
             cc: a.cc,
             defer_flush: a.defer_flush == OnOff::On,
-            zerocopy: a.zerocopy.setting(),
+            zerocopy: a.zerocopy,
             ..udpx_h3::bench::H3BenchConfig::new()
         };
         // This binary runs the second HTTP/3 server (quinn with h3).
@@ -742,7 +724,7 @@ fn serve(a: ServeArgs) -> ExitCode {
         burst: a.burst.under(a.cc),
         coalesce: std::time::Duration::from_micros(a.coalesce),
         defer_flush: a.defer_flush == OnOff::On,
-        zerocopy: a.zerocopy.setting(),
+        zerocopy: a.zerocopy,
         max_open_per_conn: a.max_open_per_conn,
         max_open_per_shard: a.max_open_per_shard,
         alt_svc_tcp: a.alt_svc_tcp,

@@ -166,12 +166,9 @@ struct ZcStore {
     active: bool,
 }
 
-/// The storage the runs are in: the active pooled buffer, else the outbox's own vector.
-fn store<'a>(own: &'a [u8], zc: &'a Option<ZcStore>) -> &'a [u8] {
-    match zc {
-        Some(ZcStore { cur: Some(b), active: true, .. }) => b.full(),
-        _ => own,
-    }
+/// The pooled buffer the runs are in, if they are in one (else in the outbox's own vector).
+fn active(zc: &Option<ZcStore>) -> Option<&Arc<ZcBuf>> {
+    zc.as_ref().filter(|z| z.active).and_then(|z| z.cur.as_ref())
 }
 
 /// Consecutive packets to one peer, all `seg` bytes but possibly the last.
@@ -352,7 +349,7 @@ impl Outbox {
     pub fn flush(&mut self, socket: &UdpSocket, c: &mut HostCounters) -> Flush {
         while !self.runs.is_empty() {
             let mut transmits: Vec<Transmit<'_>> = recycle(std::mem::take(&mut self.spare));
-            let store = store(&self.buf, &self.zc);
+            let store = active(&self.zc).map_or(&self.buf[..], |b| b.full());
             transmits.extend(self.runs.iter().map(|r| {
                 let mut t = Transmit::new(r.to, &store[r.start..r.start + r.len]);
                 t.departure = r.departure;
@@ -363,11 +360,9 @@ impl Outbox {
                     t
                 }
             }));
-            let sent = match &self.zc {
-                Some(ZcStore { cur: Some(b), active: true, .. }) => {
-                    socket.try_send_zerocopy(&mut self.bufs, &transmits, self.cursor, b)
-                }
-                _ => socket.try_send(&mut self.bufs, &transmits, self.cursor),
+            let sent = match active(&self.zc) {
+                Some(b) => socket.try_send_zerocopy(&mut self.bufs, &transmits, self.cursor, b),
+                None => socket.try_send(&mut self.bufs, &transmits, self.cursor),
             };
             self.spare = recycle(transmits);
             match sent {
@@ -482,6 +477,23 @@ mod tests {
         assert_eq!(c.transmits, 6);
     }
 
+    /// A sending socket in `mode` with zerocopy kept on, and an outbox writing for it.
+    fn zerocopy_outbox(mode: IoMode) -> (udpx::UdpSocket, Outbox) {
+        let b = udpx::UdpSocket::builder("127.0.0.1:0".parse().unwrap()).send_mode(mode.send_mode());
+        let tx = Zerocopy::Always.apply(b.nonblocking(true)).bind().unwrap();
+        let mut o = Outbox::new();
+        o.enable_zerocopy(&tx);
+        (tx, o)
+    }
+
+    /// Twenty 1200-byte packets of `byte` to `to`: one 24 KB run, above the 16 KiB threshold.
+    fn fill(o: &mut Outbox, to: SocketAddr, byte: u8) {
+        for _ in 0..20 {
+            o.space(1200).unwrap().fill(byte);
+            o.commit(0, to, None, 1200, None);
+        }
+    }
+
     /// A buffer a zerocopy send holds is never written again before the kernel's completion:
     /// the next packets go into another pooled buffer, and the first is reused only once its
     /// completion was read.
@@ -492,28 +504,16 @@ mod tests {
             return;
         }
         let rx = udpx::UdpSocket::builder("127.0.0.1:0".parse().unwrap()).recv_buffer(8 << 20).bind().unwrap();
-        let tx = Zerocopy::Always
-            .apply(udpx::UdpSocket::builder("127.0.0.1:0".parse().unwrap()).nonblocking(true))
-            .bind()
-            .unwrap();
-        let mut o = Outbox::new();
-        o.enable_zerocopy(&tx);
+        let (tx, mut o) = zerocopy_outbox(IoMode::GsoMmsg);
         let mut c = HostCounters::default();
         let base = |o: &mut Outbox| o.space(1).unwrap().as_ptr() as usize;
-        let fill = |o: &mut Outbox, byte: u8| {
-            for _ in 0..20 {
-                o.space(1200).unwrap().fill(byte);
-                o.commit(0, rx.local_addr(), None, 1200, None);
-            }
-        };
-        // 24 KB in one run: above the 16 KiB threshold.
         let first = base(&mut o);
-        fill(&mut o, 1);
+        fill(&mut o, rx.local_addr(), 1);
         assert_eq!(o.flush(&tx, &mut c), Flush::Done);
         assert_eq!(tx.zerocopy_in_flight(), 1, "the send is held until its completion is read");
         let second = base(&mut o);
         assert_ne!(first, second, "written again while the kernel may read it");
-        fill(&mut o, 2);
+        fill(&mut o, rx.local_addr(), 2);
         assert_eq!(o.flush(&tx, &mut c), Flush::Done);
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
         while tx.zerocopy_in_flight() > 0 && std::time::Instant::now() < deadline {
@@ -524,7 +524,7 @@ mod tests {
         let mut seen = Vec::new();
         for round in 0..ZEROCOPY_OUTBOXES + 1 {
             seen.push(base(&mut o));
-            fill(&mut o, 3 + round as u8);
+            fill(&mut o, rx.local_addr(), 3 + round as u8);
             assert_eq!(o.flush(&tx, &mut c), Flush::Done);
             while tx.zerocopy_in_flight() > 0 {
                 tx.reap_completions(Some(std::time::Duration::from_millis(100))).unwrap();
@@ -560,14 +560,8 @@ mod tests {
         }
         let rx = udpx::UdpSocket::builder("127.0.0.1:0".parse().unwrap()).recv_buffer(4 << 20).bind().unwrap();
         for (mode, want_zc) in [(IoMode::Sendmmsg, false), (IoMode::GsoMmsg, true)] {
-            let b = udpx::UdpSocket::builder("127.0.0.1:0".parse().unwrap()).send_mode(mode.send_mode());
-            let tx = Zerocopy::Always.apply(b.nonblocking(true)).bind().unwrap();
-            let mut o = Outbox::new();
-            o.enable_zerocopy(&tx);
-            for _ in 0..20 {
-                o.space(1200).unwrap().fill(7);
-                o.commit(0, rx.local_addr(), None, 1200, None);
-            }
+            let (tx, mut o) = zerocopy_outbox(mode);
+            fill(&mut o, rx.local_addr(), 7);
             assert_eq!(o.flush(&tx, &mut HostCounters::default()), Flush::Done);
             assert_eq!(tx.counters().zerocopy_sends > 0, want_zc, "{mode}: {:?}", tx.counters());
         }

@@ -90,7 +90,9 @@ impl UdpSocket {
         from: crate::SendCursor,
         storage: &std::sync::Arc<ZcBuf>,
     ) -> Result<usize, crate::SendError> {
-        let Some(zc) = self.zc.as_ref() else { return self.try_send(bufs, transmits, from) };
+        let Some(zc) = self.zc.as_ref().filter(|_| self.zerocopy_on()) else {
+            return self.try_send(bufs, transmits, from);
+        };
         // The messages' mean size: a transmit is one message where it goes as one GSO buffer,
         // one per segment otherwise (pinning pages for each small datagram costs more than
         // copying it).
@@ -102,7 +104,7 @@ impl UdpSocket {
         }
         let mut state = zc.lock().unwrap_or_else(|e| e.into_inner());
         let large = msgs > 0 && bytes / msgs >= state.cfg.threshold;
-        if !self.caps.zerocopy.load(Ordering::Relaxed) || !large {
+        if !large {
             drop(state);
             return self.try_send(bufs, transmits, from);
         }
