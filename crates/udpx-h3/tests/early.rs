@@ -49,24 +49,31 @@ fn zero_rtt_get_is_answered_across_shards_and_unsafe_methods_wait() {
     assert_eq!((again.status, again.bytes), (200, 20_000));
     assert!(again.resumed, "resumed on another shard");
     assert!(again.early_data, "the GET went in 0-RTT");
-    // A POST in 0-RTT: 425.
-    let post = get(
-        &url,
-        None,
-        &GetConfig {
+    // A POST in 0-RTT: 425. The server judges a request when it reads it: when the client's
+    // Finished was read first (a loaded machine, the two in one turn), the handshake is done, the
+    // request no longer early, and POST is simply not allowed (405). Never served, either way;
+    // a few tries see the 425.
+    let mut posts = 0;
+    let post = loop {
+        posts += 1;
+        let cfg = GetConfig {
             dcid: Some(dcid_for(1)),
-            session: Some(session),
+            session: Some(session.clone()),
             method: Some("POST".into()),
             ..GetConfig::default()
-        },
-    )
-    .unwrap();
+        };
+        let post = get(&url, None, &cfg).unwrap();
+        assert!([425, 405].contains(&post.status), "a POST in 0-RTT answered {}", post.status);
+        if post.status == 425 || posts == 3 {
+            break post;
+        }
+        println!("0-RTT POST {posts} read after the handshake: 405 (early data sent: {})", post.early_data);
+    };
     assert_eq!(post.status, 425);
     println!("seconds: first {:.3}, 0-RTT GET {:.3}, 0-RTT POST {:.3}", first.seconds, again.seconds, post.seconds);
     let c = server.stop().unwrap();
     assert_eq!((c.http.early_data, c.http.too_early), (2, 1), "{:?}", c.http);
-    let shards_used = c.quic.connections;
-    assert_eq!(shards_used, 3);
+    assert_eq!(c.quic.connections, 2 + posts);
 }
 
 #[test]
