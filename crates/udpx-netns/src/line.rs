@@ -285,21 +285,7 @@ impl LineNet {
     /// (`/sys/class/net/<dev>/queues/rx-0/rps_cpus`, written inside the namespace). 0 turns it
     /// off. The value is read back and compared.
     pub fn rps(&self, port: Port, cpu_mask: u64) -> Result<(), Error> {
-        let dev = self.dev(port);
-        let file = format!("/sys/class/net/{dev}/queues/rx-0/rps_cpus");
-        // The device name is ours (letters and digits), safe inside the shell string.
-        let got = self.ns(port.node()).exec(&["sh", "-c", &format!("echo {cpu_mask:x} > {file} && cat {file}")])?;
-        // The kernel prints the mask in 32-bit words separated by commas, zero-padded.
-        let read = u64::from_str_radix(&got.trim().replace(',', ""), 16).ok();
-        if read != Some(cpu_mask) {
-            return Err(Error::SettingDidNotTake {
-                dev: dev.to_owned(),
-                setting: "rps_cpus".to_owned(),
-                wanted: format!("{cpu_mask:x}"),
-                got: got.trim().to_owned(),
-            });
-        }
-        Ok(())
+        link::set_rps(self.ns(port.node()), self.dev(port), cpu_mask)
     }
 
     /// Sets sysctls inside one namespace (its own `/proc/sys/net`) and reads them back.

@@ -77,6 +77,27 @@ pub(crate) fn set_features(ns: &Namespace, dev: &str, settings: &[(&str, &str)])
     expect_features(ns, dev, settings)
 }
 
+/// Receive packet steering on `dev`'s first receive queue: its packets are handed to the CPUs
+/// in `cpu_mask` (bit n = CPU n) by hash (`/sys/class/net/<dev>/queues/rx-0/rps_cpus`, written
+/// inside `ns`); 0 turns it off. The value is read back and compared.
+pub(crate) fn set_rps(ns: &Namespace, dev: &str, cpu_mask: u64) -> Result<(), Error> {
+    let file = format!("/sys/class/net/{dev}/queues/rx-0/rps_cpus");
+    // `ip netns exec` mounts the namespace's own sysfs, so the write goes through it. The device
+    // name is ours (letters and digits), safe inside the shell string.
+    let got = ns.exec_timeout(&["sh", "-c", &format!("echo {cpu_mask:x} > {file} && cat {file}")], TOOL_TIMEOUT)?;
+    // The kernel prints the mask in 32-bit words separated by commas, zero-padded.
+    let read = u64::from_str_radix(&got.trim().replace(',', ""), 16).ok();
+    if read != Some(cpu_mask) {
+        return Err(Error::SettingDidNotTake {
+            dev: dev.to_owned(),
+            setting: "rps_cpus".to_owned(),
+            wanted: format!("{cpu_mask:x}"),
+            got: got.trim().to_owned(),
+        });
+    }
+    Ok(())
+}
+
 /// Fails with [`Error::SettingDidNotTake`] unless every feature in `wanted` has its value.
 pub(crate) fn expect_features(ns: &Namespace, dev: &str, wanted: &[(&str, &str)]) -> Result<(), Error> {
     let features = features(ns, dev)?;

@@ -107,6 +107,58 @@ impl FromStr for Profile {
     }
 }
 
+/// Where a veth end's receive processing runs, for benchmarks that compare a UDP server with a
+/// TCP one ([`TestNet::receive_on`]).
+///
+/// veth hands a packet to its NAPI instance (GRO, and the kernel thread if threaded) only if
+/// the sending end has no TSO or the packet is UDP with UDP GRO forwarding on at this end
+/// (`veth_skb_is_eligible_for_gro`): every TCP segment from a TSO end goes to the backlog
+/// instead, whatever the setting. Receive packet steering to the receiving CPU is on in both
+/// modes, so the backlog's work runs on the receiving side too.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Napi {
+    /// NAPI polls in softirq on the CPU that raised it (veth: the sender's), and steering
+    /// carries each packet's protocol work to the receiving CPU. TCP and UDP alike: protocol
+    /// work in softirq on the receiving CPU, as after a NIC's interrupt. UDP's veth poll and
+    /// GRO run on the sending CPU (a NIC's would run on the receiving one).
+    #[default]
+    Softirq,
+    /// NAPI polls in a kernel thread pinned to the receiving CPU: UDP's poll, GRO and protocol
+    /// work there, at the cost of a switch to that thread per poll (a NIC's softirq needs
+    /// none). TCP from a TSO end bypasses the thread (above): only steering brings it there.
+    Threaded,
+}
+
+impl Napi {
+    /// The lowercase name used in reports and on the command line.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Napi::Softirq => "softirq",
+            Napi::Threaded => "threaded",
+        }
+    }
+}
+
+impl fmt::Display for Napi {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for Napi {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Napi, Error> {
+        match s {
+            "softirq" => Ok(Napi::Softirq),
+            "threaded" => Ok(Napi::Threaded),
+            other => Err(Error::InvalidConfig {
+                why: format!("unknown NAPI mode {other:?}: use \"softirq\" or \"threaded\""),
+            }),
+        }
+    }
+}
+
 /// One end of the veth pair.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Side {
@@ -338,27 +390,65 @@ impl TestNet {
         Ok(())
     }
 
+    /// Puts one side's receive processing on `cpu`, in softirq or in a NAPI thread (see
+    /// [`Napi`]), with GRO and UDP GRO forwarding on and receive packet steering to `cpu`.
+    /// Returns the NAPI thread(s): none in softirq mode.
+    pub fn receive_on(&self, side: Side, cpu: usize, napi: Napi) -> Result<Vec<NapiThread>, Error> {
+        if napi == Napi::Threaded {
+            return self.threaded_napi(side, Some(cpu));
+        }
+        self.set_features(side, &[("gro", "on"), ("rx-udp-gro-forwarding", "on")])?;
+        self.write_threaded(side, false)?;
+        self.steer(side, cpu)?;
+        Ok(Vec::new())
+    }
+
+    /// Receive packet steering on one side's device to `cpu` alone (CPUs past 63 are left as
+    /// they are: the mask is 64 bits).
+    fn steer(&self, side: Side, cpu: usize) -> Result<(), Error> {
+        match u32::try_from(cpu).ok().and_then(|c| 1u64.checked_shl(c)) {
+            Some(mask) => link::set_rps(self.ns(side), self.dev(side), mask),
+            None => Ok(()),
+        }
+    }
+
+    /// Writes the device's `threaded` switch and reads it back.
+    fn write_threaded(&self, side: Side, on: bool) -> Result<(), Error> {
+        let dev = self.dev(side);
+        let want = if on { "1" } else { "0" };
+        // /sys/class/net shows the devices of the namespace that mounted sysfs; `ip netns exec`
+        // mounts a fresh sysfs for the target namespace, so the write must go through it. The
+        // device name is ours (letters and digits), safe inside the shell string.
+        let file = format!("/sys/class/net/{dev}/threaded");
+        let got =
+            self.ns(side).exec_timeout(&["sh", "-c", &format!("echo {want} > {file} && cat {file}")], TOOL_TIMEOUT)?;
+        if got.trim() != want {
+            return Err(Error::SettingDidNotTake {
+                dev: dev.to_owned(),
+                setting: "threaded".to_owned(),
+                wanted: want.to_owned(),
+                got: got.trim().to_owned(),
+            });
+        }
+        Ok(())
+    }
+
     /// Moves receive processing on one side's veth into a threaded NAPI kernel thread (with GRO
     /// and UDP GRO forwarding on), pinned to `cpu` if given, as a NIC's interrupt and softirq
     /// would be on a real host. Returns the thread(s).
+    ///
+    /// With a `cpu`, receive packet steering on the same device sends there too what veth does
+    /// not hand to NAPI: a packet from a peer with TSO on is NAPI's only if it is UDP (the
+    /// socket's plain destructor) with UDP GRO forwarding on here (`veth_skb_is_eligible_for_gro`).
+    /// Every TCP segment takes the backlog instead, processed on the sending CPU: without the
+    /// steering a TCP server's CPU would run its client's receive work (and the client's CPU the
+    /// server's acknowledgements and the sends they clock).
     pub fn threaded_napi(&self, side: Side, cpu: Option<usize>) -> Result<Vec<NapiThread>, Error> {
         // GRO must be on before threaded NAPI: veth only has a NAPI instance while GRO (or XDP)
         // is on, and toggling GRO later destroys and recreates the thread.
         self.set_features(side, &[("gro", "on"), ("rx-udp-gro-forwarding", "on")])?;
         let dev = self.dev(side).to_owned();
-        // /sys/class/net shows the devices of the namespace that mounted sysfs; `ip netns exec`
-        // mounts a fresh sysfs for the target namespace, so the write must go through it. The
-        // device name is ours (letters and digits), safe inside the shell string.
-        let file = format!("/sys/class/net/{dev}/threaded");
-        let got = self.ns(side).exec_timeout(&["sh", "-c", &format!("echo 1 > {file} && cat {file}")], TOOL_TIMEOUT)?;
-        if got.trim() != "1" {
-            return Err(Error::SettingDidNotTake {
-                dev,
-                setting: "threaded".to_owned(),
-                wanted: "1".to_owned(),
-                got: got.trim().to_owned(),
-            });
-        }
+        self.write_threaded(side, true)?;
         let deadline = Instant::now() + NAPI_THREAD_WAIT;
         let threads = loop {
             let found = find_napi_threads(&dev)?;
@@ -374,6 +464,7 @@ impl TestNet {
             for t in &threads {
                 pin_thread(t, cpu)?;
             }
+            self.steer(side, cpu)?;
         }
         Ok(threads)
     }

@@ -9,7 +9,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use udpx_netns::{
-    cleanup_stale, live_namespaces, run_bounded, Error, Namespace, Profile, Side, TestNet, TestNetConfig,
+    cleanup_stale, live_namespaces, run_bounded, Error, Namespace, Napi, Profile, Side, TestNet, TestNetConfig,
 };
 
 const TIMEOUT: Duration = Duration::from_secs(1);
@@ -236,4 +236,93 @@ fn cleanup_stale_removes_dead_owners_only() {
     }
     assert!(removed >= 1);
     assert!(listed.contains(&mine.name().to_owned()));
+}
+
+/// `received_rps` of each CPU from `/proc/net/softnet_stat` (hexadecimal columns: the tenth
+/// counts the packet-steering interrupts a CPU took, the thirteenth is the CPU's number).
+fn received_rps() -> Vec<(usize, u64)> {
+    let text = std::fs::read_to_string("/proc/net/softnet_stat").expect("read /proc/net/softnet_stat");
+    let hex = |s: &str| u64::from_str_radix(s, 16).expect("softnet_stat column");
+    text.lines()
+        .enumerate()
+        .map(|(row, line)| {
+            let cols: Vec<&str> = line.split_whitespace().collect();
+            let cpu = cols.get(12).map_or(row, |c| hex(c) as usize);
+            (cpu, hex(cols[9]))
+        })
+        .collect()
+}
+
+fn rps_of(cpu: usize) -> u64 {
+    received_rps()
+        .into_iter()
+        .find(|&(c, _)| c == cpu)
+        .map_or_else(|| panic!("CPU {cpu} not in softnet_stat"), |(_, n)| n)
+}
+
+fn pin_me(cpu: usize) {
+    let mut set = nix::sched::CpuSet::new();
+    set.set(cpu).expect("cpu set");
+    nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set).expect("pin");
+}
+
+/// TCP from a TSO end never reaches veth's NAPI: in either mode, `receive_on` steers its
+/// protocol work to the receiving side's CPU, so each CPU takes steering interrupts from the
+/// other (data one way, acknowledgements the other). Without the steering, every segment
+/// would run on its sender's CPU and neither count would move.
+#[test]
+fn receive_on_steers_tcp_to_each_sides_cpu() {
+    if udpx_netns::skip_unless_capable("receive_on_steers_tcp_to_each_sides_cpu") {
+        return;
+    }
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if cpus < 2 {
+        println!("SKIP: receive_on_steers_tcp_to_each_sides_cpu: needs two CPUs, this machine has {cpus}");
+        return;
+    }
+    let (tx_cpu, rx_cpu) = (0, cpus - 1);
+    for napi in [Napi::Softirq, Napi::Threaded] {
+        let net = TestNet::setup(&TestNetConfig::new(Profile::Offload)).expect("setup");
+        let rx_threads = net.receive_on(Side::Rx, rx_cpu, napi).expect("receive on rx");
+        let tx_threads = net.receive_on(Side::Tx, tx_cpu, napi).expect("receive on tx");
+        assert_eq!(rx_threads.is_empty(), napi == Napi::Softirq, "{napi}: {rx_threads:?}");
+        assert_eq!(tx_threads.is_empty(), napi == Napi::Softirq, "{napi}: {tx_threads:?}");
+        for (side, cpu) in [(Side::Rx, rx_cpu), (Side::Tx, tx_cpu)] {
+            let dev = net.dev(side);
+            let rps = net.ns(side).exec(&["cat", &format!("/sys/class/net/{dev}/queues/rx-0/rps_cpus")]).unwrap();
+            assert_eq!(u64::from_str_radix(&rps.trim().replace(',', ""), 16).unwrap(), 1 << cpu, "{napi} {dev}");
+        }
+
+        let rx_ip = net.rx_v4;
+        let listener = net.rx.run(move || std::net::TcpListener::bind((rx_ip, 0)).expect("listen"));
+        let to = listener.local_addr().unwrap();
+        let reader = std::thread::spawn(move || {
+            pin_me(rx_cpu);
+            let (mut s, _) = listener.accept().expect("accept");
+            s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            let mut sink = Vec::new();
+            std::io::Read::read_to_end(&mut s, &mut sink).expect("read")
+        });
+        let (before_rx, before_tx) = (rps_of(rx_cpu), rps_of(tx_cpu));
+        let mut stream = net.tx.run(move || std::net::TcpStream::connect_timeout(&to, TIMEOUT).expect("connect"));
+        let sent = std::thread::scope(|s| {
+            s.spawn(|| {
+                pin_me(tx_cpu);
+                stream.set_nodelay(true).unwrap();
+                let chunk = [7u8; 1000];
+                for _ in 0..2_000 {
+                    std::io::Write::write_all(&mut stream, &chunk).expect("write");
+                }
+                stream.shutdown(std::net::Shutdown::Write).unwrap();
+                2_000 * chunk.len()
+            })
+            .join()
+            .unwrap()
+        });
+        assert_eq!(reader.join().unwrap(), sent, "{napi}");
+        let (rx_irqs, tx_irqs) = (rps_of(rx_cpu) - before_rx, rps_of(tx_cpu) - before_tx);
+        println!("{napi}: steering interrupts on the receiver's CPU {rx_irqs}, on the sender's {tx_irqs}");
+        assert!(rx_irqs > 0, "{napi}: the data's receive work never reached CPU {rx_cpu}");
+        assert!(tx_irqs > 0, "{napi}: the acknowledgements' receive work never reached CPU {tx_cpu}");
+    }
 }
