@@ -296,6 +296,13 @@ pub struct H3BenchArgs {
     /// `udpx h3 serve --zerocopy` for the udpx servers of the bulk table.
     #[arg(long, default_value = "auto")]
     zerocopy: udpx_quic::Zerocopy,
+    /// Over veth, the bulk and scale tables: where the server's receive work runs on its CPU.
+    /// softirq: in softirq, steered (RPS) there, TCP and UDP alike, as after a NIC's interrupt
+    /// (UDP's veth poll and GRO stay on the client's CPU); threaded: UDP's in a NAPI thread
+    /// pinned there (a thread switch per poll a NIC does not make), TCP's still in softirq
+    /// (veth never hands TCP from a TSO end to the thread). The client's is threaded in both.
+    #[arg(long, default_value = "softirq", value_name = "softirq|threaded")]
+    napi: udpx_lab::netns::Napi,
     /// One JSON object instead of the table.
     #[arg(long)]
     json: bool,
@@ -447,6 +454,7 @@ fn bench_scale(a: H3BenchArgs) -> ExitCode {
     cfg.cc = a.cc;
     cfg.defer_flush = a.defer_flush == OnOff::On;
     cfg.keepalive = Duration::from_secs_f64(a.keepalive);
+    cfg.napi = a.napi;
     let b = match udpx_h3::bench::scale::run(&cfg, &mut |l| eprintln!("udpx {CMD}: {l}")) {
         Ok(b) => b,
         Err(e) => {
@@ -616,6 +624,7 @@ pub fn bench(a: H3BenchArgs) -> ExitCode {
             cc: a.cc,
             defer_flush: a.defer_flush == OnOff::On,
             zerocopy: a.zerocopy,
+            napi: a.napi,
             ..udpx_h3::bench::H3BenchConfig::new()
         };
         // This binary runs the second HTTP/3 server (quinn with h3).

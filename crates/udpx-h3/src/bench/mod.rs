@@ -40,7 +40,7 @@ use serde::Serialize;
 use udpx_lab::cpu::{CpuSample, TickRate};
 use udpx_lab::env::Environment;
 use udpx_lab::judge::{checks_text, verdict_rule, Check};
-use udpx_lab::netns::{Namespace, Profile, Side, TestNet, TestNetConfig};
+use udpx_lab::netns::{Namespace, Napi, Profile, Side, TestNet, TestNetConfig};
 use udpx_lab::stats::{median_run, paired_ratios, Spread};
 use udpx_quic::IoMode;
 
@@ -115,6 +115,9 @@ pub struct H3BenchConfig {
     pub defer_flush: bool,
     /// `--zerocopy` for the udpx servers (`auto` by default, as for `udpx h3 serve`).
     pub zerocopy: udpx_quic::Zerocopy,
+    /// Over veth: where each side's receive work runs (`--napi`, softirq by default).
+    #[serde(serialize_with = "scale::as_text")]
+    pub napi: Napi,
     /// The peers to run (recorded in the JSON: which binaries ran).
     pub programs: Programs,
 }
@@ -131,6 +134,7 @@ impl H3BenchConfig {
             cc: crate::server::Cc::Bbr2,
             defer_flush: true,
             zerocopy: udpx_quic::Zerocopy::Auto,
+            napi: Napi::Softirq,
             programs: Programs::from_path(),
         }
     }
@@ -435,7 +439,7 @@ pub fn run(cfg: &H3BenchConfig, progress: &mut dyn FnMut(&str)) -> Result<H3Benc
     write_cert(&cert, &key)?;
     let cpus = udpx_lab::cpu::online_cpus();
     let (client_cpu, server_cpu) = (cpus[0], *cpus.last().unwrap_or(&0));
-    let net = if cfg.veth { Some(equal_footing(cfg.profile, server_cpu, client_cpu)?) } else { None };
+    let net = if cfg.veth { Some(equal_footing(cfg.profile, cfg.napi, server_cpu, client_cpu)?) } else { None };
     let place = Place {
         net: net.as_ref(),
         server_ip: net.as_ref().map_or(IpAddr::V4(Ipv4Addr::LOCALHOST), |n| IpAddr::V4(n.rx_v4)),
@@ -445,9 +449,9 @@ pub fn run(cfg: &H3BenchConfig, progress: &mut dyn FnMut(&str)) -> Result<H3Benc
     let profile = if cfg.veth { cfg.profile.as_str() } else { "loopback" };
     let path = match &net {
         Some(n) => format!(
-            "{profile} profile: veth pair between two namespaces ({} -> {}; {}); threaded NAPI on both ends, each \
-             pinned to its side's CPU; servers pinned to CPU {server_cpu}, clients to CPU {client_cpu}; server CPU = \
-             CPU {server_cpu}'s busy time, its own tasks' share beside it",
+            "{profile} profile: veth pair between two namespaces ({} -> {}; {}); {}; servers pinned to CPU \
+             {server_cpu}, clients to CPU {client_cpu}; server CPU = CPU {server_cpu}'s busy time, its own tasks' share \
+             beside it",
             n.rx_dev,
             n.tx_dev,
             match cfg.profile {
@@ -455,7 +459,8 @@ pub fn run(cfg: &H3BenchConfig, progress: &mut dyn FnMut(&str)) -> Result<H3Benc
                     "TSO and tx-udp-segmentation off on the server's device: TCP and UDP GSO both \
                                       split in the server's context",
                 Profile::Offload => "TSO and tx-udp-segmentation on: TCP segments and UDP GSO runs cross whole",
-            }
+            },
+            receive_note(cfg.napi)
         ),
         None => format!(
             "LOOPBACK: the client's receive processing runs in the sender's softirq on CPU {server_cpu} and is \
@@ -504,17 +509,45 @@ pub fn run(cfg: &H3BenchConfig, progress: &mut dyn FnMut(&str)) -> Result<H3Benc
 }
 
 /// The veth pair of a profile: the server's device (its namespace is `Rx`) with TCP and UDP
-/// segmentation offload both off (`Software`) or both on (`Offload`), GSO on; receive
-/// processing in threaded NAPI on both ends, each pinned to its side's CPU, so every packet's
-/// receive work (TCP's ACK-clocked sends included) is charged to the side that receives it.
-fn equal_footing(profile: Profile, server_cpu: usize, client_cpu: usize) -> Result<TestNet, String> {
+/// segmentation offload both off (`Software`) or both on (`Offload`), GSO on; each side's
+/// receive work on its own CPU ([`receive_on_own_cpus`]).
+fn equal_footing(profile: Profile, napi: Napi, server_cpu: usize, client_cpu: usize) -> Result<TestNet, String> {
     let net = TestNet::setup(&TestNetConfig::new(Profile::Offload)).map_err(|e| format!("veth pair: {e}"))?;
     let v = if profile == Profile::Software { "off" } else { "on" };
     net.set_features(Side::Rx, &[("tso", v), ("tx-udp-segmentation", v), ("gso", "on")])
         .map_err(|e| format!("server-side offloads ({profile}): {e}"))?;
-    net.threaded_napi(Side::Rx, Some(server_cpu)).map_err(|e| format!("server-side NAPI: {e}"))?;
-    net.threaded_napi(Side::Tx, Some(client_cpu)).map_err(|e| format!("client-side NAPI: {e}"))?;
+    receive_on_own_cpus(&net, napi, server_cpu, client_cpu)?;
     Ok(net)
+}
+
+/// Each side's receive work on its own CPU, the server's (namespace `Rx`) on `server_cpu` in
+/// the `server` mode and the client's on `client_cpu` in a NAPI thread, so a packet's protocol
+/// work (TCP's ACK-clocked sends included) is charged to the side that receives it, for TCP as
+/// for UDP (see [`Napi`]). The client's side is threaded so that the GRO of the responses runs
+/// on the client's CPU, as on a client host: in softirq veth would run it in the server's send.
+pub(crate) fn receive_on_own_cpus(
+    net: &TestNet,
+    server: Napi,
+    server_cpu: usize,
+    client_cpu: usize,
+) -> Result<(), String> {
+    net.receive_on(Side::Rx, server_cpu, server).map_err(|e| format!("server-side receive ({server} NAPI): {e}"))?;
+    net.receive_on(Side::Tx, client_cpu, Napi::Threaded).map_err(|e| format!("client-side receive: {e}"))?;
+    Ok(())
+}
+
+/// How the report names the server's [`Napi`] mode.
+pub(crate) fn receive_note(server: Napi) -> &'static str {
+    match server {
+        Napi::Softirq => {
+            "the server's receive work in softirq steered (RPS) to its CPU (--napi softirq: UDP's veth poll and GRO \
+             of the requests and acknowledgements run on the client's CPU), the client's in a NAPI thread on its CPU"
+        }
+        Napi::Threaded => {
+            "receive work in a NAPI thread on each side's CPU for UDP (a thread switch per poll), TCP's in softirq \
+             steered (RPS) there (--napi threaded)"
+        }
+    }
 }
 
 /// A row from its runs: the median run by cost, every run beside it, the first error.

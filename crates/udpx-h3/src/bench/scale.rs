@@ -33,7 +33,7 @@ use serde::Serialize;
 use udpx_lab::cpu::{CpuSample, TickRate};
 use udpx_lab::env::Environment;
 use udpx_lab::judge::Check;
-use udpx_lab::netns::{ChildGroup, Namespace, Profile, Side, TestNet, TestNetConfig};
+use udpx_lab::netns::{ChildGroup, Namespace, Napi, Profile, Side, TestNet, TestNetConfig};
 
 use super::{write_cert, Programs, Scratch};
 use crate::load::{self, LoadConfig, LoadReport};
@@ -110,9 +110,12 @@ pub struct ScaleConfig {
     pub defer_flush: bool,
     /// The idle row's PING period per connection.
     pub keepalive: Duration,
+    /// Over veth: where each side's receive work runs (`--napi`, softirq by default).
+    #[serde(serialize_with = "as_text")]
+    pub napi: Napi,
 }
 
-fn as_text<S: serde::Serializer, T: std::fmt::Display>(v: &T, s: S) -> Result<S::Ok, S::Error> {
+pub(crate) fn as_text<S: serde::Serializer, T: std::fmt::Display>(v: &T, s: S) -> Result<S::Ok, S::Error> {
     s.collect_str(v)
 }
 
@@ -136,6 +139,7 @@ impl ScaleConfig {
             cc: crate::server::Cc::Bbr2,
             defer_flush: true,
             keepalive: Duration::from_secs(10),
+            napi: Napi::Softirq,
         }
     }
 }
@@ -408,8 +412,7 @@ fn setup(cfg: &ScaleConfig) -> Result<Place, String> {
         });
     }
     let net = TestNet::setup(&TestNetConfig::new(Profile::Offload)).map_err(|e| format!("veth pair: {e}"))?;
-    net.threaded_napi(Side::Rx, Some(server_cpu)).map_err(|e| format!("server-side NAPI: {e}"))?;
-    net.threaded_napi(Side::Tx, Some(client_cpu)).map_err(|e| format!("client-side NAPI: {e}"))?;
+    super::receive_on_own_cpus(&net, cfg.napi, server_cpu, client_cpu)?;
     let mut client_ips = vec![IpAddr::V4(net.tx_v4)];
     let o = net.tx_v4.octets();
     for k in 1..cfg.addresses.clamp(1, 200) {
@@ -536,9 +539,10 @@ pub fn run(cfg: &ScaleConfig, progress: &mut dyn FnMut(&str)) -> Result<ScaleBen
     }
     let path = match &place.net {
         Some(n) => format!(
-            "veth pair between two namespaces ({} on the server's side; MTU 1500; GRO and threaded NAPI on both ends, \
-             each pinned to its side's CPU); servers pinned to CPU {}, the client to CPU {}; {} client addresses",
+            "veth pair between two namespaces ({} on the server's side; MTU 1500; GRO on both ends; {}); servers \
+             pinned to CPU {}, the client to CPU {}; {} client addresses",
             n.rx_dev,
+            super::receive_note(cfg.napi),
             place.server_cpu,
             place.client_cpu,
             place.client_ips.len()
