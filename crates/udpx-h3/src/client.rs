@@ -77,7 +77,18 @@ pub struct GetReport {
     pub resumed: bool,
     /// The request went in early data (0-RTT).
     pub early_data: bool,
+    /// PINGs sent because nothing arrived for [`QUIET_PING`] while the response was incomplete.
+    pub quiet_pings: u64,
 }
+
+/// While a response is incomplete and nothing has arrived for this long, the client sends a
+/// PING (once per such interval). quiche sends nothing when it has nothing in flight, so a
+/// client waiting on a server whose packets no longer reach it (a NAT that dropped its
+/// mapping) would stay silent until its idle timeout; the PING makes the NAT map it again, and
+/// the server, seeing the client at a new address, carries on there (RFC 9000 9.3). It does
+/// not extend the idle timeout: only the first ack-eliciting packet after a receipt restarts
+/// it (RFC 9000 10.1).
+pub const QUIET_PING: Duration = Duration::from_secs(1);
 
 impl std::fmt::Display for GetReport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -185,6 +196,9 @@ pub fn get(url: &str, out: Option<&Path>, cfg: &GetConfig) -> Result<GetReport, 
         resumed: false,
         early_data: false,
         close_at: None,
+        seen_recv: 0,
+        quiet_since: Instant::now(),
+        quiet_pings: 0,
     };
     let mut host = Host::new(HostSocket::Own(Box::new(socket)), config, app, false, 0, 0);
     let sni = url.host.parse::<std::net::IpAddr>().is_err().then_some(url.host.as_str());
@@ -222,6 +236,7 @@ pub fn get(url: &str, out: Option<&Path>, cfg: &GetConfig) -> Result<GetReport, 
         session: app.session.take(),
         resumed: app.resumed,
         early_data: app.early_data,
+        quiet_pings: app.quiet_pings,
     })
 }
 
@@ -243,6 +258,26 @@ struct Fetch {
     early_data: bool,
     /// When to close, once the response is whole.
     close_at: Option<Instant>,
+    /// quiche's count of packets received at the last turn, and since when it has not moved.
+    seen_recv: usize,
+    quiet_since: Instant,
+    quiet_pings: u64,
+}
+
+impl Fetch {
+    /// After a receipt, restarts the quiet interval; past [`QUIET_PING`] without one, asks
+    /// quiche for a PING and starts the next interval.
+    fn ping_if_quiet(&mut self, conn: &mut udpx_quic::Connection) {
+        let now = Instant::now();
+        let recv = conn.stats().recv;
+        if recv != self.seen_recv {
+            (self.seen_recv, self.quiet_since) = (recv, now);
+        } else if now >= self.quiet_since + QUIET_PING {
+            let _ = conn.send_ack_eliciting();
+            self.quiet_since = now;
+            self.quiet_pings += 1;
+        }
+    }
 }
 
 impl App for Fetch {
@@ -273,6 +308,9 @@ impl App for Fetch {
                     return;
                 }
             }
+        }
+        if self.stream.is_some() {
+            self.ping_if_quiet(conn);
         }
         let Some(h3) = self.h3.as_mut() else { return };
         if self.stream.is_none() {
@@ -333,8 +371,11 @@ impl App for Fetch {
     }
 
     fn wake_at(&self, _: &()) -> Option<Instant> {
-        // Done: the close is due (see on_turn).
-        self.close_at
+        // Done: the close is due (see on_turn). Waiting on the response: the next quiet PING.
+        if self.done {
+            return self.close_at;
+        }
+        self.stream.map(|_| self.quiet_since + QUIET_PING)
     }
 
     fn closed(&mut self, conn: &udpx_quic::Connection, _: ()) {

@@ -39,7 +39,7 @@ pub mod tls;
 
 use std::fmt;
 
-pub use client::{get, GetConfig, GetReport, Url};
+pub use client::{get, GetConfig, GetReport, Url, QUIET_PING};
 pub use http::{HttpSnapshot, Site, SiteOptions};
 pub use server::{serve, H3Server, ServeConfig, ServeCounters};
 pub use tls::Tls;
