@@ -77,12 +77,13 @@ pub struct GetReport {
     pub resumed: bool,
     /// The request went in early data (0-RTT).
     pub early_data: bool,
-    /// PINGs sent because nothing arrived for [`QUIET_PING`] while the response was incomplete.
+    /// PINGs sent because no part of the response arrived for [`QUIET_PING`] while it was
+    /// incomplete.
     pub quiet_pings: u64,
 }
 
-/// While a response is incomplete and nothing has arrived for this long, the client sends a
-/// PING (once per such interval). quiche sends nothing when it has nothing in flight, so a
+/// While a response is incomplete and no part of it (header fields, body bytes) has arrived
+/// for this long, the client sends a PING (once per such interval). quiche sends nothing when it has nothing in flight, so a
 /// client waiting on a server whose packets no longer reach it (a NAT that dropped its
 /// mapping) would stay silent until its idle timeout; the PING makes the NAT map it again, and
 /// the server, seeing the client at a new address, carries on there (RFC 9000 9.3). It does
@@ -196,7 +197,6 @@ pub fn get(url: &str, out: Option<&Path>, cfg: &GetConfig) -> Result<GetReport, 
         resumed: false,
         early_data: false,
         close_at: None,
-        seen_recv: 0,
         quiet_since: Instant::now(),
         quiet_pings: 0,
     };
@@ -258,20 +258,18 @@ struct Fetch {
     early_data: bool,
     /// When to close, once the response is whole.
     close_at: Option<Instant>,
-    /// quiche's count of packets received at the last turn, and since when it has not moved.
-    seen_recv: usize,
+    /// Since when no part of the response has arrived (the request's sending, at first).
     quiet_since: Instant,
     quiet_pings: u64,
 }
 
 impl Fetch {
-    /// After a receipt, restarts the quiet interval; past [`QUIET_PING`] without one, asks
-    /// quiche for a PING and starts the next interval.
-    fn ping_if_quiet(&mut self, conn: &mut udpx_quic::Connection) {
+    /// After a turn that brought part of the response (`progress`), restarts the quiet
+    /// interval; past [`QUIET_PING`] without any, asks quiche for a PING and starts the next.
+    fn ping_if_quiet(&mut self, conn: &mut udpx_quic::Connection, progress: bool) {
         let now = Instant::now();
-        let recv = conn.stats().recv;
-        if recv != self.seen_recv {
-            (self.seen_recv, self.quiet_since) = (recv, now);
+        if progress {
+            self.quiet_since = now;
         } else if now >= self.quiet_since + QUIET_PING {
             let _ = conn.send_ack_eliciting();
             self.quiet_since = now;
@@ -309,14 +307,12 @@ impl App for Fetch {
                 }
             }
         }
-        if self.stream.is_some() {
-            self.ping_if_quiet(conn);
-        }
         let Some(h3) = self.h3.as_mut() else { return };
         if self.stream.is_none() {
             match h3.send_request(conn, &self.request, true) {
                 Ok(id) => {
                     self.stream = Some(id);
+                    self.quiet_since = Instant::now();
                     self.early_data = conn.is_in_early_data();
                 }
                 Err(quiche::h3::Error::StreamBlocked) => return,
@@ -327,9 +323,11 @@ impl App for Fetch {
                 }
             }
         }
+        let mut progress = false;
         loop {
             match h3.poll(conn) {
                 Ok((_, quiche::h3::Event::Headers { list, .. })) => {
+                    progress = true;
                     for h in &list {
                         if h.name() == b":status" {
                             self.status = std::str::from_utf8(h.value()).ok().and_then(|s| s.parse().ok());
@@ -341,6 +339,7 @@ impl App for Fetch {
                 }
                 Ok((sid, quiche::h3::Event::Data)) => {
                     while let Ok(n) = h3.recv_body(conn, sid, &mut self.buf) {
+                        progress = true;
                         self.bytes += n as u64;
                         if self.write_error.is_none() {
                             if let Err(e) = self.sink.write_all(&self.buf[..n]) {
@@ -367,6 +366,9 @@ impl App for Fetch {
                     break;
                 }
             }
+        }
+        if !self.done {
+            self.ping_if_quiet(conn, progress);
         }
     }
 
