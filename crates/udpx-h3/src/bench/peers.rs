@@ -272,6 +272,18 @@ pub(super) fn cpu_secs(tasks: &[String], rate: TickRate) -> Option<f64> {
     Some(sum)
 }
 
+/// CPU seconds process `pid` has run so far, every live thread summed ([`cpu_secs`] over
+/// `/proc/PID/task/*`: to the nanosecond, where `/proc/PID/stat` counts 10 ms ticks). A thread
+/// that has exited takes its time with it: the servers measured keep theirs for the run.
+pub(super) fn process_cpu_secs(pid: u32, rate: TickRate) -> Option<f64> {
+    let tasks: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .ok()?
+        .flatten()
+        .map(|e| e.path().to_string_lossy().into_owned())
+        .collect();
+    cpu_secs(&tasks, rate)
+}
+
 /// The first field of `/proc/.../schedstat`: nanoseconds on CPU.
 pub(super) fn schedstat_ns(s: &str) -> Option<u64> {
     s.split_whitespace().next()?.parse().ok()
@@ -297,5 +309,30 @@ mod tests {
         assert_eq!(stat_ticks("garbage"), None);
         assert_eq!(schedstat_ns("106123939 50324660 360\n"), Some(106_123_939));
         assert_eq!(schedstat_ns(""), None);
+    }
+
+    #[test]
+    fn a_process_cpu_time_counts_its_threads() {
+        let rate = TickRate::new(100).unwrap();
+        let before = process_cpu_secs(std::process::id(), rate).expect("this process's tasks");
+        // Another thread runs 50 ms of CPU (by its own clock, however busy the machine), says
+        // so and stays alive for the second reading: its share must be in it.
+        let (spun_tx, spun) = std::sync::mpsc::channel::<()>();
+        let (release, wait) = std::sync::mpsc::channel::<()>();
+        let t = std::thread::spawn(move || {
+            let own = || udpx_lab::cpu::ProcessCpu::thread().unwrap().total();
+            let start = own();
+            while own() - start < Duration::from_millis(50) {
+                std::hint::black_box(0u64);
+            }
+            spun_tx.send(()).unwrap();
+            let _ = wait.recv();
+        });
+        spun.recv().unwrap();
+        let after = process_cpu_secs(std::process::id(), rate).unwrap();
+        drop(release);
+        t.join().unwrap();
+        assert!(after - before >= 0.045, "{before} -> {after}");
+        assert_eq!(process_cpu_secs(u32::MAX, rate), None, "no such process");
     }
 }

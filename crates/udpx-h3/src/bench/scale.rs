@@ -7,9 +7,10 @@
 //!
 //! **Where.** Two namespaces over a veth pair (root; loopback otherwise, said in the table):
 //! every server runs as its own process pinned to the last CPU, the client on the first;
-//! GRO and threaded NAPI on each side, the NAPI thread pinned to that side's CPU, so every
-//! packet's receive work (TCP's ACK-clocked sends included) is charged to the side that
-//! receives it. The client sends from many addresses of its namespace (one socket, IP_PKTINFO,
+//! GRO on both ends, and each side's receive work steered to its own CPU (`--napi`: the
+//! client's end in a NAPI thread pinned there, the server's in softirq or a thread, RPS for
+//! TCP, which veth never hands to the thread), so every packet's receive work (TCP's
+//! ACK-clocked sends included) is charged to the side that receives it. The client sends from many addresses of its namespace (one socket, IP_PKTINFO,
 //! for QUIC; a bound socket per connection for TCP).
 //!
 //! **What is counted.** Server CPU: the busy time of the server's CPU over the measured
@@ -17,7 +18,10 @@
 //! the larger of the tick-sampled work (`/proc/stat`: user, system, irq, softirq) and the
 //! window less the CPU's exactly measured idle and steal ([`udpx_lab::cpu::CpuDelta::busy_time`]): an
 //! event-driven server wakes for microseconds at a time and the tick alone undercounts it
-//! (by about half, measured). Per byte: over the body bytes the client received
+//! (by about half, measured). Beside it, the server process's own time on CPU (its threads'
+//! `schedstat`, to the nanosecond): it leaves out receive work done outside the process and the
+//! machine's agents, so the scaling check also judges by it down to the lightest row, where the
+//! CPU's busy share is mostly the agents'. Per byte: over the body bytes the client received
 //! in the window; per connection: CPU-seconds per connection-second. Server memory: its
 //! resident set when every connection is up, less before the first one, per connection. The
 //! client's CPU is reported beside every row: a row whose client was above 80 % of its CPU
@@ -35,6 +39,7 @@ use udpx_lab::env::Environment;
 use udpx_lab::judge::Check;
 use udpx_lab::netns::{ChildGroup, Namespace, Napi, Profile, Side, TestNet, TestNetConfig};
 
+use super::peers::process_cpu_secs;
 use super::{write_cert, Programs, Scratch};
 use crate::load::{self, LoadConfig, LoadReport};
 use crate::load_tcp::{self, TcpHttp};
@@ -174,12 +179,16 @@ pub struct RowRun {
     pub load: LoadReport,
     /// The server CPU's busy share over the window, percent of one CPU.
     pub server_cpu_pct: f64,
-    /// The server process's own CPU time over the window (user + system, `/proc/PID/stat`),
-    /// percent of one CPU: a cross-check of the CPU's busy share (the rest on that CPU is
-    /// softirq and NAPI work for it, or anything else that ran there).
+    /// The server process's own CPU time over the window (its threads' `schedstat`, to the
+    /// nanosecond), percent of one CPU: a cross-check of the CPU's busy share (the rest on that
+    /// CPU is softirq and NAPI work for it, or anything else that ran there).
     pub server_process_pct: f64,
     /// Server CPU-seconds per GB of body received by the client.
     pub server_cpu_s_per_gb: Option<f64>,
+    /// The same from the process's own CPU time: it leaves out the receive work done outside
+    /// the process, and the machine's own agents with it, so it measures rows too light for
+    /// the CPU's busy share (the scaling check's small rows).
+    pub server_process_s_per_gb: Option<f64>,
     /// Server CPU-microseconds per connection-second.
     pub server_cpu_us_per_conn_s: f64,
     /// The server's resident memory per connection, KiB.
@@ -620,7 +629,7 @@ fn one_run(
     // The server's CPU and memory over the window, sampled from here.
     std::thread::sleep(window_start.saturating_duration_since(Instant::now()));
     let scrape0 = running.metrics.and_then(|m| scrape(place, m));
-    let meter = Meter::start(running.process.id());
+    let meter = Meter::start(running.process.id(), rate);
     let rss1 = rss(running.process.id());
     std::thread::sleep((window_start + lc.duration).saturating_duration_since(Instant::now()));
     let spent = meter.stop(place, rate);
@@ -634,6 +643,7 @@ fn one_run(
         server_cpu_pct: busy * 100.0 / secs,
         server_process_pct: own * 100.0 / secs,
         server_cpu_s_per_gb: (load.bytes > 0).then(|| busy / (load.bytes as f64 / 1e9)),
+        server_process_s_per_gb: (load.bytes > 0 && own > 0.0).then(|| own / (load.bytes as f64 / 1e9)),
         server_cpu_us_per_conn_s: busy * 1e6 / (n as f64 * secs),
         server_kib_per_conn: rss0.zip(rss1).map(|(a, b)| b.saturating_sub(a) as f64 / 1024.0 / n as f64),
         client_limited: load.client_cpu_pct() > CLIENT_LIMIT_PCT,
@@ -685,7 +695,7 @@ fn echo_floor(
         .stderr(logf);
     let client = ChildGroup::spawn(&mut cli).map_err(|e| format!("start sockperf's client: {e}"))?;
     std::thread::sleep(Duration::from_secs(1));
-    let meter = Meter::start(server.id());
+    let meter = Meter::start(server.id(), rate);
     std::thread::sleep(cfg.window);
     let spent = meter.stop(place, rate);
     let ended = client.wait_timeout(Duration::from_secs(secs + 10)).map_err(|e| format!("sockperf's client: {e}"))?;
@@ -719,30 +729,22 @@ fn echo_floor(
 struct Meter {
     cpu: Option<CpuSample>,
     pid: u32,
-    ticks: Option<u64>,
+    own: Option<f64>,
 }
 
 impl Meter {
-    fn start(pid: u32) -> Meter {
-        Meter { cpu: CpuSample::now().ok(), pid, ticks: process_ticks(pid) }
+    fn start(pid: u32, rate: TickRate) -> Meter {
+        Meter { cpu: CpuSample::now().ok(), pid, own: process_cpu_secs(pid, rate) }
     }
 
     /// Seconds: the server CPU busy, and the process on CPU, since `start`.
     fn stop(self, place: &Place, rate: TickRate) -> Result<(f64, f64), String> {
-        let (cpu, ticks) = (CpuSample::now().ok(), process_ticks(self.pid));
+        let (cpu, own) = (CpuSample::now().ok(), process_cpu_secs(self.pid, rate));
         let (Some(a), Some(b)) = (self.cpu, cpu) else { return Err("/proc/stat could not be read".into()) };
         let busy = b.diff(&a).busy_time(&[place.server_cpu], rate).as_secs_f64();
-        let own = self.ticks.zip(ticks).map_or(0.0, |(a, b)| rate.to_secs_f64(b.saturating_sub(a)));
+        let own = self.own.zip(own).map_or(0.0, |(a, b)| (b - a).max(0.0));
         Ok((busy, own))
     }
-}
-
-/// `utime + stime` of process `pid` (clock ticks), its threads included.
-fn process_ticks(pid: u32) -> Option<u64> {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let rest = &s[s.rfind(')')? + 1..];
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
 }
 
 /// The resident memory of process `pid`, bytes.
@@ -925,6 +927,21 @@ pub fn judge(rows: &[ScaleRow], baseline: Option<f64>) -> Vec<Check> {
             ));
         }
     }
+    // The same by the process's own CPU time, which reaches the lightest row (the issue's
+    // figure is 10,000 against 100), where the CPU's busy share is the machine's agents'.
+    let lightest = rows.iter().filter(|r| !r.idle && r.server == ScaleServer::Udpx).min_by_key(|r| r.connections);
+    if let (Some(hi), Some(lo)) = (top, lightest) {
+        if lo.connections != max_n {
+            let own = |x: &RowRun| x.server_process_s_per_gb;
+            out.extend(Check::judge(
+                "h3 scale",
+                &format!("udpx process CPU per byte at {max_n} / at {}", lo.connections),
+                &per_run(hi, &own),
+                &per_run(lo, &own),
+                1.25,
+            ));
+        }
+    }
     if let Some(u) = top {
         let unserved = |x: &RowRun| Some(100.0 - x.load.served_pct());
         // "Every request served": the share not served, against 0 (as a ratio to 1).
@@ -989,12 +1006,13 @@ pub fn table(b: &ScaleBench) -> String {
         let _ = writeln!(
             s,
             "Server CPU includes what ran there without us ({base:.1} % before the rows: this machine's own agents); \
-             the scaling check starts at the smallest udpx row above {ABOVE_BASELINE:.0}x that.\n"
+             the scaling check by it starts at the smallest udpx row above {ABOVE_BASELINE:.0}x that, the one by the \
+             server process's own CPU (the figures in parentheses) at the lightest row.\n"
         );
     }
     let _ = writeln!(
         s,
-        "| server | conns | served % | never served | p50 / p99 / max ms | late | handshake p50 ms | server CPU % (its process) | CPU-s/GB | CPU-us per conn-s | KiB per conn | client CPU % |"
+        "| server | conns | served % | never served | p50 / p99 / max ms | late | handshake p50 ms | server CPU % (its process) | CPU-s/GB (its process) | CPU-us per conn-s | KiB per conn | client CPU % |"
     );
     let _ = writeln!(s, "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
     for row in &b.rows {
@@ -1006,7 +1024,7 @@ pub fn table(b: &ScaleBench) -> String {
         let l = &r.load;
         let _ = writeln!(
             s,
-            "| {name} | {} | {} | {} | {:.1} / {:.1} / {:.1} | {} | {:.1} | {:.1} ({:.1}) | {} | {:.1} | {} | {:.0}{} |",
+            "| {name} | {} | {} | {} | {:.1} / {:.1} / {:.1} | {} | {:.1} | {:.1} ({:.1}) | {} ({}) | {:.1} | {} | {:.0}{} |",
             row.connections,
             if row.idle { "-".to_string() } else { format!("{:.2}", l.served_pct()) },
             l.never_served,
@@ -1018,6 +1036,7 @@ pub fn table(b: &ScaleBench) -> String {
             r.server_cpu_pct,
             r.server_process_pct,
             r.server_cpu_s_per_gb.map_or("-".into(), |v| format!("{v:.2}")),
+            r.server_process_s_per_gb.map_or("-".into(), |v| format!("{v:.2}")),
             r.server_cpu_us_per_conn_s,
             r.server_kib_per_conn.map_or("-".into(), |v| format!("{v:.1}")),
             l.client_cpu_pct(),
