@@ -271,6 +271,10 @@ pub struct HostPerRequest {
     pub turns: f64,
     /// Connections served per turn.
     pub served_per_turn: f64,
+    /// Deadlines that came due (quiche's timers, pacing releases), per request.
+    pub timers_fired: f64,
+    /// Packets held back until their pacing release time, per request.
+    pub paced_holds: f64,
 }
 
 impl HostPerRequest {
@@ -284,6 +288,7 @@ impl HostPerRequest {
         let (send, dgs, runs) = (d("send_calls")?, d("datagrams_sent")?, d("transmits")?);
         let (recv, dgr, waits, turns, served) =
             (d("recv_calls")?, d("datagrams_received")?, d("waits")?, d("turns")?, d("served")?);
+        let (fired, held) = (d("timers_fired")?, d("paced_holds")?);
         let r = requests as f64;
         Some(HostPerRequest {
             requests,
@@ -295,6 +300,8 @@ impl HostPerRequest {
             wakeups: waits / r,
             turns: turns / r,
             served_per_turn: per(served, turns),
+            timers_fired: fired / r,
+            paced_holds: held / r,
         })
     }
 }
@@ -1049,13 +1056,13 @@ pub fn table(b: &ScaleBench) -> String {
         let _ = writeln!(
             s,
             "\nThe udpx server's host over the window, per request (its `/metrics` at the window's start and end):\n\n\
-             | conns | requests | send calls | datagrams per send call | runs per send call | receive calls | datagrams per receive call | wake-ups | turns | connections served per turn |\n\
-             | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+             | conns | requests | send calls | datagrams per send call | runs per send call | receive calls | datagrams per receive call | wake-ups | turns | connections served per turn | timers fired | pacing holds |\n\
+             | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
         );
         for (row, h) in hosts {
             let _ = writeln!(
                 s,
-                "| {}{} | {} | {:.2} | {:.1} | {:.2} | {:.2} | {:.1} | {:.2} | {:.2} | {:.2} |",
+                "| {}{} | {} | {:.2} | {:.1} | {:.2} | {:.2} | {:.1} | {:.2} | {:.2} | {:.2} | {:.3} | {:.3} |",
                 row.connections,
                 if row.idle { " idle" } else { "" },
                 h.requests,
@@ -1066,7 +1073,9 @@ pub fn table(b: &ScaleBench) -> String {
                 h.datagrams_per_recv,
                 h.wakeups,
                 h.turns,
-                h.served_per_turn
+                h.served_per_turn,
+                h.timers_fired,
+                h.paced_holds
             );
         }
     }
