@@ -23,7 +23,8 @@
 //! machine's agents, so the scaling check also judges by it down to the lightest row, where the
 //! CPU's busy share is mostly the agents'. Per byte: over the body bytes the client received
 //! in the window; per connection: CPU-seconds per connection-second. Server memory: its
-//! resident set when every connection is up, less before the first one, per connection. The
+//! resident set once every connection is up (the larger of the window's start and end), less
+//! before the first one, per connection. The
 //! client's CPU is reported beside every row: a row whose client was above 80 % of its CPU
 //! judges the client, not the server, and its latency is not judged.
 
@@ -191,7 +192,8 @@ pub struct RowRun {
     pub server_process_s_per_gb: Option<f64>,
     /// Server CPU-microseconds per connection-second.
     pub server_cpu_us_per_conn_s: f64,
-    /// The server's resident memory per connection, KiB.
+    /// The server's resident memory per connection, KiB: the larger of its resident set at the
+    /// window's start and end, less before the first connection.
     pub server_kib_per_conn: Option<f64>,
     /// The client was above [`CLIENT_LIMIT_PCT`] of its CPU: this row measured the client.
     pub client_limited: bool,
@@ -640,6 +642,10 @@ fn one_run(
     let rss1 = rss(running.process.id());
     std::thread::sleep((window_start + lc.duration).saturating_duration_since(Instant::now()));
     let spent = meter.stop(place, rate);
+    // The larger of the window's two ends: what the connections first did in the window (an
+    // idle connection's first PING, a player's next segment) may have allocated more.
+    let rss2 = rss(running.process.id());
+    let rss1 = rss1.max(rss2);
     let scrape1 = running.metrics.and_then(|m| scrape(place, m));
     let result = handle.join().map_err(|_| "the client panicked".to_string()).and_then(|r| r);
     drop(running);
