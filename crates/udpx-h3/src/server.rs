@@ -460,39 +460,44 @@ impl App for FileServer {
             }
         }
         let Some(h3) = st.h3.as_mut() else { return };
-        // New requests and stream events.
+        // New requests and stream events. Every HTTP/3 event comes from stream data, and the
+        // loop polls until quiche has no event left (its queue of finished streams included):
+        // with no stream readable (the turn of a PING or an acknowledgement) there is nothing
+        // to poll, and `poll` would still look up the peer's three control streams.
         let mut fresh: Vec<u64> = Vec::new();
-        loop {
-            match h3.poll(conn) {
-                Ok((sid, quiche::h3::Event::Headers { list, .. })) => {
-                    let early = conn.is_in_early_data();
-                    let full = st.open >= self.bounds.0 || self.open >= self.bounds.1;
-                    let r = self.respond(&list, early, full);
-                    if r.body.is_some() {
-                        st.open += 1;
-                        self.open += 1;
+        if conn.is_readable() {
+            loop {
+                match h3.poll(conn) {
+                    Ok((sid, quiche::h3::Event::Headers { list, .. })) => {
+                        let early = conn.is_in_early_data();
+                        let full = st.open >= self.bounds.0 || self.open >= self.bounds.1;
+                        let r = self.respond(&list, early, full);
+                        if r.body.is_some() {
+                            st.open += 1;
+                            self.open += 1;
+                        }
+                        st.responses.insert(sid, r);
+                        fresh.push(sid);
                     }
-                    st.responses.insert(sid, r);
-                    fresh.push(sid);
-                }
-                Ok((sid, quiche::h3::Event::Data)) => {
-                    // A request body: not used by GET or HEAD; read and dropped.
-                    while let Ok(n) = h3.recv_body(conn, sid, &mut self.scratch) {
-                        if n == 0 {
-                            break;
+                    Ok((sid, quiche::h3::Event::Data)) => {
+                        // A request body: not used by GET or HEAD; read and dropped.
+                        while let Ok(n) = h3.recv_body(conn, sid, &mut self.scratch) {
+                            if n == 0 {
+                                break;
+                            }
                         }
                     }
-                }
-                Ok((sid, quiche::h3::Event::Reset(_))) => {
-                    if let Some(r) = st.responses.remove(&sid) {
-                        self.finish(st.peer, &r, false, &mut st.open);
+                    Ok((sid, quiche::h3::Event::Reset(_))) => {
+                        if let Some(r) = st.responses.remove(&sid) {
+                            self.finish(st.peer, &r, false, &mut st.open);
+                        }
                     }
-                }
-                Ok(_) => {}
-                Err(quiche::h3::Error::Done) => break,
-                Err(e) => {
-                    log::debug!("udpx-h3: {}: {e}", conn.trace_id());
-                    break;
+                    Ok(_) => {}
+                    Err(quiche::h3::Error::Done) => break,
+                    Err(e) => {
+                        log::debug!("udpx-h3: {}: {e}", conn.trace_id());
+                        break;
+                    }
                 }
             }
         }
