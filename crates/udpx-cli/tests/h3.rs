@@ -358,6 +358,8 @@ fn bench_h3_scale_rows_carry_the_hosts_counts() {
         if r["idle"] == false {
             // The server process's own CPU, to the nanosecond: a light row still reads above zero.
             assert!(m["server_process_s_per_gb"].as_f64() > Some(0.0), "{r}");
+            // Every server sleeps between requests: woken at least once for some of them.
+            assert!(m["server_switches_per_request"].as_f64() > Some(0.0), "{r}");
         }
         let host = &m["host"];
         if r["server"] == "Udpx" && r["idle"] == false {

@@ -272,16 +272,35 @@ pub(super) fn cpu_secs(tasks: &[String], rate: TickRate) -> Option<f64> {
     Some(sum)
 }
 
-/// CPU seconds process `pid` has run so far, every live thread summed ([`cpu_secs`] over
-/// `/proc/PID/task/*`: to the nanosecond, where `/proc/PID/stat` counts 10 ms ticks). A thread
-/// that has exited takes its time with it: the servers measured keep theirs for the run.
+/// CPU seconds process `pid` has run so far, every live thread summed (each task's
+/// `schedstat`, as [`cpu_secs`]: to the nanosecond, where `/proc/PID/stat` counts 10 ms ticks).
+/// A thread that ends takes its time with it, and one that ends while it is read is left out;
+/// the servers measured keep their threads for the run. `None` if the process is gone.
 pub(super) fn process_cpu_secs(pid: u32, rate: TickRate) -> Option<f64> {
-    let tasks: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/task"))
-        .ok()?
-        .flatten()
-        .map(|e| e.path().to_string_lossy().into_owned())
-        .collect();
-    cpu_secs(&tasks, rate)
+    let per_task = |t: &str| cpu_secs(&[t.to_string()], rate);
+    sum_tasks(pid, per_task)
+}
+
+/// `f` over the live threads of process `pid` (`/proc/PID/task/*`), summed; a thread that ends
+/// while it is read counts nothing. `None` if the process is gone or no thread could be read.
+fn sum_tasks<T: std::iter::Sum<T>>(pid: u32, f: impl Fn(&str) -> Option<T>) -> Option<T> {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
+    let read: Vec<T> = tasks.flatten().filter_map(|e| f(&e.path().to_string_lossy())).collect();
+    (!read.is_empty()).then(|| read.into_iter().sum())
+}
+
+/// Context switches of process `pid` so far, every live thread summed ([`sum_tasks`]): `voluntary_ctxt_switches`
+/// (it slept: a wake-up each) and `nonvoluntary_ctxt_switches` of `/proc/PID/task/*/status`.
+pub(super) fn process_switches(pid: u32) -> Option<u64> {
+    sum_tasks(pid, |t| status_switches(&std::fs::read_to_string(format!("{t}/status")).ok()?))
+}
+
+/// Voluntary plus involuntary context switches from a `/proc/.../status` text.
+pub(super) fn status_switches(status: &str) -> Option<u64> {
+    let field = |name: &str| -> Option<u64> {
+        status.lines().find_map(|l| l.strip_prefix(name))?.trim_start_matches(':').trim().parse().ok()
+    };
+    Some(field("voluntary_ctxt_switches")? + field("nonvoluntary_ctxt_switches")?)
 }
 
 /// The first field of `/proc/.../schedstat`: nanoseconds on CPU.
@@ -309,20 +328,24 @@ mod tests {
         assert_eq!(stat_ticks("garbage"), None);
         assert_eq!(schedstat_ns("106123939 50324660 360\n"), Some(106_123_939));
         assert_eq!(schedstat_ns(""), None);
+        let st = "Name:\tudpx\nvoluntary_ctxt_switches:\t120\nnonvoluntary_ctxt_switches:\t7\n";
+        assert_eq!(status_switches(st), Some(127));
+        assert_eq!(status_switches("Name:\tudpx\n"), None);
     }
 
     #[test]
     fn a_process_cpu_time_counts_its_threads() {
         let rate = TickRate::new(100).unwrap();
         let before = process_cpu_secs(std::process::id(), rate).expect("this process's tasks");
-        // Another thread runs 50 ms of CPU (by its own clock, however busy the machine), says
-        // so and stays alive for the second reading: its share must be in it.
+        // Another thread runs 200 ms of CPU (by its own clock, however busy the machine), says
+        // so and stays alive for the second reading: its share must be in it. (A test thread
+        // beside this one that ends in between takes its own time out: far less than 50 ms.)
         let (spun_tx, spun) = std::sync::mpsc::channel::<()>();
         let (release, wait) = std::sync::mpsc::channel::<()>();
         let t = std::thread::spawn(move || {
             let own = || udpx_lab::cpu::ProcessCpu::thread().unwrap().total();
             let start = own();
-            while own() - start < Duration::from_millis(50) {
+            while own() - start < Duration::from_millis(200) {
                 std::hint::black_box(0u64);
             }
             spun_tx.send(()).unwrap();
@@ -332,7 +355,7 @@ mod tests {
         let after = process_cpu_secs(std::process::id(), rate).unwrap();
         drop(release);
         t.join().unwrap();
-        assert!(after - before >= 0.045, "{before} -> {after}");
+        assert!(after - before >= 0.15, "{before} -> {after}");
         assert_eq!(process_cpu_secs(u32::MAX, rate), None, "no such process");
     }
 }

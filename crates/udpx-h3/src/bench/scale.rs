@@ -40,7 +40,7 @@ use udpx_lab::env::Environment;
 use udpx_lab::judge::Check;
 use udpx_lab::netns::{ChildGroup, Namespace, Napi, Profile, Side, TestNet, TestNetConfig};
 
-use super::peers::process_cpu_secs;
+use super::peers::{process_cpu_secs, process_switches};
 use super::{write_cert, Programs, Scratch};
 use crate::load::{self, LoadConfig, LoadReport};
 use crate::load_tcp::{self, TcpHttp};
@@ -192,6 +192,9 @@ pub struct RowRun {
     pub server_process_s_per_gb: Option<f64>,
     /// Server CPU-microseconds per connection-second.
     pub server_cpu_us_per_conn_s: f64,
+    /// The server process's context switches over the window per request sent in it (each
+    /// voluntary one a wake-up after a sleep): how often the server had to be woken for the work.
+    pub server_switches_per_request: Option<f64>,
     /// The server's resident memory per connection, KiB: the larger of its resident set at the
     /// window's start and end, less before the first connection.
     pub server_kib_per_conn: Option<f64>,
@@ -650,7 +653,7 @@ fn one_run(
     let result = handle.join().map_err(|_| "the client panicked".to_string()).and_then(|r| r);
     drop(running);
     let load = result?;
-    let (busy, own) = spent?;
+    let Metered { busy, own, switches } = spent?;
     let secs = lc.duration.as_secs_f64();
     Ok(RowRun {
         server_cpu_pct: busy * 100.0 / secs,
@@ -658,6 +661,7 @@ fn one_run(
         server_cpu_s_per_gb: (load.bytes > 0).then(|| busy / (load.bytes as f64 / 1e9)),
         server_process_s_per_gb: (load.bytes > 0 && own > 0.0).then(|| own / (load.bytes as f64 / 1e9)),
         server_cpu_us_per_conn_s: busy * 1e6 / (n as f64 * secs),
+        server_switches_per_request: switches.filter(|_| load.requests > 0).map(|w| w as f64 / load.requests as f64),
         server_kib_per_conn: rss0.zip(rss1).map(|(a, b)| b.saturating_sub(a) as f64 / 1024.0 / n as f64),
         client_limited: load.client_cpu_pct() > CLIENT_LIMIT_PCT,
         host: scrape0
@@ -724,7 +728,7 @@ fn echo_floor(
     let (Some(sent), Some(answered)) = (count("SentMessages="), count("ReceivedMessages=")) else {
         return Err(format!("sockperf's client printed no totals: {}", text.trim()));
     };
-    let (busy, own) = spent?;
+    let Metered { busy, own, .. } = spent?;
     let window = cfg.window.as_secs_f64();
     Ok(EchoFloor {
         round: 0,
@@ -743,20 +747,30 @@ struct Meter {
     cpu: Option<CpuSample>,
     pid: u32,
     own: Option<f64>,
+    switches: Option<u64>,
+}
+
+/// What a [`Meter`] measured: seconds of the server CPU busy and of the process on CPU, and the
+/// process's context switches.
+struct Metered {
+    busy: f64,
+    own: f64,
+    switches: Option<u64>,
 }
 
 impl Meter {
     fn start(pid: u32, rate: TickRate) -> Meter {
-        Meter { cpu: CpuSample::now().ok(), pid, own: process_cpu_secs(pid, rate) }
+        Meter { cpu: CpuSample::now().ok(), pid, own: process_cpu_secs(pid, rate), switches: process_switches(pid) }
     }
 
-    /// Seconds: the server CPU busy, and the process on CPU, since `start`.
-    fn stop(self, place: &Place, rate: TickRate) -> Result<(f64, f64), String> {
-        let (cpu, own) = (CpuSample::now().ok(), process_cpu_secs(self.pid, rate));
+    /// What happened since `start`.
+    fn stop(self, place: &Place, rate: TickRate) -> Result<Metered, String> {
+        let (cpu, own, switches) =
+            (CpuSample::now().ok(), process_cpu_secs(self.pid, rate), process_switches(self.pid));
         let (Some(a), Some(b)) = (self.cpu, cpu) else { return Err("/proc/stat could not be read".into()) };
         let busy = b.diff(&a).busy_time(&[place.server_cpu], rate).as_secs_f64();
         let own = self.own.zip(own).map_or(0.0, |(a, b)| (b - a).max(0.0));
-        Ok((busy, own))
+        Ok(Metered { busy, own, switches: self.switches.zip(switches).map(|(a, b)| b.saturating_sub(a)) })
     }
 }
 
@@ -1025,9 +1039,9 @@ pub fn table(b: &ScaleBench) -> String {
     }
     let _ = writeln!(
         s,
-        "| server | conns | served % | never served | p50 / p99 / max ms | late | handshake p50 ms | server CPU % (its process) | CPU-s/GB (its process) | CPU-us per conn-s | KiB per conn | client CPU % |"
+        "| server | conns | served % | never served | p50 / p99 / max ms | late | handshake p50 ms | server CPU % (its process) | CPU-s/GB (its process) | CPU-us per conn-s | KiB per conn | server context switches per request | client CPU % |"
     );
-    let _ = writeln!(s, "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
+    let _ = writeln!(s, "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
     for row in &b.rows {
         let name = if row.idle { format!("{} (idle)", row.server.name()) } else { row.server.name().to_string() };
         let Some(r) = &row.median else {
@@ -1037,7 +1051,7 @@ pub fn table(b: &ScaleBench) -> String {
         let l = &r.load;
         let _ = writeln!(
             s,
-            "| {name} | {} | {} | {} | {:.1} / {:.1} / {:.1} | {} | {:.1} | {:.1} ({:.1}) | {} ({}) | {:.1} | {} | {:.0}{} |",
+            "| {name} | {} | {} | {} | {:.1} / {:.1} / {:.1} | {} | {:.1} | {:.1} ({:.1}) | {} ({}) | {:.1} | {} | {} | {:.0}{} |",
             row.connections,
             if row.idle { "-".to_string() } else { format!("{:.2}", l.served_pct()) },
             l.never_served,
@@ -1052,6 +1066,7 @@ pub fn table(b: &ScaleBench) -> String {
             r.server_process_s_per_gb.map_or("-".into(), |v| format!("{v:.2}")),
             r.server_cpu_us_per_conn_s,
             r.server_kib_per_conn.map_or("-".into(), |v| format!("{v:.1}")),
+            r.server_switches_per_request.map_or("-".into(), |v| format!("{v:.2}")),
             l.client_cpu_pct(),
             if r.client_limited { " (client-limited)" } else { "" }
         );
