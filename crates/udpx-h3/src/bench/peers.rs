@@ -264,12 +264,17 @@ pub(super) fn cpu_secs(tasks: &[String], rate: TickRate) -> Option<f64> {
     }
     let mut sum = 0.0;
     for t in tasks {
-        sum += match std::fs::read_to_string(format!("{t}/schedstat")).ok().and_then(|s| schedstat_ns(&s)) {
-            Some(ns) => ns as f64 / 1e9,
-            None => rate.to_secs_f64(stat_ticks(&std::fs::read_to_string(format!("{t}/stat")).ok()?)?),
-        };
+        sum += task_cpu_secs(t, rate)?;
     }
     Some(sum)
+}
+
+/// CPU seconds of one task directory so far ([`cpu_secs`]); `None` if it is gone.
+fn task_cpu_secs(task: &str, rate: TickRate) -> Option<f64> {
+    match std::fs::read_to_string(format!("{task}/schedstat")).ok().and_then(|s| schedstat_ns(&s)) {
+        Some(ns) => Some(ns as f64 / 1e9),
+        None => Some(rate.to_secs_f64(stat_ticks(&std::fs::read_to_string(format!("{task}/stat")).ok()?)?)),
+    }
 }
 
 /// CPU seconds process `pid` has run so far, every live thread summed (each task's
@@ -277,8 +282,7 @@ pub(super) fn cpu_secs(tasks: &[String], rate: TickRate) -> Option<f64> {
 /// A thread that ends takes its time with it, and one that ends while it is read is left out;
 /// the servers measured keep their threads for the run. `None` if the process is gone.
 pub(super) fn process_cpu_secs(pid: u32, rate: TickRate) -> Option<f64> {
-    let per_task = |t: &str| cpu_secs(&[t.to_string()], rate);
-    sum_tasks(pid, per_task)
+    sum_tasks(pid, |t| task_cpu_secs(t, rate))
 }
 
 /// `f` over the live threads of process `pid` (`/proc/PID/task/*`), summed; a thread that ends
@@ -289,8 +293,9 @@ fn sum_tasks<T: std::iter::Sum<T>>(pid: u32, f: impl Fn(&str) -> Option<T>) -> O
     (!read.is_empty()).then(|| read.into_iter().sum())
 }
 
-/// Context switches of process `pid` so far, every live thread summed ([`sum_tasks`]): `voluntary_ctxt_switches`
-/// (it slept: a wake-up each) and `nonvoluntary_ctxt_switches` of `/proc/PID/task/*/status`.
+/// Context switches of process `pid` so far, every live thread summed ([`sum_tasks`]):
+/// `voluntary_ctxt_switches` (it slept: a wake-up each) and `nonvoluntary_ctxt_switches` of
+/// `/proc/PID/task/*/status`.
 pub(super) fn process_switches(pid: u32) -> Option<u64> {
     sum_tasks(pid, |t| status_switches(&std::fs::read_to_string(format!("{t}/status")).ok()?))
 }

@@ -10,8 +10,9 @@
 //! GRO on both ends, and each side's receive work steered to its own CPU (`--napi`: the
 //! client's end in a NAPI thread pinned there, the server's in softirq or a thread, RPS for
 //! TCP, which veth never hands to the thread), so every packet's receive work (TCP's
-//! ACK-clocked sends included) is charged to the side that receives it. The client sends from many addresses of its namespace (one socket, IP_PKTINFO,
-//! for QUIC; a bound socket per connection for TCP).
+//! ACK-clocked sends included) is charged to the side that receives it. The client sends from
+//! many addresses of its namespace (one socket, IP_PKTINFO, for QUIC; a bound socket per
+//! connection for TCP).
 //!
 //! **What is counted.** Server CPU: the busy time of the server's CPU over the measured
 //! window, whoever ran there: the server, its NAPI thread, the kernel's work for it. Busy is
@@ -24,9 +25,9 @@
 //! CPU's busy share is mostly the agents'. Per byte: over the body bytes the client received
 //! in the window; per connection: CPU-seconds per connection-second. Server memory: its
 //! resident set once every connection is up (the larger of the window's start and end), less
-//! before the first one, per connection. The
-//! client's CPU is reported beside every row: a row whose client was above 80 % of its CPU
-//! judges the client, not the server, and its latency is not judged.
+//! before the first one, per connection. The client's CPU is reported beside every row: a row
+//! whose client was above 80 % of its CPU judges the client, not the server, and its latency is
+//! not judged.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
