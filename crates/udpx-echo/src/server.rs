@@ -17,20 +17,32 @@
 //! each, one 8-byte theoretical arrival time, updated lock-free), a source's cell chosen by a
 //! keyed hash (SipHash with a random per-process key) of its address.
 //!
+//! A request costs one token per started [`RateLimit::UNIT_BYTES`] (256) bytes of its payload:
+//! a request of up to 256 bytes (a transaction as [`default_recv_buffer`] sizes them; sockperf's
+//! are 14 to 64) costs one, a 60 KiB request 240. The bucket holds `limit` tokens and refills
+//! at `limit` a second, so one cell bounds requests and bytes at once, with one cost per
+//! request decided by one function for the system-call and the io_uring shard alike.
+//!
 //! What it guarantees, whatever a flood does:
 //! - **Bounded**: 512 KiB, allocated once; no entry per source, so a flood from any number of
 //!   forged sources cannot fill it, grow it or evict anyone.
 //! - **Reflection**: replies are the size of the request, and the requests of one source
-//!   address (a victim whose address is forged) are answered at most `limit` a second with a
-//!   burst of one second's worth: the bytes reflected toward any address are at most what was
-//!   forged, and at most `limit` x the request size per second.
+//!   address (a victim whose address is forged) are answered at most `limit` a second and at
+//!   most `limit` x 256 bytes of payload a second, with a burst of one second's worth of
+//!   either: over `t` seconds at most `limit` x (1 + `t`) requests and `limit` x 256 x (1 +
+//!   `t`) bytes (with the defaults, 1,000 requests and 256,000 bytes a second; UDP and IP
+//!   headers, 28 to 48 bytes a reply, come on top). The bytes reflected toward any address are
+//!   also at most what was forged. A request of more than `limit` x 256 bytes costs more than
+//!   a full bucket and is never answered (none exists at the default limit: UDP carries at
+//!   most 65,507 bytes).
 //! - **Legitimate sources**: sources that share a cell share its budget. The key is secret,
 //!   so a flood cannot aim at a chosen client's cell; spread over forged sources, a flood of
-//!   `F` requests a second adds about `F / CELLS` a second to every cell. A client sending
-//!   `r` a second keeps every request while `r + F / CELLS <= limit`: with the defaults
-//!   (65,536 cells, 1,000/s), a client at 100/s is untouched until the flood passes about 59
-//!   million requests a second, more than one server receives. Past that, clients lose
-//!   requests in proportion, as every cell is over its budget.
+//!   `F` tokens a second (a request of up to 256 bytes is one) adds about `F / CELLS` a second
+//!   to every cell. A client spending `r` tokens a second keeps every request while
+//!   `r + F / CELLS <= limit`: with the defaults (65,536 cells, 1,000/s), a client at 100
+//!   small requests a second is untouched until the flood passes about 59 million tokens a
+//!   second, more than one server receives. Past that, clients lose requests in proportion,
+//!   as every cell is over its budget.
 
 use std::hash::BuildHasher;
 use std::net::{IpAddr, SocketAddr};
@@ -93,7 +105,8 @@ pub struct ServeConfig {
     /// receive while requests keep arriving). Falls back to system calls where io_uring is
     /// unavailable (the shard counts `io_uring` 0 then).
     pub io_uring: bool,
-    /// Requests per second per source address at most, over all shards together (excess
+    /// Requests per second per source address at most, over all shards together, a request
+    /// counting once per started 256 bytes (so also at most this x 256 bytes a second; excess
     /// dropped and counted; a burst of up to one second's worth is admitted at once; the
     /// module docs say what it guarantees under a flood). `None`: no limit, an equal-size
     /// reflector for anyone who forges a victim's address: for benches with one source.
@@ -113,7 +126,8 @@ pub fn default_recv_buffer() -> usize {
     udpx::rcvbuf::plan(udpx::rcvbuf::RecvRole::Server { clients: 1024, burst: 4, datagram: 256 }).set
 }
 
-/// The per-source rate limit `udpx echo serve` applies unless told otherwise, requests/s.
+/// The per-source rate limit `udpx echo serve` applies unless told otherwise, requests/s (of
+/// up to [`RateLimit::UNIT_BYTES`] each: 256,000 bytes/s).
 pub const DEFAULT_RATE_LIMIT: u32 = 1_000;
 
 /// Most threads (and sockets) a server may have, oversubscribed or not: far past the CPU count
@@ -162,7 +176,7 @@ pub struct ShardCounters {
     pub dropped_send_error: AtomicU64,
     /// Malformed or truncated requests dropped.
     pub malformed: AtomicU64,
-    /// Requests over the per-source rate limit, dropped.
+    /// Requests over the per-source rate limit (in requests or in bytes: one budget), dropped.
     pub rate_limited: AtomicU64,
     /// Receive calls that returned data (with io_uring: reaps that found requests).
     pub recv_calls: AtomicU64,
@@ -448,17 +462,19 @@ impl Server {
     }
 }
 
-/// Requests per second per source address, one limiter shared by every shard of a server.
+/// Requests and bytes per second per source address, one limiter shared by every shard of a
+/// server.
 ///
 /// A fixed table of cells indexed by a keyed hash of the source address, each an `AtomicU64`
-/// holding a GCRA "theoretical arrival time" (ns since the limiter started): a request is
-/// admitted if admitting it keeps that time at most one second's worth of requests ahead of
-/// now, which is a token bucket of `per_sec` tokens refilled at `per_sec` a second, without a
-/// lock. Memory is fixed when the server starts and nothing is ever cleared, so no number of
+/// holding a GCRA "theoretical arrival time" (ns since the limiter started): a request of cost
+/// `c` tokens ([`RateLimit::cost`]: one per started [`RateLimit::UNIT_BYTES`]) moves that time
+/// `c` intervals on, and is admitted if that keeps it at most one second's worth of tokens
+/// ahead of now, which is a token bucket of `per_sec` tokens refilled at `per_sec` a second,
+/// without a lock. Memory is fixed when the server starts and nothing is ever cleared, so no number of
 /// (spoofed) sources resets anyone's bucket. Sources whose hashes collide share a cell and so
 /// a limit: a collision makes the limit stricter, never looser, and the random key (one per
 /// server) keeps a sender from choosing whose cell it lands in.
-/// The per-source limit (see the module docs for what it guarantees).
+/// The module docs say what it guarantees.
 #[derive(Debug)]
 pub(crate) struct RateLimit {
     interval_ns: u64,
@@ -470,8 +486,11 @@ pub(crate) struct RateLimit {
 
 impl RateLimit {
     /// Cells of a server's limiter: 512 KiB; about 65k sources before two share a limit.
-    /// Cells in the table.
     pub(crate) const CELLS: usize = 1 << 16;
+
+    /// Payload bytes one token pays for: a typical transaction (the 256 bytes
+    /// [`default_recv_buffer`] sizes a request at) costs one, as before bytes were counted.
+    pub const UNIT_BYTES: usize = 256;
 
     fn new(per_sec: u32, cells: usize) -> RateLimit {
         let interval_ns = (1_000_000_000 / u64::from(per_sec.max(1))).max(1);
@@ -484,19 +503,31 @@ impl RateLimit {
         }
     }
 
-    fn allow(&self, src: IpAddr) -> bool {
-        self.allow_at(src, self.start.elapsed().as_nanos() as u64)
+    /// Tokens a request of `len` payload bytes costs: one per started [`Self::UNIT_BYTES`],
+    /// one at least.
+    fn cost(len: usize) -> u64 {
+        len.div_ceil(Self::UNIT_BYTES).max(1) as u64
     }
 
-    /// Whether a request from `src` at `now` (ns since start) is admitted; admitting it takes
-    /// its share of the cell.
-    fn allow_at(&self, src: IpAddr, now: u64) -> bool {
+    fn allow(&self, src: IpAddr, len: usize) -> bool {
+        self.allow_at(src, len, self.start.elapsed().as_nanos() as u64)
+    }
+
+    /// The cell of `src`.
+    fn cell(&self, src: IpAddr) -> usize {
         // An IPv4 client of a dual-stack socket is the same source as over a v4 socket.
-        let i = (self.key.hash_one(src.to_canonical()) % self.cells.len() as u64) as usize;
-        let cell = &self.cells[i];
+        (self.key.hash_one(src.to_canonical()) % self.cells.len() as u64) as usize
+    }
+
+    /// Whether a request of `len` payload bytes from `src` at `now` (ns since start) is
+    /// admitted; admitting it takes its cost from the cell.
+    fn allow_at(&self, src: IpAddr, len: usize, now: u64) -> bool {
+        // At most 256 tokens (a 64 KiB datagram) of at most 1 s each: no overflow.
+        let step = Self::cost(len).saturating_mul(self.interval_ns);
+        let cell = &self.cells[self.cell(src)];
         let mut tat = cell.load(Relaxed);
         loop {
-            let next = tat.max(now) + self.interval_ns;
+            let next = tat.max(now).saturating_add(step);
             if next - now > self.burst_ns {
                 return false;
             }
@@ -565,6 +596,21 @@ fn send_replies<T>(
     out
 }
 
+/// Whether a received datagram is answered, the one rule of both shards (system calls and
+/// io_uring): a whole, well-formed request (else counted malformed) within its source's
+/// budget, which it then pays for by its size (else counted rate-limited).
+fn admit(data: &[u8], truncated: bool, src: IpAddr, limit: Option<&RateLimit>, c: &ShardCounters) -> bool {
+    if truncated || !proto::is_request(data) {
+        c.malformed.fetch_add(1, Relaxed);
+        return false;
+    }
+    if limit.is_some_and(|l| !l.allow(src, data.len())) {
+        c.rate_limited.fetch_add(1, Relaxed);
+        return false;
+    }
+    true
+}
+
 fn serve_shard(sock: &UdpSocket, cfg: &ServeConfig, limit: Option<&RateLimit>, stop: &AtomicBool, c: &ShardCounters) {
     let _ = sock.set_read_timeout(Some(Duration::from_millis(100)));
     let n = if cfg.batch { 32 } else { 1 };
@@ -581,15 +627,8 @@ fn serve_shard(sock: &UdpSocket, cfg: &ServeConfig, limit: Option<&RateLimit>, s
         keep.clear();
         for i in 0..got {
             let (m, data) = bufs.message_mut(i);
-            if m.truncated || !proto::is_request(data) {
-                c.malformed.fetch_add(1, Relaxed);
+            if !admit(data, m.truncated, m.addr.ip(), limit, c) {
                 continue;
-            }
-            if let Some(l) = limit {
-                if !l.allow(m.addr.ip()) {
-                    c.rate_limited.fetch_add(1, Relaxed);
-                    continue;
-                }
             }
             proto::make_reply(data);
             keep.push(i);
@@ -641,15 +680,8 @@ fn serve_shard_uring(
     while !stop.load(Relaxed) {
         let mut requests = 0u64;
         let res = shard.turn(Some(Duration::from_millis(100)), |m, data, replies| {
-            if m.truncated || !proto::is_request(data) {
-                c.malformed.fetch_add(1, Relaxed);
+            if !admit(data, m.truncated, m.addr.ip(), limit, c) {
                 return;
-            }
-            if let Some(l) = limit {
-                if !l.allow(m.addr.ip()) {
-                    c.rate_limited.fetch_add(1, Relaxed);
-                    return;
-                }
             }
             requests += 1;
             let mut reply = [0u8; 2048];
@@ -804,10 +836,10 @@ mod tests {
                 rng ^= rng >> 7;
                 rng ^= rng << 17;
                 let forged = IpAddr::from((0x0a00_0000u32 | (rng as u32 & 0x00ff_ffff)).to_be_bytes());
-                let _ = l.allow_at(forged, t);
+                let _ = l.allow_at(forged, 100, t);
                 if t >= next_client {
                     asked += 1;
-                    kept += l.allow_at(client, t) as u32;
+                    kept += l.allow_at(client, 100, t) as u32;
                     // 20 a second, give or take a few ms.
                     next_client += 45_000_000 + rng % 10_000_000;
                 }
@@ -828,13 +860,66 @@ mod tests {
         let l = RateLimit::new(10, 1024);
         let a = IpAddr::from(Ipv4Addr::new(10, 0, 0, 1));
         let t0 = 5_000_000_000;
-        assert_eq!((0..100).filter(|_| l.allow_at(a, t0)).count(), 10, "a full bucket: 10 at once");
-        assert!(!l.allow_at(a, t0 + 50_000_000), "half a token later");
-        assert!(l.allow_at(a, t0 + 100_000_000), "one token later");
-        assert_eq!((0..100).filter(|_| l.allow_at(a, t0 + 2_000_000_000)).count(), 10, "refilled, not beyond");
+        assert_eq!((0..100).filter(|_| l.allow_at(a, 100, t0)).count(), 10, "a full bucket: 10 at once");
+        assert!(!l.allow_at(a, 100, t0 + 50_000_000), "half a token later");
+        assert!(l.allow_at(a, 100, t0 + 100_000_000), "one token later");
+        assert_eq!((0..100).filter(|_| l.allow_at(a, 100, t0 + 2_000_000_000)).count(), 10, "refilled, not beyond");
         // The same source seen through a dual-stack socket shares the bucket.
         let mapped = IpAddr::from(Ipv4Addr::new(10, 0, 0, 1).to_ipv6_mapped());
-        assert!(!l.allow_at(mapped, t0 + 2_000_000_000));
+        assert!(!l.allow_at(mapped, 100, t0 + 2_000_000_000));
+    }
+
+    /// A request costs a token per started 256 bytes: a source of large requests empties its
+    /// bucket (and waits for the refill) in proportion to their size, within the same bytes a
+    /// second; a source of small requests keeps its requests a second, whatever the large one
+    /// does.
+    #[test]
+    fn large_requests_spend_the_budget_by_their_size() {
+        assert_eq!(
+            [1, 256, 257, 512, 1500, 61_440, 65_507].map(RateLimit::cost),
+            [1, 1, 2, 2, 6, 240, 256],
+            "one token per started 256 bytes"
+        );
+        let l = RateLimit::new(100, 1024);
+        let big = IpAddr::from(Ipv4Addr::new(10, 0, 0, 1));
+        // Another cell (the key is random: pick an address that does not share it).
+        let small = (2..=255u8)
+            .map(|b| IpAddr::from(Ipv4Addr::new(10, 0, 0, b)))
+            .find(|&a| l.cell(a) != l.cell(big))
+            .expect("1,024 cells");
+        let t0 = 5_000_000_000;
+        // A full bucket: 100 tokens, 25,600 bytes.
+        let admitted = |src, len, now| (0..1000).filter(|_| l.allow_at(src, len, now)).count();
+        assert_eq!(admitted(big, 2_560, t0), 10, "10 tokens each: a tenth as many as small ones");
+        assert_eq!(admitted(small, 100, t0), 100, "the small source keeps its 100 at once");
+        // 100 ms refill 10 tokens: one more large request, ten more small ones.
+        assert_eq!(admitted(big, 2_560, t0 + 100_000_000), 1);
+        assert_eq!(admitted(small, 100, t0 + 100_000_000), 10);
+        // A second later: a whole bucket again, of any size mix, never more bytes than 25,600.
+        assert_eq!(admitted(big, 25_600, t0 + 1_100_000_000), 1, "100 tokens: the whole bucket");
+        assert_eq!(admitted(big, 100, t0 + 1_100_000_000), 0, "and nothing left");
+        assert_eq!(admitted(big, 25_601, t0 + 9_000_000_000), 0, "more than a full bucket: never");
+
+        // Over 10 s of a flood of large requests from one source (a new one every 100 us),
+        // the bytes admitted stay within 100 x 256 a second and a second's burst; the small
+        // source in another cell keeps every one of its 50 requests a second throughout.
+        let l = RateLimit::new(100, 1024);
+        let (mut bytes, mut kept, mut asked) = (0usize, 0, 0);
+        let sizes = [61_440, 1_500, 9_000, 300];
+        for k in 0..100_000u64 {
+            let t = t0 + k * 100_000;
+            let len = sizes[k as usize % sizes.len()];
+            if l.allow_at(big, len, t) {
+                bytes += len;
+            }
+            if k % 200 == 0 {
+                asked += 1;
+                kept += l.allow_at(small, 100, t) as u32;
+            }
+        }
+        assert!(bytes <= 100 * RateLimit::UNIT_BYTES * 11, "{bytes} B admitted in 10 s: more than 25,600 B/s");
+        assert!(bytes >= 100 * RateLimit::UNIT_BYTES * 9 / 2, "{bytes} B: the large source still gets its share");
+        assert_eq!((kept, asked), (500, 500), "the small source is unaffected");
     }
 
     #[test]
@@ -842,15 +927,15 @@ mod tests {
         let l = RateLimit::new(1, 1024);
         let now = 3_000_000_000;
         let victim = IpAddr::from(Ipv4Addr::new(192, 0, 2, 1));
-        assert!(l.allow_at(victim, now));
-        assert!(!l.allow_at(victim, now));
+        assert!(l.allow_at(victim, 100, now));
+        assert!(!l.allow_at(victim, 100, now));
         // 200k distinct sources at the same instant: each cell admits its one token at most.
         let admitted =
-            (0u32..200_000).filter(|&i| l.allow_at(IpAddr::from(Ipv4Addr::from(0x0a00_0000 + i)), now)).count();
+            (0u32..200_000).filter(|&i| l.allow_at(IpAddr::from(Ipv4Addr::from(0x0a00_0000 + i)), 100, now)).count();
         assert!(admitted <= 1024, "{admitted} admitted past 1024 one-token cells");
         assert_eq!(l.cells.len(), 1024, "the table is fixed");
         // Nobody's bucket was refilled by the flood.
-        assert!(!l.allow_at(victim, now), "the flood reset the victim's bucket");
-        assert!(l.allow_at(victim, now + 1_000_000_000), "a second later it has a token again");
+        assert!(!l.allow_at(victim, 100, now), "the flood reset the victim's bucket");
+        assert!(l.allow_at(victim, 100, now + 1_000_000_000), "a second later it has a token again");
     }
 }

@@ -371,6 +371,76 @@ fn rate_limit_holds_across_shards() {
     judge_limit_of_10("rate_limit_holds_across_shards", &s, 1000, span);
 }
 
+/// Replies waiting on `s`: how many and their bytes (non-blocking: the server has stopped,
+/// so every reply it sent over loopback is already queued).
+fn drain_replies(s: &StdUdp) -> (u64, u64) {
+    s.set_nonblocking(true).unwrap();
+    let mut buf = vec![0u8; 1 << 16];
+    let (mut n, mut bytes) = (0, 0);
+    while let Ok(len) = s.recv(&mut buf) {
+        n += 1;
+        bytes += len as u64;
+    }
+    (n, bytes)
+}
+
+/// The limit counts bytes: a source sending large requests as fast as it can is answered at
+/// most 1,000 x 256 bytes a second (plus a second's burst) however many it sends, while a
+/// source of 100-byte requests beside it keeps every one; on both shards, the io_uring one
+/// with requests of the size its receive buffers take (2 KiB). Bytes are judged over `span`,
+/// the time the server took to decide every request (an upper bound, so never a flake).
+#[test]
+fn rate_limit_counts_bytes() {
+    use nix::sys::socket::{setsockopt, sockopt};
+    let limit = server::DEFAULT_RATE_LIMIT;
+    for (io_uring, big_len, big_n) in [(false, 60 * 1024, 300u64), (true, 1_800, 2_000)] {
+        let what = if io_uring { "rate_limit_counts_bytes +io_uring" } else { "rate_limit_counts_bytes" };
+        if let (true, Err(why)) = (io_uring, udpx::caps::io_uring_available()) {
+            udpx_lab::netns::record_skip(what, &why);
+            continue;
+        }
+        let cfg = ServeConfig {
+            rate_limit: Some(limit),
+            io_uring,
+            // Room for every request: a drop is not the limit.
+            recv_buffer: Some(32 << 20),
+            ..config(Mode::Reuseport, 1, true)
+        };
+        let srv = server::start(server::bind(&cfg).unwrap());
+        // Two source addresses: two budgets.
+        let big = StdUdp::bind("127.0.0.1:0").unwrap();
+        let small = StdUdp::bind("127.0.0.2:0").unwrap();
+        for s in [&big, &small] {
+            setsockopt(s, sockopt::RcvBufForce, &(32 << 20)).unwrap();
+        }
+        let start = Instant::now();
+        for i in 0..big_n {
+            big.send_to(&request(i, big_len), srv.addr).unwrap();
+            // 200 small requests spread over the large ones.
+            if i * 200 / big_n != (i + 1) * 200 / big_n {
+                small.send_to(&request(i, 100), srv.addr).unwrap();
+            }
+        }
+        let (s, span) = stop_when_accounted(srv, big_n + 200, start);
+        let drops: u64 = s.iter().map(|x| x.kernel_drops).sum();
+        let admitted: u64 = s.iter().map(|x| x.requests).sum();
+        let limited: u64 = s.iter().map(|x| x.rate_limited).sum();
+        assert_eq!((admitted + limited, drops), (big_n + 200, 0), "{what}: every request decided: {s:?}");
+        let (small_got, _) = drain_replies(&small);
+        let (big_got, big_bytes) = drain_replies(&big);
+        assert_eq!(small_got, 200, "{what}: the small source keeps every request: {s:?}");
+        assert_eq!(admitted, small_got + big_got, "{what}: a reply per admitted request: {s:?}");
+        let tokens = big_len.div_ceil(256) as u64;
+        let most_bytes = (f64::from(limit) * 256.0 * (1.0 + span.as_secs_f64())) as u64;
+        println!("{what}: {big_got} of {big_n} requests of {big_len} B answered ({big_bytes} B) in {span:?}");
+        assert!(big_got >= u64::from(limit) / tokens, "{what}: a full bucket's worth at once: {big_got}");
+        assert!(
+            big_bytes <= most_bytes,
+            "{what}: {big_bytes} B answered in {span:?}, at most {most_bytes} B at {limit} x 256 B/s"
+        );
+    }
+}
+
 #[test]
 fn bad_configuration_is_refused() {
     let base = config(Mode::Reuseport, 0, true);
