@@ -668,6 +668,14 @@ impl UdpSocket {
         self.faults.push(fault);
     }
 
+    /// Whether the socket's io_uring send ring (if it made one) is quiet: no entry queued,
+    /// none in the kernel, no completion unread, as after every send that returned (test
+    /// builds only, feature `fault-injection`).
+    #[cfg(feature = "fault-injection")]
+    pub fn io_uring_send_quiet(&self) -> bool {
+        self.send_scratch.lock().unwrap_or_else(|e| e.into_inner()).0.uring_quiet()
+    }
+
     /// Offers the kernel only `len` bytes of control buffer per received message from now on
     /// (0 restores the full buffer), so the kernel cuts control data with MSG_CTRUNC (test
     /// builds only, feature `fault-injection`).

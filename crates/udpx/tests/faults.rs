@@ -371,3 +371,106 @@ proptest::proptest! {
         assert_same(&sent, &got, "resumed sends");
     }
 }
+
+/// `io_uring_enter` failing in the middle of an io_uring send (the wait after the kernel took
+/// the entries, or the submission itself): the send returns only once the completion of
+/// every entry the kernel took has been read, so nothing it may still read goes back to the
+/// caller (the ring is quiet after every call), and it reports what went: continuing from
+/// there, every datagram arrives exactly once. An enter that keeps failing before the kernel
+/// took anything gives the ring up, reports the error with nothing sent, and the socket goes
+/// on by system calls.
+#[test]
+fn a_failed_io_uring_enter_waits_for_its_entries() {
+    if let Err(why) = udpx::caps::io_uring_available() {
+        return skip("a_failed_io_uring_enter_waits_for_its_entries", &why);
+    }
+    let cases = [(true, 1), (false, 1), (false, 3), (true, u32::MAX), (false, u32::MAX)];
+    for mode in [SendMode::Sendmmsg, SendMode::Sendmsg] {
+        for (after_submit, times) in cases {
+            let what = format!("{mode}: after_submit {after_submit}, {times} failed enters");
+            let rx = UdpSocket::builder(lo4()).recv_buffer(16 << 20).bind().unwrap();
+            let tx = UdpSocket::builder(lo4()).send_mode(mode).io_uring(udpx::Want::Required).bind().unwrap();
+            let sent = datagrams(100, 200);
+            let mut batch = Batch::for_socket(&tx);
+            for d in &sent {
+                batch.push(rx.local_addr(), d).unwrap();
+            }
+            let ts = batch.transmits();
+            tx.inject_fault(Fault::UringEnter { errno: libc::EBADR, after_submit, times });
+            let (mut from, mut errors, mut rounds) = (0, 0, 0);
+            while from < ts.len() {
+                rounds += 1;
+                assert!(rounds < 100, "{what}: no progress");
+                match tx.send(&ts[from..]) {
+                    Ok(n) => from += n,
+                    Err(e) => {
+                        assert!(
+                            matches!(&e.kind, SendErrorKind::Io(io) if io.raw_os_error() == Some(libc::EBADR)),
+                            "{what}: {e}"
+                        );
+                        errors += 1;
+                        from += e.sent;
+                    }
+                }
+                assert!(tx.io_uring_send_quiet(), "{what}: returned with entries queued or unread");
+            }
+            // Only an enter that never lets the kernel take the entries is an error the
+            // caller sees: every other failure was waited out.
+            let given_up = !after_submit && times == u32::MAX;
+            assert_eq!(errors, u32::from(given_up), "{what}");
+            let got = receive(&rx, sent.len(), Duration::from_millis(300), Duration::from_secs(5));
+            assert_same(&sent, &got, &what);
+        }
+    }
+}
+
+/// The same for zerocopy entries (`IORING_OP_SENDMSG_ZC`): a failed enter after the kernel
+/// took them is waited out, every buffer comes back after its notification, and every
+/// datagram arrives exactly once.
+#[test]
+fn a_failed_io_uring_enter_waits_for_its_zerocopy_entries() {
+    if !KernelCaps::get().zerocopy || !udpx::caps::io_uring_zerocopy_available() {
+        return skip("a_failed_io_uring_enter_waits_for_its_zerocopy_entries", "no io_uring SENDMSG_ZC");
+    }
+    let rx = UdpSocket::builder(lo4()).recv_buffer(16 << 20).bind().unwrap();
+    let cfg = udpx::ZcConfig { copied_limit: 0, ..udpx::ZcConfig::default() };
+    let tx = UdpSocket::builder(lo4())
+        .send_mode(SendMode::GsoSendmsg)
+        .zerocopy(udpx::Want::Required)
+        .zerocopy_config(cfg)
+        .io_uring(udpx::Want::Required)
+        .bind()
+        .unwrap();
+    let pool = udpx::ZcPool::new(1000 * 8, 2);
+    let mut sent = Vec::new();
+    for k in 0..6u32 {
+        if k % 2 == 0 {
+            tx.inject_fault(Fault::UringEnter { errno: libc::EBADR, after_submit: true, times: 1 });
+        }
+        let mut buf = loop {
+            if let Some(b) = pool.get() {
+                break b;
+            }
+            tx.reap_completions(Some(Duration::from_millis(50))).unwrap();
+        };
+        buf.set_len(8 * 1000);
+        for (i, chunk) in buf.chunks_mut(1000).enumerate() {
+            let d = payload(k * 8 + i as u32, 1000);
+            chunk.copy_from_slice(&d);
+            sent.push(d);
+        }
+        tx.send_zerocopy(rx.local_addr(), buf, Some(1000)).unwrap();
+        assert!(tx.io_uring_send_quiet(), "send {k}: returned with entries queued or unread");
+    }
+    for _ in 0..100 {
+        if tx.zerocopy_in_flight() == 0 {
+            break;
+        }
+        tx.reap_completions(Some(Duration::from_millis(50))).unwrap();
+    }
+    assert_eq!((tx.zerocopy_in_flight(), pool.free()), (0, 2), "every buffer back");
+    let got = receive(&rx, sent.len(), Duration::from_millis(300), Duration::from_secs(5));
+    assert_same(&sent, &got, "zerocopy through a failed enter");
+    let c = tx.counters();
+    assert_eq!(c.zerocopy_completed, c.zerocopy_sends, "{c:?}");
+}

@@ -23,6 +23,19 @@ pub enum Fault {
     /// only means something on a GSO send (EIO), where which call comes first depends on
     /// timing.
     ErrnoOnGso(i32),
+    /// The next call that goes through io_uring queues its entries as usual, but its
+    /// `io_uring_enter` calls fail with `errno`, `times` of them (1 at least): the first after
+    /// the kernel took the entries (`after_submit`, as when the wait for completions fails)
+    /// or before. Every entry the kernel took must still be waited for, and what went
+    /// reported, before the send returns. A call by system calls consumes it unaffected.
+    UringEnter {
+        /// The errno `io_uring_enter` returns.
+        errno: i32,
+        /// Whether the kernel takes the entries before the first failure.
+        after_submit: bool,
+        /// How many calls of that send fail.
+        times: u32,
+    },
     /// The next call goes through untouched: a place holder that puts the faults queued after
     /// it on later calls (an io_uring retry round, say).
     Pass,

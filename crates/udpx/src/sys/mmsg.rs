@@ -130,7 +130,7 @@ impl SendScratch {
     pub(crate) fn zc_on_ring(&self) -> bool {
         #[cfg(feature = "io-uring")]
         {
-            matches!(&self.ring, Some(Ok(r)) if r.has_zerocopy())
+            matches!(&self.ring, Some(Ok(r)) if r.has_zerocopy() && r.is_usable())
         }
         #[cfg(not(feature = "io-uring"))]
         {
@@ -147,6 +147,17 @@ impl SendScratch {
         }
         let _ = wait;
         Ok(Vec::new())
+    }
+
+    /// Whether this scratch's send ring, if it has one, has no entry queued, none in the
+    /// kernel and no completion unread (test builds).
+    #[cfg(feature = "fault-injection")]
+    pub(crate) fn uring_quiet(&mut self) -> bool {
+        #[cfg(feature = "io-uring")]
+        if let Some(Ok(r)) = self.ring.as_mut() {
+            return r.is_quiet();
+        }
+        true
     }
 
     /// Forgets the planned messages.
@@ -212,15 +223,25 @@ impl SendScratch {
             return Ok(0);
         }
         let gso = self.meta[..n].iter().any(|m| m.segment_size.is_some());
+        let mut enter_fault = None;
         match faults.next(gso) {
             Some(Fault::Errno(e) | Fault::ErrnoOnGso(e)) => return Err(io::Error::from_raw_os_error(e)),
             Some(Fault::Short(k)) if mmsg => n = n.min(k.max(1)),
+            Some(Fault::UringEnter { errno, after_submit, times }) => enter_fault = Some((errno, after_submit, times)),
             _ => {}
         }
+        #[cfg(not(all(feature = "io-uring", feature = "fault-injection")))]
+        let _ = enter_fault;
         #[cfg(feature = "io-uring")]
         if let Some(nonblocking) = uring {
             let ring = self.ring.get_or_insert_with(|| super::uring::Ring::new(BATCH as u32).map_err(|_| ()));
-            if let Ok(ring) = ring {
+            // A ring given up on after io_uring_enter kept failing is never entered again.
+            if let Some(ring) = ring.as_mut().ok().filter(|r| r.is_usable()) {
+                #[cfg(feature = "fault-injection")]
+                if let Some((errno, after_submit, times)) = enter_fault {
+                    let times = times.max(1);
+                    ring.fail_next_enter(super::uring::EnterFault { errno, after_submit, times });
+                }
                 let f = if nonblocking { flags | libc::MSG_DONTWAIT } else { flags };
                 if f & libc::MSG_ZEROCOPY == 0 {
                     return ring.sendmsgs(fd.as_raw_fd(), &mut self.hdrs, n, f);

@@ -8,6 +8,11 @@
 //!        cancelled (-ECANCELED), so "the first k went" has the meaning sendmmsg's return has
 //! ```
 //!
+//! The entries point at the caller's headers and payloads, so a send returns only once every
+//! entry the kernel took has completed, also when `io_uring_enter` fails on the way; a ring
+//! that cannot be entered any more is given up (never entered again), or, with entries still
+//! in the kernel, the process aborts rather than hand their buffers back ([`Ring::complete`]).
+//!
 //! Everything above it (GSO planning and fallbacks, the cursor, ENOBUFS, ICMP retries) is the
 //! same code as the system-call path: the messages are the same `mmsghdr`s, only the submission
 //! differs. A non-blocking socket's entries carry `MSG_DONTWAIT`, so a full socket answers
@@ -39,6 +44,9 @@ const ZC_TAG: u64 = 1 << 63;
 const SEND_ZC_REPORT_USAGE: u16 = 1 << 3;
 /// In a notification's result: the kernel copied the data after all.
 const NOTIF_USAGE_ZC_COPIED: u32 = 1 << 31;
+/// Failed `io_uring_enter` calls in a row, none of them followed by a completion, after which
+/// a send stops waiting for its entries ([`Ring::complete`]).
+const ENTER_TRIES: u32 = 100;
 
 /// One ring, owned by one [`crate::SendBuffers`] (so by one thread at a time).
 pub(crate) struct Ring {
@@ -53,6 +61,14 @@ pub(crate) struct Ring {
     notifs: Vec<Notif>,
     /// Ids whose send failed after taking them (their notification is not judged).
     failed_ids: Vec<u32>,
+    /// `io_uring_enter` kept failing with entries never taken left in the submission queue:
+    /// the ring is never entered again (an enter would submit entries that point at buffers
+    /// long gone) and the socket sends by system calls.
+    broken: bool,
+    /// Test builds: the next send's `io_uring_enter` calls fail with this errno, the first
+    /// after submitting (`after_submit`) or before, `times` calls in all.
+    #[cfg(feature = "fault-injection")]
+    enter_fault: Option<EnterFault>,
 }
 
 impl std::fmt::Debug for Ring {
@@ -81,7 +97,35 @@ impl Ring {
             zc: probe.is_supported(opcode::SendMsgZc::CODE),
             notifs: Vec::new(),
             failed_ids: Vec::new(),
+            broken: false,
+            #[cfg(feature = "fault-injection")]
+            enter_fault: None,
         })
+    }
+
+    /// Whether the ring may be used: false once given up on (see [`Ring::complete`]).
+    pub(crate) fn is_usable(&self) -> bool {
+        !self.broken
+    }
+
+    /// Makes the next send's `io_uring_enter` calls fail (the test-only seam of
+    /// [`super::fault`]).
+    #[cfg(feature = "fault-injection")]
+    pub(crate) fn fail_next_enter(&mut self, fault: EnterFault) {
+        self.enter_fault = Some(fault);
+    }
+
+    /// Whether no entry is waiting to be submitted (but on a ring given up on, which is never
+    /// entered again) and no send completion is unread (zerocopy notifications are kept for
+    /// [`Ring::take_notifs`]): [`Ring::complete`] returns only when no entry is in the kernel
+    /// (tests).
+    #[cfg(feature = "fault-injection")]
+    pub(crate) fn is_quiet(&mut self) -> bool {
+        let mut unread = 0;
+        for c in self.ring.completion() {
+            unread += sort(&mut self.notifs, &mut self.failed_ids, &c).is_some() as usize;
+        }
+        unread == 0 && (self.broken || self.ring.submission().is_empty())
     }
 
     /// Whether zerocopy entries (`IORING_OP_SENDMSG_ZC`) are available.
@@ -93,7 +137,8 @@ impl Ring {
     /// waits up to that long for a completion when none is queued.
     pub(crate) fn take_notifs(&mut self, wait: Option<std::time::Duration>) -> io::Result<Vec<Notif>> {
         self.read_completions();
-        if let (Some(w), true) = (wait, self.notifs.is_empty()) {
+        // A broken ring is not entered again (see `broken`): what it posts is still read.
+        if let (Some(w), true, false) = (wait, self.notifs.is_empty(), self.broken) {
             let ts = types::Timespec::from(w);
             match self.ring.submitter().submit_with_args(1, &types::SubmitArgs::new().timespec(&ts)) {
                 Ok(_) => {}
@@ -129,21 +174,94 @@ impl Ring {
         self.push_chain(hdrs, n, |i, h| {
             opcode::SendMsg::new(types::Fd(fd), h).flags(flags as u32).build().user_data(i as u64)
         })?;
-        let mut done = 0;
+        let failed = self.complete(n, Chain::Plain);
+        self.outcome(hdrs, n, failed)
+    }
+
+    /// Submits the `n` entries just pushed and reads completions until every one of them has
+    /// posted its (first) completion, into `results` (and `more`); returns the first error of
+    /// `io_uring_enter` met on the way, if any.
+    ///
+    /// An error of `io_uring_enter` does not end the wait: entries the kernel took point at
+    /// the caller's headers and payloads, and returning would hand those back while the
+    /// kernel may still read them. Entries it has not taken sit in the submission queue, and
+    /// the next enter (anyone's) would submit them. So the wait goes on, entering again; only
+    /// after [`ENTER_TRIES`] failures in a row without a completion does it give up:
+    /// - every entry the kernel took has completed, only entries it never took are left: the
+    ///   ring is marked broken and never entered again (those entries are never submitted);
+    ///   the send reports what went and the error, and later sends use system calls;
+    /// - an entry is still in the kernel, on a ring that cannot be entered: no return is
+    ///   safe (the caller would free or reuse what the kernel may still read, and nothing
+    ///   here can keep the caller's buffers), so the process aborts, saying why.
+    fn complete(&mut self, n: usize, chain: Chain) -> Option<io::Error> {
         self.results[..n].fill(-libc::ECANCELED);
-        let mut first = true;
+        self.more[..n].fill(false);
+        let (mut done, mut first, mut failed, mut tries) = (0, true, None::<io::Error>, 0);
         while done < n {
-            self.enter(&mut first, n - done)?;
+            // A zerocopy entry's notification is a completion too: wait for one at a time.
+            let want = if let Chain::Zc { .. } = chain { 1 } else { n - done };
+            if let Err(e) = self.enter(&mut first, want) {
+                if failed.is_none() {
+                    log::warn!("udpx: io_uring_enter failed during a send ({e}); waiting for its entries");
+                }
+                failed.get_or_insert(e);
+                tries += 1;
+            }
+            let before = done;
             for cqe in self.ring.completion() {
-                let Some((ud, res, _)) = sort(&mut self.notifs, &mut self.failed_ids, &cqe) else { continue };
-                let i = ud as usize;
+                let Some((ud, res, more)) = sort(&mut self.notifs, &mut self.failed_ids, &cqe) else { continue };
+                let i = match chain {
+                    Chain::Plain => ud as usize,
+                    Chain::Zc { first_id } if ud & ZC_TAG != 0 => (ud as u32).wrapping_sub(first_id) as usize,
+                    Chain::Zc { .. } => continue,
+                };
                 if i < n {
                     self.results[i] = res;
+                    self.more[i] = more;
+                } else if let Chain::Zc { .. } = chain {
+                    continue;
                 }
                 done += 1;
             }
+            if done > before {
+                tries = 0;
+            } else if tries >= ENTER_TRIES {
+                // Entries never taken stay in the queue; the rest were taken by the kernel.
+                let queued = self.ring.submission().len();
+                let in_kernel = n.saturating_sub(done + queued);
+                if in_kernel > 0 {
+                    log::error!(
+                        "udpx: io_uring_enter keeps failing ({}) with {in_kernel} send entries in the kernel, which \
+                         may still read the caller's buffers: aborting rather than handing them back",
+                        failed.as_ref().map_or_else(String::new, ToString::to_string)
+                    );
+                    std::process::abort();
+                }
+                log::error!(
+                    "udpx: io_uring_enter keeps failing ({}); the send ring is given up, {queued} entries never \
+                     submitted; sends go by system calls",
+                    failed.as_ref().map_or_else(String::new, ToString::to_string)
+                );
+                self.broken = true;
+                break;
+            }
         }
-        self.first_sent(hdrs, n)
+        #[cfg(feature = "fault-injection")]
+        {
+            self.enter_fault = None;
+        }
+        failed
+    }
+
+    /// What a send reports once [`Ring::complete`] is done: the first `k >= 1` entries that
+    /// went (an error of `io_uring_enter` on the way is then lost, as `sendmmsg` loses an
+    /// error after a message went); when none did, the first entry's own error, or the
+    /// enter's when it was never sent.
+    fn outcome(&self, hdrs: &mut [libc::mmsghdr], n: usize, failed: Option<io::Error>) -> io::Result<usize> {
+        match (self.first_sent(hdrs, n), failed) {
+            (Err(_), Some(e)) if self.results[0] == -libc::ECANCELED => Err(e),
+            (res, _) => res,
+        }
     }
 
     /// One `io_uring_enter` for a batch: the first (`*first`) only submits, without waiting
@@ -153,6 +271,18 @@ impl Ring {
     /// returns, so the usual batch costs no wait. Later calls wait for `want` completions
     /// (a blocking socket's entry waits in the kernel for room). EINTR is not an error.
     fn enter(&mut self, first: &mut bool, want: usize) -> io::Result<()> {
+        #[cfg(feature = "fault-injection")]
+        if let Some(f) = self.enter_fault.as_mut() {
+            if std::mem::take(first) && f.after_submit {
+                self.ring.submit()?;
+            }
+            let errno = f.errno;
+            f.times -= 1;
+            if f.times == 0 {
+                self.enter_fault = None;
+            }
+            return Err(io::Error::from_raw_os_error(errno));
+        }
         let r = if std::mem::take(first) { self.ring.submit() } else { self.ring.submit_and_wait(want) };
         match r {
             Ok(_) => Ok(()),
@@ -176,10 +306,13 @@ impl Ring {
             }
             // SAFETY: the entry points at hdrs[i].msg_hdr, whose name, iovec and control
             // pointers target buffers the caller keeps alive and unmoved for the call; both
-            // callers wait for every entry's (first) completion before returning, after which
-            // the kernel reads no header (a SENDMSG_ZC payload is read until its notification:
-            // the socket's zerocopy tracker owns that buffer until then). The queue has
-            // `entries` >= n free slots: every earlier call drained all its completions.
+            // callers wait for every entry's (first) completion before returning, also when
+            // io_uring_enter fails (`complete`: an entry the kernel took is waited for or the
+            // process aborts; one it never took is never submitted: the ring is not entered
+            // again), after which the kernel reads no header (a SENDMSG_ZC payload is read
+            // until its notification: the socket's zerocopy tracker owns that buffer until
+            // then). The queue has `entries` >= n free slots: every earlier call drained all
+            // its completions, and a ring given up on is never pushed to again.
             unsafe { sq.push(&e) }.map_err(|_| io::Error::other("io_uring submission queue full"))?;
         }
         Ok(())
@@ -224,23 +357,8 @@ impl Ring {
                 .build()
                 .user_data(ZC_TAG | u64::from(first_id.wrapping_add(i as u32)))
         })?;
-        let mut done = 0;
-        self.results[..n].fill(-libc::ECANCELED);
-        self.more[..n].fill(false);
-        let mut first = true;
-        while done < n {
-            self.enter(&mut first, 1)?;
-            for cqe in self.ring.completion() {
-                let Some((ud, res, more)) = sort(&mut self.notifs, &mut self.failed_ids, &cqe) else { continue };
-                let i = (ud as u32).wrapping_sub(first_id) as usize;
-                if ud & ZC_TAG != 0 && i < n {
-                    self.results[i] = res;
-                    self.more[i] = more;
-                    done += 1;
-                }
-            }
-        }
-        let res = self.first_sent(hdrs, n);
+        let failed = self.complete(n, Chain::Zc { first_id });
+        let res = self.outcome(hdrs, n, failed);
         let k = *res.as_ref().unwrap_or(&0);
         batch.sent = k;
         if k < n && self.more[k] {
@@ -254,6 +372,27 @@ impl Ring {
         }
         res
     }
+}
+
+/// Failures of `io_uring_enter` a test asks for ([`super::fault::Fault::UringEnter`]).
+#[cfg(feature = "fault-injection")]
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct EnterFault {
+    /// The errno each failing call returns.
+    pub errno: i32,
+    /// The first failing call submits the entries first.
+    pub after_submit: bool,
+    /// Calls that fail, 1 at least.
+    pub times: u32,
+}
+
+/// How the entries of a send are told apart in their completions' user data.
+#[derive(Debug, Clone, Copy)]
+enum Chain {
+    /// Entry `i`'s user data is `i`.
+    Plain,
+    /// Entry `i`'s user data is [`ZC_TAG`] and zerocopy id `first_id + i`.
+    Zc { first_id: u32 },
 }
 
 /// Sorts one completion: a zerocopy notification is kept in `notifs` (marked failed when its
