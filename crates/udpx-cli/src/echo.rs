@@ -67,7 +67,8 @@ struct ServeArgs {
     cid_byte: u8,
     /// Requests per second per source address at most, over all threads together, or `off`
     /// (then anyone can make the server reflect equal-size datagrams at a forged address at
-    /// any rate: for benches with one source only).
+    /// any rate: for benches with one source only). A request costs one per started 256 bytes,
+    /// so a source also gets at most this x 256 bytes a second.
     #[arg(long, value_parser = parse_rate_limit, default_value = "1000")]
     rate_limit: RateLimitArg,
     /// Receive buffer per shard in bytes (the kernel doubles it); default: room for a burst of
@@ -208,7 +209,7 @@ fn serve(a: ServeArgs) -> ExitCode {
         srv.stats().len(),
         rcvbuf >> 10,
         match a.rate_limit.0 {
-            Some(n) => format!("at most {n} requests/s per source address"),
+            Some(n) => format!("at most {n} requests/s and {} kB/s per source address", u64::from(n) * 256 / 1000),
             None => "NO per-source rate limit (--rate-limit off): a reflector for forged sources".into(),
         }
     );

@@ -163,6 +163,12 @@ struct ServeArgs {
     /// another host's IDs with resets would hand an attacker their tokens (RFC 9000 21.11).
     #[arg(long, requires = "key_file")]
     no_stateless_resets: bool,
+    /// A file of host IDs taken out of the service (decimal or 0x hex, separated by commas,
+    /// spaces or lines; `#` starts a comment), read at start and again on SIGHUP. Stateless
+    /// resets (with --key-file) answer only this host's own connection IDs and those of the
+    /// hosts listed here: never a live host's, whose packets may reach this one by mistake.
+    #[arg(long, value_name = "FILE", requires = "key_file")]
+    removed_hosts: Option<PathBuf>,
     /// Address validation with Retry: `always`, `never`, or `auto` (while half-open handshakes
     /// pass a quarter of --max-half-open: under an Initial flood).
     #[arg(long, default_value = "auto")]
@@ -222,8 +228,17 @@ struct ServeArgs {
     #[arg(long, default_value_t = 100)]
     max_open_per_conn: usize,
     /// Responses with an open file one shard may hold (503 past it).
-    #[arg(long, default_value_t = 4096)]
+    #[arg(long, default_value_t = udpx_h3::DEFAULT_MAX_OPEN_PER_SHARD)]
     max_open_per_shard: usize,
+    /// Of them, what the connections of one address (IPv6: one /64) may hold on a shard (503
+    /// past it), so that one client cannot take every file of the shard.
+    #[arg(long, default_value_t = udpx_h3::DEFAULT_MAX_OPEN_PER_ADDR)]
+    max_open_per_addr: usize,
+    /// A response the client takes no byte of for this many seconds (a zero flow-control
+    /// window) is reset and its file closed. 1 to 3600.
+    #[arg(long, value_name = "SECS", default_value_t = udpx_h3::DEFAULT_STALL_TIMEOUT.as_secs(),
+          value_parser = clap::value_parser!(u64).range(1..=3600))]
+    stall_timeout: u64,
     /// Serve Prometheus metrics (`GET /metrics`): each shard's socket and QUIC counters, and
     /// the HTTP responses by status class. A port alone listens on 127.0.0.1; give an address
     /// (0.0.0.0:9100) to let other hosts scrape it.
@@ -664,6 +679,22 @@ pub fn main(a: H3Args) -> ExitCode {
     }
 }
 
+/// The service key file must be the owner's alone: its secret makes every host's reset tokens,
+/// Retry tokens and session ticket keys.
+fn key_file_private(p: &std::path::Path) -> Result<(), String> {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(p).map_err(|e| e.to_string())?.permissions().mode();
+    if mode & 0o077 != 0 {
+        return Err(format!(
+            "group or others may read or write it (mode {:04o}): the secret must be the owner's alone; \
+             run chmod 600 {}",
+            mode & 0o7777,
+            p.display()
+        ));
+    }
+    Ok(())
+}
+
 fn check_payload(n: usize) -> Result<(), String> {
     if !(1200..=65_527).contains(&n) {
         return Err(format!("--max-udp-payload {n}: give 1200 (QUIC's minimum) to 65527"));
@@ -690,7 +721,9 @@ fn serve(a: ServeArgs) -> ExitCode {
     let keys = match &a.key_file {
         None => None,
         Some(p) => {
-            match std::fs::read_to_string(p).map_err(|e| e.to_string()).and_then(|t| udpx_quic::reset::parse_secret(&t))
+            match key_file_private(p)
+                .and_then(|()| std::fs::read_to_string(p).map_err(|e| e.to_string()))
+                .and_then(|t| udpx_quic::reset::parse_secret(&t))
             {
                 Ok(secret) if a.no_stateless_resets => Some(udpx_quic::ServiceKeys::shared(&secret).without_resets()),
                 Ok(secret) => Some(udpx_quic::ServiceKeys::shared(&secret)),
@@ -698,6 +731,19 @@ fn serve(a: ServeArgs) -> ExitCode {
             }
         }
     };
+    let removed_hosts = udpx_quic::RemovedHosts::default();
+    let read_removed = |path: &std::path::Path| -> Result<Vec<u16>, String> {
+        std::fs::read_to_string(path)
+            .map_err(|e| e.to_string())
+            .and_then(|t| udpx_quic::RemovedHosts::parse(&t))
+            .map_err(|e| format!("--removed-hosts {}: {e}", path.display()))
+    };
+    if let Some(p) = &a.removed_hosts {
+        match read_removed(p) {
+            Ok(ids) => removed_hosts.set(&ids),
+            Err(e) => return usage(e),
+        }
+    }
     let handshake_timeout = match duration("--handshake-timeout", a.handshake_timeout) {
         Ok(d) => d,
         Err(e) => return usage(e),
@@ -727,6 +773,7 @@ fn serve(a: ServeArgs) -> ExitCode {
         site: SiteOptions { cache_control: a.cache_control, access_log: a.access_log },
         keys,
         limits,
+        removed_hosts: removed_hosts.clone(),
         early_data: a.early_data,
         grease: a.grease,
         cc: a.cc,
@@ -736,11 +783,15 @@ fn serve(a: ServeArgs) -> ExitCode {
         zerocopy: a.zerocopy,
         max_open_per_conn: a.max_open_per_conn,
         max_open_per_shard: a.max_open_per_shard,
+        max_open_per_addr: a.max_open_per_addr,
+        stall_timeout: std::time::Duration::from_secs(a.stall_timeout),
         alt_svc_tcp: a.alt_svc_tcp,
     };
-    // SIGINT and SIGTERM are blocked before the shard threads start (they inherit the mask),
-    // and one thread below takes them: the server then stops cleanly and prints its counters.
+    // SIGHUP, SIGINT and SIGTERM are blocked before the shard threads start (they inherit the
+    // mask), and a thread each takes them: SIGHUP reads the files again (today the removed
+    // hosts); SIGINT and SIGTERM stop the server cleanly, and it prints its counters.
     crate::util::raise_open_files("h3 serve");
+    let reload = crate::util::reload_on_sighup();
     let stop = crate::util::stop_on_signals();
     let server = match udpx_h3::serve(&a.dir, &cfg) {
         Ok(s) => s,
@@ -782,6 +833,19 @@ fn serve(a: ServeArgs) -> ExitCode {
     let start = std::time::Instant::now();
     while !stop.load(Ordering::Relaxed) && dur.is_none_or(|d| start.elapsed() < d) && server.is_running() {
         std::thread::sleep(Duration::from_millis(50));
+        if reload.swap(false, Ordering::Relaxed) {
+            // What SIGHUP reads again today: the removed hosts (a bad file keeps the old set).
+            match a.removed_hosts.as_deref().map(read_removed) {
+                Some(Ok(ids)) => {
+                    removed_hosts.set(&ids);
+                    eprintln!("udpx h3 serve: SIGHUP: removed hosts now {ids:?}");
+                }
+                Some(Err(e)) => {
+                    eprintln!("udpx h3 serve: SIGHUP: {e}; the removed hosts stay {:?}", removed_hosts.list())
+                }
+                None => eprintln!("udpx h3 serve: SIGHUP: nothing to read again (no --removed-hosts)"),
+            }
+        }
     }
     drop(metrics);
     match server.stop() {

@@ -50,12 +50,23 @@ struct NftArgs {
     #[arg(long, default_value_t = 443)]
     port: u16,
     /// A host: its server ID (`udpx h3 serve --host-id`, decimal or 0x hex) = its address
-    /// seen from the balancer. Repeat for each host; host N in order gets firewall mark N.
+    /// seen from the balancer. Repeat for each host; a host's firewall mark and routing table
+    /// are 0x10000 + its ID, so taking one out moves no other.
     #[arg(long = "host", value_name = "ID=NEXTHOP", value_parser = parse_host)]
     hosts: Vec<Host>,
     /// How packets reach the hosts.
     #[arg(long, value_enum, default_value_t = ModeArg::Stateless)]
     mode: ModeArg,
+    /// The hash seed (hex, e.g. 0x1234abcd) for Initials and the 4-tuple fallback: give the
+    /// one printed in the last rules' head when regenerating them, so a reload keeps hashed
+    /// packets on their hosts. Without it a random one is drawn (and printed).
+    #[arg(long, value_parser = parse_seed)]
+    seed: Option<u32>,
+}
+
+fn parse_seed(s: &str) -> Result<u32, String> {
+    let hex = s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")).unwrap_or(s);
+    u32::from_str_radix(hex, 16).map_err(|_| format!("--seed {s:?}: give 1 to 8 hex digits, e.g. 0x1234abcd"))
 }
 
 #[derive(Args, Debug)]
@@ -88,8 +99,19 @@ pub fn main(a: LbArgs) -> ExitCode {
 }
 
 fn nft(a: NftArgs) -> ExitCode {
+    let seed = match a.seed {
+        Some(s) => s,
+        None => {
+            let mut b = [0u8; 4];
+            if let Err(e) = udpx_quic::cid::random_bytes(&mut b) {
+                eprintln!("udpx lb nft: no random seed ({e}); give --seed");
+                return ExitCode::FAILURE;
+            }
+            u32::from_ne_bytes(b)
+        }
+    };
     let b = match Balancer::new(a.vip, a.port, a.hosts, a.mode.into()) {
-        Ok(b) => b,
+        Ok(b) => b.with_seed(seed),
         Err(e) => return usage("nft", e),
     };
     print!("{}", b.ruleset());

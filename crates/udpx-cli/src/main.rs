@@ -166,6 +166,33 @@ pub mod util {
         &STOP
     }
 
+    /// A flag set by each SIGHUP (a thread waits for it; blocked in every other thread): a
+    /// server reads its files again. Call it first, then `stop_on_signals`, before starting
+    /// threads: it blocks SIGINT and SIGTERM too, so that its own thread never takes one of
+    /// those (their default action would end the process without its clean stop), and
+    /// `stop_on_signals`' thread waits for them.
+    pub fn reload_on_sighup() -> &'static std::sync::atomic::AtomicBool {
+        use nix::sys::signal::{SigSet, Signal};
+        static RELOAD: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+        let mut blocked = SigSet::empty();
+        for s in [Signal::SIGHUP, Signal::SIGINT, Signal::SIGTERM] {
+            blocked.add(s);
+        }
+        let mut set = SigSet::empty();
+        set.add(Signal::SIGHUP);
+        if blocked.thread_block().is_ok() {
+            let spawned = std::thread::Builder::new().name("udpx-sighup".into()).spawn(move || {
+                while set.wait().is_ok() {
+                    RELOAD.store(true, std::sync::atomic::Ordering::Relaxed);
+                }
+            });
+            if spawned.is_err() {
+                let _ = set.thread_unblock();
+            }
+        }
+        &RELOAD
+    }
+
     /// Prints a bench's result, as one JSON object under `key` or as its report, or its error;
     /// the exit code to return.
     pub fn print_bench<B: serde::Serialize, E: std::fmt::Display>(

@@ -497,7 +497,7 @@ fn echo_serve_limits_each_source_by_default() {
     let srv = srv.wait_with_output();
     let span = start.elapsed();
     assert_eq!(srv.status.code(), Some(0), "{}", stderr(&srv));
-    assert!(stderr(&srv).contains("at most 1000 requests/s per source address"), "{}", stderr(&srv));
+    assert!(stderr(&srv).contains("at most 1000 requests/s and 256 kB/s per source address"), "{}", stderr(&srv));
     let (l, s) = (json(&load), json(&srv));
     let served: u64 = s["shards"].as_array().unwrap().iter().map(|x| x["requests"].as_u64().unwrap()).sum();
     let limited: u64 = s["shards"].as_array().unwrap().iter().map(|x| x["rate_limited"].as_u64().unwrap()).sum();

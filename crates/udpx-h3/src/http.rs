@@ -168,6 +168,9 @@ struct HttpCounters {
     early_data: AtomicU64,
     body_bytes: AtomicU64,
     incomplete: AtomicU64,
+    open_files: AtomicU64,
+    stalled: AtomicU64,
+    trailers: AtomicU64,
 }
 
 /// A snapshot of the HTTP counters.
@@ -211,6 +214,15 @@ pub struct HttpSnapshot {
     /// Responses not sent whole: the peer reset or stopped the stream, the connection went
     /// away, or the file failed under us.
     pub incomplete: u64,
+    /// HTTP/3 responses holding an open file now, every shard's (a level, not a count): back
+    /// to 0 once every response has ended, however it ended (sent, reset, stalled, its
+    /// connection closed).
+    pub open_files: u64,
+    /// Responses reset because the peer took no byte of them for the stall timeout
+    /// (`ServeConfig::stall_timeout`).
+    pub stalled: u64,
+    /// Trailer sections (a second HEADERS frame on a request, RFC 9114 4.1) read and ignored.
+    pub trailers: u64,
 }
 
 impl HttpCounters {
@@ -257,6 +269,9 @@ impl HttpCounters {
             early_data: g(&self.early_data),
             body_bytes: g(&self.body_bytes),
             incomplete: g(&self.incomplete),
+            open_files: g(&self.open_files),
+            stalled: g(&self.stalled),
+            trailers: g(&self.trailers),
         }
     }
 }
@@ -328,6 +343,26 @@ impl Site {
         a
     }
 
+    /// A response took an open file (the [`Site::file_closed`] that follows gives it back).
+    pub fn file_opened(&self) {
+        self.counters.open_files.fetch_add(1, Relaxed);
+    }
+
+    /// A response gave its open file back.
+    pub fn file_closed(&self) {
+        self.counters.open_files.fetch_sub(1, Relaxed);
+    }
+
+    /// Counts a response reset because its peer stopped taking it.
+    pub fn count_stalled(&self) {
+        self.counters.stalled.fetch_add(1, Relaxed);
+    }
+
+    /// Counts a trailer section read and ignored.
+    pub fn count_trailers(&self) {
+        self.counters.trailers.fetch_add(1, Relaxed);
+    }
+
     /// Counts a request that arrived in early data (0-RTT).
     pub fn count_early(&self) {
         self.counters.early_data.fetch_add(1, Relaxed);
@@ -368,14 +403,7 @@ impl Site {
         let Ok(target) = std::str::from_utf8(req.path) else { return self.empty(400, vec![]) };
         let (mut file, meta, path) = match open(&self.root, target) {
             Ok(Opened::File { file, meta, path }) => (file, meta, path),
-            Ok(Opened::AddSlash) => {
-                let (p, q) = target.split_once('?').map_or((target, None), |(p, q)| (p, Some(q)));
-                let location = match q {
-                    Some(q) => format!("{p}/?{q}"),
-                    None => format!("{p}/"),
-                };
-                return self.empty(301, vec![("location", location)]);
-            }
+            Ok(Opened::AddSlash) => return self.empty(301, vec![("location", slash_location(target))]),
             Err(OpenError::Refused(r)) => return self.empty(r.status(), vec![]),
             // Out of descriptors or memory: the server is full for a moment, not broken; the
             // client may come back (503 with Retry-After), and service resumes as files close.
@@ -652,6 +680,33 @@ fn number(s: &str) -> Option<u64> {
         return None;
     }
     Some(s.bytes().fold(0u64, |n, d| n.saturating_mul(10).saturating_add(u64::from(d - b'0'))))
+}
+
+/// The `location` of a directory's 301: the request's path with its slash, and its query, as
+/// nginx answers. Built from the request, so made safe for a header and a redirect: every byte
+/// outside RFC 3986's path and query characters (controls, CR and LF, space, quotes, non-ASCII)
+/// is percent-encoded, and a path that starts with `//` starts with one slash (`//evil.example`
+/// would be a scheme-relative redirect to another host).
+fn slash_location(target: &str) -> String {
+    let (path, query) = target.split_once('?').map_or((target, None), |(p, q)| (p, Some(q)));
+    let path = format!("/{}", path.trim_start_matches('/'));
+    let mut out = String::with_capacity(target.len() + 2);
+    let mut push = |s: &str, also: &[u8]| {
+        for &b in s.as_bytes() {
+            if b.is_ascii_alphanumeric() || b"-._~!$&'()*+,;=:@/%".contains(&b) || also.contains(&b) {
+                out.push(char::from(b));
+            } else {
+                out.push_str(&format!("%{b:02X}"));
+            }
+        }
+    };
+    push(&path, b"");
+    push("/", b"");
+    if let Some(q) = query {
+        push("?", b"?");
+        push(q, b"?");
+    }
+    out
 }
 
 #[cfg(test)]

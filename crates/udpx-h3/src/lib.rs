@@ -41,7 +41,10 @@ use std::fmt;
 
 pub use client::{get, GetConfig, GetReport, Url, QUIET_PING};
 pub use http::{HttpSnapshot, Site, SiteOptions};
-pub use server::{serve, H3Server, ServeConfig, ServeCounters};
+pub use server::{
+    serve, H3Server, ServeConfig, ServeCounters, DEFAULT_MAX_OPEN_PER_ADDR, DEFAULT_MAX_OPEN_PER_SHARD,
+    DEFAULT_STALL_TIMEOUT,
+};
 pub use tls::Tls;
 
 /// What can go wrong.

@@ -1,15 +1,17 @@
 //! A second HTTP/3 file server, not ours: quinn with hyperium's `h3` and `h3-quinn`, on quinn's
 //! own UDP datapath (quinn-udp), as a QUIC peer in `udpx bench h3`'s table (`udpx h3
 //! quinn-serve`). It answers GET for the files under a directory (200 with the whole file,
-//! 404, 405) and nothing more: enough for a video player's segments, so that "no costlier
-//! than the best other QUIC server" is judged in the same run as "at TCP's cost".
+//! 404, 403, 405) and nothing more: enough for a video player's segments, so that "no costlier
+//! than the best other QUIC server" is judged in the same run as "at TCP's cost". Paths
+//! follow the file server's rules ([`crate::files::open`]: nothing outside the directory, no
+//! symlink out of it, no FIFO or device).
 //!
 //! One current-thread tokio runtime (one core, like `udpx h3 serve --shards 1` and nginx with
 //! one worker), a task per connection and per request; bodies read in [`crate::http::CHUNK`]
 //! pieces.
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,6 +21,7 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use udpx_tokio::quinn;
 use udpx_tokio::tokio;
 
+use crate::files::{OpenError, Opened, Root};
 use crate::Error;
 
 /// Serves the files under `dir` on `listen` until `stop` is set (checked every 50 ms).
@@ -45,8 +48,9 @@ pub fn serve(dir: &Path, listen: SocketAddr, cert: &Path, key: &Path, stop: &Ato
             .map_err(|_| Error::Usage("idle timeout".into()))?,
     ));
     sc.transport_config(Arc::new(transport));
+    let root = Root::open(dir).map_err(|e| Error::Usage(format!("{}: {e}", dir.display())))?;
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(Error::Io)?;
-    let dir: Arc<PathBuf> = Arc::new(dir.to_path_buf());
+    let dir: Arc<Root> = Arc::new(root);
     rt.block_on(async {
         let ep = quinn::Endpoint::server(sc, listen).map_err(Error::Io)?;
         loop {
@@ -77,9 +81,9 @@ pub fn serve(dir: &Path, listen: SocketAddr, cert: &Path, key: &Path, stop: &Ato
     })
 }
 
-/// One request: the file under `dir` named by the path, whole, or 404 / 405.
+/// One request: the file under `dir` named by the path, whole, or 404 / 403 / 405.
 async fn answer<S>(
-    dir: &Path,
+    dir: &Root,
     req: http::Request<()>,
     mut stream: h3::server::RequestStream<S, bytes::Bytes>,
 ) -> Result<(), h3::error::StreamError>
@@ -91,16 +95,22 @@ where
         stream.send_response(status_only(405)).await?;
         return stream.finish().await;
     }
-    // The path under `dir`, without leaving it.
-    let rel = req.uri().path().trim_start_matches('/');
-    let file = (!rel.split('/').any(|p| p == ".." || p.is_empty()))
-        .then(|| dir.join(rel))
-        .and_then(|p| std::fs::File::open(p).ok());
-    let Some(mut file) = file else {
-        stream.send_response(status_only(404)).await?;
-        return stream.finish().await;
+    // The file server's rules: under `dir` only, no symlink out, regular files only.
+    let (mut file, len) = match crate::files::open(dir, req.uri().path()) {
+        Ok(Opened::File { file, meta, .. }) => (file, meta.len()),
+        Ok(Opened::AddSlash) => {
+            stream.send_response(status_only(404)).await?;
+            return stream.finish().await;
+        }
+        Err(OpenError::Refused(r)) => {
+            stream.send_response(status_only(r.status())).await?;
+            return stream.finish().await;
+        }
+        Err(OpenError::Io(_)) => {
+            stream.send_response(status_only(503)).await?;
+            return stream.finish().await;
+        }
     };
-    let len = file.metadata().map(|m| m.len()).unwrap_or(0);
     let resp = http::Response::builder()
         .status(200)
         .header("content-length", len)

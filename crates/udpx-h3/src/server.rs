@@ -14,19 +14,33 @@
 //! acknowledged; the shard then reuses its vector (a bounded pool), so in steady state no
 //! chunk is allocated.
 //!
-//! Bounds: a response with a body holds an open file until it is sent; a connection may hold
-//! [`ServeConfig::max_open_per_conn`] of them and a shard [`ServeConfig::max_open_per_shard`]
-//! (a client that opens many streams and never its flow-control window holds no more); past
-//! either, the answer is 503 with `retry-after`. With early data on ([`ServeConfig::early_data`]),
-//! GET and HEAD are answered in 0-RTT and anything else gets 425 Too Early (RFC 8470).
+//! Bounds: a response with a body holds an open file until it ends; a connection may hold
+//! [`ServeConfig::max_open_per_conn`] of them, an address (IPv6: a /64)
+//! [`ServeConfig::max_open_per_addr`] on a shard, and a shard [`ServeConfig::max_open_per_shard`];
+//! past any of them the answer is 503 with `retry-after`. The count is carried by the open file
+//! itself ([`OpenFile`]) and given back when it is dropped, so every way a response can end
+//! (sent, reset by the peer, stalled, its connection closed) gives it back exactly once. A
+//! response the peer takes no byte of for [`ServeConfig::stall_timeout`] (a zero flow-control
+//! window kept open with PINGs) is reset (H3_REQUEST_CANCELLED) and its file closed.
+//!
+//! A request stream has one response: a second HEADERS frame on it is the request's trailer
+//! section (RFC 9114 4.1), read and ignored (`trailers` on /metrics); quiche refuses a third.
+//! The server advertises the flow-control credit a request needs, not a download's: a request
+//! stream takes [`REQUEST_WINDOW`] and a connection [`CONNECTION_WINDOW`], so no peer pins more
+//! than that of out-of-order data per connection (see [`crate::tls`]).
+//!
+//! With early data on ([`ServeConfig::early_data`]), GET and HEAD are answered in 0-RTT and
+//! anything else gets 425 Too Early (RFC 8470).
 
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::fs::File;
 use std::io::Read;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::Path;
+use std::rc::Rc;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use quiche::h3::NameValue;
 use serde::Serialize;
@@ -39,6 +53,7 @@ use crate::tls::{pem_files, server_config, Tls};
 use crate::Error;
 
 pub use crate::http::CHUNK;
+pub use crate::tls::{CONNECTION_WINDOW, MAX_FIELD_SECTION, REQUEST_WINDOW};
 
 /// How to serve.
 #[derive(Debug, Clone)]
@@ -65,6 +80,10 @@ pub struct ServeConfig {
     pub keys: Option<udpx_quic::ServiceKeys>,
     /// Each shard's connection caps and Retry policy.
     pub limits: udpx_quic::Limits,
+    /// Hosts taken out of the service whose connection IDs this server answers with stateless
+    /// resets besides its own ([`udpx_quic::reset::may_reset`]); the caller may change the set
+    /// while the server runs.
+    pub removed_hosts: udpx_quic::RemovedHosts,
     /// Accept 0-RTT (early data) from resuming clients: GET and HEAD only.
     pub early_data: bool,
     /// Send GREASE (RFC 9114 7.2.8, 6.2.3; RFC 9000 18.1: reserved frame, stream and
@@ -87,6 +106,11 @@ pub struct ServeConfig {
     pub max_open_per_conn: usize,
     /// Responses with an open file one shard may hold (503 past it).
     pub max_open_per_shard: usize,
+    /// Responses with an open file the connections of one address (IPv6: one /64) may hold on
+    /// a shard (503 past it): one client cannot take the whole shard's bound.
+    pub max_open_per_addr: usize,
+    /// A response the peer takes no byte of for this long is reset and its file closed.
+    pub stall_timeout: Duration,
     /// Also serve HTTPS over TCP here (HTTP/1.1 and HTTP/2, see [`crate::tcp`]) with the same
     /// certificate and rules; its answers' `alt-svc` names the QUIC port: how a browser finds
     /// HTTP/3. `None` (the default): no TCP.
@@ -107,6 +131,7 @@ impl ServeConfig {
             site: SiteOptions::default(),
             keys: None,
             limits: udpx_quic::Limits::default(),
+            removed_hosts: udpx_quic::RemovedHosts::default(),
             early_data: false,
             grease: false,
             cc: Cc::Bbr2,
@@ -115,7 +140,9 @@ impl ServeConfig {
             defer_flush: true,
             zerocopy: udpx_quic::Zerocopy::Auto,
             max_open_per_conn: crate::tls::MAX_STREAMS as usize,
-            max_open_per_shard: 4096,
+            max_open_per_shard: DEFAULT_MAX_OPEN_PER_SHARD,
+            max_open_per_addr: DEFAULT_MAX_OPEN_PER_ADDR,
+            stall_timeout: DEFAULT_STALL_TIMEOUT,
             alt_svc_tcp: None,
         }
     }
@@ -169,6 +196,16 @@ impl std::fmt::Display for Cc {
 /// An Ethernet MTU of 1500 less the IPv6 and UDP headers: fits both families on common paths.
 pub const DEFAULT_MAX_UDP_PAYLOAD: usize = 1452;
 
+/// Responses with an open file one shard holds at most, by default.
+pub const DEFAULT_MAX_OPEN_PER_SHARD: usize = 4096;
+/// Of them, what the connections of one address may hold, by default: a quarter, so that at
+/// least four clients share a shard's files whatever one of them does.
+pub const DEFAULT_MAX_OPEN_PER_ADDR: usize = DEFAULT_MAX_OPEN_PER_SHARD / 4;
+/// How long a response may go without the peer taking a byte of it, by default: the TCP
+/// listener's progress window ([`crate::tcp::TcpLimits`]), and under quiche's 30 s idle
+/// timeout so that a client kept alive by PINGs alone cannot outlast it.
+pub const DEFAULT_STALL_TIMEOUT: Duration = Duration::from_secs(20);
+
 /// The server's counters: QUIC host and HTTP.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct ServeCounters {
@@ -206,6 +243,7 @@ pub fn serve(dir: &Path, cfg: &ServeConfig) -> Result<H3Server, Error> {
         coalesce: cfg.coalesce,
         defer_flush: cfg.defer_flush,
         zerocopy: cfg.zerocopy,
+        removed_hosts: cfg.removed_hosts.clone(),
     };
     let site2 = site.clone();
     let max = cfg.max_udp_payload;
@@ -215,8 +253,13 @@ pub fn serve(dir: &Path, cfg: &ServeConfig) -> Result<H3Server, Error> {
             cfg.shards
         )));
     }
-    if cfg.max_open_per_conn == 0 || cfg.max_open_per_shard == 0 {
-        return Err(Error::Usage("open-response bounds: give each at least 1".into()));
+    if cfg.max_open_per_conn == 0 || cfg.max_open_per_shard == 0 || cfg.max_open_per_addr == 0 {
+        return Err(Error::Usage(
+            "--max-open-per-conn, --max-open-per-addr, --max-open-per-shard: give each at least 1".into(),
+        ));
+    }
+    if cfg.stall_timeout.is_zero() {
+        return Err(Error::Usage("--stall-timeout: give a duration above zero, e.g. 20s".into()));
     }
     let (early, cc, grease) = (cfg.early_data, cfg.cc, cfg.grease);
     let configs = (0..cfg.shards)
@@ -233,14 +276,25 @@ pub fn serve(dir: &Path, cfg: &ServeConfig) -> Result<H3Server, Error> {
             Ok(c)
         })
         .collect::<Result<Vec<_>, Error>>()?;
-    let bounds = (cfg.max_open_per_conn, cfg.max_open_per_shard);
-    let server = Server::start(&scfg, configs, move |_shard| FileServer {
-        site: site2.clone(),
-        scratch: vec![0; CHUNK],
-        bodies: BufPool::new(CHUNK, BODY_BUFFERS_KEPT),
-        h3_config: quiche::h3::Config::new().expect("quiche's h3::Config::new cannot fail"),
-        open: 0,
-        bounds,
+    let bounds = Bounds {
+        per_conn: cfg.max_open_per_conn,
+        per_addr: cfg.max_open_per_addr,
+        per_shard: cfg.max_open_per_shard,
+        stall: cfg.stall_timeout,
+    };
+    let server = Server::start(&scfg, configs, move |_shard| {
+        let mut h3_config = quiche::h3::Config::new().expect("quiche's h3::Config::new cannot fail");
+        // A request's field section at most this large (quiche refuses a HEADERS frame over
+        // 1.5 times it with H3_EXCESSIVE_LOAD before buffering it).
+        h3_config.set_max_field_section_size(MAX_FIELD_SECTION);
+        FileServer {
+            site: site2.clone(),
+            scratch: vec![0; CHUNK],
+            bodies: BufPool::new(CHUNK, BODY_BUFFERS_KEPT),
+            h3_config,
+            budget: Rc::new(Budget { site: site2.clone(), shard: Cell::new(0), by_addr: RefCell::default() }),
+            bounds,
+        }
     })
     .map_err(Error::Quic)?;
     site.set_alt_svc(server.local_addr().port());
@@ -377,6 +431,14 @@ impl udpx_metrics::Source for MetricsSource {
                 "503 responses: out of file descriptors, or an open-file bound reached",
                 h.unavailable,
             ),
+            udpx_metrics::Extra {
+                name: "open_files",
+                help: "HTTP/3 responses holding an open file now",
+                value: h.open_files,
+                gauge: true,
+            },
+            c("http_stalled", "HTTP/3 responses reset: the peer took no byte for the stall timeout", h.stalled),
+            c("http_trailers", "Trailer sections on requests, read and ignored", h.trailers),
         ];
         if let Some(t) = self.tcp.as_ref().map(crate::tcp::TcpProbe::snapshot) {
             out.extend([
@@ -389,6 +451,7 @@ impl udpx_metrics::Source for MetricsSource {
                     t.per_source_refused,
                 ),
                 c("tcp_too_slow", "HTTPS-over-TCP connections closed for taking a response too slowly", t.too_slow),
+                c("tcp_idle_closed", "HTTPS-over-TCP connections closed after the idle timeout", t.idle_closed),
                 c("tcp_accept_errors", "HTTPS-over-TCP accepts that failed (out of descriptors)", t.accept_errors),
             ]);
         }
@@ -402,10 +465,64 @@ struct FileServer {
     site: Arc<Site>,
     scratch: Vec<u8>,
     h3_config: quiche::h3::Config,
-    /// Responses with an open file on this shard.
-    open: usize,
-    /// At most this many per connection, and per shard.
-    bounds: (usize, usize),
+    /// The shard's open files, by address and in all.
+    budget: Rc<Budget>,
+    bounds: Bounds,
+}
+
+/// The open-file bounds and the stall timeout ([`ServeConfig`]).
+#[derive(Debug, Clone, Copy)]
+struct Bounds {
+    per_conn: usize,
+    per_addr: usize,
+    per_shard: usize,
+    stall: Duration,
+}
+
+/// One shard's open files: how many in all and per address. Only [`OpenFile`] changes it.
+struct Budget {
+    site: Arc<Site>,
+    shard: Cell<usize>,
+    /// Addresses holding at least one (an entry leaves at zero: bounded by the files open).
+    by_addr: RefCell<HashMap<IpAddr, usize>>,
+}
+
+/// A response's claim on the open-file bounds: taken with its file, given back (connection,
+/// address, shard, the `open_files` gauge) when dropped, whichever way the response ends.
+struct OpenFile {
+    budget: Rc<Budget>,
+    conn: Rc<Cell<usize>>,
+    addr: IpAddr,
+}
+
+impl OpenFile {
+    /// Takes one, or `None` when the connection, the address or the shard holds its bound.
+    fn take(budget: &Rc<Budget>, conn: &Rc<Cell<usize>>, addr: IpAddr, b: &Bounds) -> Option<OpenFile> {
+        let held_by_addr = budget.by_addr.borrow().get(&addr).copied().unwrap_or(0);
+        if conn.get() >= b.per_conn || held_by_addr >= b.per_addr || budget.shard.get() >= b.per_shard {
+            return None;
+        }
+        conn.set(conn.get() + 1);
+        budget.shard.set(budget.shard.get() + 1);
+        *budget.by_addr.borrow_mut().entry(addr).or_insert(0) += 1;
+        budget.site.file_opened();
+        Some(OpenFile { budget: budget.clone(), conn: conn.clone(), addr })
+    }
+}
+
+impl Drop for OpenFile {
+    fn drop(&mut self) {
+        self.conn.set(self.conn.get().saturating_sub(1));
+        self.budget.shard.set(self.budget.shard.get().saturating_sub(1));
+        let mut by_addr = self.budget.by_addr.borrow_mut();
+        if let Some(n) = by_addr.get_mut(&self.addr) {
+            *n -= 1;
+            if *n == 0 {
+                by_addr.remove(&self.addr);
+            }
+        }
+        self.budget.site.file_closed();
+    }
 }
 
 /// A response being sent.
@@ -415,13 +532,15 @@ struct Response {
     /// The headers end the stream (HEAD, no body, errors).
     fin_with_headers: bool,
     body: Option<Body>,
-    /// For the access log.
+    /// For the access log (the target cut to [`LOGGED_TARGET`] bytes).
     method: String,
     target: String,
     status: u16,
     started: Instant,
     /// Body bytes quiche took.
     sent: u64,
+    /// When quiche last took any of it (headers or body): the stall timeout counts from here.
+    progressed: Instant,
 }
 
 struct Body {
@@ -430,22 +549,47 @@ struct Body {
     left: u64,
     /// Read, not yet (all) taken by quiche.
     pending: Option<Buf>,
+    /// Given back with the file.
+    _claim: OpenFile,
 }
 
 struct ConnState {
     h3: Option<quiche::h3::Connection>,
     peer: SocketAddr,
+    /// The address its files count against (IPv6: the /64).
+    addr: IpAddr,
+    /// Responses under way, by stream.
     responses: HashMap<u64, Response>,
-    /// Of them, responses with an open file.
-    open: usize,
+    /// Request streams whose request was answered and whose request side has not ended: a
+    /// HEADERS frame on one of them is a trailer section. At most the streams the peer may
+    /// have open (an entry leaves at `Finished`, `Reset` or with the connection).
+    requests: Vec<u64>,
+    /// Of the responses, those with an open file.
+    open: Rc<Cell<usize>>,
+    /// When the earliest parked response may pass the stall timeout (`None`: none parked).
+    stall_check: Option<Instant>,
 }
+
+/// Bytes of a request target kept for the access log.
+const LOGGED_TARGET: usize = 1024;
+
+/// H3_REQUEST_CANCELLED (RFC 9114 8.1): the response is no longer wanted (stalled).
+const H3_REQUEST_CANCELLED: u64 = 0x10c;
 
 impl App for FileServer {
     type State = ConnState;
 
     fn accepted(&mut self, conn: &udpx_quic::Connection) -> ConnState {
         let peer = conn.path_stats().next().map_or(SocketAddr::from(([0, 0, 0, 0], 0)), |p| p.peer_addr);
-        ConnState { h3: None, peer, responses: HashMap::new(), open: 0 }
+        ConnState {
+            h3: None,
+            peer,
+            addr: udpx_quic::admission::ip_key(peer.ip()),
+            responses: HashMap::new(),
+            requests: Vec::new(),
+            open: Rc::new(Cell::new(0)),
+            stall_check: None,
+        }
     }
 
     fn on_turn(&mut self, conn: &mut udpx_quic::Connection, st: &mut ConnState) {
@@ -459,6 +603,10 @@ impl App for FileServer {
                 }
             }
         }
+        let now = Instant::now();
+        if st.stall_check.is_some_and(|t| t <= now) {
+            self.reset_stalled(conn, st, now);
+        }
         let Some(h3) = st.h3.as_mut() else { return };
         // New requests and stream events. Every HTTP/3 event comes from stream data, and the
         // loop polls until quiche has no event left (its queue of finished streams included):
@@ -469,13 +617,13 @@ impl App for FileServer {
             loop {
                 match h3.poll(conn) {
                     Ok((sid, quiche::h3::Event::Headers { list, .. })) => {
-                        let early = conn.is_in_early_data();
-                        let full = st.open >= self.bounds.0 || self.open >= self.bounds.1;
-                        let r = self.respond(&list, early, full);
-                        if r.body.is_some() {
-                            st.open += 1;
-                            self.open += 1;
+                        if st.requests.contains(&sid) {
+                            // The request's trailers (RFC 9114 4.1): its response is made.
+                            self.site.count_trailers();
+                            continue;
                         }
+                        st.requests.push(sid);
+                        let r = self.respond(&list, conn.is_in_early_data(), &st.open, st.addr, now);
                         st.responses.insert(sid, r);
                         fresh.push(sid);
                     }
@@ -487,9 +635,11 @@ impl App for FileServer {
                             }
                         }
                     }
+                    Ok((sid, quiche::h3::Event::Finished)) => st.requests.retain(|&s| s != sid),
                     Ok((sid, quiche::h3::Event::Reset(_))) => {
+                        st.requests.retain(|&s| s != sid);
                         if let Some(r) = st.responses.remove(&sid) {
-                            self.finish(st.peer, &r, false, &mut st.open);
+                            self.finish(st.peer, r, false);
                         }
                     }
                     Ok(_) => {}
@@ -506,29 +656,45 @@ impl App for FileServer {
         let writable = std::iter::from_fn(|| conn.stream_writable_next()).collect::<Vec<u64>>();
         for sid in fresh.into_iter().chain(writable) {
             let Some(r) = st.responses.get_mut(&sid) else { continue };
-            let outcome = progress(h3, conn, sid, r, &mut self.bodies);
-            if !matches!(outcome, Ok(false)) {
-                if let Some(r) = st.responses.remove(&sid) {
-                    self.finish(st.peer, &r, outcome.is_ok(), &mut st.open);
+            let outcome = progress(h3, conn, sid, r, &mut self.bodies, now);
+            match outcome {
+                Ok(false) => {
+                    // Parked: it must move again within the stall timeout.
+                    let check = r.progressed + self.bounds.stall;
+                    st.stall_check = Some(st.stall_check.map_or(check, |t| t.min(check)));
+                }
+                _ => {
+                    if let Some(r) = st.responses.remove(&sid) {
+                        self.finish(st.peer, r, outcome.is_ok());
+                    }
                 }
             }
         }
     }
 
+    fn wake_at(&self, st: &ConnState) -> Option<Instant> {
+        st.stall_check
+    }
+
     fn closed(&mut self, _conn: &udpx_quic::Connection, mut state: ConnState) {
         // Responses still under way when the connection ended were not sent whole.
-        let responses = std::mem::take(&mut state.responses);
-        for r in responses.values() {
-            self.finish(state.peer, r, false, &mut state.open);
+        for (_, r) in state.responses.drain() {
+            self.finish(state.peer, r, false);
         }
     }
 }
 
 impl FileServer {
-    /// The response to a request head. `early`: it came in 0-RTT; `full`: the connection or
-    /// the shard holds as many open files as it may.
-    fn respond(&self, list: &[quiche::h3::Header], early: bool, full: bool) -> Response {
-        let started = Instant::now();
+    /// The response to a request head: `early`, it came in 0-RTT; `conn_open` and `addr`, what
+    /// its connection and address hold of the open-file bounds.
+    fn respond(
+        &self,
+        list: &[quiche::h3::Header],
+        early: bool,
+        conn_open: &Rc<Cell<usize>>,
+        addr: IpAddr,
+        now: Instant,
+    ) -> Response {
         let (mut method, mut path) = (None, None);
         let mut fields = Vec::with_capacity(list.len());
         for h in list {
@@ -539,12 +705,17 @@ impl FileServer {
                 n => fields.push((n, h.value())),
             }
         }
-        let text = |b: Option<&[u8]>| String::from_utf8_lossy(b.unwrap_or(b"-")).into_owned();
+        let text = |b: Option<&[u8]>| {
+            let b = b.unwrap_or(b"-");
+            String::from_utf8_lossy(&b[..b.len().min(LOGGED_TARGET)]).into_owned()
+        };
         let safe = matches!(method, Some(b"GET" | b"HEAD"));
-        let answer = match (method, path) {
+        // A claim on the bounds first, so that no file is opened past them.
+        let claim = OpenFile::take(&self.budget, conn_open, addr, &self.bounds);
+        let mut answer = match (method, path) {
             // Early data can be replayed: only safe methods are answered from it (RFC 8470).
             _ if early && !safe => self.site.refuse(425),
-            (Some(_), Some(_)) if full => self.site.refuse(503),
+            (Some(_), Some(_)) if claim.is_none() => self.site.refuse(503),
             (Some(m), Some(p)) => self.site.answer(&RequestHead { method: m, path: p, headers: &fields }),
             // Without :method or :path the request is malformed (RFC 9114 4.3.1).
             _ => self.site.answer(&RequestHead { method: b"GET", path: b"", headers: &[] }),
@@ -558,7 +729,11 @@ impl FileServer {
         for (n, v) in &answer.headers {
             headers.push(quiche::h3::Header::new(n.as_bytes(), v.as_bytes()));
         }
-        let body = answer.body.map(|b| Body { file: b.file, left: b.len, pending: None });
+        // The claim goes with a body; a response without one gives it back here.
+        let body = match (answer.body.take(), claim) {
+            (Some(b), Some(claim)) => Some(Body { file: b.file, left: b.len, pending: None, _claim: claim }),
+            _ => None,
+        };
         Response {
             headers: Some(headers),
             fin_with_headers: body.is_none(),
@@ -566,17 +741,15 @@ impl FileServer {
             method: text(method),
             target: text(path),
             status,
-            started,
+            started: now,
             sent: 0,
+            progressed: now,
         }
     }
 
-    /// A response is over: logged and counted; its open file (if any) given back.
-    fn finish(&mut self, peer: SocketAddr, r: &Response, complete: bool, conn_open: &mut usize) {
-        if r.body.is_some() {
-            *conn_open = conn_open.saturating_sub(1);
-            self.open = self.open.saturating_sub(1);
-        }
+    /// A response is over: logged and counted; dropping it closes its file and gives back its
+    /// claim.
+    fn finish(&mut self, peer: SocketAddr, r: Response, complete: bool) {
         self.site.finished(&LogEntry {
             peer,
             method: &r.method,
@@ -587,6 +760,25 @@ impl FileServer {
             protocol: "h3",
             complete,
         });
+    }
+
+    /// Resets the responses of `st` the peer took nothing of for the stall timeout, and sets
+    /// the next check. Runs at most once per stall timeout per connection with parked
+    /// responses (its `wake_at`), over that connection's responses only.
+    fn reset_stalled(&mut self, conn: &mut udpx_quic::Connection, st: &mut ConnState, now: Instant) {
+        let stall = self.bounds.stall;
+        let gone: Vec<u64> =
+            st.responses.iter().filter(|(_, r)| r.progressed + stall <= now).map(|(&s, _)| s).collect();
+        for sid in gone {
+            let _ = conn.stream_shutdown(sid, quiche::Shutdown::Write, H3_REQUEST_CANCELLED);
+            let _ = conn.stream_shutdown(sid, quiche::Shutdown::Read, H3_REQUEST_CANCELLED);
+            st.requests.retain(|&s| s != sid);
+            if let Some(r) = st.responses.remove(&sid) {
+                self.site.count_stalled();
+                self.finish(st.peer, r, false);
+            }
+        }
+        st.stall_check = st.responses.values().map(|r| r.progressed + stall).min();
     }
 }
 
@@ -628,10 +820,11 @@ fn progress(
     sid: u64,
     r: &mut Response,
     pool: &mut BufPool,
+    now: Instant,
 ) -> Result<bool, ()> {
     if let Some(h) = r.headers.take() {
         match h3.send_response(conn, sid, &h, r.fin_with_headers) {
-            Ok(()) => {}
+            Ok(()) => r.progressed = now,
             Err(quiche::h3::Error::StreamBlocked | quiche::h3::Error::Done) => {
                 r.headers = Some(h);
                 return Ok(false);
@@ -674,6 +867,9 @@ fn progress(
         match h3.send_body_zc(conn, sid, buf, fin) {
             Ok(w) => {
                 r.sent += w as u64;
+                if w > 0 {
+                    r.progressed = now;
+                }
                 if w < len {
                     return Ok(false); // `buf` is what is left of the chunk
                 }

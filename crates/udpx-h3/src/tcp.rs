@@ -34,7 +34,11 @@
 //!   `per_source` from one address (more are closed at once, counted), and a minimum rate: a
 //!   connection with a response under way that takes fewer than `min_bytes` in a `window`
 //!   (a slow reader, or an HTTP/2 client that never opens its flow-control window) is closed,
-//!   counted, so slow readers cannot hold the permits and lock everyone out. An accept error
+//!   counted, so slow readers cannot hold the permits and lock everyone out. A connection
+//!   with no response under way and no new request for `idle` is closed too (counted
+//!   `idle_closed`; nginx's `keepalive_timeout` is 75 s): an HTTP/2 peer that only answers
+//!   PINGs cannot hold a permit for ever. IPv6 peers count by their /64 (one host's
+//!   addresses), as the QUIC side does. An accept error
 //!   (EMFILE, ENFILE, ENOMEM) pauses accepting for a moment; it never ends the listener.
 //! - [`TcpServer::stop`] (or drop) ends the accept loop and the connections, and joins the
 //!   thread.
@@ -95,14 +99,22 @@ pub struct TcpLimits {
     pub min_bytes: u64,
     /// ... in every `window`, or it is closed.
     pub window: Duration,
+    /// A connection with no response under way and no new request for this long is closed
+    /// (checked every `window`, so it may live up to one `window` longer).
+    pub idle: Duration,
 }
 
 impl Default for TcpLimits {
     /// 16 connections per address (browsers open 6 per origin; a household behind one
-    /// address, a few browsers), and 16 KiB every 20 s (a reader slower than 800 B/s for 20 s
-    /// is let go; nginx's `send_timeout` is 60 s between two writes).
+    /// address, a few browsers), 16 KiB every 20 s (a reader slower than 800 B/s for 20 s
+    /// is let go; nginx's `send_timeout` is 60 s between two writes), and 60 s idle.
     fn default() -> TcpLimits {
-        TcpLimits { per_source: 16, min_bytes: 16 * 1024, window: Duration::from_secs(20) }
+        TcpLimits {
+            per_source: 16,
+            min_bytes: 16 * 1024,
+            window: Duration::from_secs(20),
+            idle: Duration::from_secs(60),
+        }
     }
 }
 
@@ -123,6 +135,7 @@ struct TcpCounters {
     http2: AtomicU64,
     per_source_refused: AtomicU64,
     too_slow: AtomicU64,
+    idle_closed: AtomicU64,
     accept_errors: AtomicU64,
 }
 
@@ -140,6 +153,8 @@ pub struct TcpSnapshot {
     pub per_source_refused: u64,
     /// Connections closed for taking a response too slowly (the minimum rate).
     pub too_slow: u64,
+    /// Connections closed after `idle` with no request and no response under way.
+    pub idle_closed: u64,
     /// Accepts that failed (out of descriptors or memory); accepting paused, never ended.
     pub accept_errors: u64,
 }
@@ -163,6 +178,7 @@ fn snapshot(c: &TcpCounters) -> TcpSnapshot {
         http2: g(&c.http2),
         per_source_refused: g(&c.per_source_refused),
         too_slow: g(&c.too_slow),
+        idle_closed: g(&c.idle_closed),
         accept_errors: g(&c.accept_errors),
     }
 }
@@ -359,7 +375,11 @@ async fn accept_loop(
             // Bodies under way on this connection: while any is, it must keep taking bytes.
             let bodies = Arc::new(AtomicUsize::new(0));
             let on_conn = bodies.clone();
+            // Requests so far: none new and no body under way for `idle`, and it is closed.
+            let requests = Arc::new(AtomicU64::new(0));
+            let on_req = requests.clone();
             let service = hyper::service::service_fn(move |req| {
+                on_req.fetch_add(1, Ordering::Relaxed);
                 let resp = respond(&site, peer, &req, &on_conn);
                 async move { Ok::<_, Infallible>(resp) }
             });
@@ -369,6 +389,7 @@ async fn accept_loop(
             check.tick().await; // the first tick is now
             let mut seen = written.load(Ordering::Relaxed);
             let mut busy_since_check = false;
+            let (mut requests_seen, mut active_at) = (0, Instant::now());
             loop {
                 tokio::select! {
                     r = &mut conn => {
@@ -390,6 +411,14 @@ async fn accept_loop(
                         }
                         busy_since_check = busy;
                         seen = now;
+                        let r = requests.load(Ordering::Relaxed);
+                        if busy || r != requests_seen {
+                            (requests_seen, active_at) = (r, Instant::now());
+                        } else if active_at.elapsed() >= limits.idle {
+                            counters.idle_closed.fetch_add(1, Ordering::Relaxed);
+                            log::debug!("udpx-h3: {peer}: idle for {:?}: closed", limits.idle);
+                            return;
+                        }
                     }
                 }
             }
@@ -405,7 +434,8 @@ struct SourceShare {
 
 impl SourceShare {
     fn take(sources: &Arc<Mutex<HashMap<IpAddr, usize>>>, ip: IpAddr, cap: usize) -> Option<SourceShare> {
-        let ip = ip.to_canonical();
+        // IPv4 as is (a v4-mapped IPv6 address too), IPv6 by its /64.
+        let ip = udpx_quic::admission::ip_key(ip.to_canonical());
         let mut m = sources.lock().unwrap_or_else(|e| e.into_inner());
         let n = m.entry(ip).or_insert(0);
         if *n >= cap {

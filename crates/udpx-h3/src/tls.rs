@@ -23,10 +23,24 @@ pub enum Tls {
     SelfSigned,
 }
 
-/// Flow-control windows and sizes both ends use.
+/// A client's flow-control windows: what a download needs (`h3 get`, `h3 load`).
 pub(crate) const MAX_DATA: u64 = 32 << 20;
 pub(crate) const STREAM_WINDOW: u64 = 8 << 20;
 pub(crate) const IDLE_TIMEOUT_MS: u64 = 30_000;
+
+/// The largest request field section the server reads (quiche's SETTINGS_MAX_FIELD_SECTION_SIZE;
+/// nginx reads 4 x 8 KiB of HTTP/1.1 header lines by default).
+pub const MAX_FIELD_SECTION: u64 = 16 << 10;
+/// The flow-control credit the server gives a request stream: a HEADERS frame of the largest
+/// field section (quiche takes up to 1.5 times it, for Huffman coding) and its frame header,
+/// and room for trailers. The server reads no request body it keeps (a body is read and
+/// dropped, so the credit comes back as it is read).
+pub const REQUEST_WINDOW: u64 = 32 << 10;
+/// The server's connection-level credit, over every stream the peer opens (request streams,
+/// its control and QPACK streams): what a peer can make the server buffer out of order on one
+/// connection. Requests are a few hundred bytes each (QPACK); quiche gives credit back as the
+/// server reads them, and never grows the window past this (`set_max_connection_window`).
+pub const CONNECTION_WINDOW: u64 = 64 << 10;
 
 /// PEM files to load, and a directory to remove once they are loaded.
 #[derive(Debug)]
@@ -82,15 +96,18 @@ fn private_temp_dir() -> Result<PathBuf, Error> {
 /// Request streams a client may have open at once on one connection.
 pub const MAX_STREAMS: u64 = 100;
 
-fn common(c: &mut quiche::Config, max_udp_payload: usize) -> Result<(), quiche::Error> {
+/// What both ends share; `windows`: the connection's and each stream's initial flow-control
+/// credit.
+fn common(c: &mut quiche::Config, max_udp_payload: usize, windows: (u64, u64)) -> Result<(), quiche::Error> {
+    let (conn, stream) = windows;
     c.set_application_protos(quiche::h3::APPLICATION_PROTOCOL)?;
     c.set_max_idle_timeout(IDLE_TIMEOUT_MS);
     c.set_max_recv_udp_payload_size(65_527);
     c.set_max_send_udp_payload_size(max_udp_payload);
-    c.set_initial_max_data(MAX_DATA);
-    c.set_initial_max_stream_data_bidi_local(STREAM_WINDOW);
-    c.set_initial_max_stream_data_bidi_remote(STREAM_WINDOW);
-    c.set_initial_max_stream_data_uni(1 << 20);
+    c.set_initial_max_data(conn);
+    c.set_initial_max_stream_data_bidi_local(stream);
+    c.set_initial_max_stream_data_bidi_remote(stream);
+    c.set_initial_max_stream_data_uni(stream.min(1 << 20));
     // Like nginx (128) and h2o (100): with the open-response bound, what one connection may
     // hold (a stream whose response stalls keeps its credit until it ends).
     c.set_initial_max_streams_bidi(MAX_STREAMS);
@@ -108,7 +125,11 @@ pub(crate) fn server_config(files: &PemFiles, max_udp_payload: usize) -> Result<
     c.load_priv_key_from_pem_file(&path_str(&files.key)?).map_err(|e| {
         Error::Usage(format!("key {}: not a PEM private key for the certificate ({e})", files.key.display()))
     })?;
-    common(&mut c, max_udp_payload).map_err(|e| Error::Tls(e.to_string()))?;
+    common(&mut c, max_udp_payload, (CONNECTION_WINDOW, REQUEST_WINDOW)).map_err(|e| Error::Tls(e.to_string()))?;
+    // quiche's autotuning grows a window that is used up quickly (up to 24 MiB and 16 MiB by
+    // default): the server's stay what it advertised.
+    c.set_max_connection_window(CONNECTION_WINDOW);
+    c.set_max_stream_window(REQUEST_WINDOW);
     Ok(c)
 }
 
@@ -119,7 +140,7 @@ pub(crate) fn client_config(max_udp_payload: usize) -> Result<quiche::Config, Er
     c.verify_peer(false);
     // A resumed connection sends its request in 0-RTT where the server takes early data.
     c.enable_early_data();
-    common(&mut c, max_udp_payload).map_err(|e| Error::Tls(e.to_string()))?;
+    common(&mut c, max_udp_payload, (MAX_DATA, STREAM_WINDOW)).map_err(|e| Error::Tls(e.to_string()))?;
     Ok(c)
 }
 

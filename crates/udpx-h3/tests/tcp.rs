@@ -378,3 +378,48 @@ fn a_client_that_never_opens_its_window_is_cut_off() {
     let c = server.stop();
     assert_eq!(c.too_slow, 1, "{c:?}");
 }
+
+/// An HTTP/2 connection with no stream, kept alive only by answering the server's PINGs (the
+/// h2 client does), is closed at the idle timeout and counted; it does not hold its permit
+/// for ever.
+#[test]
+fn an_idle_http2_connection_is_closed() {
+    let limits = udpx_h3::tcp::TcpLimits {
+        window: Duration::from_millis(500),
+        idle: Duration::from_secs(2),
+        ..Default::default()
+    };
+    let (_tmp, server, _, cert, _) = hostile_listener("tcp-idle", limits, 1000);
+    let addr = server.local_addr();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let closed = rt.block_on(async move {
+        use rustls::pki_types::pem::PemObject;
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(rustls::pki_types::CertificateDer::from_pem_file(&cert).unwrap()).unwrap();
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut cfg = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        cfg.alpn_protocols = vec![b"h2".to_vec()];
+        let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
+        let tls = tokio_rustls::TlsConnector::from(Arc::new(cfg)).connect(name, tcp).await.unwrap();
+        let (mut client, conn) = h2::client::Builder::new().handshake::<_, bytes::Bytes>(tls).await.unwrap();
+        let driver = tokio::spawn(conn);
+        // One request, then nothing: the connection idles with no stream.
+        let req = http::Request::get(format!("https://{addr}/big")).body(()).unwrap();
+        let (resp, _) = client.send_request(req, true).unwrap();
+        let mut body = resp.await.unwrap().into_body();
+        while let Some(chunk) = body.data().await {
+            let chunk = chunk.unwrap();
+            let _ = body.flow_control().release_capacity(chunk.len());
+        }
+        // The driver ends when the server closes the connection (bounded: 15 s).
+        tokio::time::timeout(Duration::from_secs(15), driver).await.is_ok()
+    });
+    assert!(closed, "the server closed the idle connection");
+    let c = server.stop();
+    assert_eq!((c.idle_closed, c.too_slow), (1, 0), "{c:?}");
+}

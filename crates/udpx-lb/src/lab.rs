@@ -6,7 +6,7 @@
 //! +------------------+      +----------------------------------+      +----------------------+
 //! | 10.78.0.2/24     |<---->| 10.78.0.1/24     10.78.<i>.1/24  |<---->| 10.78.<i>.2/24       |
 //! | (10.78.0.3: the  | veth | nft table udpx_lb, ip_forward=1  | veth | VIP 10.78.100.1 on lo|
-//! |  rebound address)|      | ip rule fwmark M table 100+M     |      | (stateless mode)     |
+//! |  rebound address)|      | ip rule fwmark M table M         |      | (stateless mode)     |
 //! +------------------+      +----------------------------------+      +----------------------+
 //! ```
 //!
@@ -130,8 +130,13 @@ impl Lab {
         }
         udpx_lab::netns::check_capable()?;
         let hosts: Vec<Host> = (1..=cfg.hosts).map(|i| Host { id: host_id(i), next_hop: host_addr(i) }).collect();
+        // One seed for the lab's life, as an operator keeps it across reloads (`--seed`).
+        let mut seed = [0u8; 4];
+        udpx_quic::cid::random_bytes(&mut seed)
+            .map_err(|e| Error::InvalidConfig { why: format!("no randomness for the hash seed: {e}") })?;
         let balancer_cfg = Balancer::new(VIP, PORT, hosts, cfg.mode)
-            .map_err(|e| Error::InvalidConfig { why: format!("lab balancer: {e}") })?;
+            .map_err(|e| Error::InvalidConfig { why: format!("lab balancer: {e}") })?
+            .with_seed(u32::from_ne_bytes(seed));
         let scratch = std::env::temp_dir().join(unique_name("lb-lab"));
         std::fs::create_dir_all(&scratch)
             .map_err(|e| Error::InvalidConfig { why: format!("{}: {e}", scratch.display()) })?;
@@ -263,8 +268,23 @@ impl Lab {
         udpx_quic::cid::random_bytes(&mut key)
             .map_err(|e| Error::InvalidConfig { why: format!("no randomness for the reset key: {e}") })?;
         let hex: String = key.iter().map(|b| format!("{b:02x}")).collect();
-        std::fs::write(&key_file, hex)
-            .map_err(|e| Error::InvalidConfig { why: format!("{}: {e}", key_file.display()) })?;
+        {
+            use std::io::Write as _;
+            use std::os::unix::fs::OpenOptionsExt;
+            // The owner's alone, as `udpx h3 serve --key-file` requires.
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(0o600)
+                .open(&key_file)
+                .and_then(|mut f| f.write_all(hex.as_bytes()))
+                .map_err(|e| Error::InvalidConfig { why: format!("{}: {e}", key_file.display()) })?;
+        }
+        // The hosts taken out ([`Lab::remove_host`] writes it and tells the servers).
+        let removed_file = self.scratch.0.join("removed-hosts");
+        std::fs::write(&removed_file, "")
+            .map_err(|e| Error::InvalidConfig { why: format!("{}: {e}", removed_file.display()) })?;
         for i in 1..=self.hosts.len() {
             let stdout = self.scratch.0.join(format!("h{i}.out"));
             let stderr = self.scratch.0.join(format!("h{i}.err"));
@@ -277,6 +297,8 @@ impl Lab {
                 .args(["--shards", "1", "-l", &secs.to_string()])
                 .arg("--key-file")
                 .arg(&key_file)
+                .arg("--removed-hosts")
+                .arg(&removed_file)
                 // Behind dnat, conntrack pins a client's 4-tuple to one host whatever IDs its
                 // later packets carry: a host answering another host's IDs with resets would
                 // hand an attacker their tokens (RFC 9000 21.11). No resets in that mode.
@@ -352,22 +374,40 @@ impl Lab {
         Ok((1..=self.hosts.len()).map(|i| c.get(&format!("h{i}")).copied().unwrap_or(0)).collect())
     }
 
-    /// Takes host `i` (from 1) out of the balancer as an operator would: the ruleset generated
-    /// for the other hosts replaces the loaded one (atomically, `nft -f`) and their policy
-    /// routes are set again (marks are positions in the host list, so they move). Host `i`'s
-    /// server keeps running: packets of its connections now reach another host.
+    /// Takes host `i` (from 1) out of the balancer as an operator would: the servers that stay
+    /// are told (its ID written to their `--removed-hosts` file, then SIGHUP), so they may
+    /// answer its connections with stateless resets; the ruleset generated for the other hosts
+    /// replaces the loaded one (atomically, `nft -f`; the same hash seed). No route changes:
+    /// marks are host IDs, so every other host keeps its mark and table. Host `i`'s server
+    /// keeps running: packets of its connections now reach another host.
     pub fn remove_host(&mut self, i: usize) -> Result<(), Error> {
         let hosts: Vec<Host> = self.balancer_cfg.hosts().iter().filter(|h| h.id != host_id(i)).copied().collect();
         if hosts.len() == self.balancer_cfg.hosts().len() || hosts.is_empty() {
             return Err(Error::InvalidConfig { why: format!("host {i}: not in the balancer, or the last one") });
         }
-        let cfg = Balancer::new(VIP, PORT, hosts, self.balancer_cfg.mode())
+        let mut cfg = Balancer::new(VIP, PORT, hosts, self.balancer_cfg.mode())
             .map_err(|e| Error::InvalidConfig { why: format!("lab balancer: {e}") })?;
-        self.load_nft(&self.balancer, "balancer-without.nft", &cfg.ruleset())?;
-        for cmd in cfg.route_replacements() {
-            let args: Vec<&str> = cmd.iter().map(String::as_str).collect();
-            self.balancer.exec(&args)?;
+        if let Some(seed) = self.balancer_cfg.seed() {
+            cfg = cfg.with_seed(seed);
         }
+        if !self.servers.is_empty() {
+            let removed = self.scratch.0.join("removed-hosts");
+            let gone: Vec<String> = self
+                .balancer_cfg
+                .hosts()
+                .iter()
+                .filter(|h| !cfg.hosts().contains(h))
+                .map(|h| format!("{:#06x}", h.id))
+                .collect();
+            std::fs::write(&removed, gone.join("\n") + "\n")
+                .map_err(|e| Error::InvalidConfig { why: format!("{}: {e}", removed.display()) })?;
+            for (k, s) in self.servers.iter().enumerate() {
+                if cfg.host(host_id(k + 1)).is_some() {
+                    let _ = Command::new("kill").args(["-HUP", &s.process.id().to_string()]).status();
+                }
+            }
+        }
+        self.load_nft(&self.balancer, "balancer-without.nft", &cfg.ruleset())?;
         self.balancer_cfg = cfg;
         Ok(())
     }

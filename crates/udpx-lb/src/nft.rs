@@ -25,12 +25,27 @@
 //!   payload too short for an offset also ends the rule: short packets fall back too.
 //! - `notrack` only works before conntrack (priority `raw`, -300); at `mangle` (-150) the packet
 //!   already has its conntrack entry.
-//! - `jhash` without `seed` takes a random seed when the rule is loaded: which host a hashed
-//!   packet reaches is stable for the ruleset's life, not predictable from outside.
+//! - `jhash` without `seed` takes a random seed when the rule is loaded, so every reload would
+//!   move hashed packets between hosts. The rules carry the balancer's seed
+//!   ([`Balancer::with_seed`]; `udpx lb nft --seed`, or a random one printed in the rules'
+//!   head to give again): the same hosts and seed hash every packet to the same host across
+//!   reloads. When the host list changes the hash changes with it (`mod N`): a client whose
+//!   first round trip spans the reload may have its later Initials (a retransmission, a
+//!   ClientHello's second datagram) hashed to another host, which holds a half-open handshake
+//!   until its deadline; the client finishes with the first host, whose connection ID its
+//!   next packets carry.
+//!
+//! # Marks are host IDs
+//!
+//! A host's firewall mark and routing table are [`Balancer::mark_of`] its server ID, the same
+//! in every ruleset, never its position in the host list: taking a host out changes no other
+//! host's mark, so between loading new rules and changing routes (or with the old routes
+//! left in place) no packet of one host reaches another, which would answer it with a
+//! stateless reset.
 //!
 //! # Modes
 //!
-//! - [`Mode::Stateless`]: each packet is marked (`meta mark`), `ip rule fwmark M table 100+M`
+//! - [`Mode::Stateless`]: each packet is marked (`meta mark`), `ip rule fwmark M table M`
 //!   sends it to its host's next hop, untouched and untracked. Every host must hold the VIP
 //!   (on `lo` or a device) and answers the client directly (direct server return).
 //! - [`Mode::Dnat`]: the first packet of each conntrack flow is classified the same way and
@@ -52,9 +67,10 @@ use udpx_quic::cid::CID_LEN;
 
 /// The nft table every ruleset here lives in (`table ip udpx_lb`).
 pub const TABLE: &str = "udpx_lb";
-/// Routing table of mark `m` is `TABLE_BASE + m`.
-pub const TABLE_BASE: u32 = 100;
-/// Most hosts one ruleset takes (marks 1..=255, tables 101..=355).
+/// Host `id`'s firewall mark and routing table are `MARK_BASE + id` (0x10000 to 0x1ffff):
+/// never 0 (unmarked), and clear of the kernel's tables 253-255 and of small marks others use.
+pub const MARK_BASE: u32 = 0x1_0000;
+/// Most hosts one ruleset takes.
 pub const MAX_HOSTS: usize = 255;
 /// The named counters, in rule order: short header, long header with a server CID, Initial or
 /// 0-RTT hashed by DCID, 4-tuple fallback.
@@ -135,6 +151,8 @@ pub struct Balancer {
     port: u16,
     hosts: Vec<Host>,
     mode: Mode,
+    /// jhash's seed; `None`: nft draws one at each load.
+    seed: Option<u32>,
 }
 
 /// Why a [`Balancer`] cannot be made.
@@ -170,7 +188,8 @@ impl fmt::Display for ConfigError {
 impl std::error::Error for ConfigError {}
 
 impl Balancer {
-    /// Checks and keeps the configuration. Hosts keep their order: host `i` gets mark `i + 1`.
+    /// Checks and keeps the configuration. Hosts keep their order (the hash's buckets); each
+    /// host's mark is its ID's ([`Balancer::mark_of`]).
     pub fn new(vip: Ipv4Addr, port: u16, hosts: Vec<Host>, mode: Mode) -> Result<Balancer, ConfigError> {
         if hosts.is_empty() {
             return Err(ConfigError::NoHosts);
@@ -193,7 +212,18 @@ impl Balancer {
                 return Err(ConfigError::NextHopIsVip(vip));
             }
         }
-        Ok(Balancer { vip, port, hosts, mode })
+        Ok(Balancer { vip, port, hosts, mode, seed: None })
+    }
+
+    /// The same balancer hashing with `seed` (kept across reloads: see the module docs).
+    pub fn with_seed(mut self, seed: u32) -> Balancer {
+        self.seed = Some(seed);
+        self
+    }
+
+    /// The hash seed, if one was given.
+    pub fn seed(&self) -> Option<u32> {
+        self.seed
     }
 
     /// The VIP.
@@ -206,7 +236,7 @@ impl Balancer {
         self.port
     }
 
-    /// The hosts, in mark order.
+    /// The hosts, in hash-bucket order.
     pub fn hosts(&self) -> &[Host] {
         &self.hosts
     }
@@ -216,9 +246,10 @@ impl Balancer {
         self.mode
     }
 
-    /// The firewall mark of host `index` (its position in [`Balancer::hosts`]).
-    pub fn mark(index: usize) -> u32 {
-        index as u32 + 1
+    /// The firewall mark (and routing table) of the host with server ID `id`: the same in
+    /// every ruleset that has the host.
+    pub fn mark_of(id: u16) -> u32 {
+        MARK_BASE + u32::from(id)
     }
 
     /// The host with server ID `id` and its index, if any.
@@ -240,12 +271,27 @@ impl Balancer {
 
     fn render(&self, by_cid: bool) -> String {
         let n = self.hosts.len();
+        // `mod N [seed S] map { bucket : mark }`: a hash bucket per host, in list order.
+        let buckets: Vec<String> =
+            self.hosts.iter().enumerate().map(|(i, h)| format!("{i} : {:#x}", Balancer::mark_of(h.id))).collect();
+        let seed = self.seed.map(|s| format!(" seed {s:#010x}")).unwrap_or_default();
+        let hash = format!("mod {n}{seed} map {{ {} }}", buckets.join(", "));
         let mut s = String::new();
         let w = &mut s;
         line(w, "#!/usr/sbin/nft -f");
         line(w, "# udpx lb nft: QUIC routed by the server ID in its connection IDs (QUIC-LB plaintext,");
         line(w, "# udpx-quic's layout: octet 0 = 000 rotation bits + length 0x0b, 2-byte server ID, nonce, worker).");
         let _ = writeln!(w, "# VIP {} udp port {}, {} hosts, mode {}.", self.vip, self.port, n, self.mode);
+        match self.seed {
+            Some(seed) => {
+                let _ = writeln!(
+                    w,
+                    "# Hash seed {seed:#010x}: give it again (--seed) to keep hashed packets on their hosts."
+                );
+            }
+            None => line(w, "# No hash seed: nft draws one at each load (hashed packets may move hosts on a reload)."),
+        }
+        line(w, "# A host's firewall mark and routing table: 0x10000 + its server ID, the same in every ruleset.");
         match self.mode {
             Mode::Stateless => {
                 line(w, "# Stateless: packets are marked, not tracked; `ip rule fwmark` sends them to their host");
@@ -267,7 +313,7 @@ impl Balancer {
         line(w, "\tmap sid2mark {");
         line(w, "\t\ttypeof @th,80,16 : meta mark");
         let elems: Vec<String> =
-            self.hosts.iter().enumerate().map(|(i, h)| format!("{:#06x} : {}", h.id, Balancer::mark(i))).collect();
+            self.hosts.iter().map(|h| format!("{:#06x} : {:#x}", h.id, Balancer::mark_of(h.id))).collect();
         let _ = writeln!(w, "\t\telements = {{ {} }}", elems.join(", "));
         line(w, "\t}");
         if self.mode == Mode::Dnat {
@@ -275,7 +321,7 @@ impl Balancer {
             line(w, "\tmap mark2ip {");
             line(w, "\t\ttypeof meta mark : ip daddr");
             let elems: Vec<String> =
-                self.hosts.iter().enumerate().map(|(i, h)| format!("{} : {}", Balancer::mark(i), h.next_hop)).collect();
+                self.hosts.iter().map(|h| format!("{:#x} : {}", Balancer::mark_of(h.id), h.next_hop)).collect();
             let _ = writeln!(w, "\t\telements = {{ {} }}", elems.join(", "));
             line(w, "\t}");
         }
@@ -321,7 +367,7 @@ impl Balancer {
             line(w, "\t\t# so all of one client's Initials reach one host; the server's CID takes over from then on");
             let _ = writeln!(
                 w,
-                "\t\t@th,64,1 1 @th,66,1 0 meta mark set jhash @th,112,64 mod {n} offset 1 counter name \"initial_hash\" return"
+                "\t\t@th,64,1 1 @th,66,1 0 meta mark set jhash @th,112,64 {hash} counter name \"initial_hash\" return"
             );
         } else {
             line(w, "\t\t# (the connection-ID rules are left out: a CID-blind balancer, for comparison)");
@@ -329,7 +375,7 @@ impl Balancer {
         line(w, "\t\t# anything else (unknown server ID, another rotation, short or non-QUIC packets): 4-tuple hash");
         let _ = writeln!(
             w,
-            "\t\tmeta mark set jhash ip saddr . udp sport . ip daddr . udp dport mod {n} offset 1 counter name \"fallback\""
+            "\t\tmeta mark set jhash ip saddr . udp sport . ip daddr . udp dport {hash} counter name \"fallback\""
         );
         line(w, "\t}");
         line(w, "}");
@@ -344,7 +390,7 @@ impl Balancer {
         }
         let mut s = String::new();
         let w = &mut s;
-        line(w, "# Policy routing on the balancer: firewall mark M -> table 100+M -> the host's next hop.");
+        line(w, "# Policy routing on the balancer: firewall mark M -> table M -> the host's next hop.");
         line(w, "# The hosts answer from the VIP directly: turn rp_filter off where their answers pass.");
         for cmd in self.route_commands() {
             line(w, &cmd.join(" "));
@@ -358,8 +404,9 @@ impl Balancer {
         self.marks().flat_map(|(mark, h)| [self.rule_command(mark), self.route_command(mark, h)]).collect()
     }
 
-    /// The `ip route replace` lines alone: what re-points the marks after the host list changed
-    /// (the `ip rule`s of the first load stay; adding them again would only duplicate them).
+    /// The `ip route replace` lines alone: what points a host's mark at a new next hop (the
+    /// `ip rule`s of the first load stay; adding them again would only duplicate them). A host
+    /// taken out needs none: the other hosts' marks do not change.
     pub fn route_replacements(&self) -> Vec<Vec<String>> {
         self.marks().map(|(mark, h)| self.route_command(mark, h)).collect()
     }
@@ -367,16 +414,16 @@ impl Balancer {
     /// (mark, host) in order; none in DNAT mode (no policy routing).
     fn marks(&self) -> impl Iterator<Item = (u32, &Host)> {
         let stateless = self.mode != Mode::Dnat;
-        self.hosts.iter().enumerate().filter(move |_| stateless).map(|(i, h)| (Balancer::mark(i), h))
+        self.hosts.iter().filter(move |_| stateless).map(|h| (Balancer::mark_of(h.id), h))
     }
 
     fn rule_command(&self, mark: u32) -> Vec<String> {
-        let table = (TABLE_BASE + mark).to_string();
-        ["ip", "rule", "add", "fwmark", &mark.to_string(), "table", &table].map(String::from).to_vec()
+        let table = mark.to_string();
+        ["ip", "rule", "add", "fwmark", &format!("{mark:#x}"), "table", &table].map(String::from).to_vec()
     }
 
     fn route_command(&self, mark: u32, h: &Host) -> Vec<String> {
-        let table = (TABLE_BASE + mark).to_string();
+        let table = mark.to_string();
         let (vip, hop) = (format!("{}/32", self.vip), h.next_hop.to_string());
         ["ip", "route", "replace", &vip, "via", &hop, "table", &table].map(String::from).to_vec()
     }
@@ -393,13 +440,15 @@ mod tests {
 
     fn two(mode: Mode) -> Balancer {
         let hosts = vec!["1=10.78.1.2".parse().unwrap(), "0x0002=10.78.2.2".parse().unwrap()];
-        Balancer::new(Ipv4Addr::new(10, 78, 100, 1), 443, hosts, mode).unwrap()
+        Balancer::new(Ipv4Addr::new(10, 78, 100, 1), 443, hosts, mode).unwrap().with_seed(0x0bad_cafe)
     }
 
     const GOLDEN_STATELESS: &str = r#"#!/usr/sbin/nft -f
 # udpx lb nft: QUIC routed by the server ID in its connection IDs (QUIC-LB plaintext,
 # udpx-quic's layout: octet 0 = 000 rotation bits + length 0x0b, 2-byte server ID, nonce, worker).
 # VIP 10.78.100.1 udp port 443, 2 hosts, mode stateless.
+# Hash seed 0x0badcafe: give it again (--seed) to keep hashed packets on their hosts.
+# A host's firewall mark and routing table: 0x10000 + its server ID, the same in every ruleset.
 # Stateless: packets are marked, not tracked; `ip rule fwmark` sends them to their host
 # (the ip lines printed below). Every host holds the VIP and answers directly (DSR).
 # Offsets are bits from the UDP header (@th): the QUIC packet starts at bit 64.
@@ -412,7 +461,7 @@ table ip udpx_lb {
 	# server ID (connection ID octets 1-2) -> the host's firewall mark
 	map sid2mark {
 		typeof @th,80,16 : meta mark
-		elements = { 0x0001 : 1, 0x0002 : 2 }
+		elements = { 0x0001 : 0x10001, 0x0002 : 0x10002 }
 	}
 
 	# packets per rule: `nft list counters table ip udpx_lb`
@@ -435,9 +484,9 @@ table ip udpx_lb {
 		@th,64,1 1 @th,104,8 12 @th,112,3 0 meta mark set @th,120,16 map @sid2mark counter name "long_cid" return
 		# Initial or 0-RTT (long types 00, 01) with a client-chosen DCID: a hash of its first 8 bytes,
 		# so all of one client's Initials reach one host; the server's CID takes over from then on
-		@th,64,1 1 @th,66,1 0 meta mark set jhash @th,112,64 mod 2 offset 1 counter name "initial_hash" return
+		@th,64,1 1 @th,66,1 0 meta mark set jhash @th,112,64 mod 2 seed 0x0badcafe map { 0 : 0x10001, 1 : 0x10002 } counter name "initial_hash" return
 		# anything else (unknown server ID, another rotation, short or non-QUIC packets): 4-tuple hash
-		meta mark set jhash ip saddr . udp sport . ip daddr . udp dport mod 2 offset 1 counter name "fallback"
+		meta mark set jhash ip saddr . udp sport . ip daddr . udp dport mod 2 seed 0x0badcafe map { 0 : 0x10001, 1 : 0x10002 } counter name "fallback"
 	}
 }
 "#;
@@ -447,12 +496,12 @@ table ip udpx_lb {
         assert_eq!(two(Mode::Stateless).ruleset(), GOLDEN_STATELESS);
         assert_eq!(
             two(Mode::Stateless).routes(),
-            "# Policy routing on the balancer: firewall mark M -> table 100+M -> the host's next hop.\n\
+            "# Policy routing on the balancer: firewall mark M -> table M -> the host's next hop.\n\
              # The hosts answer from the VIP directly: turn rp_filter off where their answers pass.\n\
-             ip rule add fwmark 1 table 101\n\
-             ip route replace 10.78.100.1/32 via 10.78.1.2 table 101\n\
-             ip rule add fwmark 2 table 102\n\
-             ip route replace 10.78.100.1/32 via 10.78.2.2 table 102\n"
+             ip rule add fwmark 0x10001 table 65537\n\
+             ip route replace 10.78.100.1/32 via 10.78.1.2 table 65537\n\
+             ip rule add fwmark 0x10002 table 65538\n\
+             ip route replace 10.78.100.1/32 via 10.78.2.2 table 65538\n"
         );
     }
 
@@ -460,7 +509,7 @@ table ip udpx_lb {
     fn dnat_differs_only_where_it_must() {
         let b = two(Mode::Dnat);
         let r = b.ruleset();
-        assert!(r.contains("\tmap mark2ip {\n\t\ttypeof meta mark : ip daddr\n\t\telements = { 1 : 10.78.1.2, 2 : 10.78.2.2 }\n\t}\n"), "{r}");
+        assert!(r.contains("\tmap mark2ip {\n\t\ttypeof meta mark : ip daddr\n\t\telements = { 0x10001 : 10.78.1.2, 0x10002 : 10.78.2.2 }\n\t}\n"), "{r}");
         assert!(r.contains("type nat hook prerouting priority dstnat; policy accept;"), "{r}");
         assert!(r.contains("ip daddr 10.78.100.1 udp dport 443 dnat to meta mark map @mark2ip"), "{r}");
         assert!(!r.contains("notrack"), "{r}");
@@ -477,11 +526,44 @@ table ip udpx_lb {
         let chain = &r[r.find("\tchain quic").unwrap()..];
         assert!(!chain.contains("@th"), "{chain}");
         assert!(
-            chain.contains("meta mark set jhash ip saddr . udp sport . ip daddr . udp dport mod 2 offset 1"),
+            chain.contains("meta mark set jhash ip saddr . udp sport . ip daddr . udp dport mod 2 seed 0x0badcafe map"),
             "{chain}"
         );
         let head = |r: &str| r[..r.find("\tchain quic").unwrap()].to_owned();
         assert_eq!(head(&r), head(GOLDEN_STATELESS));
+    }
+
+    /// Where the rules send a short-header packet of host `id`: its mark from `rules`'
+    /// `sid2mark` map, then the next hop of that mark's table in `routes` (`ip route` lines).
+    fn route(rules: &str, routes: &[Vec<String>], id: u16) -> Option<Ipv4Addr> {
+        let map = rules.lines().find(|l| l.trim_start().starts_with("elements = {"))?;
+        let key = format!("{id:#06x} : ");
+        let at = map.find(&key)? + key.len();
+        let mark = u32::from_str_radix(map[at..].split([',', ' ']).next()?.trim_start_matches("0x"), 16).ok()?;
+        routes.iter().find(|r| r[1] == "route" && r.last() == Some(&mark.to_string())).and_then(|r| r[5].parse().ok())
+    }
+
+    /// A host taken out of three: the new rules, loaded while the old routes are still in
+    /// place (or for good: a removal changes no route), send every packet of the hosts that
+    /// stay to the same host as before, never to another (which would reset it). With marks
+    /// by position, host 3's packets went to host 2 in that window.
+    #[test]
+    fn removing_a_host_moves_no_other_hosts_packets() {
+        let h = |s: &str| s.parse::<Host>().unwrap();
+        let vip = Ipv4Addr::new(10, 78, 100, 1);
+        let all = vec![h("0x0101=10.78.1.2"), h("0x0102=10.78.2.2"), h("0x0103=10.78.3.2")];
+        let old = Balancer::new(vip, 443, all.clone(), Mode::Stateless).unwrap().with_seed(7);
+        for gone in 0..3 {
+            let left: Vec<Host> = all.iter().copied().filter(|x| *x != all[gone]).collect();
+            let new = Balancer::new(vip, 443, left.clone(), Mode::Stateless).unwrap().with_seed(7);
+            let old_routes = old.route_commands();
+            for x in &left {
+                assert_eq!(route(&new.ruleset(), &old_routes, x.id), Some(x.next_hop), "new rules, old routes");
+                assert_eq!(route(&new.ruleset(), &new.route_commands(), x.id), Some(x.next_hop), "new routes");
+                assert_eq!(route(&old.ruleset(), &old_routes, x.id), Some(x.next_hop), "before");
+            }
+            assert_eq!(route(&new.ruleset(), &old_routes, all[gone].id), None, "the removed host's ID is unmapped");
+        }
     }
 
     #[test]

@@ -99,6 +99,10 @@ host_counters! {
     stateless_resets,
     /// Stateless resets not sent: over the rate limit.
     resets_limited,
+    /// Stateless resets not sent: the unknown ID is another shard's or a live host's
+    /// ([`crate::reset::may_reset`]); the packet is dropped (and counted in
+    /// `dropped_unknown_cid`).
+    resets_not_ours,
     /// Version negotiations not sent: over the rate limit.
     answers_limited,
     /// Stateless resets received that matched a connection's token (a client's count: the

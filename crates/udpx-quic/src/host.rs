@@ -211,6 +211,10 @@ pub struct Host<A: App> {
     /// `Instant` and `CLOCK_MONOTONIC` read together, to turn `SendInfo.at` into a departure.
     anchor: (Instant, udpx::Timestamp),
     keys: ServiceKeys,
+    /// The shards of its group, for [`crate::reset::may_reset`].
+    shards: usize,
+    /// Hosts whose IDs it resets besides its own.
+    removed_hosts: crate::reset::RemovedHosts,
     token_key: TokenKey,
     /// The session ticket key's period in force (server).
     ticket_period: Option<u64>,
@@ -271,6 +275,8 @@ impl<A: App> Host<A> {
             anchor: (Instant::now(), udpx::Timestamp::now()),
             token_key: keys.token_key(),
             keys,
+            shards: 1,
+            removed_hosts: crate::reset::RemovedHosts::default(),
             ticket_period: None,
             answers: Rate::new(limits.answers_per_sec),
             admission: Admission::new(limits),
@@ -290,6 +296,14 @@ impl<A: App> Host<A> {
         self.token_key = keys.token_key();
         self.keys = keys;
         self.ticket_period = None;
+    }
+
+    /// Which unknown connection IDs it answers with a stateless reset (with shared keys): those
+    /// of its own shard of `shards` and of its host, or of a host in `removed`
+    /// ([`crate::reset::may_reset`]). Default: one shard, no host removed.
+    pub fn set_reset_scope(&mut self, shards: usize, removed: crate::reset::RemovedHosts) {
+        self.shards = shards.max(1);
+        self.removed_hosts = removed;
     }
 
     /// Sets the admission caps and the Retry policy (default [`Limits::default`]).
@@ -786,7 +800,7 @@ impl<A: App> Host<A> {
         let now = SystemTime::now();
         let odcid = match hdr.token.as_deref().filter(|t| !t.is_empty()) {
             None => None,
-            Some(t) => match self.token_key.open(from, t, now) {
+            Some(t) => match self.token_key.open(from, t, &hdr.dcid, now) {
                 Ok(odcid) => Some(odcid),
                 Err(TokenError::Expired) => {
                     self.counters.tokens_expired += 1;
@@ -855,7 +869,8 @@ impl<A: App> Host<A> {
     /// for the address. No state is kept.
     fn retry(&mut self, to: SocketAddr, hdr: &quiche::Header<'_>, now: SystemTime) {
         let Some(new_scid) = fresh_cid(&mut self.cids, &self.by_cid) else { return };
-        let token = self.token_key.seal(to, &hdr.dcid, now);
+        // Bound to the ID the client must send its next Initial to.
+        let token = self.token_key.seal(to, &hdr.dcid, &new_scid, now);
         if token.is_empty() {
             self.counters.accept_errors += 1;
             return;
@@ -1132,6 +1147,10 @@ impl<A: App> Host<A> {
         let Some(key) = &self.keys.reset else { return };
         // A short header does not say how long its DCID is: this service's are CID_LEN.
         let Some(cid) = dcid.get(..CID_LEN) else { return };
+        if !crate::reset::may_reset(cid, self.cids.host_id(), self.cids.worker(), self.shards, &self.removed_hosts) {
+            self.counters.resets_not_ours += 1;
+            return;
+        }
         let mut random = [0u8; 64];
         let mut out = [0u8; 64];
         if crate::cid::random_bytes(&mut random).is_err() {

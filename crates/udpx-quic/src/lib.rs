@@ -59,7 +59,7 @@ pub use counters::HostCounters;
 pub use host::{App, Burst, Host, HostSocket, QUANTUM_PACKETS};
 pub use io::{IoMode, Zerocopy};
 pub use pacing::{pacing_for, Pacing, PACING_SLACK};
-pub use reset::ResetKey;
+pub use reset::{RemovedHosts, ResetKey};
 pub use server::{client_socket, socket_config, Server, ServerConfig, ServerProbe, ShardSample};
 pub use token::{ServiceKeys, TokenKey};
 

@@ -10,8 +10,20 @@
 //! A reset answers only a short-header packet of at least [`MIN_TRIGGER`] bytes, is always
 //! shorter than it (no two endpoints can ping-pong resets), and at most
 //! [`crate::Limits::answers_per_sec`] leave a shard per second.
+//!
+//! And only for connection IDs this shard may speak for ([`may_reset`]): its own worker byte
+//! (a GRO train is steered by its first datagram, so a shard can receive another shard's
+//! packets) and its own host ID, or that of a host the operator removed ([`RemovedHosts`]),
+//! whose packets a balancer now sends here. A reset for a live connection of another shard
+//! or host would end it: with direct server return, DNAT, or a balancer between two rule
+//! sets, another host's IDs do reach this one.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use ring::hmac;
+
+use crate::cid::ServerCid;
 
 /// Bytes of the shared key.
 pub const KEY_LEN: usize = 32;
@@ -67,6 +79,75 @@ impl ResetKey {
     }
 }
 
+/// Whether a shard may answer a packet for `cid` with a stateless reset: `cid` is a server
+/// connection ID of this service's layout whose worker byte steers to this shard (`worker` of
+/// `shards`: the steering picks `byte % shards`) and whose host is this one (`host_id`) or a
+/// removed one.
+pub fn may_reset(cid: &[u8], host_id: u16, worker: u8, shards: usize, removed: &RemovedHosts) -> bool {
+    let Ok(c) = ServerCid::parse(cid) else { return false };
+    let ours = usize::from(c.worker) % shards.max(1) == usize::from(worker);
+    ours && (c.host_id == host_id || removed.contains(c.host_id))
+}
+
+/// The host IDs the operator took out of the service, shared by every shard of a server and
+/// changed while it runs (`udpx h3 serve --removed-hosts FILE`, read again on SIGHUP): their
+/// connections' packets may reach this host, which then ends them with a stateless reset.
+#[derive(Clone)]
+pub struct RemovedHosts(Arc<[AtomicU64; 1024]>);
+
+impl std::fmt::Debug for RemovedHosts {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("RemovedHosts").field(&self.list()).finish()
+    }
+}
+
+impl Default for RemovedHosts {
+    fn default() -> Self {
+        RemovedHosts(Arc::new(std::array::from_fn(|_| AtomicU64::new(0))))
+    }
+}
+
+impl RemovedHosts {
+    /// Whether host `id` was removed.
+    pub fn contains(&self, id: u16) -> bool {
+        self.0[usize::from(id) / 64].load(Ordering::Relaxed) & (1 << (id % 64)) != 0
+    }
+
+    /// Replaces the set with `ids` (each word at once: a reader sees every host of a word
+    /// either before or after).
+    pub fn set(&self, ids: &[u16]) {
+        let mut words = [0u64; 1024];
+        for &id in ids {
+            words[usize::from(id) / 64] |= 1 << (id % 64);
+        }
+        for (w, v) in self.0.iter().zip(words) {
+            w.store(v, Ordering::Relaxed);
+        }
+    }
+
+    /// The removed hosts, in order.
+    pub fn list(&self) -> Vec<u16> {
+        (0..=u16::MAX).filter(|&id| self.contains(id)).collect()
+    }
+
+    /// Host IDs from text: decimal or `0x` hex, separated by commas, white space or lines;
+    /// `#` starts a comment.
+    pub fn parse(text: &str) -> Result<Vec<u16>, String> {
+        text.lines()
+            .map(|l| l.split('#').next().unwrap_or(""))
+            .flat_map(|l| l.split(|c: char| c == ',' || c.is_whitespace()))
+            .filter(|w| !w.is_empty())
+            .map(|w| {
+                let n = match w.strip_prefix("0x") {
+                    Some(h) => u16::from_str_radix(h, 16),
+                    None => w.parse::<u16>(),
+                };
+                n.map_err(|_| format!("{w:?} is not a host ID (0 to 65535, or 0x0000 to 0xffff)"))
+            })
+            .collect()
+    }
+}
+
 /// A service's shared 32-byte secret from 64 hex digits (surrounding white space ignored), e.g.
 /// the contents of a key file.
 pub fn parse_secret(text: &str) -> Result<[u8; KEY_LEN], String> {
@@ -89,6 +170,27 @@ pub fn parse_secret(text: &str) -> Result<[u8; KEY_LEN], String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_shard_resets_only_its_own_ids_and_removed_hosts() {
+        let cid = |host_id, worker| ServerCid { host_id, nonce: [9; 8], worker }.to_bytes();
+        let removed = RemovedHosts::default();
+        // Host 1, shard 0 of 2.
+        assert!(may_reset(&cid(1, 0), 1, 0, 2, &removed));
+        assert!(may_reset(&cid(1, 2), 1, 0, 2, &removed), "worker byte 2 steers to shard 0 of 2");
+        assert!(!may_reset(&cid(1, 1), 1, 0, 2, &removed), "shard 1's ID: a GRO train's second datagram");
+        assert!(!may_reset(&cid(2, 0), 1, 0, 2, &removed), "a live host's ID");
+        assert!(!may_reset(&[0x0b; 12][..11], 1, 0, 2, &removed), "not the layout");
+        assert!(!may_reset(&[0x0c; 12], 1, 0, 2, &removed), "another first octet");
+        removed.set(&[2, 700]);
+        assert!(may_reset(&cid(2, 0), 1, 0, 2, &removed), "a removed host's ID");
+        assert!(!may_reset(&cid(2, 1), 1, 0, 2, &removed), "still only this shard's worker byte");
+        assert_eq!(removed.list(), [2, 700]);
+        removed.set(&[]);
+        assert!(!may_reset(&cid(2, 0), 1, 0, 2, &removed));
+        assert_eq!(RemovedHosts::parse("2, 0x0003\n# gone\n700 # too\n").unwrap(), [2, 3, 700]);
+        assert!(RemovedHosts::parse("70000").unwrap_err().contains("not a host ID"));
+    }
 
     #[test]
     fn tokens_depend_on_key_and_cid_and_resets_are_shorter_than_their_trigger() {

@@ -56,6 +56,9 @@ pub struct ServerConfig {
     pub defer_flush: bool,
     /// MSG_ZEROCOPY for large flushes (`auto` by default: off where the kernel copies).
     pub zerocopy: crate::Zerocopy,
+    /// Hosts taken out of the service, whose IDs this server resets besides its own (shared
+    /// with the caller, who may change it while the server runs).
+    pub removed_hosts: crate::RemovedHosts,
 }
 
 impl ServerConfig {
@@ -73,6 +76,7 @@ impl ServerConfig {
             coalesce: std::time::Duration::ZERO,
             defer_flush: true,
             zerocopy: crate::Zerocopy::Auto,
+            removed_hosts: crate::RemovedHosts::default(),
         }
     }
 }
@@ -188,6 +192,7 @@ impl Server {
             counters.push(cell.clone());
             let (host_id, keys, limits, burst, coalesce, defer) =
                 (cfg.host_id, keys.clone(), cfg.limits, cfg.burst, cfg.coalesce, cfg.defer_flush);
+            let (n, removed) = (cfg.shards, cfg.removed_hosts.clone());
             let t = std::thread::Builder::new()
                 .name(format!("udpx-quic-{}", shard.index()))
                 .spawn(move || {
@@ -195,6 +200,7 @@ impl Server {
                     let app = make_app(shard.index());
                     let mut host = Host::new(HostSocket::Shard(shard), qc, app, true, host_id, worker);
                     host.set_keys(keys);
+                    host.set_reset_scope(n, removed);
                     host.set_limits(limits);
                     host.set_burst(burst);
                     host.set_coalesce(coalesce);

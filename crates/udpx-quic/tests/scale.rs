@@ -451,18 +451,23 @@ fn bad_tokens_are_refused() {
     let token = hdr.token.clone().unwrap();
     // Replayed from b.
     b.send_to(&with_token(&initial(b.local_addr().unwrap(), addr), &token), addr).unwrap();
+    // Replayed from a itself, in another handshake (a new DCID, not the Retry's).
+    a.send_to(&with_token(&initial(a.local_addr().unwrap(), addr), &token), addr).unwrap();
     // Forged.
     b.send_to(&with_token(&initial(b.local_addr().unwrap(), addr), &[0x52; 40]), addr).unwrap();
-    // Expired: sealed with the service's key a minute ago.
+    // Expired: sealed with the service's key a minute ago, for this Initial's own DCID.
+    let ib = initial(b.local_addr().unwrap(), addr);
+    let dcid = ib[6..6 + usize::from(ib[5])].to_vec();
     let old = ServiceKeys::shared(&secret).token_key().seal(
         b.local_addr().unwrap(),
         &[1; 16],
+        &dcid,
         SystemTime::now() - Duration::from_secs(60),
     );
-    b.send_to(&with_token(&initial(b.local_addr().unwrap(), addr), &old), addr).unwrap();
-    // All three of b's Initials handled (a token refused, counted by kind), then judged.
-    let k = counters_when(&srv, |k| k.tokens_invalid + k.tokens_expired >= 3);
-    assert_eq!((k.tokens_invalid, k.tokens_expired, k.connections, k.retries_sent), (2, 1, 0, 1), "{k:?}");
+    b.send_to(&with_token(&ib, &old), addr).unwrap();
+    // All four Initials handled (a token refused, counted by kind), then judged.
+    let k = counters_when(&srv, |k| k.tokens_invalid + k.tokens_expired >= 4);
+    assert_eq!((k.tokens_invalid, k.tokens_expired, k.connections, k.retries_sent), (3, 1, 0, 1), "{k:?}");
     srv.stop().unwrap();
     let _ = AtomicBool::new(false);
 }

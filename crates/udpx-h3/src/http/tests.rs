@@ -271,6 +271,10 @@ fn answers() {
     assert_eq!(body(get(&s, "GET", "/docs/", &[])), b"<p>docs</p>");
     let a = get(&s, "GET", "/docs?x=1", &[]);
     assert_eq!((a.status, header(&a, "location")), (301, Some("/docs/?x=1")));
+    // A redirect built from the request: no CR/LF or raw query bytes reach the header, and
+    // `//host` is not a scheme-relative redirect.
+    let a = get(&s, "GET", "//docs?a\r\nset-cookie: x", &[]);
+    assert_eq!((a.status, header(&a, "location")), (301, Some("/docs/?a%0D%0Aset-cookie:%20x")));
     let a = get(&s, "GET", "/seg.m4s", &[]);
     assert_eq!((header(&a, "content-type"), header(&a, "content-length")), (Some("video/iso.segment"), Some("1000")));
     for name in ["etag", "last-modified", "cache-control", "date", "accept-ranges"] {
@@ -309,9 +313,9 @@ fn answers() {
     let a = get(&s, "GET", "/seg.m4s", &[(b"if-match", b"\"other\"")]);
     assert_eq!(a.status, 412);
     let c = s.counters();
-    assert_eq!(c.requests, 17);
-    assert_eq!(c.by_class, [0, 7, 3, 7, 0]);
-    assert_eq!((c.ok, c.partial, c.not_modified, c.redirects), (5, 2, 2, 1));
+    assert_eq!(c.requests, 18);
+    assert_eq!(c.by_class, [0, 7, 4, 7, 0]);
+    assert_eq!((c.ok, c.partial, c.not_modified, c.redirects), (5, 2, 2, 2));
     assert_eq!((c.bad_request, c.forbidden, c.not_found, c.method_not_allowed), (1, 1, 1, 1));
     assert_eq!((c.precondition_failed, c.range_not_satisfiable), (1, 2));
 }
@@ -343,4 +347,25 @@ fn access_log_lines() {
     assert_eq!((s.counters().body_bytes, s.counters().incomplete), (20, 1));
     let bad = Site::new(&d, &SiteOptions { cache_control: "a\nb".into(), ..SiteOptions::default() });
     assert!(bad.unwrap_err().to_string().contains("printable ASCII"));
+}
+
+#[test]
+fn slash_locations_are_safe_in_a_header_and_stay_on_this_host() {
+    for (target, location) in [
+        ("/docs", "/docs/"),
+        ("/docs?x=1&y=2", "/docs/?x=1&y=2"),
+        ("//evil.example", "/evil.example/"),
+        ("///evil.example?q", "/evil.example/?q"),
+        ("/a b", "/a%20b/"),
+        ("/a\r\nb", "/a%0D%0Ab/"),
+        ("/d?q=\"<x>\"", "/d/?q=%22%3Cx%3E%22"),
+        ("/caf\u{e9}", "/caf%C3%A9/"),
+        ("/d?a?b", "/d/?a?b"),
+        ("/%2e%2e", "/%2e%2e/"),
+    ] {
+        let l = slash_location(target);
+        assert_eq!(l, location, "{target:?}");
+        assert!(l.bytes().all(|b| b.is_ascii_graphic()), "{target:?} -> {l:?}");
+        assert!(!l.starts_with("//"), "{target:?} -> {l:?}");
+    }
 }

@@ -1,0 +1,307 @@
+//! What one peer can hold of the HTTP/3 server, and that it always comes back (the second
+//! security review): trailers on requests, stalled responses, flow-control credit. Each
+//! attacker is a quiche client driven by hand over its own loopback socket (no retransmission
+//! games, no timing in the assertions); after each attack a fresh client gets 200.
+
+mod common;
+
+use std::net::{SocketAddr, UdpSocket};
+use std::time::{Duration, Instant};
+
+use common::Site;
+use udpx_h3::{serve, H3Server, ServeConfig};
+
+/// A quiche connection on its own non-blocking socket, driven by [`Raw::pump`].
+struct Raw {
+    sock: UdpSocket,
+    conn: quiche::Connection,
+    h3: Option<quiche::h3::Connection>,
+}
+
+fn client_config(stream_window: u64) -> quiche::Config {
+    let mut c = quiche::Config::new(quiche::PROTOCOL_VERSION).unwrap();
+    c.set_application_protos(quiche::h3::APPLICATION_PROTOCOL).unwrap();
+    c.verify_peer(false);
+    c.set_max_idle_timeout(30_000);
+    c.set_initial_max_data(32 << 20);
+    c.set_initial_max_stream_data_bidi_local(stream_window);
+    c.set_initial_max_stream_data_bidi_remote(1 << 20);
+    c.set_initial_max_stream_data_uni(1 << 20);
+    c.set_initial_max_streams_bidi(100);
+    c.set_initial_max_streams_uni(100);
+    c
+}
+
+impl Raw {
+    /// Connects from `local_ip` and finishes the handshake (5 s at most).
+    fn connect(local_ip: &str, server: SocketAddr, cfg: &mut quiche::Config) -> Raw {
+        let sock = UdpSocket::bind((local_ip, 0)).unwrap();
+        sock.set_nonblocking(true).unwrap();
+        let mut scid = [0u8; 16];
+        udpx_quic::cid::random_bytes(&mut scid).unwrap();
+        let local = sock.local_addr().unwrap();
+        let conn =
+            quiche::connect(Some("localhost"), &quiche::ConnectionId::from_ref(&scid), local, server, cfg).unwrap();
+        let mut r = Raw { sock, conn, h3: None };
+        let start = Instant::now();
+        while !r.conn.is_established() && !r.conn.is_closed() && start.elapsed() < Duration::from_secs(5) {
+            r.pump();
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        assert!(r.conn.is_established(), "handshake from {local_ip}");
+        r
+    }
+
+    /// Sets up HTTP/3 on the connection (its control and QPACK streams).
+    fn with_h3(mut self) -> Raw {
+        self.h3 =
+            Some(quiche::h3::Connection::with_transport(&mut self.conn, &quiche::h3::Config::new().unwrap()).unwrap());
+        self.pump();
+        self
+    }
+
+    /// Reads what arrived, fires quiche's timer when due, sends what quiche has.
+    fn pump(&mut self) {
+        let mut buf = [0u8; 65_535];
+        let local = self.sock.local_addr().unwrap();
+        while let Ok((n, from)) = self.sock.recv_from(&mut buf) {
+            let _ = self.conn.recv(&mut buf[..n], quiche::RecvInfo { from, to: local });
+        }
+        if self.conn.timeout().is_some_and(|t| t.is_zero()) {
+            self.conn.on_timeout();
+        }
+        let mut out = [0u8; 1500];
+        while let Ok((n, info)) = self.conn.send(&mut out) {
+            let _ = self.sock.send_to(&out[..n], info.to);
+        }
+    }
+
+    /// A GET for `path`; the stream ID.
+    fn request(&mut self, path: &str, fin: bool) -> Option<u64> {
+        let h = [
+            quiche::h3::Header::new(b":method", b"GET"),
+            quiche::h3::Header::new(b":scheme", b"https"),
+            quiche::h3::Header::new(b":authority", b"localhost"),
+            quiche::h3::Header::new(b":path", path.as_bytes()),
+        ];
+        self.h3.as_mut().unwrap().send_request(&mut self.conn, &h, fin).ok()
+    }
+
+    /// HTTP/3 events: the status of each response that arrived, body read and dropped.
+    fn statuses(&mut self) -> Vec<u16> {
+        let mut out = Vec::new();
+        let Some(h3) = self.h3.as_mut() else { return out };
+        let mut body = [0u8; 16_384];
+        loop {
+            match h3.poll(&mut self.conn) {
+                Ok((_, quiche::h3::Event::Headers { list, .. })) => {
+                    use quiche::h3::NameValue;
+                    if let Some(s) = list.iter().find(|h| h.name() == b":status") {
+                        out.push(std::str::from_utf8(s.value()).unwrap().parse().unwrap());
+                    }
+                }
+                Ok((sid, quiche::h3::Event::Data)) => {
+                    while h3.recv_body(&mut self.conn, sid, &mut body).is_ok_and(|n| n > 0) {}
+                }
+                Ok(_) => {}
+                Err(_) => break,
+            }
+        }
+        out
+    }
+}
+
+/// Pumps every client for `d`, calling `each` on every turn.
+fn drive(clients: &mut [Raw], d: Duration, mut each: impl FnMut(&mut Raw)) {
+    let start = Instant::now();
+    while start.elapsed() < d {
+        for c in clients.iter_mut() {
+            c.pump();
+            each(c);
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// One GET from `local_ip` on a fresh connection: its status (10 s at most).
+fn fresh_get(local_ip: &str, server: SocketAddr, path: &str) -> Option<u16> {
+    let mut c = Raw::connect(local_ip, server, &mut client_config(1 << 20)).with_h3();
+    c.request(path, true)?;
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(10) {
+        c.pump();
+        if let Some(&s) = c.statuses().first() {
+            let _ = c.conn.close(true, 0x100, b"");
+            c.pump();
+            return Some(s);
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    None
+}
+
+/// Waits (15 s at most) until the server's `open_files` gauge is `n`; its last value.
+fn open_files_reach(server: &H3Server, n: u64) -> u64 {
+    let start = Instant::now();
+    loop {
+        let open = server.counters().http.open_files;
+        if open == n || start.elapsed() > Duration::from_secs(15) {
+            return open;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn start(site: &Site, f: impl FnOnce(&mut ServeConfig)) -> H3Server {
+    let mut cfg = ServeConfig::new("127.0.0.1:0".parse().unwrap());
+    f(&mut cfg);
+    serve(&site.root, &cfg).expect("server starts")
+}
+
+/// Review item 1: a GET followed by a trailer section (a second HEADERS frame, valid HTTP/3)
+/// on 150 streams, against a shard bound of 20 open files. The trailers are read and ignored,
+/// each stream has one response, and every open file comes back when the clients close: a
+/// fresh GET then gets 200 (before the fix, the shard answered 503 to everyone for good).
+#[test]
+fn trailers_leak_no_open_file() {
+    let site = Site::new("trailers");
+    let server = start(&site, |c| c.max_open_per_shard = 20);
+    let addr = server.local_addr();
+    let mut clients: Vec<Raw> =
+        (0..5).map(|_| Raw::connect("127.0.0.1", addr, &mut client_config(1 << 20)).with_h3()).collect();
+    let trailers = [quiche::h3::Header::new(b"x-checksum", b"abc")];
+    let mut sent = 0;
+    for c in &mut clients {
+        for _ in 0..30 {
+            let Some(sid) = c.request("/big", false) else { continue };
+            let h3 = c.h3.as_mut().unwrap();
+            if h3.send_additional_headers(&mut c.conn, sid, &trailers, true, true).is_ok() {
+                sent += 1;
+            }
+        }
+    }
+    assert!(sent >= 100, "trailer sections sent: {sent}");
+    // The requests and trailers reach the server; nothing is read of the responses.
+    drive(&mut clients, Duration::from_millis(500), |_| {});
+    let during = server.counters().http;
+    assert!(during.open_files <= 20, "the shard's bound holds: {during:?}");
+    for c in &mut clients {
+        let _ = c.conn.close(true, 0x100, b"bye");
+        c.pump();
+    }
+    let open = open_files_reach(&server, 0);
+    assert_eq!(fresh_get("127.0.0.1", addr, "/small"), Some(200), "a fresh client is served");
+    let c = server.stop().unwrap().http;
+    println!("trailers: {sent} sent; during {during:?}; after {c:?}");
+    assert_eq!(open, 0, "every open file came back: {c:?}");
+    assert_eq!(c.trailers, sent as u64, "every trailer section was read and ignored: {c:?}");
+    assert!(c.unavailable > 0, "the bound was reached (503s): {c:?}");
+}
+
+/// Review item 2: 50 connections from one address ask for files over a zero stream window and
+/// keep the connections alive with PINGs. They hold at most the address's share of the
+/// shard's files; a second address is still served; after the stall timeout their responses
+/// are reset and the files come back while the connections live on.
+#[test]
+fn stalled_connections_from_one_address_hold_only_its_share_and_time_out() {
+    let site = Site::new("stall");
+    let server = start(&site, |c| {
+        c.max_open_per_shard = 200;
+        c.max_open_per_addr = 50;
+        c.stall_timeout = Duration::from_secs(2);
+    });
+    let addr = server.local_addr();
+    let mut stalled: Vec<Raw> =
+        (0..50).map(|_| Raw::connect("127.0.0.1", addr, &mut client_config(0)).with_h3()).collect();
+    for c in &mut stalled {
+        for _ in 0..4 {
+            c.request("/big", true);
+        }
+    }
+    // PINGs every 300 ms keep the connections alive (an idle timeout would end them anyway).
+    let ping = |all: &mut [Raw]| {
+        drive(all, Duration::from_millis(300), |_| {});
+        for c in all.iter_mut() {
+            let _ = c.conn.send_ack_eliciting();
+        }
+    };
+    ping(&mut stalled);
+    ping(&mut stalled);
+    let held = server.counters().http;
+    let other = fresh_get("127.0.0.2", addr, "/small");
+    // Past the stall timeout, still PINGing.
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(10) && server.counters().http.open_files > 0 {
+        ping(&mut stalled);
+    }
+    let after = server.counters().http;
+    let alive = stalled.iter().filter(|c| !c.conn.is_closed()).count();
+    let again = fresh_get("127.0.0.1", addr, "/small");
+    server.stop().unwrap();
+    println!("stall: held {held:?}; other address {other:?}; after {after:?}; alive {alive}");
+    assert_eq!(held.open_files, 50, "one address holds its share and no more: {held:?}");
+    assert!(held.unavailable >= 100, "the rest were refused with 503: {held:?}");
+    assert_eq!(other, Some(200), "a second address is served meanwhile");
+    assert_eq!(after.open_files, 0, "the stalled responses were reset and their files closed: {after:?}");
+    assert!(after.stalled >= 50, "counted: {after:?}");
+    assert_eq!(alive, 50, "the connections themselves live on (PINGs)");
+    assert_eq!(again, Some(200), "the address is served again");
+}
+
+/// Review item 3: the server advertises the credit a request needs, not a download's; 100
+/// connections that each push a HEADERS frame larger than the field-section limit are closed
+/// (H3_EXCESSIVE_LOAD), and 100 that each leave HEADERS frames half sent on 50 streams pin at
+/// most the connection window (64 KiB): the process's RSS (server and these clients) grows by
+/// less than 32 MiB once they are connected. At the old windows (32 MiB a connection, 8 MiB a
+/// stream) the same pinners held 800 KiB each (80 MB), and could have held 32 MiB each.
+#[test]
+fn a_peer_pins_at_most_the_connection_window() {
+    let site = Site::new("window");
+    let server = start(&site, |_| {});
+    let addr = server.local_addr();
+    let mut closers = Vec::new();
+    let mut pinners = Vec::new();
+    let mut cfg = client_config(1 << 20);
+    for k in 0..200 {
+        let c = Raw::connect("127.0.0.1", addr, &mut cfg);
+        if k == 0 {
+            let p = c.conn.peer_transport_params().expect("the server's transport parameters");
+            assert!(p.initial_max_data <= udpx_h3::server::CONNECTION_WINDOW, "{}", p.initial_max_data);
+            assert!(p.initial_max_stream_data_bidi_remote <= udpx_h3::server::REQUEST_WINDOW);
+            assert!(p.initial_max_stream_data_uni <= udpx_h3::server::REQUEST_WINDOW);
+        }
+        if k % 2 == 0 {
+            closers.push(c);
+        } else {
+            pinners.push(c);
+        }
+    }
+    // What the connections hold before the attack (both ends: about 30 KiB each at the
+    // server) is not what the attack pins.
+    let rss0 = udpx_lab::netns::rss_bytes();
+    // A HEADERS frame (type 0x01) declaring 4 MiB, then as much of it as the window takes.
+    let junk = vec![0x55u8; 256 << 10];
+    for c in &mut closers {
+        let mut frame = vec![0x01, 0x80, 0x40, 0x00, 0x00];
+        frame.extend_from_slice(&junk);
+        let _ = c.conn.stream_send(0, &frame, false);
+    }
+    // HEADERS frames declaring 20 KiB (under the limit), 16 KiB of each sent, on 50 streams.
+    for c in &mut pinners {
+        for s in 0..50u64 {
+            let mut frame = vec![0x01, 0x80, 0x00, 0x50, 0x00];
+            frame.extend_from_slice(&junk[..16 << 10]);
+            let _ = c.conn.stream_send(s * 4, &frame, false);
+        }
+    }
+    let mut all: Vec<Raw> = closers.into_iter().chain(pinners).collect();
+    drive(&mut all, Duration::from_secs(3), |_| {});
+    let grown = udpx_lab::netns::rss_bytes().saturating_sub(rss0);
+    let refused = all.iter().filter(|c| c.conn.peer_error().is_some_and(|e| e.is_app && e.error_code == 0x107)).count();
+    let fresh = fresh_get("127.0.0.1", addr, "/small");
+    server.stop().unwrap();
+    println!("window: RSS grew {} KiB; {refused} connections closed for H3_EXCESSIVE_LOAD", grown >> 10);
+    assert!(refused >= 100, "the oversized HEADERS frames closed their connections: {refused}");
+    assert!(grown < 32 << 20, "RSS grew {} MiB", grown >> 20);
+    assert_eq!(fresh, Some(200));
+}
