@@ -17,7 +17,7 @@
 //! each, one 8-byte theoretical arrival time, updated lock-free), a source's cell chosen by a
 //! keyed hash (SipHash with a random per-process key) of its address.
 //!
-//! A request costs one token per started [`RateLimit::UNIT_BYTES`] (256) bytes of its payload:
+//! A request costs one token per started `RateLimit::UNIT_BYTES` (256) bytes of its payload:
 //! a request of up to 256 bytes (a transaction as [`default_recv_buffer`] sizes them; sockperf's
 //! are 14 to 64) costs one, a 60 KiB request 240. The bucket holds `limit` tokens and refills
 //! at `limit` a second, so one cell bounds requests and bytes at once, with one cost per
@@ -127,7 +127,7 @@ pub fn default_recv_buffer() -> usize {
 }
 
 /// The per-source rate limit `udpx echo serve` applies unless told otherwise, requests/s (of
-/// up to [`RateLimit::UNIT_BYTES`] each: 256,000 bytes/s).
+/// up to `RateLimit::UNIT_BYTES` each: 256,000 bytes/s).
 pub const DEFAULT_RATE_LIMIT: u32 = 1_000;
 
 /// Most threads (and sockets) a server may have, oversubscribed or not: far past the CPU count
@@ -467,7 +467,7 @@ impl Server {
 ///
 /// A fixed table of cells indexed by a keyed hash of the source address, each an `AtomicU64`
 /// holding a GCRA "theoretical arrival time" (ns since the limiter started): a request of cost
-/// `c` tokens ([`RateLimit::cost`]: one per started [`RateLimit::UNIT_BYTES`]) moves that time
+/// `c` tokens ([`RateLimit::cost`]: one per started `RateLimit::UNIT_BYTES`) moves that time
 /// `c` intervals on, and is admitted if that keeps it at most one second's worth of tokens
 /// ahead of now, which is a token bucket of `per_sec` tokens refilled at `per_sec` a second,
 /// without a lock. Memory is fixed when the server starts and nothing is ever cleared, so no number of

@@ -18,7 +18,7 @@
 //! [`ServeConfig::max_open_per_conn`] of them, an address (IPv6: a /64)
 //! [`ServeConfig::max_open_per_addr`] on a shard, and a shard [`ServeConfig::max_open_per_shard`];
 //! past any of them the answer is 503 with `retry-after`. The count is carried by the open file
-//! itself ([`OpenFile`]) and given back when it is dropped, so every way a response can end
+//! itself (`OpenFile`) and given back when it is dropped, so every way a response can end
 //! (sent, reset by the peer, stalled, its connection closed) gives it back exactly once. A
 //! response the peer takes no byte of for [`ServeConfig::stall_timeout`] (a zero flow-control
 //! window kept open with PINGs) is reset (H3_REQUEST_CANCELLED) and its file closed.
