@@ -762,25 +762,28 @@ fn serve(a: ServeArgs) -> ExitCode {
     if a.coalesce > 100_000 {
         return usage(format!("--coalesce {}: give 0 to 100000 microseconds", a.coalesce));
     }
-    let cfg = ServeConfig {
+    let quic = udpx_quic::ServerConfig {
         listen: a.listen,
-        tls,
+        shards,
         io: a.io.into(),
         gro: a.gro == OnOff::On,
-        shards,
         host_id: a.host_id,
-        max_udp_payload: a.max_udp_payload,
-        site: SiteOptions { cache_control: a.cache_control, access_log: a.access_log },
         keys,
         limits,
-        removed_hosts: removed_hosts.clone(),
-        early_data: a.early_data,
-        grease: a.grease,
-        cc: a.cc,
         burst: a.burst.under(a.cc),
         coalesce: std::time::Duration::from_micros(a.coalesce),
         defer_flush: a.defer_flush == OnOff::On,
         zerocopy: a.zerocopy,
+        removed_hosts: removed_hosts.clone(),
+    };
+    let cfg = ServeConfig {
+        quic,
+        tls,
+        max_udp_payload: a.max_udp_payload,
+        site: SiteOptions { cache_control: a.cache_control, access_log: a.access_log },
+        early_data: a.early_data,
+        grease: a.grease,
+        cc: a.cc,
         max_open_per_conn: a.max_open_per_conn,
         max_open_per_shard: a.max_open_per_shard,
         max_open_per_addr: a.max_open_per_addr,
@@ -812,9 +815,9 @@ fn serve(a: ServeArgs) -> ExitCode {
         a.dir.display(),
         server.local_addr(),
         shards,
-        cfg.io,
-        if cfg.gro { "on" } else { "off" },
-        cfg.host_id
+        cfg.quic.io,
+        if cfg.quic.gro { "on" } else { "off" },
+        cfg.quic.host_id
     );
     if let Some(t) = server.tcp_addr() {
         eprintln!("udpx h3 serve: also HTTPS over TCP on https://{t} (HTTP/1.1, HTTP/2; alt-svc names the QUIC port)");

@@ -73,7 +73,7 @@ fn h3_quinn_on_udpx_downloads_from_udpx_h3_serve() {
     std::fs::write(dir.0.join("key.pem"), ck.key_pair.serialize_pem()).unwrap();
     let mut cfg = ServeConfig::new("127.0.0.1:0".parse().unwrap());
     cfg.tls = Tls::Files { cert: dir.0.join("cert.pem"), key: dir.0.join("key.pem") };
-    cfg.shards = 1;
+    cfg.quic.shards = 1;
     let server = serve(&dir.0.join("www"), &cfg).unwrap();
     let addr = server.local_addr();
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();

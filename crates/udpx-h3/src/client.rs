@@ -200,11 +200,11 @@ pub fn get(url: &str, out: Option<&Path>, cfg: &GetConfig) -> Result<GetReport, 
         quiet_since: Instant::now(),
         quiet_pings: 0,
     };
-    let mut host = Host::new(HostSocket::Own(Box::new(socket)), config, app, false, 0, 0);
+    let mut host = Host::new(HostSocket::Own(Box::new(socket)), config, app, udpx_quic::Role::Client);
     let sni = url.host.parse::<std::net::IpAddr>().is_err().then_some(url.host.as_str());
     let start = Instant::now();
     host.connect_with(sni, peer, (), cfg.session.as_deref(), cfg.dcid.as_deref()).map_err(Error::Quic)?;
-    host.run(&AtomicBool::new(false), true, None).map_err(Error::Quic)?;
+    host.run(&AtomicBool::new(false), udpx_quic::Until::Idle, None).map_err(Error::Quic)?;
     let seconds = start.elapsed().as_secs_f64();
     let quic = host.counters();
     let app = host.app_mut();

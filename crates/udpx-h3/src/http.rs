@@ -171,6 +171,7 @@ struct HttpCounters {
     open_files: AtomicU64,
     stalled: AtomicU64,
     trailers: AtomicU64,
+    idle_closed: AtomicU64,
 }
 
 /// A snapshot of the HTTP counters.
@@ -218,11 +219,14 @@ pub struct HttpSnapshot {
     /// to 0 once every response has ended, however it ended (sent, reset, stalled, its
     /// connection closed).
     pub open_files: u64,
-    /// Responses reset because the peer took no byte of them for the stall timeout
-    /// (`ServeConfig::stall_timeout`).
+    /// Responses ended because one response of their connection took less than
+    /// `MIN_PROGRESS` bytes in the stall timeout (`ServeConfig::stall_timeout`): the
+    /// connection was closed.
     pub stalled: u64,
     /// Trailer sections (a second HEADERS frame on a request, RFC 9114 4.1) read and ignored.
     pub trailers: u64,
+    /// HTTP/3 connections closed after `IDLE_TIMEOUT` with no request and no response.
+    pub idle_closed: u64,
 }
 
 impl HttpCounters {
@@ -272,6 +276,7 @@ impl HttpCounters {
             open_files: g(&self.open_files),
             stalled: g(&self.stalled),
             trailers: g(&self.trailers),
+            idle_closed: g(&self.idle_closed),
         }
     }
 }
@@ -356,6 +361,11 @@ impl Site {
     /// Counts a response reset because its peer stopped taking it.
     pub fn count_stalled(&self) {
         self.counters.stalled.fetch_add(1, Relaxed);
+    }
+
+    /// Counts an HTTP/3 connection closed for idleness.
+    pub fn count_idle_closed(&self) {
+        self.counters.idle_closed.fetch_add(1, Relaxed);
     }
 
     /// Counts a trailer section read and ignored.

@@ -395,7 +395,7 @@ pub fn run(cfg: &LoadConfig) -> Result<LoadReport, Error> {
         t: Tally::default(),
         h3_config: quiche::h3::Config::new().map_err(|e| Error::Tls(e.to_string()))?,
     };
-    let mut host = Host::new(HostSocket::Own(Box::new(socket)), qc, app, false, 0, 0);
+    let mut host = Host::new(HostSocket::Own(Box::new(socket)), qc, app, udpx_quic::Role::Client);
     let n = cfg.connections;
     let mut opened = 0;
     let mut cpu0 = None;

@@ -20,14 +20,23 @@
 //! past any of them the answer is 503 with `retry-after`. The count is carried by the open file
 //! itself (`OpenFile`) and given back when it is dropped, so every way a response can end
 //! (sent, reset by the peer, stalled, its connection closed) gives it back exactly once. A
-//! response the peer takes no byte of for [`ServeConfig::stall_timeout`] (a zero flow-control
-//! window kept open with PINGs) is reset (H3_REQUEST_CANCELLED) and its file closed.
+//! request that arrives in 0-RTT (its address not yet proven: it may be forged and replayed)
+//! claims from a smaller budget of its own, an eighth of the shard's (425 Too Early past it,
+//! and the client asks again after its handshake). A connection one of whose responses took
+//! less than [`MIN_PROGRESS`] bytes in [`ServeConfig::stall_timeout`] (a zero flow-control
+//! window kept open with PINGs, or credit given a few bytes at a time) is closed
+//! (H3_EXCESSIVE_LOAD) and its files with it, as the TCP listener closes a slow reader; so is
+//! one with no response under way and no new request for [`IDLE_TIMEOUT`] (request heads a
+//! peer leaves unfinished are held by quiche until then).
 //!
 //! A request stream has one response: a second HEADERS frame on it is the request's trailer
 //! section (RFC 9114 4.1), read and ignored (`trailers` on /metrics); quiche refuses a third.
 //! The server advertises the flow-control credit a request needs, not a download's: a request
-//! stream takes [`REQUEST_WINDOW`] and a connection [`CONNECTION_WINDOW`], so no peer pins more
-//! than that of out-of-order data per connection (see [`crate::tls`]).
+//! stream takes [`REQUEST_WINDOW`] and a connection [`CONNECTION_WINDOW`] of out-of-order data
+//! (see [`crate::tls`]). quiche's HTTP/3 layer copies an unfinished HEADERS frame out of the
+//! stream (up to 1.5 x [`MAX_FIELD_SECTION`]) and gives its credit back, so what one connection
+//! can pin is at most 100 streams x 24 KiB plus the window: about 2.4 MiB, for at most
+//! [`IDLE_TIMEOUT`] unless it also completes requests.
 //!
 //! With early data on ([`ServeConfig::early_data`]), GET and HEAD are answered in 0-RTT and
 //! anything else gets 425 Too Early (RFC 8470).
@@ -45,7 +54,7 @@ use std::time::{Duration, Instant};
 use quiche::h3::NameValue;
 use serde::Serialize;
 use udpx_quic::bufs::{Buf, BufPool};
-use udpx_quic::{App, HostCounters, IoMode, Server, ServerConfig};
+use udpx_quic::{App, HostCounters, Server, ServerConfig};
 
 use crate::http::{HttpSnapshot, LogEntry, RequestHead, Site, SiteOptions};
 use crate::tcp::TcpServer;
@@ -55,35 +64,20 @@ use crate::Error;
 pub use crate::http::CHUNK;
 pub use crate::tls::{CONNECTION_WINDOW, MAX_FIELD_SECTION, REQUEST_WINDOW};
 
-/// How to serve.
+/// How to serve: the QUIC server's settings ([`ServerConfig`], whole) and the HTTP/3 file
+/// server's.
 #[derive(Debug, Clone)]
 pub struct ServeConfig {
-    /// Where to listen.
-    pub listen: SocketAddr,
+    /// The QUIC host and its shards: address, I/O mode, GRO, shards, host ID, keys, caps,
+    /// burst, coalescing, the deferred flush, zerocopy, removed hosts.
+    pub quic: ServerConfig,
     /// Certificate.
     pub tls: Tls,
-    /// How packets leave.
-    pub io: IoMode,
-    /// Receive with GRO where available.
-    pub gro: bool,
-    /// Event loops (one socket and thread each).
-    pub shards: usize,
-    /// QUIC-LB host ID in the connection IDs.
-    pub host_id: u16,
     /// Largest UDP payload sent (quiche's `max_send_udp_payload_size`; the peer may ask for
     /// less).
     pub max_udp_payload: usize,
     /// Cache-control and the access log.
     pub site: SiteOptions,
-    /// The keys the service's hosts share (stateless resets, Retry tokens, session tickets:
-    /// `udpx_quic::token`); `None`: this process's own.
-    pub keys: Option<udpx_quic::ServiceKeys>,
-    /// Each shard's connection caps and Retry policy.
-    pub limits: udpx_quic::Limits,
-    /// Hosts taken out of the service whose connection IDs this server answers with stateless
-    /// resets besides its own ([`udpx_quic::reset::may_reset`]); the caller may change the set
-    /// while the server runs.
-    pub removed_hosts: udpx_quic::RemovedHosts,
     /// Accept 0-RTT (early data) from resuming clients: GET and HEAD only.
     pub early_data: bool,
     /// Send GREASE (RFC 9114 7.2.8, 6.2.3; RFC 9000 18.1: reserved frame, stream and
@@ -94,14 +88,6 @@ pub struct ServeConfig {
     pub grease: bool,
     /// The congestion controller.
     pub cc: Cc,
-    /// How much one connection writes per loop turn ([`udpx_quic::Burst`]).
-    pub burst: udpx_quic::Burst,
-    /// The least time between two loop turns' starts under load (`udpx_quic::Host::set_coalesce`).
-    pub coalesce: std::time::Duration,
-    /// `--defer-flush` (`udpx_quic::Host::set_deferred_flush`; on by default).
-    pub defer_flush: bool,
-    /// `--zerocopy`: MSG_ZEROCOPY for large flushes (`auto` by default).
-    pub zerocopy: udpx_quic::Zerocopy,
     /// Responses with an open file one connection may hold (503 past it).
     pub max_open_per_conn: usize,
     /// Responses with an open file one shard may hold (503 past it).
@@ -109,7 +95,8 @@ pub struct ServeConfig {
     /// Responses with an open file the connections of one address (IPv6: one /64) may hold on
     /// a shard (503 past it): one client cannot take the whole shard's bound.
     pub max_open_per_addr: usize,
-    /// A response the peer takes no byte of for this long is reset and its file closed.
+    /// A connection one of whose responses takes less than [`MIN_PROGRESS`] bytes in this long
+    /// is closed, and its files with it.
     pub stall_timeout: Duration,
     /// Also serve HTTPS over TCP here (HTTP/1.1 and HTTP/2, see [`crate::tcp`]) with the same
     /// certificate and rules; its answers' `alt-svc` names the QUIC port: how a browser finds
@@ -118,27 +105,17 @@ pub struct ServeConfig {
 }
 
 impl ServeConfig {
-    /// Port 4433 on loopback, a self-signed certificate, `gso-mmsg`, GRO on, one shard.
+    /// `listen`, a self-signed certificate, `gso-mmsg`, GRO on, one shard, under BBRv2 with
+    /// the window's burst ([`Cc::safe_burst`]).
     pub fn new(listen: SocketAddr) -> ServeConfig {
         ServeConfig {
-            listen,
+            quic: ServerConfig { burst: Cc::Bbr2.safe_burst(), ..ServerConfig::new(listen) },
             tls: Tls::SelfSigned,
-            io: IoMode::GsoMmsg,
-            gro: true,
-            shards: 1,
-            host_id: 0,
             max_udp_payload: DEFAULT_MAX_UDP_PAYLOAD,
             site: SiteOptions::default(),
-            keys: None,
-            limits: udpx_quic::Limits::default(),
-            removed_hosts: udpx_quic::RemovedHosts::default(),
             early_data: false,
             grease: false,
             cc: Cc::Bbr2,
-            burst: udpx_quic::Burst::Window,
-            coalesce: std::time::Duration::ZERO,
-            defer_flush: true,
-            zerocopy: udpx_quic::Zerocopy::Auto,
             max_open_per_conn: crate::tls::MAX_STREAMS as usize,
             max_open_per_shard: DEFAULT_MAX_OPEN_PER_SHARD,
             max_open_per_addr: DEFAULT_MAX_OPEN_PER_ADDR,
@@ -201,10 +178,17 @@ pub const DEFAULT_MAX_OPEN_PER_SHARD: usize = 4096;
 /// Of them, what the connections of one address may hold, by default: a quarter, so that at
 /// least four clients share a shard's files whatever one of them does.
 pub const DEFAULT_MAX_OPEN_PER_ADDR: usize = DEFAULT_MAX_OPEN_PER_SHARD / 4;
-/// How long a response may go without the peer taking a byte of it, by default: the TCP
-/// listener's progress window ([`crate::tcp::TcpLimits`]), and under quiche's 30 s idle
-/// timeout so that a client kept alive by PINGs alone cannot outlast it.
+/// The window in which a response must take [`MIN_PROGRESS`] bytes, by default: the TCP
+/// listener's ([`crate::tcp::TcpLimits`]).
 pub const DEFAULT_STALL_TIMEOUT: Duration = Duration::from_secs(20);
+/// Bytes a response must take in each stall window (or end): the TCP listener's minimum rate
+/// (16 KiB every 20 s, 800 B/s). A peer that opens its window a few bytes at a time does not
+/// keep a response, and its file, for ever.
+pub const MIN_PROGRESS: u64 = 16 << 10;
+/// A connection with no response under way and no new request for this long is closed, as the
+/// TCP listener closes an idle connection (a client that PINGs keeps a QUIC connection past
+/// quiche's 30 s idle timeout).
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The server's counters: QUIC host and HTTP.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
@@ -231,28 +215,9 @@ pub struct H3Server {
 pub fn serve(dir: &Path, cfg: &ServeConfig) -> Result<H3Server, Error> {
     let site = Arc::new(Site::new(dir, &cfg.site)?);
     let files = pem_files(&cfg.tls)?;
-    let scfg = ServerConfig {
-        listen: cfg.listen,
-        shards: cfg.shards,
-        io: cfg.io,
-        gro: cfg.gro,
-        host_id: cfg.host_id,
-        keys: cfg.keys.clone(),
-        limits: cfg.limits,
-        burst: cfg.burst,
-        coalesce: cfg.coalesce,
-        defer_flush: cfg.defer_flush,
-        zerocopy: cfg.zerocopy,
-        removed_hosts: cfg.removed_hosts.clone(),
-    };
     let site2 = site.clone();
     let max = cfg.max_udp_payload;
-    if !(1..=256).contains(&cfg.shards) {
-        return Err(Error::Usage(format!(
-            "{} shards: give 1 to 256 (the connection ID's worker byte numbers them)",
-            cfg.shards
-        )));
-    }
+    cfg.quic.check().map_err(|e| Error::Usage(e.to_string()))?;
     if cfg.max_open_per_conn == 0 || cfg.max_open_per_shard == 0 || cfg.max_open_per_addr == 0 {
         return Err(Error::Usage(
             "--max-open-per-conn, --max-open-per-addr, --max-open-per-shard: give each at least 1".into(),
@@ -262,7 +227,7 @@ pub fn serve(dir: &Path, cfg: &ServeConfig) -> Result<H3Server, Error> {
         return Err(Error::Usage("--stall-timeout: give a duration above zero, e.g. 20s".into()));
     }
     let (early, cc, grease) = (cfg.early_data, cfg.cc, cfg.grease);
-    let configs = (0..cfg.shards)
+    let configs = (0..cfg.quic.shards)
         .map(|_| {
             let mut c = server_config(&files, max)?;
             if early {
@@ -280,9 +245,10 @@ pub fn serve(dir: &Path, cfg: &ServeConfig) -> Result<H3Server, Error> {
         per_conn: cfg.max_open_per_conn,
         per_addr: cfg.max_open_per_addr,
         per_shard: cfg.max_open_per_shard,
+        per_shard_early: (cfg.max_open_per_shard / 8).max(1),
         stall: cfg.stall_timeout,
     };
-    let server = Server::start(&scfg, configs, move |_shard| {
+    let server = Server::start(&cfg.quic, configs, move |_shard| {
         let mut h3_config = quiche::h3::Config::new().expect("quiche's h3::Config::new cannot fail");
         // A request's field section at most this large (quiche refuses a HEADERS frame over
         // 1.5 times it with H3_EXCESSIVE_LOAD before buffering it).
@@ -292,7 +258,12 @@ pub fn serve(dir: &Path, cfg: &ServeConfig) -> Result<H3Server, Error> {
             scratch: vec![0; CHUNK],
             bodies: BufPool::new(CHUNK, BODY_BUFFERS_KEPT),
             h3_config,
-            budget: Rc::new(Budget { site: site2.clone(), shard: Cell::new(0), by_addr: RefCell::default() }),
+            budget: Rc::new(Budget {
+                site: site2.clone(),
+                shard: Cell::new(0),
+                early: Cell::new(0),
+                by_addr: RefCell::default(),
+            }),
             bounds,
         }
     })
@@ -437,8 +408,17 @@ impl udpx_metrics::Source for MetricsSource {
                 value: h.open_files,
                 gauge: true,
             },
-            c("http_stalled", "HTTP/3 responses reset: the peer took no byte for the stall timeout", h.stalled),
+            c(
+                "http_stalled",
+                "HTTP/3 responses ended with their connection: one stalled (too few bytes taken)",
+                h.stalled,
+            ),
             c("http_trailers", "Trailer sections on requests, read and ignored", h.trailers),
+            c(
+                "http_idle_closed",
+                "HTTP/3 connections closed after the idle timeout (no request, no response)",
+                h.idle_closed,
+            ),
         ];
         if let Some(t) = self.tcp.as_ref().map(crate::tcp::TcpProbe::snapshot) {
             out.extend([
@@ -476,6 +456,8 @@ struct Bounds {
     per_conn: usize,
     per_addr: usize,
     per_shard: usize,
+    /// Of the shard's, what requests that came in 0-RTT may hold.
+    per_shard_early: usize,
     stall: Duration,
 }
 
@@ -483,6 +465,8 @@ struct Bounds {
 struct Budget {
     site: Arc<Site>,
     shard: Cell<usize>,
+    /// Of them, those taken by requests in 0-RTT.
+    early: Cell<usize>,
     /// Addresses holding at least one (an entry leaves at zero: bounded by the files open).
     by_addr: RefCell<HashMap<IpAddr, usize>>,
 }
@@ -493,20 +477,30 @@ struct OpenFile {
     budget: Rc<Budget>,
     conn: Rc<Cell<usize>>,
     addr: IpAddr,
+    /// Taken by a request in 0-RTT (counted in the early budget too).
+    early: bool,
 }
 
 impl OpenFile {
-    /// Takes one, or `None` when the connection, the address or the shard holds its bound.
-    fn take(budget: &Rc<Budget>, conn: &Rc<Cell<usize>>, addr: IpAddr, b: &Bounds) -> Option<OpenFile> {
+    /// Takes one, or `None` when the connection, the address or the shard holds its bound (or,
+    /// for a request in 0-RTT, the shard's early budget).
+    fn take(budget: &Rc<Budget>, conn: &Rc<Cell<usize>>, addr: IpAddr, b: &Bounds, early: bool) -> Option<OpenFile> {
         let held_by_addr = budget.by_addr.borrow().get(&addr).copied().unwrap_or(0);
-        if conn.get() >= b.per_conn || held_by_addr >= b.per_addr || budget.shard.get() >= b.per_shard {
+        if conn.get() >= b.per_conn
+            || held_by_addr >= b.per_addr
+            || budget.shard.get() >= b.per_shard
+            || (early && budget.early.get() >= b.per_shard_early)
+        {
             return None;
         }
         conn.set(conn.get() + 1);
         budget.shard.set(budget.shard.get() + 1);
+        if early {
+            budget.early.set(budget.early.get() + 1);
+        }
         *budget.by_addr.borrow_mut().entry(addr).or_insert(0) += 1;
         budget.site.file_opened();
-        Some(OpenFile { budget: budget.clone(), conn: conn.clone(), addr })
+        Some(OpenFile { budget: budget.clone(), conn: conn.clone(), addr, early })
     }
 }
 
@@ -514,6 +508,9 @@ impl Drop for OpenFile {
     fn drop(&mut self) {
         self.conn.set(self.conn.get().saturating_sub(1));
         self.budget.shard.set(self.budget.shard.get().saturating_sub(1));
+        if self.early {
+            self.budget.early.set(self.budget.early.get().saturating_sub(1));
+        }
         let mut by_addr = self.budget.by_addr.borrow_mut();
         if let Some(n) = by_addr.get_mut(&self.addr) {
             *n -= 1;
@@ -539,8 +536,11 @@ struct Response {
     started: Instant,
     /// Body bytes quiche took.
     sent: u64,
-    /// When quiche last took any of it (headers or body): the stall timeout counts from here.
+    /// When it last made progress (headers taken, or [`MIN_PROGRESS`] body bytes since the
+    /// last time): the stall timeout counts from here.
     progressed: Instant,
+    /// Body bytes taken since `progressed`.
+    unstamped: u64,
 }
 
 struct Body {
@@ -568,12 +568,19 @@ struct ConnState {
     open: Rc<Cell<usize>>,
     /// When the earliest parked response may pass the stall timeout (`None`: none parked).
     stall_check: Option<Instant>,
+    /// When the last request head arrived (or the connection was accepted): with no response
+    /// under way, the connection is closed at [`IDLE_TIMEOUT`] after it.
+    last_request: Instant,
 }
 
 /// Bytes of a request target kept for the access log.
 const LOGGED_TARGET: usize = 1024;
 
-/// H3_REQUEST_CANCELLED (RFC 9114 8.1): the response is no longer wanted (stalled).
+/// H3_NO_ERROR (RFC 9114 8.1): an idle connection closed.
+const H3_NO_ERROR: u64 = 0x100;
+/// H3_EXCESSIVE_LOAD (RFC 9114 8.1): a connection closed for a stalled response.
+const H3_EXCESSIVE_LOAD: u64 = 0x107;
+/// H3_REQUEST_CANCELLED (RFC 9114 8.1): the peer reset its request; the response goes too.
 const H3_REQUEST_CANCELLED: u64 = 0x10c;
 
 impl App for FileServer {
@@ -589,6 +596,7 @@ impl App for FileServer {
             requests: Vec::new(),
             open: Rc::new(Cell::new(0)),
             stall_check: None,
+            last_request: Instant::now(),
         }
     }
 
@@ -604,8 +612,16 @@ impl App for FileServer {
             }
         }
         let now = Instant::now();
-        if st.stall_check.is_some_and(|t| t <= now) {
-            self.reset_stalled(conn, st, now);
+        // The host may fire a deadline up to its pacing slack early: a check due within it is
+        // due now (else the same deadline comes back at once, a spin).
+        let due = now + udpx_quic::PACING_SLACK;
+        if st.stall_check.is_some_and(|t| t <= due) && self.close_if_stalled(conn, st, now) {
+            return;
+        }
+        if st.responses.is_empty() && st.last_request + IDLE_TIMEOUT <= due {
+            self.site.count_idle_closed();
+            let _ = conn.close(true, H3_NO_ERROR, b"idle");
+            return;
         }
         let Some(h3) = st.h3.as_mut() else { return };
         // New requests and stream events. Every HTTP/3 event comes from stream data, and the
@@ -623,6 +639,7 @@ impl App for FileServer {
                             continue;
                         }
                         st.requests.push(sid);
+                        st.last_request = now;
                         let r = self.respond(&list, conn.is_in_early_data(), &st.open, st.addr, now);
                         st.responses.insert(sid, r);
                         fresh.push(sid);
@@ -641,6 +658,10 @@ impl App for FileServer {
                         if let Some(r) = st.responses.remove(&sid) {
                             self.finish(st.peer, r, false);
                         }
+                        // Our side of the stream ends too, and quiche's HTTP/3 layer forgets
+                        // it (it does so only on a send that fails on a finished stream).
+                        let _ = conn.stream_shutdown(sid, quiche::Shutdown::Write, H3_REQUEST_CANCELLED);
+                        let _ = h3.send_body(conn, sid, &[], true);
                     }
                     Ok(_) => {}
                     Err(quiche::h3::Error::Done) => break,
@@ -673,7 +694,8 @@ impl App for FileServer {
     }
 
     fn wake_at(&self, st: &ConnState) -> Option<Instant> {
-        st.stall_check
+        let idle = st.responses.is_empty().then_some(st.last_request + IDLE_TIMEOUT);
+        [st.stall_check, idle].into_iter().flatten().min()
     }
 
     fn closed(&mut self, _conn: &udpx_quic::Connection, mut state: ConnState) {
@@ -711,10 +733,12 @@ impl FileServer {
         };
         let safe = matches!(method, Some(b"GET" | b"HEAD"));
         // A claim on the bounds first, so that no file is opened past them.
-        let claim = OpenFile::take(&self.budget, conn_open, addr, &self.bounds);
+        let claim = OpenFile::take(&self.budget, conn_open, addr, &self.bounds, early);
         let mut answer = match (method, path) {
-            // Early data can be replayed: only safe methods are answered from it (RFC 8470).
+            // Early data can be replayed: only safe methods are answered from it (RFC 8470),
+            // and only within the early budget (the client asks again after its handshake).
             _ if early && !safe => self.site.refuse(425),
+            (Some(_), Some(_)) if early && claim.is_none() => self.site.refuse(425),
             (Some(_), Some(_)) if claim.is_none() => self.site.refuse(503),
             (Some(m), Some(p)) => self.site.answer(&RequestHead { method: m, path: p, headers: &fields }),
             // Without :method or :path the request is malformed (RFC 9114 4.3.1).
@@ -744,6 +768,7 @@ impl FileServer {
             started: now,
             sent: 0,
             progressed: now,
+            unstamped: 0,
         }
     }
 
@@ -762,23 +787,26 @@ impl FileServer {
         });
     }
 
-    /// Resets the responses of `st` the peer took nothing of for the stall timeout, and sets
-    /// the next check. Runs at most once per stall timeout per connection with parked
-    /// responses (its `wake_at`), over that connection's responses only.
-    fn reset_stalled(&mut self, conn: &mut udpx_quic::Connection, st: &mut ConnState, now: Instant) {
+    /// Closes the connection when one of its responses made no progress for the stall timeout
+    /// (its responses end now, their files closed; true); else sets the next check. Runs at
+    /// most once per stall timeout per connection with parked responses (its `wake_at`), over
+    /// that connection's responses only. Closing, not resetting the stream: quiche's HTTP/3
+    /// layer would keep a reset stream's state.
+    fn close_if_stalled(&mut self, conn: &mut udpx_quic::Connection, st: &mut ConnState, now: Instant) -> bool {
         let stall = self.bounds.stall;
-        let gone: Vec<u64> =
-            st.responses.iter().filter(|(_, r)| r.progressed + stall <= now).map(|(&s, _)| s).collect();
-        for sid in gone {
-            let _ = conn.stream_shutdown(sid, quiche::Shutdown::Write, H3_REQUEST_CANCELLED);
-            let _ = conn.stream_shutdown(sid, quiche::Shutdown::Read, H3_REQUEST_CANCELLED);
-            st.requests.retain(|&s| s != sid);
-            if let Some(r) = st.responses.remove(&sid) {
+        let due = now + udpx_quic::PACING_SLACK;
+        if st.responses.values().any(|r| r.progressed + stall <= due) {
+            for (_, r) in st.responses.drain() {
                 self.site.count_stalled();
                 self.finish(st.peer, r, false);
             }
+            st.requests.clear();
+            st.stall_check = None;
+            let _ = conn.close(true, H3_EXCESSIVE_LOAD, b"response stalled");
+            return true;
         }
         st.stall_check = st.responses.values().map(|r| r.progressed + stall).min();
+        false
     }
 }
 
@@ -867,8 +895,9 @@ fn progress(
         match h3.send_body_zc(conn, sid, buf, fin) {
             Ok(w) => {
                 r.sent += w as u64;
-                if w > 0 {
-                    r.progressed = now;
+                r.unstamped += w as u64;
+                if r.unstamped >= MIN_PROGRESS {
+                    (r.progressed, r.unstamped) = (now, 0);
                 }
                 if w < len {
                     return Ok(false); // `buf` is what is left of the chunk

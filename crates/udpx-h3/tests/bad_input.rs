@@ -119,12 +119,12 @@ fn refusals_at_start() {
     // A port in use: by another server of ours (reuseport) and by a plain socket.
     let first = start(&site, IoMode::GsoMmsg, 1);
     let mut c3 = cfg.clone();
-    c3.listen = first.local_addr();
+    c3.quic.listen = first.local_addr();
     let e = serve(&site.root, &c3).unwrap_err();
     assert!(e.is_usage() && e.to_string().contains("in use"), "{e}");
     drop(first);
     let plain = UdpSocket::bind("127.0.0.1:0").unwrap();
-    c3.listen = plain.local_addr().unwrap();
+    c3.quic.listen = plain.local_addr().unwrap();
     let e = serve(&site.root, &c3).unwrap_err();
     assert!(e.is_usage() && e.to_string().contains("in use"), "{e}");
 }

@@ -34,7 +34,7 @@ fn site() -> TempDir {
 fn zero_rtt_get_is_answered_across_shards_and_unsafe_methods_wait() {
     let tmp = site();
     let mut cfg = ServeConfig::new("127.0.0.1:0".parse().unwrap());
-    cfg.shards = 2;
+    cfg.quic.shards = 2;
     cfg.early_data = true;
     let server = serve(&tmp.path().join("www"), &cfg).unwrap();
     let url = format!("https://{}/seg", server.local_addr());
@@ -147,7 +147,7 @@ fn a_client_that_opens_no_window_holds_at_most_the_bound_of_files() {
     qc.set_initial_max_stream_data_uni(1 << 16);
     qc.set_initial_max_streams_uni(16);
     let app = Stalled { n: 20, sent: 0, h3: None, authority: addr.to_string() };
-    let mut c = Host::new(HostSocket::Own(Box::new(socket)), qc, app, false, 0, 0);
+    let mut c = Host::new(HostSocket::Own(Box::new(socket)), qc, app, udpx_quic::Role::Client);
     c.connect(Some("localhost"), addr, ()).unwrap();
     let start = Instant::now();
     let mut most = 0;
@@ -162,4 +162,51 @@ fn a_client_that_opens_no_window_holds_at_most_the_bound_of_files() {
     println!("at most {most} files open; {:?}", s.http);
     assert!(most <= 5, "{most} files open for one stalled connection");
     assert_eq!((s.http.requests, s.http.unavailable), (20, 15), "past the bound: 503 without a file");
+}
+
+/// Requests in 0-RTT (their source not proven: forged or replayed 0-RTT could come from
+/// anywhere) claim open files from an eighth of the shard's bound: a resumed client that sends
+/// 12 GETs in 0-RTT over a shard bound of 16 gets 2 files (the early budget) and 10 answers of
+/// 425 Too Early, which a client repeats after its handshake; the rest of the shard's files
+/// stay for proven clients, and a fresh client is served.
+#[test]
+fn zero_rtt_requests_claim_only_the_early_budget() {
+    let tmp = site();
+    let mut cfg = ServeConfig::new("127.0.0.1:0".parse().unwrap());
+    cfg.early_data = true;
+    cfg.max_open_per_shard = 16;
+    let root = tmp.path().join("www");
+    let server = serve(&root, &cfg).unwrap();
+    let addr = server.local_addr();
+    let url = format!("https://{addr}/seg");
+    let session = get(&url, None, &GetConfig::default()).unwrap().session.expect("a session ticket");
+    let before = server.counters().http;
+    let socket = udpx_quic::client_socket(addr, IoMode::GsoMmsg, true).unwrap();
+    let mut qc = quiche::Config::new(quiche::PROTOCOL_VERSION).unwrap();
+    qc.verify_peer(false);
+    qc.enable_early_data();
+    qc.set_application_protos(quiche::h3::APPLICATION_PROTOCOL).unwrap();
+    qc.set_max_idle_timeout(10_000);
+    qc.set_initial_max_data(1 << 20);
+    qc.set_initial_max_stream_data_bidi_local(0); // the responses park: their files stay open
+    qc.set_initial_max_stream_data_uni(1 << 16);
+    qc.set_initial_max_streams_uni(16);
+    let app = Stalled { n: 12, sent: 0, h3: None, authority: addr.to_string() };
+    let mut c = Host::new(HostSocket::Own(Box::new(socket)), qc, app, udpx_quic::Role::Client);
+    c.connect_with(Some("localhost"), addr, (), Some(&session), None).unwrap();
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(2) && server.counters().http.requests < before.requests + 12 {
+        c.step(Duration::from_millis(10)).unwrap();
+    }
+    let during = server.counters().http;
+    let fresh = get(&url, None, &GetConfig::default()).unwrap();
+    drop(c);
+    server.stop().unwrap();
+    let early = during.early_data - before.early_data;
+    let too_early = during.too_early - before.too_early;
+    println!("0-RTT budget: {early} early requests, {too_early} answered 425, {} files open", during.open_files);
+    assert_eq!(early, 12, "the 12 GETs came in 0-RTT");
+    assert_eq!(during.open_files, 2, "the early budget: an eighth of 16");
+    assert_eq!(too_early, 10, "past it, 425 Too Early");
+    assert_eq!(fresh.status, 200, "a proven client is served meanwhile");
 }

@@ -111,7 +111,7 @@ fn ipv6_loopback() {
     }
     let site = Site::new("v6");
     let mut cfg = udpx_h3::ServeConfig::new("[::1]:0".parse().unwrap());
-    cfg.io = IoMode::GsoMmsg;
+    cfg.quic.io = IoMode::GsoMmsg;
     let server = udpx_h3::serve(&site.root, &cfg).unwrap();
     let port = server.local_addr().port();
     let out = TempDir::new("v6-out");

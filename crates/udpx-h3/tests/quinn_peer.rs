@@ -26,10 +26,17 @@ fn quinn_serve_keeps_to_its_directory() {
     let stop = Arc::new(AtomicBool::new(false));
     let (root, stop2) = (site.root.clone(), stop.clone());
     let server = std::thread::spawn(move || udpx_h3::quinn_server::serve(&root, addr, &cert, &key, &stop2));
-    std::thread::sleep(Duration::from_millis(300));
     let status =
         |path: &str| get(&format!("https://{addr}{path}"), None, &GetConfig::default()).map(|r| (r.status, r.bytes));
-    let small = status("/small");
+    // The server binds in its thread: the first request is tried again until it listens.
+    let mut small = status("/small");
+    for _ in 0..20 {
+        if small.as_ref().is_ok_and(|r| r.0 == 200) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(250));
+        small = status("/small");
+    }
     let escape = status("/escape");
     let dotdot = status("/sub/../../secret");
     let fifo_answer = status("/fifo");

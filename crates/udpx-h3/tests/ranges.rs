@@ -23,7 +23,7 @@ fn fixture() -> Fixture {
     std::fs::write(site.root.join("index.html"), b"<p>home</p>").unwrap();
     let log = TempDir::new("ranges-log");
     let mut cfg = ServeConfig::new("127.0.0.1:0".parse().unwrap());
-    cfg.shards = 1;
+    cfg.quic.shards = 1;
     cfg.site = SiteOptions { access_log: Some(log.path().join("access.log")), ..SiteOptions::default() };
     let server = serve(&site.root, &cfg).expect("server starts");
     Fixture { site, log, server }

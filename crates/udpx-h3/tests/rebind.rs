@@ -93,7 +93,7 @@ impl Drop for Nat {
 fn downloads_survive_rebinding(defer_flush: bool, runs: u64) {
     let site = Site::new(if defer_flush { "rebind-defer" } else { "rebind" });
     let mut cfg = ServeConfig::new("127.0.0.1:0".parse().unwrap());
-    cfg.defer_flush = defer_flush;
+    cfg.quic.defer_flush = defer_flush;
     let server = serve(&site.root, &cfg).expect("server starts");
     let want = digest(&site.file("big"));
     let out = TempDir::new("rebind-out");

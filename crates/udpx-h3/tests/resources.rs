@@ -200,15 +200,15 @@ fn trailers_leak_no_open_file() {
 
 /// Review item 2: 50 connections from one address ask for files over a zero stream window and
 /// keep the connections alive with PINGs. They hold at most the address's share of the
-/// shard's files; a second address is still served; after the stall timeout their responses
-/// are reset and the files come back while the connections live on.
+/// shard's files; a second address is still served; at the stall timeout each connection is
+/// closed (H3_EXCESSIVE_LOAD) and the files come back.
 #[test]
 fn stalled_connections_from_one_address_hold_only_its_share_and_time_out() {
     let site = Site::new("stall");
     let server = start(&site, |c| {
         c.max_open_per_shard = 200;
         c.max_open_per_addr = 50;
-        c.stall_timeout = Duration::from_secs(2);
+        c.stall_timeout = Duration::from_secs(4);
     });
     let addr = server.local_addr();
     let mut stalled: Vec<Raw> =
@@ -235,25 +235,30 @@ fn stalled_connections_from_one_address_hold_only_its_share_and_time_out() {
         ping(&mut stalled);
     }
     let after = server.counters().http;
-    let alive = stalled.iter().filter(|c| !c.conn.is_closed()).count();
+    drive(&mut stalled, Duration::from_millis(300), |_| {});
+    let closed =
+        stalled.iter().filter(|c| c.conn.peer_error().is_some_and(|e| e.is_app && e.error_code == 0x107)).count();
     let again = fresh_get("127.0.0.1", addr, "/small");
     server.stop().unwrap();
-    println!("stall: held {held:?}; other address {other:?}; after {after:?}; alive {alive}");
+    println!("stall: held {held:?}; other address {other:?}; after {after:?}; closed {closed}");
     assert_eq!(held.open_files, 50, "one address holds its share and no more: {held:?}");
     assert!(held.unavailable >= 100, "the rest were refused with 503: {held:?}");
     assert_eq!(other, Some(200), "a second address is served meanwhile");
-    assert_eq!(after.open_files, 0, "the stalled responses were reset and their files closed: {after:?}");
+    assert_eq!(after.open_files, 0, "the stalled responses ended and their files closed: {after:?}");
     assert!(after.stalled >= 50, "counted: {after:?}");
-    assert_eq!(alive, 50, "the connections themselves live on (PINGs)");
+    assert_eq!(closed, 50, "each stalled connection was closed with H3_EXCESSIVE_LOAD");
     assert_eq!(again, Some(200), "the address is served again");
 }
 
 /// Review item 3: the server advertises the credit a request needs, not a download's; 100
 /// connections that each push a HEADERS frame larger than the field-section limit are closed
-/// (H3_EXCESSIVE_LOAD), and 100 that each leave HEADERS frames half sent on 50 streams pin at
-/// most the connection window (64 KiB): the process's RSS (server and these clients) grows by
-/// less than 32 MiB once they are connected. At the old windows (32 MiB a connection, 8 MiB a
-/// stream) the same pinners held 800 KiB each (80 MB), and could have held 32 MiB each.
+/// (H3_EXCESSIVE_LOAD), and 100 that each send one connection window's worth of unfinished
+/// HEADERS frames on 50 streams pin that window (64 KiB): the process's RSS (server and these
+/// clients) grows by less than 32 MiB once they are connected. At the old windows (32 MiB a
+/// connection, 8 MiB a stream) the same pinners held 800 KiB each (80 MB). (A peer that keeps
+/// sending as quiche's HTTP/3 layer copies its unfinished frames out and gives the credit back
+/// can hold up to 24 KiB per stream, 2.4 MiB a connection, until the idle timeout: documented,
+/// not measured here.)
 #[test]
 fn a_peer_pins_at_most_the_connection_window() {
     let site = Site::new("window");

@@ -35,6 +35,7 @@ use std::sync::Arc;
 use udpx::{SendBuffers, SendCursor, SendErrorKind, SendMode, Transmit, UdpSocket, ZcBuf, ZcPool};
 
 use crate::counters::HostCounters;
+use crate::table::Slot;
 
 /// Most packets in one GSO run: what every kernel since 4.18 takes (6.9 takes 128).
 pub const MAX_RUN_SEGMENTS: usize = 64;
@@ -177,8 +178,8 @@ pub(crate) struct Run {
     pub to: SocketAddr,
     /// The source address to send from (`IP_PKTINFO`); `None`: the socket's.
     pub from: Option<IpAddr>,
-    /// The connection (the host's slot) whose packets these are.
-    pub conn: usize,
+    /// The connection whose packets these are.
+    pub conn: Slot,
     pub start: usize,
     pub len: usize,
     pub seg: usize,
@@ -307,7 +308,7 @@ impl Outbox {
     /// more than quiche's own tolerance for one burst (50 us).
     pub fn commit(
         &mut self,
-        conn: usize,
+        conn: Slot,
         to: SocketAddr,
         from: Option<IpAddr>,
         len: usize,
@@ -408,7 +409,7 @@ mod tests {
 
     fn push(o: &mut Outbox, to: SocketAddr, len: usize) {
         o.space(len).unwrap();
-        o.commit(0, to, None, len, None);
+        o.commit(Slot(0), to, None, len, None);
     }
 
     #[test]
@@ -448,7 +449,7 @@ mod tests {
         let mut o = Outbox::new();
         let mut n = 0;
         while o.space(1500).is_some() {
-            o.commit(0, a, None, 1500, None);
+            o.commit(Slot(0), a, None, 1500, None);
             n += 1;
         }
         assert_eq!(n, OUTBOX_BYTES / 1500);
@@ -490,7 +491,7 @@ mod tests {
     fn fill(o: &mut Outbox, to: SocketAddr, byte: u8) {
         for _ in 0..20 {
             o.space(1200).unwrap().fill(byte);
-            o.commit(0, to, None, 1200, None);
+            o.commit(Slot(0), to, None, 1200, None);
         }
     }
 

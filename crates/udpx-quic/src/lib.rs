@@ -8,7 +8,9 @@
 //!
 //! ```text
 //!  udpx-h3 (HTTP/3: requests, files)         App::on_turn on each connection
-//!  Host (host.rs)                            connections by DCID, timers, send quantum
+//!  Host (host/): the loop (turn.rs), admission   connections by DCID, timers, send quantum
+//!   and stateless replies (gate.rs), sending
+//!   (send.rs); its Table (table.rs)
 //!  Outbox (io.rs)                            packets → GSO runs → Transmits, resumes on EAGAIN
 //!  Server (server.rs)                        one Host per shard of a reuseport group
 //!  cid.rs                                    QUIC-LB connection IDs, the worker byte
@@ -46,6 +48,7 @@ pub mod pacing;
 pub mod ready;
 pub mod reset;
 pub mod server;
+pub mod table;
 pub mod timers;
 pub mod token;
 
@@ -56,11 +59,12 @@ pub use admission::{Limits, RetryPolicy};
 pub use bufs::{Buf, BufPool, Bufs, Connection};
 pub use cid::{CidGenerator, ServerCid, CID_LEN, WORKER_BYTE};
 pub use counters::HostCounters;
-pub use host::{App, Burst, Host, HostSocket, QUANTUM_PACKETS};
+pub use host::{App, Burst, Host, HostSocket, Role, Until, QUANTUM_PACKETS};
 pub use io::{IoMode, Zerocopy};
 pub use pacing::{pacing_for, Pacing, PACING_SLACK};
 pub use reset::{RemovedHosts, ResetKey};
 pub use server::{client_socket, socket_config, Server, ServerConfig, ServerProbe, ShardSample};
+pub use table::Slot;
 pub use token::{ServiceKeys, TokenKey};
 
 /// What can go wrong in the host.

@@ -9,10 +9,12 @@
 
 use std::collections::VecDeque;
 
+use crate::table::Slot;
+
 /// Connections with work (see the module docs).
 #[derive(Debug, Default)]
 pub struct ReadyQueue {
-    queue: VecDeque<u32>,
+    queue: VecDeque<Slot>,
     queued: Vec<bool>,
 }
 
@@ -23,8 +25,8 @@ impl ReadyQueue {
     }
 
     /// Queues `conn` unless it is queued already.
-    pub fn push(&mut self, conn: u32) {
-        let c = conn as usize;
+    pub fn push(&mut self, conn: Slot) {
+        let c = conn.index();
         if self.queued.len() <= c {
             self.queued.resize(c + 1, false);
         }
@@ -35,9 +37,9 @@ impl ReadyQueue {
     }
 
     /// The next connection to serve.
-    pub fn pop(&mut self) -> Option<u32> {
+    pub fn pop(&mut self) -> Option<Slot> {
         let c = self.queue.pop_front()?;
-        self.queued[c as usize] = false;
+        self.queued[c.index()] = false;
         Some(c)
     }
 
@@ -52,10 +54,10 @@ impl ReadyQueue {
     }
 
     /// Forgets `conn` (it is gone; its slot may be reused).
-    pub fn remove(&mut self, conn: u32) {
-        if self.queued.get(conn as usize).copied().unwrap_or(false) {
+    pub fn remove(&mut self, conn: Slot) {
+        if self.queued.get(conn.index()).copied().unwrap_or(false) {
             self.queue.retain(|&c| c != conn);
-            self.queued[conn as usize] = false;
+            self.queued[conn.index()] = false;
         }
     }
 }
@@ -68,13 +70,13 @@ mod tests {
     fn each_once_in_order() {
         let mut q = ReadyQueue::new();
         for c in [5, 1, 5, 9, 1] {
-            q.push(c);
+            q.push(Slot(c));
         }
         assert_eq!(q.len(), 3);
-        assert_eq!(q.pop(), Some(5));
-        q.push(5); // again after being served: at the back
-        q.remove(9);
-        assert_eq!([q.pop(), q.pop(), q.pop()], [Some(1), Some(5), None]);
+        assert_eq!(q.pop(), Some(Slot(5)));
+        q.push(Slot(5)); // again after being served: at the back
+        q.remove(Slot(9));
+        assert_eq!([q.pop(), q.pop(), q.pop()], [Some(Slot(1)), Some(Slot(5)), None]);
         assert!(q.is_empty());
     }
 }

@@ -81,6 +81,20 @@ impl ServerConfig {
     }
 }
 
+impl ServerConfig {
+    /// Refuses what no server can start with: a shard count outside 1 to 256 (the connection
+    /// ID's worker byte numbers them), limits that admit nothing.
+    pub fn check(&self) -> Result<(), Error> {
+        if !(1..=256).contains(&self.shards) {
+            return Err(Error::Config(format!(
+                "{} shards: give 1 to 256 (the connection ID's worker byte numbers them)",
+                self.shards
+            )));
+        }
+        self.limits.check().map_err(Error::Config)
+    }
+}
+
 /// The socket settings of a host socket in `io` mode.
 pub fn socket_config(bind: SocketAddr, io: IoMode, gro: bool) -> SocketConfig {
     SocketConfig::new(bind)
@@ -156,13 +170,7 @@ impl Server {
         A: App + 'static,
         M: Fn(usize) -> A + Send + Sync + 'static,
     {
-        if cfg.shards == 0 || cfg.shards > 256 {
-            return Err(Error::Config(format!(
-                "{} shards: give 1 to 256 (the connection ID's worker byte numbers them)",
-                cfg.shards
-            )));
-        }
-        cfg.limits.check().map_err(Error::Config)?;
+        cfg.check()?;
         if configs.len() != cfg.shards {
             return Err(Error::Config(format!("{} quiche configurations for {} shards", configs.len(), cfg.shards)));
         }
@@ -198,14 +206,15 @@ impl Server {
                 .spawn(move || {
                     let worker = shard.index() as u8;
                     let app = make_app(shard.index());
-                    let mut host = Host::new(HostSocket::Shard(shard), qc, app, true, host_id, worker);
+                    let mut host =
+                        Host::new(HostSocket::Shard(shard), qc, app, crate::Role::Server { host_id, worker });
                     host.set_keys(keys);
                     host.set_reset_scope(n, removed);
                     host.set_limits(limits);
                     host.set_burst(burst);
                     host.set_coalesce(coalesce);
                     host.set_deferred_flush(defer);
-                    host.run(&stop, false, Some(&cell))
+                    host.run(&stop, crate::Until::Stopped, Some(&cell))
                 })
                 .map_err(Error::Io)?;
             threads.push(t);

@@ -22,11 +22,14 @@
 
 /// "No entry" in the position table.
 const NONE: u32 = u32::MAX;
+
+use crate::table::Slot;
+
 /// Children per node.
 const ARITY: usize = 4;
 
-/// Connections by deadline (see the module docs). Connection indices are the host's slots,
-/// small and dense.
+/// Connections by deadline (see the module docs), by their [`Slot`]s in the host's table (small
+/// and dense).
 #[derive(Debug, Default)]
 pub struct Timers {
     heap: Vec<(u64, u32)>,
@@ -50,31 +53,31 @@ impl Timers {
     }
 
     /// The earliest deadline and its connection.
-    pub fn peek(&self) -> Option<(u64, u32)> {
-        self.heap.first().copied()
+    pub fn peek(&self) -> Option<(u64, Slot)> {
+        self.heap.first().map(|&(at, c)| (at, Slot(c)))
     }
 
     /// The deadline of `conn`, if it has one.
-    pub fn deadline(&self, conn: u32) -> Option<u64> {
-        match self.pos.get(conn as usize) {
+    pub fn deadline(&self, conn: Slot) -> Option<u64> {
+        match self.pos.get(conn.index()) {
             Some(&p) if p != NONE => Some(self.heap[p as usize].0),
             _ => None,
         }
     }
 
     /// Sets (or moves) `conn`'s deadline; `None` removes it.
-    pub fn set(&mut self, conn: u32, deadline: Option<u64>) {
+    pub fn set(&mut self, conn: Slot, deadline: Option<u64>) {
         let Some(at) = deadline else {
             self.remove(conn);
             return;
         };
-        let c = conn as usize;
+        let c = conn.index();
         if self.pos.len() <= c {
             self.pos.resize(c + 1, NONE);
         }
         match self.pos[c] {
             NONE => {
-                self.heap.push((at, conn));
+                self.heap.push((at, conn.0));
                 let i = self.heap.len() - 1;
                 self.pos[c] = i as u32;
                 self.up(i);
@@ -93,8 +96,8 @@ impl Timers {
     }
 
     /// Removes `conn`'s deadline, if any.
-    pub fn remove(&mut self, conn: u32) {
-        let c = conn as usize;
+    pub fn remove(&mut self, conn: Slot) {
+        let c = conn.index();
         let Some(&p) = self.pos.get(c) else { return };
         if p == NONE {
             return;
@@ -113,13 +116,13 @@ impl Timers {
     }
 
     /// Takes the earliest connection whose deadline is at or before `now`.
-    pub fn pop_due(&mut self, now: u64) -> Option<u32> {
+    pub fn pop_due(&mut self, now: u64) -> Option<Slot> {
         let (at, conn) = *self.heap.first()?;
         if at > now {
             return None;
         }
-        self.remove(conn);
-        Some(conn)
+        self.remove(Slot(conn));
+        Some(Slot(conn))
     }
 
     fn up(&mut self, mut i: usize) {
@@ -174,22 +177,22 @@ mod tests {
     fn earliest_first_and_each_once() {
         let mut t = Timers::new();
         for (c, at) in [(3u32, 30u64), (1, 10), (2, 20), (7, 5)] {
-            t.set(c, Some(at));
+            t.set(Slot(c), Some(at));
         }
-        t.set(3, Some(1)); // moved earlier
-        t.set(7, Some(50)); // moved later
-        t.set(2, None); // removed
+        t.set(Slot(3), Some(1)); // moved earlier
+        t.set(Slot(7), Some(50)); // moved later
+        t.set(Slot(2), None); // removed
         assert_eq!(t.len(), 3);
-        assert_eq!(t.deadline(1), Some(10));
-        assert_eq!(t.deadline(2), None);
+        assert_eq!(t.deadline(Slot(1)), Some(10));
+        assert_eq!(t.deadline(Slot(2)), None);
         let mut fired = Vec::new();
         while let Some(c) = t.pop_due(40) {
-            fired.push(c);
+            fired.push(c.0);
         }
         assert_eq!(fired, vec![3, 1], "due ones in order; 7 (at 50) waits");
-        assert_eq!(t.peek(), Some((50, 7)));
+        assert_eq!(t.peek(), Some((50, Slot(7))));
         assert_eq!(t.pop_due(49), None);
-        assert_eq!(t.pop_due(50), Some(7));
+        assert_eq!(t.pop_due(50), Some(Slot(7)));
         assert!(t.is_empty());
     }
 
@@ -222,15 +225,15 @@ mod tests {
                     Op::Set(c, d) => {
                         if let Some(old) = at.insert(c, d) { model.remove(&(old, c)); }
                         model.insert((d, c));
-                        t.set(c, Some(d));
+                        t.set(Slot(c), Some(d));
                     }
                     Op::Remove(c) => {
                         if let Some(old) = at.remove(&c) { model.remove(&(old, c)); }
-                        t.remove(c);
+                        t.remove(Slot(c));
                     }
                     Op::Pop(now) => {
                         let want = model.iter().next().copied().filter(|(d, _)| *d <= now);
-                        let got = t.pop_due(now);
+                        let got = t.pop_due(now).map(|s| s.0);
                         match want {
                             None => prop_assert_eq!(got, None),
                             Some((d, _)) => {

@@ -15,7 +15,12 @@ use common::Quiet;
 fn datagrams_dropped_on_a_full_buffer_are_counted() {
     // The smallest receive buffer the kernel allows (it doubles and floors what is asked).
     let socket = socket_config("127.0.0.1:0".parse().unwrap(), IoMode::GsoMmsg, true).buffers(1, 1).bind().unwrap();
-    let host = Host::new(HostSocket::Own(Box::new(socket)), common::quiche_config(None, false), Quiet, true, 0, 0);
+    let host = Host::new(
+        HostSocket::Own(Box::new(socket)),
+        common::quiche_config(None, false),
+        Quiet,
+        udpx_quic::Role::Server { host_id: 0, worker: 0 },
+    );
     assert_eq!(host.counters().kernel_drops, 0);
     let peer = StdUdp::bind("127.0.0.1:0").unwrap();
     // Nothing reads: a few kilobytes fill the buffer and the rest is dropped.
@@ -90,9 +95,7 @@ fn coalesced_turns_serve_everyone() {
         HostSocket::Own(Box::new(socket)),
         common::quiche_config(None, false),
         Sender::default(),
-        false,
-        0,
-        0,
+        udpx_quic::Role::Client,
     );
     const N: usize = 100;
     for _ in 0..N {

@@ -94,11 +94,15 @@ fn held_packets_leave_at_their_time_and_nothing_is_lost() {
     let server = Server::start(&cfg, vec![quiche_config(Some(pem), Some(3_000_000))], |_| Sender).unwrap();
     let addr: SocketAddr = server.local_addr();
     let socket = client_socket(addr, IoMode::GsoMmsg, true).unwrap();
-    let mut client =
-        Host::new(HostSocket::Own(Box::new(socket)), quiche_config(None, None), Getter::default(), false, 0, 0);
+    let mut client = Host::new(
+        HostSocket::Own(Box::new(socket)),
+        quiche_config(None, None),
+        Getter::default(),
+        udpx_quic::Role::Client,
+    );
     assert_eq!(client.pacing(), Pacing::Hold);
     client.connect(Some("localhost"), addr, false).unwrap();
-    client.run(&AtomicBool::new(false), true, None).unwrap();
+    client.run(&AtomicBool::new(false), udpx_quic::Until::Idle, None).unwrap();
     let c = server.stop().unwrap();
     assert!(client.app().done, "the body's FIN arrived");
     assert_eq!(client.app().got, BODY);

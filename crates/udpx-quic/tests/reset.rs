@@ -81,9 +81,10 @@ fn switch_hosts(
     let app = Pinger { established: Some(tx), go: go.clone(), sent: 0, ended: None };
     let client = std::thread::spawn(move || {
         let socket = client_socket(addr, IoMode::GsoMmsg, true).unwrap();
-        let mut h = Host::new(HostSocket::Own(Box::new(socket)), quiche_config(None, false), app, false, 0, 0);
+        let mut h =
+            Host::new(HostSocket::Own(Box::new(socket)), quiche_config(None, false), app, udpx_quic::Role::Client);
         h.connect(Some("localhost"), addr, ()).unwrap();
-        h.run(&AtomicBool::new(false), true, None).unwrap();
+        h.run(&AtomicBool::new(false), udpx_quic::Until::Idle, None).unwrap();
         h.app().ended
     });
     rx.recv_timeout(Duration::from_secs(5)).expect("handshake");

@@ -133,7 +133,7 @@ impl App for Asker {
 
 fn client(addr: SocketAddr) -> Host<Asker> {
     let socket = client_socket(addr, IoMode::GsoMmsg, true).unwrap();
-    Host::new(HostSocket::Own(Box::new(socket)), config(None), Asker::default(), false, 0, 0)
+    Host::new(HostSocket::Own(Box::new(socket)), config(None), Asker::default(), udpx_quic::Role::Client)
 }
 
 /// Runs `h` until `done` or `limit` passes; whether `done`.
@@ -210,7 +210,7 @@ fn idle_connections_cost_a_turn_nothing() {
     assert_eq!(before.open_connections, u64::from(N));
     for round in 0..100 {
         c.app_mut().want.insert(0, vec![100]);
-        c.wake(0);
+        c.wake(udpx_quic::Slot(0));
         let want = round + 1;
         assert!(run_until(&mut c, Duration::from_secs(5), |h| h.app().done.len() >= want), "answer {round}");
     }
@@ -230,7 +230,12 @@ fn idle_connections_cost_a_turn_nothing() {
 /// A server host and a client host of it, both for this thread to step in turn ([`lockstep`]).
 fn lockstep_pair(cert: &TempCert) -> (Host<Bytes>, Host<Asker>, SocketAddr) {
     let socket = udpx_quic::socket_config("127.0.0.1:0".parse().unwrap(), IoMode::GsoMmsg, true).bind().unwrap();
-    let s = Host::new(HostSocket::Own(Box::new(socket)), config(Some(cert.pem())), Bytes, true, 0, 0);
+    let s = Host::new(
+        HostSocket::Own(Box::new(socket)),
+        config(Some(cert.pem())),
+        Bytes,
+        udpx_quic::Role::Server { host_id: 0, worker: 0 },
+    );
     let addr = s.local_addr();
     (s, client(addr), addr)
 }
@@ -267,12 +272,12 @@ fn a_large_download_delays_a_small_one_by_a_few_quanta() {
     connect(&mut c, addr, 1);
     assert!(turns(&mut c, &mut s, 1_000, &|a| a.established == 2).is_some(), "handshakes");
     c.app_mut().want.insert(0, vec![50_000_000]);
-    c.wake(0);
+    c.wake(udpx_quic::Slot(0));
     let flowing = turns(&mut c, &mut s, 20_000, &|a| a.got.get(&0).copied().unwrap_or(0) > 2_000_000);
     assert!(flowing.is_some(), "the large download flows");
     let big_before = c.app().got[&0];
     c.app_mut().want.insert(1, vec![10_000]);
-    c.wake(1);
+    c.wake(udpx_quic::Slot(1));
     let took = turns(&mut c, &mut s, 1_000, &|a| a.done.iter().any(|d| d.0 == 1));
     let big_meanwhile = c.app().got[&0] - big_before;
     let quantum = udpx_quic::QUANTUM_PACKETS * 1350;
@@ -298,7 +303,7 @@ fn a_response_past_the_quantum_leaves_in_one_send_call() {
     connect(&mut c, addr, 0);
     assert!(both(&mut c, &mut s, &|a| a.established == 1), "handshake");
     c.app_mut().want.insert(0, vec![1_000_000]);
-    c.wake(0);
+    c.wake(udpx_quic::Slot(0));
     assert!(both(&mut c, &mut s, &|a| a.done.len() == 1), "the warm-up download");
     // Everything acknowledged: the server has nothing in flight.
     for _ in 0..50 {
@@ -307,7 +312,7 @@ fn a_response_past_the_quantum_leaves_in_one_send_call() {
     }
     const SIZE: usize = 16 * 1024;
     c.app_mut().want.insert(0, vec![SIZE]);
-    c.wake(0);
+    c.wake(udpx_quic::Slot(0));
     c.step(Duration::from_millis(1)).unwrap(); // the request leaves
     let before = s.counters();
     for _ in 0..4 {
@@ -419,7 +424,7 @@ fn a_retried_client_lands_on_the_same_shard() {
         .unwrap();
     assert!(run_until(&mut c, Duration::from_secs(5), |h| h.app().established == 1), "established after a Retry");
     c.app_mut().want.insert(0, vec![5_000]);
-    c.wake(0);
+    c.wake(udpx_quic::Slot(0));
     assert!(run_until(&mut c, Duration::from_secs(5), |h| !h.app().done.is_empty()));
     let shards = shard_counters_when(&srv, |s| s[1].connections >= 1 && s[1].validated_by_retry >= 1);
     println!("{:?}", shards.iter().map(|s| (s.retries_sent, s.validated_by_retry, s.connections)).collect::<Vec<_>>());

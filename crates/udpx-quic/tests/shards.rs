@@ -85,7 +85,7 @@ fn start<A: App + 'static>(
 /// A client host on its own socket towards `addr`.
 fn client<A: App>(addr: SocketAddr, app: A) -> Host<A> {
     let socket = client_socket(addr, IoMode::GsoMmsg, true).unwrap();
-    Host::new(HostSocket::Own(Box::new(socket)), quiche_config(None, false), app, false, 0, 0)
+    Host::new(HostSocket::Own(Box::new(socket)), quiche_config(None, false), app, udpx_quic::Role::Client)
 }
 
 #[test]
@@ -102,7 +102,7 @@ fn connections_stay_on_the_shard_of_their_worker_byte() {
         client.connect(Some("localhost"), addr, 0).unwrap();
     }
     let t0 = std::time::Instant::now();
-    client.run(&AtomicBool::new(false), true, None).unwrap();
+    client.run(&AtomicBool::new(false), udpx_quic::Until::Idle, None).unwrap();
     assert!(t0.elapsed() < std::time::Duration::from_secs(4), "closed by idle timeout, not by the close");
     assert_eq!(client.app().established, conns, "every handshake completed");
 
@@ -216,7 +216,7 @@ fn new_connection_ids_keep_the_host_and_the_shard() {
         client.connect(Some("localhost"), addr, MoverState::default()).unwrap();
     }
     let t0 = std::time::Instant::now();
-    client.run(&AtomicBool::new(false), true, None).unwrap();
+    client.run(&AtomicBool::new(false), udpx_quic::Until::Idle, None).unwrap();
     let took = t0.elapsed();
     // The clients' closes are on their way: the server reads them on its own thread (on a
     // busy machine after the client has ended), so wait for them before stopping it.

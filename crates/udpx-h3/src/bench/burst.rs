@@ -166,10 +166,10 @@ pub fn run(cfg: &BottleneckConfig, progress: &mut dyn FnMut(&str)) -> Result<Opt
 fn one_run(net: &LineNet, www: &std::path::Path, mode: Burst, cfg: &BottleneckConfig) -> Result<BurstRun, String> {
     let size = cfg.size;
     let mut sc = ServeConfig::new(SocketAddr::from((net.addr(Port::Server), 4433)));
-    sc.shards = 1;
-    sc.burst = mode;
+    sc.quic.shards = 1;
+    sc.quic.burst = mode;
     sc.cc = cfg.cc;
-    sc.defer_flush = cfg.defer_flush;
+    sc.quic.defer_flush = cfg.defer_flush;
     let root = www.to_path_buf();
     let server = net.ns(Node::Server).try_run(move || serve(&root, &sc)).map_err(|e| e.to_string())?;
     let server = server.map_err(|e| format!("server: {e}"))?;

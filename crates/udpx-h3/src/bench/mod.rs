@@ -774,18 +774,19 @@ fn udpx_run(
     client: ClientKind,
     rate: TickRate,
 ) -> Result<H3Run, String> {
-    let sc = ServeConfig {
-        tls: Tls::Files { cert: cert.to_path_buf(), key: key.to_path_buf() },
+    let mut sc = ServeConfig::new(SocketAddr::new(place.server_ip, 0));
+    sc.tls = Tls::Files { cert: cert.to_path_buf(), key: key.to_path_buf() };
+    sc.cc = cfg.cc;
+    sc.quic = udpx_quic::ServerConfig {
         io,
         gro,
         burst: cfg.burst,
-        cc: cfg.cc,
         defer_flush: cfg.defer_flush,
         zerocopy: cfg.zerocopy,
-        ..ServeConfig::new(SocketAddr::new(place.server_ip, 0))
+        ..sc.quic
     };
     let before = quic_threads();
-    let shards = sc.shards;
+    let shards = sc.quic.shards;
     let www = dir.join("www");
     // Started from a thread pinned to the server's CPU: the shard threads inherit it.
     let server = place

@@ -70,7 +70,7 @@ impl Site {
 /// A server on an ephemeral loopback port.
 pub fn start(site: &Site, io: IoMode, shards: usize) -> H3Server {
     let mut cfg = ServeConfig::new("127.0.0.1:0".parse().unwrap());
-    cfg.io = io;
-    cfg.shards = shards;
+    cfg.quic.io = io;
+    cfg.quic.shards = shards;
     serve(&site.root, &cfg).expect("server starts")
 }

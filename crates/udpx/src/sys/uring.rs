@@ -44,9 +44,17 @@ const ZC_TAG: u64 = 1 << 63;
 const SEND_ZC_REPORT_USAGE: u16 = 1 << 3;
 /// In a notification's result: the kernel copied the data after all.
 const NOTIF_USAGE_ZC_COPIED: u32 = 1 << 31;
-/// Failed `io_uring_enter` calls in a row, none of them followed by a completion, after which
-/// a send stops waiting for its entries ([`Ring::complete`]).
-const ENTER_TRIES: u32 = 100;
+/// How long failed `io_uring_enter` calls may go on, none of them followed by a completion,
+/// before a send stops waiting for its entries ([`Ring::complete`]): a transient refusal
+/// (EAGAIN, ENOMEM, EBUSY under memory pressure) is waited out, a broken ring is not.
+#[cfg(not(feature = "fault-injection"))]
+const ENTER_GIVE_UP: std::time::Duration = std::time::Duration::from_secs(10);
+/// In test builds (the fault seam injects enters that fail for good) a second is enough.
+#[cfg(feature = "fault-injection")]
+const ENTER_GIVE_UP: std::time::Duration = std::time::Duration::from_secs(1);
+/// The longest pause between two failed `io_uring_enter` calls (they back off from 50 us,
+/// doubling): the only sleep in the library, on a path a healthy ring never takes.
+const ENTER_BACKOFF_MAX: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// One ring, owned by one [`crate::SendBuffers`] (so by one thread at a time).
 pub(crate) struct Ring {
@@ -185,8 +193,9 @@ impl Ring {
     /// An error of `io_uring_enter` does not end the wait: entries the kernel took point at
     /// the caller's headers and payloads, and returning would hand those back while the
     /// kernel may still read them. Entries it has not taken sit in the submission queue, and
-    /// the next enter (anyone's) would submit them. So the wait goes on, entering again; only
-    /// after [`ENTER_TRIES`] failures in a row without a completion does it give up:
+    /// the next enter (anyone's) would submit them. So the wait goes on, entering again and
+    /// backing off (50 us, doubling to [`ENTER_BACKOFF_MAX`]); only after [`ENTER_GIVE_UP`] of
+    /// failures without a completion does it give up:
     /// - every entry the kernel took has completed, only entries it never took are left: the
     ///   ring is marked broken and never entered again (those entries are never submitted);
     ///   the send reports what went and the error, and later sends use system calls;
@@ -196,7 +205,9 @@ impl Ring {
     fn complete(&mut self, n: usize, chain: Chain) -> Option<io::Error> {
         self.results[..n].fill(-libc::ECANCELED);
         self.more[..n].fill(false);
-        let (mut done, mut first, mut failed, mut tries) = (0, true, None::<io::Error>, 0);
+        let (mut done, mut first, mut failed) = (0, true, None::<io::Error>);
+        // Since when enters have failed with no completion, and the next pause.
+        let (mut failing_since, mut backoff) = (None::<std::time::Instant>, std::time::Duration::from_micros(50));
         while done < n {
             // A zerocopy entry's notification is a completion too: wait for one at a time.
             let want = if let Chain::Zc { .. } = chain { 1 } else { n - done };
@@ -205,7 +216,7 @@ impl Ring {
                     log::warn!("udpx: io_uring_enter failed during a send ({e}); waiting for its entries");
                 }
                 failed.get_or_insert(e);
-                tries += 1;
+                failing_since.get_or_insert_with(std::time::Instant::now);
             }
             let before = done;
             for cqe in self.ring.completion() {
@@ -224,8 +235,12 @@ impl Ring {
                 done += 1;
             }
             if done > before {
-                tries = 0;
-            } else if tries >= ENTER_TRIES {
+                failing_since = None;
+                backoff = std::time::Duration::from_micros(50);
+            } else if failing_since.is_some_and(|s| s.elapsed() < ENTER_GIVE_UP) {
+                std::thread::sleep(backoff);
+                backoff = (backoff * 2).min(ENTER_BACKOFF_MAX);
+            } else if failing_since.is_some() {
                 // Entries never taken stay in the queue; the rest were taken by the kernel.
                 let queued = self.ring.submission().len();
                 let in_kernel = n.saturating_sub(done + queued);

@@ -1,0 +1,434 @@
+//! The loop: wait, receive, expire, serve, flush. A turn touches a connection only when a
+//! datagram for it arrived, its deadline passed, or it is still sending (see the module docs
+//! of [`crate::host`]).
+
+use std::net::SocketAddr;
+use std::os::fd::AsFd;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use nix::poll::{PollFd, PollFlags};
+
+use crate::cid::CID_LEN;
+use crate::counters::HostCounters;
+use crate::io::Flush;
+use crate::pacing::PACING_SLACK;
+use crate::table::Slot;
+use crate::Error;
+
+use super::{App, Host, DEFER_BELOW};
+
+/// Longest a loop sleeps in `poll` before it looks at its stop flag again.
+const STOP_CHECK: Duration = Duration::from_millis(50);
+/// Least time between two counter publications of a loop.
+const PUBLISH_EVERY: Duration = Duration::from_millis(100);
+/// Receive calls per turn at most, so that sending is never starved by a flood.
+const RECV_CALLS_PER_TURN: usize = 16;
+
+/// When [`Host::run`] returns (besides its stop flag).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Until {
+    /// Only when stopped: a server.
+    Stopped,
+    /// Also once no connection is left: a client whose connections are done.
+    Idle,
+}
+
+impl<A: App> Host<A> {
+    /// Runs until `stop` is set, or ([`Until::Idle`]) until no connection is left.
+    /// `publish` receives the counters every 100 ms at most, and when the loop ends.
+    pub fn run(&mut self, stop: &AtomicBool, until: Until, publish: Option<&Mutex<HostCounters>>) -> Result<(), Error> {
+        let mut published: Option<Instant> = None;
+        loop {
+            if stop.load(Ordering::Relaxed) || (until == Until::Idle && self.connection_count() == 0) {
+                break;
+            }
+            if let Some(p) = publish {
+                let now = Instant::now();
+                if published.is_none_or(|t| now.duration_since(t) >= PUBLISH_EVERY) {
+                    *p.lock().unwrap_or_else(|e| e.into_inner()) = self.counters();
+                    published = Some(now);
+                }
+            }
+            self.step(STOP_CHECK)?;
+        }
+        if let Some(p) = publish {
+            *p.lock().unwrap_or_else(|e| e.into_inner()) = self.counters();
+        }
+        Ok(())
+    }
+
+    /// One turn of the loop: when the last turn found nothing to do, first waits (at most
+    /// `max_wait`) for a datagram, the earliest deadline or writability; then receives, runs
+    /// the due deadlines and serves the ready connections. For a driver that does things
+    /// between turns (a load generator opening connections on a schedule).
+    pub fn step(&mut self, max_wait: Duration) -> Result<(), Error> {
+        // Something made ready between turns (a connection opened, a wake) is served now.
+        if self.idle && self.ready.is_empty() {
+            self.gather(max_wait);
+            self.wait(max_wait)?;
+        }
+        self.last_turn = Instant::now();
+        self.counters.turns += 1;
+        self.receive()?;
+        self.check_unreachable();
+        let now = Instant::now();
+        self.rotate_ticket_key();
+        self.expire(now);
+        self.serve(now);
+        // Nothing is left ready (what was ready got served), or the socket is full: wait for
+        // a datagram, a deadline, or writability. A datagram that came during the turn ends
+        // the wait at once; a deadline already due makes it zero.
+        self.idle = self.blocked.is_some() || self.ready.is_empty();
+        Ok(())
+    }
+
+    /// Nanoseconds of the timers' clock at `t`.
+    fn ns(&self, t: Instant) -> u64 {
+        t.saturating_duration_since(self.epoch).as_nanos() as u64
+    }
+
+    /// With coalescing on, lets datagrams gather until `coalesce` after the last turn's start
+    /// (never past the earliest deadline or `max_wait`): a sleep, not a wait on the socket.
+    fn gather(&mut self, max_wait: Duration) {
+        if self.coalesce.is_zero() || self.blocked.is_some() {
+            return;
+        }
+        let now = Instant::now();
+        let deadline = self.timers.peek().map(|(at, _)| self.epoch + Duration::from_nanos(at));
+        if let Some(until) = gather_until(self.last_turn, self.coalesce, now, max_wait, deadline) {
+            self.counters.coalesced += 1;
+            std::thread::sleep(until - now);
+        }
+    }
+
+    /// Waits for a datagram, writability when blocked, or the earliest deadline, at most
+    /// `max_wait`.
+    fn wait(&mut self, max_wait: Duration) -> Result<(), Error> {
+        let now = Instant::now();
+        let mut timeout = max_wait;
+        if let Some((at, _)) = self.timers.peek() {
+            let now_ns = self.ns(now);
+            timeout = timeout.min(Duration::from_nanos(at.saturating_sub(now_ns)));
+        }
+        let mut flags = PollFlags::POLLIN;
+        match self.blocked {
+            Some(Flush::WouldBlock) => flags |= PollFlags::POLLOUT,
+            Some(Flush::NoBuffers) => timeout = timeout.min(Duration::from_micros(500)),
+            _ => {}
+        }
+        if timeout.is_zero() {
+            return Ok(());
+        }
+        self.counters.waits += 1;
+        // ppoll: a deadline (a held packet) may be a few hundred microseconds away.
+        let mut fds = [PollFd::new(self.socket.as_fd(), flags)];
+        let err = match nix::poll::ppoll(&mut fds, Some(nix::sys::time::TimeSpec::from_duration(timeout)), None) {
+            Ok(_) => fds[0].revents().is_some_and(|r| r.contains(PollFlags::POLLERR)),
+            Err(nix::errno::Errno::EINTR) => false,
+            Err(e) => return Err(Error::Io(e.into())),
+        };
+        if err {
+            // ICMP errors queued (IP_RECVERR): read them, or POLLERR stays raised and the
+            // loop spins. The socket counts them (`icmp_errors`).
+            if let Err(e) = self.socket.drain_errors(|_| {}) {
+                self.counters.recv_errors += 1;
+                log::debug!("udpx-quic: reading the error queue failed (counted): {e}");
+            }
+        }
+        Ok(())
+    }
+
+    /// A client gives up on connections that never heard from their server once ICMP errors
+    /// arrive (port unreachable: nothing listens there), instead of waiting for the idle
+    /// timeout. A server never does: anyone can send it ICMP errors.
+    fn check_unreachable(&mut self) {
+        if self.accepting {
+            return;
+        }
+        let n = self.socket.counters().icmp_errors;
+        if n == self.icmp_seen {
+            return;
+        }
+        self.icmp_seen = n;
+        for (slot, e) in self.table.iter_mut() {
+            if e.conn.stats().recv == 0 {
+                let _ = e.conn.close(false, 0x0, b"peer unreachable");
+                self.ready.push(slot);
+            }
+        }
+    }
+
+    /// Receives what is queued and feeds it to the connections (each becomes ready); returns
+    /// the datagrams fed.
+    fn receive(&mut self) -> Result<usize, Error> {
+        let Some(mut bufs) = self.recv.take() else { return Ok(0) };
+        let mut fed = 0;
+        let mut result = Ok(());
+        for _ in 0..RECV_CALLS_PER_TURN {
+            match self.socket.try_recv_into(&mut bufs) {
+                Ok(0) => break,
+                Ok(n) => {
+                    for i in 0..n {
+                        let (meta, data) = bufs.message_mut(i);
+                        let meta = *meta;
+                        if meta.truncated || meta.segment_count() == 0 {
+                            self.counters.dropped_truncated += 1;
+                            continue;
+                        }
+                        let stride = if meta.stride == 0 { data.len().max(1) } else { meta.stride };
+                        if data.is_empty() {
+                            self.counters.dropped_unparseable += 1;
+                            continue;
+                        }
+                        // The address it was sent to (pktinfo, on a socket bound to the
+                        // unspecified address), or the socket's.
+                        let to = match meta.dst_ip {
+                            Some(ip) => SocketAddr::new(ip, self.local.port()),
+                            None => self.local,
+                        };
+                        for d in data.chunks_mut(stride) {
+                            fed += 1;
+                            self.counters.datagrams_received += 1;
+                            self.counters.bytes_received += d.len() as u64;
+                            self.datagram(meta.addr, to, d);
+                        }
+                    }
+                    // A short batch emptied the queue: another call now would find nothing
+                    // (what arrives meanwhile wakes the next wait at once).
+                    if n < bufs.capacity() {
+                        break;
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                // Only a broken descriptor or a bug ends the loop; anything the network can
+                // cause (the library already keeps ICMP errors out) is counted and the loop
+                // goes on.
+                Err(e) if is_fatal(&e) => {
+                    result = Err(Error::Io(e));
+                    break;
+                }
+                Err(e) => {
+                    self.counters.recv_errors += 1;
+                    log::debug!("udpx-quic: receive failed (counted, serving on): {e}");
+                    break;
+                }
+            }
+        }
+        self.recv = Some(bufs);
+        result.map(|_| fed)
+    }
+
+    /// One datagram from `from` to local address `to`.
+    fn datagram(&mut self, from: SocketAddr, to: SocketAddr, buf: &mut [u8]) {
+        let hdr = match quiche::Header::from_slice(buf, CID_LEN) {
+            Ok(h) => h,
+            Err(_) => {
+                self.counters.dropped_unparseable += 1;
+                return;
+            }
+        };
+        let (slot, fresh) = match self.table.lookup(&hdr.dcid) {
+            Some(s) => (s, false),
+            // A stateless reset carries none of our connection IDs: it goes to the connection
+            // whose peer's reset token ends it (quiche then checks it and closes).
+            None if !self.accepting && hdr.ty == quiche::Type::Short => match self.reset_target(from, buf) {
+                Some(i) => {
+                    self.counters.resets_received += 1;
+                    (i, false)
+                }
+                None => {
+                    self.counters.dropped_unknown_cid += 1;
+                    return;
+                }
+            },
+            None => match self.new_connection(from, to, &hdr, buf.len()) {
+                Some(i) => (i, true),
+                None => return,
+            },
+        };
+        let Some(e) = self.table.get_mut(slot) else { return };
+        // A connection that let the kernel choose its address keeps its unspecified one.
+        let to = if e.local.ip().is_unspecified() { e.local } else { to };
+        let info = quiche::RecvInfo { from, to };
+        match e.conn.recv(buf, info) {
+            Ok(_) | Err(quiche::Error::Done) => {
+                if fresh {
+                    self.counters.connections += 1;
+                }
+                self.ready.push(slot);
+            }
+            Err(err) => {
+                self.counters.dropped_by_quic += 1;
+                log::debug!("udpx-quic: {} refused a datagram from {from}: {err}", e.conn.trace_id());
+                if fresh {
+                    // An Initial that does not decrypt leaves no state behind.
+                    self.remove(slot);
+                } else {
+                    self.ready.push(slot);
+                }
+            }
+        }
+    }
+
+    /// Runs the deadlines that are due: quiche's timers fire, held packets are released
+    /// (their connections become ready), handshakes past their deadline are dropped.
+    fn expire(&mut self, now: Instant) {
+        let due = self.ns(now + PACING_SLACK);
+        while let Some(c) = self.timers.pop_due(due) {
+            self.counters.timers_fired += 1;
+            let Some(e) = self.table.get_mut(c) else { continue };
+            if !e.established && e.handshake_deadline.is_some_and(|d| d <= now) && !e.conn.is_established() {
+                // Dropped, not closed: nothing more is sent to an address that never finished.
+                self.counters.handshake_timeouts += 1;
+                self.reap(c);
+                continue;
+            }
+            if e.conn.timeout_instant().is_some_and(|t| t <= now) {
+                e.conn.on_timeout();
+                e.timed_out = true;
+            }
+            self.ready.push(c);
+        }
+    }
+
+    /// Serves the connections that are ready now, each once (see the module docs), then
+    /// flushes. Returns how many were served.
+    fn serve(&mut self, now: Instant) -> usize {
+        // What a blocked flush left goes first (packets deferred by the last turn, below,
+        // wait to join this turn's).
+        if self.blocked.is_some() && !self.out.is_empty() {
+            let f = self.out.flush(&self.socket, &mut self.counters);
+            if f != Flush::Done {
+                self.blocked = Some(f);
+                return 0;
+            }
+        }
+        self.blocked = None;
+        let n = self.ready.len();
+        let mut served = 0;
+        self.more_this_turn = false;
+        for _ in 0..n {
+            if self.blocked.is_some() {
+                break; // the rest stay ready for the next turn
+            }
+            let Some(c) = self.ready.pop() else { break };
+            served += 1;
+            self.serve_one(c, now);
+        }
+        self.counters.served += served as u64;
+        // With the deferred flush on (`set_deferred_flush`): a connection that wrote its
+        // quantum and has more went back to the ready queue, so the next turn comes at once;
+        // a small remainder waits for that turn's packets, which join the same runs and the
+        // same send call. One turn at most, and never across a wait.
+        let defer = self.defer_flush
+            && self.more_this_turn
+            && !self.deferred
+            && !self.out.is_empty()
+            && self.out.pending_bytes() < DEFER_BELOW;
+        self.deferred = defer;
+        if defer {
+            self.counters.deferred_flushes += 1;
+        }
+        if !self.out.is_empty() && self.blocked.is_none() && !defer {
+            let f = self.out.flush(&self.socket, &mut self.counters);
+            if f != Flush::Done {
+                self.blocked = Some(f);
+            }
+        }
+        served
+    }
+
+    /// One ready connection: its application's turn, connection IDs, its quantum of packets;
+    /// then it leaves (closed), waits for its deadline, or goes to the back of the queue.
+    fn serve_one(&mut self, slot: Slot, now: Instant) {
+        let Some(e) = self.table.get_mut(slot) else { return };
+        if !e.established && e.conn.is_established() {
+            e.established = true;
+            e.handshake_deadline = None;
+            if self.accepting {
+                self.gate.admission.established();
+            }
+        }
+        let ran = e.conn.is_established() || e.conn.is_in_early_data();
+        if ran {
+            self.app.on_turn(&mut e.conn, &mut e.state);
+        }
+        self.issue_cids(slot);
+        let mut more = self.produce(slot, now);
+        // A resuming client is in early data only once its first flight is written: its
+        // application gets its turn now, so its request goes in 0-RTT, not a round trip later.
+        if let Some(e) = self.table.get_mut(slot).filter(|e| !ran && e.conn.is_in_early_data()) {
+            self.app.on_turn(&mut e.conn, &mut e.state);
+            more |= self.produce(slot, now);
+        }
+        let Some(e) = self.table.get_mut(slot) else { return };
+        let st = e.conn.stats();
+        self.counters.lost_packets += (st.lost as u64).saturating_sub(e.seen_lost);
+        self.counters.retransmitted += (st.retrans as u64).saturating_sub(e.seen_retrans);
+        (e.seen_lost, e.seen_retrans) = (st.lost as u64, st.retrans as u64);
+        if e.conn.is_closed() {
+            self.reap(slot);
+            return;
+        }
+        let wake = if e.conn.is_established() || e.conn.is_in_early_data() { self.app.wake_at(&e.state) } else { None };
+        let deadline = [e.conn.timeout_instant(), e.held.as_ref().map(|h| h.at), e.handshake_deadline, wake]
+            .into_iter()
+            .flatten()
+            .min();
+        let at = deadline.map(|d| self.ns(d));
+        self.timers.set(slot, at);
+        if more {
+            self.ready.push(slot);
+            self.more_this_turn = true;
+        }
+    }
+}
+
+/// Until when a loop that coalesces turns sleeps before waiting on its socket: `least` after
+/// the last turn's start, but never past `max_wait` from `now` nor past the earliest
+/// `deadline`; `None` when that time has passed (a quiet spell: serve at once).
+fn gather_until(
+    last_turn: Instant,
+    least: Duration,
+    now: Instant,
+    max_wait: Duration,
+    deadline: Option<Instant>,
+) -> Option<Instant> {
+    let mut until = (last_turn + least).min(now + max_wait);
+    if let Some(d) = deadline {
+        until = until.min(d);
+    }
+    (until > now).then_some(until)
+}
+
+/// Whether a receive error means the socket itself is unusable (a bug or a closed
+/// descriptor), not something a datagram or an ICMP message could cause.
+pub(crate) fn is_fatal(e: &std::io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::EBADF | libc::EFAULT | libc::ENOTSOCK | libc::EINVAL))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gathering_never_passes_a_deadline_nor_follows_a_quiet_spell() {
+        let t = Instant::now();
+        let ms = Duration::from_millis;
+        // Work keeps coming: sleep until 1 ms after the last turn's start.
+        assert_eq!(gather_until(t, ms(1), t + Duration::from_micros(200), ms(50), None), Some(t + ms(1)));
+        // A deadline before that ends the sleep at the deadline.
+        let d = t + Duration::from_micros(500);
+        assert_eq!(gather_until(t, ms(1), t + Duration::from_micros(200), ms(50), Some(d)), Some(d));
+        // A deadline already due, or a quiet spell longer than the least time: no sleep.
+        assert_eq!(gather_until(t, ms(1), t + Duration::from_micros(600), ms(50), Some(d)), None);
+        assert_eq!(gather_until(t, ms(1), t + ms(2), ms(50), None), None);
+        // Never past the caller's own bound.
+        assert_eq!(gather_until(t, ms(10), t, ms(3), None), Some(t + ms(3)));
+        // Off: never.
+        assert_eq!(gather_until(t, Duration::ZERO, t, ms(3), None), None);
+    }
+}
