@@ -411,7 +411,7 @@ fn lab_cleanup(cmd: &str) {
 fn bench_bottleneck(a: H3BenchArgs, mbit: u64) -> ExitCode {
     const CMD: &str = "bench h3 --bottleneck";
     lab_cleanup(CMD);
-    let cfg = udpx_h3::bench::burst::BottleneckConfig {
+    let cfg = udpx_h3_bench::bench::burst::BottleneckConfig {
         mbit,
         buffer: Duration::from_millis(a.bottleneck_buffer),
         size: a.size,
@@ -419,9 +419,9 @@ fn bench_bottleneck(a: H3BenchArgs, mbit: u64) -> ExitCode {
         cc: a.cc,
         defer_flush: a.defer_flush == OnOff::On,
     };
-    let r = udpx_h3::bench::burst::run(&cfg, &mut |l| eprintln!("udpx {CMD}: {l}"));
+    let r = udpx_h3_bench::bench::burst::run(&cfg, &mut |l| eprintln!("udpx {CMD}: {l}"));
     let needs = "the bottleneck lab needs root (network namespaces)";
-    lab_report(CMD, needs, "h3_bottleneck", a.json, r, udpx_h3::bench::burst::table)
+    lab_report(CMD, needs, "h3_bottleneck", a.json, r, udpx_h3_bench::bench::burst::table)
 }
 
 /// `udpx bench h3 --flood`: the Initial flood table.
@@ -431,11 +431,11 @@ fn bench_flood(a: H3BenchArgs, rate: u64) -> ExitCode {
         return usage("cannot find this program's path to start the server");
     };
     lab_cleanup(CMD);
-    let mut cfg = udpx_h3::bench::flood::FloodConfig::new(udpx);
+    let mut cfg = udpx_h3_bench::bench::flood::FloodConfig::new(udpx);
     (cfg.rate, cfg.duration, cfg.retry) = (rate, Duration::from_secs(a.flood_seconds), a.flood_retry.clone());
-    let r = udpx_h3::bench::flood::run(&cfg, &mut |l| eprintln!("udpx {CMD}: {l}"));
+    let r = udpx_h3_bench::bench::flood::run(&cfg, &mut |l| eprintln!("udpx {CMD}: {l}"));
     let needs = "the attack lab needs root (network namespaces, raw sockets)";
-    lab_report(CMD, needs, "h3_flood", a.json, r, udpx_h3::bench::flood::table)
+    lab_report(CMD, needs, "h3_flood", a.json, r, udpx_h3_bench::bench::flood::table)
 }
 
 /// `udpx bench h3 --connections`: the scale table.
@@ -461,7 +461,7 @@ fn bench_scale(a: H3BenchArgs) -> ExitCode {
     };
     lab_cleanup(CMD);
     crate::util::raise_open_files(CMD);
-    let mut cfg = udpx_h3::bench::scale::ScaleConfig::new(udpx);
+    let mut cfg = udpx_h3_bench::bench::scale::ScaleConfig::new(udpx);
     cfg.connections = a.connections.clone();
     cfg.idle = (a.idle > 0).then_some(a.idle);
     (cfg.interval, cfg.ramp, cfg.window, cfg.rounds) = (interval, ramp, window, a.rounds);
@@ -470,7 +470,7 @@ fn bench_scale(a: H3BenchArgs) -> ExitCode {
     cfg.defer_flush = a.defer_flush == OnOff::On;
     cfg.keepalive = Duration::from_secs_f64(a.keepalive);
     cfg.napi = a.napi;
-    let b = match udpx_h3::bench::scale::run(&cfg, &mut |l| eprintln!("udpx {CMD}: {l}")) {
+    let b = match udpx_h3_bench::bench::scale::run(&cfg, &mut |l| eprintln!("udpx {CMD}: {l}")) {
         Ok(b) => b,
         Err(e) => {
             eprintln!("udpx {CMD}: {e}");
@@ -480,7 +480,7 @@ fn bench_scale(a: H3BenchArgs) -> ExitCode {
     if a.json {
         println!("{}", serde_json::json!({ "h3_scale": b }));
     } else {
-        println!("{}", udpx_h3::bench::scale::table(&b));
+        println!("{}", udpx_h3_bench::bench::scale::table(&b));
     }
     ExitCode::SUCCESS
 }
@@ -496,7 +496,7 @@ fn load(a: LoadArgs) -> ExitCode {
         return util::usage(CMD, format!("--interval {}: give 0 (idle) to 3600 seconds", a.interval));
     }
     crate::util::raise_open_files(CMD);
-    let mut cfg = udpx_h3::load::LoadConfig::new(
+    let mut cfg = udpx_h3_bench::load::LoadConfig::new(
         a.server,
         a.connections,
         &a.path,
@@ -504,10 +504,11 @@ fn load(a: LoadArgs) -> ExitCode {
     );
     (cfg.ramp, cfg.duration, cfg.locals) = (ramp, dur, a.locals);
     let r = match (a.tcp.as_deref(), a.ca.as_deref()) {
-        (None, _) => udpx_h3::load::run(&cfg),
+        (None, _) => udpx_h3_bench::load::run(&cfg),
         (Some(v), Some(ca)) => {
-            let http = if v == "h2" { udpx_h3::load_tcp::TcpHttp::H2 } else { udpx_h3::load_tcp::TcpHttp::H1 };
-            udpx_h3::load_tcp::run(&cfg, http, ca)
+            let http =
+                if v == "h2" { udpx_h3_bench::load_tcp::TcpHttp::H2 } else { udpx_h3_bench::load_tcp::TcpHttp::H1 };
+            udpx_h3_bench::load_tcp::run(&cfg, http, ca)
         }
         (Some(_), None) => return util::usage(CMD, "--tcp needs --ca"),
     };
@@ -557,7 +558,7 @@ fn quinn_serve(a: QuinnServeArgs) -> ExitCode {
         s2.store(true, std::sync::atomic::Ordering::Relaxed);
     });
     eprintln!("udpx h3 quinn-serve: {} on https://{}", a.dir.display(), a.listen);
-    match udpx_h3::quinn_server::serve(&a.dir, a.listen, &a.cert, &a.key, &stop) {
+    match udpx_h3_bench::quinn_server::serve(&a.dir, a.listen, &a.cert, &a.key, &stop) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("udpx h3 quinn-serve: {e}");
@@ -599,7 +600,7 @@ enum BenchProfile {
     Both,
 }
 
-/// `udpx bench h3`: runs [`udpx_h3::bench`] and prints its table or JSON (`h3_bench`: one
+/// `udpx bench h3`: runs [`udpx_h3_bench::bench`] and prints its table or JSON (`h3_bench`: one
 /// object per profile).
 pub fn bench(a: H3BenchArgs) -> ExitCode {
     const CMD: &str = "bench h3";
@@ -630,7 +631,7 @@ pub fn bench(a: H3BenchArgs) -> ExitCode {
     };
     let mut benches = Vec::new();
     for &profile in profiles {
-        let mut cfg = udpx_h3::bench::H3BenchConfig {
+        let mut cfg = udpx_h3_bench::bench::H3BenchConfig {
             size: a.size,
             repeat: a.repeat as usize,
             veth,
@@ -640,11 +641,11 @@ pub fn bench(a: H3BenchArgs) -> ExitCode {
             defer_flush: a.defer_flush == OnOff::On,
             zerocopy: a.zerocopy,
             napi: a.napi,
-            ..udpx_h3::bench::H3BenchConfig::new()
+            ..udpx_h3_bench::bench::H3BenchConfig::new()
         };
         // This binary runs the second HTTP/3 server (quinn with h3).
         cfg.programs.udpx = std::env::current_exe().ok();
-        let b = match udpx_h3::bench::run(&cfg, &mut |l| eprintln!("udpx {CMD}: {l}")) {
+        let b = match udpx_h3_bench::bench::run(&cfg, &mut |l| eprintln!("udpx {CMD}: {l}")) {
             Ok(b) => b,
             Err(e) => {
                 eprintln!("udpx {CMD}: {e}");
@@ -655,7 +656,7 @@ pub fn bench(a: H3BenchArgs) -> ExitCode {
             eprintln!("udpx {CMD}: left out {}: {}", l.rows, l.why);
         }
         if !a.json {
-            println!("{}", udpx_h3::bench::table(&b));
+            println!("{}", udpx_h3_bench::bench::table(&b));
             println!("{}", b.environment.to_markdown());
         }
         benches.push(b);

@@ -19,20 +19,16 @@
 //!   [`tls`]).
 //!
 //! `get(url, out, cfg)` is the matching client, on a udpx socket and the same host loop.
-//! It does not verify certificates. [`load`] runs many of them in one loop as video players
-//! (a segment every interval), and [`load_tcp`] the same players over HTTPS on TCP.
+//! It does not verify certificates.
 //!
-//! [`bench`](mod@bench) is `udpx bench h3`: the Cloudflare post's table (server CPU per byte by I/O mode,
-//! beside nginx's HTTPS over TCP) measured with this server, ngtcp2's client and `get`.
+//! What measures this server lives beside it, not in it: `udpx-h3-bench` holds `udpx bench
+//! h3` (the Cloudflare post's table, the scale bench), the load generator `udpx h3 load` and
+//! the quinn peer, so a server a user deploys does not carry quinn, h3 or the lab.
 #![forbid(unsafe_code)]
 
-pub mod bench;
 pub mod client;
 pub mod files;
 pub mod http;
-pub mod load;
-pub mod load_tcp;
-pub mod quinn_server;
 pub mod server;
 pub mod tcp;
 pub mod tls;

@@ -26,7 +26,8 @@ pub enum Tls {
 /// A client's flow-control windows: what a download needs (`h3 get`, `h3 load`).
 pub(crate) const MAX_DATA: u64 = 32 << 20;
 pub(crate) const STREAM_WINDOW: u64 = 8 << 20;
-pub(crate) const IDLE_TIMEOUT_MS: u64 = 30_000;
+/// The idle timeout both ends advertise, ms.
+pub const IDLE_TIMEOUT_MS: u64 = 30_000;
 
 /// The largest request field section the server reads (quiche's SETTINGS_MAX_FIELD_SECTION_SIZE;
 /// nginx reads 4 x 8 KiB of HTTP/1.1 header lines by default).
@@ -135,7 +136,7 @@ pub(crate) fn server_config(files: &PemFiles, max_udp_payload: usize) -> Result<
 
 /// A client configuration. It does not verify the server's certificate: the client is a
 /// test and measurement tool for servers with self-signed certificates.
-pub(crate) fn client_config(max_udp_payload: usize) -> Result<quiche::Config, Error> {
+pub fn client_config(max_udp_payload: usize) -> Result<quiche::Config, Error> {
     let mut c = quiche::Config::new(quiche::PROTOCOL_VERSION).map_err(|e| Error::Tls(e.to_string()))?;
     c.verify_peer(false);
     // A resumed connection sends its request in 0-RTT where the server takes early data.

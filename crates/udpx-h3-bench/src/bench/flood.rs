@@ -35,7 +35,7 @@ use udpx_lab::netns::forge::{self, RawSender};
 use udpx_lab::netns::{ChildGroup, Leaf, StarNet};
 
 use super::{write_cert, Scratch};
-use crate::{get, GetConfig};
+use udpx_h3::{get, GetConfig};
 
 /// The range forged sources come from (the hub routes it to the victim).
 const FORGED_NET: (Ipv4Addr, u8) = (Ipv4Addr::new(10, 128, 0, 0), 9);

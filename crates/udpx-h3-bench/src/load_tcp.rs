@@ -20,7 +20,7 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName};
 
 use crate::load::{LoadConfig, LoadReport, Tally};
-use crate::Error;
+use udpx_h3::Error;
 
 /// HTTP over TCP: which version.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -148,7 +148,7 @@ pub(super) fn quinn_run(
     let url = format!("https://{addr}/{FILE}");
     let got = place
         .run_on(place.client_ns(), place.client_cpu, move || {
-            crate::get(&url, None, &crate::GetConfig::default()).map(|r| (r.bytes, r.seconds))
+            udpx_h3::get(&url, None, &udpx_h3::GetConfig::default()).map(|r| (r.bytes, r.seconds))
         })?
         .map_err(|e| format!("udpx h3 get from quinn: {e}"));
     let cost = meter.stop();

@@ -112,7 +112,7 @@ pub struct ScaleConfig {
     pub coalesce: Duration,
     /// `udpx h3 serve --cc` for the udpx rows.
     #[serde(serialize_with = "as_text")]
-    pub cc: crate::server::Cc,
+    pub cc: udpx_h3::server::Cc,
     /// `udpx h3 serve --defer-flush` for the udpx rows.
     pub defer_flush: bool,
     /// The idle row's PING period per connection.
@@ -143,7 +143,7 @@ impl ScaleConfig {
             nginx: Programs::from_path().nginx,
             rounds: 1,
             coalesce: Duration::ZERO,
-            cc: crate::server::Cc::Bbr2,
+            cc: udpx_h3::server::Cc::Bbr2,
             defer_flush: true,
             keepalive: Duration::from_secs(10),
             napi: Napi::Softirq,
@@ -1027,7 +1027,7 @@ pub fn table(b: &ScaleBench) -> String {
     if !c.defer_flush {
         let _ = writeln!(s, "udpx rows: `udpx h3 serve --defer-flush off`\n");
     }
-    if c.cc != crate::server::Cc::default() {
+    if c.cc != udpx_h3::server::Cc::default() {
         let _ = writeln!(s, "udpx rows: `udpx h3 serve --cc {}` (unpaced)\n", c.cc);
     }
     if let Some(base) = b.baseline_pct {

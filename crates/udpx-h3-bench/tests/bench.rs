@@ -1,9 +1,9 @@
-//! `udpx_h3::bench` on a small file, one round: every row it plans runs and delivers the whole
+//! `udpx_h3_bench::bench` on a small file, one round: every row it plans runs and delivers the whole
 //! file (the bench checks the byte count of each download against the file and fails the run
 //! otherwise), the JSON carries the table's fields, and a peer that is not installed leaves
 //! its rows out by name. No timing is asserted: the figures belong to the bench's report.
 
-use udpx_h3::bench::{run, udpx_servers, H3BenchConfig, Programs};
+use udpx_h3_bench::bench::{run, udpx_servers, H3BenchConfig, Programs};
 use udpx_lab::netns::Profile;
 
 const SIZE: u64 = 2_000_000;
@@ -58,7 +58,7 @@ fn a_small_bench_runs_every_row_and_names_missing_peers() {
     }
     // The checks need measured CPU in both rows: a 2 MB file may take less than a clock tick
     // (10 ms) of the server, so which checks appear is not asserted here.
-    let t = udpx_h3::bench::table(&b);
+    let t = udpx_h3_bench::bench::table(&b);
     assert!(t.contains("CPU-s/GB") && t.contains("gso +GRO"), "{t}");
 
     // No peers at all: the udpx h3 get rows alone, the others named.
@@ -66,7 +66,7 @@ fn a_small_bench_runs_every_row_and_names_missing_peers() {
     let b = run(&none, &mut |_| {}).expect("bench without peers");
     assert_eq!(b.rows.len(), udpx_servers().len());
     assert!(b.rows.iter().all(|r| r.client == "udpx h3 get" && r.median.is_some()));
-    let t = udpx_h3::bench::table(&b);
+    let t = udpx_h3_bench::bench::table(&b);
     assert!(t.contains("left out: nginx https/tcp / curl: nginx and curl not found"), "{t}");
     assert!(t.contains("left out: every udpx row with gtlsclient: gtlsclient not found"), "{t}");
 }

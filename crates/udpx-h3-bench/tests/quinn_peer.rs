@@ -2,6 +2,7 @@
 //! server's path rules: a file under the directory is served whole, a symlink out of it, a
 //! path with `..` and a FIFO are not.
 
+#[path = "../../udpx-h3/tests/common/mod.rs"]
 mod common;
 
 use std::net::UdpSocket;
@@ -25,7 +26,7 @@ fn quinn_serve_keeps_to_its_directory() {
     let addr = UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
     let stop = Arc::new(AtomicBool::new(false));
     let (root, stop2) = (site.root.clone(), stop.clone());
-    let server = std::thread::spawn(move || udpx_h3::quinn_server::serve(&root, addr, &cert, &key, &stop2));
+    let server = std::thread::spawn(move || udpx_h3_bench::quinn_server::serve(&root, addr, &cert, &key, &stop2));
     let status =
         |path: &str| get(&format!("https://{addr}{path}"), None, &GetConfig::default()).map(|r| (r.status, r.bytes));
     // The server binds in its thread: the first request is tried again until it listens.

@@ -3,11 +3,11 @@
 //! quinn-serve`). It answers GET for the files under a directory (200 with the whole file,
 //! 404, 403, 405) and nothing more: enough for a video player's segments, so that "no costlier
 //! than the best other QUIC server" is judged in the same run as "at TCP's cost". Paths
-//! follow the file server's rules ([`crate::files::open`]: nothing outside the directory, no
+//! follow the file server's rules ([`udpx_h3::files::open`]: nothing outside the directory, no
 //! symlink out of it, no FIFO or device).
 //!
 //! One current-thread tokio runtime (one core, like `udpx h3 serve --shards 1` and nginx with
-//! one worker), a task per connection and per request; bodies read in [`crate::http::CHUNK`]
+//! one worker), a task per connection and per request; bodies read in [`udpx_h3::http::CHUNK`]
 //! pieces.
 
 use std::net::SocketAddr;
@@ -21,8 +21,8 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use udpx_tokio::quinn;
 use udpx_tokio::tokio;
 
-use crate::files::{OpenError, Opened, Root};
-use crate::Error;
+use udpx_h3::files::{OpenError, Opened, Root};
+use udpx_h3::Error;
 
 /// Serves the files under `dir` on `listen` until `stop` is set (checked every 50 ms).
 pub fn serve(dir: &Path, listen: SocketAddr, cert: &Path, key: &Path, stop: &AtomicBool) -> Result<(), Error> {
@@ -41,9 +41,9 @@ pub fn serve(dir: &Path, listen: SocketAddr, cert: &Path, key: &Path, stop: &Ato
     let crypto = quinn::crypto::rustls::QuicServerConfig::try_from(tls).map_err(|e| Error::Tls(e.to_string()))?;
     let mut sc = quinn::ServerConfig::with_crypto(Arc::new(crypto));
     let mut transport = quinn::TransportConfig::default();
-    transport.max_concurrent_bidi_streams(crate::tls::MAX_STREAMS.try_into().unwrap_or(100u32.into()));
+    transport.max_concurrent_bidi_streams(udpx_h3::tls::MAX_STREAMS.try_into().unwrap_or(100u32.into()));
     transport.max_idle_timeout(Some(
-        Duration::from_millis(crate::tls::IDLE_TIMEOUT_MS)
+        Duration::from_millis(udpx_h3::tls::IDLE_TIMEOUT_MS)
             .try_into()
             .map_err(|_| Error::Usage("idle timeout".into()))?,
     ));
@@ -96,7 +96,7 @@ where
         return stream.finish().await;
     }
     // The file server's rules: under `dir` only, no symlink out, regular files only.
-    let (mut file, len) = match crate::files::open(dir, req.uri().path()) {
+    let (mut file, len) = match udpx_h3::files::open(dir, req.uri().path()) {
         Ok(Opened::File { file, meta, .. }) => (file, meta.len()),
         Ok(Opened::AddSlash) => {
             stream.send_response(status_only(404)).await?;
@@ -120,7 +120,7 @@ where
     stream.send_response(resp).await?;
     let mut left = len;
     while left > 0 {
-        let n = left.min(crate::http::CHUNK as u64) as usize;
+        let n = left.min(udpx_h3::http::CHUNK as u64) as usize;
         let mut buf = vec![0u8; n];
         if std::io::Read::read_exact(&mut file, &mut buf).is_err() {
             break;

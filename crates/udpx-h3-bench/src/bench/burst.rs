@@ -23,7 +23,7 @@ use udpx_lab::netns::{LineConfig, LineNet, Node, Port, TbfLimit};
 use udpx_quic::Burst;
 
 use super::Scratch;
-use crate::{get, serve, GetConfig, ServeConfig};
+use udpx_h3::{get, serve, GetConfig, ServeConfig};
 
 /// The bench's settings.
 #[derive(Debug, Clone, Serialize)]
@@ -38,7 +38,7 @@ pub struct BottleneckConfig {
     pub rounds: usize,
     /// The server's congestion controller.
     #[serde(skip)]
-    pub cc: crate::server::Cc,
+    pub cc: udpx_h3::server::Cc,
     /// `--defer-flush` for the server.
     pub defer_flush: bool,
 }
@@ -51,7 +51,7 @@ impl BottleneckConfig {
             buffer: Duration::from_millis(2),
             size: 50_000_000,
             rounds: 3,
-            cc: crate::server::Cc::Bbr2,
+            cc: udpx_h3::server::Cc::Bbr2,
             defer_flush: true,
         }
     }

@@ -44,7 +44,7 @@ use udpx_lab::netns::{Namespace, Napi, Profile, Side, TestNet, TestNetConfig};
 use udpx_lab::stats::{median_run, paired_ratios, Spread};
 use udpx_quic::IoMode;
 
-use crate::{get, serve, GetConfig, ServeConfig, Tls};
+use udpx_h3::{get, serve, GetConfig, ServeConfig, Tls};
 
 pub mod burst;
 pub mod flood;
@@ -110,7 +110,7 @@ pub struct H3BenchConfig {
     pub burst: udpx_quic::Burst,
     /// The udpx servers' congestion controller (`--cc`).
     #[serde(skip)]
-    pub cc: crate::server::Cc,
+    pub cc: udpx_h3::server::Cc,
     /// `--defer-flush` for the udpx servers (on by default, as for `udpx h3 serve`).
     pub defer_flush: bool,
     /// `--zerocopy` for the udpx servers (`auto` by default, as for `udpx h3 serve`).
@@ -131,7 +131,7 @@ impl H3BenchConfig {
             veth: false,
             profile: Profile::Software,
             burst: udpx_quic::Burst::Window,
-            cc: crate::server::Cc::Bbr2,
+            cc: udpx_h3::server::Cc::Bbr2,
             defer_flush: true,
             zerocopy: udpx_quic::Zerocopy::Auto,
             napi: Napi::Softirq,

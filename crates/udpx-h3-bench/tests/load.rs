@@ -3,14 +3,15 @@
 //! server's HTTPS-over-TCP listener) over HTTP/2 and HTTP/1.1. Counts are asserted; latencies
 //! are printed, never judged.
 
+#[path = "../../udpx-h3/tests/common/mod.rs"]
 mod common;
 
 use std::time::Duration;
 
 use common::{content, TempDir};
-use udpx_h3::load::{self, LoadConfig};
-use udpx_h3::load_tcp::{self, TcpHttp};
 use udpx_h3::{serve, ServeConfig};
+use udpx_h3_bench::load::{self, LoadConfig};
+use udpx_h3_bench::load_tcp::{self, TcpHttp};
 
 fn site() -> TempDir {
     let tmp = TempDir::new("load");

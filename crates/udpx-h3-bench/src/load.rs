@@ -23,8 +23,8 @@ use quiche::h3::NameValue;
 use serde::Serialize;
 use udpx_quic::{App, Host, HostCounters, HostSocket, IoMode};
 
-use crate::tls::client_config;
-use crate::Error;
+use udpx_h3::tls::client_config;
+use udpx_h3::Error;
 
 /// What a load run does.
 #[derive(Debug, Clone, Serialize)]
@@ -372,7 +372,7 @@ pub fn run(cfg: &LoadConfig) -> Result<LoadReport, Error> {
     let socket = udpx_quic::server::socket_config(bind, cfg.io, true)
         .bind()
         .map_err(|e| Error::Quic(udpx_quic::Error::Socket(e)))?;
-    let mut qc = client_config(crate::server::DEFAULT_MAX_UDP_PAYLOAD)?;
+    let mut qc = client_config(udpx_h3::server::DEFAULT_MAX_UDP_PAYLOAD)?;
     // Handshakes of many connections at once: quiche's default of 3 s is tight on a loaded
     // machine, and a lost Initial is resent after 1 s.
     qc.set_max_idle_timeout(60_000);
