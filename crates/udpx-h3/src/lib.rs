@@ -29,6 +29,7 @@
 pub mod client;
 pub mod files;
 pub mod http;
+mod responder;
 pub mod server;
 pub mod tcp;
 pub mod tls;

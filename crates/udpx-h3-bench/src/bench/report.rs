@@ -1,0 +1,151 @@
+//! The bulk bench's verdicts and its table.
+
+use udpx_lab::judge::Check;
+
+use super::*;
+
+/// The targets (see the module docs), from per-round ratios; `vs_nginx`: the best udpx
+/// row's ratio to nginx at most ([`nginx_target`]).
+pub fn judge(rows: &[H3Row], vs_nginx: f64) -> Vec<Check> {
+    let mut out = Vec::new();
+    let find = |server: &str, client: &str| rows.iter().find(|r| r.server == server && r.client == client);
+    for client in [ClientKind::Gtlsclient, ClientKind::UdpxGet] {
+        if let (Some(a), Some(b)) = (find("gso +GRO", client.name()), find("sendmsg", client.name())) {
+            let what = format!("gso +GRO / sendmsg, CPU per byte ({})", client.name());
+            out.extend(Check::judge("h3", &what, &a.costs(), &b.costs(), 0.5));
+        }
+    }
+    let best = rows
+        .iter()
+        .filter(|r| r.is_udpx())
+        .filter_map(|r| Some((r, r.median?.cpu_s_per_gb)))
+        .min_by(|a, b| a.1.total_cmp(&b.1));
+    if let (Some((best, _)), Some(quinn)) = (best, rows.iter().find(|r| r.server == QUINN)) {
+        let what = format!("best udpx ({}) / quinn h3, CPU per byte", best.label());
+        out.extend(Check::judge("h3", &what, &best.costs(), &quinn.costs(), 1.0));
+    }
+    if let (Some((best, _)), Some(nginx)) = (best, rows.iter().find(|r| r.server == NGINX)) {
+        let what = format!("best udpx ({}) / nginx, CPU per byte", best.label());
+        out.extend(Check::judge("h3", &what, &best.costs(), &nginx.costs(), vs_nginx));
+    }
+    out
+}
+
+/// The table as text: rows, left-out rows, targets.
+pub fn table(b: &H3Bench) -> String {
+    use std::fmt::Write as _;
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "{} MB file, {} rounds interleaved, each row its median run by server CPU; {}\n",
+        b.config.size as f64 / 1e6,
+        b.config.repeat,
+        b.path
+    );
+    if b.debug_build {
+        let _ = writeln!(
+            s,
+            "NOTE: a build with debug assertions (quiche checks itself on every packet): CPU figures are from \
+             `cargo build --release` only\n"
+        );
+    }
+    let _ = writeln!(
+        s,
+        "{:<16} {:<12} {:>9} {:>5} {:>5} {:>8} {:>5} {:>10} {:>9} {:>6} {:>10} {:>5} {:>8} {:>5} {:>4}",
+        "server",
+        "client",
+        "CPU-s/GB",
+        "±",
+        "own%",
+        "Mbit/s",
+        "±",
+        "send calls",
+        "pkts/call",
+        "lost",
+        "vs sendmsg",
+        "±",
+        "vs nginx",
+        "±",
+        "runs"
+    );
+    let nginx = b.rows.iter().find(|r| r.server == NGINX).map(H3Row::costs);
+    for r in &b.rows {
+        let Some(m) = r.median else {
+            let _ = writeln!(s, "{:<16} {:<12} failed: {}", r.server, r.client, r.error.as_deref().unwrap_or("?"));
+            continue;
+        };
+        let ok = || r.runs.iter().flatten();
+        let pm = |v: f64, all: Vec<f64>| {
+            let sp = Spread::of(&all);
+            udpx_lab::judge::pm(v, sp.min, sp.max)
+        };
+        let ratio = |base: Option<Vec<Option<f64>>>| -> (String, String) {
+            let Some(base) = base else { return ("-".into(), "-".into()) };
+            let rs = paired_ratios(&r.costs(), &base);
+            let sp = Spread::of(&rs);
+            // No pair, or a base run that measured no CPU at all (a file too small for the
+            // clock tick): no ratio to show.
+            if sp.n == 0 || !sp.median.is_finite() {
+                return ("-".into(), "-".into());
+            }
+            (format!("{:.2}x", sp.median), udpx_lab::judge::pm(sp.median, sp.min, sp.max))
+        };
+        let sendmsg = b.rows.iter().find(|x| x.server == "sendmsg" && x.client == r.client).map(H3Row::costs);
+        let (vs_s, vs_s_pm) = if r.is_udpx() { ratio(sendmsg) } else { ("-".into(), "-".into()) };
+        let (vs_n, vs_n_pm) = ratio(nginx.clone());
+        let opt = |v: Option<u64>| v.map_or("-".to_string(), |v| v.to_string());
+        let _ = writeln!(
+            s,
+            "{:<16} {:<12} {:>9.3} {:>5} {:>5.0} {:>8.0} {:>5} {:>10} {:>9} {:>6} {:>10} {:>5} {:>8} {:>5} {:>4}",
+            r.server,
+            r.client,
+            m.cpu_s_per_gb,
+            pm(m.cpu_s_per_gb, ok().map(|x| x.cpu_s_per_gb).collect()),
+            100.0 * m.server_task_s / m.server_cpu_s.max(1e-9),
+            m.mbit_per_s,
+            pm(m.mbit_per_s, ok().map(|x| x.mbit_per_s).collect()),
+            opt(m.send_calls),
+            m.packets_per_call.map_or("-".to_string(), |p| format!("{p:.2}")),
+            opt(m.lost_packets),
+            vs_s,
+            vs_s_pm,
+            vs_n,
+            vs_n_pm,
+            ok().count()
+        );
+    }
+    for l in &b.left_out {
+        let _ = writeln!(s, "left out: {}: {}", l.rows, l.why);
+    }
+    let _ = write!(s, "{}", zerocopy_note(b));
+    if !b.checks.is_empty() {
+        let _ = write!(s, "\n{}\n{}", verdict_rule(b.config.repeat), checks_text(&b.checks));
+    }
+    s
+}
+
+/// What zerocopy did over the udpx runs, in a line: a gain it cannot show on this path is
+/// said, not claimed.
+fn zerocopy_note(b: &H3Bench) -> String {
+    let uses: Vec<ZerocopyUse> =
+        b.rows.iter().flat_map(|r| r.runs.iter().flatten()).filter_map(|m| m.zerocopy).collect();
+    let sends: u64 = uses.iter().map(|u| u.sends).sum();
+    if uses.is_empty() || b.config.zerocopy == udpx_quic::Zerocopy::Off {
+        return String::new();
+    }
+    let copied: u64 = uses.iter().map(|u| u.copied).sum();
+    let off = uses.iter().filter(|u| u.turned_off).count();
+    let mut s = format!(
+        "zerocopy (--zerocopy {}): {sends} messages (GSO runs) went with MSG_ZEROCOPY over {} udpx runs; the \
+         kernel copied {copied} of them anyway",
+        b.config.zerocopy,
+        uses.len()
+    );
+    if off > 0 {
+        s += &format!(", so {off} runs turned it off after their first sends");
+    }
+    if sends > 0 && copied == sends {
+        s += " (loopback and veth always copy: what zerocopy saves shows only on a NIC with scatter-gather)";
+    }
+    s + "\n"
+}

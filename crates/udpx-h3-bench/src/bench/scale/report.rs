@@ -1,0 +1,249 @@
+//! The scale bench's verdicts and its table.
+
+use super::*;
+
+/// The issue's targets, from per-round ratios (see [`udpx_lab::judge`]: a verdict needs 3
+/// rounds at least; fewer say inconclusive). `baseline`: the server CPU's busy share with
+/// nothing running ([`ScaleBench::baseline_pct`]).
+pub fn judge(rows: &[ScaleRow], baseline: Option<f64>) -> Vec<Check> {
+    let mut out = Vec::new();
+    let find = |s: ScaleServer, n: usize| rows.iter().find(|r| r.server == s && r.connections == n && !r.idle);
+    let max_n = rows.iter().filter(|r| !r.idle).map(|r| r.connections).max().unwrap_or(0);
+    let per_run = |r: &ScaleRow, f: &dyn Fn(&RowRun) -> Option<f64>| -> Vec<Option<f64>> {
+        r.runs.iter().map(|x| x.as_ref().and_then(f)).collect()
+    };
+    let ones = |r: &ScaleRow| -> Vec<Option<f64>> { r.runs.iter().map(|_| Some(1.0)).collect() };
+    let top = find(ScaleServer::Udpx, max_n);
+    if let (Some(u), Some(ng)) = (top, find(ScaleServer::NginxH2, max_n)) {
+        out.extend(Check::judge(
+            "h3 scale",
+            &format!("udpx / nginx h2, CPU per byte at {max_n}"),
+            &u.costs(),
+            &ng.costs(),
+            1.5,
+        ));
+        // p99 only where neither client was the limit.
+        let p99 = |x: &RowRun| (!x.client_limited).then_some(x.load.latency.p99_ms);
+        out.extend(Check::judge(
+            "h3 scale",
+            &format!("udpx / nginx h2, p99 latency at {max_n}"),
+            &per_run(u, &p99),
+            &per_run(ng, &p99),
+            2.0,
+        ));
+    }
+    if let (Some(u), Some(q)) = (top, find(ScaleServer::Quinn, max_n)) {
+        out.extend(Check::judge(
+            "h3 scale",
+            &format!("udpx / quinn h3, CPU per byte at {max_n}"),
+            &u.costs(),
+            &q.costs(),
+            1.0,
+        ));
+    }
+    // The smallest row well above the server CPU's baseline (a row near it measures the
+    // VM's own agents, and its cost per byte is theirs).
+    let floor = ABOVE_BASELINE * baseline.unwrap_or(0.0).max(0.1);
+    let low = rows
+        .iter()
+        .filter(|r| !r.idle && r.server == ScaleServer::Udpx)
+        .filter(|r| r.median.as_ref().is_some_and(|m| m.server_cpu_pct >= floor))
+        .min_by_key(|r| r.connections);
+    if let (Some(hi), Some(lo)) = (top, low) {
+        let min_n = lo.connections;
+        if max_n != min_n {
+            out.extend(Check::judge(
+                "h3 scale",
+                &format!("udpx CPU per byte at {max_n} / at {min_n}"),
+                &hi.costs(),
+                &lo.costs(),
+                1.25,
+            ));
+        }
+    }
+    // The same by the process's own CPU time, which reaches the lightest row (the issue's
+    // figure is 10,000 against 100), where the CPU's busy share is the machine's agents'.
+    let lightest = rows.iter().filter(|r| !r.idle && r.server == ScaleServer::Udpx).min_by_key(|r| r.connections);
+    if let (Some(hi), Some(lo)) = (top, lightest) {
+        if lo.connections != max_n {
+            let own = |x: &RowRun| x.server_process_s_per_gb;
+            out.extend(Check::judge(
+                "h3 scale",
+                &format!("udpx process CPU per byte at {max_n} / at {}", lo.connections),
+                &per_run(hi, &own),
+                &per_run(lo, &own),
+                1.25,
+            ));
+        }
+    }
+    if let Some(u) = top {
+        let unserved = |x: &RowRun| Some(100.0 - x.load.served_pct());
+        // "Every request served": the share not served, against 0 (as a ratio to 1).
+        out.extend(Check::judge(
+            "h3 scale",
+            &format!("udpx requests not served at {max_n}, percent"),
+            &per_run(u, &unserved),
+            &ones(u),
+            0.0,
+        ));
+    }
+    if let Some(r) = rows.iter().find(|r| r.idle) {
+        let kib = |x: &RowRun| x.server_kib_per_conn;
+        let cpu = |x: &RowRun| Some(x.server_cpu_pct);
+        out.extend(Check::judge(
+            "h3 scale",
+            &format!("udpx KiB per idle connection ({})", r.connections),
+            &per_run(r, &kib),
+            &ones(r),
+            32.0,
+        ));
+        out.extend(Check::judge(
+            "h3 scale",
+            &format!("udpx CPU % with {} idle connections", r.connections),
+            &per_run(r, &cpu),
+            &ones(r),
+            5.0,
+        ));
+    }
+    out
+}
+
+/// The table as text.
+pub fn table(b: &ScaleBench) -> String {
+    use std::fmt::Write as _;
+    let c = &b.config;
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "Players: a {} KiB segment every {:.1} s each (idle connections: a PING every {:.1} s), starts over {:.0} s, {:.0} s measured; {}\n",
+        c.segment / 1024,
+        c.interval.as_secs_f64(),
+        c.keepalive.as_secs_f64(),
+        c.ramp.as_secs_f64(),
+        c.window.as_secs_f64(),
+        b.path
+    );
+    if !c.coalesce.is_zero() {
+        let _ = writeln!(
+            s,
+            "udpx rows: `udpx h3 serve --coalesce {}` (loop turns at least that many microseconds apart under load)\n",
+            c.coalesce.as_micros()
+        );
+    }
+    if !c.defer_flush {
+        let _ = writeln!(s, "udpx rows: `udpx h3 serve --defer-flush off`\n");
+    }
+    if c.cc != udpx_h3::server::Cc::default() {
+        let _ = writeln!(s, "udpx rows: `udpx h3 serve --cc {}` (unpaced)\n", c.cc);
+    }
+    if let Some(base) = b.baseline_pct {
+        let _ = writeln!(
+            s,
+            "Server CPU includes what ran there without us ({base:.1} % before the rows: this machine's own agents); \
+             the scaling check by it starts at the smallest udpx row above {ABOVE_BASELINE:.0}x that, the one by the \
+             server process's own CPU (the figures in parentheses) at the lightest row.\n"
+        );
+    }
+    let _ = writeln!(
+        s,
+        "| server | conns | served % | never served | p50 / p99 / max ms | late | handshake p50 ms | server CPU % (its process) | CPU-s/GB (its process) | CPU-us per conn-s | KiB per conn | server context switches per request | client CPU % |"
+    );
+    let _ = writeln!(s, "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
+    for row in &b.rows {
+        let name = if row.idle { format!("{} (idle)", row.server.name()) } else { row.server.name().to_string() };
+        let Some(r) = &row.median else {
+            let _ = writeln!(s, "| {name} | {} | failed: {} |", row.connections, row.error.as_deref().unwrap_or("?"));
+            continue;
+        };
+        let l = &r.load;
+        let _ = writeln!(
+            s,
+            "| {name} | {} | {} | {} | {:.1} / {:.1} / {:.1} | {} | {:.1} | {:.1} ({:.1}) | {} ({}) | {:.1} | {} | {} | {:.0}{} |",
+            row.connections,
+            if row.idle { "-".to_string() } else { format!("{:.2}", l.served_pct()) },
+            l.never_served,
+            l.latency.p50_ms,
+            l.latency.p99_ms,
+            l.latency.max_ms,
+            l.late,
+            l.handshake.p50_ms,
+            r.server_cpu_pct,
+            r.server_process_pct,
+            r.server_cpu_s_per_gb.map_or("-".into(), |v| format!("{v:.2}")),
+            r.server_process_s_per_gb.map_or("-".into(), |v| format!("{v:.2}")),
+            r.server_cpu_us_per_conn_s,
+            r.server_kib_per_conn.map_or("-".into(), |v| format!("{v:.1}")),
+            r.server_switches_per_request.map_or("-".into(), |v| format!("{v:.2}")),
+            l.client_cpu_pct(),
+            if r.client_limited { " (client-limited)" } else { "" }
+        );
+    }
+    let hosts: Vec<(&ScaleRow, HostPerRequest)> =
+        b.rows.iter().filter_map(|r| Some((r, r.median.as_ref()?.host?))).collect();
+    if !hosts.is_empty() {
+        let _ = writeln!(
+            s,
+            "\nThe udpx server's host over the window, per request (its `/metrics` at the window's start and end):\n\n\
+             | conns | requests | send calls | datagrams per send call | runs per send call | receive calls | datagrams per receive call | wake-ups | turns | connections served per turn | timers fired | pacing holds |\n\
+             | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+        );
+        for (row, h) in hosts {
+            let _ = writeln!(
+                s,
+                "| {}{} | {} | {:.2} | {:.1} | {:.2} | {:.2} | {:.1} | {:.2} | {:.2} | {:.2} | {:.3} | {:.3} |",
+                row.connections,
+                if row.idle { " idle" } else { "" },
+                h.requests,
+                h.send_calls,
+                h.datagrams_per_send,
+                h.runs_per_send,
+                h.recv_calls,
+                h.datagrams_per_recv,
+                h.wakeups,
+                h.turns,
+                h.served_per_turn,
+                h.timers_fired,
+                h.paced_holds
+            );
+        }
+    }
+    if let Some(idle) = b.rows.iter().find(|r| r.idle) {
+        if !b.idle_floor.is_empty() || !b.idle_floor_errors.is_empty() {
+            let _ = writeln!(
+                s,
+                "\nThe idle row's floor: a bare echo server (sockperf's, one wake-up per datagram) answering datagrams of \
+                 the idle row's mean size at the rate the udpx server received them, same CPU, path and meter:\n\n\
+                 | round | datagrams/s (udpx sent) | bytes | answered | echo server CPU % (its process) | udpx idle row CPU % | udpx / floor |\n\
+                 | --- | --- | --- | --- | --- | --- | --- |"
+            );
+            for f in &b.idle_floor {
+                let run = idle.runs.get(f.round - 1).and_then(Option::as_ref);
+                let udpx = run.map(|r| r.server_cpu_pct);
+                let sent = run.and_then(|r| r.datagrams).map_or("?".into(), |d| format!("{:.0}", d.sent_per_s));
+                let _ = writeln!(
+                    s,
+                    "| {} | {} ({sent}) | {} | {}/{} | {:.1} ({:.1}) | {} | {} |",
+                    f.round,
+                    f.rate,
+                    f.size,
+                    f.answered,
+                    f.sent,
+                    f.server_cpu_pct,
+                    f.server_process_pct,
+                    udpx.map_or("-".into(), |u| format!("{u:.1}")),
+                    udpx.filter(|_| f.server_cpu_pct > 0.0)
+                        .map_or("-".into(), |u| format!("{:.2}", u / f.server_cpu_pct))
+                );
+            }
+            for e in &b.idle_floor_errors {
+                let _ = writeln!(s, "\nno echo floor: {e}");
+            }
+        }
+    }
+    for l in &b.left_out {
+        let _ = writeln!(s, "\nleft out: {l}");
+    }
+    let _ = writeln!(s, "\n{}", udpx_lab::judge::checks_text(&b.checks));
+    let _ = writeln!(s, "{}", b.environment.to_markdown());
+    s
+}

@@ -1,0 +1,117 @@
+//! Starting the servers a row measures (udpx, quinn, nginx) on a free port in the server's
+//! namespace, and waiting until each answers.
+
+use super::*;
+
+/// A free UDP (`udp`) or TCP port at the server's address.
+pub(super) fn free_port(place: &Place, udp: bool) -> Result<u16, String> {
+    let ip = place.server_ip;
+    let f = move || {
+        if udp {
+            std::net::UdpSocket::bind((ip, 0)).and_then(|s| s.local_addr()).map(|a| a.port())
+        } else {
+            std::net::TcpListener::bind((ip, 0)).and_then(|s| s.local_addr()).map(|a| a.port())
+        }
+    };
+    match place.server_ns() {
+        Some(ns) => ns.try_run(f).map_err(|e| e.to_string())?,
+        None => f(),
+    }
+    .map_err(|e| format!("a free port: {e}"))
+}
+
+pub(super) fn start_server(
+    cfg: &ScaleConfig,
+    place: &Place,
+    dir: &Path,
+    (cert, key): (&Path, &Path),
+    server: ScaleServer,
+    lifetime: Duration,
+) -> Result<Running, String> {
+    let www = dir.join("www");
+    let log = dir.join(format!("{}.log", server.name().replace(['/', ' '], "-")));
+    let logf = std::fs::File::create(&log).map_err(|e| e.to_string())?;
+    let mut metrics = None;
+    let (mut cmd, addr, ready): (Command, SocketAddr, &str) = match server {
+        ScaleServer::Udpx | ScaleServer::Quinn => {
+            let addr = SocketAddr::new(place.server_ip, free_port(place, true)?);
+            let mut c = place.server_command(&cfg.udpx);
+            let sub = if server == ScaleServer::Udpx { "serve" } else { "quinn-serve" };
+            c.args(["h3", sub])
+                .arg(&www)
+                .args(["--listen", &addr.to_string(), "--cert"])
+                .arg(cert)
+                .arg("--key")
+                .arg(key);
+            c.args(["-l", &lifetime.as_secs().to_string()]);
+            if server == ScaleServer::Udpx {
+                c.args(["--shards", "1", "--coalesce", &cfg.coalesce.as_micros().to_string()]);
+                c.args(["--cc", &cfg.cc.to_string()]);
+                c.args(["--defer-flush", if cfg.defer_flush { "on" } else { "off" }]);
+                let m = SocketAddr::new(place.server_ip, free_port(place, false)?);
+                c.args(["--metrics", &m.to_string()]);
+                metrics = Some(m);
+            }
+            (c, addr, " on https://")
+        }
+        ScaleServer::NginxH2 | ScaleServer::NginxH1 => {
+            let nginx = cfg.nginx.as_deref().ok_or("nginx not found")?;
+            let addr = SocketAddr::new(place.server_ip, free_port(place, false)?);
+            let ndir = dir.join("nginx-scale");
+            let _ = std::fs::remove_dir_all(&ndir);
+            std::fs::create_dir_all(&ndir).map_err(|e| e.to_string())?;
+            std::fs::write(ndir.join("nginx.conf"), nginx_conf(&ndir, &www, addr, cert, key))
+                .map_err(|e| e.to_string())?;
+            let mut c = place.server_command(nginx);
+            c.arg("-p").arg(&ndir).arg("-c").arg(ndir.join("nginx.conf")).arg("-e").arg(ndir.join("error.log"));
+            (c, addr, "")
+        }
+    };
+    cmd.stdin(Stdio::null()).stdout(logf.try_clone().map_err(|e| e.to_string())?).stderr(logf);
+    let process = ChildGroup::spawn(&mut cmd).map_err(|e| format!("starting {}: {e}", server.name()))?;
+    let up = || {
+        if ready.is_empty() {
+            let f = move || std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok();
+            match place.client_ns() {
+                Some(ns) => ns.try_run(f).unwrap_or(false),
+                None => f(),
+            }
+        } else {
+            std::fs::read_to_string(&log).unwrap_or_default().contains(ready)
+        }
+    };
+    wait_until_up(server.name(), &log, up)?;
+    Ok(Running { process, addr, metrics })
+}
+
+/// Waits up to 15 s for a server started with its output in `log` to be `up`; past that, an
+/// error with what it printed.
+pub(crate) fn wait_until_up(name: &str, log: &Path, up: impl Fn() -> bool) -> Result<(), String> {
+    let start = Instant::now();
+    while !up() {
+        if start.elapsed() > Duration::from_secs(15) {
+            let text = std::fs::read_to_string(log).unwrap_or_default();
+            return Err(format!("{name} did not start in 15 s: {}", text.trim()));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(())
+}
+
+/// nginx for many connections: one worker, TLS 1.3, HTTP/2 and HTTP/1.1 by ALPN, connections
+/// kept open as long as the run (a player asks every few seconds).
+fn nginx_conf(dir: &Path, www: &Path, listen: SocketAddr, cert: &Path, key: &Path) -> String {
+    let d = dir.display();
+    format!(
+        "daemon off;\nmaster_process off;\nworker_processes 1;\nworker_rlimit_nofile 200000;\npid {d}/nginx.pid;\n\
+         error_log {d}/error.log warn;\nevents {{ worker_connections 100000; }}\n\
+         http {{\n  access_log off;\n  default_type application/octet-stream;\n  keepalive_timeout 120s;\n\
+         keepalive_requests 1000000;\n  client_body_temp_path {d}/body;\n  proxy_temp_path {d}/proxy;\n\
+         fastcgi_temp_path {d}/fastcgi;\n  uwsgi_temp_path {d}/uwsgi;\n  scgi_temp_path {d}/scgi;\n\
+         server {{\n    listen {listen} ssl http2;\n    ssl_protocols TLSv1.3;\n    ssl_certificate {};\n\
+         ssl_certificate_key {};\n    root {};\n  }}\n}}\n",
+        cert.display(),
+        key.display(),
+        www.display()
+    )
+}

@@ -1,0 +1,572 @@
+//! The file server on one connection: the [`App`] every shard runs on each of its connections.
+//!
+//! A connection is touched only when it has news (the host calls [`App::on_turn`] after its
+//! packets, its timer, or while it sends): its HTTP/3 events are read (new requests are
+//! answered at once, as far as their streams take), then the responses whose streams quiche
+//! reports writable again (`stream_writable_next`) go on. A response blocked on flow control
+//! or congestion is parked until its stream is writable, never polled.
+//!
+//! A response body is read from disk only as fast as the stream takes it: a response asks
+//! quiche for its stream's capacity and reads at most that much, at most [`crate::http::CHUNK`] bytes,
+//! straight into a buffer quiche keeps (`send_body_zc` on [`udpx_quic::bufs`]), with the DATA
+//! frame's header written in the room before it: the only user-space copy of a body byte
+//! after the read is quiche's into a packet. quiche holds each chunk until it is
+//! acknowledged; the shard then reuses its vector (a bounded pool), so in steady state no
+//! chunk is allocated.
+//!
+//! Bounds: a response with a body holds an open file until it ends; a connection may hold
+//! [`crate::ServeConfig::max_open_per_conn`] of them, an address (IPv6: a /64)
+//! [`crate::ServeConfig::max_open_per_addr`] on a shard, and a shard [`crate::ServeConfig::max_open_per_shard`];
+//! past any of them the answer is 503 with `retry-after`. The count is carried by the open file
+//! itself (`OpenFile`) and given back when it is dropped, so every way a response can end
+//! (sent, reset by the peer, stalled, its connection closed) gives it back exactly once. A
+//! request that arrives in 0-RTT (its address not yet proven: it may be forged and replayed)
+//! claims from a smaller budget of its own, an eighth of the shard's (425 Too Early past it,
+//! and the client asks again after its handshake). A connection one of whose responses took
+//! less than [`crate::server::MIN_PROGRESS`] bytes in [`crate::ServeConfig::stall_timeout`] (a zero flow-control
+//! window kept open with PINGs, or credit given a few bytes at a time) is closed
+//! (H3_EXCESSIVE_LOAD) and its files with it, as the TCP listener closes a slow reader; so is
+//! one with no response under way and no new request for [`crate::server::IDLE_TIMEOUT`] (request heads a
+//! peer leaves unfinished are held by quiche until then).
+//!
+//! A request stream has one response: a second HEADERS frame on it is the request's trailer
+//! section (RFC 9114 4.1), read and ignored (`trailers` on /metrics); quiche refuses a third.
+//! The server advertises the flow-control credit a request needs, not a download's: a request
+//! stream takes [`crate::server::REQUEST_WINDOW`] and a connection [`crate::server::CONNECTION_WINDOW`] of out-of-order data
+//! (see [`crate::tls`]). quiche's HTTP/3 layer copies an unfinished HEADERS frame out of the
+//! stream (up to 1.5 x [`crate::server::MAX_FIELD_SECTION`]) and gives its credit back, so what one connection
+//! can pin is at most 100 streams x 24 KiB plus the window: about 2.4 MiB, for at most
+//! [`crate::server::IDLE_TIMEOUT`] unless it also completes requests.
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::Read;
+use std::net::{IpAddr, SocketAddr};
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use quiche::h3::NameValue;
+use udpx_quic::bufs::{Buf, BufPool};
+use udpx_quic::App;
+
+use crate::http::{LogEntry, RequestHead, Site, CHUNK};
+use crate::server::{IDLE_TIMEOUT, MAX_FIELD_SECTION, MIN_PROGRESS};
+
+/// The responder of one shard (see the module docs).
+pub(crate) struct FileServer {
+    /// Body chunks quiche takes without copying ([`udpx_quic::bufs`]), reused once acknowledged.
+    bodies: BufPool,
+    site: Arc<Site>,
+    scratch: Vec<u8>,
+    h3_config: quiche::h3::Config,
+    /// The shard's open files, by address and in all.
+    budget: Rc<Budget>,
+    bounds: Bounds,
+}
+
+/// The open-file bounds and the stall timeout (from [`crate::ServeConfig`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Bounds {
+    pub per_conn: usize,
+    pub per_addr: usize,
+    pub per_shard: usize,
+    /// Of the shard's, what requests that came in 0-RTT may hold.
+    pub per_shard_early: usize,
+    pub stall: Duration,
+}
+
+impl FileServer {
+    /// A shard's responder for `site` within `bounds`.
+    pub(crate) fn new(site: Arc<Site>, bounds: Bounds) -> FileServer {
+        let mut h3_config = quiche::h3::Config::new().expect("quiche's h3::Config::new cannot fail");
+        // A request's field section at most this large (quiche refuses a HEADERS frame over
+        // 1.5 times it with H3_EXCESSIVE_LOAD before buffering it).
+        h3_config.set_max_field_section_size(MAX_FIELD_SECTION);
+        FileServer {
+            budget: Rc::new(Budget {
+                site: site.clone(),
+                shard: Cell::new(0),
+                early: Cell::new(0),
+                by_addr: RefCell::default(),
+            }),
+            site,
+            scratch: vec![0; CHUNK],
+            bodies: BufPool::new(CHUNK, BODY_BUFFERS_KEPT),
+            h3_config,
+            bounds,
+        }
+    }
+}
+
+/// One shard's open files: how many in all and per address. Only [`OpenFile`] changes it.
+struct Budget {
+    site: Arc<Site>,
+    shard: Cell<usize>,
+    /// Of them, those taken by requests in 0-RTT.
+    early: Cell<usize>,
+    /// Addresses holding at least one (an entry leaves at zero: bounded by the files open).
+    by_addr: RefCell<HashMap<IpAddr, usize>>,
+}
+
+/// A response's claim on the open-file bounds: taken with its file, given back (connection,
+/// address, shard, the `open_files` gauge) when dropped, whichever way the response ends.
+struct OpenFile {
+    budget: Rc<Budget>,
+    conn: Rc<Cell<usize>>,
+    addr: IpAddr,
+    /// Taken by a request in 0-RTT (counted in the early budget too).
+    early: bool,
+}
+
+impl OpenFile {
+    /// Takes one, or `None` when the connection, the address or the shard holds its bound (or,
+    /// for a request in 0-RTT, the shard's early budget).
+    fn take(budget: &Rc<Budget>, conn: &Rc<Cell<usize>>, addr: IpAddr, b: &Bounds, early: bool) -> Option<OpenFile> {
+        let held_by_addr = budget.by_addr.borrow().get(&addr).copied().unwrap_or(0);
+        if conn.get() >= b.per_conn
+            || held_by_addr >= b.per_addr
+            || budget.shard.get() >= b.per_shard
+            || (early && budget.early.get() >= b.per_shard_early)
+        {
+            return None;
+        }
+        conn.set(conn.get() + 1);
+        budget.shard.set(budget.shard.get() + 1);
+        if early {
+            budget.early.set(budget.early.get() + 1);
+        }
+        *budget.by_addr.borrow_mut().entry(addr).or_insert(0) += 1;
+        budget.site.file_opened();
+        Some(OpenFile { budget: budget.clone(), conn: conn.clone(), addr, early })
+    }
+}
+
+impl Drop for OpenFile {
+    fn drop(&mut self) {
+        self.conn.set(self.conn.get().saturating_sub(1));
+        self.budget.shard.set(self.budget.shard.get().saturating_sub(1));
+        if self.early {
+            self.budget.early.set(self.budget.early.get().saturating_sub(1));
+        }
+        let mut by_addr = self.budget.by_addr.borrow_mut();
+        if let Some(n) = by_addr.get_mut(&self.addr) {
+            *n -= 1;
+            if *n == 0 {
+                by_addr.remove(&self.addr);
+            }
+        }
+        self.budget.site.file_closed();
+    }
+}
+
+/// A response being sent.
+struct Response {
+    /// Headers not yet taken by quiche (a full stream refuses them).
+    headers: Option<Vec<quiche::h3::Header>>,
+    /// The headers end the stream (HEAD, no body, errors).
+    fin_with_headers: bool,
+    body: Option<Body>,
+    /// For the access log (the target cut to [`LOGGED_TARGET`] bytes).
+    method: String,
+    target: String,
+    status: u16,
+    started: Instant,
+    /// Body bytes quiche took.
+    sent: u64,
+    /// When it last made progress (headers taken, or [`MIN_PROGRESS`] body bytes since the
+    /// last time): the stall timeout counts from here.
+    progressed: Instant,
+    /// Body bytes taken since `progressed`.
+    unstamped: u64,
+}
+
+struct Body {
+    file: File,
+    /// Bytes of the range not yet read.
+    left: u64,
+    /// Read, not yet (all) taken by quiche.
+    pending: Option<Buf>,
+    /// Given back with the file.
+    _claim: OpenFile,
+}
+
+pub(crate) struct ConnState {
+    h3: Option<quiche::h3::Connection>,
+    peer: SocketAddr,
+    /// The address its files count against (IPv6: the /64).
+    addr: IpAddr,
+    /// Responses under way, by stream.
+    responses: HashMap<u64, Response>,
+    /// Request streams whose request was answered and whose request side has not ended: a
+    /// HEADERS frame on one of them is a trailer section. At most the streams the peer may
+    /// have open (an entry leaves at `Finished`, `Reset` or with the connection).
+    requests: Vec<u64>,
+    /// Of the responses, those with an open file.
+    open: Rc<Cell<usize>>,
+    /// When the earliest parked response may pass the stall timeout (`None`: none parked).
+    stall_check: Option<Instant>,
+    /// When the last request head arrived (or the connection was accepted): with no response
+    /// under way, the connection is closed at [`IDLE_TIMEOUT`] after it.
+    last_request: Instant,
+}
+
+/// Bytes of a request target kept for the access log.
+const LOGGED_TARGET: usize = 1024;
+
+/// H3_NO_ERROR (RFC 9114 8.1): an idle connection closed.
+const H3_NO_ERROR: u64 = 0x100;
+/// H3_EXCESSIVE_LOAD (RFC 9114 8.1): a connection closed for a stalled response.
+const H3_EXCESSIVE_LOAD: u64 = 0x107;
+/// H3_REQUEST_CANCELLED (RFC 9114 8.1): the peer reset its request; the response goes too.
+const H3_REQUEST_CANCELLED: u64 = 0x10c;
+
+impl App for FileServer {
+    type State = ConnState;
+
+    fn accepted(&mut self, conn: &udpx_quic::Connection) -> ConnState {
+        let peer = conn.path_stats().next().map_or(SocketAddr::from(([0, 0, 0, 0], 0)), |p| p.peer_addr);
+        ConnState {
+            h3: None,
+            peer,
+            addr: udpx_quic::admission::ip_key(peer.ip()),
+            responses: HashMap::new(),
+            requests: Vec::new(),
+            open: Rc::new(Cell::new(0)),
+            stall_check: None,
+            last_request: Instant::now(),
+        }
+    }
+
+    fn on_turn(&mut self, conn: &mut udpx_quic::Connection, st: &mut ConnState) {
+        if st.h3.is_none() {
+            match quiche::h3::Connection::with_transport(conn, &self.h3_config) {
+                Ok(h) => st.h3 = Some(h),
+                Err(e) => {
+                    log::debug!("udpx-h3: {}: HTTP/3 refused: {e}", conn.trace_id());
+                    let _ = conn.close(false, 0x101, b"h3 setup failed");
+                    return;
+                }
+            }
+        }
+        let now = Instant::now();
+        // The host may fire a deadline up to its pacing slack early: a check due within it is
+        // due now (else the same deadline comes back at once, a spin).
+        let due = now + udpx_quic::PACING_SLACK;
+        if st.stall_check.is_some_and(|t| t <= due) && self.close_if_stalled(conn, st, now) {
+            return;
+        }
+        if st.responses.is_empty() && st.last_request + IDLE_TIMEOUT <= due {
+            self.site.count_idle_closed();
+            let _ = conn.close(true, H3_NO_ERROR, b"idle");
+            return;
+        }
+        let Some(h3) = st.h3.as_mut() else { return };
+        // New requests and stream events. Every HTTP/3 event comes from stream data, and the
+        // loop polls until quiche has no event left (its queue of finished streams included):
+        // with no stream readable (the turn of a PING or an acknowledgement) there is nothing
+        // to poll, and `poll` would still look up the peer's three control streams.
+        let mut fresh: Vec<u64> = Vec::new();
+        if conn.is_readable() {
+            loop {
+                match h3.poll(conn) {
+                    Ok((sid, quiche::h3::Event::Headers { list, .. })) => {
+                        if st.requests.contains(&sid) {
+                            // The request's trailers (RFC 9114 4.1): its response is made.
+                            self.site.count_trailers();
+                            continue;
+                        }
+                        st.requests.push(sid);
+                        st.last_request = now;
+                        let r = self.respond(&list, conn.is_in_early_data(), &st.open, st.addr, now);
+                        st.responses.insert(sid, r);
+                        fresh.push(sid);
+                    }
+                    Ok((sid, quiche::h3::Event::Data)) => {
+                        // A request body: not used by GET or HEAD; read and dropped.
+                        while let Ok(n) = h3.recv_body(conn, sid, &mut self.scratch) {
+                            if n == 0 {
+                                break;
+                            }
+                        }
+                    }
+                    Ok((sid, quiche::h3::Event::Finished)) => st.requests.retain(|&s| s != sid),
+                    Ok((sid, quiche::h3::Event::Reset(_))) => {
+                        st.requests.retain(|&s| s != sid);
+                        if let Some(r) = st.responses.remove(&sid) {
+                            self.finish(st.peer, r, false);
+                        }
+                        // Our side of the stream ends too, and quiche's HTTP/3 layer forgets
+                        // it (it does so only on a send that fails on a finished stream).
+                        let _ = conn.stream_shutdown(sid, quiche::Shutdown::Write, H3_REQUEST_CANCELLED);
+                        let _ = h3.send_body(conn, sid, &[], true);
+                    }
+                    Ok(_) => {}
+                    Err(quiche::h3::Error::Done) => break,
+                    Err(e) => {
+                        log::debug!("udpx-h3: {}: {e}", conn.trace_id());
+                        break;
+                    }
+                }
+            }
+        }
+        // The new responses go as far as their streams take them; then the parked ones whose
+        // streams quiche says are writable again. No other response is looked at.
+        let writable = std::iter::from_fn(|| conn.stream_writable_next()).collect::<Vec<u64>>();
+        for sid in fresh.into_iter().chain(writable) {
+            let Some(r) = st.responses.get_mut(&sid) else { continue };
+            let outcome = progress(h3, conn, sid, r, &mut self.bodies, now);
+            match outcome {
+                Ok(false) => {
+                    // Parked: it must move again within the stall timeout.
+                    let check = r.progressed + self.bounds.stall;
+                    st.stall_check = Some(st.stall_check.map_or(check, |t| t.min(check)));
+                }
+                _ => {
+                    if let Some(r) = st.responses.remove(&sid) {
+                        self.finish(st.peer, r, outcome.is_ok());
+                    }
+                }
+            }
+        }
+    }
+
+    fn wake_at(&self, st: &ConnState) -> Option<Instant> {
+        let idle = st.responses.is_empty().then_some(st.last_request + IDLE_TIMEOUT);
+        [st.stall_check, idle].into_iter().flatten().min()
+    }
+
+    fn closed(&mut self, _conn: &udpx_quic::Connection, mut state: ConnState) {
+        // Responses still under way when the connection ended were not sent whole.
+        for (_, r) in state.responses.drain() {
+            self.finish(state.peer, r, false);
+        }
+    }
+}
+
+impl FileServer {
+    /// The response to a request head: `early`, it came in 0-RTT; `conn_open` and `addr`, what
+    /// its connection and address hold of the open-file bounds.
+    fn respond(
+        &self,
+        list: &[quiche::h3::Header],
+        early: bool,
+        conn_open: &Rc<Cell<usize>>,
+        addr: IpAddr,
+        now: Instant,
+    ) -> Response {
+        let (mut method, mut path) = (None, None);
+        let mut fields = Vec::with_capacity(list.len());
+        for h in list {
+            match h.name() {
+                b":method" => method = Some(h.value()),
+                b":path" => path = Some(h.value()),
+                n if n.starts_with(b":") => {}
+                n => fields.push((n, h.value())),
+            }
+        }
+        let text = |b: Option<&[u8]>| {
+            let b = b.unwrap_or(b"-");
+            String::from_utf8_lossy(&b[..b.len().min(LOGGED_TARGET)]).into_owned()
+        };
+        let safe = matches!(method, Some(b"GET" | b"HEAD"));
+        // A claim on the bounds first, so that no file is opened past them.
+        let claim = OpenFile::take(&self.budget, conn_open, addr, &self.bounds, early);
+        let mut answer = match (method, path) {
+            // Early data can be replayed: only safe methods are answered from it (RFC 8470),
+            // and only within the early budget (the client asks again after its handshake).
+            _ if early && !safe => self.site.refuse(425),
+            (Some(_), Some(_)) if early && claim.is_none() => self.site.refuse(425),
+            (Some(_), Some(_)) if claim.is_none() => self.site.refuse(503),
+            (Some(m), Some(p)) => self.site.answer(&RequestHead { method: m, path: p, headers: &fields }),
+            // Without :method or :path the request is malformed (RFC 9114 4.3.1).
+            _ => self.site.answer(&RequestHead { method: b"GET", path: b"", headers: &[] }),
+        };
+        if early {
+            self.site.count_early();
+        }
+        let status = answer.status;
+        let mut headers = Vec::with_capacity(answer.headers.len() + 1);
+        headers.push(quiche::h3::Header::new(b":status", status.to_string().as_bytes()));
+        for (n, v) in &answer.headers {
+            headers.push(quiche::h3::Header::new(n.as_bytes(), v.as_bytes()));
+        }
+        // The claim goes with a body; a response without one gives it back here.
+        let body = match (answer.body.take(), claim) {
+            (Some(b), Some(claim)) => Some(Body { file: b.file, left: b.len, pending: None, _claim: claim }),
+            _ => None,
+        };
+        Response {
+            headers: Some(headers),
+            fin_with_headers: body.is_none(),
+            body,
+            method: text(method),
+            target: text(path),
+            status,
+            started: now,
+            sent: 0,
+            progressed: now,
+            unstamped: 0,
+        }
+    }
+
+    /// A response is over: logged and counted; dropping it closes its file and gives back its
+    /// claim.
+    fn finish(&mut self, peer: SocketAddr, r: Response, complete: bool) {
+        self.site.finished(&LogEntry {
+            peer,
+            method: &r.method,
+            path: &r.target,
+            status: r.status,
+            bytes: r.sent,
+            duration: r.started.elapsed(),
+            protocol: "h3",
+            complete,
+        });
+    }
+
+    /// Closes the connection when one of its responses made no progress for the stall timeout
+    /// (its responses end now, their files closed; true); else sets the next check. Runs at
+    /// most once per stall timeout per connection with parked responses (its `wake_at`), over
+    /// that connection's responses only. Closing, not resetting the stream: quiche's HTTP/3
+    /// layer would keep a reset stream's state.
+    fn close_if_stalled(&mut self, conn: &mut udpx_quic::Connection, st: &mut ConnState, now: Instant) -> bool {
+        let stall = self.bounds.stall;
+        let due = now + udpx_quic::PACING_SLACK;
+        if st.responses.values().any(|r| r.progressed + stall <= due) {
+            for (_, r) in st.responses.drain() {
+                self.site.count_stalled();
+                self.finish(st.peer, r, false);
+            }
+            st.requests.clear();
+            st.stall_check = None;
+            let _ = conn.close(true, H3_EXCESSIVE_LOAD, b"response stalled");
+            return true;
+        }
+        st.stall_check = st.responses.values().map(|r| r.progressed + stall).min();
+        false
+    }
+}
+
+/// The longest HTTP/3 DATA frame header: its type (one byte) and its length (a varint, at
+/// most 8 bytes).
+const DATA_HEADER_MAX: usize = 9;
+
+/// Body chunk vectors a shard keeps for reuse (each [`CHUNK`] bytes: 16 MiB); past them a
+/// chunk is a vector of its own, freed once acknowledged.
+const BODY_BUFFERS_KEPT: usize = 256;
+
+/// The DATA frame header of a `len`-byte body chunk, as quiche writes it (type 0x00, then the
+/// length as a QUIC varint): its bytes and how many.
+fn data_header(len: usize) -> ([u8; DATA_HEADER_MAX], usize) {
+    let mut h = [0u8; DATA_HEADER_MAX];
+    let len = len as u64;
+    let n = if len < 1 << 6 {
+        h[1] = len as u8;
+        1
+    } else if len < 1 << 14 {
+        h[1..3].copy_from_slice(&((len as u16) | 0x4000).to_be_bytes());
+        2
+    } else if len < 1 << 30 {
+        h[1..5].copy_from_slice(&((len as u32) | 0x8000_0000).to_be_bytes());
+        4
+    } else {
+        h[1..9].copy_from_slice(&(len | 0xc000_0000_0000_0000).to_be_bytes());
+        8
+    };
+    (h, 1 + n)
+}
+
+/// Moves a response on as far as the stream takes it, counting the body bytes taken in
+/// `r.sent`. `Ok(true)`: done; `Err(())`: the stream is gone (reset, stopped) or the file
+/// failed.
+fn progress(
+    h3: &mut quiche::h3::Connection,
+    conn: &mut udpx_quic::Connection,
+    sid: u64,
+    r: &mut Response,
+    pool: &mut BufPool,
+    now: Instant,
+) -> Result<bool, ()> {
+    if let Some(h) = r.headers.take() {
+        match h3.send_response(conn, sid, &h, r.fin_with_headers) {
+            Ok(()) => r.progressed = now,
+            Err(quiche::h3::Error::StreamBlocked | quiche::h3::Error::Done) => {
+                r.headers = Some(h);
+                return Ok(false);
+            }
+            Err(_) => return Err(()),
+        }
+    }
+    let Some(b) = r.body.as_mut() else { return Ok(true) };
+    loop {
+        if b.pending.is_none() {
+            if b.left == 0 {
+                return Ok(true);
+            }
+            let cap = match conn.stream_capacity(sid) {
+                Ok(c) => c,
+                Err(_) => return Err(()),
+            };
+            // Room for the DATA frame's header too, so the chunk goes whole, in one frame.
+            if cap <= DATA_HEADER_MAX {
+                // Parked: quiche reports the stream writable again once it can take this.
+                let _ = conn.stream_writable(sid, DATA_HEADER_MAX + 1);
+                return Ok(false);
+            }
+            let n = ((cap - DATA_HEADER_MAX).min(pool.size()) as u64).min(b.left) as usize;
+            let (header, hlen) = data_header(n);
+            // The file read straight into the buffer quiche keeps: no copy before the packet.
+            match pool.fill(n, &header[..hlen], |s| b.file.read_exact(s)) {
+                Ok(buf) => b.pending = Some(buf),
+                Err(_) => {
+                    // The file shrank or failed under us: the stream cannot be completed honestly.
+                    let _ = conn.stream_shutdown(sid, quiche::Shutdown::Write, 0x102);
+                    return Err(());
+                }
+            }
+            b.left -= n as u64;
+        }
+        let fin = b.left == 0;
+        let buf = b.pending.as_mut().expect("filled above");
+        let len = buf.len();
+        match h3.send_body_zc(conn, sid, buf, fin) {
+            Ok(w) => {
+                r.sent += w as u64;
+                r.unstamped += w as u64;
+                if r.unstamped >= MIN_PROGRESS {
+                    (r.progressed, r.unstamped) = (now, 0);
+                }
+                if w < len {
+                    return Ok(false); // `buf` is what is left of the chunk
+                }
+                b.pending = None;
+                if fin {
+                    return Ok(true);
+                }
+            }
+            Err(quiche::h3::Error::Done | quiche::h3::Error::StreamBlocked) => return Ok(false),
+            Err(_) => return Err(()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod body_tests {
+    use super::data_header;
+
+    #[test]
+    fn data_headers_are_quiches_varints() {
+        let h = |n| {
+            let (b, len) = data_header(n);
+            b[..len].to_vec()
+        };
+        assert_eq!(h(0), [0x00, 0x00]);
+        assert_eq!(h(63), [0x00, 0x3f]);
+        assert_eq!(h(64), [0x00, 0x40, 0x40]);
+        assert_eq!(h(16_383), [0x00, 0x7f, 0xff]);
+        assert_eq!(h(16_384), [0x00, 0x80, 0x00, 0x40, 0x00]);
+        assert_eq!(h(65_536), [0x00, 0x80, 0x01, 0x00, 0x00]);
+    }
+}
