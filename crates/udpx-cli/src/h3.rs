@@ -239,6 +239,12 @@ struct ServeArgs {
     #[arg(long, value_name = "SECS", default_value_t = udpx_h3::DEFAULT_STALL_TIMEOUT.as_secs(),
           value_parser = clap::value_parser!(u64).range(1..=3600))]
     stall_timeout: u64,
+    /// An HTTP/3 connection with no request and no response under way for this many seconds
+    /// is closed (a client that PINGs would keep it, and quiche would hold request heads it
+    /// left unfinished). 1 to 86400.
+    #[arg(long, value_name = "SECS", default_value_t = udpx_h3::DEFAULT_IDLE_TIMEOUT.as_secs(),
+          value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    idle_timeout: u64,
     /// Serve Prometheus metrics (`GET /metrics`): each shard's socket and QUIC counters, and
     /// the HTTP responses by status class. A port alone listens on 127.0.0.1; give an address
     /// (0.0.0.0:9100) to let other hosts scrape it.
@@ -789,6 +795,7 @@ fn serve(a: ServeArgs) -> ExitCode {
         max_open_per_shard: a.max_open_per_shard,
         max_open_per_addr: a.max_open_per_addr,
         stall_timeout: std::time::Duration::from_secs(a.stall_timeout),
+        idle_timeout: std::time::Duration::from_secs(a.idle_timeout),
         alt_svc_tcp: a.alt_svc_tcp,
     };
     // SIGHUP, SIGINT and SIGTERM are blocked before the shard threads start (they inherit the

@@ -225,7 +225,8 @@ pub struct HttpSnapshot {
     pub stalled: u64,
     /// Trailer sections (a second HEADERS frame on a request, RFC 9114 4.1) read and ignored.
     pub trailers: u64,
-    /// HTTP/3 connections closed after `IDLE_TIMEOUT` with no request and no response.
+    /// HTTP/3 connections closed after the idle timeout (`ServeConfig::idle_timeout`) with no
+    /// request and no response.
     pub idle_closed: u64,
 }
 

@@ -39,8 +39,8 @@ use std::fmt;
 pub use client::{get, GetConfig, GetReport, Url, QUIET_PING};
 pub use http::{HttpSnapshot, Site, SiteOptions};
 pub use server::{
-    serve, H3Server, ServeConfig, ServeCounters, DEFAULT_MAX_OPEN_PER_ADDR, DEFAULT_MAX_OPEN_PER_SHARD,
-    DEFAULT_STALL_TIMEOUT,
+    serve, H3Server, ServeConfig, ServeCounters, DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_OPEN_PER_ADDR,
+    DEFAULT_MAX_OPEN_PER_SHARD, DEFAULT_STALL_TIMEOUT,
 };
 pub use tls::Tls;
 

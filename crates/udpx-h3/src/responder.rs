@@ -26,7 +26,7 @@
 //! less than [`crate::server::MIN_PROGRESS`] bytes in [`crate::ServeConfig::stall_timeout`] (a zero flow-control
 //! window kept open with PINGs, or credit given a few bytes at a time) is closed
 //! (H3_EXCESSIVE_LOAD) and its files with it, as the TCP listener closes a slow reader; so is
-//! one with no response under way and no new request for [`crate::server::IDLE_TIMEOUT`] (request heads a
+//! one with no response under way and no new request for [`crate::ServeConfig::idle_timeout`] (request heads a
 //! peer leaves unfinished are held by quiche until then).
 //!
 //! A request stream has one response: a second HEADERS frame on it is the request's trailer
@@ -36,7 +36,7 @@
 //! (see [`crate::tls`]). quiche's HTTP/3 layer copies an unfinished HEADERS frame out of the
 //! stream (up to 1.5 x [`crate::server::MAX_FIELD_SECTION`]) and gives its credit back, so what one connection
 //! can pin is at most 100 streams x 24 KiB plus the window: about 2.4 MiB, for at most
-//! [`crate::server::IDLE_TIMEOUT`] unless it also completes requests.
+//! [`crate::ServeConfig::idle_timeout`] unless it also completes requests.
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -52,7 +52,7 @@ use udpx_quic::bufs::{Buf, BufPool};
 use udpx_quic::App;
 
 use crate::http::{LogEntry, RequestHead, Site, CHUNK};
-use crate::server::{IDLE_TIMEOUT, MAX_FIELD_SECTION, MIN_PROGRESS};
+use crate::server::{MAX_FIELD_SECTION, MIN_PROGRESS};
 
 /// The responder of one shard (see the module docs).
 pub(crate) struct FileServer {
@@ -75,6 +75,8 @@ pub(crate) struct Bounds {
     /// Of the shard's, what requests that came in 0-RTT may hold.
     pub per_shard_early: usize,
     pub stall: Duration,
+    /// No response and no request for this long: the connection is closed.
+    pub idle: Duration,
 }
 
 impl FileServer {
@@ -208,8 +210,10 @@ pub(crate) struct ConnState {
     /// When the earliest parked response may pass the stall timeout (`None`: none parked).
     stall_check: Option<Instant>,
     /// When the last request head arrived (or the connection was accepted): with no response
-    /// under way, the connection is closed at [`IDLE_TIMEOUT`] after it.
+    /// under way, the connection is closed at the idle timeout after it.
     last_request: Instant,
+    /// We closed it (idle, stalled): it only drains now, and asks for no more turns.
+    closing: bool,
 }
 
 /// Bytes of a request target kept for the access log.
@@ -236,16 +240,21 @@ impl App for FileServer {
             open: Rc::new(Cell::new(0)),
             stall_check: None,
             last_request: Instant::now(),
+            closing: false,
         }
     }
 
     fn on_turn(&mut self, conn: &mut udpx_quic::Connection, st: &mut ConnState) {
+        if st.closing {
+            return;
+        }
         if st.h3.is_none() {
             match quiche::h3::Connection::with_transport(conn, &self.h3_config) {
                 Ok(h) => st.h3 = Some(h),
                 Err(e) => {
                     log::debug!("udpx-h3: {}: HTTP/3 refused: {e}", conn.trace_id());
                     let _ = conn.close(false, 0x101, b"h3 setup failed");
+                    st.closing = true;
                     return;
                 }
             }
@@ -257,9 +266,10 @@ impl App for FileServer {
         if st.stall_check.is_some_and(|t| t <= due) && self.close_if_stalled(conn, st, now) {
             return;
         }
-        if st.responses.is_empty() && st.last_request + IDLE_TIMEOUT <= due {
+        if st.responses.is_empty() && st.last_request + self.bounds.idle <= due {
             self.site.count_idle_closed();
             let _ = conn.close(true, H3_NO_ERROR, b"idle");
+            st.closing = true;
             return;
         }
         let Some(h3) = st.h3.as_mut() else { return };
@@ -333,7 +343,10 @@ impl App for FileServer {
     }
 
     fn wake_at(&self, st: &ConnState) -> Option<Instant> {
-        let idle = st.responses.is_empty().then_some(st.last_request + IDLE_TIMEOUT);
+        if st.closing {
+            return None;
+        }
+        let idle = st.responses.is_empty().then_some(st.last_request + self.bounds.idle);
         [st.stall_check, idle].into_iter().flatten().min()
     }
 
@@ -441,6 +454,7 @@ impl FileServer {
             }
             st.requests.clear();
             st.stall_check = None;
+            st.closing = true;
             let _ = conn.close(true, H3_EXCESSIVE_LOAD, b"response stalled");
             return true;
         }

@@ -61,6 +61,10 @@ pub struct ServeConfig {
     /// A connection one of whose responses takes less than [`MIN_PROGRESS`] bytes in this long
     /// is closed, and its files with it.
     pub stall_timeout: Duration,
+    /// A connection with no response under way and no new request for this long is closed
+    /// (H3_NO_ERROR); it also bounds how long quiche holds request heads a peer leaves
+    /// unfinished.
+    pub idle_timeout: Duration,
     /// Also serve HTTPS over TCP here (HTTP/1.1 and HTTP/2, see [`crate::tcp`]) with the same
     /// certificate and rules; its answers' `alt-svc` names the QUIC port: how a browser finds
     /// HTTP/3. `None` (the default): no TCP.
@@ -83,6 +87,7 @@ impl ServeConfig {
             max_open_per_shard: DEFAULT_MAX_OPEN_PER_SHARD,
             max_open_per_addr: DEFAULT_MAX_OPEN_PER_ADDR,
             stall_timeout: DEFAULT_STALL_TIMEOUT,
+            idle_timeout: DEFAULT_IDLE_TIMEOUT,
             alt_svc_tcp: None,
         }
     }
@@ -148,10 +153,11 @@ pub const DEFAULT_STALL_TIMEOUT: Duration = Duration::from_secs(20);
 /// (16 KiB every 20 s, 800 B/s). A peer that opens its window a few bytes at a time does not
 /// keep a response, and its file, for ever.
 pub const MIN_PROGRESS: u64 = 16 << 10;
-/// A connection with no response under way and no new request for this long is closed, as the
-/// TCP listener closes an idle connection (a client that PINGs keeps a QUIC connection past
-/// quiche's 30 s idle timeout).
-pub const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+/// A connection with no response under way and no new request for this long is closed, by
+/// default ([`ServeConfig::idle_timeout`]), as the TCP listener closes an idle connection (a
+/// client that PINGs keeps a QUIC connection past quiche's 30 s idle timeout); nginx's
+/// `keepalive_timeout` is 75 s.
+pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The server's counters: QUIC host and HTTP.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
@@ -186,8 +192,8 @@ pub fn serve(dir: &Path, cfg: &ServeConfig) -> Result<H3Server, Error> {
             "--max-open-per-conn, --max-open-per-addr, --max-open-per-shard: give each at least 1".into(),
         ));
     }
-    if cfg.stall_timeout.is_zero() {
-        return Err(Error::Usage("--stall-timeout: give a duration above zero, e.g. 20s".into()));
+    if cfg.stall_timeout.is_zero() || cfg.idle_timeout.is_zero() {
+        return Err(Error::Usage("--stall-timeout, --idle-timeout: give a duration above zero, e.g. 20".into()));
     }
     let (early, cc, grease) = (cfg.early_data, cfg.cc, cfg.grease);
     let configs = (0..cfg.quic.shards)
@@ -210,6 +216,7 @@ pub fn serve(dir: &Path, cfg: &ServeConfig) -> Result<H3Server, Error> {
         per_shard: cfg.max_open_per_shard,
         per_shard_early: (cfg.max_open_per_shard / 8).max(1),
         stall: cfg.stall_timeout,
+        idle: cfg.idle_timeout,
     };
     let server =
         Server::start(&cfg.quic, configs, move |_shard| FileServer::new(site2.clone(), bounds)).map_err(Error::Quic)?;

@@ -310,3 +310,38 @@ fn a_peer_pins_at_most_the_connection_window() {
     assert!(grown < 32 << 20, "RSS grew {} MiB", grown >> 20);
     assert_eq!(fresh, Some(200));
 }
+
+/// An HTTP/3 connection that made its request and then only PINGs (quiche's own idle timeout
+/// never fires) is closed at `--idle-timeout` with H3_NO_ERROR and counted; one that keeps
+/// asking is not.
+#[test]
+fn an_idle_connection_is_closed_at_the_idle_timeout() {
+    let site = Site::new("idle");
+    let server = start(&site, |c| c.idle_timeout = Duration::from_secs(2));
+    let addr = server.local_addr();
+    let mut cfg = client_config(1 << 20);
+    let mut idle = Raw::connect("127.0.0.1", addr, &mut cfg).with_h3();
+    let mut busy = Raw::connect("127.0.0.1", addr, &mut cfg).with_h3();
+    idle.request("/small", true);
+    let start = Instant::now();
+    let mut asked = 0;
+    while start.elapsed() < Duration::from_secs(6) {
+        for c in [&mut idle, &mut busy] {
+            c.pump();
+            let _ = c.statuses();
+            let _ = c.conn.send_ack_eliciting();
+        }
+        // The busy one asks every 500 ms.
+        if start.elapsed() > Duration::from_millis(500 * asked) {
+            busy.request("/small", true);
+            asked += 1;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let c = server.stop().unwrap().http;
+    let idle_err = idle.conn.peer_error().map(|e| (e.is_app, e.error_code));
+    println!("idle: {idle_err:?}; busy closed {}; {c:?}", busy.conn.is_closed());
+    assert_eq!(idle_err, Some((true, 0x100)), "the idle connection was closed with H3_NO_ERROR");
+    assert!(busy.conn.peer_error().is_none(), "the one that keeps asking was not");
+    assert_eq!(c.idle_closed, 1, "counted once");
+}
