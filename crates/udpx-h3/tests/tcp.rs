@@ -350,19 +350,7 @@ fn a_client_that_never_opens_its_window_is_cut_off() {
     let addr = server.local_addr();
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     let outcome = rt.block_on(async move {
-        use rustls::pki_types::pem::PemObject;
-        let mut roots = rustls::RootCertStore::empty();
-        roots.add(rustls::pki_types::CertificateDer::from_pem_file(&cert).unwrap()).unwrap();
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let mut cfg = rustls::ClientConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .unwrap()
-            .with_root_certificates(roots)
-            .with_no_client_auth();
-        cfg.alpn_protocols = vec![b"h2".to_vec()];
-        let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
-        let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
-        let tls = tokio_rustls::TlsConnector::from(Arc::new(cfg)).connect(name, tcp).await.unwrap();
+        let tls = h2_tls(&cert, addr).await;
         // A window of 0: the server may send headers, never a byte of body.
         let (mut client, conn) =
             h2::client::Builder::new().initial_window_size(0).handshake::<_, bytes::Bytes>(tls).await.unwrap();
@@ -393,19 +381,7 @@ fn an_idle_http2_connection_is_closed() {
     let addr = server.local_addr();
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     let closed = rt.block_on(async move {
-        use rustls::pki_types::pem::PemObject;
-        let mut roots = rustls::RootCertStore::empty();
-        roots.add(rustls::pki_types::CertificateDer::from_pem_file(&cert).unwrap()).unwrap();
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let mut cfg = rustls::ClientConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .unwrap()
-            .with_root_certificates(roots)
-            .with_no_client_auth();
-        cfg.alpn_protocols = vec![b"h2".to_vec()];
-        let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
-        let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
-        let tls = tokio_rustls::TlsConnector::from(Arc::new(cfg)).connect(name, tcp).await.unwrap();
+        let tls = h2_tls(&cert, addr).await;
         let (mut client, conn) = h2::client::Builder::new().handshake::<_, bytes::Bytes>(tls).await.unwrap();
         let driver = tokio::spawn(conn);
         // One request, then nothing: the connection idles with no stream.
@@ -422,4 +398,24 @@ fn an_idle_http2_connection_is_closed() {
     assert!(closed, "the server closed the idle connection");
     let c = server.stop();
     assert_eq!((c.idle_closed, c.too_slow), (1, 0), "{c:?}");
+}
+
+/// A TLS connection to `addr` offering only HTTP/2 by ALPN, trusting the certificate `cert`.
+async fn h2_tls(
+    cert: &std::path::Path,
+    addr: std::net::SocketAddr,
+) -> tokio_rustls::client::TlsStream<tokio::net::TcpStream> {
+    use rustls::pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(rustls::pki_types::CertificateDer::from_pem_file(cert).unwrap()).unwrap();
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut cfg = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    cfg.alpn_protocols = vec![b"h2".to_vec()];
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
+    tokio_rustls::TlsConnector::from(Arc::new(cfg)).connect(name, tcp).await.unwrap()
 }
