@@ -473,3 +473,58 @@ fn zerocopy_serves_whole_files_and_copies_past_the_memlock_limit() {
     assert!(n(&c, "zerocopy_refused") > 0, "every pinned page is past the limit: {c}");
     assert_eq!(n(&c, "zerocopy_sends"), 0, "{c}");
 }
+
+/// `--key-file` must be the owner's alone (refused, exit 2, saying to chmod 600); SIGHUP reads
+/// `--removed-hosts` again: a good file replaces the set (logged), a bad one keeps the old set
+/// (logged with why), and the server serves on either way.
+#[test]
+fn sighup_reads_the_removed_hosts_again_and_a_shared_key_file_is_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    let t = tmp("sighup");
+    std::fs::write(t.0.join("www/file"), b"hello").unwrap();
+    let key = t.0.join("service.key");
+    std::fs::write(&key, "ab".repeat(32)).unwrap();
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let removed = t.0.join("removed-hosts");
+    std::fs::write(&removed, "2\n").unwrap();
+    let www = t.0.join("www");
+    let (www_s, key_s, removed_s) = (www.to_str().unwrap(), key.to_str().unwrap(), removed.to_str().unwrap());
+    let o = udpx(&["h3", "serve", www_s, "--key-file", key_s, "--removed-hosts", removed_s, "-l", "1"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("chmod 600"), "{err}");
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let port = std::net::UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let listen = format!("127.0.0.1:{port}");
+    let log = t.0.join("serve.err");
+    let server = ChildGroup::spawn(
+        Command::new(env!("CARGO_BIN_EXE_udpx"))
+            .args(["h3", "serve", www_s, "--listen", &listen, "--shards", "1", "-l", "20"])
+            .args(["--key-file", key_s, "--removed-hosts", removed_s])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap()),
+    )
+    .unwrap();
+    wait_bound(port);
+    let hup_and_wait_for = |needle: &str| {
+        let _ = Command::new("kill").args(["-HUP", &server.id().to_string()]).status();
+        let start = Instant::now();
+        loop {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            if text.contains(needle) {
+                return text;
+            }
+            assert!(start.elapsed() < Duration::from_secs(10), "{needle:?} not in {text}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    std::fs::write(&removed, "2, 0x0003\n").unwrap();
+    hup_and_wait_for("removed hosts now [2, 3]");
+    std::fs::write(&removed, "not a host\n").unwrap();
+    let text = hup_and_wait_for("the removed hosts stay [2, 3]");
+    assert!(text.contains("is not a host ID"), "{text}");
+    let o = udpx(&["h3", "get", &format!("https://{listen}/file")]);
+    assert!(String::from_utf8_lossy(&o.stdout).contains("status 200"), "served on after both");
+    println!("sighup: {}", text.lines().filter(|l| l.contains("SIGHUP")).collect::<Vec<_>>().join(" / "));
+}
