@@ -294,15 +294,18 @@ impl<A: App> Host<A> {
     /// worker byte, and a reset token from the service's key (random without one). Bounded
     /// per turn.
     pub(super) fn issue_cids(&mut self, slot: Slot) {
-        let key = self.gate.keys.reset.clone();
-        let token = |cid: &[u8]| match &key {
+        // Runs on every connection's turn: the key is borrowed, not cloned (the gate's keys and
+        // its ID generator are separate fields).
+        let Gate { keys, cids, .. } = &mut self.gate;
+        let key = &keys.reset;
+        let token = |cid: &[u8]| match key {
             Some(k) => Some(k.token(cid)),
             None => {
                 let mut t = [0u8; 16];
                 crate::cid::random_bytes(&mut t).ok().map(|()| u128::from_ne_bytes(t))
             }
         };
-        let issued = self.table.refresh_cids(slot, &mut self.gate.cids, self.accepting, MAX_ISSUED_PER_TURN, token);
+        let issued = self.table.refresh_cids(slot, cids, self.accepting, MAX_ISSUED_PER_TURN, token);
         self.counters.cids_issued += issued;
     }
 }
