@@ -167,8 +167,9 @@ fn a_client_that_opens_no_window_holds_at_most_the_bound_of_files() {
 /// Requests in 0-RTT (their source not proven: forged or replayed 0-RTT could come from
 /// anywhere) claim open files from an eighth of the shard's bound: a resumed client that sends
 /// 12 GETs in 0-RTT over a shard bound of 16 gets 2 files (the early budget) and 10 answers of
-/// 425 Too Early, which a client repeats after its handshake; the rest of the shard's files
-/// stay for proven clients, and a fresh client is served.
+/// 425 Too Early, which a client repeats after its handshake (fewer when the last GETs reach
+/// the server after the handshake: those are proven); the rest of the shard's files stay for
+/// proven clients, and a fresh client is served.
 #[test]
 fn zero_rtt_requests_claim_only_the_early_budget() {
     let tmp = site();
@@ -205,8 +206,12 @@ fn zero_rtt_requests_claim_only_the_early_budget() {
     let early = during.early_data - before.early_data;
     let too_early = during.too_early - before.too_early;
     println!("0-RTT budget: {early} early requests, {too_early} answered 425, {} files open", during.open_files);
-    assert_eq!(early, 12, "the 12 GETs came in 0-RTT");
-    assert_eq!(during.open_files, 2, "the early budget: an eighth of 16");
-    assert_eq!(too_early, 10, "past it, 425 Too Early");
+    // The client writes all 12 before its handshake ends, but the server's reply can come
+    // between its first two sends (seen: 3 send calls instead of 2, in about 1 run in 8): the
+    // GETs still unsent then go in 1-RTT, proven, and claim from the shard's bound.
+    assert_eq!(during.requests - before.requests, 12, "the 12 GETs arrived");
+    assert!(early > 2, "more GETs in 0-RTT ({early}) than the early budget");
+    assert_eq!(too_early, early - 2, "past the early budget (an eighth of 16), 425 Too Early");
+    assert_eq!(during.open_files, 2 + (12 - early), "2 early files and one per proven request");
     assert_eq!(fresh.status, 200, "a proven client is served meanwhile");
 }
