@@ -775,13 +775,16 @@ fn serve(a: ServeArgs) -> ExitCode {
         io: a.io.into(),
         gro: a.gro == OnOff::On,
         host_id: a.host_id,
-        keys,
-        limits,
-        burst: a.burst.under(a.cc),
-        coalesce: std::time::Duration::from_micros(a.coalesce),
-        defer_flush: a.defer_flush == OnOff::On,
         zerocopy: a.zerocopy,
-        removed_hosts: removed_hosts.clone(),
+        host: udpx_quic::HostConfig {
+            keys,
+            limits,
+            burst: a.burst.under(a.cc),
+            coalesce: std::time::Duration::from_micros(a.coalesce),
+            defer_flush: a.defer_flush == OnOff::On,
+            removed_hosts: removed_hosts.clone(),
+            ..udpx_quic::HostConfig::server()
+        },
     };
     let cfg = ServeConfig {
         quic,

@@ -75,8 +75,10 @@ impl ServeConfig {
     /// `listen`, a self-signed certificate, `gso-mmsg`, GRO on, one shard, under BBRv2 with
     /// the window's burst ([`Cc::safe_burst`]).
     pub fn new(listen: SocketAddr) -> ServeConfig {
+        let mut quic = ServerConfig::new(listen);
+        quic.host.burst = Cc::Bbr2.safe_burst();
         ServeConfig {
-            quic: ServerConfig { burst: Cc::Bbr2.safe_burst(), ..ServerConfig::new(listen) },
+            quic,
             tls: Tls::SelfSigned,
             max_udp_payload: DEFAULT_MAX_UDP_PAYLOAD,
             site: SiteOptions::default(),

@@ -1,7 +1,7 @@
 //! NAT rebinding in the middle of a download: a relay between the client and the server stands
 //! for a NAT whose mapping changes (a new source port towards the server, the old one closed,
 //! as when a home router reboots or a mapping times out). The download must finish whole,
-//! with and without the deferred flush (`ServeConfig::defer_flush`), many times over.
+//! with and without the deferred flush (`HostConfig::defer_flush`), many times over.
 //!
 //! quiche 0.30 alone strands the packets in flight on the old path when the peer's address
 //! changes (cloudflare/quiche#2452): 6 of 10 downloads stalled here until the idle timeout, 5
@@ -93,7 +93,7 @@ impl Drop for Nat {
 fn downloads_survive_rebinding(defer_flush: bool, runs: u64) {
     let site = Site::new(if defer_flush { "rebind-defer" } else { "rebind" });
     let mut cfg = ServeConfig::new("127.0.0.1:0".parse().unwrap());
-    cfg.quic.defer_flush = defer_flush;
+    cfg.quic.host.defer_flush = defer_flush;
     let server = serve(&site.root, &cfg).expect("server starts");
     let want = digest(&site.file("big"));
     let out = TempDir::new("rebind-out");

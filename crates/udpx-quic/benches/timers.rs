@@ -8,7 +8,7 @@ use std::hint::black_box;
 
 use udpx_netns::micro::bench;
 use udpx_quic::table::Slot;
-use udpx_quic::timers::Timers;
+use udpx_quic::timers::{Deadline, Timers};
 
 /// A small xorshift generator: the same sequence every run.
 struct Rng(u64);
@@ -29,17 +29,17 @@ fn main() {
         let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
         let mut t = Timers::new();
         for conn in 0..n {
-            t.set(Slot(conn), Some(rng.next() % SPREAD));
+            t.set(Slot(conn), Some((rng.next() % SPREAD, Deadline::Quic)));
         }
         bench(&format!("re-key one of {n} (a packet moved its deadline)"), 1, || {
             let conn = (rng.next() % u64::from(n)) as u32;
-            t.set(black_box(Slot(conn)), Some(rng.next() % SPREAD));
+            t.set(black_box(Slot(conn)), Some((rng.next() % SPREAD, Deadline::Quic)));
         });
         let mut now = 0u64;
         bench(&format!("fire the earliest of {n} and re-arm it"), 1, || {
             now = t.peek().map_or(now, |(at, _)| at);
-            if let Some(conn) = t.pop_due(black_box(now)) {
-                t.set(conn, Some(now + rng.next() % SPREAD));
+            if let Some((conn, kind)) = t.pop_due(black_box(now)) {
+                t.set(conn, Some((now + rng.next() % SPREAD, kind)));
             }
         });
     }

@@ -142,11 +142,18 @@ host_counters! {
     /// Connections served (their application's turn and their packets), over all turns:
     /// `served / turns` is the connections served per turn.
     served,
-    /// Deadlines that came due (quiche's timers, pacing holds, handshake deadlines).
+    /// Deadlines that came due (quiche's timers, pacing holds, handshake deadlines, the
+    /// application's wake-ups): the sum of the next three and `handshake_timeouts`' share.
     timers_fired,
+    /// Of those, quiche's own timers (loss detection, delayed acknowledgements, idle).
+    timers_quic,
+    /// Of those, held packets' release times (the host pacing).
+    timers_release,
+    /// Of those, wake-ups the application asked for.
+    timers_app,
     /// Times the loop waited in ppoll (it waits only when nothing is ready).
     waits,
-    /// Times the loop slept first to let work gather (`Host::set_coalesce`).
+    /// Times the loop slept first to let work gather (`HostConfig::coalesce`).
     coalesced,
     /// Turns that ended with connections still ready and kept their few packets for the next
     /// turn's send call instead of sending them alone.

@@ -197,19 +197,10 @@ pub(crate) struct Outbox {
     cursor: SendCursor,
     bufs: SendBuffers,
     /// The list of transmits a flush hands the socket, kept empty between flushes so its
-    /// allocation serves every flush (see [`recycle`]).
+    /// allocation serves every flush (see [`udpx::recycle_transmits`]).
     spare: Vec<Transmit<'static>>,
     /// Zerocopy storage, when the socket has zerocopy (see the module docs).
     zc: Option<ZcStore>,
-}
-
-/// An empty vector of another lifetime on the same allocation: collecting a vector's own
-/// `into_iter()` reuses its buffer when the element layouts match (here the same type but for
-/// a lifetime), so the transmit list borrowing the outbox's bytes costs no allocation per
-/// flush once it has grown.
-fn recycle<'a, 'b>(mut v: Vec<Transmit<'a>>) -> Vec<Transmit<'b>> {
-    v.clear();
-    v.into_iter().map(|_| unreachable!("the vector is empty")).collect()
 }
 
 /// What [`Outbox::flush`] achieved.
@@ -349,7 +340,7 @@ impl Outbox {
     /// re-sends its frames.
     pub fn flush(&mut self, socket: &UdpSocket, c: &mut HostCounters) -> Flush {
         while !self.runs.is_empty() {
-            let mut transmits: Vec<Transmit<'_>> = recycle(std::mem::take(&mut self.spare));
+            let mut transmits: Vec<Transmit<'_>> = udpx::recycle_transmits(std::mem::take(&mut self.spare));
             let store = active(&self.zc).map_or(&self.buf[..], |b| b.full());
             transmits.extend(self.runs.iter().map(|r| {
                 let mut t = Transmit::new(r.to, &store[r.start..r.start + r.len]);
@@ -365,7 +356,7 @@ impl Outbox {
                 Some(b) => socket.try_send_zerocopy(&mut self.bufs, &transmits, self.cursor, b),
                 None => socket.try_send(&mut self.bufs, &transmits, self.cursor),
             };
-            self.spare = recycle(transmits);
+            self.spare = udpx::recycle_transmits(transmits);
             match sent {
                 Ok(_) => {
                     c.transmits += self.runs.len() as u64;

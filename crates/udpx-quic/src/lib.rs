@@ -59,7 +59,7 @@ pub use admission::{Limits, RetryPolicy};
 pub use bufs::{Buf, BufPool, Bufs, Connection};
 pub use cid::{CidGenerator, ServerCid, CID_LEN, WORKER_BYTE};
 pub use counters::HostCounters;
-pub use host::{App, Burst, Host, HostSocket, Role, Until, QUANTUM_PACKETS};
+pub use host::{App, Burst, Host, HostConfig, HostSocket, Role, Until, QUANTUM_PACKETS};
 pub use io::{IoMode, Zerocopy};
 pub use pacing::{pacing_for, Pacing, PACING_SLACK};
 pub use reset::{RemovedHosts, ResetKey};

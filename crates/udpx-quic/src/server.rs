@@ -21,7 +21,7 @@ use udpx::{ShardGroup, SocketConfig, Steering, UdpSocket, Want};
 
 use crate::cid::WORKER_BYTE;
 use crate::counters::HostCounters;
-use crate::host::{App, Host, HostSocket, SharedCounters};
+use crate::host::{App, Host, HostConfig, HostSocket, SharedCounters};
 use crate::io::IoMode;
 use crate::Error;
 
@@ -42,23 +42,11 @@ pub struct ServerConfig {
     pub gro: bool,
     /// The QUIC-LB host ID in every connection ID.
     pub host_id: u16,
-    /// The keys the service's hosts share (stateless resets, Retry tokens, session tickets:
-    /// see [`crate::token`]); `None`: keys of this process's own, shared by its shards (no
-    /// stateless resets, tokens and tickets good on this host only).
-    pub keys: Option<crate::ServiceKeys>,
-    /// Each shard's caps and Retry policy.
-    pub limits: crate::Limits,
-    /// How much one connection writes per turn.
-    pub burst: crate::Burst,
-    /// The least time between two turns' starts under load (`Host::set_coalesce`; zero: none).
-    pub coalesce: std::time::Duration,
-    /// `Host::set_deferred_flush` (on by default).
-    pub defer_flush: bool,
     /// MSG_ZEROCOPY for large flushes (`auto` by default: off where the kernel copies).
     pub zerocopy: crate::Zerocopy,
-    /// Hosts taken out of the service, whose IDs this server resets besides its own (shared
-    /// with the caller, who may change it while the server runs).
-    pub removed_hosts: crate::RemovedHosts,
+    /// Each shard's settings (a copy each; [`HostConfig::keys`] `None` here: keys of this
+    /// process's own, shared by its shards).
+    pub host: HostConfig,
 }
 
 impl ServerConfig {
@@ -70,13 +58,8 @@ impl ServerConfig {
             io: IoMode::GsoMmsg,
             gro: true,
             host_id: 0,
-            keys: None,
-            limits: crate::Limits::default(),
-            burst: crate::Burst::Quantum,
-            coalesce: std::time::Duration::ZERO,
-            defer_flush: true,
             zerocopy: crate::Zerocopy::Auto,
-            removed_hosts: crate::RemovedHosts::default(),
+            host: HostConfig::server(),
         }
     }
 }
@@ -91,7 +74,7 @@ impl ServerConfig {
                 self.shards
             )));
         }
-        self.limits.check().map_err(Error::Config)
+        self.host.limits.check().map_err(Error::Config)
     }
 }
 
@@ -193,27 +176,18 @@ impl Server {
         let shards = group.shards();
         // One set of keys for every shard: a Retry token or a session ticket one shard made
         // is good on the others.
-        let keys = cfg.keys.clone().unwrap_or_else(crate::ServiceKeys::random);
+        let mut settings = cfg.host.clone();
+        settings.keys = Some(settings.keys.unwrap_or_else(crate::ServiceKeys::random));
         for (shard, qc) in group.shards().into_iter().zip(configs) {
-            let (stop, make_app) = (stop.clone(), make_app.clone());
+            let (stop, make_app, settings) = (stop.clone(), make_app.clone(), settings.clone());
             let cell: SharedCounters = Arc::new(Mutex::new(HostCounters::default()));
             counters.push(cell.clone());
-            let (host_id, keys, limits, burst, coalesce, defer) =
-                (cfg.host_id, keys.clone(), cfg.limits, cfg.burst, cfg.coalesce, cfg.defer_flush);
-            let (n, removed) = (cfg.shards, cfg.removed_hosts.clone());
+            let role = crate::Role::Server { host_id: cfg.host_id, worker: shard.index() as u8, shards: cfg.shards };
             let t = std::thread::Builder::new()
                 .name(format!("udpx-quic-{}", shard.index()))
                 .spawn(move || {
-                    let worker = shard.index() as u8;
                     let app = make_app(shard.index());
-                    let mut host =
-                        Host::new(HostSocket::Shard(shard), qc, app, crate::Role::Server { host_id, worker });
-                    host.set_keys(keys);
-                    host.set_reset_scope(n, removed);
-                    host.set_limits(limits);
-                    host.set_burst(burst);
-                    host.set_coalesce(coalesce);
-                    host.set_deferred_flush(defer);
+                    let mut host = Host::with_config(HostSocket::Shard(shard), qc, app, role, settings);
                     host.run(&stop, crate::Until::Stopped, Some(&cell))
                 })
                 .map_err(Error::Io)?;

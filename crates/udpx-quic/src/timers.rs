@@ -1,10 +1,14 @@
 //! The timer structure of a shard: every connection in it once, keyed by its earliest deadline
-//! (quiche's `timeout_instant()`, a pacing hold, the handshake deadline), in an indexed
-//! 4-ary min-heap.
+//! (quiche's `timeout_instant()`, a pacing hold, the handshake deadline, the application's
+//! wake-up: a [`Deadline`] names which), in an indexed 4-ary min-heap.
 //!
 //! ```text
 //!  heap:  [ (deadline, conn) ... ]      4-ary: children of i are 4i+1 ..= 4i+4
 //!  pos:   conn → its index in heap      (NONE when it has no deadline)
+//! ```
+//!
+//! ```text
+//!  kind:  conn → the Deadline its entry is for
 //! ```
 //!
 //! Re-keying a connection (after each receive, send or timeout of it) moves its one entry up
@@ -28,12 +32,30 @@ use crate::table::Slot;
 /// Children per node.
 const ARITY: usize = 4;
 
+/// What a connection's deadline is for: the earliest of its deadlines, which the host works
+/// out after each of its turns and acts on when it fires.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Deadline {
+    /// quiche's own timer (loss detection, acknowledgement delay, idle, draining): the host
+    /// calls `on_timeout`.
+    #[default]
+    Quic,
+    /// The release time of the packet the host holds for pacing: it goes out.
+    Release,
+    /// The end of the time a server gives a handshake: the connection is dropped if it is
+    /// not established by then.
+    Handshake,
+    /// The application asked for a turn then (`App::wake_at`).
+    App,
+}
+
 /// Connections by deadline (see the module docs), by their [`Slot`]s in the host's table (small
 /// and dense).
 #[derive(Debug, Default)]
 pub struct Timers {
     heap: Vec<(u64, u32)>,
     pos: Vec<u32>,
+    kind: Vec<Deadline>,
 }
 
 impl Timers {
@@ -57,24 +79,26 @@ impl Timers {
         self.heap.first().map(|&(at, c)| (at, Slot(c)))
     }
 
-    /// The deadline of `conn`, if it has one.
-    pub fn deadline(&self, conn: Slot) -> Option<u64> {
+    /// The deadline of `conn` and what it is for, if it has one.
+    pub fn deadline(&self, conn: Slot) -> Option<(u64, Deadline)> {
         match self.pos.get(conn.index()) {
-            Some(&p) if p != NONE => Some(self.heap[p as usize].0),
+            Some(&p) if p != NONE => Some((self.heap[p as usize].0, self.kind[conn.index()])),
             _ => None,
         }
     }
 
-    /// Sets (or moves) `conn`'s deadline; `None` removes it.
-    pub fn set(&mut self, conn: Slot, deadline: Option<u64>) {
-        let Some(at) = deadline else {
+    /// Sets (or moves) `conn`'s deadline and what it is for; `None` removes it.
+    pub fn set(&mut self, conn: Slot, deadline: Option<(u64, Deadline)>) {
+        let Some((at, kind)) = deadline else {
             self.remove(conn);
             return;
         };
         let c = conn.index();
         if self.pos.len() <= c {
             self.pos.resize(c + 1, NONE);
+            self.kind.resize(c + 1, Deadline::Quic);
         }
+        self.kind[c] = kind;
         match self.pos[c] {
             NONE => {
                 self.heap.push((at, conn.0));
@@ -115,14 +139,15 @@ impl Timers {
         }
     }
 
-    /// Takes the earliest connection whose deadline is at or before `now`.
-    pub fn pop_due(&mut self, now: u64) -> Option<Slot> {
+    /// Takes the earliest connection whose deadline is at or before `now`, and what the
+    /// deadline was for.
+    pub fn pop_due(&mut self, now: u64) -> Option<(Slot, Deadline)> {
         let (at, conn) = *self.heap.first()?;
         if at > now {
             return None;
         }
         self.remove(Slot(conn));
-        Some(Slot(conn))
+        Some((Slot(conn), self.kind[conn as usize]))
     }
 
     fn up(&mut self, mut i: usize) {
@@ -177,22 +202,22 @@ mod tests {
     fn earliest_first_and_each_once() {
         let mut t = Timers::new();
         for (c, at) in [(3u32, 30u64), (1, 10), (2, 20), (7, 5)] {
-            t.set(Slot(c), Some(at));
+            t.set(Slot(c), Some((at, Deadline::Quic)));
         }
-        t.set(Slot(3), Some(1)); // moved earlier
-        t.set(Slot(7), Some(50)); // moved later
+        t.set(Slot(3), Some((1, Deadline::Release))); // moved earlier, another kind
+        t.set(Slot(7), Some((50, Deadline::Handshake))); // moved later
         t.set(Slot(2), None); // removed
         assert_eq!(t.len(), 3);
-        assert_eq!(t.deadline(Slot(1)), Some(10));
+        assert_eq!(t.deadline(Slot(1)), Some((10, Deadline::Quic)));
         assert_eq!(t.deadline(Slot(2)), None);
         let mut fired = Vec::new();
-        while let Some(c) = t.pop_due(40) {
-            fired.push(c.0);
+        while let Some((c, kind)) = t.pop_due(40) {
+            fired.push((c.0, kind));
         }
-        assert_eq!(fired, vec![3, 1], "due ones in order; 7 (at 50) waits");
+        assert_eq!(fired, vec![(3, Deadline::Release), (1, Deadline::Quic)], "due ones in order; 7 (at 50) waits");
         assert_eq!(t.peek(), Some((50, Slot(7))));
         assert_eq!(t.pop_due(49), None);
-        assert_eq!(t.pop_due(50), Some(Slot(7)));
+        assert_eq!(t.pop_due(50), Some((Slot(7), Deadline::Handshake)));
         assert!(t.is_empty());
     }
 
@@ -225,7 +250,7 @@ mod tests {
                     Op::Set(c, d) => {
                         if let Some(old) = at.insert(c, d) { model.remove(&(old, c)); }
                         model.insert((d, c));
-                        t.set(Slot(c), Some(d));
+                        t.set(Slot(c), Some((d, Deadline::App)));
                     }
                     Op::Remove(c) => {
                         if let Some(old) = at.remove(&c) { model.remove(&(old, c)); }
@@ -233,7 +258,7 @@ mod tests {
                     }
                     Op::Pop(now) => {
                         let want = model.iter().next().copied().filter(|(d, _)| *d <= now);
-                        let got = t.pop_due(now).map(|s| s.0);
+                        let got = t.pop_due(now).map(|(s, _)| s.0);
                         match want {
                             None => prop_assert_eq!(got, None),
                             Some((d, _)) => {

@@ -19,7 +19,7 @@ fn datagrams_dropped_on_a_full_buffer_are_counted() {
         HostSocket::Own(Box::new(socket)),
         common::quiche_config(None, false),
         Quiet,
-        udpx_quic::Role::Server { host_id: 0, worker: 0 },
+        udpx_quic::Role::Server { host_id: 0, worker: 0, shards: 1 },
     );
     assert_eq!(host.counters().kernel_drops, 0);
     let peer = StdUdp::bind("127.0.0.1:0").unwrap();
@@ -87,7 +87,7 @@ impl App for Sender {
 fn coalesced_turns_serve_everyone() {
     let cert = common::TempCert::new("coalesce");
     let mut cfg = ServerConfig::new("127.0.0.1:0".parse().unwrap());
-    cfg.coalesce = Duration::from_millis(5);
+    cfg.host.coalesce = Duration::from_millis(5);
     let srv = Server::start(&cfg, vec![common::quiche_config(Some(cert.pem()), false)], |_| Echo).unwrap();
     let addr = srv.local_addr();
     let socket = client_socket(addr, IoMode::GsoMmsg, true).unwrap();

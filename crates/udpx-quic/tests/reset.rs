@@ -60,8 +60,8 @@ fn server(
 ) -> Server {
     let mut cfg = ServerConfig::new(listen);
     cfg.host_id = host_id;
-    cfg.keys = key;
-    cfg.removed_hosts.set(removed);
+    cfg.host.keys = key;
+    cfg.host.removed_hosts.set(removed);
     Server::start(&cfg, vec![quiche_config(Some(cert.pem()), false)], |_| Quiet).unwrap()
 }
 
@@ -139,8 +139,8 @@ fn a_gro_train_draws_no_reset_for_another_shards_id() {
     let cert = TempCert::new("reset-gro");
     let mut cfg = ServerConfig::new("127.0.0.1:0".parse().unwrap());
     cfg.shards = 2;
-    cfg.keys = Some(ServiceKeys::shared(&[7; udpx_quic::reset::KEY_LEN]));
-    cfg.removed_hosts = RemovedHosts::default();
+    cfg.host.keys = Some(ServiceKeys::shared(&[7; udpx_quic::reset::KEY_LEN]));
+    cfg.host.removed_hosts = RemovedHosts::default();
     let configs = (0..2).map(|_| quiche_config(Some(cert.pem()), false)).collect();
     let srv = Server::start(&cfg, configs, |_| Quiet).unwrap();
     let addr = srv.local_addr();

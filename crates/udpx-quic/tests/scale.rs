@@ -72,8 +72,8 @@ impl App for Bytes {
 fn server(cert: &TempCert, shards: usize, limits: Limits, keys: Option<ServiceKeys>) -> Server {
     let mut cfg = ServerConfig::new("127.0.0.1:0".parse().unwrap());
     cfg.shards = shards;
-    cfg.limits = limits;
-    cfg.keys = keys;
+    cfg.host.limits = limits;
+    cfg.host.keys = keys;
     let configs = (0..shards).map(|_| config(Some(cert.pem()))).collect();
     Server::start(&cfg, configs, |_| Bytes).unwrap()
 }
@@ -227,14 +227,16 @@ fn idle_connections_cost_a_turn_nothing() {
     srv.stop().unwrap();
 }
 
-/// A server host and a client host of it, both for this thread to step in turn ([`lockstep`]).
-fn lockstep_pair(cert: &TempCert) -> (Host<Bytes>, Host<Asker>, SocketAddr) {
+/// A server host (with the deferred flush on or off) and a client host of it, both for this
+/// thread to step in turn ([`lockstep`]).
+fn lockstep_pair(cert: &TempCert, defer_flush: bool) -> (Host<Bytes>, Host<Asker>, SocketAddr) {
     let socket = udpx_quic::socket_config("127.0.0.1:0".parse().unwrap(), IoMode::GsoMmsg, true).bind().unwrap();
-    let s = Host::new(
+    let s = Host::with_config(
         HostSocket::Own(Box::new(socket)),
         config(Some(cert.pem())),
         Bytes,
-        udpx_quic::Role::Server { host_id: 0, worker: 0 },
+        udpx_quic::Role::Server { host_id: 0, worker: 0, shards: 1 },
+        udpx_quic::HostConfig { defer_flush, ..udpx_quic::HostConfig::default() },
     );
     let addr = s.local_addr();
     (s, client(addr), addr)
@@ -266,7 +268,7 @@ fn lockstep(c: &mut Host<Asker>, s: &mut Host<Bytes>, limit: u32, done: &dyn Fn(
 #[test]
 fn a_large_download_delays_a_small_one_by_a_few_quanta() {
     let cert = TempCert::new("fair");
-    let (mut s, mut c, addr) = lockstep_pair(&cert);
+    let (mut s, mut c, addr) = lockstep_pair(&cert, false);
     let turns = lockstep;
     connect(&mut c, addr, 0);
     connect(&mut c, addr, 1);
@@ -296,8 +298,7 @@ fn a_large_download_delays_a_small_one_by_a_few_quanta() {
 #[test]
 fn a_response_past_the_quantum_leaves_in_one_send_call() {
     let cert = TempCert::new("defer");
-    let (mut s, mut c, addr) = lockstep_pair(&cert);
-    s.set_deferred_flush(true); // off by default (see its docs)
+    let (mut s, mut c, addr) = lockstep_pair(&cert, true);
     let both =
         |c: &mut Host<Asker>, s: &mut Host<Bytes>, done: &dyn Fn(&Asker) -> bool| lockstep(c, s, 5_000, done).is_some();
     connect(&mut c, addr, 0);

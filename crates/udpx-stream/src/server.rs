@@ -36,13 +36,11 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use nix::poll::{PollFd, PollFlags};
 use serde::Serialize;
 use udpx::{
     RecvBuffers, SendBuffers, SendCursor, SendErrorKind, SendMode, ShardGroup, SocketConfig, Steering, Timestamp,
@@ -575,17 +573,8 @@ impl ShardLoop {
 
     /// Waits up to `wait` for a request; returns (readable, an error is queued).
     fn poll(&self, wait: Duration) -> Result<(bool, bool), StreamError> {
-        let mut fds = [PollFd::new(self.shard.as_fd(), PollFlags::POLLIN)];
-        let ts = nix::sys::time::TimeSpec::from_duration(wait);
-        match nix::poll::ppoll(&mut fds, Some(ts), None) {
-            Ok(0) => Ok((false, false)),
-            Ok(_) => {
-                let r = fds[0].revents().unwrap_or(PollFlags::empty());
-                Ok((r.contains(PollFlags::POLLIN), r.contains(PollFlags::POLLERR)))
-            }
-            Err(nix::errno::Errno::EINTR) => Ok((false, false)),
-            Err(e) => Err(StreamError::Io(format!("ppoll: {e}"))),
-        }
+        let r = self.shard.poll(libc::POLLIN, wait).map_err(|e| StreamError::Io(format!("ppoll: {e}")))?;
+        Ok((r & libc::POLLIN != 0, r & libc::POLLERR != 0))
     }
 
     /// Ends the flows whose client answered with "port unreachable" (it went away): a server
@@ -907,7 +896,7 @@ impl ShardLoop {
 
     /// Sends the planned chunk, resuming at the cursor after every stop that is not final.
     fn send_planned(&mut self, kernel: bool) {
-        let mut txs = recycle(std::mem::take(&mut self.transmits));
+        let mut txs = udpx::recycle_transmits(std::mem::take(&mut self.transmits));
         for p in &self.planned {
             let mut t = Transmit::new(p.dst, &self.payload[p.off..p.off + p.len]);
             if p.len > p.size {
@@ -960,7 +949,7 @@ impl ShardLoop {
             }
         }
         txs.clear();
-        self.transmits = recycle(txs);
+        self.transmits = udpx::recycle_transmits(txs);
     }
 }
 
@@ -981,11 +970,4 @@ fn set_realtime(prio: u8) -> String {
             format!("normal (SCHED_FIFO {prio} not granted: {e:?})")
         }
     }
-}
-
-/// Reuses a transmit list's allocation across borrows of different lifetimes: an empty
-/// vector collected in place keeps its buffer (same layout, no element survives).
-fn recycle<'a, 'b>(mut v: Vec<Transmit<'a>>) -> Vec<Transmit<'b>> {
-    v.clear();
-    v.into_iter().map(|_| unreachable!("the vector is empty")).collect()
 }

@@ -87,6 +87,14 @@ impl UdpSocket {
         }
     }
 
+    /// Waits up to `timeout` (to the nanosecond) for `events` (`POLLIN`, `POLLOUT`, both),
+    /// once, and returns the events that came (`POLLERR` among them: error-queue entries to
+    /// read, which this wait leaves to the caller; 0 when the time passed). For an event loop
+    /// that reads the error queue its own way; [`UdpSocket::wait_readable`] reads it itself.
+    pub fn poll(&self, events: libc::c_short, timeout: Duration) -> io::Result<libc::c_short> {
+        sys::poll_one(self.fd_ref(), events, timeout)
+    }
+
     /// Waits until the socket is readable or `timeout` passes; returns whether it is. Error
     /// queue entries that show up meanwhile are read (see [`crate::icmp`]) and the wait goes
     /// on; a connected socket's pending error (its peer refused) is returned.

@@ -90,8 +90,8 @@ pub mod internals {
     pub use crate::sys::cmsg::{decode_bytes, encode_bytes, Cmsg, ExtErr, CMSG_CAP};
 }
 pub use transmit::{
-    max_payload, messages, validate_transmit, EcnCodepoint, Family, Message, PathLimits, SendBuffers, SendCursor,
-    SendMode, Transmit, MAX_PAYLOAD_V4, MAX_PAYLOAD_V6,
+    max_payload, messages, recycle_transmits, validate_transmit, EcnCodepoint, Family, Message, PathLimits,
+    SendBuffers, SendCursor, SendMode, Transmit, MAX_PAYLOAD_V4, MAX_PAYLOAD_V6,
 };
 pub use txtime::{Timestamp, TxClock};
 pub use zerocopy::{ZcBuf, ZcConfig, ZcPool, ZcSendError};

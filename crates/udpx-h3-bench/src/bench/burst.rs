@@ -167,9 +167,9 @@ fn one_run(net: &LineNet, www: &std::path::Path, mode: Burst, cfg: &BottleneckCo
     let size = cfg.size;
     let mut sc = ServeConfig::new(SocketAddr::from((net.addr(Port::Server), 4433)));
     sc.quic.shards = 1;
-    sc.quic.burst = mode;
+    sc.quic.host.burst = mode;
     sc.cc = cfg.cc;
-    sc.quic.defer_flush = cfg.defer_flush;
+    sc.quic.host.defer_flush = cfg.defer_flush;
     let root = www.to_path_buf();
     let server = net.ns(Node::Server).try_run(move || serve(&root, &sc)).map_err(|e| e.to_string())?;
     let server = server.map_err(|e| format!("server: {e}"))?;

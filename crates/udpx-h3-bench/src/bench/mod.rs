@@ -635,14 +635,8 @@ fn udpx_run(
     let mut sc = ServeConfig::new(SocketAddr::new(place.server_ip, 0));
     sc.tls = Tls::Files { cert: cert.to_path_buf(), key: key.to_path_buf() };
     sc.cc = cfg.cc;
-    sc.quic = udpx_quic::ServerConfig {
-        io,
-        gro,
-        burst: cfg.burst,
-        defer_flush: cfg.defer_flush,
-        zerocopy: cfg.zerocopy,
-        ..sc.quic
-    };
+    (sc.quic.io, sc.quic.gro, sc.quic.zerocopy) = (io, gro, cfg.zerocopy);
+    (sc.quic.host.burst, sc.quic.host.defer_flush) = (cfg.burst, cfg.defer_flush);
     let before = quic_threads();
     let shards = sc.quic.shards;
     let www = dir.join("www");

@@ -45,10 +45,17 @@ pub(super) struct Gate {
 }
 
 impl Gate {
-    /// For worker `worker` of host `host_id`, with keys of its own and the default limits.
-    pub fn new(host_id: u16, worker: u8) -> Gate {
-        let keys = ServiceKeys::random();
-        let limits = Limits::default();
+    /// For worker `worker` of `shards` of host `host_id`, with the service's keys (`None`:
+    /// its own), its limits and the hosts removed from it.
+    pub fn new(
+        host_id: u16,
+        worker: u8,
+        shards: usize,
+        keys: Option<ServiceKeys>,
+        limits: Limits,
+        removed_hosts: RemovedHosts,
+    ) -> Gate {
+        let keys = keys.unwrap_or_else(ServiceKeys::random);
         Gate {
             cids: CidGenerator::new(host_id, worker),
             token_key: keys.token_key(),
@@ -56,22 +63,9 @@ impl Gate {
             ticket_period: None,
             answers: Rate::new(limits.answers_per_sec),
             admission: Admission::new(limits),
-            shards: 1,
-            removed_hosts: RemovedHosts::default(),
+            shards: shards.max(1),
+            removed_hosts,
         }
-    }
-
-    /// Uses the service's shared keys (see `Host::set_keys`).
-    pub fn set_keys(&mut self, keys: ServiceKeys) {
-        self.token_key = keys.token_key();
-        self.keys = keys;
-        self.ticket_period = None;
-    }
-
-    /// The caps and the Retry policy.
-    pub fn set_limits(&mut self, limits: Limits) {
-        self.answers = Rate::new(limits.answers_per_sec);
-        self.admission = Admission::new(limits);
     }
 }
 

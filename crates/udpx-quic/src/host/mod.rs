@@ -37,7 +37,7 @@
 //! the peer's `active_connection_id_limit` allows (NEW_CONNECTION_ID, with a reset token),
 //! each made by the same [`crate::CidGenerator`]: the same host ID and worker byte, so a client that
 //! moves to a new ID still reaches this host through a QUIC-LB balancer and this shard
-//! through the group's steering. With shared [`ServiceKeys`] every ID's reset token is derived
+//! through the group's steering. With shared [`crate::ServiceKeys`] every ID's reset token is derived
 //! from the service's secret and a short-header packet for an unknown ID is answered with a
 //! stateless reset (see [`crate::reset`]).
 //!
@@ -59,7 +59,6 @@ use std::time::{Duration, Instant};
 
 use udpx::{RecvBuffers, Shard, UdpSocket};
 
-use crate::admission::Limits;
 use crate::bufs::Connection;
 use crate::cid::CID_LEN;
 use crate::counters::HostCounters;
@@ -68,13 +67,14 @@ use crate::pacing::Pacing;
 use crate::ready::ReadyQueue;
 use crate::table::{CidKey, Entry, Slot, Table};
 use crate::timers::Timers;
-use crate::token::ServiceKeys;
 use crate::Error;
 
+mod config;
 mod gate;
 mod send;
 mod turn;
 
+pub use config::HostConfig;
 pub use turn::Until;
 
 /// Receive buffers per call.
@@ -138,6 +138,9 @@ pub enum Role {
         host_id: u16,
         /// The worker byte in every connection ID: the shard's index.
         worker: u8,
+        /// The shards of its group (1 for a host alone): which unknown IDs are its own to
+        /// reset ([`crate::reset::may_reset`]).
+        shards: usize,
     },
 }
 
@@ -189,7 +192,7 @@ pub struct Host<A: App> {
     idle: bool,
     /// The least time between the starts of two turns while work keeps coming (zero: none).
     coalesce: Duration,
-    /// Whether a turn may keep its packets for the next one ([`Host::set_deferred_flush`]).
+    /// Whether a turn may keep its packets for the next one ([`HostConfig::defer_flush`]).
     defer_flush: bool,
     /// The last turn kept its packets for this one (see `serve`).
     deferred: bool,
@@ -206,19 +209,25 @@ impl<A: App> std::fmt::Debug for Host<A> {
 }
 
 impl<A: App> Host<A> {
+    /// A host on `socket` (which must be non-blocking) in `role`, with the default settings
+    /// ([`HostConfig::default`]: a client's).
+    pub fn new(socket: HostSocket, config: quiche::Config, app: A, role: Role) -> Self {
+        Host::with_config(socket, config, app, role, HostConfig::default())
+    }
+
     /// A host on `socket` (which must be non-blocking) in `role`: a server accepts connections
     /// with IDs of its host ID and worker; a client only serves those added with
-    /// [`Host::connect`]. Its keys are its own ([`ServiceKeys::random`]) until
-    /// [`Host::set_keys`].
-    pub fn new(socket: HostSocket, config: quiche::Config, app: A, role: Role) -> Self {
-        let (accepting, host_id, worker) = match role {
-            Role::Server { host_id, worker } => (true, host_id, worker),
-            Role::Client => (false, 0, 0),
+    /// [`Host::connect`]. `settings` is read here, once.
+    pub fn with_config(socket: HostSocket, config: quiche::Config, app: A, role: Role, settings: HostConfig) -> Self {
+        let (accepting, host_id, worker, shards) = match role {
+            Role::Server { host_id, worker, shards } => (true, host_id, worker, shards),
+            Role::Client => (false, 0, 0, 1),
         };
         let recv = RecvBuffers::for_socket(&socket, RECV_BUFFERS);
         // A socket with zerocopy on: the outbox writes into pooled buffers (see `io`).
         let mut out = Outbox::new();
         out.enable_zerocopy(&socket);
+        let HostConfig { keys, limits, burst, coalesce, defer_flush, pacing, removed_hosts } = settings;
         Host {
             local: socket.local_addr(),
             socket,
@@ -233,73 +242,23 @@ impl<A: App> Host<A> {
             app,
             counters: HostCounters::default(),
             icmp_seen: 0,
-            pacing: Pacing::Hold,
-            burst: Burst::Quantum,
+            pacing,
+            burst,
             epoch: Instant::now(),
             anchor: (Instant::now(), udpx::Timestamp::now()),
-            gate: gate::Gate::new(host_id, worker),
+            gate: gate::Gate::new(host_id, worker, shards, keys, limits, removed_hosts),
             idle: false,
-            coalesce: Duration::ZERO,
-            defer_flush: false,
+            coalesce,
+            defer_flush,
             deferred: false,
             more_this_turn: false,
             last_turn: Instant::now(),
         }
     }
 
-    /// Uses the service's shared keys: reset tokens derived from its secret (and stateless
-    /// resets sent for unknown IDs), Retry tokens any host opens, session tickets any host
-    /// resumes. Set it before the first connection.
-    pub fn set_keys(&mut self, keys: ServiceKeys) {
-        self.gate.set_keys(keys);
-    }
-
-    /// Which unknown connection IDs it answers with a stateless reset (with shared keys): those
-    /// of its own shard of `shards` and of its host, or of a host in `removed`
-    /// ([`crate::reset::may_reset`]). Default: one shard, no host removed.
-    pub fn set_reset_scope(&mut self, shards: usize, removed: crate::reset::RemovedHosts) {
-        self.gate.shards = shards.max(1);
-        self.gate.removed_hosts = removed;
-    }
-
-    /// Sets the admission caps and the Retry policy (default [`Limits::default`]).
-    pub fn set_limits(&mut self, limits: Limits) {
-        self.gate.set_limits(limits);
-    }
-
-    /// Sets the least time between the starts of two turns while work keeps coming (default
-    /// zero: a turn starts as soon as a datagram arrives). Datagrams that arrive meanwhile
-    /// wait in the socket and are served together: one wake-up, one `recvmmsg`, and their
-    /// answers in one `sendmmsg`, for many connections at once. A datagram after a quiet spell
-    /// longer than `least` is served at once; deadlines (quiche's timers, pacing releases)
-    /// are never delayed by it. The price: up to `least` of added latency under load.
-    pub fn set_coalesce(&mut self, least: Duration) {
-        self.coalesce = least;
-    }
-
-    /// Lets a turn in which a connection wrote its quantum and has more keep its packets (under
-    /// 64 KiB) for the next turn's send call, once: a response a little past the quantum then
-    /// leaves in one call instead of two (`deferred_flushes`), and a bulk download goes 20
-    /// packets per call instead of 10. Off by default for a host (clients); servers turn it on
-    /// (`ServerConfig::defer_flush`).
-    pub fn set_deferred_flush(&mut self, on: bool) {
-        self.defer_flush = on;
-    }
-
-    /// The least time between two turns' starts ([`Host::set_coalesce`]).
+    /// The least time between two turns' starts ([`HostConfig::coalesce`]).
     pub fn coalesce(&self) -> Duration {
         self.coalesce
-    }
-
-    /// Sets how much one connection writes per turn (default [`Burst::Quantum`]).
-    pub fn set_burst(&mut self, b: Burst) {
-        self.burst = b;
-    }
-
-    /// Sets who paces (default [`Pacing::Hold`]). [`Pacing::Kernel`] needs a socket with
-    /// `SO_TXTIME` and an fq egress qdisc to mean anything; see [`crate::pacing_for`].
-    pub fn set_pacing(&mut self, p: Pacing) {
-        self.pacing = p;
     }
 
     /// Who paces.

@@ -3,18 +3,16 @@
 //! of [`crate::host`]).
 
 use std::net::SocketAddr;
-use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
-
-use nix::poll::{PollFd, PollFlags};
 
 use crate::cid::CID_LEN;
 use crate::counters::HostCounters;
 use crate::io::Flush;
 use crate::pacing::PACING_SLACK;
 use crate::table::Slot;
+use crate::timers::Deadline;
 use crate::Error;
 
 use super::{App, Host, DEFER_BELOW};
@@ -112,9 +110,9 @@ impl<A: App> Host<A> {
             let now_ns = self.ns(now);
             timeout = timeout.min(Duration::from_nanos(at.saturating_sub(now_ns)));
         }
-        let mut flags = PollFlags::POLLIN;
+        let mut events = libc::POLLIN;
         match self.blocked {
-            Some(Flush::WouldBlock) => flags |= PollFlags::POLLOUT,
+            Some(Flush::WouldBlock) => events |= libc::POLLOUT,
             Some(Flush::NoBuffers) => timeout = timeout.min(Duration::from_micros(500)),
             _ => {}
         }
@@ -122,13 +120,8 @@ impl<A: App> Host<A> {
             return Ok(());
         }
         self.counters.waits += 1;
-        // ppoll: a deadline (a held packet) may be a few hundred microseconds away.
-        let mut fds = [PollFd::new(self.socket.as_fd(), flags)];
-        let err = match nix::poll::ppoll(&mut fds, Some(nix::sys::time::TimeSpec::from_duration(timeout)), None) {
-            Ok(_) => fds[0].revents().is_some_and(|r| r.contains(PollFlags::POLLERR)),
-            Err(nix::errno::Errno::EINTR) => false,
-            Err(e) => return Err(Error::Io(e.into())),
-        };
+        // To the nanosecond: a deadline (a held packet) may be a few hundred microseconds away.
+        let err = self.socket.poll(events, timeout).map_err(Error::Io)? & libc::POLLERR != 0;
         if err {
             // ICMP errors queued (IP_RECVERR): read them, or POLLERR stays raised and the
             // loop spins. The socket counts them (`icmp_errors`).
@@ -277,15 +270,24 @@ impl<A: App> Host<A> {
     /// (their connections become ready), handshakes past their deadline are dropped.
     fn expire(&mut self, now: Instant) {
         let due = self.ns(now + PACING_SLACK);
-        while let Some(c) = self.timers.pop_due(due) {
+        while let Some((c, kind)) = self.timers.pop_due(due) {
             self.counters.timers_fired += 1;
             let Some(e) = self.table.get_mut(c) else { continue };
-            if !e.established && e.handshake_deadline.is_some_and(|d| d <= now) && !e.conn.is_established() {
-                // Dropped, not closed: nothing more is sent to an address that never finished.
-                self.counters.handshake_timeouts += 1;
-                self.reap(c);
-                continue;
+            match kind {
+                Deadline::Handshake if !e.established && !e.conn.is_established() => {
+                    // Dropped, not closed: nothing more is sent to an address that never
+                    // finished.
+                    self.counters.handshake_timeouts += 1;
+                    self.reap(c);
+                    continue;
+                }
+                Deadline::Handshake => {}
+                Deadline::Quic => self.counters.timers_quic += 1,
+                Deadline::Release => self.counters.timers_release += 1,
+                Deadline::App => self.counters.timers_app += 1,
             }
+            // quiche's timer is looked at whichever deadline fired: one that passed with it
+            // (a late wake) fires now, not a turn later.
             if e.conn.timeout_instant().is_some_and(|t| t <= now) {
                 e.conn.on_timeout();
                 e.timed_out = true;
@@ -319,7 +321,7 @@ impl<A: App> Host<A> {
             self.serve_one(c, now);
         }
         self.counters.served += served as u64;
-        // With the deferred flush on (`set_deferred_flush`): a connection that wrote its
+        // With the deferred flush on (`HostConfig::defer_flush`): a connection that wrote its
         // quantum and has more went back to the ready queue, so the next turn comes at once;
         // a small remainder waits for that turn's packets, which join the same runs and the
         // same send call. One turn at most, and never across a wait.
@@ -374,11 +376,16 @@ impl<A: App> Host<A> {
             return;
         }
         let wake = if e.conn.is_established() || e.conn.is_in_early_data() { self.app.wake_at(&e.state) } else { None };
-        let deadline = [e.conn.timeout_instant(), e.held.as_ref().map(|h| h.at), e.handshake_deadline, wake]
-            .into_iter()
-            .flatten()
-            .min();
-        let at = deadline.map(|d| self.ns(d));
+        let deadline = [
+            (e.conn.timeout_instant(), Deadline::Quic),
+            (e.held.as_ref().map(|h| h.at), Deadline::Release),
+            (e.handshake_deadline, Deadline::Handshake),
+            (wake, Deadline::App),
+        ]
+        .into_iter()
+        .filter_map(|(at, kind)| Some((at?, kind)))
+        .min_by_key(|&(at, _)| at);
+        let at = deadline.map(|(d, kind)| (self.ns(d), kind));
         self.timers.set(slot, at);
         if more {
             self.ready.push(slot);

@@ -192,13 +192,24 @@ pub(crate) fn set_timeout(fd: BorrowedFd<'_>, name: libc::c_int, t: Option<Durat
     setsockopt(fd, libc::SOL_SOCKET, name, tv)
 }
 
-/// `poll(2)` on one descriptor; returns the `revents` (0 on timeout).
+/// `ppoll(2)` on one descriptor, to the nanosecond; returns the `revents` (0 on timeout).
 pub(crate) fn poll_one(fd: BorrowedFd<'_>, events: libc::c_short, timeout: Duration) -> io::Result<libc::c_short> {
-    let mut pfd = libc::pollfd { fd: fd.as_raw_fd(), events, revents: 0 };
-    let ms = timeout.as_millis().min(libc::c_int::MAX as u128) as libc::c_int;
-    // SAFETY: one valid pollfd, count 1.
-    retry(|| cvt(unsafe { libc::poll(&mut pfd, 1, ms) }))?;
-    Ok(pfd.revents)
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        let mut pfd = libc::pollfd { fd: fd.as_raw_fd(), events, revents: 0 };
+        // ppoll, not poll: a deadline (a paced packet's release) may be microseconds away,
+        // which poll's milliseconds would round to a spin or a late wake.
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let secs = left.as_secs().min(libc::time_t::MAX as u64) as libc::time_t;
+        let ts = libc::timespec { tv_sec: secs, tv_nsec: left.subsec_nanos() as _ };
+        // SAFETY: one valid pollfd, count 1, a valid timespec, no signal mask.
+        match cvt(unsafe { libc::ppoll(&mut pfd, 1, &ts, std::ptr::null()) }) {
+            Ok(_) => return Ok(pfd.revents),
+            // A signal: wait out what is left.
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        }
+    }
 }
 
 /// `CLOCK_MONOTONIC` in nanoseconds: the clock of [`crate::Timestamp`].

@@ -1,0 +1,68 @@
+//! How a host serves: one value, made once and handed whole to [`super::Host::with_config`]
+//! (a server's shards each get a copy, from [`crate::ServerConfig::host`]).
+
+use std::time::Duration;
+
+use crate::admission::Limits;
+use crate::pacing::Pacing;
+use crate::reset::RemovedHosts;
+use crate::token::ServiceKeys;
+
+use super::Burst;
+
+/// A host's settings: everything but its socket, quiche's own settings, its application and
+/// its [`super::Role`]. [`HostConfig::default`] is a client's; [`HostConfig::server`] a
+/// server's.
+#[derive(Debug, Clone)]
+pub struct HostConfig {
+    /// The keys the service's hosts share (stateless resets, Retry tokens, session tickets:
+    /// see [`crate::token`]); `None`: keys of its own ([`ServiceKeys::random`]: no stateless
+    /// resets, tokens and tickets good on this host only).
+    pub keys: Option<ServiceKeys>,
+    /// The admission caps and the Retry policy.
+    pub limits: Limits,
+    /// How much one connection writes per turn.
+    pub burst: Burst,
+    /// The least time between the starts of two turns while work keeps coming (zero: a turn
+    /// starts as soon as a datagram arrives). Datagrams that arrive meanwhile wait in the
+    /// socket and are served together: one wake-up, one `recvmmsg`, and their answers in one
+    /// `sendmmsg`, for many connections at once. A datagram after a quiet spell longer than
+    /// this is served at once; deadlines (quiche's timers, pacing releases) are never delayed
+    /// by it. The price: up to this much added latency under load.
+    pub coalesce: Duration,
+    /// Lets a turn in which a connection wrote its quantum and has more keep its packets
+    /// (under 64 KiB) for the next turn's send call, once: a response a little past the
+    /// quantum then leaves in one call instead of two (`deferred_flushes`), and a bulk
+    /// download goes 20 packets per call instead of 10. Off for a client, on for a server.
+    pub defer_flush: bool,
+    /// Who paces. [`Pacing::Kernel`] needs a socket with `SO_TXTIME` and an fq egress qdisc to
+    /// mean anything; see [`crate::pacing_for`].
+    pub pacing: Pacing,
+    /// Hosts taken out of the service, whose connection IDs a server answers with a stateless
+    /// reset besides its own ([`crate::reset::may_reset`]; shared with the caller, who may
+    /// change it while the host runs).
+    pub removed_hosts: RemovedHosts,
+}
+
+impl Default for HostConfig {
+    /// A client's: own keys, default limits, quiche's quantum, no coalescing, no deferred
+    /// flush, paced by holding packets.
+    fn default() -> HostConfig {
+        HostConfig {
+            keys: None,
+            limits: Limits::default(),
+            burst: Burst::Quantum,
+            coalesce: Duration::ZERO,
+            defer_flush: false,
+            pacing: Pacing::Hold,
+            removed_hosts: RemovedHosts::default(),
+        }
+    }
+}
+
+impl HostConfig {
+    /// A server's: the client's with the deferred flush on.
+    pub fn server() -> HostConfig {
+        HostConfig { defer_flush: true, ..HostConfig::default() }
+    }
+}
