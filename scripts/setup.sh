@@ -14,6 +14,9 @@
 #   - chromium: the first real client of `udpx h3 serve` (crates/udpx-h3/tests/browser.rs runs
 #     it headless: a page over HTTP/3, and Alt-Svc discovery from HTTPS over TCP)
 #   - cargo-fuzz (from crates.io): the fuzz targets under fuzz/, run by scripts/fuzz.sh
+#   - udpx-quicgo-load: the independent load client (peers/quicgo-load: our Go program on
+#     quic-go from the Go module proxy, versions pinned by its go.sum), built with the machine's
+#     Go into /usr/local/bin (root) or target/peers; the scale bench and the h3 tests use it
 # Rust itself (stable, and the nightly that cargo-fuzz needs) comes from rustup, which the
 # machine image provides; without a nightly the fuzz targets are skipped, not failed.
 set -euo pipefail
@@ -34,12 +37,25 @@ command -v chromium >/dev/null 2>&1 || need+=(chromium)
 if [ "${#need[@]}" -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then
     echo "setup: missing ${need[*]}; not root, so not installing (tests that need them will SKIP)" >&2
-    exit 0
+  else
+    echo "setup: installing ${need[*]} from Debian packages" >&2
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq >/dev/null
+    apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
   fi
-  echo "setup: installing ${need[*]} from Debian packages" >&2
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq >/dev/null
-  apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+
+# The independent load client: rebuilt every time (Go's cache makes a rebuild of unchanged
+# code about a second), so a change to peers/quicgo-load reaches the tests.
+root="$(cd "$(dirname "$0")/.." && pwd)"
+if command -v go >/dev/null 2>&1; then
+  if [ "$(id -u)" -eq 0 ]; then out=/usr/local/bin; else out="$root/target/peers"; fi
+  mkdir -p "$out"
+  if ! (cd "$root/peers/quicgo-load" && GOFLAGS=-mod=readonly go build -trimpath -o "$out/udpx-quicgo-load" .); then
+    echo "setup: peers/quicgo-load did not build; the independent client's rows and tests will SKIP" >&2
+  fi
+else
+  echo "setup: no Go toolchain; the independent client's rows and tests will SKIP" >&2
 fi
 
 if ! command -v cargo-fuzz >/dev/null 2>&1; then

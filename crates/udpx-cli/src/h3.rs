@@ -350,6 +350,15 @@ pub struct H3BenchArgs {
     /// With --connections: seconds between an idle connection's PINGs (the idle row's load).
     #[arg(long, default_value_t = 10.0, requires = "connections")]
     keepalive: f64,
+    /// With --connections: the segment each player fetches, bytes (the seeds' video rate: 1 MiB
+    /// every --interval 1).
+    #[arg(long, default_value_t = 16 * 1024, requires = "connections", value_name = "BYTES")]
+    segment: usize,
+    /// With --connections: which clients play every row: own (`udpx h3 load`), independent
+    /// (quic-go's HTTP/3 client and Go's net/http, built by scripts/setup.sh), or both. The
+    /// verdicts are judged with the independent one where it ran.
+    #[arg(long, default_value = "both", requires = "connections", value_name = "own|independent|both")]
+    clients: ClientChoice,
     /// `udpx h3 serve --cc` for the udpx rows (bbr2 or cubic; quinn and nginx keep their own).
     #[arg(long, default_value = "bbr2")]
     cc: udpx_h3::server::Cc,
@@ -411,6 +420,14 @@ fn lab_cleanup(cmd: &str) {
     if udpx_lab::netns::is_root() {
         crate::util::signal_cleanup(cmd);
     }
+}
+
+/// `--clients`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum ClientChoice {
+    Own,
+    Independent,
+    Both,
 }
 
 /// `udpx bench h3 --bottleneck`: the burst rules through a shallow bottleneck.
@@ -476,6 +493,22 @@ fn bench_scale(a: H3BenchArgs) -> ExitCode {
     cfg.defer_flush = a.defer_flush == OnOff::On;
     cfg.keepalive = Duration::from_secs_f64(a.keepalive);
     cfg.napi = a.napi;
+    if !(1..=64 << 20).contains(&a.segment) {
+        return usage("--segment: give 1 to 67108864 bytes");
+    }
+    cfg.segment = a.segment;
+    use udpx_h3_bench::bench::scale::LoadClient;
+    cfg.clients = match a.clients {
+        ClientChoice::Own => vec![LoadClient::Own],
+        ClientChoice::Independent => vec![LoadClient::Independent],
+        ClientChoice::Both => vec![LoadClient::Own, LoadClient::Independent],
+    };
+    if a.clients == ClientChoice::Independent && cfg.independent.is_none() {
+        return usage(format!(
+            "--clients independent: {} is not installed: run scripts/setup.sh (it builds peers/quicgo-load)",
+            udpx_h3_bench::independent::PROGRAM
+        ));
+    }
     let b = match udpx_h3_bench::bench::scale::run(&cfg, &mut |l| eprintln!("udpx {CMD}: {l}")) {
         Ok(b) => b,
         Err(e) => {

@@ -14,6 +14,7 @@
 #![forbid(unsafe_code)]
 
 pub mod bench;
+pub mod independent;
 pub mod load;
 pub mod load_tcp;
 pub mod quinn_server;

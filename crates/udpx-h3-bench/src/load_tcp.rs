@@ -96,7 +96,11 @@ pub fn run(cfg: &LoadConfig, http: TcpHttp, ca: &Path) -> Result<LoadReport, Err
     });
     // Dropping the runtime ends every task and connection.
     drop(rt);
-    let report = tally.borrow_mut().report(cfg, cpu, Default::default());
+    let client = match http {
+        TcpHttp::H2 => "udpx load (TCP, h2)",
+        TcpHttp::H1 => "udpx load (TCP, http/1.1)",
+    };
+    let report = tally.borrow_mut().report(client, cfg, cpu, None, Default::default());
     Ok(report)
 }
 

@@ -31,16 +31,7 @@ fn players_over_http3_are_all_served() {
     cfg.locals = (1..=4).map(|i| std::net::IpAddr::from([127, 0, 0, i])).collect();
     let r = load::run(&cfg).unwrap();
     let c = server.stop().unwrap();
-    println!(
-        "h3 load: {} requests, {} served, {} late, latency {:?}, handshake {:?}, client CPU {:.1} %; server {:?}",
-        r.requests,
-        r.served,
-        r.late,
-        r.latency,
-        r.handshake,
-        r.client_cpu_pct(),
-        c.quic
-    );
+    println!("{}; server {:?}", r.summary(), c.quic);
     assert_eq!(r.established, 200);
     assert!(r.requests >= 200 * 2, "each asks every 300 ms over 2 s: {}", r.requests);
     assert_eq!((r.served, r.failed, r.never_served, r.ended_early), (r.requests, 0, 0, 0));

@@ -43,6 +43,7 @@ use udpx_lab::netns::{ChildGroup, Namespace, Napi, Profile, Side, TestNet, TestN
 
 use super::peers::{process_cpu_secs, process_switches};
 use super::{write_cert, Programs, Scratch};
+use crate::independent::Proto;
 use crate::load::{self, LoadConfig, LoadReport};
 use crate::load_tcp::{self, TcpHttp};
 
@@ -89,6 +90,27 @@ impl ScaleServer {
     }
 }
 
+/// Which client plays a row's players.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum LoadClient {
+    /// udpx's own: `udpx h3 load` (quiche, one event loop) for the HTTP/3 servers, its TCP
+    /// twin for nginx. It acknowledges least of all clients.
+    Own,
+    /// The independent one ([`crate::independent`]): quic-go's HTTP/3 client, Go's `net/http`
+    /// for nginx. The verdicts are judged with it.
+    Independent,
+}
+
+impl LoadClient {
+    /// Its name in the table.
+    pub fn name(self) -> &'static str {
+        match self {
+            LoadClient::Own => "udpx",
+            LoadClient::Independent => "quic-go / Go",
+        }
+    }
+}
+
 /// The bench's settings.
 #[derive(Debug, Clone, Serialize)]
 pub struct ScaleConfig {
@@ -108,6 +130,10 @@ pub struct ScaleConfig {
     pub addresses: usize,
     /// The servers of the sweep.
     pub servers: Vec<ScaleServer>,
+    /// The clients of the sweep: every row runs with each (the idle row with udpx's own).
+    pub clients: Vec<LoadClient>,
+    /// The independent client's program (`None`: not built; its rows left out).
+    pub independent: Option<PathBuf>,
     /// The `udpx` binary that runs the HTTP/3 servers (this one, usually).
     pub udpx: PathBuf,
     /// nginx's path (`None`: its rows left out).
@@ -146,6 +172,8 @@ impl ScaleConfig {
             window: Duration::from_secs(15),
             addresses: 64,
             servers: ScaleServer::ALL.to_vec(),
+            clients: vec![LoadClient::Own, LoadClient::Independent],
+            independent: crate::independent::find(),
             udpx,
             nginx: Programs::from_path().nginx,
             rounds: 1,
@@ -163,6 +191,8 @@ impl ScaleConfig {
 pub struct ScaleRow {
     /// Which server.
     pub server: ScaleServer,
+    /// Which client.
+    pub client: LoadClient,
     /// Connections.
     pub connections: usize,
     /// The idle row.
@@ -503,32 +533,51 @@ pub fn run(cfg: &ScaleConfig, progress: &mut dyn FnMut(&str)) -> Result<ScaleBen
             !(nginx && cfg.nginx.is_none())
         })
         .collect();
-    let mut plan: Vec<(ScaleServer, usize, bool)> = Vec::new();
+    let clients: Vec<LoadClient> = cfg
+        .clients
+        .iter()
+        .copied()
+        .filter(|&c| {
+            let missing = c == LoadClient::Independent && cfg.independent.is_none();
+            if missing {
+                left_out.push(format!(
+                    "the independent client's rows: {} not found (scripts/setup.sh builds it from peers/quicgo-load)",
+                    crate::independent::PROGRAM
+                ));
+            }
+            !missing
+        })
+        .collect();
+    let mut plan: Vec<(ScaleServer, LoadClient, usize, bool)> = Vec::new();
     for &n in &cfg.connections {
         for &s in &servers {
-            plan.push((s, n, false));
+            for &c in &clients {
+                plan.push((s, c, n, false));
+            }
         }
     }
     if let Some(n) = cfg.idle {
-        plan.push((ScaleServer::Udpx, n, true));
+        plan.push((ScaleServer::Udpx, LoadClient::Own, n, true));
     }
     let mut runs: Vec<Vec<Result<RowRun, String>>> = vec![Vec::new(); plan.len()];
     let (mut idle_floor, mut idle_floor_errors) = (Vec::new(), Vec::new());
     for round in 0..cfg.rounds.max(1) {
-        for (i, &(server, n, idle)) in plan.iter().enumerate() {
-            let r = one_run(cfg, &place, &scratch.0, (&cert, &key), server, n, idle, rate);
+        for (i, &(server, client, n, idle)) in plan.iter().enumerate() {
+            let r = one_run(cfg, &place, &scratch.0, (&cert, &key), (server, client), n, idle, rate);
             let label = format!(
-                "round {}/{}: {} x {n}{}",
+                "round {}/{}: {} x {n}{} ({} client)",
                 round + 1,
                 cfg.rounds.max(1),
                 server.name(),
-                if idle { " idle" } else { "" }
+                if idle { " idle" } else { "" },
+                client.name()
             );
             progress(&match &r {
                 Err(e) => format!("{label}: failed: {e}"),
                 Ok(x) => format!(
-                    "{label}: {:.1} % served, p99 {:.1} ms, server CPU {:.1} %, client CPU {:.1} %",
+                    "{label}: {:.1} % served, {} unanswered, p99 {:.1} ms, server CPU {:.1} %, client CPU {:.1} %",
                     x.load.served_pct(),
+                    x.load.unanswered,
                     x.load.latency.p99_ms,
                     x.server_cpu_pct,
                     x.load.client_cpu_pct()
@@ -557,14 +606,14 @@ pub fn run(cfg: &ScaleConfig, progress: &mut dyn FnMut(&str)) -> Result<ScaleBen
             runs[i].push(r);
         }
     }
-    for (&(server, n, idle), r) in plan.iter().zip(runs) {
+    for (&(server, client, n, idle), r) in plan.iter().zip(runs) {
         let error = r.iter().find_map(|x| x.as_ref().err().cloned());
         let runs: Vec<Option<RowRun>> = r.into_iter().map(Result::ok).collect();
         let ok: Vec<usize> = (0..runs.len()).filter(|&i| runs[i].is_some()).collect();
         let key = |r: &RowRun| if idle { r.server_cpu_pct } else { r.server_cpu_s_per_gb.unwrap_or(f64::MAX) };
         let vals: Vec<f64> = ok.iter().filter_map(|&i| runs[i].as_ref().map(key)).collect();
         let median = udpx_lab::stats::median_run(&vals).map(|k| ok[k]).and_then(|i| runs[i].clone());
-        rows.push(ScaleRow { server, connections: n, idle, runs, median, error });
+        rows.push(ScaleRow { server, client, connections: n, idle, runs, median, error });
     }
     let path = match &place.net {
         Some(n) => format!(
@@ -611,7 +660,7 @@ fn one_run(
     place: &Place,
     dir: &Path,
     (cert, key): (&Path, &Path),
-    server: ScaleServer,
+    (server, client): (ScaleServer, LoadClient),
     n: usize,
     idle: bool,
     rate: TickRate,
@@ -634,17 +683,33 @@ fn one_run(
     let window_start = start + lc.ramp;
     let lc2 = lc.clone();
     let ca = cert.to_path_buf();
-    let job = move || {
-        let _ = udpx_lab::cpu::pin_current_thread(client_cpu);
-        match server {
-            ScaleServer::Udpx | ScaleServer::Quinn => load::run(&lc2).map_err(|e| e.to_string()),
-            ScaleServer::NginxH2 => load_tcp::run(&lc2, TcpHttp::H2, &ca).map_err(|e| e.to_string()),
-            ScaleServer::NginxH1 => load_tcp::run(&lc2, TcpHttp::H1, &ca).map_err(|e| e.to_string()),
+    let handle = match (client, &cfg.independent) {
+        (LoadClient::Independent, Some(program)) => {
+            // A process of its own, in the client's namespace on the client's CPU.
+            let cmd = place.client_command(program);
+            let proto = match server {
+                ScaleServer::Udpx | ScaleServer::Quinn => Proto::H3,
+                ScaleServer::NginxH2 => Proto::H2,
+                ScaleServer::NginxH1 => Proto::H1,
+            };
+            let size = cfg.segment as u64;
+            std::thread::spawn(move || crate::independent::run(cmd, &lc2, proto, size))
         }
-    };
-    let handle = match place.client_ns() {
-        Some(ns) => ns.try_spawn(job).map_err(|e| e.to_string())?,
-        None => std::thread::spawn(job),
+        (LoadClient::Independent, None) => return Err(format!("{} not found", crate::independent::PROGRAM)),
+        (LoadClient::Own, _) => {
+            let job = move || {
+                let _ = udpx_lab::cpu::pin_current_thread(client_cpu);
+                match server {
+                    ScaleServer::Udpx | ScaleServer::Quinn => load::run(&lc2).map_err(|e| e.to_string()),
+                    ScaleServer::NginxH2 => load_tcp::run(&lc2, TcpHttp::H2, &ca).map_err(|e| e.to_string()),
+                    ScaleServer::NginxH1 => load_tcp::run(&lc2, TcpHttp::H1, &ca).map_err(|e| e.to_string()),
+                }
+            };
+            match place.client_ns() {
+                Some(ns) => ns.try_spawn(job).map_err(|e| e.to_string())?,
+                None => std::thread::spawn(job),
+            }
+        }
     };
     // The server's CPU and memory over the window, sampled from here.
     std::thread::sleep(window_start.saturating_duration_since(Instant::now()));

@@ -7,7 +7,17 @@ use super::*;
 /// nothing running ([`ScaleBench::baseline_pct`]).
 pub fn judge(rows: &[ScaleRow], baseline: Option<f64>) -> Vec<Check> {
     let mut out = Vec::new();
-    let find = |s: ScaleServer, n: usize| rows.iter().find(|r| r.server == s && r.connections == n && !r.idle);
+    // Judged with the independent client where it ran (it acknowledges as clients users bring
+    // do), else with udpx's own.
+    let by = if rows.iter().any(|r| r.client == LoadClient::Independent) {
+        LoadClient::Independent
+    } else {
+        LoadClient::Own
+    };
+    let find = |s: ScaleServer, n: usize| {
+        rows.iter().find(|r| r.server == s && r.client == by && r.connections == n && !r.idle)
+    };
+    let who = format!(" ({} client)", by.name());
     let max_n = rows.iter().filter(|r| !r.idle).map(|r| r.connections).max().unwrap_or(0);
     let per_run = |r: &ScaleRow, f: &dyn Fn(&RowRun) -> Option<f64>| -> Vec<Option<f64>> {
         r.runs.iter().map(|x| x.as_ref().and_then(f)).collect()
@@ -17,7 +27,7 @@ pub fn judge(rows: &[ScaleRow], baseline: Option<f64>) -> Vec<Check> {
     if let (Some(u), Some(ng)) = (top, find(ScaleServer::NginxH2, max_n)) {
         out.extend(Check::judge(
             "h3 scale",
-            &format!("udpx / nginx h2, CPU per byte at {max_n}"),
+            &(format!("udpx / nginx h2, CPU per byte at {max_n}") + &who),
             &u.costs(),
             &ng.costs(),
             1.5,
@@ -26,7 +36,7 @@ pub fn judge(rows: &[ScaleRow], baseline: Option<f64>) -> Vec<Check> {
         let p99 = |x: &RowRun| (!x.client_limited).then_some(x.load.latency.p99_ms);
         out.extend(Check::judge(
             "h3 scale",
-            &format!("udpx / nginx h2, p99 latency at {max_n}"),
+            &(format!("udpx / nginx h2, p99 latency at {max_n}") + &who),
             &per_run(u, &p99),
             &per_run(ng, &p99),
             2.0,
@@ -35,7 +45,7 @@ pub fn judge(rows: &[ScaleRow], baseline: Option<f64>) -> Vec<Check> {
     if let (Some(u), Some(q)) = (top, find(ScaleServer::Quinn, max_n)) {
         out.extend(Check::judge(
             "h3 scale",
-            &format!("udpx / quinn h3, CPU per byte at {max_n}"),
+            &(format!("udpx / quinn h3, CPU per byte at {max_n}") + &who),
             &u.costs(),
             &q.costs(),
             1.0,
@@ -46,7 +56,7 @@ pub fn judge(rows: &[ScaleRow], baseline: Option<f64>) -> Vec<Check> {
     let floor = ABOVE_BASELINE * baseline.unwrap_or(0.0).max(0.1);
     let low = rows
         .iter()
-        .filter(|r| !r.idle && r.server == ScaleServer::Udpx)
+        .filter(|r| !r.idle && r.server == ScaleServer::Udpx && r.client == by)
         .filter(|r| r.median.as_ref().is_some_and(|m| m.server_cpu_pct >= floor))
         .min_by_key(|r| r.connections);
     if let (Some(hi), Some(lo)) = (top, low) {
@@ -54,7 +64,7 @@ pub fn judge(rows: &[ScaleRow], baseline: Option<f64>) -> Vec<Check> {
         if max_n != min_n {
             out.extend(Check::judge(
                 "h3 scale",
-                &format!("udpx CPU per byte at {max_n} / at {min_n}"),
+                &(format!("udpx CPU per byte at {max_n} / at {min_n}") + &who),
                 &hi.costs(),
                 &lo.costs(),
                 1.25,
@@ -63,13 +73,16 @@ pub fn judge(rows: &[ScaleRow], baseline: Option<f64>) -> Vec<Check> {
     }
     // The same by the process's own CPU time, which reaches the lightest row (the issue's
     // figure is 10,000 against 100), where the CPU's busy share is the machine's agents'.
-    let lightest = rows.iter().filter(|r| !r.idle && r.server == ScaleServer::Udpx).min_by_key(|r| r.connections);
+    let lightest = rows
+        .iter()
+        .filter(|r| !r.idle && r.server == ScaleServer::Udpx && r.client == by)
+        .min_by_key(|r| r.connections);
     if let (Some(hi), Some(lo)) = (top, lightest) {
         if lo.connections != max_n {
             let own = |x: &RowRun| x.server_process_s_per_gb;
             out.extend(Check::judge(
                 "h3 scale",
-                &format!("udpx process CPU per byte at {max_n} / at {}", lo.connections),
+                &(format!("udpx process CPU per byte at {max_n} / at {}", lo.connections) + &who),
                 &per_run(hi, &own),
                 &per_run(lo, &own),
                 1.25,
@@ -81,7 +94,7 @@ pub fn judge(rows: &[ScaleRow], baseline: Option<f64>) -> Vec<Check> {
         // "Every request served": the share not served, against 0 (as a ratio to 1).
         out.extend(Check::judge(
             "h3 scale",
-            &format!("udpx requests not served at {max_n}, percent"),
+            &(format!("udpx requests not served at {max_n}, percent") + &who),
             &per_run(u, &unserved),
             &ones(u),
             0.0,
@@ -146,21 +159,32 @@ pub fn table(b: &ScaleBench) -> String {
     }
     let _ = writeln!(
         s,
-        "| server | conns | served % | never served | p50 / p99 / max ms | late | handshake p50 ms | server CPU % (its process) | CPU-s/GB (its process) | CPU-us per conn-s | KiB per conn | server context switches per request | client CPU % |"
+        "| server | client | conns | served % | unanswered | never served | p50 / p99 / max ms | late | handshake p50 ms | server CPU % (its process) | CPU-s/GB (its process) | CPU-us per conn-s | KiB per conn | server context switches per request | client packets sent per received | client CPU % |"
     );
-    let _ = writeln!(s, "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
+    let _ = writeln!(
+        s,
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+    );
     for row in &b.rows {
         let name = if row.idle { format!("{} (idle)", row.server.name()) } else { row.server.name().to_string() };
         let Some(r) = &row.median else {
-            let _ = writeln!(s, "| {name} | {} | failed: {} |", row.connections, row.error.as_deref().unwrap_or("?"));
+            let _ = writeln!(
+                s,
+                "| {name} | {} | {} | failed: {} |",
+                row.client.name(),
+                row.connections,
+                row.error.as_deref().unwrap_or("?")
+            );
             continue;
         };
         let l = &r.load;
         let _ = writeln!(
             s,
-            "| {name} | {} | {} | {} | {:.1} / {:.1} / {:.1} | {} | {:.1} | {:.1} ({:.1}) | {} ({}) | {:.1} | {} | {} | {:.0}{} |",
+            "| {name} | {} | {} | {} | {} | {} | {:.1} / {:.1} / {:.1} | {} | {:.1} | {:.1} ({:.1}) | {} ({}) | {:.1} | {} | {} | {} | {:.0}{} |",
+            row.client.name(),
             row.connections,
             if row.idle { "-".to_string() } else { format!("{:.2}", l.served_pct()) },
+            l.unanswered,
             l.never_served,
             l.latency.p50_ms,
             l.latency.p99_ms,
@@ -174,6 +198,7 @@ pub fn table(b: &ScaleBench) -> String {
             r.server_cpu_us_per_conn_s,
             r.server_kib_per_conn.map_or("-".into(), |v| format!("{v:.1}")),
             r.server_switches_per_request.map_or("-".into(), |v| format!("{v:.2}")),
+            l.sent_per_received().map_or("-".into(), |v| format!("{v:.3}")),
             l.client_cpu_pct(),
             if r.client_limited { " (client-limited)" } else { "" }
         );
@@ -184,13 +209,14 @@ pub fn table(b: &ScaleBench) -> String {
         let _ = writeln!(
             s,
             "\nThe udpx server's host over the window, per request (its `/metrics` at the window's start and end):\n\n\
-             | conns | requests | send calls | datagrams per send call | runs per send call | receive calls | datagrams per receive call | wake-ups | turns | connections served per turn | timers fired | pacing holds |\n\
-             | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+             | client | conns | requests | send calls | datagrams per send call | runs per send call | receive calls | datagrams per receive call | wake-ups | turns | connections served per turn | timers fired | pacing holds |\n\
+             | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
         );
         for (row, h) in hosts {
             let _ = writeln!(
                 s,
-                "| {}{} | {} | {:.2} | {:.1} | {:.2} | {:.2} | {:.1} | {:.2} | {:.2} | {:.2} | {:.3} | {:.3} |",
+                "| {} | {}{} | {} | {:.2} | {:.1} | {:.2} | {:.2} | {:.1} | {:.2} | {:.2} | {:.2} | {:.3} | {:.3} |",
+                row.client.name(),
                 row.connections,
                 if row.idle { " idle" } else { "" },
                 h.requests,
