@@ -359,6 +359,15 @@ pub struct H3BenchArgs {
     /// verdicts are judged with the independent one where it ran.
     #[arg(long, default_value = "both", requires = "connections", value_name = "own|independent|both")]
     clients: ClientChoice,
+    /// With --connections: the servers of the sweep (comma-separated; default all).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        requires = "connections",
+        value_name = "udpx,quinn,nginx-h2,nginx-h1",
+        default_value = "udpx,quinn,nginx-h2,nginx-h1"
+    )]
+    servers: Vec<ServerChoice>,
     /// `udpx h3 serve --cc` for the udpx rows (bbr2 or cubic; quinn and nginx keep their own).
     #[arg(long, default_value = "bbr2")]
     cc: udpx_h3::server::Cc,
@@ -420,6 +429,15 @@ fn lab_cleanup(cmd: &str) {
     if udpx_lab::netns::is_root() {
         crate::util::signal_cleanup(cmd);
     }
+}
+
+/// `--servers`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum ServerChoice {
+    Udpx,
+    Quinn,
+    NginxH2,
+    NginxH1,
 }
 
 /// `--clients`.
@@ -497,6 +515,18 @@ fn bench_scale(a: H3BenchArgs) -> ExitCode {
         return usage("--segment: give 1 to 67108864 bytes");
     }
     cfg.segment = a.segment;
+    use udpx_h3_bench::bench::scale::ScaleServer;
+    cfg.servers = a
+        .servers
+        .iter()
+        .map(|s| match s {
+            ServerChoice::Udpx => ScaleServer::Udpx,
+            ServerChoice::Quinn => ScaleServer::Quinn,
+            ServerChoice::NginxH2 => ScaleServer::NginxH2,
+            ServerChoice::NginxH1 => ScaleServer::NginxH1,
+        })
+        .collect();
+    cfg.servers.dedup();
     use udpx_h3_bench::bench::scale::LoadClient;
     cfg.clients = match a.clients {
         ClientChoice::Own => vec![LoadClient::Own],

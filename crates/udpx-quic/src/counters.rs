@@ -151,6 +151,9 @@ host_counters! {
     timers_release,
     /// Of those, wake-ups the application asked for.
     timers_app,
+    /// Packets sent ahead of their pacing time as the start of a burst after a quiet spell
+    /// (`udpx_quic::pacing::QUIET_BURST`).
+    quiet_sends,
     /// Times the loop waited in ppoll (it waits only when nothing is ready).
     waits,
     /// Times the loop slept first to let work gather (`HostConfig::coalesce`).

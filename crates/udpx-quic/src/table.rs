@@ -68,6 +68,11 @@ pub(crate) struct Entry<S> {
     pub timed_out: bool,
     /// PTOs of the paths other than the active one, as last seen by `resend_stranded`.
     pub left_ptos: usize,
+    /// When it last put a packet in the outbox.
+    pub last_out: Option<Instant>,
+    /// Packets it may still send ahead of their pacing time ([`crate::pacing::QUIET_BURST`]
+    /// after a quiet spell).
+    pub quiet_credit: u8,
 }
 
 /// The connections of one host (see the module docs).
@@ -121,6 +126,8 @@ impl<S> Table<S> {
             seen_retrans: 0,
             timed_out: false,
             left_ptos: 0,
+            last_out: None,
+            quiet_credit: 0,
         });
         slot
     }

@@ -12,7 +12,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::Instant;
 
 use crate::io::Flush;
-use crate::pacing::{departure, Held, Pacing, PACING_SLACK};
+use crate::pacing::{departure, Held, Pacing, PACING_SLACK, QUIET_BURST, QUIET_REFILL};
 use crate::table::Slot;
 
 use super::{App, Burst, Host, QUANTUM_PACKETS};
@@ -114,7 +114,17 @@ impl<A: App> Host<A> {
                     self.counters.packets_sent += 1;
                     self.counters.bytes_sent += len as u64;
                     budget = budget.saturating_sub(len);
-                    if self.pacing == Pacing::Hold && info.at > now + PACING_SLACK {
+                    if e.last_out.is_none_or(|t| now.saturating_duration_since(t) >= QUIET_REFILL) {
+                        e.quiet_credit = QUIET_BURST;
+                    }
+                    e.last_out = Some(now);
+                    let early = self.pacing != Pacing::Off && info.at > now + PACING_SLACK;
+                    let now_anyway = early && e.quiet_credit > 0;
+                    if now_anyway {
+                        // The start of a burst after a quiet spell: it leaves now.
+                        e.quiet_credit -= 1;
+                        self.counters.quiet_sends += 1;
+                    } else if self.pacing == Pacing::Hold && early {
                         // Not yet: keep it (the only copy made), and the connection's later
                         // packets behind it; its deadline is the packet's time.
                         let from = src_for(self.local, info.from);
@@ -122,7 +132,8 @@ impl<A: App> Host<A> {
                         self.counters.paced_holds += 1;
                         return false;
                     }
-                    let departure = (self.pacing == Pacing::Kernel).then(|| departure(self.anchor, info.at));
+                    let departure =
+                        (self.pacing == Pacing::Kernel && !now_anyway).then(|| departure(self.anchor, info.at));
                     let from = src_for(self.local, info.from);
                     self.out.commit(slot, info.to, from, len, departure);
                 }
