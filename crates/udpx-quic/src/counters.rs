@@ -135,6 +135,9 @@ host_counters! {
     refused_half_open,
     /// Initials refused: the cap on connections from one address.
     refused_per_ip,
+    /// Of the refused, those answered with a server Initial closing with CONNECTION_REFUSED
+    /// (the rest were past the answers budget, `answers_limited`).
+    refusals_sent,
     /// Handshakes dropped at their deadline (not done in time; nothing sent to the peer).
     handshake_timeouts,
     /// Loop turns.

@@ -8,68 +8,13 @@
 //! that plaintext again under a random destination and source connection ID, so each forgery
 //! is a new connection to a server, which must answer it with a whole handshake (or a Retry).
 //! The ClientHello inside is the same every time: a server cannot tell until it has spent the
-//! handshake's work. Lab code: nothing in the host uses it.
+//! handshake's work. Lab code: nothing in the host uses it (the keys are [`crate::initial`]'s).
 
 use std::net::SocketAddr;
 
-use ring::aead::{self, quic, Aad, LessSafeKey, Nonce, UnboundKey};
-use ring::hkdf;
+use ring::aead::Aad;
 
-/// RFC 9001 5.2: the Initial salt of QUIC version 1.
-const INITIAL_SALT_V1: [u8; 20] = [
-    0x38, 0x76, 0x2c, 0xf7, 0xf5, 0x59, 0x34, 0xb3, 0x4d, 0x17, 0x9a, 0xe6, 0xa4, 0xc8, 0x0c, 0xad, 0xcc, 0xbb, 0x7f,
-    0x0a,
-];
-
-/// An HKDF output length.
-struct Len(usize);
-
-impl hkdf::KeyType for Len {
-    fn len(&self) -> usize {
-        self.0
-    }
-}
-
-/// HKDF-Expand-Label (RFC 8446 7.1) with an empty context, `out.len()` bytes.
-fn expand_label(prk: &hkdf::Prk, label: &[u8], out: &mut [u8]) {
-    let len = (out.len() as u16).to_be_bytes();
-    let full_len = [(6 + label.len()) as u8];
-    let info: [&[u8]; 5] = [&len, &full_len, b"tls13 ", label, &[0]];
-    prk.expand(&info, Len(out.len())).and_then(|okm| okm.fill(out)).expect("HKDF lengths are in range");
-}
-
-/// A client's Initial keys for one destination connection ID.
-struct Keys {
-    aead: LessSafeKey,
-    iv: [u8; 12],
-    hp: quic::HeaderProtectionKey,
-}
-
-impl Keys {
-    fn client(dcid: &[u8]) -> Keys {
-        let initial = hkdf::Salt::new(hkdf::HKDF_SHA256, &INITIAL_SALT_V1).extract(dcid);
-        let mut secret = [0u8; 32];
-        expand_label(&initial, b"client in", &mut secret);
-        let prk = hkdf::Prk::new_less_safe(hkdf::HKDF_SHA256, &secret);
-        let (mut key, mut iv, mut hp) = ([0u8; 16], [0u8; 12], [0u8; 16]);
-        expand_label(&prk, b"quic key", &mut key);
-        expand_label(&prk, b"quic iv", &mut iv);
-        expand_label(&prk, b"quic hp", &mut hp);
-        Keys {
-            aead: LessSafeKey::new(UnboundKey::new(&aead::AES_128_GCM, &key).expect("a 16-byte key")),
-            iv,
-            hp: quic::HeaderProtectionKey::new(&quic::AES_128, &hp).expect("a 16-byte key"),
-        }
-    }
-
-    fn nonce(&self, pn: u64) -> Nonce {
-        let mut n = self.iv;
-        for (b, p) in n[4..].iter_mut().zip(pn.to_be_bytes()) {
-            *b ^= p;
-        }
-        Nonce::assume_unique_for_key(n)
-    }
-}
+use crate::initial::Keys;
 
 /// Where the parts of an Initial's header are.
 #[derive(Debug, Clone, Copy)]
@@ -201,17 +146,6 @@ fn random<const N: usize>() -> [u8; N] {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// RFC 9001 A.1: the client's Initial keys for DCID 0x8394c8f03e515708.
-    #[test]
-    fn initial_keys_match_rfc_9001_a1() {
-        let dcid = [0x83, 0x94, 0xc8, 0xf0, 0x3e, 0x51, 0x57, 0x08];
-        let k = Keys::client(&dcid);
-        assert_eq!(k.iv, [0xfa, 0x04, 0x4b, 0x2f, 0x42, 0xa3, 0xfd, 0x3b, 0x46, 0xfb, 0x25, 0x5c]);
-        // The header protection key, checked through RFC 9001 A.2's sample and mask.
-        let sample = [0xd1, 0xb1, 0xc9, 0x8d, 0xd7, 0x68, 0x9f, 0xb8, 0xec, 0x11, 0xd2, 0x42, 0xb1, 0x23, 0xdc, 0x9b];
-        assert_eq!(k.hp.new_mask(&sample).unwrap(), [0x43, 0x7b, 0x9a, 0xec, 0x36]);
-    }
 
     /// A forgery opens under its own keys to the template's frames, with new IDs, and a
     /// server (quiche) takes it for a new connection's Initial.

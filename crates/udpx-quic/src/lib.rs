@@ -43,6 +43,7 @@ pub mod cid;
 pub mod counters;
 pub mod forge;
 pub mod host;
+pub mod initial;
 pub mod io;
 pub mod pacing;
 pub mod ready;

@@ -89,6 +89,8 @@ struct Asker {
     got: HashMap<u32, usize>,
     /// Finished responses, by tag: (when, that tag's stream).
     done: Vec<(u32, Instant)>,
+    /// Connections the server closed with CONNECTION_REFUSED.
+    refused: usize,
 }
 
 struct Tag {
@@ -128,7 +130,11 @@ impl App for Asker {
         // A request queued from outside the loop goes on the next turn.
         self.want.contains_key(&t.tag).then(Instant::now)
     }
-    fn closed(&mut self, _: &udpx_quic::Connection, _: Tag) {}
+    fn closed(&mut self, conn: &udpx_quic::Connection, _: Tag) {
+        if conn.peer_error().is_some_and(|e| !e.is_app && e.error_code == udpx_quic::initial::CONNECTION_REFUSED) {
+            self.refused += 1;
+        }
+    }
 }
 
 fn client(addr: SocketAddr) -> Host<Asker> {
@@ -329,7 +335,8 @@ fn a_response_past_the_quantum_leaves_in_one_send_call() {
     assert_eq!(c.app().got[&0], 1_000_000 + SIZE);
 }
 
-/// Each cap refuses what passes it, counted: connections per shard, and per address.
+/// Each cap refuses what passes it, counted: connections per shard, and per address; each
+/// refused Initial is answered with CONNECTION_REFUSED, and its client closes at once.
 #[test]
 fn caps_refuse_with_their_counters() {
     let cert = TempCert::new("caps");
@@ -343,15 +350,26 @@ fn caps_refuse_with_their_counters() {
         for tag in 0..5 {
             connect(&mut c, addr, tag);
         }
-        run_until(&mut c, Duration::from_secs(2), |_| false);
-        let k = srv.counters();
         let cap = limits.max_connections.min(limits.max_per_ip);
-        assert_eq!(c.app().established, cap, "{what}");
+        // The refused two hear so at once (a server Initial with CONNECTION_REFUSED), not
+        // by a handshake that times out: draining, or closed after it.
+        let refused_seen = |c: &Host<Asker>| {
+            let mut n = c.app().refused;
+            c.for_each_connection(|conn, _| {
+                let e = conn.peer_error();
+                n += usize::from(e.is_some_and(|e| e.error_code == udpx_quic::initial::CONNECTION_REFUSED));
+            });
+            n
+        };
+        run_until(&mut c, Duration::from_secs(2), |c| c.app().established == cap && refused_seen(c) == 5 - cap);
+        let k = counters_when(&srv, |k| k.refusals_sent >= 2);
+        assert_eq!((c.app().established, refused_seen(&c)), (cap, 5 - cap), "{what}: {k:?}");
         let refused = match what {
             "connections" => k.refused_connections,
             _ => k.refused_per_ip,
         };
-        assert!(refused >= 2, "{what}: two clients refused (and their retransmitted Initials): {k:?}");
+        assert!(refused >= 2, "{what}: two clients refused: {k:?}");
+        assert_eq!(k.refusals_sent, refused, "{what}: each refusal answered: {k:?}");
         srv.stop().unwrap();
     }
 }

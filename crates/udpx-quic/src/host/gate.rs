@@ -128,11 +128,21 @@ impl<A: App> Host<A> {
         };
         match self.gate.admission.check(from.ip(), odcid.is_some()) {
             Admit::Refuse(cap) => {
-                match cap {
-                    Cap::Connections => self.counters.refused_connections += 1,
-                    Cap::HalfOpen => self.counters.refused_half_open += 1,
-                    Cap::PerIp => self.counters.refused_per_ip += 1,
-                }
+                let reason: &[u8] = match cap {
+                    Cap::Connections => {
+                        self.counters.refused_connections += 1;
+                        b"connection cap"
+                    }
+                    Cap::HalfOpen => {
+                        self.counters.refused_half_open += 1;
+                        b"handshake cap"
+                    }
+                    Cap::PerIp => {
+                        self.counters.refused_per_ip += 1;
+                        b"per-address cap"
+                    }
+                };
+                self.refuse(from, hdr, reason);
                 return None;
             }
             Admit::Retry => {
@@ -181,6 +191,26 @@ impl<A: App> Host<A> {
             local,
             Some(deadline),
         ))
+    }
+
+    /// Tells the client of a refused Initial so (RFC 9000 5.2.2: a server Initial closing with
+    /// CONNECTION_REFUSED, [`crate::initial::refusal`]) while the answers budget allows: it is
+    /// unauthenticated, and the address may be forged. Else only counted.
+    fn refuse(&mut self, to: SocketAddr, hdr: &quiche::Header<'_>, reason: &[u8]) {
+        if hdr.version != crate::initial::VERSION_1 {
+            return; // its keys would be another version's
+        }
+        if !self.gate.answers.allow(Instant::now()) {
+            self.counters.answers_limited += 1;
+            return;
+        }
+        let mut scid = [0u8; CID_LEN];
+        if crate::cid::random_bytes(&mut scid).is_err() {
+            return;
+        }
+        let packet = crate::initial::refusal(&hdr.dcid, &hdr.scid, &scid, reason);
+        self.send_now(to, &packet, "refusal");
+        self.counters.refusals_sent += 1;
     }
 
     /// Answers an Initial with a Retry: a fresh ID of this shard (so the client's next Initial
