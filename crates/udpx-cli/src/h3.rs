@@ -182,8 +182,9 @@ struct ServeArgs {
     /// Connections per shard from one address (IPv6: one /64) at most.
     #[arg(long, default_value_t = udpx_quic::Limits::default().max_per_ip)]
     max_per_ip: usize,
-    /// Seconds a handshake may take before the connection is dropped.
-    #[arg(long, default_value_t = 5.0)]
+    /// Seconds a handshake may take before the connection is dropped (long enough for a
+    /// client's backed-off retransmissions on a lossy path).
+    #[arg(long, default_value_t = udpx_quic::Limits::default().handshake_timeout.as_secs_f64())]
     handshake_timeout: f64,
     /// Accept 0-RTT from resuming clients: GET and HEAD answered from early data, other
     /// methods 425 Too Early.
