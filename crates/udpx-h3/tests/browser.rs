@@ -49,7 +49,7 @@ const DEADLINE: Duration = Duration::from_secs(90);
 const GROUP_GONE: Duration = Duration::from_secs(30);
 
 fn chromium() -> Option<PathBuf> {
-    udpx_lab::netns::find_in_path("chromium").or_else(|| udpx_lab::netns::find_in_path("chromium-browser"))
+    udpx_lab::browser::find()
 }
 
 /// A certificate for 127.0.0.1 written as PEM into `dir`, and its SPKI pin.
@@ -138,44 +138,14 @@ struct Run {
 /// Runs Chromium headless on `url` with `extra` flags, its profile under `tmp`, until it
 /// exits (it does once `--dump-dom` printed) or [`DEADLINE`] passes (then the test fails).
 fn run_chromium(chromium: &Path, tmp: &Path, extra: &[String], url: &str) -> Run {
-    let profile = tmp.join("profile");
-    std::fs::create_dir_all(&profile).unwrap();
     let (out, err) = (tmp.join("dom.html"), tmp.join("chromium.log"));
     let mut cmd = Command::new(chromium);
-    cmd.args([
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-breakpad",
-        "--disable-crash-reporter",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        "--disable-default-apps",
-        "--disable-extensions",
-        "--disable-domain-reliability",
-        "--disable-client-side-phishing-detection",
-        "--no-first-run",
-        "--no-default-browser-check",
-        "--no-pings",
-        "--metrics-recording-only",
-        "--password-store=basic",
-        "--no-proxy-server",
-        "--disable-dev-shm-usage",
-    ])
-    .arg(format!("--user-data-dir={}", profile.display()))
-    .arg(format!("--disk-cache-dir={}", tmp.join("cache").display()))
-    .args(extra)
-    .args(["--virtual-time-budget=60000", "--dump-dom", url])
-    .env("HOME", &profile)
-    .env("XDG_CONFIG_HOME", profile.join("config"))
-    .env("XDG_CACHE_HOME", profile.join("cache"))
-    .stdin(Stdio::null())
-    .stdout(std::fs::File::create(&out).unwrap())
-    .stderr(std::fs::File::create(&err).unwrap());
-    for v in ["http_proxy", "https_proxy", "all_proxy", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"] {
-        cmd.env_remove(v);
-    }
+    udpx_lab::browser::headless(&mut cmd, tmp);
+    cmd.args(extra)
+        .args(["--virtual-time-budget=60000", "--dump-dom", url])
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(&out).unwrap())
+        .stderr(std::fs::File::create(&err).unwrap());
     let browser = Browser::spawn(&mut cmd);
     let start = Instant::now();
     while !browser.exited() {

@@ -12,11 +12,13 @@
 //!   the canvas, escaping, and a reader of the drawn text for tests).
 //! - [`netns`]: network namespaces and veth pairs, removed on drop (the `udpx-netns` crate,
 //!   which the datapath library's own tests use directly).
+//! - [`browser`]: headless Chromium as a peer: where it is, the flags of a lab run.
 //!
 //! Tools (echo, stream, h3, lb) depend on this crate and the library, never on each other;
 //! a tool's own table lives in its crate (echo's modes in `udpx_echo::bench`), the main job's
 //! tables in `udpx-bench`.
 
+pub mod browser;
 pub mod chart;
 pub mod cpu;
 pub mod env;

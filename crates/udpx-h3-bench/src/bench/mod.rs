@@ -36,6 +36,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use base64::Engine as _;
 use serde::Serialize;
 use udpx_lab::cpu::{CpuSample, TickRate};
 use udpx_lab::env::Environment;
@@ -46,6 +47,7 @@ use udpx_quic::IoMode;
 
 use udpx_h3::{get, serve, GetConfig, ServeConfig, Tls};
 
+mod browser;
 pub mod burst;
 pub mod flood;
 mod peers;
@@ -76,6 +78,8 @@ pub struct Programs {
     /// The `udpx` binary, which runs quinn with h3 (`udpx h3 quinn-serve`) as a second
     /// HTTP/3 server: set by `udpx bench h3` to itself; `None` leaves that row out.
     pub udpx: Option<PathBuf>,
+    /// Chromium (Debian `chromium`): the browser rows (`bench/browser.rs`).
+    pub chromium: Option<PathBuf>,
 }
 
 impl Programs {
@@ -87,6 +91,7 @@ impl Programs {
             nginx: find_in_path("nginx"),
             curl: find_in_path("curl"),
             udpx: None,
+            chromium: udpx_lab::browser::find(),
         }
     }
 }
@@ -181,6 +186,8 @@ pub enum ClientKind {
     UdpxGet,
     /// curl, a child process (HTTP/1.1 over TLS 1.3).
     Curl,
+    /// Headless Chromium, a child process (`bench/browser.rs`): HTTP/3 from udpx, HTTP/2 from nginx.
+    Chromium,
 }
 
 impl ClientKind {
@@ -190,6 +197,7 @@ impl ClientKind {
             ClientKind::Gtlsclient => "gtlsclient",
             ClientKind::UdpxGet => "udpx h3 get",
             ClientKind::Curl => "curl",
+            ClientKind::Chromium => "chromium",
         }
     }
 }
@@ -428,6 +436,18 @@ fn plan(p: &Programs) -> (Vec<(ServerKind, ClientKind)>, Vec<LeftOut>) {
             ),
         });
     }
+    match &p.chromium {
+        Some(_) => {
+            rows.push((ServerKind::Udpx { io: IoMode::GsoMmsg, gro: true }, ClientKind::Chromium));
+            if p.nginx.is_some() {
+                rows.push((ServerKind::Nginx, ClientKind::Chromium));
+            }
+        }
+        None => left.push(LeftOut {
+            rows: "the chromium rows".into(),
+            why: "chromium not found in PATH (Debian package chromium; scripts/setup.sh installs it)".into(),
+        }),
+    }
     (rows, left)
 }
 
@@ -440,7 +460,8 @@ pub fn run(cfg: &H3BenchConfig, progress: &mut dyn FnMut(&str)) -> Result<H3Benc
     let file = scratch.0.join("www").join(FILE);
     write_file(&file, cfg.size).map_err(|e| format!("writing {}: {e}", file.display()))?;
     let (cert, key) = (scratch.0.join("cert.pem"), scratch.0.join("key.pem"));
-    write_cert(&cert, &key)?;
+    let pin = write_cert(&cert, &key)?;
+    browser::write_page(&scratch.0.join("www"))?;
     let cpus = udpx_lab::cpu::online_cpus();
     let (client_cpu, server_cpu) = (cpus[0], *cpus.last().unwrap_or(&0));
     let net = if cfg.veth { Some(equal_footing(cfg.profile, cfg.napi, server_cpu, client_cpu)?) } else { None };
@@ -487,7 +508,7 @@ pub fn run(cfg: &H3BenchConfig, progress: &mut dyn FnMut(&str)) -> Result<H3Benc
     for round in 0..cfg.repeat {
         for (i, &(server, client)) in plan.iter().enumerate() {
             let label = format!("{} / {}", server_name(server), client.name());
-            let r = one_run(cfg, &place, &scratch.0, (&cert, &key), server, client, rate);
+            let r = one_run(cfg, &place, &scratch.0, (&cert, &key, &pin), server, client, rate);
             progress(&match &r {
                 Ok(x) => format!(
                     "round {}/{}: {label}: {:.3} CPU-s/GB, {:.0} Mbit/s",
@@ -596,12 +617,14 @@ fn write_file(path: &Path, size: u64) -> std::io::Result<()> {
 }
 
 /// A self-signed certificate for both servers (the clients do not verify it).
-fn write_cert(cert: &Path, key: &Path) -> Result<(), String> {
+fn write_cert(cert: &Path, key: &Path) -> Result<String, String> {
     let names = ["localhost", "127.0.0.1", "::1"].map(String::from).to_vec();
     let ck = rcgen::generate_simple_self_signed(names).map_err(|e| format!("generating a certificate: {e}"))?;
     std::fs::write(cert, ck.cert.pem()).map_err(|e| format!("{}: {e}", cert.display()))?;
     std::fs::write(key, ck.key_pair.serialize_pem()).map_err(|e| format!("{}: {e}", key.display()))?;
-    Ok(())
+    // Its SPKI pin (base64 of the SHA-256 of its SubjectPublicKeyInfo), as Chromium takes it.
+    let spki = ck.key_pair.public_key_der();
+    Ok(base64::engine::general_purpose::STANDARD.encode(ring::digest::digest(&ring::digest::SHA256, &spki)))
 }
 
 /// One download of one row.
@@ -609,14 +632,14 @@ fn one_run(
     cfg: &H3BenchConfig,
     place: &Place<'_>,
     dir: &Path,
-    (cert, key): (&Path, &Path),
+    (cert, key, pin): (&Path, &Path, &str),
     server: ServerKind,
     client: ClientKind,
     rate: TickRate,
 ) -> Result<H3Run, String> {
     match server {
-        ServerKind::Udpx { io, gro } => udpx_run(cfg, place, dir, (cert, key), io, gro, client, rate),
-        ServerKind::Nginx => nginx_run(cfg, place, dir, (cert, key), rate),
+        ServerKind::Udpx { io, gro } => udpx_run(cfg, place, dir, (cert, key, pin), io, gro, client, rate),
+        ServerKind::Nginx => nginx_run(cfg, place, dir, (cert, key, pin), client, rate),
         ServerKind::Quinn => quinn_run(cfg, place, dir, (cert, key), rate),
     }
 }
@@ -626,7 +649,7 @@ fn udpx_run(
     cfg: &H3BenchConfig,
     place: &Place<'_>,
     dir: &Path,
-    (cert, key): (&Path, &Path),
+    (cert, key, pin): (&Path, &Path, &str),
     io: IoMode,
     gro: bool,
     client: ClientKind,
@@ -669,11 +692,16 @@ fn udpx_run(
             place.run_on(place.client_ns(), place.client_cpu, f)?.map_err(|e| format!("udpx h3 get: {e}"))
         }
         ClientKind::Curl => Err("curl is not an HTTP/3 client here".into()),
+        ClientKind::Chromium => browser::fetch(cfg, place, dir, addr, true, pin).map(|f| (f.bytes, f.seconds)),
     };
     let cost = meter.stop();
     let counters = server.stop().map_err(|e| format!("udpx server: {e}"))?;
     let (bytes, seconds) = got?;
-    if bytes != cfg.size || counters.http.ok != 1 || counters.http.body_bytes != cfg.size {
+    // Chromium's page and its fetches: the file FETCHES times, the page once (and maybe a
+    // favicon, 404).
+    let (files, extra) = if client == ClientKind::Chromium { (browser::FETCHES, 1) } else { (1, 0) };
+    let body_ok = counters.http.body_bytes >= files * cfg.size && counters.http.body_bytes < (files + 1) * cfg.size;
+    if bytes != files * cfg.size || counters.http.ok != files + extra || !body_ok {
         return Err(format!(
             "{bytes} bytes received, {} sent in {} responses; the file has {}",
             counters.http.body_bytes, counters.http.ok, cfg.size

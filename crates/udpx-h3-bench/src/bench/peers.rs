@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use udpx_lab::cpu::TickRate;
 use udpx_lab::netns::ChildGroup;
 
-use super::{measured, H3BenchConfig, H3Run, Place, ServerMeter, FILE};
+use super::{measured, ClientKind, H3BenchConfig, H3Run, Place, ServerMeter, FILE};
 
 /// gtlsclient downloads `url` into a directory of its own; returns (bytes, seconds).
 pub(super) fn gtlsclient(
@@ -44,7 +44,8 @@ pub(super) fn nginx_run(
     cfg: &H3BenchConfig,
     place: &Place<'_>,
     dir: &Path,
-    (cert, key): (&Path, &Path),
+    (cert, key, pin): (&Path, &Path, &str),
+    client: ClientKind,
     rate: TickRate,
 ) -> Result<H3Run, String> {
     let (Some(nginx), Some(curl)) = (cfg.programs.nginx.as_deref(), cfg.programs.curl.as_deref()) else {
@@ -75,6 +76,17 @@ pub(super) fn nginx_run(
         format!("nginx: {e}: {}{}", out.trim(), err.trim())
     })?;
     let task = [format!("/proc/{}", server.id())];
+    if client == ClientKind::Chromium {
+        let meter = ServerMeter::start(task.to_vec(), place.server_cpu, rate);
+        let got = super::browser::fetch(cfg, place, dir, addr, false, pin);
+        let cost = meter.stop();
+        drop(server);
+        let f = got?;
+        let Some((busy, own)) = cost else {
+            return Err("nginx's /proc/PID or /proc/stat could not be read".into());
+        };
+        return Ok(measured(busy, own, f.bytes, f.seconds));
+    }
     let url = format!("https://{addr}/{FILE}");
     let out = ndir.join("curl.out");
     let mut c = place.command(place.client_ns(), place.client_cpu, curl);
@@ -173,7 +185,7 @@ fn nginx_conf(dir: &Path, www: &Path, listen: SocketAddr, cert: &Path, key: &Pat
          http {{\n  access_log off;\n  default_type application/octet-stream;\n\
          client_body_temp_path {d}/body;\n  proxy_temp_path {d}/proxy;\n  fastcgi_temp_path {d}/fastcgi;\n\
          uwsgi_temp_path {d}/uwsgi;\n  scgi_temp_path {d}/scgi;\n\
-         server {{\n    listen {listen} ssl;\n    ssl_protocols TLSv1.3;\n\
+         server {{\n    listen {listen} ssl http2;\n    ssl_protocols TLSv1.3;\n\
          ssl_certificate {};\n    ssl_certificate_key {};\n    root {};\n  }}\n}}\n",
         cert.display(),
         key.display(),
@@ -223,7 +235,7 @@ fn exited(pid: u32) -> bool {
 
 /// Runs `cmd` in a process group of its own (killed on drop), its output to `log`, until it
 /// exits or `deadline` passes; a non-zero exit or the deadline is an error.
-fn run_bounded(cmd: &mut Command, log: &Path, deadline: Duration) -> Result<(), String> {
+pub(super) fn run_bounded(cmd: &mut Command, log: &Path, deadline: Duration) -> Result<(), String> {
     let f = std::fs::File::create(log).map_err(|e| format!("{}: {e}", log.display()))?;
     let f2 = f.try_clone().map_err(|e| e.to_string())?;
     cmd.stdin(Stdio::null()).stdout(f).stderr(f2);

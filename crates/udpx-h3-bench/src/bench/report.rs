@@ -15,18 +15,25 @@ pub fn judge(rows: &[H3Row], vs_nginx: f64) -> Vec<Check> {
             out.extend(Check::judge("h3", &what, &a.costs(), &b.costs(), 0.5));
         }
     }
+    let chromium = ClientKind::Chromium.name();
     let best = rows
         .iter()
-        .filter(|r| r.is_udpx())
+        .filter(|r| r.is_udpx() && r.client != chromium)
         .filter_map(|r| Some((r, r.median?.cpu_s_per_gb)))
         .min_by(|a, b| a.1.total_cmp(&b.1));
     if let (Some((best, _)), Some(quinn)) = (best, rows.iter().find(|r| r.server == QUINN)) {
         let what = format!("best udpx ({}) / quinn h3, CPU per byte", best.label());
         out.extend(Check::judge("h3", &what, &best.costs(), &quinn.costs(), 1.0));
     }
-    if let (Some((best, _)), Some(nginx)) = (best, rows.iter().find(|r| r.server == NGINX)) {
+    if let (Some((best, _)), Some(nginx)) = (best, rows.iter().find(|r| r.server == NGINX && r.client != chromium)) {
         let what = format!("best udpx ({}) / nginx, CPU per byte", best.label());
         out.extend(Check::judge("h3", &what, &best.costs(), &nginx.costs(), vs_nginx));
+    }
+    // The client users bring: a browser, over HTTP/3 from udpx and HTTP/2 from nginx.
+    let by_chromium = |udpx: bool| rows.iter().find(|r| r.client == chromium && r.is_udpx() == udpx);
+    if let (Some(u), Some(n)) = (by_chromium(true), by_chromium(false)) {
+        let what = format!("udpx ({}) / nginx serving Chromium, CPU per byte", u.label());
+        out.extend(Check::judge("h3", &what, &u.costs(), &n.costs(), 1.3));
     }
     out
 }
