@@ -41,7 +41,7 @@ use serde::Serialize;
 use udpx_lab::cpu::{CpuSample, TickRate};
 use udpx_lab::env::Environment;
 use udpx_lab::judge::{checks_text, verdict_rule, Check};
-use udpx_lab::netns::{Namespace, Napi, Profile, Side, TestNet, TestNetConfig};
+use udpx_lab::netns::{Namespace, Napi, Profile, Side, TestNet};
 use udpx_lab::stats::{median_run, paired_ratios, Spread};
 use udpx_quic::IoMode;
 
@@ -53,7 +53,8 @@ pub mod flood;
 mod peers;
 pub mod scale;
 
-use peers::{cpu_secs, gtlsclient, nginx_run, quic_threads, quinn_run};
+use peers::{cpu_secs, equal_footing, gtlsclient, nginx_run, quic_threads, quinn_run};
+pub(crate) use peers::{receive_note, receive_on_own_cpus};
 
 /// The file's name under the served directory.
 const FILE: &str = "file";
@@ -533,48 +534,6 @@ pub fn run(cfg: &H3BenchConfig, progress: &mut dyn FnMut(&str)) -> Result<H3Benc
     Ok(H3Bench { config: cfg.clone(), profile: profile.into(), path, rows, left_out, checks, environment, debug_build })
 }
 
-/// The veth pair of a profile: the server's device (its namespace is `Rx`) with TCP and UDP
-/// segmentation offload both off (`Software`) or both on (`Offload`), GSO on; each side's
-/// receive work on its own CPU ([`receive_on_own_cpus`]).
-fn equal_footing(profile: Profile, napi: Napi, server_cpu: usize, client_cpu: usize) -> Result<TestNet, String> {
-    let net = TestNet::setup(&TestNetConfig::new(Profile::Offload)).map_err(|e| format!("veth pair: {e}"))?;
-    let v = if profile == Profile::Software { "off" } else { "on" };
-    net.set_features(Side::Rx, &[("tso", v), ("tx-udp-segmentation", v), ("gso", "on")])
-        .map_err(|e| format!("server-side offloads ({profile}): {e}"))?;
-    receive_on_own_cpus(&net, napi, server_cpu, client_cpu)?;
-    Ok(net)
-}
-
-/// Each side's receive work on its own CPU, the server's (namespace `Rx`) on `server_cpu` in
-/// the `server` mode and the client's on `client_cpu` in a NAPI thread, so a packet's protocol
-/// work (TCP's ACK-clocked sends included) is charged to the side that receives it, for TCP as
-/// for UDP (see [`Napi`]). The client's side is threaded so that the GRO of the responses runs
-/// on the client's CPU, as on a client host: in softirq veth would run it in the server's send.
-pub(crate) fn receive_on_own_cpus(
-    net: &TestNet,
-    server: Napi,
-    server_cpu: usize,
-    client_cpu: usize,
-) -> Result<(), String> {
-    net.receive_on(Side::Rx, server_cpu, server).map_err(|e| format!("server-side receive ({server} NAPI): {e}"))?;
-    net.receive_on(Side::Tx, client_cpu, Napi::Threaded).map_err(|e| format!("client-side receive: {e}"))?;
-    Ok(())
-}
-
-/// How the report names the server's [`Napi`] mode.
-pub(crate) fn receive_note(server: Napi) -> &'static str {
-    match server {
-        Napi::Softirq => {
-            "the server's receive work in softirq steered (RPS) to its CPU (--napi softirq: UDP's veth poll and GRO \
-             of the requests and acknowledgements run on the client's CPU), the client's in a NAPI thread on its CPU"
-        }
-        Napi::Threaded => {
-            "receive work in a NAPI thread on each side's CPU for UDP (a thread switch per poll), TCP's in softirq \
-             steered (RPS) there (--napi threaded)"
-        }
-    }
-}
-
 /// A row from its runs: the median run by cost, every run beside it, the first error.
 fn merge(server: String, client: String, runs: Vec<Result<H3Run, String>>) -> H3Row {
     let error = runs.iter().find_map(|r| r.as_ref().err().cloned());
@@ -776,9 +735,9 @@ mod tests {
         let (rows, left) = plan(&Programs::default());
         assert_eq!(rows.len(), udpx_servers().len(), "udpx h3 get needs no peer");
         assert!(rows.iter().all(|r| r.1 == ClientKind::UdpxGet));
-        assert_eq!(left.len(), 3);
+        assert_eq!(left.len(), 4);
         assert!(left[0].why.contains("gtlsclient") && left[1].why.contains("udpx binary"), "{left:?}");
-        assert!(left[2].why.contains("nginx and curl"), "{left:?}");
+        assert!(left[2].why.contains("nginx and curl") && left[3].why.contains("chromium"), "{left:?}");
         let with_udpx = Programs { udpx: Some("/bin/true".into()), ..Programs::default() };
         let (rows, _) = plan(&with_udpx);
         assert_eq!(rows.last(), Some(&(ServerKind::Quinn, ClientKind::UdpxGet)));

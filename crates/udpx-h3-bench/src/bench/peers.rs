@@ -8,7 +8,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use udpx_lab::cpu::TickRate;
-use udpx_lab::netns::ChildGroup;
+use udpx_lab::netns::{ChildGroup, Napi, Profile, Side, TestNet, TestNetConfig};
 
 use super::{measured, ClientKind, H3BenchConfig, H3Run, Place, ServerMeter, FILE};
 
@@ -332,6 +332,53 @@ pub(super) fn stat_ticks(stat: &str) -> Option<u64> {
     let f: Vec<&str> = rest.split_whitespace().collect();
     // rest starts at field 3 (state): utime is field 14, stime 15.
     Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
+}
+
+/// The veth pair of a profile: the server's device (its namespace is `Rx`) with TCP and UDP
+/// segmentation offload both off (`Software`) or both on (`Offload`), GSO on; each side's
+/// receive work on its own CPU ([`receive_on_own_cpus`]).
+pub(super) fn equal_footing(
+    profile: Profile,
+    napi: Napi,
+    server_cpu: usize,
+    client_cpu: usize,
+) -> Result<TestNet, String> {
+    let net = TestNet::setup(&TestNetConfig::new(Profile::Offload)).map_err(|e| format!("veth pair: {e}"))?;
+    let v = if profile == Profile::Software { "off" } else { "on" };
+    net.set_features(Side::Rx, &[("tso", v), ("tx-udp-segmentation", v), ("gso", "on")])
+        .map_err(|e| format!("server-side offloads ({profile}): {e}"))?;
+    receive_on_own_cpus(&net, napi, server_cpu, client_cpu)?;
+    Ok(net)
+}
+
+/// Each side's receive work on its own CPU, the server's (namespace `Rx`) on `server_cpu` in
+/// the `server` mode and the client's on `client_cpu` in a NAPI thread, so a packet's protocol
+/// work (TCP's ACK-clocked sends included) is charged to the side that receives it, for TCP as
+/// for UDP (see [`Napi`]). The client's side is threaded so that the GRO of the responses runs
+/// on the client's CPU, as on a client host: in softirq veth would run it in the server's send.
+pub(crate) fn receive_on_own_cpus(
+    net: &TestNet,
+    server: Napi,
+    server_cpu: usize,
+    client_cpu: usize,
+) -> Result<(), String> {
+    net.receive_on(Side::Rx, server_cpu, server).map_err(|e| format!("server-side receive ({server} NAPI): {e}"))?;
+    net.receive_on(Side::Tx, client_cpu, Napi::Threaded).map_err(|e| format!("client-side receive: {e}"))?;
+    Ok(())
+}
+
+/// How the report names the server's [`Napi`] mode.
+pub(crate) fn receive_note(server: Napi) -> &'static str {
+    match server {
+        Napi::Softirq => {
+            "the server's receive work in softirq steered (RPS) to its CPU (--napi softirq: UDP's veth poll and GRO \
+             of the requests and acknowledgements run on the client's CPU), the client's in a NAPI thread on its CPU"
+        }
+        Napi::Threaded => {
+            "receive work in a NAPI thread on each side's CPU for UDP (a thread switch per poll), TCP's in softirq \
+             steered (RPS) there (--napi threaded)"
+        }
+    }
 }
 
 #[cfg(test)]

@@ -31,7 +31,7 @@
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -39,16 +39,20 @@ use serde::Serialize;
 use udpx_lab::cpu::{CpuSample, TickRate};
 use udpx_lab::env::Environment;
 use udpx_lab::judge::Check;
-use udpx_lab::netns::{ChildGroup, Namespace, Napi, Profile, Side, TestNet, TestNetConfig};
+use udpx_lab::netns::{ChildGroup, Namespace, Profile, Side, TestNet, TestNetConfig};
 
 use super::peers::{process_cpu_secs, process_switches};
-use super::{write_cert, Programs, Scratch};
+use super::{write_cert, Scratch};
 use crate::independent::Proto;
 use crate::load::{self, LoadConfig, LoadReport};
 use crate::load_tcp::{self, TcpHttp};
 
+mod config;
 mod report;
 mod servers;
+
+pub(crate) use config::as_text;
+pub use config::{LoadClient, ScaleConfig, ScaleServer};
 
 pub use report::{judge, table};
 pub(crate) use servers::wait_until_up;
@@ -60,131 +64,6 @@ const SEGMENT: &str = "segment";
 const IDLE_OPENS_PER_SEC: u64 = 1_000;
 /// A row whose client used more than this share of its CPU measured the client.
 pub const CLIENT_LIMIT_PCT: f64 = 80.0;
-
-/// Which server a row measures.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-pub enum ScaleServer {
-    /// `udpx h3 serve`, one shard.
-    Udpx,
-    /// quinn with h3 (`udpx h3 quinn-serve`).
-    Quinn,
-    /// nginx, HTTP/2 over TLS 1.3, one worker.
-    NginxH2,
-    /// nginx, HTTP/1.1 over TLS 1.3, one worker.
-    NginxH1,
-}
-
-impl ScaleServer {
-    /// Every server, in table order.
-    pub const ALL: [ScaleServer; 4] =
-        [ScaleServer::Udpx, ScaleServer::Quinn, ScaleServer::NginxH2, ScaleServer::NginxH1];
-
-    /// Its name in the table.
-    pub fn name(self) -> &'static str {
-        match self {
-            ScaleServer::Udpx => "udpx h3",
-            ScaleServer::Quinn => "quinn h3",
-            ScaleServer::NginxH2 => "nginx h2/tcp",
-            ScaleServer::NginxH1 => "nginx http1.1/tcp",
-        }
-    }
-}
-
-/// Which client plays a row's players.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-pub enum LoadClient {
-    /// udpx's own: `udpx h3 load` (quiche, one event loop) for the HTTP/3 servers, its TCP
-    /// twin for nginx. It acknowledges least of all clients.
-    Own,
-    /// The independent one ([`crate::independent`]): quic-go's HTTP/3 client, Go's `net/http`
-    /// for nginx. The verdicts are judged with it.
-    Independent,
-}
-
-impl LoadClient {
-    /// Its name in the table.
-    pub fn name(self) -> &'static str {
-        match self {
-            LoadClient::Own => "udpx",
-            LoadClient::Independent => "quic-go / Go",
-        }
-    }
-}
-
-/// The bench's settings.
-#[derive(Debug, Clone, Serialize)]
-pub struct ScaleConfig {
-    /// Connection counts of the sweep.
-    pub connections: Vec<usize>,
-    /// Idle connections of the idle row (`None`: no idle row).
-    pub idle: Option<usize>,
-    /// Segment bytes.
-    pub segment: usize,
-    /// Between a player's requests.
-    pub interval: Duration,
-    /// Connection starts spread over this.
-    pub ramp: Duration,
-    /// The measured window.
-    pub window: Duration,
-    /// Client addresses.
-    pub addresses: usize,
-    /// The servers of the sweep.
-    pub servers: Vec<ScaleServer>,
-    /// The clients of the sweep: every row runs with each (the idle row with udpx's own).
-    pub clients: Vec<LoadClient>,
-    /// The independent client's program (`None`: not built; its rows left out).
-    pub independent: Option<PathBuf>,
-    /// The `udpx` binary that runs the HTTP/3 servers (this one, usually).
-    pub udpx: PathBuf,
-    /// nginx's path (`None`: its rows left out).
-    pub nginx: Option<PathBuf>,
-    /// Rounds: every row once per round, interleaved; a row shows its median run, the
-    /// targets are judged on per-round ratios (3 rounds at least give a verdict).
-    pub rounds: usize,
-    /// `udpx h3 serve --coalesce` for the udpx rows (zero: none).
-    pub coalesce: Duration,
-    /// `udpx h3 serve --cc` for the udpx rows.
-    #[serde(serialize_with = "as_text")]
-    pub cc: udpx_h3::server::Cc,
-    /// `udpx h3 serve --defer-flush` for the udpx rows.
-    pub defer_flush: bool,
-    /// The idle row's PING period per connection.
-    pub keepalive: Duration,
-    /// Over veth: where each side's receive work runs (`--napi`, softirq by default).
-    #[serde(serialize_with = "as_text")]
-    pub napi: Napi,
-}
-
-pub(crate) fn as_text<S: serde::Serializer, T: std::fmt::Display>(v: &T, s: S) -> Result<S::Ok, S::Error> {
-    s.collect_str(v)
-}
-
-impl ScaleConfig {
-    /// 100, 1,000 and 10,000 players of 16 KiB every 2 s, 50,000 idle, 64 addresses, a 5 s
-    /// ramp and 15 s measured, every server; `udpx` the binary that runs the servers.
-    pub fn new(udpx: PathBuf) -> ScaleConfig {
-        ScaleConfig {
-            connections: vec![100, 1_000, 10_000],
-            idle: Some(50_000),
-            segment: 16 * 1024,
-            interval: Duration::from_secs(2),
-            ramp: Duration::from_secs(5),
-            window: Duration::from_secs(15),
-            addresses: 64,
-            servers: ScaleServer::ALL.to_vec(),
-            clients: vec![LoadClient::Own, LoadClient::Independent],
-            independent: crate::independent::find(),
-            udpx,
-            nginx: Programs::from_path().nginx,
-            rounds: 1,
-            coalesce: Duration::ZERO,
-            cc: udpx_h3::server::Cc::Bbr2,
-            defer_flush: true,
-            keepalive: Duration::from_secs(10),
-            napi: Napi::Softirq,
-        }
-    }
-}
 
 /// One row: its runs (one per round) and the median one by server CPU.
 #[derive(Debug, Clone, Serialize)]
