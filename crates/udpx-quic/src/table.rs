@@ -68,7 +68,7 @@ pub(crate) struct Entry<S> {
     pub timed_out: bool,
     /// PTOs of the paths other than the active one, as last seen by `resend_stranded`.
     pub left_ptos: usize,
-    /// When it last put a packet in the outbox.
+    /// When a packet of it last went into the outbox (a held packet counts when it is released).
     pub last_out: Option<Instant>,
     /// Packets it may still send ahead of their pacing time ([`crate::pacing::QUIET_BURST`]
     /// after a quiet spell).

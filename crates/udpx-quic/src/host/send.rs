@@ -91,6 +91,7 @@ impl<A: App> Host<A> {
             let h = e.held.take().expect("checked above");
             space[..len].copy_from_slice(&h.bytes);
             self.out.commit(slot, h.to, h.from, len, None);
+            e.last_out = Some(now);
         }
         let max = e.conn.max_send_udp_payload_size();
         let mut budget = match self.burst {
@@ -114,10 +115,11 @@ impl<A: App> Host<A> {
                     self.counters.packets_sent += 1;
                     self.counters.bytes_sent += len as u64;
                     budget = budget.saturating_sub(len);
+                    // Quiet: nothing left for a while. A connection waiting on its held packet
+                    // is being paced, not quiet: only packets that leave move `last_out`.
                     if e.last_out.is_none_or(|t| now.saturating_duration_since(t) >= QUIET_REFILL) {
                         e.quiet_credit = QUIET_BURST;
                     }
-                    e.last_out = Some(now);
                     let early = self.pacing != Pacing::Off && info.at > now + PACING_SLACK;
                     let now_anyway = early && e.quiet_credit > 0;
                     if now_anyway {
@@ -136,6 +138,7 @@ impl<A: App> Host<A> {
                         (self.pacing == Pacing::Kernel && !now_anyway).then(|| departure(self.anchor, info.at));
                     let from = src_for(self.local, info.from);
                     self.out.commit(slot, info.to, from, len, departure);
+                    e.last_out = Some(now);
                 }
                 Err(quiche::Error::Done) => {
                     if std::mem::take(&mut e.timed_out) {
