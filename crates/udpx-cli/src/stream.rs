@@ -391,6 +391,9 @@ fn serve(a: ServeArgs) -> ExitCode {
         lab::Path::Loopback => "loopback",
     };
     output(&a.flow, &recv, path, Some(&st.server), &st.receiver, slot);
+    if let Some(d) = st.link_drops.filter(|&d| d > 0) {
+        eprintln!("udpx {CMD}: the veth pair itself dropped {d} packets (its NAPI ring or backlog was full)");
+    }
     if !st.exactly_once() {
         eprintln!("udpx {CMD}: not every datagram arrived exactly once (see lost / duplicates / unsent above)");
     }

@@ -83,8 +83,8 @@ pub use namespace::{
 };
 pub use star::{Leaf, StarNet};
 pub use testnet::{
-    parse_features, Napi, NapiThread, Profile, Side, TestNet, TestNetConfig, MAX_IFNAME_LEN, MAX_MTU, MIN_MTU, RX_V4,
-    RX_V6, TX_V4, TX_V6, V4_PREFIX, V6_PREFIX,
+    parse_drop_counts, parse_features, DropCounts, Napi, NapiThread, Profile, Side, TestNet, TestNetConfig,
+    MAX_IFNAME_LEN, MAX_MTU, MIN_MTU, RX_V4, RX_V6, TX_V4, TX_V6, V4_PREFIX, V6_PREFIX,
 };
 
 /// Programs this crate runs.

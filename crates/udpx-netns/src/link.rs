@@ -58,6 +58,40 @@ pub(crate) fn static_neighbour(ns: &Namespace, dev: &str, peer: &str, mac: &str)
     ip(&["-n", ns.name(), "neigh", "replace", peer, "lladdr", mac, "dev", dev, "nud", "permanent"]).map(drop)
 }
 
+/// A device's drop counters, from `ip -s -o link show`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DropCounts {
+    /// Received packets the device or the stack behind it dropped (`RX: dropped`; on veth
+    /// also the backlog's drops).
+    pub rx_dropped: u64,
+    /// Packets the device could not pass on (`TX: dropped`; on veth the peer's full NAPI
+    /// ring or backlog).
+    pub tx_dropped: u64,
+}
+
+/// The drop counters of `dev` in `ns` (see [`parse_drop_counts`]).
+pub(crate) fn drop_counts(ns: &Namespace, dev: &str) -> Result<DropCounts, Error> {
+    let out = ip(&["-n", ns.name(), "-s", "-o", "link", "show", "dev", dev])?;
+    parse_drop_counts(&out).ok_or_else(|| Error::SettingDidNotTake {
+        dev: dev.to_owned(),
+        setting: "statistics".to_owned(),
+        wanted: "RX and TX lines with a dropped column".to_owned(),
+        got: out.trim().to_owned(),
+    })
+}
+
+/// Parses the one-line `ip -s -o link show` form, where `\` separates what would be lines:
+/// `RX: bytes packets errors dropped ...` followed by the figures, then the same for `TX:`.
+pub fn parse_drop_counts(text: &str) -> Option<DropCounts> {
+    let parts: Vec<&str> = text.split('\\').map(str::trim).collect();
+    let dropped = |side: &str| {
+        let i = parts.iter().position(|p| p.starts_with(side))?;
+        let col = parts[i].split_whitespace().skip(1).position(|w| w == "dropped")?;
+        parts.get(i + 1)?.split_whitespace().nth(col)?.parse().ok()
+    };
+    Some(DropCounts { rx_dropped: dropped("RX:")?, tx_dropped: dropped("TX:")? })
+}
+
 /// The features of `dev` in `ns`, parsed from `ethtool -k` (see [`parse_features`]).
 pub(crate) fn features(ns: &Namespace, dev: &str) -> Result<BTreeMap<String, String>, Error> {
     let out = ns.exec_timeout(&["ethtool", "-k", dev], TOOL_TIMEOUT)?;
@@ -162,6 +196,16 @@ mod tests {
             }
         }
         assert_eq!(dev_name(1234, 7, 'c'), "ux1234c7");
+    }
+
+    #[test]
+    fn drop_counts_parse() {
+        let text = "7: ux1t0@if6: <BROADCAST,UP> mtu 1500 qdisc noqueue state UP\\    link/ether 1a:2b brd ff:ff\\    \
+                    RX:  bytes packets errors dropped  missed   mcast           \\    900 9 0 4 0 0 \\    \
+                    TX:  bytes packets errors dropped carrier collsns           \\    700 7 0 3 0 0 ";
+        assert_eq!(parse_drop_counts(text), Some(DropCounts { rx_dropped: 4, tx_dropped: 3 }));
+        assert_eq!(parse_drop_counts("7: ux1t0: <UP> mtu 1500"), None);
+        assert_eq!(parse_drop_counts("RX: bytes dropped\\ 1 x\\ TX: bytes dropped\\ 1 2"), None);
     }
 
     #[test]

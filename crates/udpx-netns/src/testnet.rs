@@ -28,8 +28,8 @@ use nix::sched::{sched_getaffinity, sched_setaffinity, CpuSet};
 use nix::unistd::Pid;
 
 use crate::command::TOOL_TIMEOUT;
-pub use crate::link::parse_features;
 use crate::link::{self, ip, link_mtu};
+pub use crate::link::{parse_drop_counts, parse_features, DropCounts};
 use crate::namespace::{name_for, next_serial, Namespace};
 use crate::Error;
 
@@ -370,6 +370,18 @@ impl TestNet {
     /// `"tx-udp-segmentation" -> "on"`. For reports and checks.
     pub fn features(&self, side: Side) -> Result<BTreeMap<String, String>, Error> {
         link::features(self.ns(side), self.dev(side))
+    }
+
+    /// The drop counters of one side's veth (see [`DropCounts`]).
+    pub fn drop_counts(&self, side: Side) -> Result<DropCounts, Error> {
+        link::drop_counts(self.ns(side), self.dev(side))
+    }
+
+    /// Packets the pair itself dropped from tx to rx: the tx end's `TX: dropped` (a full NAPI
+    /// ring or backlog on the peer; with a software-segmented GSO send only the last segment's
+    /// fate reaches the sender, so these drops are silent) plus the rx end's `RX: dropped`.
+    pub fn link_drops(&self) -> Result<u64, Error> {
+        Ok(self.drop_counts(Side::Tx)?.tx_dropped + self.drop_counts(Side::Rx)?.rx_dropped)
     }
 
     /// Sets features with `ethtool -K <dev> <name> <value>...` on one side, then reads them back

@@ -31,6 +31,9 @@ pub struct SelfTest {
     pub server: ServerReport,
     /// The receiver's.
     pub receiver: RecvReport,
+    /// Veth only: packets the pair itself dropped between the server and the receivers
+    /// ([`netns::TestNet::link_drops`]); `None` on loopback or if unreadable.
+    pub link_drops: Option<u64>,
 }
 
 impl SelfTest {
@@ -107,7 +110,8 @@ pub fn self_test(
             .map_err(setup)?;
         let receiver = receiver.join().map_err(|_| StreamError::Setup("the receiver panicked".into()));
         let server = server.stop()?;
-        Ok(SelfTest { path: Path::Veth, server, receiver: receiver?? })
+        let link_drops = net.link_drops().ok();
+        Ok(SelfTest { path: Path::Veth, server, receiver: receiver??, link_drops })
     } else {
         serve.bind = SocketAddr::from((Ipv4Addr::LOCALHOST, 0));
         let server = Server::start(serve)?;
@@ -122,7 +126,7 @@ pub fn self_test(
         .join()
         .map_err(|_| StreamError::Setup("the receiver panicked".into()))?;
         let server = server.stop()?;
-        Ok(SelfTest { path: Path::Loopback, server, receiver: receiver? })
+        Ok(SelfTest { path: Path::Loopback, server, receiver: receiver?, link_drops: None })
     }
 }
 
