@@ -217,6 +217,14 @@ struct ServeArgs {
     /// bulk downloads.
     #[arg(long, value_enum, default_value_t = OnOff::On)]
     defer_flush: OnOff,
+    /// Microseconds the packets of acknowledgement-clocked transfers may wait for the next
+    /// acknowledgements' packets, to leave in one send call (0: never; TCP's
+    /// tcp_tso_should_defer does the same): a client that acknowledges every second packet
+    /// (Chromium) otherwise costs a send call per acknowledgement. A response's first flight
+    /// never waits. 0 to 2000.
+    #[arg(long, default_value_t = udpx_quic::host::ACK_DEFER.as_micros() as u64, value_name = "US",
+          value_parser = clap::value_parser!(u64).range(0..=2000))]
+    ack_defer: u64,
     /// MSG_ZEROCOPY for sends of large GSO runs (16 KiB a run on average), saving the kernel's
     /// copy of every byte: auto turns it off where the kernel copies anyway (loopback, veth,
     /// a device without scatter-gather: its first completions say so); always keeps it on
@@ -309,12 +317,16 @@ pub struct H3BenchArgs {
     /// window under --cc bbr2, quantum under cubic).
     #[arg(long, value_enum, default_value = "auto")]
     burst: BurstArg,
-    /// With --connections: `udpx h3 serve --coalesce` for the udpx rows (microseconds).
+    /// `udpx h3 serve --coalesce` for the udpx servers (microseconds; every table).
     #[arg(long, default_value_t = 0, value_name = "US", value_parser = clap::value_parser!(u64).range(0..=100_000))]
     coalesce: u64,
     /// `udpx h3 serve --defer-flush` for the udpx servers (every table).
     #[arg(long, value_enum, default_value_t = OnOff::On)]
     defer_flush: OnOff,
+    /// `udpx h3 serve --ack-defer` for the udpx servers (microseconds; every table).
+    #[arg(long, default_value_t = udpx_quic::host::ACK_DEFER.as_micros() as u64, value_name = "US",
+          value_parser = clap::value_parser!(u64).range(0..=2000))]
+    ack_defer: u64,
     /// `udpx h3 serve --zerocopy` for the udpx servers of the bulk table.
     #[arg(long, default_value = "auto")]
     zerocopy: udpx_quic::Zerocopy,
@@ -508,6 +520,7 @@ fn bench_scale(a: H3BenchArgs) -> ExitCode {
     cfg.idle = (a.idle > 0).then_some(a.idle);
     (cfg.interval, cfg.ramp, cfg.window, cfg.rounds) = (interval, ramp, window, a.rounds);
     cfg.coalesce = Duration::from_micros(a.coalesce);
+    cfg.ack_defer = Duration::from_micros(a.ack_defer);
     cfg.cc = a.cc;
     cfg.defer_flush = a.defer_flush == OnOff::On;
     cfg.keepalive = Duration::from_secs_f64(a.keepalive);
@@ -709,6 +722,8 @@ pub fn bench(a: H3BenchArgs) -> ExitCode {
             burst: a.burst.under(a.cc),
             cc: a.cc,
             defer_flush: a.defer_flush == OnOff::On,
+            coalesce: Duration::from_micros(a.coalesce),
+            ack_defer: Duration::from_micros(a.ack_defer),
             zerocopy: a.zerocopy,
             napi: a.napi,
             ..udpx_h3_bench::bench::H3BenchConfig::new()
@@ -846,6 +861,7 @@ fn serve(a: ServeArgs) -> ExitCode {
             burst: a.burst.under(a.cc),
             coalesce: std::time::Duration::from_micros(a.coalesce),
             defer_flush: a.defer_flush == OnOff::On,
+            ack_defer: std::time::Duration::from_micros(a.ack_defer),
             removed_hosts: removed_hosts.clone(),
             ..udpx_quic::HostConfig::server()
         },

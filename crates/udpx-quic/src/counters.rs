@@ -164,6 +164,13 @@ host_counters! {
     /// Turns that ended with connections still ready and kept their few packets for the next
     /// turn's send call instead of sending them alone.
     deferred_flushes,
+    /// Turns whose packets were all the small freed windows of acknowledgement-clocked
+    /// transfers and waited for the next acknowledgements' packets to join them in one send
+    /// call, at most `HostConfig::ack_defer` (TCP's `tcp_tso_should_defer`).
+    ack_defers,
+    /// Of the send calls that followed such waits, those made at the time limit rather than
+    /// because enough packets had gathered or other work came.
+    ack_defer_expired,
     /// Probes written on a path the peer left after a NAT rebinding and sent to its new
     /// address instead: what quiche stranded on the old path (`Host::resend_stranded`).
     stranded_probes,

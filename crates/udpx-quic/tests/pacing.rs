@@ -14,7 +14,7 @@ const BODY: usize = 600_000;
 
 mod common;
 
-use common::TempCert;
+use common::{Sender, TempCert};
 
 /// The tests' config, paced by quiche's BBRv2 at most `pacing_rate` when given.
 fn quiche_config(pem: Option<(&str, &str)>, pacing_rate: Option<u64>) -> quiche::Config {
@@ -26,33 +26,6 @@ fn quiche_config(pem: Option<(&str, &str)>, pacing_rate: Option<u64>) -> quiche:
         c.set_max_pacing_rate(r);
     }
     c
-}
-
-/// Server: answers a request on stream 0 with BODY bytes and FIN.
-struct Sender;
-
-impl App for Sender {
-    /// Bytes of the body written so far (`None`: no request yet).
-    type State = Option<usize>;
-    fn accepted(&mut self, _: &udpx_quic::Connection) -> Option<usize> {
-        None
-    }
-    fn on_turn(&mut self, conn: &mut udpx_quic::Connection, sent: &mut Option<usize>) {
-        let mut buf = [0u8; 64];
-        while let Ok((_, _)) = conn.stream_recv(0, &mut buf) {
-            sent.get_or_insert(0);
-        }
-        let Some(n) = sent.as_mut() else { return };
-        let chunk = [0x42u8; 16 * 1024];
-        while *n < BODY {
-            let len = chunk.len().min(BODY - *n);
-            match conn.stream_send(0, &chunk[..len], *n + len == BODY) {
-                Ok(w) => *n += w,
-                Err(_) => break,
-            }
-        }
-    }
-    fn closed(&mut self, _: &udpx_quic::Connection, _: Option<usize>) {}
 }
 
 /// Client: sends a request, reads the body to its FIN, closes.
@@ -91,7 +64,7 @@ fn held_packets_leave_at_their_time_and_nothing_is_lost() {
 
     let cfg = ServerConfig::new("127.0.0.1:0".parse().unwrap());
     // 3 MB/s: packets of ~1400 bytes every ~470 us, more than the host's 200 us slack.
-    let server = Server::start(&cfg, vec![quiche_config(Some(pem), Some(3_000_000))], |_| Sender).unwrap();
+    let server = Server::start(&cfg, vec![quiche_config(Some(pem), Some(3_000_000))], |_| Sender(BODY)).unwrap();
     let addr: SocketAddr = server.local_addr();
     let socket = client_socket(addr, IoMode::GsoMmsg, true).unwrap();
     let mut client = Host::new(

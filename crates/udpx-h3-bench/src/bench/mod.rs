@@ -123,6 +123,11 @@ pub struct H3BenchConfig {
     pub cc: udpx_h3::server::Cc,
     /// `--defer-flush` for the udpx servers (on by default, as for `udpx h3 serve`).
     pub defer_flush: bool,
+    /// `--coalesce` for the udpx servers (zero by default, as for `udpx h3 serve`).
+    pub coalesce: Duration,
+    /// `--ack-defer` for the udpx servers ([`udpx_quic::host::ACK_DEFER`] by default, as for
+    /// `udpx h3 serve`).
+    pub ack_defer: Duration,
     /// `--zerocopy` for the udpx servers (`auto` by default, as for `udpx h3 serve`).
     pub zerocopy: udpx_quic::Zerocopy,
     /// Over veth: where each side's receive work runs (`--napi`, softirq by default).
@@ -143,6 +148,8 @@ impl H3BenchConfig {
             burst: udpx_quic::Burst::Window,
             cc: udpx_h3::server::Cc::Bbr2,
             defer_flush: true,
+            coalesce: Duration::ZERO,
+            ack_defer: udpx_quic::host::ACK_DEFER,
             zerocopy: udpx_quic::Zerocopy::Auto,
             napi: Napi::Softirq,
             programs: Programs::from_path(),
@@ -494,9 +501,11 @@ pub fn run(cfg: &H3BenchConfig, progress: &mut dyn FnMut(&str)) -> Result<H3Benc
         ),
     };
     let path = format!(
-        "{path}; udpx under --cc {}{}, --zerocopy {}; each udpx connection writes per turn {}",
+        "{path}; udpx under --cc {}{}{}, --zerocopy {}; each udpx connection writes per turn {}",
         cfg.cc,
         if cfg.defer_flush { "" } else { " with --defer-flush off" },
+        if cfg.coalesce.is_zero() { String::new() } else { format!(", --coalesce {}", cfg.coalesce.as_micros()) }
+            + &format!(", --ack-defer {}", cfg.ack_defer.as_micros()),
         cfg.zerocopy,
         match cfg.burst {
             udpx_quic::Burst::Quantum => "its send_quantum() (--burst quantum)",
@@ -619,6 +628,7 @@ fn udpx_run(
     sc.cc = cfg.cc;
     (sc.quic.io, sc.quic.gro, sc.quic.zerocopy) = (io, gro, cfg.zerocopy);
     (sc.quic.host.burst, sc.quic.host.defer_flush) = (cfg.burst, cfg.defer_flush);
+    (sc.quic.host.coalesce, sc.quic.host.ack_defer) = (cfg.coalesce, cfg.ack_defer);
     let before = quic_threads();
     let shards = sc.quic.shards;
     let www = dir.join("www");

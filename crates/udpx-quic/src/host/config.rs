@@ -35,6 +35,16 @@ pub struct HostConfig {
     /// quantum then leaves in one call instead of two (`deferred_flushes`), and a bulk
     /// download goes 20 packets per call instead of 10. Off for a client, on for a server.
     pub defer_flush: bool,
+    /// How long the packets of acknowledgement-clocked transfers may wait for more (zero:
+    /// never). When every connection that wrote in a turn was mid-transfer (it sent within
+    /// the last few milliseconds) and wrote only the few packets the acknowledgement just read
+    /// freed (fewer than [`crate::host::ACK_CLOCKED_PACKETS`]), and together they are under
+    /// [`crate::host::ACK_DEFER_BELOW`] bytes, the turn keeps them: the next acknowledgements'
+    /// packets join them in one send call. TCP defers the same way (`tcp_tso_should_defer`).
+    /// A client that acknowledges every second packet (Chromium) otherwise costs the server a
+    /// send call, and a wake-up of the receiver, per acknowledgement. The price: up to this
+    /// much added to a transfer's packets, never to a response's first flight.
+    pub ack_defer: Duration,
     /// Who paces. [`Pacing::Kernel`] needs a socket with `SO_TXTIME` and an fq egress qdisc to
     /// mean anything; see [`crate::pacing_for`].
     pub pacing: Pacing,
@@ -46,7 +56,7 @@ pub struct HostConfig {
 
 impl Default for HostConfig {
     /// A client's: own keys, default limits, quiche's quantum, no coalescing, no deferred
-    /// flush, paced by holding packets.
+    /// flush, no acknowledgement-clocked deferral, paced by holding packets.
     fn default() -> HostConfig {
         HostConfig {
             keys: None,
@@ -54,6 +64,7 @@ impl Default for HostConfig {
             burst: Burst::Quantum,
             coalesce: Duration::ZERO,
             defer_flush: false,
+            ack_defer: Duration::ZERO,
             pacing: Pacing::Hold,
             removed_hosts: RemovedHosts::default(),
         }
@@ -61,8 +72,9 @@ impl Default for HostConfig {
 }
 
 impl HostConfig {
-    /// A server's: the client's with the deferred flush on.
+    /// A server's: the client's with the deferred flush on and acknowledgement-clocked
+    /// packets deferred up to [`crate::host::ACK_DEFER`].
     pub fn server() -> HostConfig {
-        HostConfig { defer_flush: true, ..HostConfig::default() }
+        HostConfig { defer_flush: true, ack_defer: crate::host::ACK_DEFER, ..HostConfig::default() }
     }
 }

@@ -103,6 +103,19 @@ pub enum Burst {
 /// fewer bytes than this (about 44 full packets), so that turn's join them in one send call.
 const DEFER_BELOW: usize = 64 << 10;
 
+/// [`HostConfig::ack_defer`] of a server: about four acknowledgements of a client that
+/// acknowledges every eighth packet at 700 Mbit/s, and within TCP's 1 ms burst
+/// (`tcp_tso_autosize`) and [`crate::pacing::PACING_SLACK`].
+pub const ACK_DEFER: Duration = Duration::from_micros(500);
+/// A connection that wrote fewer packets than this in a turn, mid-transfer, wrote what one
+/// acknowledgement freed ([`HostConfig::ack_defer`]).
+pub const ACK_CLOCKED_PACKETS: u64 = 16;
+/// Deferred acknowledgement-clocked packets leave once they reach this many bytes (about 32
+/// full packets: half a GSO run's most).
+pub const ACK_DEFER_BELOW: usize = 40 << 10;
+/// A connection that sent within this much before its turn is mid-transfer.
+const MID_TRANSFER: Duration = Duration::from_millis(2);
+
 /// What runs on the connections: the HTTP/3 server, a client. The host calls it from its own
 /// thread; it does no I/O of its own on the socket.
 pub trait App {
@@ -198,6 +211,16 @@ pub struct Host<A: App> {
     deferred: bool,
     /// A connection served this turn wrote its quantum and went back to the ready queue.
     more_this_turn: bool,
+    /// [`HostConfig::ack_defer`].
+    ack_defer: Duration,
+    /// A connection served this turn wrote packets that were not the small freed window of an
+    /// acknowledgement-clocked transfer: the turn's packets leave now.
+    unclocked_this_turn: bool,
+    /// Packets kept by acknowledgement-clocked deferral leave by then.
+    flush_by: Option<Instant>,
+    /// This turn's earliest time limit for its acknowledgement-clocked connections (half the
+    /// round trip of each, at most `ack_defer`).
+    clocked_by: Option<Instant>,
     /// When the last turn started.
     last_turn: Instant,
 }
@@ -227,7 +250,7 @@ impl<A: App> Host<A> {
         // A socket with zerocopy on: the outbox writes into pooled buffers (see `io`).
         let mut out = Outbox::new();
         out.enable_zerocopy(&socket);
-        let HostConfig { keys, limits, burst, coalesce, defer_flush, pacing, removed_hosts } = settings;
+        let HostConfig { keys, limits, burst, coalesce, defer_flush, ack_defer, pacing, removed_hosts } = settings;
         Host {
             local: socket.local_addr(),
             socket,
@@ -252,6 +275,10 @@ impl<A: App> Host<A> {
             defer_flush,
             deferred: false,
             more_this_turn: false,
+            ack_defer,
+            unclocked_this_turn: false,
+            flush_by: None,
+            clocked_by: None,
             last_turn: Instant::now(),
         }
     }

@@ -15,7 +15,7 @@ use crate::table::Slot;
 use crate::timers::Deadline;
 use crate::Error;
 
-use super::{App, Host, DEFER_BELOW};
+use super::{App, Host, ACK_CLOCKED_PACKETS, ACK_DEFER_BELOW, DEFER_BELOW, MID_TRANSFER};
 
 /// Longest a loop sleeps in `poll` before it looks at its stop flag again.
 const STOP_CHECK: Duration = Duration::from_millis(50);
@@ -50,6 +50,11 @@ impl<A: App> Host<A> {
                 }
             }
             self.step(STOP_CHECK)?;
+        }
+        // Packets a turn kept for the next (deferred flushes) leave before the loop ends.
+        if !self.out.is_empty() {
+            let _ = self.out.flush(&self.socket, &mut self.counters);
+            self.flush_by = None;
         }
         if let Some(p) = publish {
             *p.lock().unwrap_or_else(|e| e.into_inner()) = self.counters();
@@ -87,16 +92,28 @@ impl<A: App> Host<A> {
         t.saturating_duration_since(self.epoch).as_nanos() as u64
     }
 
-    /// With coalescing on, lets datagrams gather until `coalesce` after the last turn's start
-    /// (never past the earliest deadline or `max_wait`): a sleep, not a wait on the socket.
+    /// Lets datagrams gather (a sleep, not a wait on the socket), never past the earliest
+    /// deadline or `max_wait`: with coalescing on, until `coalesce` after the last turn's
+    /// start; while acknowledgement-clocked packets wait (`HostConfig::ack_defer`), until their
+    /// time limit, so the acknowledgements that come meanwhile are read in one call and answered
+    /// in one send call instead of one wake-up each.
     fn gather(&mut self, max_wait: Duration) {
-        if self.coalesce.is_zero() || self.blocked.is_some() {
+        if self.blocked.is_some() || (self.coalesce.is_zero() && self.flush_by.is_none()) {
             return;
         }
         let now = Instant::now();
         let deadline = self.timers.peek().map(|(at, _)| self.epoch + Duration::from_nanos(at));
-        if let Some(until) = gather_until(self.last_turn, self.coalesce, now, max_wait, deadline) {
-            self.counters.coalesced += 1;
+        let coalesced = gather_until(self.last_turn, self.coalesce, now, max_wait, deadline);
+        let clocked =
+            self.flush_by.and_then(|t| gather_until(now, t.saturating_duration_since(now), now, max_wait, deadline));
+        let until = match (coalesced, clocked) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            (a, b) => a.or(b),
+        };
+        if let Some(until) = until {
+            if coalesced.is_some() {
+                self.counters.coalesced += 1;
+            }
             std::thread::sleep(until - now);
         }
     }
@@ -109,6 +126,9 @@ impl<A: App> Host<A> {
         if let Some((at, _)) = self.timers.peek() {
             let now_ns = self.ns(now);
             timeout = timeout.min(Duration::from_nanos(at.saturating_sub(now_ns)));
+        }
+        if let Some(t) = self.flush_by {
+            timeout = timeout.min(t.saturating_duration_since(now));
         }
         let mut events = libc::POLLIN;
         match self.blocked {
@@ -312,6 +332,8 @@ impl<A: App> Host<A> {
         let n = self.ready.len();
         let mut served = 0;
         self.more_this_turn = false;
+        self.unclocked_this_turn = false;
+        self.clocked_by = None;
         for _ in 0..n {
             if self.blocked.is_some() {
                 break; // the rest stay ready for the next turn
@@ -334,7 +356,25 @@ impl<A: App> Host<A> {
         if defer {
             self.counters.deferred_flushes += 1;
         }
-        if !self.out.is_empty() && self.blocked.is_none() && !defer {
+        // Acknowledgement-clocked transfers (`HostConfig::ack_defer`): their few freed packets
+        // wait, within the time limit, for the next acknowledgements' packets.
+        let hold = !defer
+            && !self.ack_defer.is_zero()
+            && !self.unclocked_this_turn
+            && !self.out.is_empty()
+            && self.out.pending_bytes() < ACK_DEFER_BELOW
+            && self.flush_by.is_none_or(|t| now < t);
+        if hold {
+            if self.flush_by.is_none() {
+                self.flush_by = Some(self.clocked_by.unwrap_or(now + self.ack_defer));
+                self.counters.ack_defers += 1;
+            }
+        } else if let Some(t) = self.flush_by.take() {
+            if now >= t {
+                self.counters.ack_defer_expired += 1;
+            }
+        }
+        if !self.out.is_empty() && self.blocked.is_none() && !defer && !hold {
             let f = self.out.flush(&self.socket, &mut self.counters);
             if f != Flush::Done {
                 self.blocked = Some(f);
@@ -358,7 +398,9 @@ impl<A: App> Host<A> {
         if ran {
             self.app.on_turn(&mut e.conn, &mut e.state);
         }
+        let prior_out = e.last_out;
         self.issue_cids(slot);
+        let sent_before = self.counters.packets_sent;
         let mut more = self.produce(slot, now);
         // A resuming client is in early data only once its first flight is written: its
         // application gets its turn now, so its request goes in 0-RTT, not a round trip later.
@@ -367,6 +409,18 @@ impl<A: App> Host<A> {
             more |= self.produce(slot, now);
         }
         let Some(e) = self.table.get_mut(slot) else { return };
+        let wrote = self.counters.packets_sent - sent_before;
+        let closing = e.conn.is_closed() || e.conn.is_draining();
+        if wrote > 0 {
+            if closing || !ack_clocked(wrote, more, e.held.is_some(), prior_out, now) {
+                self.unclocked_this_turn = true;
+            } else if let Some(rtt) = e.conn.path_stats().find(|p| p.active).map(|p| p.rtt) {
+                // Its next acknowledgement is due within about half its round trip (TCP
+                // defers no longer: `tcp_tso_should_defer`).
+                let by = now + (rtt / 2).min(self.ack_defer);
+                self.clocked_by = Some(self.clocked_by.map_or(by, |t| t.min(by)));
+            }
+        }
         let st = e.conn.stats();
         self.counters.lost_packets += (st.lost as u64).saturating_sub(e.seen_lost);
         self.counters.retransmitted += (st.retrans as u64).saturating_sub(e.seen_retrans);
@@ -392,6 +446,19 @@ impl<A: App> Host<A> {
             self.more_this_turn = true;
         }
     }
+}
+
+/// Whether a connection that wrote `wrote` packets in its turn wrote the small freed window of
+/// an acknowledgement-clocked transfer, which may wait for the next acknowledgements' packets
+/// (`HostConfig::ack_defer`): it stopped on its own (window or data, not its quantum: `more`
+/// false), holds no packet for pacing (the pacer decides when those leave), wrote fewer than
+/// [`ACK_CLOCKED_PACKETS`], and sent within [`MID_TRANSFER`] before this turn. A response's
+/// first flight on a quiet connection is never one.
+fn ack_clocked(wrote: u64, more: bool, paced: bool, prior_out: Option<Instant>, now: Instant) -> bool {
+    !more
+        && !paced
+        && wrote < ACK_CLOCKED_PACKETS
+        && prior_out.is_some_and(|t| now.saturating_duration_since(t) < MID_TRANSFER)
 }
 
 /// Until when a loop that coalesces turns sleeps before waiting on its socket: `least` after
@@ -420,6 +487,19 @@ pub(crate) fn is_fatal(e: &std::io::Error) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_the_small_freed_window_of_a_transfer_under_way_may_wait() {
+        let now = Instant::now();
+        let recent = Some(now - Duration::from_micros(300));
+        assert!(ack_clocked(8, false, false, recent, now));
+        // Its quantum (more to write), a pacing hold, a full run, a quiet connection: no.
+        assert!(!ack_clocked(8, true, false, recent, now));
+        assert!(!ack_clocked(8, false, true, recent, now));
+        assert!(!ack_clocked(ACK_CLOCKED_PACKETS, false, false, recent, now));
+        assert!(!ack_clocked(8, false, false, Some(now - MID_TRANSFER), now));
+        assert!(!ack_clocked(8, false, false, None, now));
+    }
 
     #[test]
     fn gathering_never_passes_a_deadline_nor_follows_a_quiet_spell() {

@@ -66,3 +66,30 @@ impl udpx_quic::App for Quiet {
     fn on_turn(&mut self, _: &mut udpx_quic::Connection, _: &mut ()) {}
     fn closed(&mut self, _: &udpx_quic::Connection, _: ()) {}
 }
+
+/// Server: answers a request on stream 0 with this many bytes of 0x42 and FIN.
+pub struct Sender(pub usize);
+
+impl udpx_quic::App for Sender {
+    /// Bytes of the body written so far (`None`: no request yet).
+    type State = Option<usize>;
+    fn accepted(&mut self, _: &udpx_quic::Connection) -> Option<usize> {
+        None
+    }
+    fn on_turn(&mut self, conn: &mut udpx_quic::Connection, sent: &mut Option<usize>) {
+        let mut buf = [0u8; 64];
+        while let Ok((_, _)) = conn.stream_recv(0, &mut buf) {
+            sent.get_or_insert(0);
+        }
+        let Some(n) = sent.as_mut() else { return };
+        let chunk = [0x42u8; 16 * 1024];
+        while *n < self.0 {
+            let len = chunk.len().min(self.0 - *n);
+            match conn.stream_send(0, &chunk[..len], *n + len == self.0) {
+                Ok(w) => *n += w,
+                Err(_) => break,
+            }
+        }
+    }
+    fn closed(&mut self, _: &udpx_quic::Connection, _: Option<usize>) {}
+}

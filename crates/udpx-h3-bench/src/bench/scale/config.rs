@@ -90,6 +90,8 @@ pub struct ScaleConfig {
     pub rounds: usize,
     /// `udpx h3 serve --coalesce` for the udpx rows (zero: none).
     pub coalesce: Duration,
+    /// `udpx h3 serve --ack-defer` for the udpx rows.
+    pub ack_defer: Duration,
     /// `udpx h3 serve --cc` for the udpx rows.
     #[serde(serialize_with = "as_text")]
     pub cc: udpx_h3::server::Cc,
@@ -125,6 +127,7 @@ impl ScaleConfig {
             nginx: Programs::from_path().nginx,
             rounds: 1,
             coalesce: Duration::ZERO,
+            ack_defer: udpx_quic::host::ACK_DEFER,
             cc: udpx_h3::server::Cc::Bbr2,
             defer_flush: true,
             keepalive: Duration::from_secs(10),

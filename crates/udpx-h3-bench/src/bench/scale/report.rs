@@ -146,6 +146,9 @@ pub fn table(b: &ScaleBench) -> String {
     if !c.defer_flush {
         let _ = writeln!(s, "udpx rows: `udpx h3 serve --defer-flush off`\n");
     }
+    if c.ack_defer != udpx_quic::host::ACK_DEFER {
+        let _ = writeln!(s, "udpx rows: `udpx h3 serve --ack-defer {}`\n", c.ack_defer.as_micros());
+    }
     if c.cc != udpx_h3::server::Cc::default() {
         let _ = writeln!(s, "udpx rows: `udpx h3 serve --cc {}` (unpaced)\n", c.cc);
     }

@@ -48,6 +48,7 @@ pub(super) fn start_server(
                 c.args(["--shards", "1", "--coalesce", &cfg.coalesce.as_micros().to_string()]);
                 c.args(["--cc", &cfg.cc.to_string()]);
                 c.args(["--defer-flush", if cfg.defer_flush { "on" } else { "off" }]);
+                c.args(["--ack-defer", &cfg.ack_defer.as_micros().to_string()]);
                 // Idle connections are the idle row's load: kept for the run, as nginx's are
                 // (keepalive_timeout 120s in its configuration here).
                 c.args(["--idle-timeout", &lifetime.as_secs().max(1).to_string()]);
