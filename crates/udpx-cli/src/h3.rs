@@ -254,6 +254,11 @@ struct ServeArgs {
     #[arg(long, value_name = "SECS", default_value_t = udpx_h3::DEFAULT_IDLE_TIMEOUT.as_secs(),
           value_parser = clap::value_parser!(u64).range(1..=86_400))]
     idle_timeout: u64,
+    /// The graceful stop (SIGTERM or SIGQUIT; a second signal or SIGINT stops at once): no new
+    /// connection is admitted, every connection gets GOAWAY and finishes its responses, and
+    /// what is left after this many seconds is closed cleanly (CONNECTION_CLOSE). 0 to 86400.
+    #[arg(long, value_name = "SECS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(0..=86_400))]
+    drain_timeout: u64,
     /// Serve Prometheus metrics (`GET /metrics`): each shard's socket and QUIC counters, and
     /// the HTTP responses by status class. A port alone listens on 127.0.0.1; give an address
     /// (0.0.0.0:9100) to let other hosts scrape it.
@@ -881,12 +886,14 @@ fn serve(a: ServeArgs) -> ExitCode {
         idle_timeout: std::time::Duration::from_secs(a.idle_timeout),
         alt_svc_tcp: a.alt_svc_tcp,
     };
-    // SIGHUP, SIGINT and SIGTERM are blocked before the shard threads start (they inherit the
-    // mask), and a thread each takes them: SIGHUP reads the files again (today the removed
-    // hosts); SIGINT and SIGTERM stop the server cleanly, and it prints its counters.
+    // SIGHUP, SIGINT, SIGTERM and SIGQUIT are blocked before the shard threads start (they
+    // inherit the mask), and a thread each takes them: SIGHUP reads the files again (today the
+    // removed hosts); SIGTERM and SIGQUIT drain (a second one stops at once), SIGINT stops;
+    // either way the server prints its counters.
     crate::util::raise_open_files("h3 serve");
     let reload = crate::util::reload_on_sighup();
-    let stop = crate::util::stop_on_signals();
+    let signals = crate::util::graceful_signals();
+    let drain_timeout = Duration::from_secs(a.drain_timeout);
     let server = match udpx_h3::serve(&a.dir, &cfg) {
         Ok(s) => s,
         Err(e) if e.is_usage() => return util::usage("h3 serve", e),
@@ -925,8 +932,21 @@ fn serve(a: ServeArgs) -> ExitCode {
         crate::util::warn_if_exposed("h3 serve", m.local_addr());
     }
     let start = std::time::Instant::now();
-    while !stop.load(Ordering::Relaxed) && dur.is_none_or(|d| start.elapsed() < d) && server.is_running() {
+    let mut drain_started: Option<std::time::Instant> = None;
+    let running =
+        |drain: Option<std::time::Instant>| if drain.is_some() { !server.finished() } else { server.is_running() };
+    while !signals.stop.load(Ordering::Relaxed) && dur.is_none_or(|d| start.elapsed() < d) && running(drain_started) {
         std::thread::sleep(Duration::from_millis(50));
+        if drain_started.is_none() && signals.drain.load(Ordering::Relaxed) {
+            let c = server.counters().quic;
+            eprintln!(
+                "udpx h3 serve: draining {} connections: GOAWAY to each, no new ones, the rest closed after {} s \
+                 (signal again to stop now)",
+                c.open_connections, a.drain_timeout
+            );
+            server.drain(drain_timeout);
+            drain_started = Some(std::time::Instant::now());
+        }
         if reload.swap(false, Ordering::Relaxed) {
             // What SIGHUP reads again today: the removed hosts (a bad file keeps the old set).
             match a.removed_hosts.as_deref().map(read_removed) {
@@ -944,6 +964,17 @@ fn serve(a: ServeArgs) -> ExitCode {
     drop(metrics);
     match server.stop() {
         Ok(c) => {
+            if let Some(t) = drain_started {
+                eprintln!(
+                    "udpx h3 serve: drained in {:.1} s: {} connections ended on their own, {} closed at the deadline; \
+                     {} new ones refused, {} requests rejected past GOAWAY",
+                    t.elapsed().as_secs_f64(),
+                    c.quic.drained,
+                    c.quic.drain_closed,
+                    c.quic.refused_draining,
+                    c.http.rejected
+                );
+            }
             println!("{}", serde_json::json!({ "h3_serve": c }));
             ExitCode::SUCCESS
         }

@@ -166,16 +166,51 @@ pub mod util {
         &STOP
     }
 
+    /// What a server with a graceful stop was told: `drain` by the first SIGTERM or SIGQUIT,
+    /// `stop` by SIGINT or a second of those.
+    #[derive(Debug)]
+    pub struct StopSignals {
+        /// Drain: no new connections, finish what is under way, then end.
+        pub drain: std::sync::atomic::AtomicBool,
+        /// End now.
+        pub stop: std::sync::atomic::AtomicBool,
+    }
+
+    /// [`StopSignals`], set by a thread that waits for SIGINT, SIGTERM and SIGQUIT (blocked in
+    /// every other thread: call it before starting threads, after `reload_on_sighup`).
+    pub fn graceful_signals() -> &'static StopSignals {
+        use nix::sys::signal::{SigSet, Signal};
+        use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+        static SIGNALS: StopSignals = StopSignals { drain: AtomicBool::new(false), stop: AtomicBool::new(false) };
+        let mut set = SigSet::empty();
+        for s in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGQUIT] {
+            set.add(s);
+        }
+        if set.thread_block().is_ok() {
+            let spawned = std::thread::Builder::new().name("udpx-signals".into()).spawn(move || {
+                while let Ok(sig) = set.wait() {
+                    if sig == Signal::SIGINT || SIGNALS.drain.swap(true, Relaxed) {
+                        SIGNALS.stop.store(true, Relaxed);
+                    }
+                }
+            });
+            if spawned.is_err() {
+                let _ = set.thread_unblock();
+            }
+        }
+        &SIGNALS
+    }
+
     /// A flag set by each SIGHUP (a thread waits for it; blocked in every other thread): a
-    /// server reads its files again. Call it first, then `stop_on_signals`, before starting
-    /// threads: it blocks SIGINT and SIGTERM too, so that its own thread never takes one of
-    /// those (their default action would end the process without its clean stop), and
-    /// `stop_on_signals`' thread waits for them.
+    /// server reads its files again. Call it first, then `stop_on_signals` or
+    /// `graceful_signals`, before starting threads: it blocks SIGINT, SIGTERM and SIGQUIT too,
+    /// so that its own thread never takes one of those (their default action would end the
+    /// process without its clean stop), and the other's thread waits for them.
     pub fn reload_on_sighup() -> &'static std::sync::atomic::AtomicBool {
         use nix::sys::signal::{SigSet, Signal};
         static RELOAD: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
         let mut blocked = SigSet::empty();
-        for s in [Signal::SIGHUP, Signal::SIGINT, Signal::SIGTERM] {
+        for s in [Signal::SIGHUP, Signal::SIGINT, Signal::SIGTERM, Signal::SIGQUIT] {
             blocked.add(s);
         }
         let mut set = SigSet::empty();

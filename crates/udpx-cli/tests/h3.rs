@@ -532,3 +532,48 @@ fn sighup_reads_the_removed_hosts_again_and_a_shared_key_file_is_refused() {
     assert!(String::from_utf8_lossy(&o.stdout).contains("status 200"), "served on after both");
     println!("sighup: {}", text.lines().filter(|l| l.contains("SIGHUP")).collect::<Vec<_>>().join(" / "));
 }
+
+/// The graceful stop from the command line: SIGTERM drains (the log says so, with what was
+/// drained), and the process ends by itself once no connection is left; SIGQUIT is taken the
+/// same way.
+#[test]
+fn sigterm_drains_and_exits() {
+    let t = tmp("drain");
+    std::fs::write(t.0.join("www/file"), b"hello").unwrap();
+    let www = t.0.join("www");
+    let www_s = www.to_str().unwrap();
+    let start_server = |log: &std::path::Path| {
+        let port = std::net::UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let listen = format!("127.0.0.1:{port}");
+        let server = ChildGroup::spawn(
+            Command::new(env!("CARGO_BIN_EXE_udpx"))
+                .args(["h3", "serve", www_s, "--listen", &listen, "--shards", "2", "-l", "30", "--drain-timeout", "20"])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(std::fs::File::create(log).unwrap()),
+        )
+        .unwrap();
+        wait_bound(port);
+        (server, listen)
+    };
+    let log = t.0.join("serve.err");
+    let (server, listen) = start_server(&log);
+    let o = udpx(&["h3", "get", &format!("https://{listen}/file")]);
+    assert!(String::from_utf8_lossy(&o.stdout).contains("status 200"), "served before the drain");
+    let _ = Command::new("kill").args(["-TERM", &server.id().to_string()]).status();
+    // No connection is open (the GET's client closed its own): the drain ends at once.
+    let status = server.wait_timeout(Duration::from_secs(15)).unwrap();
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    assert_eq!(status.and_then(|s| s.code()), Some(0), "{text}");
+    assert!(text.contains("draining") && text.contains("drained in"), "{text}");
+
+    // SIGQUIT drains too (its default action would end the process with a core dump), and
+    // SIGINT after it stops at once: the process exits 0 either way.
+    let log = t.0.join("serve2.err");
+    let (server, _) = start_server(&log);
+    let _ = Command::new("kill").args(["-QUIT", &server.id().to_string()]).status();
+    let _ = Command::new("kill").args(["-INT", &server.id().to_string()]).status();
+    let status = server.wait_timeout(Duration::from_secs(15)).unwrap();
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    assert_eq!(status.and_then(|s| s.code()), Some(0), "{text}");
+}

@@ -172,6 +172,7 @@ struct HttpCounters {
     stalled: AtomicU64,
     trailers: AtomicU64,
     idle_closed: AtomicU64,
+    rejected: AtomicU64,
 }
 
 /// A snapshot of the HTTP counters.
@@ -228,6 +229,9 @@ pub struct HttpSnapshot {
     /// HTTP/3 connections closed after the idle timeout (`ServeConfig::idle_timeout`) with no
     /// request and no response.
     pub idle_closed: u64,
+    /// HTTP/3 requests refused with H3_REQUEST_REJECTED while draining: their stream was at or
+    /// past the final GOAWAY's ID (the client may send them again on a new connection).
+    pub rejected: u64,
 }
 
 impl HttpCounters {
@@ -278,6 +282,7 @@ impl HttpCounters {
             stalled: g(&self.stalled),
             trailers: g(&self.trailers),
             idle_closed: g(&self.idle_closed),
+            rejected: g(&self.rejected),
         }
     }
 }
@@ -367,6 +372,11 @@ impl Site {
     /// Counts an HTTP/3 connection closed for idleness.
     pub fn count_idle_closed(&self) {
         self.counters.idle_closed.fetch_add(1, Relaxed);
+    }
+
+    /// Counts a request refused past the final GOAWAY.
+    pub fn count_rejected(&self) {
+        self.counters.rejected.fetch_add(1, Relaxed);
     }
 
     /// Counts a trailer section read and ignored.

@@ -28,6 +28,7 @@
 
 pub mod client;
 pub mod files;
+mod goaway;
 pub mod http;
 mod responder;
 pub mod server;

@@ -51,6 +51,7 @@ use quiche::h3::NameValue;
 use udpx_quic::bufs::{Buf, BufPool};
 use udpx_quic::App;
 
+use crate::goaway::{GoAway, H3_REQUEST_REJECTED};
 use crate::http::{LogEntry, RequestHead, Site, CHUNK};
 use crate::server::{MAX_FIELD_SECTION, MIN_PROGRESS};
 
@@ -64,6 +65,9 @@ pub(crate) struct FileServer {
     /// The shard's open files, by address and in all.
     budget: Rc<Budget>,
     bounds: Bounds,
+    /// The shard is draining (graceful stop): every connection goes through the two-step
+    /// GOAWAY ([`crate::goaway`]) and closes once its responses are sent.
+    draining: bool,
 }
 
 /// The open-file bounds and the stall timeout (from [`crate::ServeConfig`]).
@@ -98,6 +102,7 @@ impl FileServer {
             bodies: BufPool::new(CHUNK, BODY_BUFFERS_KEPT),
             h3_config,
             bounds,
+            draining: false,
         }
     }
 }
@@ -214,7 +219,17 @@ pub(crate) struct ConnState {
     last_request: Instant,
     /// We closed it (idle, stalled): it only drains now, and asks for no more turns.
     closing: bool,
+    /// The highest request stream ID seen (for the final GOAWAY).
+    last_request_id: Option<u64>,
+    /// The graceful stop's GOAWAY frames.
+    goaway: GoAway,
+    /// Streams whose response quiche has taken whole but may not have delivered yet (pruned
+    /// once quiche has collected them, acknowledged): a draining connection closes only after.
+    sent: Vec<u64>,
 }
+
+/// Finished responses a connection remembers before it drops those quiche has collected.
+const SENT_KEPT: usize = 16;
 
 /// Bytes of a request target kept for the access log.
 const LOGGED_TARGET: usize = 1024;
@@ -241,6 +256,9 @@ impl App for FileServer {
             stall_check: None,
             last_request: Instant::now(),
             closing: false,
+            last_request_id: None,
+            goaway: GoAway::None,
+            sent: Vec::new(),
         }
     }
 
@@ -273,6 +291,9 @@ impl App for FileServer {
             return;
         }
         let Some(h3) = st.h3.as_mut() else { return };
+        if self.draining {
+            st.goaway.step(h3, conn, st.last_request_id, now);
+        }
         // New requests and stream events. Every HTTP/3 event comes from stream data, and the
         // loop polls until quiche has no event left (its queue of finished streams included):
         // with no stream readable (the turn of a PING or an acknowledgement) there is nothing
@@ -287,6 +308,17 @@ impl App for FileServer {
                             self.site.count_trailers();
                             continue;
                         }
+                        if st.goaway.rejects(sid) {
+                            // Past the final GOAWAY: not processed, safe to send again
+                            // elsewhere (RFC 9114 5.2). quiche's HTTP/3 layer forgets the
+                            // stream on the failing send.
+                            self.site.count_rejected();
+                            let _ = conn.stream_shutdown(sid, quiche::Shutdown::Read, H3_REQUEST_REJECTED);
+                            let _ = conn.stream_shutdown(sid, quiche::Shutdown::Write, H3_REQUEST_REJECTED);
+                            let _ = h3.send_body(conn, sid, &[], true);
+                            continue;
+                        }
+                        st.last_request_id = Some(st.last_request_id.map_or(sid, |m| m.max(sid)));
                         st.requests.push(sid);
                         st.last_request = now;
                         let r = self.respond(&list, conn.is_in_early_data(), &st.open, st.addr, now);
@@ -337,8 +369,24 @@ impl App for FileServer {
                     if let Some(r) = st.responses.remove(&sid) {
                         self.finish(st.peer, r, outcome.is_ok());
                     }
+                    if outcome.is_ok() {
+                        st.sent.push(sid);
+                        if st.sent.len() > SENT_KEPT {
+                            st.sent.retain(|&s| conn.stream_capacity(s).is_ok());
+                        }
+                    }
                 }
             }
+        }
+        if st.goaway.done() && st.responses.is_empty() && {
+            // A stream quiche still holds has data not yet acknowledged (or its request side
+            // open): closing now would cut its end off.
+            st.sent.retain(|&s| conn.stream_capacity(s).is_ok());
+            st.sent.is_empty()
+        } {
+            // Draining, and the last response is sent: the connection ends cleanly.
+            let _ = conn.close(true, H3_NO_ERROR, b"shutting down");
+            st.closing = true;
         }
     }
 
@@ -347,7 +395,17 @@ impl App for FileServer {
             return None;
         }
         let idle = st.responses.is_empty().then_some(st.last_request + self.bounds.idle);
-        [st.stall_check, idle].into_iter().flatten().min()
+        [st.stall_check, idle, st.goaway.due()].into_iter().flatten().min()
+    }
+
+    fn drain(&mut self) {
+        self.draining = true;
+    }
+
+    fn drain_deadline(&mut self, conn: &mut udpx_quic::Connection, st: &mut ConnState) {
+        // Its responses end unsent (counted in `incomplete` when it is dropped).
+        let _ = conn.close(true, H3_NO_ERROR, b"shutting down");
+        st.closing = true;
     }
 
     fn closed(&mut self, _conn: &udpx_quic::Connection, mut state: ConnState) {

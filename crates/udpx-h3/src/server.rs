@@ -279,6 +279,20 @@ impl H3Server {
         self.server.is_running()
     }
 
+    /// Starts the graceful stop of the HTTP/3 listener ([`udpx_quic::Server::drain`]): no new
+    /// connection is admitted (CONNECTION_REFUSED), each connection gets the two-step GOAWAY,
+    /// finishes its responses and closes; the loops end when none is left or at `timeout`.
+    /// [`H3Server::finished`] says when; then [`H3Server::stop`]. (HTTPS over TCP, if on, stops
+    /// only then.)
+    pub fn drain(&self, timeout: std::time::Duration) {
+        self.server.drain(timeout);
+    }
+
+    /// Whether every HTTP/3 event loop has ended (after a drain: drained).
+    pub fn finished(&self) -> bool {
+        self.server.finished()
+    }
+
     /// A flag that stops the server when set (for a signal handler).
     pub fn stop_flag(&self) -> Arc<std::sync::atomic::AtomicBool> {
         self.server.stop_flag()
@@ -372,6 +386,11 @@ impl udpx_metrics::Source for MetricsSource {
                 "http_idle_closed",
                 "HTTP/3 connections closed after the idle timeout (no request, no response)",
                 h.idle_closed,
+            ),
+            c(
+                "http_rejected",
+                "HTTP/3 requests refused with H3_REQUEST_REJECTED past the final GOAWAY while draining",
+                h.rejected,
             ),
         ];
         if let Some(t) = self.tcp.as_ref().map(crate::tcp::TcpProbe::snapshot) {

@@ -138,6 +138,13 @@ host_counters! {
     /// Of the refused, those answered with a server Initial closing with CONNECTION_REFUSED
     /// (the rest were past the answers budget, `answers_limited`).
     refusals_sent,
+    /// Initials refused: the server is draining (graceful stop); answered like the other
+    /// refusals.
+    refused_draining,
+    /// Connections that ended on their own while the server drained (before its deadline).
+    drained,
+    /// Connections still open at the drain deadline, closed then.
+    drain_closed,
     /// Handshakes dropped at their deadline (not done in time; nothing sent to the peer).
     handshake_timeouts,
     /// Loop turns.

@@ -21,7 +21,7 @@ use udpx::{ShardGroup, SocketConfig, Steering, UdpSocket, Want};
 
 use crate::cid::WORKER_BYTE;
 use crate::counters::HostCounters;
-use crate::host::{App, Host, HostConfig, HostSocket, SharedCounters};
+use crate::host::{App, DrainSignal, Host, HostConfig, HostSocket, SharedCounters};
 use crate::io::IoMode;
 use crate::Error;
 
@@ -102,6 +102,7 @@ pub fn client_socket(peer: SocketAddr, io: IoMode, gro: bool) -> Result<UdpSocke
 pub struct Server {
     local: SocketAddr,
     stop: Arc<AtomicBool>,
+    drain: Arc<DrainSignal>,
     threads: Vec<JoinHandle<Result<(), Error>>>,
     counters: Vec<SharedCounters>,
     shards: Vec<udpx::Shard>,
@@ -170,6 +171,7 @@ impl Server {
         })?;
         let local = group.local_addr();
         let stop = Arc::new(AtomicBool::new(false));
+        let drain = Arc::new(DrainSignal::default());
         let make_app = Arc::new(make_app);
         let mut threads = Vec::new();
         let mut counters = Vec::new();
@@ -179,7 +181,7 @@ impl Server {
         let mut settings = cfg.host.clone();
         settings.keys = Some(settings.keys.unwrap_or_else(crate::ServiceKeys::random));
         for (shard, qc) in group.shards().into_iter().zip(configs) {
-            let (stop, make_app, settings) = (stop.clone(), make_app.clone(), settings.clone());
+            let (stop, make_app, settings, drain) = (stop.clone(), make_app.clone(), settings.clone(), drain.clone());
             let cell: SharedCounters = Arc::new(Mutex::new(HostCounters::default()));
             counters.push(cell.clone());
             let role = crate::Role::Server { host_id: cfg.host_id, worker: shard.index() as u8, shards: cfg.shards };
@@ -188,12 +190,13 @@ impl Server {
                 .spawn(move || {
                     let app = make_app(shard.index());
                     let mut host = Host::with_config(HostSocket::Shard(shard), qc, app, role, settings);
+                    host.set_drain_signal(drain);
                     host.run(&stop, crate::Until::Stopped, Some(&cell))
                 })
                 .map_err(Error::Io)?;
             threads.push(t);
         }
-        Ok(Server { local, stop, threads, counters, shards })
+        Ok(Server { local, stop, drain, threads, counters, shards })
     }
 
     /// The address it listens on.
@@ -204,6 +207,25 @@ impl Server {
     /// A handle that stops the server when set.
     pub fn stop_flag(&self) -> Arc<AtomicBool> {
         self.stop.clone()
+    }
+
+    /// Starts the graceful stop on every shard (see [`crate::host::DrainSignal`]): no new
+    /// connection is admitted, each connection finishes what is under way and closes, and each
+    /// shard's loop ends when none is left or at `timeout`, closing the rest. Wait for it with
+    /// [`Server::finished`], then [`Server::stop`] collects the counters. A second call changes
+    /// nothing.
+    pub fn drain(&self, timeout: std::time::Duration) {
+        self.drain.start(timeout);
+    }
+
+    /// The drain signal the shards share (for a caller that starts the drain from elsewhere).
+    pub fn drain_signal(&self) -> Arc<DrainSignal> {
+        self.drain.clone()
+    }
+
+    /// Whether every shard's loop has ended (drained, stopped, or failed).
+    pub fn finished(&self) -> bool {
+        self.threads.iter().all(|t| t.is_finished())
     }
 
     /// The counters summed over shards, as last published (each loop publishes whenever it

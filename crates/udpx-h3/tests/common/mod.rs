@@ -6,6 +6,8 @@ use std::path::{Path, PathBuf};
 use udpx_h3::{serve, H3Server, ServeConfig};
 use udpx_quic::IoMode;
 
+pub mod raw;
+
 /// 10 MB + 1 byte.
 pub const BIG: usize = 10_000_001;
 

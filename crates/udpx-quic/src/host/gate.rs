@@ -109,6 +109,11 @@ impl<A: App> Host<A> {
             self.counters.dropped_bad_initial += 1;
             return None;
         }
+        if self.is_draining() {
+            self.counters.refused_draining += 1;
+            self.refuse(from, hdr, b"shutting down");
+            return None;
+        }
         let now = SystemTime::now();
         let odcid = match hdr.token.as_deref().filter(|t| !t.is_empty()) {
             None => None,

@@ -70,11 +70,13 @@ use crate::timers::Timers;
 use crate::Error;
 
 mod config;
+mod drain;
 mod gate;
 mod send;
 mod turn;
 
 pub use config::HostConfig;
+pub use drain::DrainSignal;
 pub use turn::Until;
 
 /// Receive buffers per call.
@@ -138,6 +140,17 @@ pub trait App {
     }
     /// `conn` is closed and about to be dropped.
     fn closed(&mut self, conn: &Connection, state: Self::State);
+    /// The server started draining ([`Host::drain`]): no new connection will come, and each
+    /// connection gets a turn now. The application tells its peers (HTTP/3: GOAWAY), lets what
+    /// is under way finish, and closes each connection when it is done. Default: nothing (the
+    /// connections run on until the drain deadline).
+    fn drain(&mut self) {}
+    /// The drain deadline passed with `conn` still open: close it now. Default: an application
+    /// close with code 0.
+    fn drain_deadline(&mut self, conn: &mut Connection, state: &mut Self::State) {
+        let _ = state;
+        let _ = conn.close(true, 0, b"server shutting down");
+    }
 }
 
 /// What a host is.
@@ -223,6 +236,10 @@ pub struct Host<A: App> {
     clocked_by: Option<Instant>,
     /// When the last turn started.
     last_turn: Instant,
+    /// Where the graceful stop is.
+    draining: drain::Draining,
+    /// A server's shared drain signal, looked at once per turn while running.
+    drain_signal: Option<Arc<DrainSignal>>,
 }
 
 impl<A: App> std::fmt::Debug for Host<A> {
@@ -280,7 +297,14 @@ impl<A: App> Host<A> {
             flush_by: None,
             clocked_by: None,
             last_turn: Instant::now(),
+            draining: drain::Draining::No,
+            drain_signal: None,
         }
+    }
+
+    /// Makes [`Host::run`] drain when `signal` starts (a server's shards share one).
+    pub fn set_drain_signal(&mut self, signal: Arc<DrainSignal>) {
+        self.drain_signal = Some(signal);
     }
 
     /// The least time between two turns' starts ([`HostConfig::coalesce`]).
@@ -424,7 +448,18 @@ impl<A: App> Host<A> {
     fn reap(&mut self, slot: Slot) {
         let Some(e) = self.remove(slot) else { return };
         self.counters.closed += 1;
+        if matches!(self.draining, drain::Draining::Until(_)) {
+            self.counters.drained += 1;
+        }
         self.app.closed(&e.conn, e.state);
+    }
+
+    /// Reaps every connection left.
+    fn reap_all(&mut self) {
+        let slots: Vec<Slot> = self.table.iter_mut().map(|(s, _)| s).collect();
+        for s in slots {
+            self.reap(s);
+        }
     }
 
     /// Takes connection `slot` out of the table, the timers, the ready queue and the caps.

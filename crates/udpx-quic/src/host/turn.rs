@@ -49,7 +49,14 @@ impl<A: App> Host<A> {
                     published = Some(now);
                 }
             }
+            if self.drain_step(Instant::now()) {
+                break;
+            }
             self.step(STOP_CHECK)?;
+        }
+        // A drained loop ends with what its deadline closed: each one's application hears of it.
+        if self.is_draining() {
+            self.reap_all();
         }
         // Packets a turn kept for the next (deferred flushes) leave before the loop ends.
         if !self.out.is_empty() {

@@ -1,0 +1,100 @@
+//! The graceful stop: a server that drains admits no new connection (a new Initial is refused
+//! with CONNECTION_REFUSED, counted in `refused_draining`), gives every connection a turn at
+//! once so its application can tell the peer ([`App::drain`]: HTTP/3 sends GOAWAY) and lets each
+//! finish what is under way and close on its own (`drained`). At the deadline the rest are
+//! closed ([`App::drain_deadline`], counted in `drain_closed`), their CONNECTION_CLOSE sent, and
+//! the loop ends; it ends sooner once no connection is left.
+//!
+//! One [`DrainSignal`] is shared by a server's shards ([`crate::Server::drain`]); each shard's
+//! loop looks at it once per turn.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use super::{App, Host};
+
+/// Tells a server's loops to drain, with how long they may take.
+#[derive(Debug, Default)]
+pub struct DrainSignal {
+    started: AtomicBool,
+    timeout_ms: AtomicU64,
+}
+
+impl DrainSignal {
+    /// Starts the drain (once: a later call changes nothing), to end within `timeout`.
+    pub fn start(&self, timeout: Duration) {
+        if !self.started.load(Ordering::Acquire) {
+            self.timeout_ms.store(timeout.as_millis().min(u128::from(u64::MAX)) as u64, Ordering::Relaxed);
+            self.started.store(true, Ordering::Release);
+        }
+    }
+
+    /// Whether it started, and its timeout.
+    pub fn started(&self) -> Option<Duration> {
+        self.started.load(Ordering::Acquire).then(|| Duration::from_millis(self.timeout_ms.load(Ordering::Relaxed)))
+    }
+}
+
+/// Where a host is in its drain.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Draining {
+    /// Serving as usual.
+    No,
+    /// Draining until the deadline.
+    Until(Instant),
+    /// Past the deadline: the rest were closed; the loop ends after one more turn sends their
+    /// CONNECTION_CLOSE.
+    Closed,
+}
+
+impl<A: App> Host<A> {
+    /// Starts draining now, to end by `deadline` (see the module docs). A client host ignores
+    /// it.
+    pub fn drain(&mut self, deadline: Instant) {
+        if !self.accepting || self.draining != Draining::No {
+            return;
+        }
+        self.draining = Draining::Until(deadline);
+        log::debug!("udpx-quic: draining {} connections", self.connection_count());
+        self.app.drain();
+        let slots: Vec<_> = self.table.iter_mut().map(|(s, _)| s).collect();
+        for s in slots {
+            self.ready.push(s);
+        }
+    }
+
+    /// Whether the host is draining (or drained).
+    pub fn is_draining(&self) -> bool {
+        self.draining != Draining::No
+    }
+
+    /// Once per turn while running: starts the drain when the shared signal says so, closes
+    /// what is left at the deadline; whether the loop is done (drained, or closed and sent).
+    pub(super) fn drain_step(&mut self, now: Instant) -> bool {
+        if self.draining == Draining::No {
+            if let Some(timeout) = self.drain_signal.as_ref().and_then(|d| d.started()) {
+                self.drain(now + timeout);
+            }
+        }
+        match self.draining {
+            Draining::No => false,
+            Draining::Closed => true,
+            Draining::Until(_) if self.connection_count() == 0 => true,
+            Draining::Until(deadline) if now >= deadline => {
+                let slots: Vec<_> = self.table.iter_mut().map(|(s, _)| s).collect();
+                for s in slots {
+                    let Some(e) = self.table.get_mut(s) else { continue };
+                    if !e.conn.is_closed() && !e.conn.is_draining() {
+                        self.counters.drain_closed += 1;
+                        self.app.drain_deadline(&mut e.conn, &mut e.state);
+                    }
+                    self.ready.push(s);
+                }
+                log::debug!("udpx-quic: drain deadline: closed {} connections", self.counters.drain_closed);
+                self.draining = Draining::Closed;
+                false
+            }
+            Draining::Until(_) => false,
+        }
+    }
+}
