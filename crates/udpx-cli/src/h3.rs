@@ -948,7 +948,18 @@ fn serve(a: ServeArgs) -> ExitCode {
             drain_started = Some(std::time::Instant::now());
         }
         if reload.swap(false, Ordering::Relaxed) {
-            // What SIGHUP reads again today: the removed hosts (a bad file keeps the old set).
+            // What SIGHUP reads again: the certificate and key (a file that does not load
+            // keeps the one in force) and the removed hosts (a bad file keeps the old set).
+            if let udpx_h3::Tls::Files { cert, key } = &cfg.tls {
+                match server.reload_tls() {
+                    Ok(()) => eprintln!(
+                        "udpx h3 serve: SIGHUP: certificate {} and key {} read again: new connections get them",
+                        cert.display(),
+                        key.display()
+                    ),
+                    Err(e) => eprintln!("udpx h3 serve: SIGHUP: {e}; the certificate in force serves on"),
+                }
+            }
             match a.removed_hosts.as_deref().map(read_removed) {
                 Some(Ok(ids)) => {
                     removed_hosts.set(&ids);
@@ -957,7 +968,10 @@ fn serve(a: ServeArgs) -> ExitCode {
                 Some(Err(e)) => {
                     eprintln!("udpx h3 serve: SIGHUP: {e}; the removed hosts stay {:?}", removed_hosts.list())
                 }
-                None => eprintln!("udpx h3 serve: SIGHUP: nothing to read again (no --removed-hosts)"),
+                None if cfg.tls == udpx_h3::Tls::SelfSigned => {
+                    eprintln!("udpx h3 serve: SIGHUP: nothing to read again (no --cert/--key, no --removed-hosts)")
+                }
+                None => {}
             }
         }
     }

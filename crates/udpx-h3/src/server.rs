@@ -179,6 +179,39 @@ pub struct H3Server {
     site: Arc<Site>,
     generated_cert: bool,
     tcp: Option<TcpServer>,
+    /// How the shards' quiche configurations are made, for a reload.
+    quic_settings: QuicSettings,
+}
+
+/// What a shard's quiche configuration is made from, besides the certificate.
+#[derive(Debug, Clone)]
+struct QuicSettings {
+    tls: Tls,
+    max_udp_payload: usize,
+    early_data: bool,
+    cc: Cc,
+    grease: bool,
+    shards: usize,
+}
+
+impl QuicSettings {
+    /// One configuration per shard with the certificate and key of `files`.
+    fn configs(&self, files: &crate::tls::PemFiles) -> Result<Vec<quiche::Config>, Error> {
+        (0..self.shards)
+            .map(|_| {
+                let mut c = server_config(files, self.max_udp_payload)?;
+                if self.early_data {
+                    c.enable_early_data();
+                }
+                c.grease(self.grease);
+                c.set_cc_algorithm(match self.cc {
+                    Cc::Cubic => quiche::CongestionControlAlgorithm::CUBIC,
+                    Cc::Bbr2 => quiche::CongestionControlAlgorithm::Bbr2Gcongestion,
+                });
+                Ok(c)
+            })
+            .collect()
+    }
 }
 
 /// Starts serving the files under `dir` (see the crate docs); returns once every shard
@@ -197,21 +230,15 @@ pub fn serve(dir: &Path, cfg: &ServeConfig) -> Result<H3Server, Error> {
     if cfg.stall_timeout.is_zero() || cfg.idle_timeout.is_zero() {
         return Err(Error::Usage("--stall-timeout, --idle-timeout: give a duration above zero, e.g. 20".into()));
     }
-    let (early, cc, grease) = (cfg.early_data, cfg.cc, cfg.grease);
-    let configs = (0..cfg.quic.shards)
-        .map(|_| {
-            let mut c = server_config(&files, max)?;
-            if early {
-                c.enable_early_data();
-            }
-            c.grease(grease);
-            c.set_cc_algorithm(match cc {
-                Cc::Cubic => quiche::CongestionControlAlgorithm::CUBIC,
-                Cc::Bbr2 => quiche::CongestionControlAlgorithm::Bbr2Gcongestion,
-            });
-            Ok(c)
-        })
-        .collect::<Result<Vec<_>, Error>>()?;
+    let quic_settings = QuicSettings {
+        tls: cfg.tls.clone(),
+        max_udp_payload: max,
+        early_data: cfg.early_data,
+        cc: cfg.cc,
+        grease: cfg.grease,
+        shards: cfg.quic.shards,
+    };
+    let configs = quic_settings.configs(&files)?;
     let bounds = Bounds {
         per_conn: cfg.max_open_per_conn,
         per_addr: cfg.max_open_per_addr,
@@ -228,7 +255,7 @@ pub fn serve(dir: &Path, cfg: &ServeConfig) -> Result<H3Server, Error> {
         None => None,
     };
     drop(files); // loaded into every configuration: a generated one is removed now
-    Ok(H3Server { server, site, generated_cert: cfg.tls == Tls::SelfSigned, tcp })
+    Ok(H3Server { server, site, generated_cert: cfg.tls == Tls::SelfSigned, tcp, quic_settings })
 }
 
 impl H3Server {
@@ -277,6 +304,20 @@ impl H3Server {
     /// Whether every event loop still runs.
     pub fn is_running(&self) -> bool {
         self.server.is_running()
+    }
+
+    /// Reads the certificate and key files again and gives every shard configurations made
+    /// with them: connections made from then on get the new certificate, open ones carry on,
+    /// and session tickets stay good (the ticket key is the service's, not the certificate's).
+    /// A file that does not load leaves the one in force serving, and the error says why.
+    /// (HTTPS over TCP keeps the certificate it started with.)
+    pub fn reload_tls(&self) -> Result<(), Error> {
+        if self.quic_settings.tls == Tls::SelfSigned {
+            return Err(Error::Usage("no --cert/--key: the generated certificate has no files to read again".into()));
+        }
+        let files = pem_files(&self.quic_settings.tls)?;
+        let configs = self.quic_settings.configs(&files)?;
+        self.server.reload(configs).map_err(Error::Quic)
     }
 
     /// Starts the graceful stop of the HTTP/3 listener ([`udpx_quic::Server::drain`]): no new

@@ -138,6 +138,8 @@ host_counters! {
     /// Of the refused, those answered with a server Initial closing with CONNECTION_REFUSED
     /// (the rest were past the answers budget, `answers_limited`).
     refusals_sent,
+    /// Configurations replaced while running (a certificate reloaded on SIGHUP).
+    config_reloads,
     /// Initials refused: the server is draining (graceful stop); answered like the other
     /// refusals.
     refused_draining,

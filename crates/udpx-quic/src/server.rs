@@ -21,7 +21,7 @@ use udpx::{ShardGroup, SocketConfig, Steering, UdpSocket, Want};
 
 use crate::cid::WORKER_BYTE;
 use crate::counters::HostCounters;
-use crate::host::{App, DrainSignal, Host, HostConfig, HostSocket, SharedCounters};
+use crate::host::{App, ConfigSwap, DrainSignal, Host, HostConfig, HostSocket, SharedCounters};
 use crate::io::IoMode;
 use crate::Error;
 
@@ -103,6 +103,7 @@ pub struct Server {
     local: SocketAddr,
     stop: Arc<AtomicBool>,
     drain: Arc<DrainSignal>,
+    swaps: Vec<Arc<ConfigSwap>>,
     threads: Vec<JoinHandle<Result<(), Error>>>,
     counters: Vec<SharedCounters>,
     shards: Vec<udpx::Shard>,
@@ -172,6 +173,7 @@ impl Server {
         let local = group.local_addr();
         let stop = Arc::new(AtomicBool::new(false));
         let drain = Arc::new(DrainSignal::default());
+        let mut swaps = Vec::new();
         let make_app = Arc::new(make_app);
         let mut threads = Vec::new();
         let mut counters = Vec::new();
@@ -182,6 +184,8 @@ impl Server {
         settings.keys = Some(settings.keys.unwrap_or_else(crate::ServiceKeys::random));
         for (shard, qc) in group.shards().into_iter().zip(configs) {
             let (stop, make_app, settings, drain) = (stop.clone(), make_app.clone(), settings.clone(), drain.clone());
+            let swap = Arc::new(ConfigSwap::default());
+            swaps.push(swap.clone());
             let cell: SharedCounters = Arc::new(Mutex::new(HostCounters::default()));
             counters.push(cell.clone());
             let role = crate::Role::Server { host_id: cfg.host_id, worker: shard.index() as u8, shards: cfg.shards };
@@ -191,12 +195,13 @@ impl Server {
                     let app = make_app(shard.index());
                     let mut host = Host::with_config(HostSocket::Shard(shard), qc, app, role, settings);
                     host.set_drain_signal(drain);
+                    host.set_config_swap(swap);
                     host.run(&stop, crate::Until::Stopped, Some(&cell))
                 })
                 .map_err(Error::Io)?;
             threads.push(t);
         }
-        Ok(Server { local, stop, drain, threads, counters, shards })
+        Ok(Server { local, stop, drain, swaps, threads, counters, shards })
     }
 
     /// The address it listens on.
@@ -216,6 +221,23 @@ impl Server {
     /// nothing.
     pub fn drain(&self, timeout: std::time::Duration) {
         self.drain.start(timeout);
+    }
+
+    /// Gives each shard a new configuration (one per shard, as at start), taken at its next
+    /// turn: connections made from then on use it, open ones carry on (see
+    /// [`crate::host::ConfigSwap`]).
+    pub fn reload(&self, configs: Vec<quiche::Config>) -> Result<(), Error> {
+        if configs.len() != self.swaps.len() {
+            return Err(Error::Config(format!(
+                "{} quiche configurations for {} shards",
+                configs.len(),
+                self.swaps.len()
+            )));
+        }
+        for (swap, c) in self.swaps.iter().zip(configs) {
+            swap.offer(c);
+        }
+        Ok(())
     }
 
     /// The drain signal the shards share (for a caller that starts the drain from elsewhere).

@@ -72,11 +72,13 @@ use crate::Error;
 mod config;
 mod drain;
 mod gate;
+mod reload;
 mod send;
 mod turn;
 
 pub use config::HostConfig;
 pub use drain::DrainSignal;
+pub use reload::ConfigSwap;
 pub use turn::Until;
 
 /// Receive buffers per call.
@@ -240,6 +242,8 @@ pub struct Host<A: App> {
     draining: drain::Draining,
     /// A server's shared drain signal, looked at once per turn while running.
     drain_signal: Option<Arc<DrainSignal>>,
+    /// Where a reloaded configuration is offered, looked at once per turn while running.
+    config_swap: Option<Arc<ConfigSwap>>,
 }
 
 impl<A: App> std::fmt::Debug for Host<A> {
@@ -299,6 +303,7 @@ impl<A: App> Host<A> {
             last_turn: Instant::now(),
             draining: drain::Draining::No,
             drain_signal: None,
+            config_swap: None,
         }
     }
 

@@ -52,6 +52,7 @@ impl<A: App> Host<A> {
             if self.drain_step(Instant::now()) {
                 break;
             }
+            self.reload_step();
             self.step(STOP_CHECK)?;
         }
         // A drained loop ends with what its deadline closed: each one's application hears of it.

@@ -1,0 +1,100 @@
+//! Reload without restart (issue 40, item 3): the certificate and key read again while the
+//! server runs. New connections get the new certificate, a connection opened before carries on,
+//! and files that do not load leave the certificate in force serving, with the reason. The
+//! clients are quiche driven by hand (it shows the certificate the server sent).
+
+mod common;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use common::raw::{client_config, Raw};
+use common::Site;
+use udpx_h3::{serve, H3Server, ServeConfig, Tls};
+
+/// A fresh self-signed certificate for localhost: its DER, and its PEM files written to `dir`.
+fn write_cert(dir: &Path) -> Vec<u8> {
+    let ck = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
+    std::fs::write(dir.join("cert.pem"), ck.cert.pem()).unwrap();
+    std::fs::write(dir.join("key.pem"), ck.key_pair.serialize_pem()).unwrap();
+    ck.cert.der().to_vec()
+}
+
+/// The certificate a new connection is given.
+fn served_cert(server: &H3Server) -> Vec<u8> {
+    let c = Raw::connect("127.0.0.1", server.local_addr(), &mut client_config(1 << 20));
+    c.conn.peer_cert().expect("the server sent a certificate").to_vec()
+}
+
+/// Waits (5 s at most) until every shard has taken `n` configurations in all.
+fn reloaded(server: &H3Server, n: u64) -> u64 {
+    let start = Instant::now();
+    loop {
+        let got = server.counters().quic.config_reloads;
+        if got >= n || start.elapsed() > Duration::from_secs(5) {
+            return got;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A GET for `/small` on `c`: its status (5 s at most).
+fn get_small(c: &mut Raw) -> Option<u16> {
+    c.request("/small", true)?;
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(5) {
+        c.pump();
+        if let Some(&s) = c.statuses().first() {
+            return Some(s);
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    None
+}
+
+#[test]
+fn a_reloaded_certificate_serves_new_connections_and_bad_files_keep_the_old_one() {
+    let site = Site::new("reload");
+    let dir = site.tmp.path().to_path_buf();
+    let first = write_cert(&dir);
+    let mut cfg = ServeConfig::new("127.0.0.1:0".parse().unwrap());
+    cfg.quic.shards = 2;
+    cfg.tls = Tls::Files { cert: dir.join("cert.pem"), key: dir.join("key.pem") };
+    let server = serve(&site.root, &cfg).expect("server starts");
+    assert_eq!(served_cert(&server), first);
+    let mut before = Raw::connect("127.0.0.1", server.local_addr(), &mut client_config(1 << 20)).with_h3();
+
+    let second = write_cert(&dir);
+    server.reload_tls().expect("the new files load");
+    assert_eq!(reloaded(&server, 2), 2, "each shard took the new configuration");
+    for _ in 0..4 {
+        assert_eq!(served_cert(&server), second, "a new connection gets the new certificate");
+    }
+    assert_eq!(get_small(&mut before), Some(200), "a connection opened before carries on");
+
+    // A broken certificate, then a key that is not the certificate's: refused, said why, and
+    // the second certificate serves on.
+    std::fs::write(dir.join("cert.pem"), b"-----BEGIN CERTIFICATE-----\nnot base64\n").unwrap();
+    let e = server.reload_tls().expect_err("a broken certificate").to_string();
+    assert!(e.contains("not a PEM certificate chain"), "{e}");
+    let other = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
+    std::fs::write(dir.join("cert.pem"), other.cert.pem()).unwrap();
+    let e = server.reload_tls().expect_err("a key for another certificate").to_string();
+    assert!(e.contains("not a PEM private key for the certificate"), "{e}");
+    std::fs::remove_file(dir.join("key.pem")).unwrap();
+    let e = server.reload_tls().expect_err("a missing key").to_string();
+    assert!(e.contains("key file"), "{e}");
+    std::thread::sleep(Duration::from_millis(300)); // past a publication of every shard
+    assert_eq!(server.counters().quic.config_reloads, 2, "nothing was taken");
+    assert_eq!(served_cert(&server), second);
+    server.stop().expect("stop");
+}
+
+#[test]
+fn a_generated_certificate_has_nothing_to_reload() {
+    let site = Site::new("reload-self");
+    let server = serve(&site.root, &ServeConfig::new("127.0.0.1:0".parse().unwrap())).expect("server starts");
+    let e = server.reload_tls().expect_err("no files").to_string();
+    assert!(e.contains("no --cert/--key"), "{e}");
+    server.stop().expect("stop");
+}
