@@ -891,7 +891,7 @@ fn serve(a: ServeArgs) -> ExitCode {
     // removed hosts); SIGTERM and SIGQUIT drain (a second one stops at once), SIGINT stops;
     // either way the server prints its counters.
     crate::util::raise_open_files("h3 serve");
-    let reload = crate::util::reload_on_sighup();
+    let reload = crate::util::reload_signals();
     let signals = crate::util::graceful_signals();
     let drain_timeout = Duration::from_secs(a.drain_timeout);
     let server = match udpx_h3::serve(&a.dir, &cfg) {
@@ -947,7 +947,14 @@ fn serve(a: ServeArgs) -> ExitCode {
             server.drain(drain_timeout);
             drain_started = Some(std::time::Instant::now());
         }
-        if reload.swap(false, Ordering::Relaxed) {
+        if reload.usr1.swap(false, Ordering::Relaxed) {
+            match server.reopen_log() {
+                Ok(true) => eprintln!("udpx h3 serve: SIGUSR1: access log reopened"),
+                Ok(false) => eprintln!("udpx h3 serve: SIGUSR1: no access log file to reopen"),
+                Err(e) => eprintln!("udpx h3 serve: SIGUSR1: {e}; the access log stays the file in use"),
+            }
+        }
+        if reload.hup.swap(false, Ordering::Relaxed) {
             // What SIGHUP reads again: the certificate and key (a file that does not load
             // keeps the one in force) and the removed hosts (a bad file keeps the old set).
             if let udpx_h3::Tls::Files { cert, key } = &cfg.tls {

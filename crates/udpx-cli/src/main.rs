@@ -177,7 +177,7 @@ pub mod util {
     }
 
     /// [`StopSignals`], set by a thread that waits for SIGINT, SIGTERM and SIGQUIT (blocked in
-    /// every other thread: call it before starting threads, after `reload_on_sighup`).
+    /// every other thread: call it before starting threads, after `reload_signals`).
     pub fn graceful_signals() -> &'static StopSignals {
         use nix::sys::signal::{SigSet, Signal};
         use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
@@ -201,31 +201,43 @@ pub mod util {
         &SIGNALS
     }
 
-    /// A flag set by each SIGHUP (a thread waits for it; blocked in every other thread): a
-    /// server reads its files again. Call it first, then `stop_on_signals` or
-    /// `graceful_signals`, before starting threads: it blocks SIGINT, SIGTERM and SIGQUIT too,
-    /// so that its own thread never takes one of those (their default action would end the
-    /// process without its clean stop), and the other's thread waits for them.
-    pub fn reload_on_sighup() -> &'static std::sync::atomic::AtomicBool {
+    /// What a server's reload signals asked for since last looked at.
+    #[derive(Debug)]
+    pub struct ReloadSignals {
+        /// SIGHUP: read the configuration files again.
+        pub hup: std::sync::atomic::AtomicBool,
+        /// SIGUSR1: reopen the log files (logrotate).
+        pub usr1: std::sync::atomic::AtomicBool,
+    }
+
+    /// [`ReloadSignals`], set by a thread that waits for SIGHUP and SIGUSR1 (blocked in every
+    /// other thread). Call it first, then `stop_on_signals` or `graceful_signals`, before
+    /// starting threads: it blocks SIGINT, SIGTERM and SIGQUIT too, so that its own thread
+    /// never takes one of those (their default action would end the process without its clean
+    /// stop), and the other's thread waits for them.
+    pub fn reload_signals() -> &'static ReloadSignals {
         use nix::sys::signal::{SigSet, Signal};
-        static RELOAD: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+        use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+        static SIGNALS: ReloadSignals = ReloadSignals { hup: AtomicBool::new(false), usr1: AtomicBool::new(false) };
         let mut blocked = SigSet::empty();
-        for s in [Signal::SIGHUP, Signal::SIGINT, Signal::SIGTERM, Signal::SIGQUIT] {
+        for s in [Signal::SIGHUP, Signal::SIGUSR1, Signal::SIGINT, Signal::SIGTERM, Signal::SIGQUIT] {
             blocked.add(s);
         }
         let mut set = SigSet::empty();
         set.add(Signal::SIGHUP);
+        set.add(Signal::SIGUSR1);
         if blocked.thread_block().is_ok() {
             let spawned = std::thread::Builder::new().name("udpx-sighup".into()).spawn(move || {
-                while set.wait().is_ok() {
-                    RELOAD.store(true, std::sync::atomic::Ordering::Relaxed);
+                while let Ok(sig) = set.wait() {
+                    let flag = if sig == Signal::SIGUSR1 { &SIGNALS.usr1 } else { &SIGNALS.hup };
+                    flag.store(true, Relaxed);
                 }
             });
             if spawned.is_err() {
                 let _ = set.thread_unblock();
             }
         }
-        &RELOAD
+        &SIGNALS
     }
 
     /// Prints a bench's result, as one JSON object under `key` or as its report, or its error;

@@ -83,6 +83,8 @@ pub struct Site {
     alt_svc: OnceLock<String>,
     counters: HttpCounters,
     log: Option<Mutex<LineWriter<Box<dyn Write + Send>>>>,
+    /// The access log's file (`None`: none, or standard output), for [`Site::reopen_log`].
+    log_path: Option<PathBuf>,
 }
 
 impl std::fmt::Debug for Site {
@@ -305,16 +307,11 @@ impl Site {
                 "cache-control {cc:?}: give a non-empty value of printable ASCII, e.g. \"no-cache\" or \"max-age=60\""
             )));
         }
-        let log = match &opts.access_log {
-            None => None,
-            Some(p) if p.as_os_str() == "-" => Some(Box::new(io::stdout()) as Box<dyn Write + Send>),
-            Some(p) => Some(Box::new(
-                std::fs::OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(p)
-                    .map_err(|e| Error::Usage(format!("access log {}: {e}", p.display())))?,
-            ) as Box<dyn Write + Send>),
+        let log_path = opts.access_log.clone().filter(|p| p.as_os_str() != "-");
+        let log = match (&opts.access_log, &log_path) {
+            (None, _) => None,
+            (Some(_), None) => Some(Box::new(io::stdout()) as Box<dyn Write + Send>),
+            (Some(_), Some(p)) => Some(Box::new(open_log(p)?) as Box<dyn Write + Send>),
         };
         Ok(Site {
             root,
@@ -322,7 +319,20 @@ impl Site {
             alt_svc: OnceLock::new(),
             counters: HttpCounters::default(),
             log: log.map(|w| Mutex::new(LineWriter::new(w))),
+            log_path,
         })
+    }
+
+    /// Opens the access log's file again (after logrotate moved it): later lines go to a file
+    /// of that name, created if need be. The one in use stays if it cannot be opened. Whether
+    /// there was a file to reopen.
+    pub fn reopen_log(&self) -> Result<bool, Error> {
+        let (Some(log), Some(p)) = (&self.log, &self.log_path) else { return Ok(false) };
+        let file = open_log(p)?;
+        let mut w = log.lock().unwrap_or_else(|e| e.into_inner());
+        let _ = w.flush();
+        *w = LineWriter::new(Box::new(file));
+        Ok(true)
     }
 
     /// Announces HTTP/3 on `udp_port` of the same host in every later response (`alt-svc`).
@@ -506,6 +516,15 @@ impl Site {
 
 /// The media type for a file name's extension: `mime_guess`'s table, but for the three
 /// segmented-video types it lacks or names otherwise than HLS and DASH players expect.
+/// The access log's file, for appending.
+fn open_log(p: &Path) -> Result<std::fs::File, Error> {
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(p)
+        .map_err(|e| Error::Usage(format!("access log {}: {e}", p.display())))
+}
+
 fn content_type(path: &Path) -> String {
     let ext = path.extension().and_then(|e| e.to_str()).map(str::to_ascii_lowercase);
     match ext.as_deref() {

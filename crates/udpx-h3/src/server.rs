@@ -320,6 +320,12 @@ impl H3Server {
         self.server.reload(configs).map_err(Error::Quic)
     }
 
+    /// Opens the access log's file again (for logrotate; see [`Site::reopen_log`]): whether
+    /// there was a file to reopen.
+    pub fn reopen_log(&self) -> Result<bool, Error> {
+        self.site.reopen_log()
+    }
+
     /// Starts the graceful stop of the HTTP/3 listener ([`udpx_quic::Server::drain`]): no new
     /// connection is admitted (CONNECTION_REFUSED), each connection gets the two-step GOAWAY,
     /// finishes its responses and closes; the loops end when none is left or at `timeout`.

@@ -98,3 +98,25 @@ fn a_generated_certificate_has_nothing_to_reload() {
     assert!(e.contains("no --cert/--key"), "{e}");
     server.stop().expect("stop");
 }
+
+/// SIGUSR1's part (logrotate): the access log moved away, reopened, later lines go to a new file
+/// of its name.
+#[test]
+fn the_access_log_reopens_after_it_was_moved() {
+    let site = Site::new("reopen");
+    let log = site.tmp.path().join("access.log");
+    let mut cfg = ServeConfig::new("127.0.0.1:0".parse().unwrap());
+    cfg.site.access_log = Some(log.clone());
+    let server = serve(&site.root, &cfg).expect("server starts");
+    let mut c = Raw::connect("127.0.0.1", server.local_addr(), &mut client_config(1 << 20)).with_h3();
+    assert_eq!(get_small(&mut c), Some(200));
+    let rotated = site.tmp.path().join("access.log.1");
+    std::fs::rename(&log, &rotated).unwrap();
+    assert!(server.reopen_log().expect("reopened"), "a file to reopen");
+    assert_eq!(get_small(&mut c), Some(200));
+    let first = std::fs::read_to_string(&rotated).unwrap();
+    let second = std::fs::read_to_string(&log).unwrap();
+    assert_eq!((first.lines().count(), second.lines().count()), (1, 1), "{first:?} {second:?}");
+    assert!(second.contains("\"/small\" 200"), "{second}");
+    server.stop().expect("stop");
+}
