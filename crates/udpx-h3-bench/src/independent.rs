@@ -110,5 +110,7 @@ pub fn run(mut cmd: Command, cfg: &LoadConfig, proto: Proto, size: u64) -> Resul
         packets_sent: (proto == Proto::H3).then_some(r.packets_sent),
         packets_received: (proto == Proto::H3).then_some(r.packets_received),
         quic: Default::default(),
+        moved_on_goaway: 0,
+        retried: 0,
     })
 }

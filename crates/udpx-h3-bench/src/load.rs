@@ -150,6 +150,11 @@ pub struct LoadReport {
     pub packets_received: Option<u64>,
     /// The client host's counters (udpx's own client; zero for the others).
     pub quic: HostCounters,
+    /// Connections left for a new one after the server's GOAWAY (udpx's own client).
+    pub moved_on_goaway: usize,
+    /// Requests the server refused past its GOAWAY (H3_REQUEST_REJECTED) and that were sent
+    /// again on a new connection (udpx's own client).
+    pub retried: u64,
 }
 
 impl LoadReport {
@@ -209,6 +214,8 @@ pub(crate) struct Tally {
     pub(crate) established: usize,
     pub(crate) ended: usize,
     pub(crate) never_served: usize,
+    pub(crate) moved: usize,
+    pub(crate) retried: u64,
 }
 
 impl Tally {
@@ -246,6 +253,8 @@ impl Tally {
             client_cpu_s,
             window_s: cfg.duration.as_secs_f64(),
             quic,
+            moved_on_goaway: self.moved,
+            retried: self.retried,
         }
     }
 }
@@ -263,7 +272,33 @@ struct Player {
     /// Requests it sent in the window, and answered whole.
     asked: u32,
     served: u32,
+    /// The local address it connects from (`None`: the kernel's choice).
+    from: Option<IpAddr>,
+    /// The server sent GOAWAY: no new request here; the player moves to a new connection
+    /// once its request under way has ended.
+    goaway: bool,
 }
+
+impl Player {
+    fn new(from: Option<IpAddr>, next: Instant) -> Player {
+        Player {
+            started: Instant::now(),
+            established: false,
+            h3: None,
+            next,
+            inflight: None,
+            asked: 0,
+            served: 0,
+            from,
+            goaway: false,
+        }
+    }
+}
+
+/// H3_NO_ERROR (RFC 9114 8.1).
+const H3_NO_ERROR: u64 = 0x100;
+/// H3_REQUEST_REJECTED (RFC 9114 8.1): not processed, safe to send again.
+const H3_REQUEST_REJECTED: u64 = 0x10b;
 
 /// The players' application (see the module docs).
 struct Players {
@@ -274,6 +309,8 @@ struct Players {
     buf: Vec<u8>,
     t: Tally,
     h3_config: quiche::h3::Config,
+    /// Players whose connection ended after a GOAWAY, to connect again.
+    moving: Vec<Player>,
 }
 
 impl Players {
@@ -353,11 +390,23 @@ impl App for Players {
                         outcome = Some(p.inflight.is_some_and(|f| f.4 == 200));
                     }
                 }
-                Ok((sid, quiche::h3::Event::Reset(_))) => {
+                Ok((sid, quiche::h3::Event::Reset(code))) => {
                     if p.inflight.is_some_and(|f| f.0 == sid) {
-                        outcome = Some(false);
+                        if code == H3_REQUEST_REJECTED {
+                            // Not processed (RFC 9114 5.2): asked again on a new connection.
+                            if let Some((_, _, true, _, _)) = p.inflight.take() {
+                                self.t.requests -= 1;
+                                p.asked -= 1;
+                            }
+                            self.t.retried += 1;
+                            p.next = now;
+                            p.goaway = true;
+                        } else {
+                            outcome = Some(false);
+                        }
                     }
                 }
+                Ok((_, quiche::h3::Event::GoAway)) => p.goaway = true,
                 Ok(_) => {}
                 Err(quiche::h3::Error::Done) => break,
                 Err(e) => {
@@ -368,6 +417,11 @@ impl App for Players {
         }
         if let Some(ok) = outcome {
             self.done(p, ok, now);
+        }
+        if p.goaway && p.inflight.is_none() {
+            // The server asked for no more here: this connection ends, the next one takes over.
+            let _ = conn.close(true, H3_NO_ERROR, b"goaway");
+            return;
         }
         if p.inflight.is_some() || now < p.next {
             return;
@@ -402,6 +456,13 @@ impl App for Players {
         let now = Instant::now();
         if p.inflight.is_some() {
             self.done(&mut p, false, now);
+        }
+        if p.goaway {
+            self.t.moved += 1;
+            let mut next = Player::new(p.from, p.next);
+            (next.asked, next.served) = (p.asked, p.served);
+            self.moving.push(next);
+            return;
         }
         if now < self.window.1 {
             self.t.ended += 1;
@@ -442,6 +503,7 @@ pub fn run(cfg: &LoadConfig) -> Result<LoadReport, Error> {
         buf: vec![0; 64 * 1024],
         t: Tally::default(),
         h3_config: quiche::h3::Config::new().map_err(|e| Error::Tls(e.to_string()))?,
+        moving: Vec::new(),
     };
     let mut host = Host::new(HostSocket::Own(Box::new(socket)), qc, app, udpx_quic::Role::Client);
     let n = cfg.connections;
@@ -459,10 +521,12 @@ pub fn run(cfg: &LoadConfig) -> Result<LoadReport, Error> {
             }
             let from = (!cfg.locals.is_empty()).then(|| cfg.locals[opened % cfg.locals.len()]);
             let first = if cfg.interval.is_zero() { now + cfg.keepalive } else { due };
-            let p =
-                Player { started: now, established: false, h3: None, next: first, inflight: None, asked: 0, served: 0 };
-            host.connect_from(from, None, cfg.server, p, None, None).map_err(Error::Quic)?;
+            host.connect_from(from, None, cfg.server, Player::new(from, first), None, None).map_err(Error::Quic)?;
             opened += 1;
+        }
+        // Players whose server sent GOAWAY go on on new connections.
+        for p in std::mem::take(&mut host.app_mut().moving) {
+            host.connect_from(p.from, None, cfg.server, p, None, None).map_err(Error::Quic)?;
         }
         if cpu0.is_none() && now >= window.0 {
             cpu0 = Some((udpx_lab::cpu::ProcessCpu::thread().ok(), host.counters()));

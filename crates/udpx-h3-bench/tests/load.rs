@@ -20,13 +20,19 @@ fn site() -> TempDir {
     tmp
 }
 
+/// `n` players asking `/seg` every `interval`, started over `ramp`, measured for 2 s.
+fn players(server: std::net::SocketAddr, n: usize, interval: Duration, ramp: Duration) -> LoadConfig {
+    let mut cfg = LoadConfig::new(server, n, "/seg", interval);
+    cfg.ramp = ramp;
+    cfg.duration = Duration::from_secs(2);
+    cfg
+}
+
 #[test]
 fn players_over_http3_are_all_served() {
     let tmp = site();
     let server = serve(&tmp.path().join("www"), &ServeConfig::new("127.0.0.1:0".parse().unwrap())).unwrap();
-    let mut cfg = LoadConfig::new(server.local_addr(), 200, "/seg", Duration::from_millis(300));
-    cfg.ramp = Duration::from_secs(1);
-    cfg.duration = Duration::from_secs(2);
+    let mut cfg = players(server.local_addr(), 200, Duration::from_millis(300), Duration::from_secs(1));
     // Four source addresses of loopback: the server sees four clients' worth of connections.
     cfg.locals = (1..=4).map(|i| std::net::IpAddr::from([127, 0, 0, i])).collect();
     let r = load::run(&cfg).unwrap();
@@ -63,4 +69,28 @@ fn players_over_tcp_are_all_served() {
         assert_eq!((r.served, r.failed, r.never_served, r.ended_early), (r.requests, 0, 0, 0), "{http:?}");
     }
     server.stop().unwrap();
+}
+
+/// udpx's own load client honours GOAWAY (issue 40): when the server drains, each player
+/// finishes its request under way, sends nothing more on that connection, closes it and opens
+/// a new one for its next request (which the draining server refuses: no second server here).
+/// No request goes unanswered or is refused past GOAWAY.
+#[test]
+fn players_leave_a_draining_server_for_a_new_connection() {
+    let tmp = site();
+    let server = serve(&tmp.path().join("www"), &ServeConfig::new("127.0.0.1:0".parse().unwrap())).unwrap();
+    let cfg = players(server.local_addr(), 20, Duration::from_millis(200), Duration::from_millis(300));
+    let r = std::thread::scope(|s| {
+        let run = s.spawn(|| load::run(&cfg).unwrap());
+        std::thread::sleep(Duration::from_millis(1200));
+        server.drain(Duration::from_secs(30));
+        run.join().unwrap()
+    });
+    let c = server.stop().unwrap();
+    println!("{}; moved {}, retried {}; server {:?}", r.summary(), r.moved_on_goaway, r.retried, c.quic);
+    assert_eq!(r.established, 20, "the first connections");
+    assert!(r.requests >= 20, "{}", r.requests);
+    assert_eq!((r.served, r.failed, r.unanswered, r.retried), (r.requests, 0, 0, 0), "every request sent was answered");
+    assert_eq!(r.moved_on_goaway, 20, "every player left its connection after GOAWAY");
+    assert_eq!((c.quic.drained, c.quic.drain_closed), (20, 0), "each connection ended during the drain");
 }
