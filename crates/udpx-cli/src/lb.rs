@@ -54,6 +54,11 @@ struct NftArgs {
     /// are 0x10000 + its ID, so taking one out moves no other.
     #[arg(long = "host", value_name = "ID=NEXTHOP", value_parser = parse_host)]
     hosts: Vec<Host>,
+    /// A host being drained (its server ID, as in --host): it keeps every packet its connection
+    /// IDs name and gets no new connection. Repeat for each; remove its --host once its
+    /// connections have ended.
+    #[arg(long = "draining", value_name = "ID", value_parser = udpx_lb::nft::parse_id)]
+    draining: Vec<u16>,
     /// How packets reach the hosts.
     #[arg(long, value_enum, default_value_t = ModeArg::Stateless)]
     mode: ModeArg,
@@ -75,6 +80,9 @@ struct CheckArgs {
     /// The hosts, as for `udpx lb nft`.
     #[arg(long = "host", value_name = "ID=NEXTHOP", value_parser = parse_host)]
     hosts: Vec<Host>,
+    /// The draining hosts, as for `udpx lb nft`.
+    #[arg(long = "draining", value_name = "ID", value_parser = udpx_lb::nft::parse_id)]
+    draining: Vec<u16>,
     /// A connection ID in hex (as a short header's DCID).
     #[arg(long)]
     cid: Option<String>,
@@ -110,7 +118,7 @@ fn nft(a: NftArgs) -> ExitCode {
             u32::from_ne_bytes(b)
         }
     };
-    let b = match Balancer::new(a.vip, a.port, a.hosts, a.mode.into()) {
+    let b = match Balancer::new(a.vip, a.port, a.hosts, a.mode.into()).and_then(|b| b.with_draining(&a.draining)) {
         Ok(b) => b.with_seed(seed),
         Err(e) => return usage("nft", e),
     };
@@ -133,7 +141,9 @@ fn nft(a: NftArgs) -> ExitCode {
 
 fn check(a: CheckArgs) -> ExitCode {
     // The VIP and port do not change the answer: any will do.
-    let b = match Balancer::new(Ipv4Addr::UNSPECIFIED, 443, a.hosts, Mode::Stateless) {
+    let b = match Balancer::new(Ipv4Addr::UNSPECIFIED, 443, a.hosts, Mode::Stateless)
+        .and_then(|b| b.with_draining(&a.draining))
+    {
         Ok(b) => b,
         Err(e) => return usage("check", e),
     };
@@ -148,6 +158,14 @@ fn check(a: CheckArgs) -> ExitCode {
     };
     let route = if a.cid.is_some() { check::cid(&b, &bytes) } else { check::packet(&b, &bytes) };
     println!("{route}");
+    let ids = |hosts: &[Host]| hosts.iter().map(|h| h.id.to_string()).collect::<Vec<_>>().join(", ");
+    match route.host() {
+        Some(h) if b.is_draining(h.id) => {
+            println!("host {} is draining: its connections carry on there; it gets no new connection", h.id)
+        }
+        Some(h) => println!("host {} takes new connections", h.id),
+        None => println!("hashed over the hosts that take new connections: {}", ids(&b.taking())),
+    }
     ExitCode::SUCCESS
 }
 

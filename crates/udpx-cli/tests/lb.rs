@@ -238,15 +238,13 @@ fn a_four_tuple_balancer_loses_the_connection_when_the_client_moves() {
 /// fails at once with a clear reason, because the host its packets now reach shares the
 /// service's reset key and answers with a stateless reset, instead of hanging until the idle
 /// timeout (30 s).
-#[test]
-fn a_removed_host_gets_no_new_connections_and_its_clients_are_told() {
-    if !capable("lb: a host removed from the balancer", &["nft", "tc"]) {
-        return;
-    }
-    let (t, content) = tmp("remove", 3_000_000);
+/// A stateless lab of three hosts serving a 3 MB file (and its first 20 kB as `small`), the
+/// client's downlink at 4 Mbit/s (six seconds: a change lands in the middle), and a download
+/// under way: the lab, the download, its output path and the host (from 0) it landed on.
+fn slow_download_on_three_hosts(tag: &str) -> (Tmp, Vec<u8>, Lab, ChildGroup, std::path::PathBuf, usize) {
+    let (t, content) = tmp(tag, 3_000_000);
     std::fs::write(t.0.join("www/small"), &content[..20_000]).unwrap();
     let mut lab = Lab::setup(&LabConfig { hosts: 3, mode: Mode::Stateless }).unwrap();
-    // 3 MB at 4 Mbit/s: six seconds, so the removal lands in the middle.
     lab.limit_client_rate(4_000_000).unwrap();
     lab.start_servers(Path::new(UDPX), &t.0.join("www"), 120).unwrap();
     let out = t.0.join("got");
@@ -261,6 +259,15 @@ fn a_removed_host_gets_no_new_connections_and_its_clients_are_told() {
         std::thread::sleep(Duration::from_millis(50));
     };
     std::thread::sleep(Duration::from_millis(300));
+    (t, content, lab, slow, out, home)
+}
+
+#[test]
+fn a_removed_host_gets_no_new_connections_and_its_clients_are_told() {
+    if !capable("lb: a host removed from the balancer", &["nft", "tc"]) {
+        return;
+    }
+    let (t, content, mut lab, slow, out, home) = slow_download_on_three_hosts("remove");
     lab.remove_host(home + 1).unwrap();
     let removed = Instant::now();
     let status = slow.wait().unwrap();
@@ -286,6 +293,37 @@ fn a_removed_host_gets_no_new_connections_and_its_clients_are_told() {
     assert_eq!(conns[home], 1, "the removed host got no new connection: {conns:?}");
     assert_eq!(conns.iter().sum::<u64>(), 7, "{conns:?}");
     assert!(resets >= 1 && n(home, "stateless_resets") == 0, "another host reset the moved connection");
+}
+
+/// Draining a host (issue 40, item 4): the download it serves completes whole, new
+/// connections all go to the other hosts, and removing it afterwards resets nothing.
+#[test]
+fn a_draining_host_keeps_its_download_and_gets_no_new_connections() {
+    if !capable("lb: a draining host", &["nft", "tc"]) {
+        return;
+    }
+    let (t, content, mut lab, slow, out, home) = slow_download_on_three_hosts("drain");
+    lab.drain_host(home + 1).unwrap();
+    let status = slow.wait().unwrap();
+    let err = std::fs::read_to_string(out.with_extension("err")).unwrap_or_default();
+    assert!(status.success(), "the draining host's download finished: {err}");
+    assert!(std::fs::read(&out).unwrap() == content, "whole");
+    for k in 0..6 {
+        let o = t.0.join(format!("small-{k}"));
+        let s = lab.download("small", &o).unwrap().wait().unwrap();
+        assert!(s.success(), "{}", std::fs::read_to_string(o.with_extension("err")).unwrap_or_default());
+    }
+    // Its connections are over: taking it out now moves nothing.
+    lab.remove_host(home + 1).unwrap();
+    let json: Vec<serde_json::Value> =
+        lab.stop_servers().iter().map(|(out, _)| serde_json::from_str(out.trim()).unwrap()).collect();
+    let n = |h: usize, k: &str| json[h]["h3_serve"]["quic"][k].as_u64().unwrap();
+    let conns: Vec<u64> = (0..3).map(|h| n(h, "connections")).collect();
+    let resets: u64 = (0..3).map(|h| n(h, "stateless_resets")).sum();
+    eprintln!("home {home}; connections {conns:?}; resets {resets}");
+    assert_eq!(conns[home], 1, "the draining host got no new connection: {conns:?}");
+    assert_eq!(conns.iter().sum::<u64>(), 7, "{conns:?}");
+    assert_eq!(resets, 0, "nothing was reset");
 }
 
 /// Taking out a host that is not the download's, and that comes before it in the host list:
@@ -396,6 +434,8 @@ fn lb_commands_exit_2_on_bad_input_and_explain_routes() {
         (&["lb", "check", "--host", "1=10.0.1.1"], "--cid"),
         (&["lb", "check", "--host", "1=10.0.1.1", "--cid", "0b0"], "odd number of hex digits"),
         (&["lb", "check", "--host", "1=10.0.1.1", "--packet", "zz"], "not a hex byte"),
+        (&["lb", "check", "--host", "1=10.0.1.1", "--draining", "2", "--cid", "0b0001"], "--draining 2: no such host"),
+        (&["lb", "nft", "--vip", "10.0.0.1", "--host", "1=10.0.1.1", "--draining", "1"], "every host is draining"),
         (&["bench", "lb", "--packets", "10"], "--packets"),
         (&["bench", "lb", "--rebinds", "0"], "--rebinds"),
     ];
@@ -412,6 +452,10 @@ fn lb_commands_exit_2_on_bad_input_and_explain_routes() {
     assert!(ok(&["--packet", "c000000001100102030405060708090a0b0c0d0e0f10"])
         .contains("jhash of the DCID bytes 0102030405060708"));
     assert!(ok(&["--packet", "68656c6c6f"]).contains("rule fallback"));
+    let drained = ok(&["--draining", "0x0102", "--cid", "0b0102aabbccddeeff001122"]);
+    assert!(drained.contains("host 258 is draining"), "{drained}");
+    let hashed = ok(&["--draining", "258", "--packet", "c000000001100102030405060708090a0b0c0d0e0f10"]);
+    assert!(hashed.contains("take new connections: 1"), "{hashed}");
     let o = udpx(&[&["lb", "nft", "--vip", "10.0.0.1", "--port", "4433"][..], &hosts, &["--mode", "dnat"]].concat());
     let text = String::from_utf8(o.stdout).unwrap();
     assert!(o.status.success());

@@ -412,6 +412,21 @@ impl Lab {
         Ok(())
     }
 
+    /// Drains host `i` (from 1): new rules with the same hosts and seed in which host `i` keeps
+    /// every packet its connection IDs name and gets no new connection
+    /// ([`Balancer::with_draining`]), loaded atomically; no route changes.
+    pub fn drain_host(&mut self, i: usize) -> Result<(), Error> {
+        let mut cfg = Balancer::new(VIP, PORT, self.balancer_cfg.hosts().to_vec(), self.balancer_cfg.mode())
+            .and_then(|b| b.with_draining(&[host_id(i)]))
+            .map_err(|e| Error::InvalidConfig { why: format!("lab balancer: {e}") })?;
+        if let Some(seed) = self.balancer_cfg.seed() {
+            cfg = cfg.with_seed(seed);
+        }
+        self.load_nft(&self.balancer, "balancer-draining.nft", &cfg.ruleset())?;
+        self.balancer_cfg = cfg;
+        Ok(())
+    }
+
     /// Loads the generated CID rules again (after [`Lab::use_four_tuple_rules`]).
     pub fn use_cid_rules(&self) -> Result<(), Error> {
         self.load_nft(&self.balancer, "balancer.nft", &self.balancer_cfg.ruleset())

@@ -123,18 +123,23 @@ impl FromStr for Host {
         let Some((id, hop)) = s.split_once('=') else {
             return Err(format!("host {s:?}: give ID=NEXTHOP, e.g. 1=10.0.1.2"));
         };
-        let id = id.trim();
-        let parsed = match id.strip_prefix("0x").or_else(|| id.strip_prefix("0X")) {
-            Some(hex) => u16::from_str_radix(hex, 16),
-            None => id.parse::<u16>(),
-        };
-        let id = parsed.map_err(|_| format!("host {s:?}: the ID {id:?} is not 0 to 65535 (decimal or 0x hex)"))?;
+        let id = parse_id(id).map_err(|e| format!("host {s:?}: {e}"))?;
         let next_hop = hop
             .trim()
             .parse::<Ipv4Addr>()
             .map_err(|_| format!("host {s:?}: the next hop {hop:?} is not an IPv4 address"))?;
         Ok(Host { id, next_hop })
     }
+}
+
+/// A server ID, decimal (`1`) or hex (`0x0001`).
+pub fn parse_id(s: &str) -> Result<u16, String> {
+    let id = s.trim();
+    match id.strip_prefix("0x").or_else(|| id.strip_prefix("0X")) {
+        Some(hex) => u16::from_str_radix(hex, 16),
+        None => id.parse::<u16>(),
+    }
+    .map_err(|_| format!("the ID {id:?} is not 0 to 65535 (decimal or 0x hex)"))
 }
 
 impl fmt::Display for Host {
@@ -153,6 +158,8 @@ pub struct Balancer {
     mode: Mode,
     /// jhash's seed; `None`: nft draws one at each load.
     seed: Option<u32>,
+    /// Server IDs of the hosts being drained ([`Balancer::with_draining`]).
+    draining: BTreeSet<u16>,
 }
 
 /// Why a [`Balancer`] cannot be made.
@@ -170,6 +177,10 @@ pub enum ConfigError {
     NextHopIsVip(Ipv4Addr),
     /// Port 0.
     PortZero,
+    /// A draining host that is not among the hosts.
+    UnknownDraining(u16),
+    /// Every host draining: no host would take a new connection.
+    AllDraining,
 }
 
 impl fmt::Display for ConfigError {
@@ -181,6 +192,12 @@ impl fmt::Display for ConfigError {
             ConfigError::DuplicateNextHop(a) => write!(f, "next hop {a} given twice: give each host its own address"),
             ConfigError::NextHopIsVip(a) => write!(f, "next hop {a} is the VIP: give the host's own address"),
             ConfigError::PortZero => write!(f, "--port 0: give the port the service listens on (1 to 65535)"),
+            ConfigError::UnknownDraining(id) => {
+                write!(f, "--draining {id}: no such host; give the ID of one of the --host lines")
+            }
+            ConfigError::AllDraining => {
+                write!(f, "every host is draining: at least one must take new connections (drop a --draining)")
+            }
         }
     }
 }
@@ -212,7 +229,34 @@ impl Balancer {
                 return Err(ConfigError::NextHopIsVip(vip));
             }
         }
-        Ok(Balancer { vip, port, hosts, mode, seed: None })
+        Ok(Balancer { vip, port, hosts, mode, seed: None, draining: BTreeSet::new() })
+    }
+
+    /// The same balancer with the hosts of server IDs `ids` draining: each keeps every packet
+    /// whose connection ID names it (its connections carry on) and gets no new Initial or
+    /// 0-RTT packet and no 4-tuple fallback (the hashes skip it). Remove it from the hosts
+    /// once its connections have ended: its mark and table are its own, so nothing else moves.
+    pub fn with_draining(mut self, ids: &[u16]) -> Result<Balancer, ConfigError> {
+        for &id in ids {
+            if self.host(id).is_none() {
+                return Err(ConfigError::UnknownDraining(id));
+            }
+            self.draining.insert(id);
+        }
+        if self.draining.len() == self.hosts.len() {
+            return Err(ConfigError::AllDraining);
+        }
+        Ok(self)
+    }
+
+    /// Whether host `id` is draining.
+    pub fn is_draining(&self, id: u16) -> bool {
+        self.draining.contains(&id)
+    }
+
+    /// The hosts that take new connections (the hashes' buckets, in order).
+    pub fn taking(&self) -> Vec<Host> {
+        self.hosts.iter().copied().filter(|h| !self.is_draining(h.id)).collect()
     }
 
     /// The same balancer hashing with `seed` (kept across reloads: see the module docs).
@@ -271,11 +315,14 @@ impl Balancer {
 
     fn render(&self, by_cid: bool) -> String {
         let n = self.hosts.len();
-        // `mod N [seed S] map { bucket : mark }`: a hash bucket per host, in list order.
+        // `mod N [seed S] map { bucket : mark }`: a hash bucket per host that takes new
+        // connections, in list order (a draining host has none).
+        let taking = self.taking();
         let buckets: Vec<String> =
-            self.hosts.iter().enumerate().map(|(i, h)| format!("{i} : {:#x}", Balancer::mark_of(h.id))).collect();
+            taking.iter().enumerate().map(|(i, h)| format!("{i} : {:#x}", Balancer::mark_of(h.id))).collect();
+        let n_hashed = taking.len();
         let seed = self.seed.map(|s| format!(" seed {s:#010x}")).unwrap_or_default();
-        let hash = format!("mod {n}{seed} map {{ {} }}", buckets.join(", "));
+        let hash = format!("mod {n_hashed}{seed} map {{ {} }}", buckets.join(", "));
         let mut s = String::new();
         let w = &mut s;
         line(w, "#!/usr/sbin/nft -f");
@@ -292,6 +339,14 @@ impl Balancer {
             None => line(w, "# No hash seed: nft draws one at each load (hashed packets may move hosts on a reload)."),
         }
         line(w, "# A host's firewall mark and routing table: 0x10000 + its server ID, the same in every ruleset.");
+        if !self.draining.is_empty() {
+            let ids: Vec<String> = self.draining.iter().map(ToString::to_string).collect();
+            let _ = writeln!(
+                w,
+                "# Draining: host {}: keeps every packet its connection IDs name, gets no new Initial and no fallback.",
+                ids.join(", ")
+            );
+        }
         match self.mode {
             Mode::Stateless => {
                 line(w, "# Stateless: packets are marked, not tracked; `ip rule fwmark` sends them to their host");
@@ -564,6 +619,36 @@ table ip udpx_lb {
             }
             assert_eq!(route(&new.ruleset(), &old_routes, all[gone].id), None, "the removed host's ID is unmapped");
         }
+    }
+
+    /// A draining host keeps its server ID's packets and leaves both hashes; the others keep
+    /// theirs; draining an unknown host or every host is refused.
+    #[test]
+    fn a_draining_host_keeps_its_ids_and_leaves_the_hashes() {
+        let h = |s: &str| s.parse::<Host>().unwrap();
+        let vip = Ipv4Addr::new(10, 78, 100, 1);
+        let all = vec![h("0x0101=10.78.1.2"), h("0x0102=10.78.2.2"), h("0x0103=10.78.3.2")];
+        let b = Balancer::new(vip, 443, all.clone(), Mode::Stateless).unwrap().with_seed(7);
+        let d = b.clone().with_draining(&[0x0102]).unwrap();
+        assert!(d.is_draining(0x0102) && !d.is_draining(0x0101));
+        assert_eq!(d.taking(), vec![all[0], all[2]]);
+        let rules = d.ruleset();
+        let mark = Balancer::mark_of(0x0102);
+        assert!(rules.contains(&format!("0x0102 : {mark:#x}")), "its IDs still map to it:\n{rules}");
+        assert!(
+            rules.contains(&format!(
+                "mod 2 seed 0x00000007 map {{ 0 : {:#x}, 1 : {:#x} }}",
+                Balancer::mark_of(0x0101),
+                Balancer::mark_of(0x0103)
+            )),
+            "{rules}"
+        );
+        assert!(rules.contains("# Draining: host 258"), "{rules}");
+        for x in &all {
+            assert_eq!(route(&rules, &d.route_commands(), x.id), Some(x.next_hop), "host {}", x.id);
+        }
+        assert_eq!(b.clone().with_draining(&[9]), Err(ConfigError::UnknownDraining(9)));
+        assert_eq!(b.with_draining(&[0x0101, 0x0102, 0x0103]), Err(ConfigError::AllDraining));
     }
 
     #[test]
