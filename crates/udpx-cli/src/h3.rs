@@ -931,6 +931,15 @@ fn serve(a: ServeArgs) -> ExitCode {
         eprintln!("udpx h3 serve: metrics on http://{}/metrics", m.local_addr());
         crate::util::warn_if_exposed("h3 serve", m.local_addr());
     }
+    // Under systemd (Type=notify or notify-reload): ready now; reloads and the stop said.
+    let notifier = crate::notify::Notifier::from_env("h3 serve");
+    let notify = |state: &str| {
+        if let Some(n) = &notifier {
+            n.send(state);
+        }
+    };
+    let ready = format!("READY=1\nSTATUS=serving {} on {}", a.dir.display(), server.local_addr());
+    notify(&ready);
     let start = std::time::Instant::now();
     let mut drain_started: Option<std::time::Instant> = None;
     let running =
@@ -944,6 +953,7 @@ fn serve(a: ServeArgs) -> ExitCode {
                  (signal again to stop now)",
                 c.open_connections, a.drain_timeout
             );
+            notify(&format!("STOPPING=1\nSTATUS=draining {} connections", c.open_connections));
             server.drain(drain_timeout);
             drain_started = Some(std::time::Instant::now());
         }
@@ -955,6 +965,9 @@ fn serve(a: ServeArgs) -> ExitCode {
             }
         }
         if reload.hup.swap(false, Ordering::Relaxed) {
+            if let Some(n) = &notifier {
+                n.reloading();
+            }
             // What SIGHUP reads again: the certificate and key (a file that does not load
             // keeps the one in force) and the removed hosts (a bad file keeps the old set).
             if let udpx_h3::Tls::Files { cert, key } = &cfg.tls {
@@ -980,7 +993,11 @@ fn serve(a: ServeArgs) -> ExitCode {
                 }
                 None => {}
             }
+            notify(&ready);
         }
+    }
+    if drain_started.is_none() {
+        notify("STOPPING=1");
     }
     drop(metrics);
     match server.stop() {

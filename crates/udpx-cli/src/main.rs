@@ -12,6 +12,7 @@ mod echo;
 mod h3;
 mod lb;
 mod logger;
+mod notify;
 mod stream;
 
 #[derive(Parser, Debug)]

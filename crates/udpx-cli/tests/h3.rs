@@ -577,3 +577,44 @@ fn sigterm_drains_and_exits() {
     let text = std::fs::read_to_string(&log).unwrap_or_default();
     assert_eq!(status.and_then(|s| s.code()), Some(0), "{text}");
 }
+
+/// Under systemd (`Type=notify-reload`): the server says READY=1 once it serves, RELOADING=1
+/// with MONOTONIC_USEC then READY=1 around a SIGHUP, and STOPPING=1 when SIGTERM starts the
+/// drain. `NOTIFY_SOCKET` is a datagram socket this test binds.
+#[test]
+fn systemd_hears_ready_reloading_and_stopping() {
+    use std::os::unix::net::UnixDatagram;
+    let t = tmp("notify");
+    let sock_path = t.0.join("notify.sock");
+    let sock = UnixDatagram::bind(&sock_path).unwrap();
+    sock.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let next = || {
+        let mut buf = [0u8; 512];
+        let n = sock.recv(&mut buf).expect("a notification within 10 s");
+        String::from_utf8_lossy(&buf[..n]).into_owned()
+    };
+    let port = std::net::UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let listen = format!("127.0.0.1:{port}");
+    let www = t.0.join("www");
+    let server = ChildGroup::spawn(
+        Command::new(env!("CARGO_BIN_EXE_udpx"))
+            .args(["h3", "serve", www.to_str().unwrap(), "--listen", &listen, "--shards", "1", "-l", "30"])
+            .env("NOTIFY_SOCKET", &sock_path)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null()),
+    )
+    .unwrap();
+    let ready = next();
+    assert!(ready.starts_with("READY=1\nSTATUS=serving"), "{ready:?}");
+    let _ = Command::new("kill").args(["-HUP", &server.id().to_string()]).status();
+    let reloading = next();
+    let usec = reloading.strip_prefix("RELOADING=1\nMONOTONIC_USEC=").and_then(|u| u.parse::<u64>().ok());
+    assert!(usec.is_some_and(|u| u > 0), "{reloading:?}");
+    assert!(next().starts_with("READY=1"), "ready again after the reload");
+    let _ = Command::new("kill").args(["-TERM", &server.id().to_string()]).status();
+    let stopping = next();
+    assert!(stopping.starts_with("STOPPING=1"), "{stopping:?}");
+    let status = server.wait_timeout(Duration::from_secs(15)).unwrap();
+    assert_eq!(status.and_then(|s| s.code()), Some(0));
+}
