@@ -34,8 +34,10 @@ fn a_thousand_flows_on_veth_arrive_exactly_once() {
     let recv = RecvConfig::new(SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0)), 1000, 24_000, Duration::from_secs(3));
     let st = lab::self_test(ServeConfig::new(recv.server), recv, Arc::new(Progress::default())).expect("self-test");
     let s = &st.receiver.summary;
-    // Loss the kernel reports: the receiving sockets' buffers, and the veth pair's own drops
-    // (a full NAPI ring: the sender's software GSO learns only the last segment's fate).
+    // Exactly once, unless the kernel reports drops that cover the loss: the receiving
+    // sockets' buffers, and the veth pair's own (a full NAPI ring: the sender's software GSO
+    // learns only the last segment's fate). The pair also counts drops that are not the run's
+    // datagrams (6-7 in runs that lost none), so its count only excuses a loss, never hides one.
     let socket_drops = st.receiver.socket_drops;
     let drops = socket_drops.unwrap_or(0) + st.link_drops.unwrap_or(0);
     println!(
@@ -45,7 +47,7 @@ fn a_thousand_flows_on_veth_arrive_exactly_once() {
     assert_eq!(st.path, lab::Path::Veth);
     assert_eq!(st.receiver.accepted, 1000);
     let sent = st.server.total.datagrams;
-    if drops > 0 {
+    if drops > 0 && !st.exactly_once() {
         udpx_lab::netns::record_skip(
             "a_thousand_flows_on_veth_arrive_exactly_once (exactly once)",
             &format!(
