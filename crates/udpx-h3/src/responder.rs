@@ -23,7 +23,7 @@
 //! request that arrives in 0-RTT (its address not yet proven: it may be forged and replayed)
 //! claims from a smaller budget of its own, an eighth of the shard's (425 Too Early past it,
 //! and the client asks again after its handshake). A connection one of whose responses took
-//! less than [`crate::server::MIN_PROGRESS`] bytes in [`crate::ServeConfig::stall_timeout`] (a zero flow-control
+//! less than [`MIN_PROGRESS`] bytes in [`crate::ServeConfig::stall_timeout`] (a zero flow-control
 //! window kept open with PINGs, or credit given a few bytes at a time) is closed
 //! (H3_EXCESSIVE_LOAD) and its files with it, as the TCP listener closes a slow reader; so is
 //! one with no response under way and no new request for [`crate::ServeConfig::idle_timeout`] (request heads a
@@ -53,7 +53,7 @@ use udpx_quic::App;
 
 use crate::goaway::{GoAway, H3_REQUEST_REJECTED};
 use crate::http::{LogEntry, RequestHead, Site, CHUNK};
-use crate::server::{MAX_FIELD_SECTION, MIN_PROGRESS};
+use crate::tls::MAX_FIELD_SECTION;
 
 /// The responder of one shard (see the module docs).
 pub(crate) struct FileServer {
@@ -227,6 +227,11 @@ pub(crate) struct ConnState {
     /// once quiche has collected them, acknowledged): a draining connection closes only after.
     sent: Vec<u64>,
 }
+
+/// Bytes a response must take in each stall window (or end): the TCP listener's minimum rate
+/// (16 KiB every 20 s, 800 B/s). A peer that opens its window a few bytes at a time does not
+/// keep a response, and its file, for ever.
+pub const MIN_PROGRESS: u64 = 16 << 10;
 
 /// Finished responses a connection remembers before it drops those quiche has collected.
 const SENT_KEPT: usize = 16;

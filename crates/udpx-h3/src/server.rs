@@ -151,10 +151,7 @@ pub const DEFAULT_MAX_OPEN_PER_ADDR: usize = DEFAULT_MAX_OPEN_PER_SHARD / 4;
 /// The window in which a response must take [`MIN_PROGRESS`] bytes, by default: the TCP
 /// listener's ([`crate::tcp::TcpLimits`]).
 pub const DEFAULT_STALL_TIMEOUT: Duration = Duration::from_secs(20);
-/// Bytes a response must take in each stall window (or end): the TCP listener's minimum rate
-/// (16 KiB every 20 s, 800 B/s). A peer that opens its window a few bytes at a time does not
-/// keep a response, and its file, for ever.
-pub const MIN_PROGRESS: u64 = 16 << 10;
+pub use crate::responder::MIN_PROGRESS;
 /// A connection with no response under way and no new request for this long is closed, by
 /// default ([`ServeConfig::idle_timeout`]), as the TCP listener closes an idle connection (a
 /// client that PINGs keeps a QUIC connection past quiche's 30 s idle timeout); nginx's

@@ -51,6 +51,7 @@ mod browser;
 pub mod burst;
 pub mod flood;
 mod peers;
+mod process;
 pub mod scale;
 
 use peers::{cpu_secs, equal_footing, gtlsclient, nginx_run, quic_threads, quinn_run};

@@ -4,12 +4,13 @@
 use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use udpx_lab::cpu::TickRate;
 use udpx_lab::netns::{ChildGroup, Napi, Profile, Side, TestNet, TestNetConfig};
 
+use super::process::{exited, run_bounded};
 use super::{measured, ClientKind, H3BenchConfig, H3Run, Place, ServerMeter, FILE};
 
 /// gtlsclient downloads `url` into a directory of its own; returns (bytes, seconds).
@@ -224,36 +225,6 @@ fn wait_listening(place: &Place<'_>, addr: SocketAddr, server: &ChildGroup) -> R
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-}
-
-/// Whether process `pid` is gone or a zombie.
-fn exited(pid: u32) -> bool {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let state = stat.rsplit(')').next().unwrap_or("").trim_start().chars().next();
-    matches!(state, Some('Z') | None)
-}
-
-/// Runs `cmd` in a process group of its own (killed on drop), its output to `log`, until it
-/// exits or `deadline` passes; a non-zero exit or the deadline is an error.
-pub(super) fn run_bounded(cmd: &mut Command, log: &Path, deadline: Duration) -> Result<(), String> {
-    let f = std::fs::File::create(log).map_err(|e| format!("{}: {e}", log.display()))?;
-    let f2 = f.try_clone().map_err(|e| e.to_string())?;
-    cmd.stdin(Stdio::null()).stdout(f).stderr(f2);
-    let g = ChildGroup::spawn(cmd).map_err(|e| format!("cannot start: {e}"))?;
-    let start = Instant::now();
-    while !exited(g.id()) {
-        if start.elapsed() > deadline {
-            return Err(format!("still running after {deadline:?}: stopped"));
-        }
-        std::thread::sleep(Duration::from_millis(2));
-    }
-    let status = g.wait().map_err(|e| e.to_string())?;
-    if !status.success() {
-        let out = std::fs::read_to_string(log).unwrap_or_default();
-        let tail: Vec<&str> = out.lines().rev().take(5).collect();
-        return Err(format!("{status}: {}", tail.into_iter().rev().collect::<Vec<_>>().join(" | ")));
-    }
-    Ok(())
 }
 
 /// The ids of this process's threads named `udpx-quic-*` (the server's shards).
