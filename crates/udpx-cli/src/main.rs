@@ -146,24 +146,38 @@ pub mod util {
         }
     }
 
+    use nix::sys::signal::{SigSet, Signal};
+    use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+
+    /// Blocks `blocked` in this thread (and so in every thread started after it) and starts
+    /// thread `name`, which calls `on` with each of `waited` (a subset) as it arrives. If the
+    /// thread cannot start, `waited` is unblocked again (their default actions apply).
+    fn signal_thread(name: &str, blocked: &[Signal], waited: &[Signal], on: impl Fn(Signal) + Send + 'static) {
+        let set = |sigs: &[Signal]| {
+            let mut s = SigSet::empty();
+            sigs.iter().for_each(|&g| s.add(g));
+            s
+        };
+        let waited = set(waited);
+        if set(blocked).thread_block().is_err() {
+            return;
+        }
+        let spawned = std::thread::Builder::new().name(name.into()).spawn(move || {
+            while let Ok(sig) = waited.wait() {
+                on(sig);
+            }
+        });
+        if spawned.is_err() {
+            let _ = waited.thread_unblock();
+        }
+    }
+
     /// A flag set by SIGINT or SIGTERM (a thread waits for them; they are blocked in every
     /// other thread), so a run stops and still prints its summary.
-    pub fn stop_on_signals() -> &'static std::sync::atomic::AtomicBool {
-        use nix::sys::signal::{SigSet, Signal};
-        static STOP: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-        let mut set = SigSet::empty();
-        set.add(Signal::SIGINT);
-        set.add(Signal::SIGTERM);
-        if set.thread_block().is_ok() {
-            let spawned = std::thread::Builder::new().name("udpx-signals".into()).spawn(move || {
-                if set.wait().is_ok() {
-                    STOP.store(true, std::sync::atomic::Ordering::Relaxed);
-                }
-            });
-            if spawned.is_err() {
-                let _ = set.thread_unblock();
-            }
-        }
+    pub fn stop_on_signals() -> &'static AtomicBool {
+        static STOP: AtomicBool = AtomicBool::new(false);
+        let sigs = [Signal::SIGINT, Signal::SIGTERM];
+        signal_thread("udpx-signals", &sigs, &sigs, |_| STOP.store(true, Relaxed));
         &STOP
     }
 
@@ -172,33 +186,21 @@ pub mod util {
     #[derive(Debug)]
     pub struct StopSignals {
         /// Drain: no new connections, finish what is under way, then end.
-        pub drain: std::sync::atomic::AtomicBool,
+        pub drain: AtomicBool,
         /// End now.
-        pub stop: std::sync::atomic::AtomicBool,
+        pub stop: AtomicBool,
     }
 
     /// [`StopSignals`], set by a thread that waits for SIGINT, SIGTERM and SIGQUIT (blocked in
     /// every other thread: call it before starting threads, after `reload_signals`).
     pub fn graceful_signals() -> &'static StopSignals {
-        use nix::sys::signal::{SigSet, Signal};
-        use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
         static SIGNALS: StopSignals = StopSignals { drain: AtomicBool::new(false), stop: AtomicBool::new(false) };
-        let mut set = SigSet::empty();
-        for s in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGQUIT] {
-            set.add(s);
-        }
-        if set.thread_block().is_ok() {
-            let spawned = std::thread::Builder::new().name("udpx-signals".into()).spawn(move || {
-                while let Ok(sig) = set.wait() {
-                    if sig == Signal::SIGINT || SIGNALS.drain.swap(true, Relaxed) {
-                        SIGNALS.stop.store(true, Relaxed);
-                    }
-                }
-            });
-            if spawned.is_err() {
-                let _ = set.thread_unblock();
+        let sigs = [Signal::SIGINT, Signal::SIGTERM, Signal::SIGQUIT];
+        signal_thread("udpx-signals", &sigs, &sigs, |sig| {
+            if sig == Signal::SIGINT || SIGNALS.drain.swap(true, Relaxed) {
+                SIGNALS.stop.store(true, Relaxed);
             }
-        }
+        });
         &SIGNALS
     }
 
@@ -206,9 +208,9 @@ pub mod util {
     #[derive(Debug)]
     pub struct ReloadSignals {
         /// SIGHUP: read the configuration files again.
-        pub hup: std::sync::atomic::AtomicBool,
+        pub hup: AtomicBool,
         /// SIGUSR1: reopen the log files (logrotate).
-        pub usr1: std::sync::atomic::AtomicBool,
+        pub usr1: AtomicBool,
     }
 
     /// [`ReloadSignals`], set by a thread that waits for SIGHUP and SIGUSR1 (blocked in every
@@ -217,27 +219,12 @@ pub mod util {
     /// never takes one of those (their default action would end the process without its clean
     /// stop), and the other's thread waits for them.
     pub fn reload_signals() -> &'static ReloadSignals {
-        use nix::sys::signal::{SigSet, Signal};
-        use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
         static SIGNALS: ReloadSignals = ReloadSignals { hup: AtomicBool::new(false), usr1: AtomicBool::new(false) };
-        let mut blocked = SigSet::empty();
-        for s in [Signal::SIGHUP, Signal::SIGUSR1, Signal::SIGINT, Signal::SIGTERM, Signal::SIGQUIT] {
-            blocked.add(s);
-        }
-        let mut set = SigSet::empty();
-        set.add(Signal::SIGHUP);
-        set.add(Signal::SIGUSR1);
-        if blocked.thread_block().is_ok() {
-            let spawned = std::thread::Builder::new().name("udpx-sighup".into()).spawn(move || {
-                while let Ok(sig) = set.wait() {
-                    let flag = if sig == Signal::SIGUSR1 { &SIGNALS.usr1 } else { &SIGNALS.hup };
-                    flag.store(true, Relaxed);
-                }
-            });
-            if spawned.is_err() {
-                let _ = set.thread_unblock();
-            }
-        }
+        let blocked = [Signal::SIGHUP, Signal::SIGUSR1, Signal::SIGINT, Signal::SIGTERM, Signal::SIGQUIT];
+        signal_thread("udpx-sighup", &blocked, &[Signal::SIGHUP, Signal::SIGUSR1], |sig| {
+            let flag = if sig == Signal::SIGUSR1 { &SIGNALS.usr1 } else { &SIGNALS.hup };
+            flag.store(true, Relaxed);
+        });
         &SIGNALS
     }
 
