@@ -259,6 +259,17 @@ struct ServeArgs {
     /// what is left after this many seconds is closed cleanly (CONNECTION_CLOSE). 0 to 86400.
     #[arg(long, value_name = "SECS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(0..=86_400))]
     drain_timeout: u64,
+    /// Start as the upgrade of the server running on the same address: take over its new
+    /// connections (it keeps every packet of its own until they end, then exits after its
+    /// drain). Give the same arguments as the running server. Needs eBPF (CAP_BPF and
+    /// CAP_NET_ADMIN, or root), as the running server did.
+    #[arg(long)]
+    upgrade: bool,
+    /// The Unix socket where this server waits for its upgrade (and, with --upgrade, finds the
+    /// server it upgrades); `off` for none (classic-BPF steering, no upgrade). Default:
+    /// /run/udpx/h3-ADDR-PORT.sock as root, else under $XDG_RUNTIME_DIR/udpx or /tmp/udpx-UID.
+    #[arg(long, value_name = "PATH|off")]
+    upgrade_socket: Option<String>,
     /// Serve Prometheus metrics (`GET /metrics`): each shard's socket and QUIC counters, and
     /// the HTTP responses by status class. A port alone listens on 127.0.0.1; give an address
     /// (0.0.0.0:9100) to let other hosts scrape it.
@@ -853,7 +864,28 @@ fn serve(a: ServeArgs) -> ExitCode {
     if a.coalesce > 100_000 {
         return usage(format!("--coalesce {}: give 0 to 100000 microseconds", a.coalesce));
     }
+    let handover = match a.upgrade_socket.as_deref() {
+        Some("off") if a.upgrade => {
+            return usage("--upgrade with --upgrade-socket off: give the running server's socket")
+        }
+        Some("off") => None,
+        // A server on an ephemeral port cannot be found again by the same arguments.
+        None if a.listen.port() == 0 => None,
+        given => Some(udpx_quic::upgrade::Handover {
+            path: given.map(std::path::PathBuf::from).unwrap_or_else(|| {
+                let euid = nix::unistd::geteuid().as_raw();
+                let runtime = std::env::var_os("XDG_RUNTIME_DIR").map(std::path::PathBuf::from);
+                udpx_quic::upgrade::Handover::default_path(a.listen, euid, runtime.as_deref())
+            }),
+            take_over: a.upgrade,
+            drain_timeout: Duration::from_secs(a.drain_timeout),
+        }),
+    };
+    if a.upgrade && a.listen.port() == 0 {
+        return usage("--upgrade with port 0: give the running server's port");
+    }
     let quic = udpx_quic::ServerConfig {
+        handover,
         listen: a.listen,
         shards,
         io: a.io.into(),
@@ -938,14 +970,47 @@ fn serve(a: ServeArgs) -> ExitCode {
             n.send(state);
         }
     };
+    let q = server.quic();
+    match (q.upgrade_unavailable(), &cfg.quic.handover) {
+        (Some(why), _) => eprintln!("udpx h3 serve: upgrades unavailable (classic-BPF steering): {why}"),
+        (None, Some(h)) if h.take_over => eprintln!(
+            "udpx h3 serve: generation {} took new connections over from the server at {}; it drains",
+            q.generation(),
+            h.path.display()
+        ),
+        (None, Some(h)) => eprintln!(
+            "udpx h3 serve: generation {}; an upgrade (--upgrade) takes over at {}",
+            q.generation(),
+            h.path.display()
+        ),
+        (None, None) => {}
+    }
     let ready = format!("READY=1\nSTATUS=serving {} on {}", a.dir.display(), server.local_addr());
-    notify(&ready);
+    if a.upgrade {
+        // The unit's main process is now this one (NotifyAccess=all lets it say so); the
+        // predecessor exits after its drain.
+        notify(&format!("MAINPID={}\n{ready}", std::process::id()));
+    } else {
+        notify(&ready);
+    }
+    let mut handed_over = false;
     let start = std::time::Instant::now();
     let mut drain_started: Option<std::time::Instant> = None;
     let running =
         |drain: Option<std::time::Instant>| if drain.is_some() { !server.finished() } else { server.is_running() };
     while !signals.stop.load(Ordering::Relaxed) && dur.is_none_or(|d| start.elapsed() < d) && running(drain_started) {
         std::thread::sleep(Duration::from_millis(50));
+        if drain_started.is_none() && server.quic().handed_over() {
+            // The successor confirmed and the shards drain (the handover started it).
+            handed_over = true;
+            eprintln!(
+                "udpx h3 serve: handed over to the upgrade: draining {} connections (GOAWAY to each; the rest \
+                 closed after {} s)",
+                server.counters().quic.open_connections,
+                a.drain_timeout
+            );
+            drain_started = Some(std::time::Instant::now());
+        }
         if drain_started.is_none() && signals.drain.load(Ordering::Relaxed) {
             let c = server.counters().quic;
             eprintln!(
@@ -1004,12 +1069,14 @@ fn serve(a: ServeArgs) -> ExitCode {
         Ok(c) => {
             if let Some(t) = drain_started {
                 eprintln!(
-                    "udpx h3 serve: drained in {:.1} s: {} connections ended on their own, {} closed at the deadline; \
-                     {} new ones refused, {} requests rejected past GOAWAY",
+                    "udpx h3 serve: drained{} in {:.1} s: {} connections ended on their own, {} closed at the deadline; \
+                     {} new ones refused, {} admitted in the handover's grace, {} requests rejected past GOAWAY",
+                    if handed_over { " after the handover" } else { "" },
                     t.elapsed().as_secs_f64(),
                     c.quic.drained,
                     c.quic.drain_closed,
                     c.quic.refused_draining,
+                    c.quic.handover_admitted,
                     c.http.rejected
                 );
             }

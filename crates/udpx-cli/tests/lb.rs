@@ -383,7 +383,7 @@ fn bad_input_falls_back_counted_and_nothing_crashes() {
     let (t, content) = tmp("bad", 20_000);
     let mut lab = Lab::setup(&LabConfig { hosts: 2, mode: Mode::Stateless }).unwrap();
     lab.start_servers(Path::new(UDPX), &t.0.join("www"), 120).unwrap();
-    let unknown = udpx_quic::cid::ServerCid { host_id: 0x0999, nonce: [7; 8], worker: 0 }.to_bytes();
+    let unknown = udpx_quic::cid::ServerCid { host_id: 0x0999, nonce: [7; 7], generation: 0, worker: 0 }.to_bytes();
     let mut garbage: Vec<Vec<u8>> = vec![
         vec![],
         vec![0x40],

@@ -261,6 +261,11 @@ impl H3Server {
         self.server.local_addr()
     }
 
+    /// The QUIC server underneath (its generation, whether it can be or was upgraded).
+    pub fn quic(&self) -> &udpx_quic::Server {
+        &self.server
+    }
+
     /// Where HTTPS over TCP listens (`alt_svc_tcp`), if it does.
     pub fn tcp_addr(&self) -> Option<SocketAddr> {
         self.tcp.as_ref().map(TcpServer::local_addr)

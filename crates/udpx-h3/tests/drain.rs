@@ -44,15 +44,8 @@ fn turn(c: &mut Raw, seen: &mut Seen, budget: usize) {
             Err(_) => break,
         }
     }
-    let mut buf = vec![0u8; budget];
-    let mut got = 0;
-    while got < budget {
-        match h3.recv_body(&mut c.conn, 0, &mut buf[got..]) {
-            Ok(n) if n > 0 => got += n,
-            _ => break,
-        }
-    }
-    seen.body.extend_from_slice(&buf[..got]);
+    let got = c.body(0, budget);
+    seen.body.extend_from_slice(&got);
     c.pump();
 }
 

@@ -237,7 +237,7 @@ fn send_packets(lab: &Lab, n: u64, rate: TickRate) -> Result<(f64, u64), Error> 
         s.connect((VIP, PORT))?;
         let mut pkts: Vec<Vec<u8>> = (1..=3)
             .map(|i| {
-                let cid = ServerCid { host_id: host_id(i), nonce: [i as u8; 8], worker: 0 }.to_bytes();
+                let cid = ServerCid { host_id: host_id(i), nonce: [i as u8; 7], generation: 0, worker: 0 }.to_bytes();
                 let mut p = vec![0x41u8];
                 p.extend_from_slice(&cid);
                 p.resize(1200, 0x5a);

@@ -209,7 +209,7 @@ mod tests {
         let initial = [&[0xc3u8, 0, 0, 0, 1, 16][..], &dcid, &[8], &[0; 1180]].concat();
         assert_eq!(packet(&b(), &initial), Route::InitialHash { dcid_prefix: [0xf1, 2, 3, 4, 5, 6, 7, 8] });
         // A 12-byte client DCID that looks like a server CID of an unknown host: hashed.
-        let unknown = ServerCid { host_id: 9, nonce: [1; 8], worker: 0 }.to_bytes();
+        let unknown = ServerCid { host_id: 9, nonce: [1; 7], generation: 0, worker: 0 }.to_bytes();
         let initial = [&[0xc0u8, 0, 0, 0, 1, 12][..], &unknown, &[0; 1180]].concat();
         assert_eq!(packet(&b(), &initial).counter(), "initial_hash");
         let handshake = [&[0xe0u8, 0, 0, 0, 1, 12][..], &unknown, &[0; 40]].concat();

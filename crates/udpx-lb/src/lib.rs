@@ -4,7 +4,7 @@
 //! A 4-tuple hash sends a client's packets elsewhere as soon as its NAT rebinds; the QUIC-LB
 //! draft's answer is a server ID inside every connection ID the server chooses. udpx's servers
 //! write one ([`udpx_quic::cid`]: octet 0 = `000` rotation bits + length `0x0b`, 2-byte host
-//! ID, 8-byte nonce, worker byte), so a balancer that reads two bytes of the UDP payload can
+//! ID, 7-byte nonce, generation and worker bytes), so a balancer that reads two bytes of the UDP payload can
 //! keep every connection on its host. This crate does not build a balancer; it gives one its
 //! rules and proves the path:
 //!

@@ -1,20 +1,21 @@
 //! Server connection IDs in the QUIC-LB plaintext layout (draft-ietf-quic-load-balancers,
-//! "Plaintext CID Algorithm"), with one byte more for the host's own steering.
+//! "Plaintext CID Algorithm"), with two bytes more for the host's own steering.
 //!
 //! ```text
-//!   octet 0        1 .. 2        3 .. 10          11
-//!  ┌───────────┬────────────┬───────────────┬──────────┐
-//!  │ 000 01011 │  host ID   │  random nonce │  worker  │   12 bytes in all
-//!  └───────────┴────────────┴───────────────┴──────────┘
+//!   octet 0        1 .. 2        3 .. 9          10           11
+//!  ┌───────────┬────────────┬──────────────┬────────────┬──────────┐
+//!  │ 000 01011 │  host ID   │ random nonce │ generation │  worker  │   12 bytes in all
+//!  └───────────┴────────────┴──────────────┴────────────┴──────────┘
 //!   config rotation `000`, then the length of the rest (0x0b = 11)
 //! ```
 //!
 //! A load balancer in front of several hosts routes on the host ID (octets 1-2, the QUIC-LB
-//! "server ID"); inside a host, the reuseport cBPF program of [`udpx::shard`] reads the
-//! worker byte ([`WORKER_BYTE`]) and picks the shard `worker % n`. The nonce makes the IDs of
-//! one worker unlinkable to an observer and unique: 64 random bits, so a collision among a
-//! million live IDs has a probability near 3e-8 (birthday bound), and the host checks its
-//! table before it uses one anyway.
+//! "server ID"); inside a host, the reuseport program of [`udpx::shard`] reads the worker byte
+//! ([`WORKER_BYTE`]) and picks the shard `worker % n`; across an upgrade the eBPF program of
+//! [`udpx::generations`] reads the generation byte ([`GENERATION_BYTE`]) too, and picks the
+//! process. The nonce makes the IDs of one worker unlinkable to an observer and unique: 56
+//! random bits, so a collision among a million live IDs has a probability near 7e-6 (birthday
+//! bound), and the host checks its table before it uses one anyway.
 //!
 //! Both ends of the layout are fixed here so that the steering program, the nftables rules of
 //! the load-balancer issue and this generator agree: change them together.
@@ -28,14 +29,26 @@ pub const CID_LEN: usize = 12;
 pub const FIRST_OCTET: u8 = (CID_LEN - 1) as u8;
 /// Index of the worker byte in the ID: the `cid_byte` of [`udpx::Steering::QuicCid`].
 pub const WORKER_BYTE: u8 = (CID_LEN - 1) as u8;
+/// Index of the generation byte: which process of an upgrade issued the ID.
+pub const GENERATION_BYTE: u8 = (CID_LEN - 2) as u8;
+
+/// Where the steering programs find the two bytes.
+pub const LAYOUT: udpx::generations::CidLayout = udpx::generations::CidLayout {
+    len: CID_LEN as u8,
+    first_octet: FIRST_OCTET,
+    generation_byte: GENERATION_BYTE,
+    worker_byte: WORKER_BYTE,
+};
 
 /// A parsed server connection ID.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct ServerCid {
     /// The host (QUIC-LB server ID), octets 1-2, big-endian.
     pub host_id: u16,
-    /// The random nonce, octets 3-10.
-    pub nonce: [u8; 8],
+    /// The random nonce, octets 3-9.
+    pub nonce: [u8; 7],
+    /// The generation (which process of an upgrade), octet 10.
+    pub generation: u8,
     /// The worker (shard) byte, octet 11.
     pub worker: u8,
 }
@@ -71,9 +84,14 @@ impl ServerCid {
         if bytes[0] != FIRST_OCTET {
             return Err(CidError::FirstOctet(bytes[0]));
         }
-        let mut nonce = [0u8; 8];
-        nonce.copy_from_slice(&bytes[3..11]);
-        Ok(ServerCid { host_id: u16::from_be_bytes([bytes[1], bytes[2]]), nonce, worker: bytes[11] })
+        let mut nonce = [0u8; 7];
+        nonce.copy_from_slice(&bytes[3..10]);
+        Ok(ServerCid {
+            host_id: u16::from_be_bytes([bytes[1], bytes[2]]),
+            nonce,
+            generation: bytes[10],
+            worker: bytes[11],
+        })
     }
 
     /// The wire bytes.
@@ -81,7 +99,8 @@ impl ServerCid {
         let mut b = [0u8; CID_LEN];
         b[0] = FIRST_OCTET;
         b[1..3].copy_from_slice(&self.host_id.to_be_bytes());
-        b[3..11].copy_from_slice(&self.nonce);
+        b[3..10].copy_from_slice(&self.nonce);
+        b[10] = self.generation;
         b[11] = self.worker;
         b
     }
@@ -92,15 +111,26 @@ impl ServerCid {
 #[derive(Debug)]
 pub struct CidGenerator {
     host_id: u16,
+    generation: u8,
     worker: u8,
     pool: Box<[u8; 4096]>,
     used: usize,
 }
 
 impl CidGenerator {
-    /// IDs for worker `worker` (its shard index) of host `host_id`.
+    /// IDs for worker `worker` (its shard index) of host `host_id`, generation 0.
     pub fn new(host_id: u16, worker: u8) -> CidGenerator {
-        CidGenerator { host_id, worker, pool: Box::new([0; 4096]), used: 4096 }
+        CidGenerator::with_generation(host_id, 0, worker)
+    }
+
+    /// IDs for worker `worker` of generation `generation` of host `host_id`.
+    pub fn with_generation(host_id: u16, generation: u8, worker: u8) -> CidGenerator {
+        CidGenerator { host_id, generation, worker, pool: Box::new([0; 4096]), used: 4096 }
+    }
+
+    /// The generation byte it writes.
+    pub fn generation(&self) -> u8 {
+        self.generation
     }
 
     /// The host ID it writes.
@@ -115,17 +145,18 @@ impl CidGenerator {
 
     /// A fresh ID.
     pub fn next_cid(&mut self) -> io::Result<[u8; CID_LEN]> {
-        Ok(ServerCid { host_id: self.host_id, nonce: self.random8()?, worker: self.worker }.to_bytes())
+        let nonce = self.random7()?;
+        Ok(ServerCid { host_id: self.host_id, nonce, generation: self.generation, worker: self.worker }.to_bytes())
     }
 
-    fn random8(&mut self) -> io::Result<[u8; 8]> {
-        if self.used + 8 > self.pool.len() {
+    fn random7(&mut self) -> io::Result<[u8; 7]> {
+        if self.used + 7 > self.pool.len() {
             getrandom::getrandom(&mut self.pool[..]).map_err(io::Error::from)?;
             self.used = 0;
         }
-        let mut n = [0u8; 8];
-        n.copy_from_slice(&self.pool[self.used..self.used + 8]);
-        self.used += 8;
+        let mut n = [0u8; 7];
+        n.copy_from_slice(&self.pool[self.used..self.used + 7]);
+        self.used += 7;
         Ok(n)
     }
 }
@@ -154,8 +185,11 @@ mod tests {
         assert_eq!(&c[1..3], &[0xab, 0xcd]);
         assert_eq!(c[11], 7);
         let p = ServerCid::parse(&c).unwrap();
-        assert_eq!((p.host_id, p.worker), (0xabcd, 7));
+        assert_eq!((p.host_id, p.generation, p.worker), (0xabcd, 0, 7));
         assert_eq!(p.to_bytes(), c);
+        let c = CidGenerator::with_generation(0xabcd, 200, 7).next_cid().unwrap();
+        assert_eq!((c[10], c[11]), (200, 7));
+        assert_eq!(ServerCid::parse(&c).unwrap().generation, 200);
         // Host 0 (the default) and the largest host ID.
         assert_eq!(&CidGenerator::new(0, 0).next_cid().unwrap()[1..3], &[0, 0]);
         assert_eq!(&CidGenerator::new(u16::MAX, 255).next_cid().unwrap()[1..3], &[0xff, 0xff]);

@@ -147,6 +147,9 @@ host_counters! {
     drained,
     /// Connections still open at the drain deadline, closed then.
     drain_closed,
+    /// Initials admitted while draining after a handover to an upgrade: the first round
+    /// trips of handshakes begun here, which the steering keeps here.
+    handover_admitted,
     /// Handshakes dropped at their deadline (not done in time; nothing sent to the peer).
     handshake_timeouts,
     /// Loop turns.

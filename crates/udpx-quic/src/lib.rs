@@ -52,13 +52,14 @@ pub mod server;
 pub mod table;
 pub mod timers;
 pub mod token;
+pub mod upgrade;
 
 use std::fmt;
 use std::net::SocketAddr;
 
 pub use admission::{Limits, RetryPolicy};
 pub use bufs::{Buf, BufPool, Bufs, Connection};
-pub use cid::{CidGenerator, ServerCid, CID_LEN, WORKER_BYTE};
+pub use cid::{CidGenerator, ServerCid, CID_LEN, GENERATION_BYTE, WORKER_BYTE};
 pub use counters::HostCounters;
 pub use host::{App, Burst, Host, HostConfig, HostSocket, Role, Until, QUANTUM_PACKETS};
 pub use io::{IoMode, Zerocopy};

@@ -173,7 +173,7 @@ mod tests {
 
     #[test]
     fn a_shard_resets_only_its_own_ids_and_removed_hosts() {
-        let cid = |host_id, worker| ServerCid { host_id, nonce: [9; 8], worker }.to_bytes();
+        let cid = |host_id, worker| ServerCid { host_id, nonce: [9; 7], generation: 0, worker }.to_bytes();
         let removed = RemovedHosts::default();
         // Host 1, shard 0 of 2.
         assert!(may_reset(&cid(1, 0), 1, 0, 2, &removed));

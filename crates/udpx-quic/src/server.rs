@@ -45,8 +45,10 @@ pub struct ServerConfig {
     /// MSG_ZEROCOPY for large flushes (`auto` by default: off where the kernel copies).
     pub zerocopy: crate::Zerocopy,
     /// Each shard's settings (a copy each; [`HostConfig::keys`] `None` here: keys of this
-    /// process's own, shared by its shards).
+    /// process's own, shared by its shards, or its predecessor's after an upgrade).
     pub host: HostConfig,
+    /// Upgrades ([`crate::upgrade`]): `None` steers with classic BPF and cannot be upgraded.
+    pub handover: Option<crate::upgrade::Handover>,
 }
 
 impl ServerConfig {
@@ -60,6 +62,7 @@ impl ServerConfig {
             host_id: 0,
             zerocopy: crate::Zerocopy::Auto,
             host: HostConfig::server(),
+            handover: None,
         }
     }
 }
@@ -107,6 +110,19 @@ pub struct Server {
     threads: Vec<JoinHandle<Result<(), Error>>>,
     counters: Vec<SharedCounters>,
     shards: Vec<udpx::Shard>,
+    generation: u8,
+    upgrades: Upgrades,
+}
+
+/// Where a server stands on upgrades.
+#[derive(Debug)]
+enum Upgrades {
+    /// Not asked for.
+    Off,
+    /// Asked for, not possible here (why).
+    Unavailable(String),
+    /// Its successor may take over at the handover socket.
+    Listening(crate::upgrade::Listening),
 }
 
 /// A view of a running server's counters that outlives borrows of it (for a metrics
@@ -159,17 +175,50 @@ impl Server {
         if configs.len() != cfg.shards {
             return Err(Error::Config(format!("{} quiche configurations for {} shards", configs.len(), cfg.shards)));
         }
-        let group = ShardGroup::bind(
-            cfg.zerocopy.apply(socket_config(cfg.listen, cfg.io, cfg.gro)),
-            cfg.shards,
-            Steering::QuicCid { cid_byte: WORKER_BYTE },
-        )
-        .map_err(|e| match e {
+        let sockets = cfg.zerocopy.apply(socket_config(cfg.listen, cfg.io, cfg.gro));
+        let in_use = |e: udpx::Error| match e {
             udpx::Error::Io { ref source, .. } if source.kind() == std::io::ErrorKind::AddrInUse => {
                 Error::AddrInUse(cfg.listen)
             }
             e => Error::Socket(e),
-        })?;
+        };
+        // With upgrades: the predecessor's maps (an upgrade) or new ones; without eBPF here a
+        // fresh server steers with classic BPF and says why it cannot be upgraded.
+        let mut unavailable = None;
+        let (offer, gens) = match &cfg.handover {
+            None => (None, None),
+            Some(h) if h.take_over => {
+                let (offer, gens) = crate::upgrade::ask(&h.path)?;
+                let next = offer.generation.wrapping_add(1);
+                (Some(offer), Some((gens, next)))
+            }
+            Some(_) => match udpx::generations::Generations::create(crate::cid::LAYOUT) {
+                Ok(gens) => (None, Some((gens, 0))),
+                Err(e) => {
+                    unavailable = Some(e.to_string());
+                    (None, None)
+                }
+            },
+        };
+        let (group, generation, gens) = match gens {
+            Some((gens, generation)) => {
+                if gens.is_live(generation, 0) {
+                    return Err(Error::Config(format!(
+                        "upgrade: generation {generation} still serves (an upgrade 256 generations ago has \
+                         not ended); wait for it to drain"
+                    )));
+                }
+                let join = offer.is_some();
+                let group =
+                    ShardGroup::bind_generation(sockets, cfg.shards, &gens, generation, join).map_err(in_use)?;
+                (group, generation, Some(Arc::new(gens)))
+            }
+            None => (
+                ShardGroup::bind(sockets, cfg.shards, Steering::QuicCid { cid_byte: WORKER_BYTE }).map_err(in_use)?,
+                0,
+                None,
+            ),
+        };
         let local = group.local_addr();
         let stop = Arc::new(AtomicBool::new(false));
         let drain = Arc::new(DrainSignal::default());
@@ -181,7 +230,10 @@ impl Server {
         // One set of keys for every shard: a Retry token or a session ticket one shard made
         // is good on the others.
         let mut settings = cfg.host.clone();
-        settings.keys = Some(settings.keys.unwrap_or_else(crate::ServiceKeys::random));
+        let inherited = offer.as_ref().map(|o| o.keys.clone());
+        settings.keys = Some(settings.keys.or(inherited).unwrap_or_else(crate::ServiceKeys::random));
+        settings.generation = generation;
+        let keys = settings.keys.clone().expect("set just above");
         for (shard, qc) in group.shards().into_iter().zip(configs) {
             let (stop, make_app, settings, drain) = (stop.clone(), make_app.clone(), settings.clone(), drain.clone());
             let swap = Arc::new(ConfigSwap::default());
@@ -201,7 +253,40 @@ impl Server {
                 .map_err(Error::Io)?;
             threads.push(t);
         }
-        Ok(Server { local, stop, drain, swaps, threads, counters, shards })
+        let upgrades = match (gens, &cfg.handover) {
+            (Some(gens), Some(h)) => {
+                // New connections come here from now on; the predecessor (if any) drains.
+                gens.publish(generation, cfg.shards as u8).map_err(Error::Socket)?;
+                if let Some(o) = offer {
+                    o.confirm()?;
+                }
+                let (signal, timeout) = (drain.clone(), h.drain_timeout);
+                let on_taken = Box::new(move || signal.hand_over(timeout, crate::upgrade::ADMIT_GRACE));
+                let l = crate::upgrade::listen(&h.path, gens, generation, cfg.shards as u8, keys, on_taken)?;
+                Upgrades::Listening(l)
+            }
+            _ => unavailable.map_or(Upgrades::Off, Upgrades::Unavailable),
+        };
+        Ok(Server { local, stop, drain, swaps, threads, counters, shards, generation, upgrades })
+    }
+
+    /// The generation byte of the connection IDs it issues (0 unless started as an upgrade).
+    pub fn generation(&self) -> u8 {
+        self.generation
+    }
+
+    /// Why this server cannot be upgraded, when upgrades were asked for and the kernel
+    /// refused the eBPF steering (it then steers with classic BPF).
+    pub fn upgrade_unavailable(&self) -> Option<&str> {
+        match &self.upgrades {
+            Upgrades::Unavailable(why) => Some(why),
+            _ => None,
+        }
+    }
+
+    /// Whether a successor took over (this server then drains on its own).
+    pub fn handed_over(&self) -> bool {
+        matches!(&self.upgrades, Upgrades::Listening(l) if l.taken())
     }
 
     /// The address it listens on.

@@ -151,6 +151,10 @@ impl TokenKey {
     }
 }
 
+/// Bytes of [`ServiceKeys::to_handover`]: flags, secret, whether a ticket key is in force,
+/// its period and the key.
+pub const HANDOVER_LEN: usize = 1 + 32 + 1 + 8 + 48;
+
 /// How often session ticket keys change.
 pub const TICKET_KEY_PERIOD: Duration = Duration::from_secs(12 * 3600);
 
@@ -194,6 +198,41 @@ impl ServiceKeys {
 
     fn derive(&self, label: &[u8]) -> [u8; 32] {
         derive(&self.secret, label)
+    }
+
+    /// The keys as bytes for the process that takes over from this one ([`crate::upgrade`],
+    /// over a Unix socket only its user can open): the secret, whether resets are on, and a
+    /// process's own ticket key in force, so tokens, tickets and resets stay good across it.
+    pub fn to_handover(&self) -> Vec<u8> {
+        let own = self.own_tickets.as_ref().map(|o| *o.lock().unwrap_or_else(|e| e.into_inner()));
+        let mut b = Vec::with_capacity(HANDOVER_LEN);
+        b.push(u8::from(self.reset.is_some()) | u8::from(own.is_some()) << 1);
+        b.extend_from_slice(&self.secret);
+        let (period, key) = own.flatten().unwrap_or((0, [0; 48]));
+        b.push(u8::from(own.flatten().is_some()));
+        b.extend_from_slice(&period.to_be_bytes());
+        b.extend_from_slice(&key);
+        b
+    }
+
+    /// The keys [`ServiceKeys::to_handover`] wrote, or `None` for bytes of another length.
+    pub fn from_handover(b: &[u8]) -> Option<ServiceKeys> {
+        if b.len() != HANDOVER_LEN {
+            return None;
+        }
+        let secret: [u8; 32] = b[1..33].try_into().ok()?;
+        let mut keys = ServiceKeys::shared(&secret);
+        if b[0] & 1 == 0 {
+            keys.reset = None;
+        }
+        if b[0] & 2 != 0 {
+            let current = (b[33] == 1).then(|| {
+                let period = u64::from_be_bytes(b[34..42].try_into().expect("8 bytes"));
+                (period, b[42..90].try_into().expect("48 bytes"))
+            });
+            keys.own_tickets = Some(Arc::new(Mutex::new(current)));
+        }
+        Some(keys)
     }
 
     /// The Retry token key.
@@ -326,5 +365,29 @@ mod tests {
         // Derived keys of a shared secret are the same on every host, whatever it drew before.
         let (a, b) = (ServiceKeys::shared(&[3; 32]), ServiceKeys::shared(&[3; 32]));
         assert_eq!(a.ticket_key_of(p), b.ticket_key_of(p));
+    }
+}
+
+#[cfg(test)]
+mod handover_tests {
+    use super::*;
+
+    #[test]
+    fn keys_cross_a_handover_whole() {
+        let now = SystemTime::now();
+        let peer: SocketAddr = "192.0.2.9:443".parse().unwrap();
+        for keys in
+            [ServiceKeys::random(), ServiceKeys::shared(&[3; 32]), ServiceKeys::shared(&[4; 32]).without_resets()]
+        {
+            let (period, ticket) = keys.ticket_key(now);
+            let b = keys.to_handover();
+            assert_eq!(b.len(), HANDOVER_LEN);
+            let got = ServiceKeys::from_handover(&b).unwrap();
+            assert_eq!(got.ticket_key(now), (period, ticket), "the ticket key in force");
+            assert_eq!(got.reset.is_some(), keys.reset.is_some());
+            let token = keys.token_key().seal(peer, b"odcid-of-8", b"retry-cid", now);
+            assert_eq!(got.token_key().open(peer, &token, b"retry-cid", now).unwrap(), b"odcid-of-8");
+        }
+        assert!(ServiceKeys::from_handover(&[0; 10]).is_none());
     }
 }

@@ -148,7 +148,7 @@ fn a_gro_train_draws_no_reset_for_another_shards_id() {
     const SEG: usize = 100;
     let mut train = Vec::new();
     for worker in [0u8, 1] {
-        let cid = ServerCid { host_id: 0, nonce: [worker + 1; 8], worker }.to_bytes();
+        let cid = ServerCid { host_id: 0, nonce: [worker + 1; 7], generation: 0, worker }.to_bytes();
         let mut d = vec![0x40u8];
         d.extend_from_slice(&cid);
         d.resize(SEG, 0x33);

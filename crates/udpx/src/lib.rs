@@ -53,6 +53,7 @@ mod blocking;
 pub mod caps;
 pub mod counters;
 mod error;
+pub mod generations;
 pub mod gso;
 pub mod icmp;
 pub mod qdisc;

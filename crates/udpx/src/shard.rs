@@ -190,6 +190,12 @@ pub enum Steering {
         /// Which byte of the DCID (0 = its first byte); below [`MAX_CID_LEN`].
         cid_byte: u8,
     },
+    /// The generation and worker bytes of the DCID, through an eBPF program shared with the
+    /// group's other generations ([`crate::generations`]); this group is `generation`.
+    Generation {
+        /// This group's generation byte.
+        generation: u8,
+    },
 }
 
 impl fmt::Display for Steering {
@@ -198,6 +204,7 @@ impl fmt::Display for Steering {
             Steering::Hash => f.write_str("kernel hash"),
             Steering::Cpu => f.write_str("receiving CPU (cBPF)"),
             Steering::QuicCid { cid_byte } => write!(f, "QUIC DCID byte {cid_byte} (cBPF)"),
+            Steering::Generation { generation } => write!(f, "QUIC DCID generation {generation} and worker (eBPF)"),
         }
     }
 }
@@ -243,31 +250,12 @@ impl ShardGroup {
                 )));
             }
         }
-        if cfg.bind.port() != 0 {
-            // A plain bind (no SO_REUSEPORT) finds out whether anybody holds the port.
-            if let Err(e) = std::net::UdpSocket::bind(cfg.bind) {
-                if e.kind() == std::io::ErrorKind::AddrInUse {
-                    return Err(Error::Io {
-                        op: format!(
-                            "bind a shard group to {}: the port is taken (joining another reuseport group \
-                             would split its datagrams); pick a free port or stop the other server",
-                            cfg.bind
-                        ),
-                        source: e,
-                    });
-                }
-            }
-        }
-        let mut sockets = Vec::with_capacity(n);
-        let mut addr: SocketAddr = cfg.bind;
-        for _ in 0..n {
-            let mut c = cfg.clone().reuse_port(ReusePort::Enabled);
-            c.bind = addr;
-            let s = c.bind()?;
-            addr = s.local_addr();
-            sockets.push(s);
-        }
+        Self::probe_free(cfg.bind)?;
+        let sockets = Self::bind_all(&cfg, n)?;
         let prog = match steering {
+            Steering::Generation { .. } => {
+                return Err(Error::Config("generation steering binds with ShardGroup::bind_generation".into()))
+            }
             Steering::Hash => None,
             Steering::Cpu => Some(cpu_program(n as u32)),
             Steering::QuicCid { cid_byte } => Some(cid_program(cid_byte, n as u32)),
@@ -284,6 +272,62 @@ impl ShardGroup {
             })?;
         }
         Ok(ShardGroup { sockets: sockets.into(), steering })
+    }
+
+    /// Binds `n` sockets as generation `generation` of `gens` and attaches its program. With
+    /// `join` the port may be held already, by the group of an earlier generation (the
+    /// process this one upgrades: same user, same address); without it a taken port is
+    /// refused as in [`ShardGroup::bind`].
+    pub fn bind_generation(
+        cfg: SocketConfig,
+        n: usize,
+        gens: &crate::generations::Generations,
+        generation: u8,
+        join: bool,
+    ) -> Result<ShardGroup, Error> {
+        if n == 0 || n > 256 {
+            return Err(Error::Config(format!("a generation of {n} sockets: give 1 to 256 (one worker byte)")));
+        }
+        if !join {
+            Self::probe_free(cfg.bind)?;
+        }
+        let sockets = Self::bind_all(&cfg, n)?;
+        for (i, s) in sockets.iter().enumerate() {
+            gens.insert(generation, i as u8, s.as_fd())?;
+        }
+        gens.attach(sockets[0].as_fd())?;
+        Ok(ShardGroup { sockets: sockets.into(), steering: Steering::Generation { generation } })
+    }
+
+    /// Refuses a port somebody holds: a plain bind (no SO_REUSEPORT) finds out.
+    fn probe_free(bind: SocketAddr) -> Result<(), Error> {
+        if bind.port() == 0 {
+            return Ok(());
+        }
+        match std::net::UdpSocket::bind(bind) {
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => Err(Error::Io {
+                op: format!(
+                    "bind a shard group to {bind}: the port is taken (joining another reuseport group \
+                     would split its datagrams); pick a free port or stop the other server"
+                ),
+                source: e,
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    /// `n` sockets with SO_REUSEPORT on `cfg.bind` (port 0: the first one's port for all).
+    fn bind_all(cfg: &SocketConfig, n: usize) -> Result<Vec<UdpSocket>, Error> {
+        let mut sockets = Vec::with_capacity(n);
+        let mut addr: SocketAddr = cfg.bind;
+        for _ in 0..n {
+            let mut c = cfg.clone().reuse_port(ReusePort::Enabled);
+            c.bind = addr;
+            let s = c.bind()?;
+            addr = s.local_addr();
+            sockets.push(s);
+        }
+        Ok(sockets)
     }
 
     /// The shared local address.

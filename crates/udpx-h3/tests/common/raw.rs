@@ -86,6 +86,23 @@ impl Raw {
         self.h3.as_mut().unwrap().send_request(&mut self.conn, &h, fin).ok()
     }
 
+    /// At most `budget` body bytes of stream `sid`, as far as they arrived (the stream's window
+    /// opens only as far as the client reads).
+    pub fn body(&mut self, sid: u64, budget: usize) -> Vec<u8> {
+        let mut buf = vec![0u8; budget];
+        let mut got = 0;
+        if let Some(h3) = self.h3.as_mut() {
+            while got < budget {
+                match h3.recv_body(&mut self.conn, sid, &mut buf[got..]) {
+                    Ok(n) if n > 0 => got += n,
+                    _ => break,
+                }
+            }
+        }
+        buf.truncate(got);
+        buf
+    }
+
     /// HTTP/3 events: the status of each response that arrived, body read and dropped.
     pub fn statuses(&mut self) -> Vec<u16> {
         let mut out = Vec::new();

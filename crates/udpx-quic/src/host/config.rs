@@ -52,6 +52,9 @@ pub struct HostConfig {
     /// reset besides its own ([`crate::reset::may_reset`]; shared with the caller, who may
     /// change it while the host runs).
     pub removed_hosts: RemovedHosts,
+    /// The generation byte of the connection IDs it issues (which process of an upgrade:
+    /// [`crate::upgrade`]); 0 for a server that was not started as an upgrade.
+    pub generation: u8,
 }
 
 impl Default for HostConfig {
@@ -67,6 +70,7 @@ impl Default for HostConfig {
             ack_defer: Duration::ZERO,
             pacing: Pacing::Hold,
             removed_hosts: RemovedHosts::default(),
+            generation: 0,
         }
     }
 }

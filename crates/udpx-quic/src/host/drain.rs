@@ -18,6 +18,7 @@ use super::{App, Host};
 pub struct DrainSignal {
     started: AtomicBool,
     timeout_ms: AtomicU64,
+    grace_ms: AtomicU64,
 }
 
 impl DrainSignal {
@@ -27,6 +28,22 @@ impl DrainSignal {
             self.timeout_ms.store(timeout.as_millis().min(u128::from(u64::MAX)) as u64, Ordering::Relaxed);
             self.started.store(true, Ordering::Release);
         }
+    }
+
+    /// Starts the drain of a process that handed its port to an upgrade ([`crate::upgrade`]):
+    /// for `grace` it still admits the Initials that reach it (the steering sends it only
+    /// those of handshakes it began: a retransmission, a Retry's answer), then it drains as
+    /// [`DrainSignal::start`] does; a loop with no connection left waits for the grace to end.
+    pub fn hand_over(&self, timeout: Duration, grace: Duration) {
+        if !self.started.load(Ordering::Acquire) {
+            self.grace_ms.store(grace.as_millis().min(u128::from(u64::MAX)) as u64, Ordering::Relaxed);
+            self.start(timeout);
+        }
+    }
+
+    /// Whether the drain was a handover (its admission grace is not zero).
+    pub fn handed_over(&self) -> bool {
+        self.grace_ms.load(Ordering::Relaxed) > 0
     }
 
     /// Whether it started, and its timeout.
@@ -68,18 +85,28 @@ impl<A: App> Host<A> {
         self.draining != Draining::No
     }
 
+    /// Whether a draining host still admits new connections at `now` (the grace of a
+    /// handover, [`DrainSignal::hand_over`]).
+    pub(super) fn admitting(&self, now: Instant) -> bool {
+        self.admit_until.is_some_and(|t| now < t)
+    }
+
     /// Once per turn while running: starts the drain when the shared signal says so, closes
     /// what is left at the deadline; whether the loop is done (drained, or closed and sent).
     pub(super) fn drain_step(&mut self, now: Instant) -> bool {
         if self.draining == Draining::No {
-            if let Some(timeout) = self.drain_signal.as_ref().and_then(|d| d.started()) {
-                self.drain(now + timeout);
+            if let Some(signal) = self.drain_signal.clone() {
+                if let Some(timeout) = signal.started() {
+                    let grace = Duration::from_millis(signal.grace_ms.load(Ordering::Relaxed));
+                    self.admit_until = (!grace.is_zero()).then(|| now + grace.min(timeout));
+                    self.drain(now + timeout);
+                }
             }
         }
         match self.draining {
             Draining::No => false,
             Draining::Closed => true,
-            Draining::Until(_) if self.connection_count() == 0 => true,
+            Draining::Until(_) if self.connection_count() == 0 && !self.admitting(now) => true,
             Draining::Until(deadline) if now >= deadline => {
                 let slots: Vec<_> = self.table.iter_mut().map(|(s, _)| s).collect();
                 for s in slots {

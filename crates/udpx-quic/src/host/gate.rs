@@ -45,11 +45,11 @@ pub(super) struct Gate {
 }
 
 impl Gate {
-    /// For worker `worker` of `shards` of host `host_id`, with the service's keys (`None`:
-    /// its own), its limits and the hosts removed from it.
+    /// For worker `worker` of generation `generation` (of `shards`) of host `host_id`, with
+    /// the service's keys (`None`: its own), its limits and the hosts removed from it.
     pub fn new(
         host_id: u16,
-        worker: u8,
+        (generation, worker): (u8, u8),
         shards: usize,
         keys: Option<ServiceKeys>,
         limits: Limits,
@@ -57,7 +57,7 @@ impl Gate {
     ) -> Gate {
         let keys = keys.unwrap_or_else(ServiceKeys::random);
         Gate {
-            cids: CidGenerator::new(host_id, worker),
+            cids: CidGenerator::with_generation(host_id, generation, worker),
             token_key: keys.token_key(),
             keys,
             ticket_period: None,
@@ -110,9 +110,12 @@ impl<A: App> Host<A> {
             return None;
         }
         if self.is_draining() {
-            self.counters.refused_draining += 1;
-            self.refuse(from, hdr, b"shutting down");
-            return None;
+            if !self.admitting(Instant::now()) {
+                self.counters.refused_draining += 1;
+                self.refuse(from, hdr, b"shutting down");
+                return None;
+            }
+            self.counters.handover_admitted += 1;
         }
         let now = SystemTime::now();
         let odcid = match hdr.token.as_deref().filter(|t| !t.is_empty()) {

@@ -242,6 +242,8 @@ pub struct Host<A: App> {
     draining: drain::Draining,
     /// A server's shared drain signal, looked at once per turn while running.
     drain_signal: Option<Arc<DrainSignal>>,
+    /// While draining after a handover: new connections are still admitted until then.
+    admit_until: Option<Instant>,
     /// Where a reloaded configuration is offered, looked at once per turn while running.
     config_swap: Option<Arc<ConfigSwap>>,
 }
@@ -271,7 +273,8 @@ impl<A: App> Host<A> {
         // A socket with zerocopy on: the outbox writes into pooled buffers (see `io`).
         let mut out = Outbox::new();
         out.enable_zerocopy(&socket);
-        let HostConfig { keys, limits, burst, coalesce, defer_flush, ack_defer, pacing, removed_hosts } = settings;
+        let HostConfig { keys, limits, burst, coalesce, defer_flush, ack_defer, pacing, removed_hosts, generation } =
+            settings;
         Host {
             local: socket.local_addr(),
             socket,
@@ -290,7 +293,7 @@ impl<A: App> Host<A> {
             burst,
             epoch: Instant::now(),
             anchor: (Instant::now(), udpx::Timestamp::now()),
-            gate: gate::Gate::new(host_id, worker, shards, keys, limits, removed_hosts),
+            gate: gate::Gate::new(host_id, (generation, worker), shards, keys, limits, removed_hosts),
             idle: false,
             coalesce,
             defer_flush,
@@ -303,6 +306,7 @@ impl<A: App> Host<A> {
             last_turn: Instant::now(),
             draining: drain::Draining::No,
             drain_signal: None,
+            admit_until: None,
             config_swap: None,
         }
     }

@@ -22,6 +22,9 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use super::{SOL_UDP, SO_RXQ_OVFL, SO_TXTIME, UDP_GRO, UDP_SEGMENT};
 
+/// Most descriptors one [`Cmsg::Rights`] carries.
+pub const MAX_RIGHTS: usize = 8;
+
 /// Bytes of control space per message: enough for every cmsg udpx sends or asks to receive
 /// (segment size, pktinfo v4 and v6, TOS and TCLASS, txtime, drop counter) with room to spare.
 pub const CMSG_CAP: usize = 256;
@@ -77,6 +80,15 @@ pub enum Cmsg {
     /// `IP_RECVERR` / `IPV6_RECVERR` from the error queue: a `sock_extended_err` (ICMP errors,
     /// and zerocopy completions with origin [`SO_EE_ORIGIN_ZEROCOPY`]).
     ExtErr(ExtErr),
+    /// `SOL_SOCKET/SCM_RIGHTS` over a Unix socket: descriptors passed between processes (the
+    /// first `count` of `fds`; on receive they are new descriptors of this process, owned by
+    /// whoever decoded them).
+    Rights {
+        /// The descriptors.
+        fds: [i32; MAX_RIGHTS],
+        /// How many of them are set.
+        count: u8,
+    },
     /// Anything else, or a known type whose length is wrong.
     Unknown {
         /// `cmsg_level`.
@@ -100,6 +112,7 @@ impl Cmsg {
             Cmsg::TxTime(_) => mem::size_of::<u64>(),
             Cmsg::RxqOvfl(_) => mem::size_of::<u32>(),
             Cmsg::ExtErr(e) => e.encoded_len(),
+            Cmsg::Rights { count, .. } => usize::from(*count) * mem::size_of::<i32>(),
             Cmsg::Unknown { len, .. } => *len,
         };
         // SAFETY: CMSG_SPACE is pure arithmetic on its argument.
@@ -261,6 +274,14 @@ impl<'a> Encoder<'a> {
                 let (b, len) = e.to_bytes();
                 self.push_bytes(libc::IPPROTO_IP, libc::IP_RECVERR, &b[..len])
             }
+            Cmsg::Rights { fds, count } => {
+                let n = usize::from(count).min(MAX_RIGHTS);
+                let mut b = [0u8; MAX_RIGHTS * 4];
+                for (chunk, fd) in b.chunks_exact_mut(4).zip(&fds[..n]) {
+                    chunk.copy_from_slice(&fd.to_ne_bytes());
+                }
+                self.push_bytes(libc::SOL_SOCKET, libc::SCM_RIGHTS, &b[..n * 4])
+            }
             Cmsg::Unknown { level, ty, len } => {
                 // Only used by tests: data of `len` zero bytes.
                 let zeros = [0u8; 64];
@@ -399,6 +420,13 @@ fn classify(level: i32, ty: i32, d: &[u8]) -> Cmsg {
     let unknown = Cmsg::Unknown { level, ty, len: d.len() };
     let int = || arr::<4>(d).map(i32::from_ne_bytes);
     match (level, ty) {
+        (libc::SOL_SOCKET, libc::SCM_RIGHTS) if d.len() % 4 == 0 && d.len() / 4 <= MAX_RIGHTS => {
+            let mut fds = [-1i32; MAX_RIGHTS];
+            for (fd, chunk) in fds.iter_mut().zip(d.chunks_exact(4)) {
+                *fd = i32::from_ne_bytes(arr::<4>(chunk).unwrap_or([0xff; 4]));
+            }
+            Cmsg::Rights { fds, count: (d.len() / 4) as u8 }
+        }
         (SOL_UDP, UDP_SEGMENT) if d.len() == 2 => Cmsg::Segment(u16::from_ne_bytes([d[0], d[1]])),
         // The kernel writes UDP_GRO as an int; accept a u16 too.
         (SOL_UDP, UDP_GRO) => match d.len() {

@@ -16,6 +16,7 @@
 #![allow(unsafe_code)]
 
 pub(crate) mod addr;
+pub mod bpf;
 pub mod cmsg;
 pub(crate) mod errqueue;
 pub mod fault;
@@ -54,6 +55,11 @@ pub(crate) fn retry<T>(mut f: impl FnMut() -> io::Result<T>) -> io::Result<T> {
 /// Integer types that signal failure with `-1`.
 pub(crate) trait IsMinusOne {
     fn is_minus_one(&self) -> bool;
+}
+impl IsMinusOne for i64 {
+    fn is_minus_one(&self) -> bool {
+        *self == -1
+    }
 }
 impl IsMinusOne for i32 {
     fn is_minus_one(&self) -> bool {

@@ -1,0 +1,220 @@
+//! Upgrade with no gap (issue 40, item 2): a second server started as the upgrade of the first
+//! on the same port takes every new connection, while a download begun on the first finishes
+//! there; a session ticket and a Retry token the first issued are good on the second; an
+//! upgrade with nobody to take over from is refused with a message. Both servers run in this
+//! process on loopback (the steering is per port, whichever process holds the sockets). Needs
+//! eBPF reuseport steering (CAP_BPF and CAP_NET_ADMIN, or root); prints `SKIP:` otherwise. No
+//! timing is asserted.
+
+mod common;
+
+use std::net::{SocketAddr, UdpSocket};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use common::raw::{client_config, Raw};
+use common::{digest, Site};
+use udpx_h3::{serve, ServeConfig};
+use udpx_quic::upgrade::Handover;
+
+/// H3_NO_ERROR: the server's clean close.
+const H3_NO_ERROR: u64 = 0x100;
+
+/// Whether this machine lets a server load the steering program; prints SKIP for `test` if not.
+fn capable(test: &str) -> bool {
+    match udpx::generations::Generations::create(udpx_quic::cid::LAYOUT) {
+        Ok(_) => true,
+        Err(e) => {
+            udpx_lab::netns::record_skip(test, &e.to_string());
+            false
+        }
+    }
+}
+
+fn config(listen: SocketAddr, path: &Path, take_over: bool) -> ServeConfig {
+    let mut cfg = ServeConfig::new(listen);
+    cfg.quic.shards = 2;
+    cfg.quic.handover = Some(Handover { path: path.to_path_buf(), take_over, drain_timeout: Duration::from_secs(60) });
+    cfg
+}
+
+/// Reads what arrived on `c` and at most `budget` body bytes of stream 0 into `body`; whether
+/// the response ended.
+fn read(c: &mut Raw, body: &mut Vec<u8>, budget: usize) -> bool {
+    c.pump();
+    let mut fin = false;
+    if let Some(h3) = c.h3.as_mut() {
+        while let Ok((_, ev)) = h3.poll(&mut c.conn) {
+            fin |= matches!(ev, quiche::h3::Event::Finished);
+        }
+    }
+    let got = c.body(0, budget);
+    body.extend_from_slice(&got);
+    c.pump();
+    fin
+}
+
+fn wait(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
+    let start = Instant::now();
+    while start.elapsed() < limit {
+        if done() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    done()
+}
+
+#[test]
+fn the_upgrade_takes_new_connections_while_the_old_server_finishes_its_download() {
+    if !capable("the_upgrade_takes_new_connections_while_the_old_server_finishes_its_download") {
+        return;
+    }
+    let site = Site::new("upgrade");
+    let want = site.file("big");
+    let sock = site.tmp.path().join("handover.sock");
+    let old = serve(&site.root, &config("127.0.0.1:0".parse().unwrap(), &sock, false)).expect("old starts");
+    let addr = old.local_addr();
+    assert_eq!((old.quic().generation(), old.quic().upgrade_unavailable()), (0, None));
+
+    // A download on the old server, held back by a 64 KiB window (read 16 KiB a turn).
+    let mut a = Raw::connect("127.0.0.1", addr, &mut client_config(64 << 10)).with_h3();
+    assert_eq!(a.request("/big", true), Some(0));
+    let mut body = Vec::new();
+    assert!(wait(Duration::from_secs(10), || { read(&mut a, &mut body, 16 << 10) || body.len() > 200_000 }));
+
+    // The upgrade: same port, generation 1; the old one hands over and drains.
+    let new = serve(&site.root, &config(addr, &sock, true)).expect("the upgrade starts");
+    assert_eq!(new.local_addr(), addr);
+    assert_eq!(new.quic().generation(), 1);
+    assert!(wait(Duration::from_secs(5), || old.quic().handed_over()), "the old server hears it was taken over");
+
+    // A new connection lands on the new server.
+    let mut b = Raw::connect("127.0.0.1", addr, &mut client_config(1 << 20)).with_h3();
+    b.request("/small", true).expect("request");
+    let answered = wait(Duration::from_secs(10), || {
+        b.pump();
+        b.statuses() == [200]
+    });
+    assert!(answered, "the new connection's answer");
+    // (Counters are published every 100 ms.)
+    let on_new = wait(Duration::from_secs(5), || new.counters().quic.connections == 1);
+    assert!(on_new, "the new connection is the new server's: {:?}", new.counters().quic);
+
+    // The download finishes whole from the old server, which then closes it cleanly.
+    let mut fin = false;
+    let done = wait(Duration::from_secs(60), || {
+        fin |= read(&mut a, &mut body, 64 << 10);
+        fin && a.conn.is_closed()
+    });
+    assert!(done, "got {} of {} B, fin {fin}, closed {}", body.len(), want.len(), a.conn.is_closed());
+    assert_eq!((body.len(), digest(&body)), (want.len(), digest(&want)));
+    assert_eq!(a.conn.peer_error().map(|e| (e.is_app, e.error_code)), Some((true, H3_NO_ERROR)));
+
+    assert!(wait(Duration::from_secs(30), || old.finished()), "the old server's loops end after its drain");
+    let k = old.stop().expect("old stops");
+    assert_eq!((k.quic.connections, k.quic.drained, k.quic.drain_closed), (1, 1, 0), "{:?}", k.quic);
+    assert_eq!(k.quic.stateless_resets, 0, "{:?}", k.quic);
+    // The old one's sockets are gone: a new connection still works, on the new server.
+    b.conn.close(true, H3_NO_ERROR, b"").unwrap();
+    b.pump();
+    assert_eq!(common::raw::fresh_get("127.0.0.1", addr, "/small"), Some(200));
+    let k = new.stop().expect("new stops");
+    assert_eq!(k.quic.connections, 2, "{:?}", k.quic);
+    assert!(!sock.exists(), "the last server removes its handover socket");
+}
+
+/// A client that sends its first Initial and stops at the server's Retry (its answer unsent).
+fn stop_at_retry(server: SocketAddr, cfg: &mut quiche::Config) -> Raw {
+    let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
+    sock.set_nonblocking(true).unwrap();
+    let mut scid = [0u8; 16];
+    udpx_quic::cid::random_bytes(&mut scid).unwrap();
+    let local = sock.local_addr().unwrap();
+    let mut conn =
+        quiche::connect(Some("localhost"), &quiche::ConnectionId::from_ref(&scid), local, server, cfg).unwrap();
+    let mut out = [0u8; 1500];
+    while let Ok((n, info)) = conn.send(&mut out) {
+        sock.send_to(&out[..n], info.to).unwrap();
+    }
+    let mut buf = [0u8; 65_535];
+    let got = wait(Duration::from_secs(5), || match sock.recv_from(&mut buf) {
+        Ok((n, from)) => {
+            let retry = quiche::Header::from_slice(&mut buf[..n], 16).is_ok_and(|h| h.ty == quiche::Type::Retry);
+            conn.recv(&mut buf[..n], quiche::RecvInfo { from, to: local }).ok();
+            retry
+        }
+        Err(_) => false,
+    });
+    assert!(got, "a Retry from the server");
+    Raw { sock, conn, h3: None }
+}
+
+#[test]
+fn a_ticket_and_a_retry_token_of_the_old_server_are_good_on_the_new_one() {
+    if !capable("a_ticket_and_a_retry_token_of_the_old_server_are_good_on_the_new_one") {
+        return;
+    }
+    let site = Site::new("upgrade-keys");
+    let sock = site.tmp.path().join("handover.sock");
+    // No key file: the old server's own keys travel with the handover.
+    let with_retry = |mut cfg: ServeConfig| {
+        cfg.quic.host.limits.retry = udpx_quic::RetryPolicy::Always;
+        cfg
+    };
+    let old = serve(&site.root, &with_retry(config("127.0.0.1:0".parse().unwrap(), &sock, false))).expect("old");
+    let addr = old.local_addr();
+
+    // A session ticket from the old server.
+    let mut cfg = client_config(1 << 20);
+    let mut t = Raw::connect("127.0.0.1", addr, &mut cfg).with_h3();
+    assert!(wait(Duration::from_secs(5), || {
+        t.pump();
+        t.conn.session().is_some()
+    }));
+    let ticket = t.conn.session().unwrap().to_vec();
+    t.conn.close(true, H3_NO_ERROR, b"").unwrap();
+    t.pump();
+    // A Retry from the old server, not yet answered.
+    let mut r = stop_at_retry(addr, &mut cfg);
+
+    let new = serve(&site.root, &with_retry(config(addr, &sock, true))).expect("the upgrade starts");
+    // The old server goes entirely (its sockets closed): the Retry's answer, addressed to
+    // the old generation's ID, reaches the new server, which opens the token.
+    assert!(wait(Duration::from_secs(30), || old.finished()), "the old server drains");
+    let k = old.stop().expect("old stops").quic;
+    assert_eq!(k.connections, 1, "{k:?}");
+    assert!(wait(Duration::from_secs(5), || {
+        r.pump();
+        r.conn.is_established()
+    }));
+    // The ticket resumes on the new server.
+    let mut resumed = {
+        let s = UdpSocket::bind("127.0.0.1:0").unwrap();
+        s.set_nonblocking(true).unwrap();
+        let local = s.local_addr().unwrap();
+        let mut scid = [0u8; 16];
+        udpx_quic::cid::random_bytes(&mut scid).unwrap();
+        let mut conn =
+            quiche::connect(Some("localhost"), &quiche::ConnectionId::from_ref(&scid), local, addr, &mut cfg).unwrap();
+        conn.set_session(&ticket).expect("the ticket parses");
+        Raw { sock: s, conn, h3: None }
+    };
+    assert!(wait(Duration::from_secs(5), || {
+        resumed.pump();
+        resumed.conn.is_established()
+    }));
+    assert!(resumed.conn.is_resumed(), "the old server's ticket resumes on the new one");
+    let k = new.stop().expect("new stops").quic;
+    assert_eq!(k.validated_by_retry, 2, "the old Retry's token and the resumed client's own Retry: {k:?}");
+    assert_eq!(k.tokens_invalid, 0, "{k:?}");
+}
+
+#[test]
+fn an_upgrade_with_nobody_to_take_over_from_is_refused() {
+    let site = Site::new("upgrade-none");
+    let sock = site.tmp.path().join("nobody.sock");
+    let e = serve(&site.root, &config("127.0.0.1:0".parse().unwrap(), &sock, true)).expect_err("refused");
+    let msg = e.to_string();
+    assert!(msg.contains("no server to take over") && msg.contains("nobody.sock"), "{msg}");
+}

@@ -1,0 +1,256 @@
+//! Upgrade with no gap: a new server process takes every new connection on the port while the
+//! old one keeps every packet of its own connections until they end.
+//!
+//! The mechanism (see docs/operations.md for the reasoning against the alternatives): the
+//! port's reuseport group has an eBPF program ([`udpx::generations`]) that picks a socket by
+//! the generation and worker bytes of the connection ID ([`crate::cid`]). The old process
+//! listens on a Unix socket (the *handover socket*, mode 0600); a new process started with
+//! [`Handover::take_over`] connects, gets the program's maps, the old generation's number and
+//! the service keys (so tokens, tickets and resets stay good), joins the port as the next
+//! generation, publishes itself as the newest (new Initials go to it from that instant),
+//! says so, and takes the handover socket's path over for the next upgrade. The old process
+//! then drains ([`crate::host::DrainSignal::hand_over`]): GOAWAY, every response under way
+//! finished, exit. Neither process ever unbinds the port, so no client sees a reset or an
+//! ICMP error.
+//!
+//! ```text
+//!  new ──connect──► old          "udpx-upgrade 1"
+//!      ◄──────────────           generation g, workers, keys  + 4 descriptors (SCM_RIGHTS)
+//!      bind g+1, publish g+1
+//!      ───────────────►          "taken"  → old drains
+//!      rename its own socket over the path
+//! ```
+//!
+//! If the new process fails before "taken" (or the exchange times out), the old one publishes
+//! itself again and carries on as if nothing happened.
+
+use std::io::{Read, Write};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use udpx::generations::{recv_fds, send_fds, Generations};
+
+use crate::token::{ServiceKeys, HANDOVER_LEN};
+use crate::Error;
+
+/// What a new process says first.
+const HELLO: &[u8] = b"udpx-upgrade 1\n";
+/// What it says once it took new connections over.
+const TAKEN: &[u8] = b"taken\n";
+/// How long either side waits for the other during a handover.
+const EXCHANGE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long an old process still admits the Initials that reach it after a handover (the
+/// steering sends it only continuations of its own handshakes: retransmitted Initials, the
+/// answer to a Retry it sent).
+pub const ADMIT_GRACE: Duration = Duration::from_secs(3);
+
+/// A server's part in upgrades.
+#[derive(Debug, Clone)]
+pub struct Handover {
+    /// The handover socket: where this server listens for its successor, and (with
+    /// `take_over`) where it finds its predecessor.
+    pub path: PathBuf,
+    /// Start as the upgrade of the server listening at `path`.
+    pub take_over: bool,
+    /// How long this server drains once a successor took over.
+    pub drain_timeout: Duration,
+}
+
+impl Handover {
+    /// The handover socket's path for a server on `listen` when none is given: under
+    /// `/run/udpx` for root, else `$XDG_RUNTIME_DIR/udpx` or `/tmp/udpx-<uid>`.
+    pub fn default_path(listen: std::net::SocketAddr, euid: u32, runtime_dir: Option<&Path>) -> PathBuf {
+        let dir = match (euid, runtime_dir) {
+            (0, _) => PathBuf::from("/run/udpx"),
+            (_, Some(d)) => d.join("udpx"),
+            (uid, None) => PathBuf::from(format!("/tmp/udpx-{uid}")),
+        };
+        dir.join(format!("h3-{}-{}.sock", listen.ip(), listen.port()))
+    }
+}
+
+/// What the old process handed over, before the new one confirmed.
+#[derive(Debug)]
+pub(crate) struct Offer {
+    /// The old process's generation.
+    pub generation: u8,
+    /// The service keys in force there.
+    pub keys: ServiceKeys,
+    stream: UnixStream,
+}
+
+impl Offer {
+    /// Tells the old process that new connections now come here.
+    pub(crate) fn confirm(mut self) -> Result<(), Error> {
+        self.stream.write_all(TAKEN).map_err(|e| handover_err("tell the old server it was taken over", e))
+    }
+}
+
+fn handover_err(what: &str, e: std::io::Error) -> Error {
+    Error::Config(format!("upgrade: {what}: {e}"))
+}
+
+/// Asks the server at `path` to hand over (the new process's side).
+pub(crate) fn ask(path: &Path) -> Result<(Offer, Generations), Error> {
+    let mut stream = UnixStream::connect(path).map_err(|e| {
+        Error::Config(format!(
+            "upgrade: no server to take over at {}: {e}; start without --upgrade, or give the running \
+             server's --upgrade-socket",
+            path.display()
+        ))
+    })?;
+    stream.set_read_timeout(Some(EXCHANGE_TIMEOUT)).map_err(Error::Io)?;
+    stream.write_all(HELLO).map_err(|e| handover_err("say hello", e))?;
+    let mut buf = [0u8; 4 + HANDOVER_LEN + 16];
+    let (n, fds) = recv_fds(&stream, &mut buf).map_err(|e| handover_err("receive the handover", e))?;
+    if n != 4 + HANDOVER_LEN || buf[0] != b'G' {
+        return Err(Error::Config(format!(
+            "upgrade: the server at {} answered {n} bytes, not a handover (another udpx version?)",
+            path.display()
+        )));
+    }
+    let keys = ServiceKeys::from_handover(&buf[4..4 + HANDOVER_LEN])
+        .ok_or_else(|| Error::Config("upgrade: the handover's keys do not parse".into()))?;
+    let gens = Generations::from_fds(fds).map_err(Error::Socket)?;
+    Ok((Offer { generation: buf[1], keys, stream }, gens))
+}
+
+/// The old process's side: answers upgrades at its handover socket until one takes over.
+#[derive(Debug)]
+pub(crate) struct Listening {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+    path: PathBuf,
+    ino: u64,
+    taken: Arc<AtomicBool>,
+}
+
+/// Binds the handover socket at `path` (replacing whatever is there, atomically: a successor's
+/// socket replaces its predecessor's) and answers upgrades in a thread. `on_taken` runs once,
+/// when a successor confirmed.
+pub(crate) fn listen(
+    path: &Path,
+    gens: Arc<Generations>,
+    generation: u8,
+    workers: u8,
+    keys: ServiceKeys,
+    on_taken: Box<dyn Fn() + Send>,
+) -> Result<Listening, Error> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(|e| handover_err(&format!("create {}", dir.display()), e))?;
+    }
+    let tmp = path.with_extension(format!("{}.tmp", std::process::id()));
+    let _ = std::fs::remove_file(&tmp);
+    let listener = UnixListener::bind(&tmp).map_err(|e| handover_err(&format!("bind {}", tmp.display()), e))?;
+    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600))
+        .and_then(|()| std::fs::rename(&tmp, path))
+        .map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        handover_err(&format!("put the handover socket at {}", path.display()), e)
+    })?;
+    let ino = std::fs::metadata(path).map(|m| m.ino()).unwrap_or(0);
+    listener.set_nonblocking(true).map_err(Error::Io)?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let taken = Arc::new(AtomicBool::new(false));
+    let (stop2, taken2) = (stop.clone(), taken.clone());
+    let thread = std::thread::Builder::new()
+        .name("udpx-handover".into())
+        .spawn(move || {
+            while !stop2.load(Ordering::Relaxed) {
+                match listener.accept() {
+                    Ok((stream, _)) => match answer(stream, &gens, generation, workers, &keys) {
+                        Ok(()) => {
+                            taken2.store(true, Ordering::Release);
+                            log::info!("udpx-quic: generation {generation} handed over to its upgrade");
+                            on_taken();
+                            return;
+                        }
+                        Err(e) => {
+                            // The successor failed: new connections come here again.
+                            let _ = gens.publish(generation, workers);
+                            log::warn!("udpx-quic: an upgrade did not complete ({e}); still serving");
+                        }
+                    },
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                        std::thread::sleep(Duration::from_millis(50))
+                    }
+                    Err(e) => {
+                        log::warn!("udpx-quic: handover socket: {e}");
+                        std::thread::sleep(Duration::from_millis(200));
+                    }
+                }
+            }
+        })
+        .map_err(Error::Io)?;
+    Ok(Listening { stop, thread: Some(thread), path: path.to_path_buf(), ino, taken })
+}
+
+/// One upgrade's exchange; Ok when the successor confirmed.
+fn answer(
+    mut stream: UnixStream,
+    gens: &Generations,
+    generation: u8,
+    workers: u8,
+    keys: &ServiceKeys,
+) -> std::io::Result<()> {
+    stream.set_nonblocking(false)?;
+    stream.set_read_timeout(Some(EXCHANGE_TIMEOUT))?;
+    stream.set_write_timeout(Some(EXCHANGE_TIMEOUT))?;
+    let mut hello = [0u8; 15];
+    stream.read_exact(&mut hello)?;
+    if hello != HELLO {
+        return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, "not an upgrade's hello"));
+    }
+    let mut msg = vec![b'G', generation, workers, 0];
+    msg.extend_from_slice(&keys.to_handover());
+    send_fds(&stream, &msg, &gens.fds())?;
+    let mut taken = [0u8; 6];
+    stream.read_exact(&mut taken)?;
+    if taken != TAKEN {
+        return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, "not a confirmation"));
+    }
+    Ok(())
+}
+
+impl Listening {
+    /// Whether a successor took over.
+    pub(crate) fn taken(&self) -> bool {
+        self.taken.load(Ordering::Acquire)
+    }
+}
+
+impl Drop for Listening {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        // The path is ours to remove only while it is still our socket (a successor's
+        // replaced it).
+        if std::fs::metadata(&self.path).is_ok_and(|m| m.ino() == self.ino) {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_paths() {
+        let a: std::net::SocketAddr = "0.0.0.0:443".parse().unwrap();
+        assert_eq!(Handover::default_path(a, 0, None), PathBuf::from("/run/udpx/h3-0.0.0.0-443.sock"));
+        assert_eq!(
+            Handover::default_path(a, 1000, Some(Path::new("/run/user/1000"))),
+            PathBuf::from("/run/user/1000/udpx/h3-0.0.0.0-443.sock")
+        );
+        let b: std::net::SocketAddr = "[::1]:8443".parse().unwrap();
+        assert_eq!(Handover::default_path(b, 7, None), PathBuf::from("/tmp/udpx-7/h3-::1-8443.sock"));
+    }
+}
