@@ -415,6 +415,18 @@ pub struct H3BenchArgs {
     /// With --bottleneck: milliseconds of queue at the bottleneck's rate (tbf's latency).
     #[arg(long, default_value_t = 2, requires = "bottleneck", value_parser = clap::value_parser!(u64).range(1..=1000))]
     bottleneck_buffer: u64,
+    /// The upgrade, reload and restart table instead (root: namespaces and eBPF): this many
+    /// players (a 64 KiB segment every 2 s each) while udpx is upgraded, reloaded and
+    /// restarted, and nginx over TCP reloaded and binary-upgraded, --restart-changes times a row.
+    #[arg(long, value_name = "PLAYERS", conflicts_with_all = ["connections", "flood", "bottleneck"],
+          value_parser = clap::value_parser!(u64).range(1..=20_000))]
+    restart: Option<u64>,
+    /// With --restart: seconds measured per row (the changes fall evenly inside).
+    #[arg(long, default_value_t = 60, requires = "restart", value_parser = clap::value_parser!(u64).range(4..=600))]
+    restart_seconds: u64,
+    /// With --restart: changes per row.
+    #[arg(long, default_value_t = 3, requires = "restart", value_parser = clap::value_parser!(u64).range(1..=20))]
+    restart_changes: u64,
     /// With --flood: seconds the flood lasts.
     #[arg(long, default_value_t = 30, requires = "flood", value_parser = clap::value_parser!(u64).range(1..=600))]
     flood_seconds: u64,
@@ -506,6 +518,22 @@ fn bench_flood(a: H3BenchArgs, rate: u64) -> ExitCode {
     let r = udpx_h3_bench::bench::flood::run(&cfg, &mut |l| eprintln!("udpx {CMD}: {l}"));
     let needs = "the attack lab needs root (network namespaces, raw sockets)";
     lab_report(CMD, needs, "h3_flood", a.json, r, udpx_h3_bench::bench::flood::table)
+}
+
+/// `udpx bench h3 --restart`: the upgrade, reload and restart table.
+fn bench_restart(a: H3BenchArgs, players: u64) -> ExitCode {
+    const CMD: &str = "bench h3 --restart";
+    let Ok(udpx) = std::env::current_exe() else {
+        return usage("cannot find this program's path to start the server");
+    };
+    lab_cleanup(CMD);
+    let mut cfg = udpx_h3_bench::bench::restart::RestartConfig::new(udpx);
+    cfg.players = players as usize;
+    cfg.window = Duration::from_secs(a.restart_seconds);
+    cfg.changes = a.restart_changes as usize;
+    let r = udpx_h3_bench::bench::restart::run(&cfg, &mut |l| eprintln!("udpx {CMD}: {l}"));
+    let needs = "the restart lab needs root (network namespaces, eBPF steering)";
+    lab_report(CMD, needs, "h3_restart", a.json, r, udpx_h3_bench::bench::restart::table)
 }
 
 /// `udpx bench h3 --connections`: the scale table.
@@ -705,6 +733,9 @@ pub fn bench(a: H3BenchArgs) -> ExitCode {
     const CMD: &str = "bench h3";
     if !a.connections.is_empty() {
         return bench_scale(a);
+    }
+    if let Some(players) = a.restart {
+        return bench_restart(a, players);
     }
     if let Some(rate) = a.flood {
         return bench_flood(a, rate);

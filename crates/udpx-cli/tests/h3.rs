@@ -322,6 +322,35 @@ fn bench_h3_bottleneck_runs_each_burst_rule() {
     }
 }
 
+/// `udpx bench h3 --restart`, small: one change per row under 50 players. The upgrade and the
+/// reload fail no request and break no connection (the upgrade's players move on GOAWAY), the
+/// naive restart breaks connections (the table can see a loss), and nginx's TCP rows, where
+/// nginx is installed, fail nothing either. Counts only; the p99 columns are the report's.
+#[test]
+fn bench_h3_restart_upgrades_and_reloads_without_a_failure() {
+    let args = ["bench", "h3", "--restart", "50", "--restart-seconds", "6", "--restart-changes", "1", "--json"];
+    let Some(json) = root_lab("bench_h3_restart_upgrades_and_reloads_without_a_failure", &args) else { return };
+    let rows = json["h3_restart"]["rows"].as_array().expect("rows");
+    let row = |name: &str| rows.iter().find(|r| r["change"] == name).unwrap_or_else(|| panic!("{name}: {json}"));
+    for name in ["UdpxUpgrade", "UdpxReload", "NginxReload", "NginxUpgrade"] {
+        let r = row(name);
+        if name.starts_with("Nginx") && r["load"].is_null() {
+            continue; // nginx not installed: the row says so
+        }
+        let l = &r["load"];
+        assert!(l["requests"].as_u64() > Some(0), "{r}");
+        for k in ["failed", "unanswered", "ended_early"] {
+            assert_eq!(l[k].as_u64(), Some(0), "{name}: {k}: {r}");
+        }
+        assert!(r["changes"][0]["error"].is_null(), "{r}");
+    }
+    let up = row("UdpxUpgrade");
+    assert!(up["load"]["moved_on_goaway"].as_u64() > Some(0), "the players moved to the new server: {up}");
+    assert!(up["changes"][0]["replaced_after_s"].as_f64().is_some(), "the old server exited: {up}");
+    let naive = row("UdpxRestart");
+    assert!(naive["load"]["ended_early"].as_u64() > Some(0), "a restart breaks connections: {naive}");
+}
+
 /// Runs a root-only lab of `udpx` with `args` (ending in `--json`): its JSON, or `None` after
 /// recording the skip when `udpx` says SKIP (exit 4: a feature this machine lacks, here root).
 fn root_lab(test: &str, args: &[&str]) -> Option<serde_json::Value> {

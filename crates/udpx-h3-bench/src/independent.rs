@@ -112,5 +112,7 @@ pub fn run(mut cmd: Command, cfg: &LoadConfig, proto: Proto, size: u64) -> Resul
         quic: Default::default(),
         moved_on_goaway: 0,
         retried: 0,
+        timeline: Vec::new(),
+        failed_at: Vec::new(),
     })
 }

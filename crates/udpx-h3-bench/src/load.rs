@@ -155,6 +155,13 @@ pub struct LoadReport {
     /// Requests the server refused past its GOAWAY (H3_REQUEST_REJECTED) and that were sent
     /// again on a new connection (udpx's own client).
     pub retried: u64,
+    /// Each served request of the window: when it was sent (ms into the window) and its
+    /// latency (µs); for per-moment figures (`udpx bench h3 --restart`). Not serialized.
+    #[serde(skip)]
+    pub timeline: Vec<(u32, u32)>,
+    /// When each failed request of the window was sent (ms into the window). Not serialized.
+    #[serde(skip)]
+    pub failed_at: Vec<u32>,
 }
 
 impl LoadReport {
@@ -216,9 +223,39 @@ pub(crate) struct Tally {
     pub(crate) never_served: usize,
     pub(crate) moved: usize,
     pub(crate) retried: u64,
+    pub(crate) timeline: Vec<(u32, u32)>,
+    pub(crate) failed_at: Vec<u32>,
 }
 
 impl Tally {
+    /// A request of the window sent at `sent` ended at `now`: whole with 200 (`ok`: its
+    /// latency, and late past `interval`) or failed; kept on the timeline too, by when it was
+    /// sent (ms after `window_start`). Whether it was served.
+    pub(crate) fn answer(
+        &mut self,
+        ok: bool,
+        sent: Instant,
+        now: Instant,
+        interval: Duration,
+        window_start: Instant,
+    ) -> bool {
+        let at = sent.saturating_duration_since(window_start).as_millis().min(u128::from(u32::MAX)) as u32;
+        if ok {
+            self.served += 1;
+            let lat = now.duration_since(sent);
+            let us = lat.as_micros().min(u128::from(u32::MAX)) as u32;
+            self.latencies.push(us);
+            self.timeline.push((at, us));
+            if lat > interval {
+                self.late += 1;
+            }
+        } else {
+            self.failed += 1;
+            self.failed_at.push(at);
+        }
+        ok
+    }
+
     /// Requests of the window still without an answer.
     pub(crate) fn waiting(&self) -> u64 {
         self.requests - self.served - self.failed
@@ -255,6 +292,8 @@ impl Tally {
             quic,
             moved_on_goaway: self.moved,
             retried: self.retried,
+            timeline: std::mem::take(&mut self.timeline),
+            failed_at: std::mem::take(&mut self.failed_at),
         }
     }
 }
@@ -321,18 +360,8 @@ impl Players {
     /// A response ended: `ok` whole with 200.
     fn done(&mut self, p: &mut Player, ok: bool, now: Instant) {
         let Some((_, sent, counts, bytes, _)) = p.inflight.take() else { return };
-        if counts {
-            if ok {
-                self.t.served += 1;
-                p.served += 1;
-                let lat = now.duration_since(sent);
-                self.t.latencies.push(lat.as_micros().min(u128::from(u32::MAX)) as u32);
-                if lat > self.interval {
-                    self.t.late += 1;
-                }
-            } else {
-                self.t.failed += 1;
-            }
+        if counts && self.t.answer(ok, sent, now, self.interval, self.window.0) {
+            p.served += 1;
         }
         if self.in_window(now) {
             self.t.bytes += bytes;

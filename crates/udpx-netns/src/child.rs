@@ -78,6 +78,34 @@ impl Drop for ChildGroup {
     }
 }
 
+/// A process group the lab did not spawn itself but must end: a daemon that detached from its
+/// [`ChildGroup`] (nginx with `daemon on` starts a session and group of its own, named by its
+/// pid file). Killed with SIGKILL when dropped, and by the signal cleanup meanwhile.
+#[derive(Debug)]
+pub struct GroupGuard(i32);
+
+impl GroupGuard {
+    /// Takes charge of process group `pgid`.
+    pub fn adopt(pgid: u32) -> GroupGuard {
+        live().push(pgid as i32);
+        GroupGuard(pgid as i32)
+    }
+}
+
+impl Drop for GroupGuard {
+    fn drop(&mut self) {
+        let _ = killpg(Pid::from_raw(self.0), Signal::SIGKILL);
+        live().retain(|&p| p != self.0);
+    }
+}
+
+/// Whether process `pid` runs: a zombie is gone for the lab's purposes (`/proc` says which).
+pub fn is_running(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| !s.rsplit(')').next().unwrap_or("").trim_start().starts_with('Z'))
+        .unwrap_or(false)
+}
+
 /// Kills every live group (for the signal cleanup, which exits without running destructors).
 /// Returns how many.
 pub fn kill_all_live() -> usize {
@@ -94,10 +122,7 @@ mod tests {
     use std::time::{Duration, Instant};
 
     fn alive(pid: i32) -> bool {
-        // A zombie is gone for our purposes; /proc says which.
-        std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .map(|s| !s.rsplit(')').next().unwrap_or("").trim_start().starts_with('Z'))
-            .unwrap_or(false)
+        is_running(pid as u32)
     }
 
     #[test]

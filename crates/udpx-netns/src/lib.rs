@@ -70,7 +70,7 @@ use std::sync::OnceLock;
 use nix::sched::{unshare, CloneFlags};
 use nix::unistd::geteuid;
 
-pub use child::{kill_all_live, ChildGroup};
+pub use child::{is_running, kill_all_live, ChildGroup, GroupGuard};
 pub use command::{display_command, run_bounded};
 pub use error::Error;
 pub use line::{

@@ -52,6 +52,7 @@ pub mod burst;
 pub mod flood;
 mod peers;
 mod process;
+pub mod restart;
 pub mod scale;
 
 use peers::{cpu_secs, equal_footing, gtlsclient, nginx_run, quic_threads, quinn_run};

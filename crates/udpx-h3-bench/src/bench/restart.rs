@@ -1,0 +1,545 @@
+//! `udpx bench h3 --restart PLAYERS`: what a change costs the viewers. Under a player load
+//! (PLAYERS players, a 64 KiB segment every 2 s each, [`crate::load`]) one row per way of
+//! changing the server, each applied `--restart-changes` times over the window:
+//!
+//! - **udpx upgrade**: `udpx h3 serve ... --upgrade` started beside the running one
+//!   ([`udpx_quic::upgrade`]): it takes new connections, the old one drains and exits;
+//! - **udpx reload**: SIGHUP (the certificate and key read again);
+//! - **udpx restart**: the naive way, stop (SIGINT) then start again (what is saved);
+//! - **nginx reload** and **nginx binary upgrade** (HTTPS over TCP, HTTP/2, one worker):
+//!   SIGHUP; SIGUSR2, then SIGWINCH and SIGQUIT to the old master (nginx's documented
+//!   procedure), for reference: over TCP both are known to keep every connection.
+//!
+//! **Where.** Two namespaces over a veth pair (root only: the upgrade's eBPF steering and the
+//! namespaces need it); the servers pinned to the last CPU, the client to the first. Every udpx
+//! server of a row shares one key file (what a deployment has: tokens, tickets and resets
+//! good across processes).
+//!
+//! **What is reported per row.** Requests sent, served, failed (an error status, a reset, a
+//! connection gone under a request) and unanswered at the end; connections that ended early
+//! (broken: not a GOAWAY the client followed); connections the client moved to a new one on a
+//! GOAWAY; p99 latency of the requests sent in the 2 s after each change against the p99 of
+//! the rest; per change, how long until the process it replaced was gone (the old process's
+//! exit for an upgrade, the new one's start for a restart). udpx's own clients play (over
+//! QUIC and over TCP): they follow GOAWAY and retry a refused request, as browsers do; the
+//! figures are counts, not timings, except the p99 columns.
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use serde::Serialize;
+use udpx_lab::env::Environment;
+use udpx_lab::netns::{ChildGroup, GroupGuard, Profile, Side, TestNet, TestNetConfig};
+
+use super::{write_cert, Scratch};
+use crate::load::{self, LoadConfig, LoadReport};
+use crate::load_tcp::{self, TcpHttp};
+
+/// The file every player asks for.
+const SEGMENT: &str = "segment";
+/// How long after a change its requests count as "during" it.
+pub const NEAR: Duration = Duration::from_secs(2);
+/// The servers' port (UDP for udpx, TCP for nginx).
+const PORT: u16 = 4433;
+
+/// The bench's settings.
+#[derive(Debug, Clone, Serialize)]
+pub struct RestartConfig {
+    /// Players.
+    pub players: usize,
+    /// Seconds between a player's requests.
+    pub interval: Duration,
+    /// The segment, bytes.
+    pub segment: usize,
+    /// The measured window (the changes fall inside it).
+    pub window: Duration,
+    /// Changes per row, spread evenly over the window.
+    pub changes: usize,
+    /// `udpx h3 serve --drain-timeout`.
+    pub drain_timeout: Duration,
+    /// The `udpx` binary.
+    pub udpx: PathBuf,
+    /// nginx (`None`: its rows are left out, said in the table).
+    pub nginx: Option<PathBuf>,
+}
+
+impl RestartConfig {
+    /// The issue's schedule: 2,000 players, 64 KiB every 2 s, three changes in 60 s.
+    pub fn new(udpx: PathBuf) -> RestartConfig {
+        RestartConfig {
+            players: 2000,
+            interval: Duration::from_secs(2),
+            segment: 64 << 10,
+            window: Duration::from_secs(60),
+            changes: 3,
+            drain_timeout: Duration::from_secs(10),
+            udpx,
+            nginx: super::Programs::from_path().nginx,
+        }
+    }
+}
+
+/// A way of changing the server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum Change {
+    /// `udpx h3 serve --upgrade` beside the running one.
+    UdpxUpgrade,
+    /// SIGHUP to udpx.
+    UdpxReload,
+    /// SIGINT to udpx, then the same command again.
+    UdpxRestart,
+    /// SIGHUP to nginx's master.
+    NginxReload,
+    /// SIGUSR2, SIGWINCH, SIGQUIT to nginx's master.
+    NginxUpgrade,
+}
+
+impl Change {
+    /// Every row, in table order.
+    pub const ALL: [Change; 5] =
+        [Change::UdpxUpgrade, Change::UdpxReload, Change::UdpxRestart, Change::NginxReload, Change::NginxUpgrade];
+
+    /// The row's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Change::UdpxUpgrade => "udpx h3: upgrade (--upgrade)",
+            Change::UdpxReload => "udpx h3: reload (SIGHUP)",
+            Change::UdpxRestart => "udpx h3: restart (stop, start)",
+            Change::NginxReload => "nginx h2: reload (SIGHUP)",
+            Change::NginxUpgrade => "nginx h2: binary upgrade (USR2, WINCH, QUIT)",
+        }
+    }
+
+    fn nginx(self) -> bool {
+        matches!(self, Change::NginxReload | Change::NginxUpgrade)
+    }
+}
+
+/// One change of a row.
+#[derive(Debug, Clone, Serialize)]
+pub struct ChangeRun {
+    /// When, seconds into the window.
+    pub at_s: f64,
+    /// How long until the process it replaced was gone (upgrade: the old one's exit; restart:
+    /// the new one's start), seconds; `None` for a reload, or when it did not happen.
+    pub replaced_after_s: Option<f64>,
+    /// What went wrong applying it.
+    pub error: Option<String>,
+}
+
+/// One row.
+#[derive(Debug, Clone, Serialize)]
+pub struct RestartRow {
+    /// Which change.
+    pub change: Change,
+    /// The client's figures.
+    pub load: Option<LoadReport>,
+    /// Each change.
+    pub changes: Vec<ChangeRun>,
+    /// p99 of the requests sent in the [`NEAR`] after a change, ms.
+    pub p99_near_ms: Option<f64>,
+    /// p99 of the others, ms.
+    pub p99_away_ms: Option<f64>,
+    /// Requests sent near a change that failed.
+    pub failed_near: u64,
+    /// Why the row did not run, or broke.
+    pub error: Option<String>,
+}
+
+/// The bench.
+#[derive(Debug, Clone, Serialize)]
+pub struct RestartBench {
+    /// The machine and the path.
+    pub environment: Environment,
+    /// The settings.
+    pub config: RestartConfig,
+    /// One row per change.
+    pub rows: Vec<RestartRow>,
+}
+
+/// Runs every row; `None` without root (the namespaces and the eBPF steering need it).
+pub fn run(cfg: &RestartConfig, progress: &mut dyn FnMut(&str)) -> Result<Option<RestartBench>, String> {
+    if !udpx_lab::netns::is_root() {
+        return Ok(None);
+    }
+    if cfg.players == 0 || cfg.changes == 0 || cfg.window < Duration::from_secs(4) {
+        return Err("give at least one player, one change and a window of 4 s or more".into());
+    }
+    let net = TestNet::setup(&TestNetConfig::new(Profile::Offload)).map_err(|e| format!("veth pair: {e}"))?;
+    let environment = Environment::collect(&[(Some(&net.rx), &net.rx_dev), (Some(&net.tx), &net.tx_dev)]);
+    let scratch = Scratch::new()?;
+    let dir = scratch.0.as_path();
+    let www = dir.join("www");
+    std::fs::create_dir_all(&www).map_err(|e| e.to_string())?;
+    std::fs::write(www.join(SEGMENT), vec![0x5a; cfg.segment]).map_err(|e| e.to_string())?;
+    let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
+    write_cert(&cert, &key)?;
+    let key_file = dir.join("service.key");
+    let mut secret = [0u8; 32];
+    udpx_quic::cid::random_bytes(&mut secret).map_err(|e| e.to_string())?;
+    std::fs::write(&key_file, secret.iter().map(|b| format!("{b:02x}")).collect::<String>())
+        .map_err(|e| e.to_string())?;
+    std::fs::set_permissions(&key_file, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+        .map_err(|e| e.to_string())?;
+    let cpus = udpx_lab::cpu::online_cpus();
+    let (client_cpu, server_cpu) = (cpus[0], *cpus.last().unwrap_or(&0));
+    let lab = Lab { net: &net, dir, www: &www, cert: &cert, key: &key, key_file: &key_file, server_cpu, client_cpu };
+    let mut rows = Vec::new();
+    for change in Change::ALL {
+        if change.nginx() && cfg.nginx.is_none() {
+            rows.push(RestartRow::failed(change, "nginx not found (scripts/setup.sh installs it)".into()));
+            continue;
+        }
+        progress(&format!(
+            "{} x{} under {} players for {} s",
+            change.name(),
+            cfg.changes,
+            cfg.players,
+            cfg.window.as_secs()
+        ));
+        let row = one_row(cfg, &lab, change).unwrap_or_else(|e| RestartRow::failed(change, e));
+        if let Some(l) = &row.load {
+            progress(&format!("  {}", l.summary()));
+        }
+        rows.push(row);
+    }
+    Ok(Some(RestartBench { environment, config: cfg.clone(), rows }))
+}
+
+impl RestartRow {
+    fn failed(change: Change, error: String) -> RestartRow {
+        RestartRow {
+            change,
+            load: None,
+            changes: Vec::new(),
+            p99_near_ms: None,
+            p99_away_ms: None,
+            failed_near: 0,
+            error: Some(error),
+        }
+    }
+}
+
+struct Lab<'a> {
+    net: &'a TestNet,
+    dir: &'a Path,
+    www: &'a Path,
+    cert: &'a Path,
+    key: &'a Path,
+    key_file: &'a Path,
+    server_cpu: usize,
+    client_cpu: usize,
+}
+
+impl Lab<'_> {
+    fn addr(&self) -> SocketAddr {
+        SocketAddr::new(IpAddr::V4(self.net.rx_v4), PORT)
+    }
+
+    /// `udpx h3 serve` on the server's CPU in its namespace, its output in `log`.
+    fn udpx(&self, cfg: &RestartConfig, log: &Path, upgrade: bool) -> Result<ChildGroup, String> {
+        let mut c = self.net.ns(Side::Rx).command("taskset");
+        c.args(["-c", &self.server_cpu.to_string()]).arg(&cfg.udpx);
+        c.args(["h3", "serve"]).arg(self.www).args(["--listen", &self.addr().to_string()]);
+        c.arg("--cert").arg(self.cert).arg("--key").arg(self.key).arg("--key-file").arg(self.key_file);
+        c.args(["--shards", "1", "--drain-timeout", &cfg.drain_timeout.as_secs().to_string()]);
+        c.arg("--upgrade-socket").arg(self.dir.join("handover.sock"));
+        c.args(["-l", &(cfg.window + Duration::from_secs(120)).as_secs().to_string()]);
+        if upgrade {
+            c.arg("--upgrade");
+        }
+        let child = spawn(&mut c, log)?;
+        let ready = if upgrade { "took new connections over" } else { " on https://" };
+        super::scale::wait_until_up("udpx h3 serve", log, || {
+            std::fs::read_to_string(log).unwrap_or_default().contains(ready)
+        })?;
+        Ok(child)
+    }
+
+    /// nginx with a master and one worker, HTTP/2 over TLS on the port. A binary upgrade needs
+    /// `daemon on` (a master whose parent never changed ignores SIGUSR2, taking itself for the
+    /// new binary): the daemon's group is then adopted by its pid file.
+    fn nginx(&self, nginx: &Path, log: &Path, daemon: bool) -> Result<Server, String> {
+        let ndir = self.dir.join("nginx");
+        let _ = std::fs::remove_dir_all(&ndir);
+        std::fs::create_dir_all(&ndir).map_err(|e| e.to_string())?;
+        let d = ndir.display();
+        let conf = format!(
+            "daemon {};\nmaster_process on;\nworker_processes 1;\nworker_rlimit_nofile 200000;\npid {d}/nginx.pid;\n\
+             error_log {d}/error.log warn;\nevents {{ worker_connections 100000; }}\n\
+             http {{\n  access_log off;\n  default_type application/octet-stream;\n  keepalive_timeout 120s;\n\
+             keepalive_requests 1000000;\n  client_body_temp_path {d}/body;\n  proxy_temp_path {d}/proxy;\n\
+             fastcgi_temp_path {d}/fastcgi;\n  uwsgi_temp_path {d}/uwsgi;\n  scgi_temp_path {d}/scgi;\n\
+             server {{\n    listen {} ssl http2;\n    ssl_protocols TLSv1.3;\n    ssl_certificate {};\n\
+             ssl_certificate_key {};\n    root {};\n  }}\n}}\n",
+            if daemon { "on" } else { "off" },
+            self.addr(),
+            self.cert.display(),
+            self.key.display(),
+            self.www.display()
+        );
+        std::fs::write(ndir.join("nginx.conf"), conf).map_err(|e| e.to_string())?;
+        let mut c = self.net.ns(Side::Rx).command("taskset");
+        c.args(["-c", &self.server_cpu.to_string()]).arg(nginx);
+        c.arg("-p").arg(&ndir).arg("-c").arg(ndir.join("nginx.conf")).arg("-e").arg(ndir.join("error.log"));
+        let child = spawn(&mut c, log)?;
+        let addr = self.addr();
+        let ns = self.net.ns(Side::Tx);
+        super::scale::wait_until_up("nginx", log, || {
+            ns.try_run(move || std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok())
+                .unwrap_or(false)
+        })?;
+        if !daemon {
+            return Ok(Server { pid: child.id(), _child: Some(child), _daemon: None });
+        }
+        // The daemon writes its pid file after it detached (its sockets listen before that).
+        if !wait_for(Duration::from_secs(5), || master_pid(&ndir, 0).is_some()) {
+            return Err("nginx wrote no pid file in 5 s".into());
+        }
+        let pid = master_pid(&ndir, 0).ok_or("nginx's pid file")?;
+        Ok(Server { pid, _child: Some(child), _daemon: Some(GroupGuard::adopt(pid)) })
+    }
+}
+
+/// A server of a row: the process to signal and what ends it.
+struct Server {
+    pid: u32,
+    _child: Option<ChildGroup>,
+    _daemon: Option<GroupGuard>,
+}
+
+impl Server {
+    fn of(child: ChildGroup) -> Server {
+        Server { pid: child.id(), _child: Some(child), _daemon: None }
+    }
+}
+
+/// The pid in nginx's pid file under `ndir`, if it is not `not`.
+fn master_pid(ndir: &Path, not: u32) -> Option<u32> {
+    std::fs::read_to_string(ndir.join("nginx.pid"))
+        .ok()
+        .and_then(|t| t.trim().parse::<u32>().ok())
+        .filter(|&p| p != not)
+}
+
+fn spawn(c: &mut Command, log: &Path) -> Result<ChildGroup, String> {
+    let f = std::fs::OpenOptions::new().create(true).append(true).open(log).map_err(|e| e.to_string())?;
+    c.stdin(Stdio::null()).stdout(f.try_clone().map_err(|e| e.to_string())?).stderr(f);
+    ChildGroup::spawn(c).map_err(|e| format!("start: {e}"))
+}
+
+fn signal(pid: u32, s: Signal) -> Result<(), String> {
+    kill(Pid::from_raw(pid as i32), s).map_err(|e| format!("{s} to {pid}: {e}"))
+}
+
+/// Waits for `child` to exit (up to `limit`, then kills its group) in a thread; the thread's
+/// answer: when it exited.
+fn exit_watch(child: ChildGroup, limit: Duration) -> std::thread::JoinHandle<Option<Instant>> {
+    std::thread::spawn(move || match child.wait_timeout(limit) {
+        Ok(Some(_)) => Some(Instant::now()),
+        _ => None,
+    })
+}
+
+fn one_row(cfg: &RestartConfig, lab: &Lab<'_>, change: Change) -> Result<RestartRow, String> {
+    let log = lab.dir.join(format!("{change:?}.log"));
+    let _ = std::fs::remove_file(&log);
+    let mut server = if change.nginx() {
+        lab.nginx(cfg.nginx.as_deref().ok_or("nginx not found")?, &log, change == Change::NginxUpgrade)?
+    } else {
+        Server::of(lab.udpx(cfg, &log, false)?)
+    };
+    let mut lc = LoadConfig::new(lab.addr(), cfg.players, &format!("/{SEGMENT}"), cfg.interval);
+    lc.ramp = Duration::from_secs(5);
+    lc.duration = cfg.window;
+    let (lc2, ca, client_cpu) = (lc.clone(), lab.cert.to_path_buf(), lab.client_cpu);
+    let tcp = change.nginx();
+    let job = move || {
+        let _ = udpx_lab::cpu::pin_current_thread(client_cpu);
+        if tcp {
+            load_tcp::run(&lc2, TcpHttp::H2, &ca).map_err(|e| e.to_string())
+        } else {
+            load::run(&lc2).map_err(|e| e.to_string())
+        }
+    };
+    let start = Instant::now();
+    let window_start = start + lc.ramp;
+    let client = lab.net.ns(Side::Tx).try_spawn(job).map_err(|e| e.to_string())?;
+    let mut changes = Vec::new();
+    let mut watchers = Vec::new();
+    // nginx's master: the process started, then each binary upgrade's new one.
+    let mut master = server.pid;
+    for k in 1..=cfg.changes {
+        let at = window_start + cfg.window.mul_f64(k as f64 / (cfg.changes + 1) as f64);
+        std::thread::sleep(at.saturating_duration_since(Instant::now()));
+        let at = Instant::now();
+        let at_s = at.duration_since(window_start).as_secs_f64();
+        let result: Result<Option<f64>, String> = (|| match change {
+            Change::UdpxReload => signal(server.pid, Signal::SIGHUP).map(|()| None),
+            Change::NginxReload => signal(master, Signal::SIGHUP).map(|()| None),
+            Change::UdpxUpgrade => {
+                let next = Server::of(lab.udpx(cfg, &log, true)?);
+                let old = std::mem::replace(&mut server, next);
+                let old = old._child.ok_or("the old server's process")?;
+                watchers.push((changes.len(), at, exit_watch(old, cfg.drain_timeout + Duration::from_secs(10))));
+                Ok(None)
+            }
+            Change::UdpxRestart => {
+                signal(server.pid, Signal::SIGINT)?;
+                let old = std::mem::replace(&mut server, Server::of(lab.udpx_after(cfg, &log)?));
+                drop(old);
+                Ok(Some(at.elapsed().as_secs_f64()))
+            }
+            Change::NginxUpgrade => {
+                let ndir = lab.dir.join("nginx");
+                signal(master, Signal::SIGUSR2)?;
+                // The old master renames its pid file to .oldbin; the new one writes its own.
+                let oldbin = ndir.join("nginx.pid.oldbin");
+                let new_master = || master_pid(&ndir, master);
+                if !wait_for(Duration::from_secs(10), || oldbin.exists() && new_master().is_some()) {
+                    return Err("nginx started no new master in 10 s (no nginx.pid.oldbin)".into());
+                }
+                let next = new_master().ok_or("the new master's pid")?;
+                signal(master, Signal::SIGWINCH)?;
+                std::thread::sleep(Duration::from_millis(500));
+                signal(master, Signal::SIGQUIT)?;
+                // The new master is in the old one's process group (nginx forks it), which the
+                // row's guard (the adopted daemon group) kills at its end; the old master's exit
+                // is watched by its pid.
+                let old = std::mem::replace(&mut master, next);
+                let gone = wait_for(cfg.drain_timeout + Duration::from_secs(10), || !udpx_lab::netns::is_running(old));
+                Ok(gone.then(|| at.elapsed().as_secs_f64()))
+            }
+        })();
+        changes.push(match result {
+            Ok(r) => ChangeRun { at_s, replaced_after_s: r, error: None },
+            Err(e) => ChangeRun { at_s, replaced_after_s: None, error: Some(e) },
+        });
+    }
+    let load = client.join().map_err(|_| "the client panicked".to_string()).and_then(|r| r);
+    for (i, at, w) in watchers {
+        if let Ok(Some(t)) = w.join() {
+            changes[i].replaced_after_s = Some(t.duration_since(at).as_secs_f64());
+        } else {
+            changes[i].error.get_or_insert("the old process did not exit in time".into());
+        }
+    }
+    drop(server);
+    let load = load?;
+    let near = |ms: u32| {
+        changes.iter().any(|c| {
+            let t = c.at_s * 1000.0;
+            f64::from(ms) >= t && f64::from(ms) < t + NEAR.as_secs_f64() * 1000.0
+        })
+    };
+    let (mut inside, mut outside): (Vec<u32>, Vec<u32>) = (Vec::new(), Vec::new());
+    for &(at, us) in &load.timeline {
+        if near(at) {
+            inside.push(us);
+        } else {
+            outside.push(us);
+        }
+    }
+    let failed_near = load.failed_at.iter().filter(|&&ms| near(ms)).count() as u64;
+    Ok(RestartRow {
+        change,
+        p99_near_ms: p99_ms(&mut inside),
+        p99_away_ms: p99_ms(&mut outside),
+        failed_near,
+        load: Some(load),
+        changes,
+        error: None,
+    })
+}
+
+impl Lab<'_> {
+    /// The naive restart's second half: the same command once the port is free again.
+    fn udpx_after(&self, cfg: &RestartConfig, log: &Path) -> Result<ChildGroup, String> {
+        let start = Instant::now();
+        loop {
+            match self.udpx(cfg, log, false) {
+                Ok(c) => return Ok(c),
+                Err(e) if start.elapsed() > Duration::from_secs(10) => return Err(e),
+                Err(_) => std::thread::sleep(Duration::from_millis(20)),
+            }
+        }
+    }
+}
+
+fn wait_for(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
+    let start = Instant::now();
+    while start.elapsed() < limit {
+        if done() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    done()
+}
+
+fn p99_ms(v: &mut [u32]) -> Option<f64> {
+    (!v.is_empty()).then(|| crate::load::Latency::of(v).p99_ms)
+}
+
+/// The table.
+pub fn table(b: &RestartBench) -> String {
+    use std::fmt::Write;
+    let c = &b.config;
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "udpx bench h3 --restart: {} players x {} KiB every {} s, {} changes in {} s per row (veth, own clients)",
+        c.players,
+        c.segment >> 10,
+        c.interval.as_secs_f64(),
+        c.changes,
+        c.window.as_secs()
+    );
+    let _ = writeln!(
+        s,
+        "{:<45} {:>8} {:>7} {:>6} {:>6} {:>6} {:>6} {:>9} {:>9}  replaced after (s)",
+        "row", "requests", "failed", "unansw", "broken", "moved", "fnear", "p99 near", "p99 away"
+    );
+    for r in &b.rows {
+        let Some(l) = &r.load else {
+            let _ = writeln!(s, "{:<45} {}", r.change.name(), r.error.as_deref().unwrap_or("did not run"));
+            continue;
+        };
+        let ms = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.1} ms"));
+        let replaced: Vec<String> = r
+            .changes
+            .iter()
+            .map(|c| match (&c.error, c.replaced_after_s) {
+                (Some(e), _) => format!("error: {e}"),
+                (None, Some(t)) => format!("{t:.1}"),
+                (None, None) => "-".into(),
+            })
+            .collect();
+        let _ = writeln!(
+            s,
+            "{:<45} {:>8} {:>7} {:>6} {:>6} {:>6} {:>6} {:>9} {:>9}  {}",
+            r.change.name(),
+            l.requests,
+            l.failed,
+            l.unanswered,
+            l.ended_early,
+            l.moved_on_goaway,
+            r.failed_near,
+            ms(r.p99_near_ms),
+            ms(r.p99_away_ms),
+            replaced.join(", ")
+        );
+    }
+    s.push_str(
+        "failed: an error status, a reset or the connection gone under a request; unansw: no answer by the end; \
+         broken: connections that ended early (not a GOAWAY the client followed); moved: connections left for a new \
+         one on GOAWAY; fnear: failures in the 2 s after a change; p99 near/away: requests sent in the 2 s after a \
+         change, and the rest. Counts are the verdict; the p99 columns are timings of this run.\n",
+    );
+    let _ = write!(s, "\n{}", b.environment.to_markdown());
+    s
+}
