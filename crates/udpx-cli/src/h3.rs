@@ -954,6 +954,9 @@ fn serve(a: ServeArgs) -> ExitCode {
     // removed hosts); SIGTERM and SIGQUIT drain (a second one stops at once), SIGINT stops;
     // either way the server prints its counters.
     crate::util::raise_open_files("h3 serve");
+    // The program's path now, before a package upgrade may replace the file: SIGUSR2 starts
+    // whatever is at that path then (the new binary).
+    let exe = std::env::current_exe().ok();
     let reload = crate::util::reload_signals();
     let signals = crate::util::graceful_signals();
     let drain_timeout = Duration::from_secs(a.drain_timeout);
@@ -1053,6 +1056,9 @@ fn serve(a: ServeArgs) -> ExitCode {
             server.drain(drain_timeout);
             drain_started = Some(std::time::Instant::now());
         }
+        if reload.usr2.swap(false, Ordering::Relaxed) {
+            upgrade_self(&server, exe.as_deref(), cfg.quic.handover.is_some());
+        }
         if reload.usr1.swap(false, Ordering::Relaxed) {
             match server.reopen_log() {
                 Ok(true) => eprintln!("udpx h3 serve: SIGUSR1: access log reopened"),
@@ -1118,6 +1124,48 @@ fn serve(a: ServeArgs) -> ExitCode {
             eprintln!("udpx h3 serve: {e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// SIGUSR2: starts `exe` (this program's path at start, so a new binary installed there) with
+/// this process's arguments and `--upgrade`, as a child (it stays in this service's cgroup;
+/// under systemd it announces itself with MAINPID=); this process drains once it took over.
+fn upgrade_self(server: &udpx_h3::H3Server, exe: Option<&std::path::Path>, handover: bool) {
+    let q = server.quic();
+    if !handover {
+        eprintln!("udpx h3 serve: SIGUSR2: no upgrade socket (--upgrade-socket off, or port 0): no upgrade possible");
+        return;
+    }
+    if let Some(why) = q.upgrade_unavailable() {
+        eprintln!("udpx h3 serve: SIGUSR2: no upgrade possible: {why}");
+        return;
+    }
+    if q.handed_over() {
+        eprintln!("udpx h3 serve: SIGUSR2: already handed over; signal the newest server");
+        return;
+    }
+    let Some(exe) = exe else {
+        eprintln!(
+            "udpx h3 serve: SIGUSR2: this program's path is unknown; start `udpx h3 serve ... --upgrade` by hand"
+        );
+        return;
+    };
+    let mut args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).filter(|a| a != "--upgrade").collect();
+    args.push("--upgrade".into());
+    match std::process::Command::new(exe).args(&args).stdin(std::process::Stdio::null()).spawn() {
+        Ok(mut child) => {
+            eprintln!("udpx h3 serve: SIGUSR2: started {} (pid {}) to take over", exe.display(), child.id());
+            // Reaped here when it ends while this process lives (a failed upgrade says why in
+            // its own output and exits; this server then serves on).
+            let _ = std::thread::Builder::new().name("udpx-upgrade".into()).spawn(move || {
+                if let Ok(status) = child.wait() {
+                    if !status.success() {
+                        eprintln!("udpx h3 serve: the upgrade exited ({status}); still serving");
+                    }
+                }
+            });
+        }
+        Err(e) => eprintln!("udpx h3 serve: SIGUSR2: starting {}: {e}; still serving", exe.display()),
     }
 }
 

@@ -211,18 +211,27 @@ pub mod util {
         pub hup: AtomicBool,
         /// SIGUSR1: reopen the log files (logrotate).
         pub usr1: AtomicBool,
+        /// SIGUSR2: start the upgrade (nginx's binary upgrade signal).
+        pub usr2: AtomicBool,
     }
 
-    /// [`ReloadSignals`], set by a thread that waits for SIGHUP and SIGUSR1 (blocked in every
+    /// [`ReloadSignals`], set by a thread that waits for SIGHUP, SIGUSR1 and SIGUSR2 (blocked in every
     /// other thread). Call it first, then `stop_on_signals` or `graceful_signals`, before
     /// starting threads: it blocks SIGINT, SIGTERM and SIGQUIT too, so that its own thread
     /// never takes one of those (their default action would end the process without its clean
     /// stop), and the other's thread waits for them.
     pub fn reload_signals() -> &'static ReloadSignals {
-        static SIGNALS: ReloadSignals = ReloadSignals { hup: AtomicBool::new(false), usr1: AtomicBool::new(false) };
-        let blocked = [Signal::SIGHUP, Signal::SIGUSR1, Signal::SIGINT, Signal::SIGTERM, Signal::SIGQUIT];
-        signal_thread("udpx-sighup", &blocked, &[Signal::SIGHUP, Signal::SIGUSR1], |sig| {
-            let flag = if sig == Signal::SIGUSR1 { &SIGNALS.usr1 } else { &SIGNALS.hup };
+        static SIGNALS: ReloadSignals =
+            ReloadSignals { hup: AtomicBool::new(false), usr1: AtomicBool::new(false), usr2: AtomicBool::new(false) };
+        let blocked =
+            [Signal::SIGHUP, Signal::SIGUSR1, Signal::SIGUSR2, Signal::SIGINT, Signal::SIGTERM, Signal::SIGQUIT];
+        let taken = [Signal::SIGHUP, Signal::SIGUSR1, Signal::SIGUSR2];
+        signal_thread("udpx-sighup", &blocked, &taken, |sig| {
+            let flag = match sig {
+                Signal::SIGUSR1 => &SIGNALS.usr1,
+                Signal::SIGUSR2 => &SIGNALS.usr2,
+                _ => &SIGNALS.hup,
+            };
             flag.store(true, Relaxed);
         });
         &SIGNALS

@@ -562,6 +562,56 @@ fn sighup_reads_the_removed_hosts_again_and_a_shared_key_file_is_refused() {
     println!("sighup: {}", text.lines().filter(|l| l.contains("SIGHUP")).collect::<Vec<_>>().join(" / "));
 }
 
+/// The upgrade in place: SIGUSR2 starts this program again with the same arguments and
+/// `--upgrade`; the new process takes the port over (a GET after it is answered), the old one
+/// hands over, drains and exits 0 by itself. Needs eBPF steering (root); SKIP otherwise.
+#[test]
+fn sigusr2_upgrades_in_place() {
+    let t = tmp("usr2");
+    std::fs::write(t.0.join("www/file"), b"hello").unwrap();
+    let www = t.0.join("www");
+    let sock = t.0.join("handover.sock");
+    let port = std::net::UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let listen = format!("127.0.0.1:{port}");
+    let log = t.0.join("serve.err");
+    // The new process is the old one's child, in its process group: the guard ends both.
+    let server = ChildGroup::spawn(
+        Command::new(env!("CARGO_BIN_EXE_udpx"))
+            .args(["h3", "serve", www.to_str().unwrap(), "--listen", &listen, "--shards", "1", "-l", "30"])
+            .args(["--drain-timeout", "10", "--upgrade-socket", sock.to_str().unwrap()])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap()),
+    )
+    .unwrap();
+    wait_bound(port);
+    let wait_for_line = |needle: &str| {
+        let start = Instant::now();
+        loop {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            if text.contains(needle) {
+                return text;
+            }
+            assert!(start.elapsed() < Duration::from_secs(15), "{needle:?} not in {text}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    let text = wait_for_line("udpx h3 serve: ");
+    if let Some(l) = text.lines().find(|l| l.contains("upgrades unavailable")) {
+        record_skip("sigusr2_upgrades_in_place", l);
+        return;
+    }
+    wait_for_line("an upgrade (--upgrade) takes over");
+    let _ = Command::new("kill").args(["-USR2", &server.id().to_string()]).status();
+    wait_for_line("generation 1 took new connections over");
+    let o = udpx(&["h3", "get", &format!("https://{listen}/file")]);
+    assert!(String::from_utf8_lossy(&o.stdout).contains("status 200"), "served after the upgrade");
+    let status = server.wait_timeout(Duration::from_secs(20)).unwrap();
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    assert_eq!(status.and_then(|s| s.code()), Some(0), "the old process exits by itself: {text}");
+    assert!(text.contains("SIGUSR2: started") && text.contains("drained after the handover"), "{text}");
+}
+
 /// The graceful stop from the command line: SIGTERM drains (the log says so, with what was
 /// drained), and the process ends by itself once no connection is left; SIGQUIT is taken the
 /// same way.

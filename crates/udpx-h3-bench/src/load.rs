@@ -481,8 +481,23 @@ impl App for Players {
         p.inflight.is_none().then_some(p.next)
     }
 
-    fn closed(&mut self, _conn: &udpx_quic::Connection, mut p: Player) {
+    fn closed(&mut self, conn: &udpx_quic::Connection, mut p: Player) {
         let now = Instant::now();
+        // A server that closes with H3_NO_ERROR (after its GOAWAY, RFC 9114 5.2) has answered
+        // every request it took: one still in flight was not processed, so it is asked again
+        // on the next connection, as browsers do.
+        let graceful = conn.peer_error().is_some_and(|e| e.is_app && e.error_code == H3_NO_ERROR);
+        if graceful {
+            p.goaway = true;
+            if let Some((_, _, counts, _, _)) = p.inflight.take() {
+                if counts {
+                    self.t.requests -= 1;
+                    p.asked -= 1;
+                }
+                self.t.retried += 1;
+                p.next = now;
+            }
+        }
         if p.inflight.is_some() {
             self.done(&mut p, false, now);
         }

@@ -65,9 +65,12 @@ pub(crate) struct FileServer {
     /// The shard's open files, by address and in all.
     budget: Rc<Budget>,
     bounds: Bounds,
-    /// The shard is draining (graceful stop): every connection goes through the two-step
-    /// GOAWAY ([`crate::goaway`]) and closes once its responses are sent.
-    draining: bool,
+    /// The shard is draining (graceful stop) since then, its GOAWAYs spread over how long:
+    /// every connection goes through the two-step GOAWAY ([`crate::goaway`]), from its own
+    /// moment in the spread on, and closes once its responses are sent.
+    draining: Option<(Instant, Duration)>,
+    /// Connections accepted so far: each one's place in a drain's spread.
+    accepted: u64,
 }
 
 /// The open-file bounds and the stall timeout (from [`crate::ServeConfig`]).
@@ -102,7 +105,8 @@ impl FileServer {
             bodies: BufPool::new(CHUNK, BODY_BUFFERS_KEPT),
             h3_config,
             bounds,
-            draining: false,
+            draining: None,
+            accepted: 0,
         }
     }
 }
@@ -226,6 +230,16 @@ pub(crate) struct ConnState {
     /// Streams whose response quiche has taken whole but may not have delivered yet (pruned
     /// once quiche has collected them, acknowledged): a draining connection closes only after.
     sent: Vec<u64>,
+    /// Its place in a drain's spread, 0 to 1 (evenly spread over the connections: the golden
+    /// ratio's multiples modulo 1).
+    spread_at: f64,
+}
+
+impl FileServer {
+    /// When connection `st` begins its GOAWAY: `None` unless draining.
+    fn goaway_from(&self, st: &ConnState) -> Option<Instant> {
+        self.draining.map(|(since, spread)| since + spread.mul_f64(st.spread_at))
+    }
 }
 
 /// Bytes a response must take in each stall window (or end): the TCP listener's minimum rate
@@ -264,6 +278,10 @@ impl App for FileServer {
             last_request_id: None,
             goaway: GoAway::None,
             sent: Vec::new(),
+            spread_at: {
+                self.accepted += 1;
+                (self.accepted as f64 * 0.618_033_988_749_895).fract()
+            },
         }
     }
 
@@ -295,8 +313,9 @@ impl App for FileServer {
             st.closing = true;
             return;
         }
+        let goaway_due = self.goaway_from(st).is_some_and(|t| t <= due);
         let Some(h3) = st.h3.as_mut() else { return };
-        if self.draining {
+        if goaway_due {
             st.goaway.step(h3, conn, st.last_request_id, now);
         }
         // New requests and stream events. Every HTTP/3 event comes from stream data, and the
@@ -400,11 +419,12 @@ impl App for FileServer {
             return None;
         }
         let idle = st.responses.is_empty().then_some(st.last_request + self.bounds.idle);
-        [st.stall_check, idle, st.goaway.due()].into_iter().flatten().min()
+        let goaway = if st.goaway == GoAway::None { self.goaway_from(st) } else { st.goaway.due() };
+        [st.stall_check, idle, goaway].into_iter().flatten().min()
     }
 
-    fn drain(&mut self) {
-        self.draining = true;
+    fn drain(&mut self, spread: Duration) {
+        self.draining.get_or_insert((Instant::now(), spread));
     }
 
     fn drain_deadline(&mut self, conn: &mut udpx_quic::Connection, st: &mut ConnState) {

@@ -73,7 +73,9 @@ impl<A: App> Host<A> {
         }
         self.draining = Draining::Until(deadline);
         log::debug!("udpx-quic: draining {} connections", self.connection_count());
-        self.app.drain();
+        // A handover's drain spreads its GOAWAYs over the admission grace.
+        let spread = self.admit_until.map_or(Duration::ZERO, |t| t.saturating_duration_since(Instant::now()));
+        self.app.drain(spread);
         let slots: Vec<_> = self.table.iter_mut().map(|(s, _)| s).collect();
         for s in slots {
             self.ready.push(s);

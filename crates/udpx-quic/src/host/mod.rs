@@ -144,9 +144,13 @@ pub trait App {
     fn closed(&mut self, conn: &Connection, state: Self::State);
     /// The server started draining ([`Host::drain`]): no new connection will come, and each
     /// connection gets a turn now. The application tells its peers (HTTP/3: GOAWAY), lets what
-    /// is under way finish, and closes each connection when it is done. Default: nothing (the
-    /// connections run on until the drain deadline).
-    fn drain(&mut self) {}
+    /// is under way finish, and closes each connection when it is done. With a `spread` (a
+    /// handover to an upgrade) it tells them over that long, each at its own moment, so that
+    /// they do not all connect to the successor at once (Envoy's gradual drain). Default:
+    /// nothing (the connections run on until the drain deadline).
+    fn drain(&mut self, spread: Duration) {
+        let _ = spread;
+    }
     /// The drain deadline passed with `conn` still open: close it now. Default: an application
     /// close with code 0.
     fn drain_deadline(&mut self, conn: &mut Connection, state: &mut Self::State) {
