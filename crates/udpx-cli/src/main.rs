@@ -7,6 +7,10 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
 
+#[cfg(all(feature = "mimalloc", not(feature = "count-allocations")))]
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 mod bench;
 mod echo;
 mod h3;
