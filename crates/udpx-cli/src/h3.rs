@@ -300,6 +300,10 @@ struct GetArgs {
     /// Send HEAD instead of GET.
     #[arg(long)]
     head: bool,
+    /// Read the body at most this fast, bytes a second (K, M, G: powers of 1024), as curl's
+    /// --limit-rate: flow control holds the server back.
+    #[arg(long, value_parser = util::parse_size_arg, value_name = "BYTES")]
+    limit_rate: Option<u64>,
     /// Add a request header field, `NAME: VALUE` (repeatable), e.g. -H 'range: bytes=0-99'.
     #[arg(short = 'H', long = "header", value_name = "NAME: VALUE")]
     headers: Vec<String>,
@@ -1188,6 +1192,7 @@ fn get(a: GetArgs) -> ExitCode {
         max_udp_payload: a.max_udp_payload,
         head: a.head,
         headers,
+        limit_rate: a.limit_rate,
         ..GetConfig::default()
     };
     let r = match udpx_h3::get(&a.url, a.output.as_deref(), &cfg) {

@@ -322,10 +322,12 @@ fn bench_h3_bottleneck_runs_each_burst_rule() {
     }
 }
 
-/// `udpx bench h3 --restart`, small: one change per row under 50 players. The upgrade and the
-/// reload fail no request and break no connection (the upgrade's players move on GOAWAY), the
-/// naive restart breaks connections (the table can see a loss), and nginx's TCP rows, where
-/// nginx is installed, fail nothing either. Counts only; the p99 columns are the report's.
+/// `udpx bench h3 --restart`, small: one change per row under 50 players and four
+/// rate-limited downloads spanning it. The upgrade and the reload fail no request and break no
+/// connection and no download (the upgrade's players move on GOAWAY, the downloads finish
+/// from the old process), the naive restart breaks connections and downloads (the table can
+/// see a loss), and nginx's TCP rows, where nginx is installed, fail nothing either. Counts
+/// only; the p99 columns are the report's.
 #[test]
 fn bench_h3_restart_upgrades_and_reloads_without_a_failure() {
     let args = ["bench", "h3", "--restart", "50", "--restart-seconds", "6", "--restart-changes", "1", "--json"];
@@ -343,12 +345,14 @@ fn bench_h3_restart_upgrades_and_reloads_without_a_failure() {
             assert_eq!(l[k].as_u64(), Some(0), "{name}: {k}: {r}");
         }
         assert!(r["changes"][0]["error"].is_null(), "{r}");
+        assert_eq!(r["downloads_broken"].as_u64(), Some(0), "{name}: the rate-limited downloads end whole: {r}");
     }
     let up = row("UdpxUpgrade");
     assert!(up["load"]["moved_on_goaway"].as_u64() > Some(0), "the players moved to the new server: {up}");
     assert!(up["changes"][0]["replaced_after_s"].as_f64().is_some(), "the old server exited: {up}");
     let naive = row("UdpxRestart");
     assert!(naive["load"]["ended_early"].as_u64() > Some(0), "a restart breaks connections: {naive}");
+    assert!(naive["downloads_broken"].as_u64() > Some(0), "and downloads: {naive}");
 }
 
 /// Runs a root-only lab of `udpx` with `args` (ending in `--json`): its JSON, or `None` after

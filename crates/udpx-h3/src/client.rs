@@ -38,6 +38,9 @@ pub struct GetConfig {
     /// The destination connection ID of the first Initial (e.g. to land on a given shard of
     /// the server through its steering byte); `None`: random.
     pub dcid: Option<Vec<u8>>,
+    /// Read the body at most this many bytes a second (curl's `--limit-rate`): what is not read
+    /// stays in quiche, and flow control holds the server back. `None`: as fast as it comes.
+    pub limit_rate: Option<u64>,
 }
 
 impl Default for GetConfig {
@@ -51,6 +54,7 @@ impl Default for GetConfig {
             method: None,
             session: None,
             dcid: None,
+            limit_rate: None,
         }
     }
 }
@@ -165,7 +169,17 @@ pub fn get(url: &str, out: Option<&Path>, cfg: &GetConfig) -> Result<GetReport, 
         None => Box::new(std::io::sink()),
     };
     let socket = client_socket(peer, cfg.io, cfg.gro).map_err(Error::Quic)?;
-    let config = client_config(cfg.max_udp_payload)?;
+    let mut config = client_config(cfg.max_udp_payload)?;
+    if let Some(rate) = cfg.limit_rate.filter(|&r| r > 0) {
+        // A rate-limited body holds the server back only if the window is small too: about a
+        // quarter second of the rate (as a TCP receive buffer does for curl --limit-rate),
+        // else quiche takes the whole body at once and the limit only paces the reading.
+        let window = (rate / 4).clamp(RATE_BURST, crate::tls::STREAM_WINDOW);
+        config.set_initial_max_stream_data_bidi_local(window);
+        config.set_max_stream_window(window);
+        config.set_initial_max_data(2 * window);
+        config.set_max_connection_window(2 * window);
+    }
     let method = match (&cfg.method, cfg.head) {
         (Some(m), _) => m.as_bytes().to_vec(),
         (None, true) => b"HEAD".to_vec(),
@@ -187,12 +201,16 @@ pub fn get(url: &str, out: Option<&Path>, cfg: &GetConfig) -> Result<GetReport, 
         stream: None,
         status: None,
         headers: Vec::new(),
-        bytes: 0,
+        body: Body {
+            bytes: 0,
+            sink,
+            write_error: None,
+            buf: vec![0; 64 * 1024],
+            limit_rate: cfg.limit_rate.filter(|&r| r > 0),
+            requested: Instant::now(),
+        },
         done: false,
-        sink,
-        write_error: None,
         close_reason: None,
-        buf: vec![0; 64 * 1024],
         session: None,
         resumed: false,
         early_data: false,
@@ -208,10 +226,10 @@ pub fn get(url: &str, out: Option<&Path>, cfg: &GetConfig) -> Result<GetReport, 
     let seconds = start.elapsed().as_secs_f64();
     let quic = host.counters();
     let app = host.app_mut();
-    if let Some(e) = app.write_error.take() {
+    if let Some(e) = app.body.write_error.take() {
         return Err(Error::Usage(format!("writing the body: {e}")));
     }
-    app.sink.flush().map_err(|e| Error::Usage(format!("writing the body: {e}")))?;
+    app.body.sink.flush().map_err(|e| Error::Usage(format!("writing the body: {e}")))?;
     if !app.done && quic.datagrams_received == 0 && quic.icmp_errors > 0 {
         return Err(Error::Failed(format!(
             "{peer}: nothing listens there (ICMP port unreachable); is the server running on that port?"
@@ -222,10 +240,10 @@ pub fn get(url: &str, out: Option<&Path>, cfg: &GetConfig) -> Result<GetReport, 
         return Err(Error::Failed(format!(
             "{}: the connection ended before the response was complete ({} body bytes): {why}",
             url.authority(),
-            app.bytes
+            app.body.bytes
         )));
     }
-    let bytes = app.bytes;
+    let bytes = app.body.bytes;
     Ok(GetReport {
         status: app.status.unwrap_or(0),
         headers: std::mem::take(&mut app.headers),
@@ -247,12 +265,9 @@ struct Fetch {
     stream: Option<u64>,
     status: Option<u16>,
     headers: Vec<(String, String)>,
-    bytes: u64,
+    body: Body,
     done: bool,
-    sink: Box<dyn Write>,
-    write_error: Option<std::io::Error>,
     close_reason: Option<String>,
-    buf: Vec<u8>,
     session: Option<Vec<u8>>,
     resumed: bool,
     early_data: bool,
@@ -261,6 +276,56 @@ struct Fetch {
     /// Since when no part of the response has arrived (the request's sending, at first).
     quiet_since: Instant,
     quiet_pings: u64,
+}
+
+/// The response body as it is read: where it goes, how much, how fast.
+struct Body {
+    bytes: u64,
+    sink: Box<dyn Write>,
+    write_error: Option<std::io::Error>,
+    buf: Vec<u8>,
+    /// The rate limit, bytes a second, and since when it counts (the request).
+    limit_rate: Option<u64>,
+    requested: Instant,
+}
+
+/// Bytes a rate-limited body may run ahead of its rate (one read's worth).
+const RATE_BURST: u64 = 64 * 1024;
+/// How often a rate-limited fetch looks for more of its body.
+const RATE_TICK: Duration = Duration::from_millis(10);
+
+impl Body {
+    /// Bytes of body it may read now (all of them without a rate limit).
+    fn allowance(&self, now: Instant) -> usize {
+        match self.limit_rate {
+            None => usize::MAX,
+            Some(r) => {
+                let allowed = (r as f64 * now.duration_since(self.requested).as_secs_f64()) as u64 + RATE_BURST;
+                allowed.saturating_sub(self.bytes).min(usize::MAX as u64) as usize
+            }
+        }
+    }
+
+    /// Reads what stream `sid` holds, within the allowance, into the sink (a sink that fails
+    /// cancels the request); whether anything came.
+    fn read(&mut self, h3: &mut quiche::h3::Connection, conn: &mut udpx_quic::Connection, sid: u64) -> bool {
+        let mut progress = false;
+        loop {
+            let want = self.buf.len().min(self.allowance(Instant::now()));
+            if want == 0 {
+                return progress;
+            }
+            let Ok(n) = h3.recv_body(conn, sid, &mut self.buf[..want]) else { return progress };
+            progress = true;
+            self.bytes += n as u64;
+            if self.write_error.is_none() {
+                if let Err(e) = self.sink.write_all(&self.buf[..n]) {
+                    self.write_error = Some(e);
+                    let _ = conn.close(true, 0x10c, b""); // H3_REQUEST_CANCELLED
+                }
+            }
+        }
+    }
 }
 
 impl Fetch {
@@ -313,6 +378,7 @@ impl App for Fetch {
                 Ok(id) => {
                     self.stream = Some(id);
                     self.quiet_since = Instant::now();
+                    self.body.requested = Instant::now();
                     self.early_data = conn.is_in_early_data();
                 }
                 Err(quiche::h3::Error::StreamBlocked) => return,
@@ -324,6 +390,16 @@ impl App for Fetch {
             }
         }
         let mut progress = false;
+        // Data events come once per arrival: a rate-limited body left unread is read here, on
+        // the fetch's own ticks, as its allowance grows.
+        if let (Some(_), Some(sid)) = (self.body.limit_rate, self.stream) {
+            // The server closed the connection (its response acknowledged whole): what quiche
+            // holds of the body is read now, past the limit, before the connection is gone.
+            if conn.is_draining() {
+                self.body.limit_rate = None;
+            }
+            progress |= self.body.read(h3, conn, sid);
+        }
         loop {
             match h3.poll(conn) {
                 Ok((_, quiche::h3::Event::Headers { list, .. })) => {
@@ -338,16 +414,7 @@ impl App for Fetch {
                     }
                 }
                 Ok((sid, quiche::h3::Event::Data)) => {
-                    while let Ok(n) = h3.recv_body(conn, sid, &mut self.buf) {
-                        progress = true;
-                        self.bytes += n as u64;
-                        if self.write_error.is_none() {
-                            if let Err(e) = self.sink.write_all(&self.buf[..n]) {
-                                self.write_error = Some(e);
-                                let _ = conn.close(true, 0x10c, b""); // H3_REQUEST_CANCELLED
-                            }
-                        }
-                    }
+                    progress |= self.body.read(h3, conn, sid);
                 }
                 Ok((_, quiche::h3::Event::Finished)) => {
                     self.done = true;
@@ -377,7 +444,8 @@ impl App for Fetch {
         if self.done {
             return self.close_at;
         }
-        self.stream.map(|_| self.quiet_since + QUIET_PING)
+        let tick = self.body.limit_rate.map(|_| Instant::now() + RATE_TICK);
+        self.stream.map(|_| tick.map_or(self.quiet_since + QUIET_PING, |t| t.min(self.quiet_since + QUIET_PING)))
     }
 
     fn closed(&mut self, conn: &udpx_quic::Connection, _: ()) {

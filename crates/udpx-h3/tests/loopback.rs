@@ -121,3 +121,30 @@ fn ipv6_loopback() {
     assert_eq!(digest(&std::fs::read(&dst).unwrap()), digest(&site.file("big")));
     server.stop().unwrap();
 }
+
+/// A rate-limited fetch (`GetConfig::limit_rate`, a small window) still gets the whole body,
+/// byte for byte, also when the server closes the connection while part of the body is still
+/// unread in the client (the server's stop after its last acknowledged response).
+#[test]
+fn a_rate_limited_fetch_gets_the_whole_body() {
+    let site = Site::new("rate");
+    let server = start(&site, IoMode::GsoMmsg, 1);
+    let tmp = TempDir::new("rate-out");
+    let out = tmp.path().join("big");
+    let cfg = GetConfig { limit_rate: Some(40 << 20), ..GetConfig::default() };
+    let url = format!("https://{}/big", server.local_addr());
+    let r = get(&url, Some(&out), &cfg).expect("fetch");
+    assert_eq!((r.status, r.bytes), (200, BIG as u64), "{r:?}");
+    assert_eq!(digest(&std::fs::read(&out).unwrap()), digest(&site.file("big")));
+    // The drain closes the connection once the response is acknowledged, with the rest of the
+    // body still in the client: it is read before the connection goes.
+    let url2 = url.clone();
+    let slow = std::thread::spawn(move || {
+        let cfg = GetConfig { limit_rate: Some(4 << 20), ..GetConfig::default() };
+        get(&url2, None, &cfg)
+    });
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    server.drain(std::time::Duration::from_secs(60));
+    let r = slow.join().unwrap().expect("fetch across the drain");
+    assert_eq!((r.status, r.bytes), (200, BIG as u64), "{r:?}");
+}

@@ -41,6 +41,8 @@ use crate::load_tcp::{self, TcpHttp};
 
 /// The file every player asks for.
 const SEGMENT: &str = "segment";
+/// The file the rate-limited downloads fetch.
+const DOWNLOAD: &str = "download";
 /// How long after a change its requests count as "during" it.
 pub const NEAR: Duration = Duration::from_secs(2);
 /// The servers' port (UDP for udpx, TCP for nginx).
@@ -59,8 +61,16 @@ pub struct RestartConfig {
     pub window: Duration,
     /// Changes per row, spread evenly over the window.
     pub changes: usize,
-    /// `udpx h3 serve --drain-timeout`.
+    /// `udpx h3 serve --drain-timeout`: longer than the window, so that an old process keeps
+    /// its download to the end.
     pub drain_timeout: Duration,
+    /// Downloads through the window, each rate-limited by its client so that it spans every
+    /// change.
+    pub downloads: usize,
+    /// Each download's rate, bytes a second (its file is the rate times the window).
+    pub download_rate: u64,
+    /// curl, for the downloads from nginx.
+    pub curl: Option<PathBuf>,
     /// The `udpx` binary.
     pub udpx: PathBuf,
     /// nginx (`None`: its rows are left out, said in the table).
@@ -76,9 +86,12 @@ impl RestartConfig {
             segment: 64 << 10,
             window: Duration::from_secs(60),
             changes: 3,
-            drain_timeout: Duration::from_secs(10),
+            drain_timeout: Duration::from_secs(90),
+            downloads: 4,
+            download_rate: 1 << 20,
             udpx,
             nginx: super::Programs::from_path().nginx,
+            curl: super::Programs::from_path().curl,
         }
     }
 }
@@ -146,6 +159,11 @@ pub struct RestartRow {
     pub p99_away_ms: Option<f64>,
     /// Requests sent near a change that failed.
     pub failed_near: u64,
+    /// Downloads that did not end whole (an error, another status, fewer bytes), of
+    /// [`RestartConfig::downloads`].
+    pub downloads_broken: usize,
+    /// What broke them.
+    pub download_errors: Vec<String>,
     /// Why the row did not run, or broke.
     pub error: Option<String>,
 }
@@ -176,6 +194,8 @@ pub fn run(cfg: &RestartConfig, progress: &mut dyn FnMut(&str)) -> Result<Option
     let www = dir.join("www");
     std::fs::create_dir_all(&www).map_err(|e| e.to_string())?;
     std::fs::write(www.join(SEGMENT), vec![0x5a; cfg.segment]).map_err(|e| e.to_string())?;
+    let download_size = cfg.download_rate.saturating_mul(cfg.window.as_secs()).max(1);
+    std::fs::write(www.join(DOWNLOAD), vec![0xa5; download_size as usize]).map_err(|e| e.to_string())?;
     let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
     write_cert(&cert, &key)?;
     let key_file = dir.join("service.key");
@@ -219,6 +239,8 @@ impl RestartRow {
             p99_near_ms: None,
             p99_away_ms: None,
             failed_near: 0,
+            downloads_broken: 0,
+            download_errors: Vec::new(),
             error: Some(error),
         }
     }
@@ -369,6 +391,8 @@ fn one_row(cfg: &RestartConfig, lab: &Lab<'_>, change: Change) -> Result<Restart
     let start = Instant::now();
     let window_start = start + lc.ramp;
     let client = lab.net.ns(Side::Tx).try_spawn(job).map_err(|e| e.to_string())?;
+    std::thread::sleep(window_start.saturating_duration_since(Instant::now()));
+    let downloads = start_downloads(cfg, lab, tcp)?;
     let mut changes = Vec::new();
     let mut watchers = Vec::new();
     // nginx's master: the process started, then each binary upgrade's new one.
@@ -421,6 +445,10 @@ fn one_row(cfg: &RestartConfig, lab: &Lab<'_>, change: Change) -> Result<Restart
         });
     }
     let load = client.join().map_err(|_| "the client panicked".to_string()).and_then(|r| r);
+    let download_errors: Vec<String> = downloads
+        .into_iter()
+        .filter_map(|d| d.join().unwrap_or_else(|_| Some("the download panicked".into())))
+        .collect();
     for (i, at, w) in watchers {
         if let Ok(Some(t)) = w.join() {
             changes[i].replaced_after_s = Some(t.duration_since(at).as_secs_f64());
@@ -450,10 +478,57 @@ fn one_row(cfg: &RestartConfig, lab: &Lab<'_>, change: Change) -> Result<Restart
         p99_near_ms: p99_ms(&mut inside),
         p99_away_ms: p99_ms(&mut outside),
         failed_near,
+        downloads_broken: download_errors.len(),
+        download_errors,
         load: Some(load),
         changes,
         error: None,
     })
+}
+
+/// The rate-limited downloads, each in a thread of the client's namespace: over HTTP/3 with
+/// udpx's client, over HTTP/2 with curl (`--limit-rate`) for nginx. Each thread's answer: what
+/// broke it, or `None` when it ended whole.
+fn start_downloads(
+    cfg: &RestartConfig,
+    lab: &Lab<'_>,
+    tcp: bool,
+) -> Result<Vec<std::thread::JoinHandle<Option<String>>>, String> {
+    let size = cfg.download_rate.saturating_mul(cfg.window.as_secs()).max(1);
+    let url = format!("https://{}/{DOWNLOAD}", lab.addr());
+    let limit = cfg.window + Duration::from_secs(60);
+    let mut out = Vec::new();
+    for _ in 0..cfg.downloads {
+        let (url, rate) = (url.clone(), cfg.download_rate);
+        let handle = if tcp {
+            let curl = cfg.curl.clone().ok_or("curl not found (scripts/setup.sh installs it)")?;
+            let mut c = lab.net.ns(Side::Tx).command(&curl.to_string_lossy());
+            c.args(["-sk", "--http2", "--limit-rate", &rate.to_string(), "-o", "/dev/null"]);
+            c.args(["-w", "%{http_code} %{size_download}", &url]);
+            std::thread::spawn(move || {
+                let out = udpx_lab::netns::run_bounded(&mut c, limit);
+                match out {
+                    Ok(text) if text.trim() == format!("200 {size}") => None,
+                    Ok(text) => Some(format!("curl: {}", text.trim())),
+                    Err(e) => Some(format!("curl: {e}")),
+                }
+            })
+        } else {
+            lab.net
+                .ns(Side::Tx)
+                .try_spawn(move || {
+                    let gc = udpx_h3::GetConfig { limit_rate: Some(rate), ..udpx_h3::GetConfig::default() };
+                    match udpx_h3::get(&url, None, &gc) {
+                        Ok(r) if r.status == 200 && r.bytes == size => None,
+                        Ok(r) => Some(format!("status {}, {} of {size} bytes", r.status, r.bytes)),
+                        Err(e) => Some(e.to_string()),
+                    }
+                })
+                .map_err(|e| e.to_string())?
+        };
+        out.push(handle);
+    }
+    Ok(out)
 }
 
 impl Lab<'_> {
@@ -492,17 +567,20 @@ pub fn table(b: &RestartBench) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "udpx bench h3 --restart: {} players x {} KiB every {} s, {} changes in {} s per row (veth, own clients)",
+        "udpx bench h3 --restart: {} players x {} KiB every {} s and {} downloads at {} KiB/s, {} changes in {} s \
+         per row (veth, own clients; curl for nginx's downloads)",
         c.players,
         c.segment >> 10,
         c.interval.as_secs_f64(),
+        c.downloads,
+        c.download_rate >> 10,
         c.changes,
         c.window.as_secs()
     );
     let _ = writeln!(
         s,
-        "{:<45} {:>8} {:>7} {:>6} {:>6} {:>6} {:>6} {:>9} {:>9}  replaced after (s)",
-        "row", "requests", "failed", "unansw", "broken", "moved", "fnear", "p99 near", "p99 away"
+        "{:<45} {:>8} {:>7} {:>6} {:>6} {:>6} {:>6} {:>9} {:>9} {:>8}  replaced after (s)",
+        "row", "requests", "failed", "unansw", "broken", "moved", "fnear", "p99 near", "p99 away", "dl broke"
     );
     for r in &b.rows {
         let Some(l) = &r.load else {
@@ -521,7 +599,7 @@ pub fn table(b: &RestartBench) -> String {
             .collect();
         let _ = writeln!(
             s,
-            "{:<45} {:>8} {:>7} {:>6} {:>6} {:>6} {:>6} {:>9} {:>9}  {}",
+            "{:<45} {:>8} {:>7} {:>6} {:>6} {:>6} {:>6} {:>9} {:>9} {:>8}  {}",
             r.change.name(),
             l.requests,
             l.failed,
@@ -531,14 +609,19 @@ pub fn table(b: &RestartBench) -> String {
             r.failed_near,
             ms(r.p99_near_ms),
             ms(r.p99_away_ms),
+            format!("{}/{}", r.downloads_broken, c.downloads),
             replaced.join(", ")
         );
+        for e in &r.download_errors {
+            let _ = writeln!(s, "    download broken: {e}");
+        }
     }
     s.push_str(
         "failed: an error status, a reset or the connection gone under a request; unansw: no answer by the end; \
          broken: connections that ended early (not a GOAWAY the client followed); moved: connections left for a new \
          one on GOAWAY; fnear: failures in the 2 s after a change; p99 near/away: requests sent in the 2 s after a \
-         change, and the rest. Counts are the verdict; the p99 columns are timings of this run.\n",
+         change, and the rest; dl broke: rate-limited downloads spanning every change that did not end whole. Counts \
+         are the verdict; the p99 columns are timings of this run.\n",
     );
     let _ = write!(s, "\n{}", b.environment.to_markdown());
     s
