@@ -256,13 +256,13 @@ impl Server {
         let upgrades = match (gens, &cfg.handover) {
             (Some(gens), Some(h)) => {
                 // New connections come here from now on; the predecessor (if any) drains.
-                gens.publish(generation, cfg.shards as u8).map_err(Error::Socket)?;
+                gens.publish(generation, cfg.shards as u16).map_err(Error::Socket)?;
                 if let Some(o) = offer {
                     o.confirm()?;
                 }
                 let (signal, timeout) = (drain.clone(), h.drain_timeout);
                 let on_taken = Box::new(move || signal.hand_over(timeout, crate::upgrade::ADMIT_GRACE));
-                let l = crate::upgrade::listen(&h.path, gens, generation, cfg.shards as u8, keys, on_taken)?;
+                let l = crate::upgrade::listen(&h.path, gens, generation, cfg.shards as u16, keys, on_taken)?;
                 Upgrades::Listening(l)
             }
             _ => unavailable.map_or(Upgrades::Off, Upgrades::Unavailable),

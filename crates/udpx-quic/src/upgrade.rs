@@ -137,7 +137,7 @@ pub(crate) fn listen(
     path: &Path,
     gens: Arc<Generations>,
     generation: u8,
-    workers: u8,
+    workers: u16,
     keys: ServiceKeys,
     on_taken: Box<dyn Fn() + Send>,
 ) -> Result<Listening, Error> {
@@ -195,7 +195,7 @@ fn answer(
     mut stream: UnixStream,
     gens: &Generations,
     generation: u8,
-    workers: u8,
+    workers: u16,
     keys: &ServiceKeys,
 ) -> std::io::Result<()> {
     stream.set_nonblocking(false)?;
@@ -206,7 +206,8 @@ fn answer(
     if hello != HELLO {
         return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, "not an upgrade's hello"));
     }
-    let mut msg = vec![b'G', generation, workers, 0];
+    let w = workers.to_le_bytes();
+    let mut msg = vec![b'G', generation, w[0], w[1]];
     msg.extend_from_slice(&keys.to_handover());
     send_fds(&stream, &msg, &gens.fds())?;
     let mut taken = [0u8; 6];

@@ -360,7 +360,7 @@ impl Generations {
     }
 
     /// Makes `generation` (of `workers` sockets) the one new connections go to.
-    pub fn publish(&self, generation: u8, workers: u8) -> Result<(), Error> {
+    pub fn publish(&self, generation: u8, workers: u16) -> Result<(), Error> {
         let mut v = [0u8; 8];
         v[..4].copy_from_slice(&u32::from(generation).to_ne_bytes());
         v[4..].copy_from_slice(&u32::from(workers.max(1)).to_ne_bytes());
