@@ -227,6 +227,16 @@ pub fn serve(dir: &Path, cfg: &ServeConfig) -> Result<H3Server, Error> {
     if cfg.stall_timeout.is_zero() || cfg.idle_timeout.is_zero() {
         return Err(Error::Usage("--stall-timeout, --idle-timeout: give a duration above zero, e.g. 20".into()));
     }
+    // Everything that can fail must fail before an upgrade takes new connections over: the
+    // HTTPS-over-TCP listener's port is held by the server being upgraded (it is not handed
+    // over yet), so its bind would fail after the takeover and leave nobody serving.
+    if cfg.alt_svc_tcp.is_some() && cfg.quic.handover.as_ref().is_some_and(|h| h.take_over) {
+        return Err(Error::Usage(
+            "--upgrade with --alt-svc-tcp: the HTTPS-over-TCP listener is not handed over yet (the running \
+             server holds its port); upgrade servers started without --alt-svc-tcp, or restart this one"
+                .into(),
+        ));
+    }
     let quic_settings = QuicSettings {
         tls: cfg.tls.clone(),
         max_udp_payload: max,

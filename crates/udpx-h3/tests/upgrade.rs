@@ -218,3 +218,15 @@ fn an_upgrade_with_nobody_to_take_over_from_is_refused() {
     let msg = e.to_string();
     assert!(msg.contains("no server to take over") && msg.contains("nobody.sock"), "{msg}");
 }
+
+/// An upgrade that could not finish (the HTTPS-over-TCP listener is not handed over) is refused
+/// before it takes anything over: the running server keeps serving.
+#[test]
+fn an_upgrade_with_an_https_listener_is_refused_before_it_takes_over() {
+    let site = Site::new("upgrade-tcp");
+    let sock = site.tmp.path().join("nobody.sock");
+    let mut cfg = config("127.0.0.1:0".parse().unwrap(), &sock, true);
+    cfg.alt_svc_tcp = Some("127.0.0.1:0".parse().unwrap());
+    let msg = serve(&site.root, &cfg).expect_err("refused").to_string();
+    assert!(msg.contains("--alt-svc-tcp") && !msg.contains("no server to take over"), "{msg}");
+}
