@@ -990,8 +990,14 @@ fn serve(a: ServeArgs) -> ExitCode {
     if let Some(t) = server.tcp_addr() {
         eprintln!("udpx h3 serve: also HTTPS over TCP on https://{t} (HTTP/1.1, HTTP/2; alt-svc names the QUIC port)");
     }
-    let metrics = match a.metrics.map(|addr| server.serve_metrics(addr)).transpose() {
+    let mut metrics = match a.metrics.map(|addr| server.serve_metrics(addr)).transpose() {
         Ok(m) => m,
+        // An upgrade: the server it took over from holds the port until it exits; this one
+        // takes it then (below). Refusing now would leave nobody serving: the takeover is done.
+        Err(e) if a.upgrade && e.kind() == std::io::ErrorKind::AddrInUse => {
+            eprintln!("udpx h3 serve: --metrics: the port is the running server's until it exits; taken then");
+            None
+        }
         Err(e) => {
             drop(server.stop());
             return usage(format!("--metrics: {e}; pick another address"));
@@ -1032,12 +1038,20 @@ fn serve(a: ServeArgs) -> ExitCode {
         notify(&ready);
     }
     let mut handed_over = false;
+    let mut metrics_tries = std::time::Instant::now();
     let start = std::time::Instant::now();
     let mut drain_started: Option<std::time::Instant> = None;
     let running =
         |drain: Option<std::time::Instant>| if drain.is_some() { !server.finished() } else { server.is_running() };
     while !signals.stop.load(Ordering::Relaxed) && dur.is_none_or(|d| start.elapsed() < d) && running(drain_started) {
         std::thread::sleep(Duration::from_millis(50));
+        if metrics.is_none() && a.upgrade && metrics_tries.elapsed() >= Duration::from_secs(1) {
+            metrics_tries = std::time::Instant::now();
+            if let Some(Ok(m)) = a.metrics.map(|addr| server.serve_metrics(addr)) {
+                eprintln!("udpx h3 serve: metrics on http://{}/metrics", m.local_addr());
+                metrics = Some(m);
+            }
+        }
         if drain_started.is_none() && server.quic().handed_over() {
             // The successor confirmed and the shards drain (the handover started it).
             handed_over = true;

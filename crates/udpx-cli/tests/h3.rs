@@ -578,11 +578,13 @@ fn sigusr2_upgrades_in_place() {
     let port = std::net::UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let listen = format!("127.0.0.1:{port}");
     let log = t.0.join("serve.err");
+    // The metrics port is the old process's until it exits: the upgrade goes on without it.
+    let metrics = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().to_string();
     // The new process is the old one's child, in its process group: the guard ends both.
     let server = ChildGroup::spawn(
         Command::new(env!("CARGO_BIN_EXE_udpx"))
             .args(["h3", "serve", www.to_str().unwrap(), "--listen", &listen, "--shards", "1", "-l", "30"])
-            .args(["--drain-timeout", "10", "--upgrade-socket", sock.to_str().unwrap()])
+            .args(["--drain-timeout", "10", "--upgrade-socket", sock.to_str().unwrap(), "--metrics", &metrics])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap()),
@@ -607,7 +609,8 @@ fn sigusr2_upgrades_in_place() {
     }
     wait_for_line("an upgrade (--upgrade) takes over");
     let _ = Command::new("kill").args(["-USR2", &server.id().to_string()]).status();
-    wait_for_line("generation 1 took new connections over");
+    let text = wait_for_line("generation 1 took new connections over");
+    assert!(text.contains("taken then"), "the held metrics port did not stop the upgrade: {text}");
     let o = udpx(&["h3", "get", &format!("https://{listen}/file")]);
     assert!(String::from_utf8_lossy(&o.stdout).contains("status 200"), "served after the upgrade");
     let status = server.wait_timeout(Duration::from_secs(20)).unwrap();

@@ -255,14 +255,15 @@ impl Server {
         }
         let upgrades = match (gens, &cfg.handover) {
             (Some(gens), Some(h)) => {
+                // The handover socket first: what can fail fails before anything is taken over.
+                let (signal, timeout) = (drain.clone(), h.drain_timeout);
+                let on_taken = Box::new(move || signal.hand_over(timeout, crate::upgrade::ADMIT_GRACE));
+                let l = crate::upgrade::listen(&h.path, gens.clone(), generation, cfg.shards as u16, keys, on_taken)?;
                 // New connections come here from now on; the predecessor (if any) drains.
                 gens.publish(generation, cfg.shards as u16).map_err(Error::Socket)?;
                 if let Some(o) = offer {
                     o.confirm()?;
                 }
-                let (signal, timeout) = (drain.clone(), h.drain_timeout);
-                let on_taken = Box::new(move || signal.hand_over(timeout, crate::upgrade::ADMIT_GRACE));
-                let l = crate::upgrade::listen(&h.path, gens, generation, cfg.shards as u16, keys, on_taken)?;
                 Upgrades::Listening(l)
             }
             _ => unavailable.map_or(Upgrades::Off, Upgrades::Unavailable),
