@@ -289,21 +289,8 @@ impl Lab<'_> {
         let ndir = self.dir.join("nginx");
         let _ = std::fs::remove_dir_all(&ndir);
         std::fs::create_dir_all(&ndir).map_err(|e| e.to_string())?;
-        let d = ndir.display();
-        let conf = format!(
-            "daemon {};\nmaster_process on;\nworker_processes 1;\nworker_rlimit_nofile 200000;\npid {d}/nginx.pid;\n\
-             error_log {d}/error.log warn;\nevents {{ worker_connections 100000; }}\n\
-             http {{\n  access_log off;\n  default_type application/octet-stream;\n  keepalive_timeout 120s;\n\
-             keepalive_requests 1000000;\n  client_body_temp_path {d}/body;\n  proxy_temp_path {d}/proxy;\n\
-             fastcgi_temp_path {d}/fastcgi;\n  uwsgi_temp_path {d}/uwsgi;\n  scgi_temp_path {d}/scgi;\n\
-             server {{\n    listen {} ssl http2;\n    ssl_protocols TLSv1.3;\n    ssl_certificate {};\n\
-             ssl_certificate_key {};\n    root {};\n  }}\n}}\n",
-            if daemon { "on" } else { "off" },
-            self.addr(),
-            self.cert.display(),
-            self.key.display(),
-            self.www.display()
-        );
+        let processes = format!("daemon {};\nmaster_process on;\n", if daemon { "on" } else { "off" });
+        let conf = super::scale::nginx_conf(&ndir, self.www, self.addr(), (self.cert, self.key), &processes);
         std::fs::write(ndir.join("nginx.conf"), conf).map_err(|e| e.to_string())?;
         let mut c = self.net.ns(Side::Rx).command("taskset");
         c.args(["-c", &self.server_cpu.to_string()]).arg(nginx);

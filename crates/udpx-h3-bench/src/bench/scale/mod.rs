@@ -55,8 +55,8 @@ pub(crate) use config::as_text;
 pub use config::{LoadClient, ScaleConfig, ScaleServer};
 
 pub use report::{judge, table};
-pub(crate) use servers::wait_until_up;
 use servers::{free_port, start_server};
+pub(crate) use servers::{nginx_conf, wait_until_up};
 
 /// The file every player asks for.
 const SEGMENT: &str = "segment";

@@ -64,7 +64,7 @@ pub(super) fn start_server(
             let ndir = dir.join("nginx-scale");
             let _ = std::fs::remove_dir_all(&ndir);
             std::fs::create_dir_all(&ndir).map_err(|e| e.to_string())?;
-            std::fs::write(ndir.join("nginx.conf"), nginx_conf(&ndir, &www, addr, cert, key))
+            std::fs::write(ndir.join("nginx.conf"), nginx_conf(&ndir, &www, addr, (cert, key), SINGLE_PROCESS))
                 .map_err(|e| e.to_string())?;
             let mut c = place.server_command(nginx);
             c.arg("-p").arg(&ndir).arg("-c").arg(ndir.join("nginx.conf")).arg("-e").arg(ndir.join("error.log"));
@@ -102,12 +102,22 @@ pub(crate) fn wait_until_up(name: &str, log: &Path, up: impl Fn() -> bool) -> Re
     Ok(())
 }
 
+/// nginx's process lines for the scale rows: one process, in the foreground.
+pub(crate) const SINGLE_PROCESS: &str = "daemon off;\nmaster_process off;\n";
+
 /// nginx for many connections: one worker, TLS 1.3, HTTP/2 and HTTP/1.1 by ALPN, connections
-/// kept open as long as the run (a player asks every few seconds).
-fn nginx_conf(dir: &Path, www: &Path, listen: SocketAddr, cert: &Path, key: &Path) -> String {
+/// kept open as long as the run (a player asks every few seconds). `processes`: the daemon and
+/// master lines ([`SINGLE_PROCESS`], or a master for the restart rows' reload and upgrade).
+pub(crate) fn nginx_conf(
+    dir: &Path,
+    www: &Path,
+    listen: SocketAddr,
+    (cert, key): (&Path, &Path),
+    processes: &str,
+) -> String {
     let d = dir.display();
     format!(
-        "daemon off;\nmaster_process off;\nworker_processes 1;\nworker_rlimit_nofile 200000;\npid {d}/nginx.pid;\n\
+        "{processes}worker_processes 1;\nworker_rlimit_nofile 200000;\npid {d}/nginx.pid;\n\
          error_log {d}/error.log warn;\nevents {{ worker_connections 100000; }}\n\
          http {{\n  access_log off;\n  default_type application/octet-stream;\n  keepalive_timeout 120s;\n\
          keepalive_requests 1000000;\n  client_body_temp_path {d}/body;\n  proxy_temp_path {d}/proxy;\n\
