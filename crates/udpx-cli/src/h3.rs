@@ -186,6 +186,10 @@ struct ServeArgs {
     /// client's backed-off retransmissions on a lossy path).
     #[arg(long, default_value_t = udpx_quic::Limits::default().handshake_timeout.as_secs_f64())]
     handshake_timeout: f64,
+    /// Seconds a handshake may take if it began while a quarter of --max-half-open was in use
+    /// (an Initial flood: the half-open slots must turn over); at most --handshake-timeout.
+    #[arg(long, default_value_t = udpx_quic::Limits::default().flood_handshake_timeout.as_secs_f64())]
+    flood_handshake_timeout: f64,
     /// Accept 0-RTT from resuming clients: GET and HEAD answered from early data, other
     /// methods 425 Too Early.
     #[arg(long)]
@@ -881,15 +885,19 @@ fn serve(a: ServeArgs) -> ExitCode {
             Err(e) => return usage(e),
         }
     }
-    let handshake_timeout = match duration("--handshake-timeout", a.handshake_timeout) {
-        Ok(d) => d,
-        Err(e) => return usage(e),
+    let (handshake_timeout, flood_handshake_timeout) = match (
+        duration("--handshake-timeout", a.handshake_timeout),
+        duration("--flood-handshake-timeout", a.flood_handshake_timeout),
+    ) {
+        (Ok(d), Ok(f)) => (d, f),
+        (Err(e), _) | (_, Err(e)) => return usage(e),
     };
     let limits = udpx_quic::Limits {
         max_connections: a.max_connections,
         max_half_open: a.max_half_open,
         max_per_ip: a.max_per_ip,
         handshake_timeout,
+        flood_handshake_timeout,
         retry: a.retry,
         ..udpx_quic::Limits::default()
     };

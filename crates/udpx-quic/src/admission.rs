@@ -6,7 +6,9 @@
 //! times what it received (RFC 9000 8.1, quiche enforces it). So a shard:
 //! - keeps at most [`Limits::max_connections`] connections, [`Limits::max_half_open`] of them
 //!   not yet established, and [`Limits::max_per_ip`] from one address; a handshake not done
-//!   within [`Limits::handshake_timeout`] is dropped (not kept for the idle timeout);
+//!   within [`Limits::handshake_timeout`] is dropped (not kept for the idle timeout), within
+//!   [`Limits::flood_handshake_timeout`] if it began while a quarter of the half-open cap was
+//!   in use (an Initial flood: the slots must turn over, or forged handshakes hold them all);
 //! - answers an Initial with a Retry ([`RetryPolicy`]) when told to always, or (`auto`, as
 //!   msquic does) while half-open handshakes pass a threshold: then nothing is kept for an
 //!   address until it comes back with the token, and the Retry is smaller than the Initial;
@@ -74,6 +76,14 @@ pub struct Limits {
     /// (the interop runner's `handshakeloss` expects every handshake). The half-open cap and
     /// Retry (`auto`) bound what forged Initials hold meanwhile.
     pub handshake_timeout: Duration,
+    /// The deadline of a handshake that began while [`Limits::retry_threshold`] handshakes
+    /// were under way (5 s by default; at most `handshake_timeout`). Under an Initial flood
+    /// from forged addresses with `--retry never` (or Initials that come back with Retry tokens)
+    /// the half-open cap fills; with 30 s deadlines its slots turned over every 30 s and a
+    /// real client was refused for that long (`udpx bench h3 --flood 5000 --flood-seconds 15
+    /// --flood-retry never`, 2026-11-27: 5 of 144 downloads failed during the flood and the one
+    /// after it too, 0 handshakes timed out in the window).
+    pub flood_handshake_timeout: Duration,
     /// When to send Retry.
     pub retry: RetryPolicy,
     /// Version Negotiation packets and stateless resets sent per second, at most.
@@ -81,14 +91,16 @@ pub struct Limits {
 }
 
 impl Default for Limits {
-    /// 100,000 connections, 8,192 half-open, 4,096 per address, handshakes of at most 5 s,
-    /// Retry when under an Initial flood, 1,000 stateless answers a second.
+    /// 100,000 connections, 8,192 half-open, 4,096 per address, handshakes of at most 30 s
+    /// (5 s under an Initial flood), Retry when under an Initial flood, 1,000 stateless
+    /// answers a second.
     fn default() -> Limits {
         Limits {
             max_connections: 100_000,
             max_half_open: 8_192,
             max_per_ip: 4_096,
             handshake_timeout: Duration::from_secs(30),
+            flood_handshake_timeout: Duration::from_secs(5),
             retry: RetryPolicy::Auto,
             answers_per_sec: 1_000,
         }
@@ -111,6 +123,12 @@ impl Limits {
         }
         if self.handshake_timeout < Duration::from_millis(100) || self.handshake_timeout > Duration::from_secs(60) {
             return Err(format!("handshake timeout {:?}: give 0.1 to 60 s", self.handshake_timeout));
+        }
+        if self.flood_handshake_timeout < Duration::from_millis(100) {
+            return Err(format!(
+                "handshake timeout under a flood {:?}: give at least 0.1 s",
+                self.flood_handshake_timeout
+            ));
         }
         Ok(())
     }
@@ -202,6 +220,17 @@ impl Admission {
             Admit::Retry
         } else {
             Admit::Accept
+        }
+    }
+
+    /// The deadline of a handshake beginning now: [`Limits::flood_handshake_timeout`] while a
+    /// quarter of the half-open cap is in use, else [`Limits::handshake_timeout`].
+    pub fn handshake_timeout(&self) -> Duration {
+        let l = &self.limits;
+        if self.half_open >= l.retry_threshold() {
+            l.flood_handshake_timeout.min(l.handshake_timeout)
+        } else {
+            l.handshake_timeout
         }
     }
 

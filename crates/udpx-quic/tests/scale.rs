@@ -428,6 +428,35 @@ fn half_open_handshakes_are_capped_and_dropped_at_their_deadline() {
     srv.stop().unwrap();
 }
 
+/// Under an Initial flood the half-open slots turn over: a handshake that began while a
+/// quarter of the cap was in use gets the flood deadline, the first ones the long one. Without
+/// it, forged handshakes held every slot for the whole `handshake_timeout` (30 s by default)
+/// and every real client was refused meanwhile.
+#[test]
+fn handshakes_begun_under_a_flood_get_the_short_deadline() {
+    let cert = TempCert::new("flooddeadline");
+    let limits = Limits {
+        max_half_open: 4, // a quarter: 1
+        handshake_timeout: Duration::from_secs(60),
+        flood_handshake_timeout: Duration::from_millis(300),
+        retry: RetryPolicy::Never,
+        ..Limits::default()
+    };
+    let srv = server(&cert, 1, limits, None);
+    let raw = StdUdp::bind("127.0.0.1:0").unwrap();
+    for _ in 0..4 {
+        raw.send_to(&initial(raw.local_addr().unwrap(), srv.local_addr()), srv.local_addr()).unwrap();
+    }
+    // The first began with no handshake under way: 60 s. The other three under the flood
+    // level: dropped after 300 ms, which frees their slots for the next client.
+    let k = counters_when(&srv, |k| k.handshake_timeouts >= 3);
+    assert_eq!((k.handshake_timeouts, k.half_open, k.refused_half_open), (3, 1, 0), "{k:?}");
+    raw.send_to(&initial(raw.local_addr().unwrap(), srv.local_addr()), srv.local_addr()).unwrap();
+    let k = counters_when(&srv, |k| k.connections >= 5);
+    assert_eq!((k.connections, k.refused_half_open), (5, 0), "a slot was free again: {k:?}");
+    srv.stop().unwrap();
+}
+
 /// Retry, always: the client's Initial (steered to shard 1 by its DCID's worker byte) gets a
 /// Retry whose ID makes the second Initial come back to shard 1, which makes the connection.
 #[test]

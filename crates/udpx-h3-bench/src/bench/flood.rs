@@ -117,6 +117,8 @@ pub struct FloodRow {
     pub downloads: usize,
     /// Of those, completed whole.
     pub downloads_ok: usize,
+    /// Why the others failed (the client's error), each once with its count.
+    pub download_failures: Vec<(String, usize)>,
     /// Median and longest time of the completed ones, ms.
     pub download_p50_ms: f64,
     /// See `download_p50_ms`.
@@ -245,16 +247,20 @@ fn flood(forger: &udpx_quic::forge::InitialForger, srv: SocketAddrV4, rate: u64,
 
 /// The legitimate client: downloads `url` whole, one after another, until `stop`. Returns
 /// `(started, durations of the whole ones)`.
-fn downloads(url: &str, size: usize, stop: &AtomicBool) -> (usize, Vec<Duration>) {
-    let (mut started, mut ok) = (0, Vec::new());
+/// Downloads until `stop`: how many started, the times of the whole ones, and why each of the
+/// others failed.
+fn downloads(url: &str, size: usize, stop: &AtomicBool) -> (usize, Vec<Duration>, Vec<String>) {
+    let (mut started, mut ok, mut failed) = (0, Vec::new(), Vec::new());
     while !stop.load(Ordering::Relaxed) {
         started += 1;
         let t = Instant::now();
-        if get(url, None, &GetConfig::default()).is_ok_and(|r| r.status == 200 && r.bytes == size as u64) {
-            ok.push(t.elapsed());
+        match get(url, None, &GetConfig::default()) {
+            Ok(r) if r.status == 200 && r.bytes == size as u64 => ok.push(t.elapsed()),
+            Ok(r) => failed.push(format!("status {}, {} of {size} bytes", r.status, r.bytes)),
+            Err(e) => failed.push(e.to_string()),
         }
     }
-    (started, ok)
+    (started, ok, failed)
 }
 
 fn one_run(
@@ -326,7 +332,7 @@ fn one_run(
     let flood_secs = start.elapsed().as_secs_f64();
     let client = client.join();
     let (initials, forged_bytes) = attacked.map_err(|_| "the attacker panicked")?;
-    let (started, times) = client.map_err(|_| "the client panicked")?;
+    let (started, times, failed) = client.map_err(|_| "the client panicked")?;
     let cpu1 = cpu1.map_err(|e| e.to_string())?;
     // The server's answers to the last Initials, their retransmissions and the handshake
     // deadline (5 s) end before the victim's count and the memory after.
@@ -390,6 +396,13 @@ fn one_run(
         amplification,
         downloads: started,
         downloads_ok: times.len(),
+        download_failures: failed.iter().fold(Vec::new(), |mut v: Vec<(String, usize)>, e| {
+            match v.iter_mut().find(|(x, _)| x == e) {
+                Some((_, n)) => *n += 1,
+                None => v.push((e.clone(), 1)),
+            }
+            v
+        }),
         download_p50_ms: ms(times.get(times.len() / 2)),
         download_max_ms: ms(times.last()),
         served_after,
@@ -453,6 +466,11 @@ pub fn table(b: &FloodBench) -> String {
                     n("kernel_drops"),
                 );
             }
+        }
+    }
+    for r in b.rows.iter().flatten() {
+        for (why, n) in &r.download_failures {
+            let _ = writeln!(s, "\n--retry {}: {n} legitimate download(s) failed: {why}", r.retry);
         }
     }
     s.push_str("\nBounds (each must hold in every run):\n");

@@ -187,8 +187,8 @@ impl<A: App> Host<A> {
             self.counters.validated_by_retry += 1;
         }
         let state = self.app.accepted(&conn);
+        let deadline = Instant::now() + self.gate.admission.handshake_timeout();
         self.gate.admission.opened(from.ip());
-        let deadline = Instant::now() + self.gate.admission.limits().handshake_timeout;
         // Both IDs lead to it: ours, and the one the client chose (or our Retry's), which its
         // retransmitted Initials still carry.
         Some(self.table.insert(
