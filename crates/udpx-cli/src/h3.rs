@@ -375,9 +375,12 @@ pub struct H3BenchArgs {
     /// With --connections: seconds between a player's requests.
     #[arg(long, default_value_t = 2.0, requires = "connections")]
     interval: f64,
-    /// With --connections: seconds over which connections start.
-    #[arg(long, default_value_t = 5.0, requires = "connections")]
-    ramp: f64,
+    /// With --connections: seconds over which every row's connections start. Default: 5 s, or
+    /// longer so that a row opens at most 500 players (1,000 idle connections) a second: one
+    /// client process opening more is saturated, and its late acknowledgements teach the
+    /// server's congestion controller a wrong path.
+    #[arg(long, requires = "connections")]
+    ramp: Option<f64>,
     /// With --connections: seconds measured per row.
     #[arg(long, default_value_t = 15.0, requires = "connections")]
     window: f64,
@@ -549,7 +552,7 @@ fn bench_scale(a: H3BenchArgs) -> ExitCode {
     const CMD: &str = "bench h3";
     let secs = |flag: &str, v: f64| duration(flag, v);
     let (interval, ramp, window) =
-        match (secs("--interval", a.interval), secs("--ramp", a.ramp), secs("--window", a.window)) {
+        match (secs("--interval", a.interval), secs("--ramp", a.ramp.unwrap_or(5.0)), secs("--window", a.window)) {
             (Ok(i), Ok(r), Ok(w)) => (i, r, w),
             (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => return usage(e),
         };
@@ -571,6 +574,7 @@ fn bench_scale(a: H3BenchArgs) -> ExitCode {
     cfg.connections = a.connections.clone();
     cfg.idle = (a.idle > 0).then_some(a.idle);
     (cfg.interval, cfg.ramp, cfg.window, cfg.rounds) = (interval, ramp, window, a.rounds);
+    cfg.ramp_fixed = a.ramp.is_some();
     cfg.coalesce = Duration::from_micros(a.coalesce);
     cfg.ack_defer = Duration::from_micros(a.ack_defer);
     cfg.cc = a.cc;

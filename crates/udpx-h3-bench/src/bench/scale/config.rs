@@ -69,8 +69,12 @@ pub struct ScaleConfig {
     pub segment: usize,
     /// Between a player's requests.
     pub interval: Duration,
-    /// Connection starts spread over this.
+    /// Connection starts spread over at least this; a row opens at most
+    /// [`PLAYER_OPENS_PER_SEC`] players (or [`IDLE_OPENS_PER_SEC`] idle connections) a second
+    /// unless [`ScaleConfig::ramp_fixed`].
     pub ramp: Duration,
+    /// `ramp` as given, for every row of players, whatever their number (`--ramp`).
+    pub ramp_fixed: bool,
     /// The measured window.
     pub window: Duration,
     /// Client addresses.
@@ -108,7 +112,33 @@ pub(crate) fn as_text<S: serde::Serializer, T: std::fmt::Display>(v: &T, s: S) -
     s.collect_str(v)
 }
 
+/// Players a row opens per second at most (the ramp stretches to fit): one client process
+/// stands for thousands of players, and while it is saturated opening them its
+/// acknowledgements wait in its own queues. A QUIC server's congestion controller takes that
+/// wait for the path's (kernel TCP acknowledges in softirq, out of the client's queues), and
+/// BBRv2 paces those connections' next responses by it. Measured with quic-go's client (5,000
+/// players, `udpx bench h3 --connections 5000 --interval 10 --servers udpx,nginx-h2 --clients
+/// independent --napi threaded`, 2026-11-27): opening 1,000 a second its CPU was 75-93 % busy,
+/// the server's 31-40 %, and udpx's p99 25-47 ms against nginx's 1.6-2.3 ms, every pacing hold
+/// in a connection's second response; at 500 a second (`--ramp 10`) 40-68 %, p99 3.8 against
+/// 1.1 ms, 0.008 holds per request instead of 0.28.
+pub const PLAYER_OPENS_PER_SEC: u64 = 500;
+/// Idle connections opened per second in the idle row (the ramp stretches to fit).
+pub const IDLE_OPENS_PER_SEC: u64 = 1_000;
+
 impl ScaleConfig {
+    /// The ramp of a row of `n` connections (`idle`: the idle row's): the idle row's always
+    /// fits [`IDLE_OPENS_PER_SEC`]; players' fit [`PLAYER_OPENS_PER_SEC`] unless the ramp was
+    /// given.
+    pub fn ramp_for(&self, n: usize, idle: bool) -> Duration {
+        let fit = |per_sec: u64| self.ramp.max(Duration::from_secs_f64(n as f64 / per_sec as f64));
+        match (idle, self.ramp_fixed) {
+            (true, _) => fit(IDLE_OPENS_PER_SEC),
+            (false, true) => self.ramp,
+            (false, false) => fit(PLAYER_OPENS_PER_SEC),
+        }
+    }
+
     /// 100, 1,000 and 10,000 players of 16 KiB every 2 s, 50,000 idle, 64 addresses, a 5 s
     /// ramp and 15 s measured, every server; `udpx` the binary that runs the servers.
     pub fn new(udpx: PathBuf) -> ScaleConfig {
@@ -118,6 +148,7 @@ impl ScaleConfig {
             segment: 16 * 1024,
             interval: Duration::from_secs(2),
             ramp: Duration::from_secs(5),
+            ramp_fixed: false,
             window: Duration::from_secs(15),
             addresses: 64,
             servers: ScaleServer::ALL.to_vec(),

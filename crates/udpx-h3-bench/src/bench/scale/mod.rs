@@ -52,7 +52,7 @@ mod report;
 mod servers;
 
 pub(crate) use config::as_text;
-pub use config::{LoadClient, ScaleConfig, ScaleServer};
+pub use config::{LoadClient, ScaleConfig, ScaleServer, IDLE_OPENS_PER_SEC, PLAYER_OPENS_PER_SEC};
 
 pub use report::{judge, table};
 use servers::{free_port, start_server};
@@ -60,8 +60,6 @@ pub(crate) use servers::{nginx_conf, wait_until_up};
 
 /// The file every player asks for.
 const SEGMENT: &str = "segment";
-/// Idle connections opened per second in the idle row (the ramp stretches to fit).
-const IDLE_OPENS_PER_SEC: u64 = 1_000;
 /// A row whose client used more than this share of its CPU measured the client.
 pub const CLIENT_LIMIT_PCT: f64 = 80.0;
 
@@ -117,6 +115,12 @@ pub struct RowRun {
     pub server_kib_per_conn: Option<f64>,
     /// The client was above [`CLIENT_LIMIT_PCT`] of its CPU: this row measured the client.
     pub client_limited: bool,
+    /// The client's CPU (all of its work on it) busy while the connections opened, percent.
+    pub client_ramp_pct: Option<f64>,
+    /// That was above [`CLIENT_LIMIT_PCT`]: the connections' first round trips carry the
+    /// client's own queueing (see [`PLAYER_OPENS_PER_SEC`]); the row's latency is not the
+    /// server's.
+    pub client_ramp_limited: bool,
     /// udpx rows: the server's own counts over the window, per request (its `/metrics`,
     /// read at the window's start and end).
     pub host: Option<HostPerRequest>,
@@ -454,12 +458,13 @@ pub fn run(cfg: &ScaleConfig, progress: &mut dyn FnMut(&str)) -> Result<ScaleBen
             progress(&match &r {
                 Err(e) => format!("{label}: failed: {e}"),
                 Ok(x) => format!(
-                    "{label}: {:.1} % served, {} unanswered, p99 {:.1} ms, server CPU {:.1} %, client CPU {:.1} %",
+                    "{label}: {:.1} % served, {} unanswered, p99 {:.1} ms, server CPU {:.1} %, client CPU {:.1} % ({} while opening)",
                     x.load.served_pct(),
                     x.load.unanswered,
                     x.load.latency.p99_ms,
                     x.server_cpu_pct,
-                    x.load.client_cpu_pct()
+                    x.load.client_cpu_pct(),
+                    x.client_ramp_pct.map_or("-".into(), |p| format!("{p:.0} % of its CPU"))
                 ),
             });
             if let (true, Ok(x)) = (idle, &r) {
@@ -511,7 +516,7 @@ pub fn run(cfg: &ScaleConfig, progress: &mut dyn FnMut(&str)) -> Result<ScaleBen
         Some(n) => Environment::collect(&[(Some(&n.rx), &n.rx_dev), (Some(&n.tx), &n.tx_dev)]),
         None => Environment::collect(&[(None, "lo")]),
     };
-    let checks = judge(&rows, baseline_pct);
+    let checks = judge(&rows, baseline_pct, cfg.segment);
     Ok(ScaleBench {
         config: cfg.clone(),
         path,
@@ -547,7 +552,7 @@ fn one_run(
     // Idle connections are measured established: their handshakes (a few hundred
     // microseconds of each side's CPU apiece) must end before the window, at a rate both
     // sides keep up with on this machine.
-    let ramp = if idle { cfg.ramp.max(Duration::from_secs(n as u64 / IDLE_OPENS_PER_SEC)) } else { cfg.ramp };
+    let ramp = cfg.ramp_for(n, idle);
     let lifetime = ramp + cfg.window + Duration::from_secs(60);
     let running = start_server(cfg, place, dir, (cert, key), server, lifetime)?;
     let rss0 = rss(running.process.id());
@@ -559,6 +564,7 @@ fn one_run(
     lc.locals = place.client_ips.clone();
     let client_cpu = place.client_cpu;
     let start = Instant::now();
+    let ramp0 = CpuSample::now().ok();
     let window_start = start + lc.ramp;
     let lc2 = lc.clone();
     let ca = cert.to_path_buf();
@@ -592,6 +598,12 @@ fn one_run(
     };
     // The server's CPU and memory over the window, sampled from here.
     std::thread::sleep(window_start.saturating_duration_since(Instant::now()));
+    // The client's CPU while the connections opened (all of it: the client process and its
+    // receive work there).
+    let client_ramp_pct = ramp0.zip(CpuSample::now().ok()).map(|(a, b)| {
+        let d = b.diff(&a);
+        d.busy_time(&[client_cpu], rate).as_secs_f64() * 100.0 / d.elapsed.as_secs_f64().max(1e-9)
+    });
     let scrape0 = running.metrics.and_then(|m| scrape(place, m));
     let meter = Meter::start(running.process.id(), rate);
     let rss1 = rss(running.process.id());
@@ -616,6 +628,8 @@ fn one_run(
         server_switches_per_request: switches.filter(|_| load.requests > 0).map(|w| w as f64 / load.requests as f64),
         server_kib_per_conn: rss0.zip(rss1).map(|(a, b)| b.saturating_sub(a) as f64 / 1024.0 / n as f64),
         client_limited: load.client_cpu_pct() > CLIENT_LIMIT_PCT,
+        client_ramp_limited: client_ramp_pct.is_some_and(|p| p > CLIENT_LIMIT_PCT),
+        client_ramp_pct,
         host: scrape0
             .as_ref()
             .zip(scrape1.as_ref())
