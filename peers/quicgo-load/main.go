@@ -7,7 +7,8 @@
 // before (at once when late). Requests sent in the measured window (after the ramp, for
 // duration) are counted; the run waits up to 10 s after the window for their answers. The
 // report, one JSON object on stdout, has the fields of udpx's LoadReport and the packets the
-// client sent and received over the window (acknowledgements per data packet).
+// client sent and received over the window (acknowledgements per data packet). With --get it
+// makes one download instead (get.go): the bulk table's independent row.
 package main
 
 import (
@@ -120,7 +121,8 @@ func main() {
 	proto := flag.String("proto", "h3", "h3 (quic-go), h2 or http1.1 (Go's net/http over TLS)")
 	interval := flag.Float64("interval", 2, "seconds between a player's requests; 0: idle connections")
 	ramp := flag.Float64("ramp", 5, "seconds over which the players start")
-	duration := flag.Float64("duration", 15, "the measured window, seconds")
+	duration := flag.Float64("duration", 15, "the measured window, seconds (with --get: the download's time limit)")
+	get := flag.Bool("get", false, "one download of --path on one connection instead of players: print its bytes, seconds and packets (get.go)")
 	keepalive := flag.Float64("keepalive", 10, "an idle connection's PING period, seconds")
 	locals := flag.String("locals", "", "local addresses to send from, comma-separated, round robin")
 	size := flag.Int64("size", -1, "the body's length: a shorter or longer one fails (-1: any)")
@@ -132,6 +134,9 @@ func main() {
 	if *proto != "h3" && *proto != "h2" && *proto != "http1.1" {
 		fmt.Fprintf(os.Stderr, "udpx-quicgo-load: --proto %s: give h3, h2 or http1.1\n", *proto)
 		os.Exit(2)
+	}
+	if *get {
+		os.Exit(getOnce(*server, *path, *proto, time.Duration(*duration*float64(time.Second))))
 	}
 	var ips []net.IP
 	for _, s := range strings.Split(*locals, ",") {

@@ -5,6 +5,7 @@
 //! own: quic-go acknowledges about one packet in 26 in a bulk download, udpx's own client one in
 //! 73. The scale bench judges servers with it.
 
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
@@ -115,4 +116,39 @@ pub fn run(mut cmd: Command, cfg: &LoadConfig, proto: Proto, size: u64) -> Resul
         timeline: Vec::new(),
         failed_at: Vec::new(),
     })
+}
+
+/// What one download by the program (`--get`) reports.
+#[derive(Debug, Clone, Deserialize)]
+pub struct GetReport {
+    /// The client stack and its version.
+    pub client: String,
+    /// The response's status.
+    pub status: u16,
+    /// Body bytes read.
+    pub bytes: u64,
+    /// From the request to the body's last byte, seconds.
+    pub seconds: f64,
+    /// The program's CPU seconds.
+    pub client_cpu_s: f64,
+    /// Packets its QUIC connection sent and received (HTTP/3 only).
+    pub packets_sent: u64,
+    /// See `packets_sent`.
+    pub packets_received: u64,
+}
+
+/// One download of `path` from `server` over `proto` on one connection, by `cmd` (the program,
+/// placed by the caller: a namespace, a CPU), within `limit`.
+pub fn get(
+    mut cmd: Command,
+    server: SocketAddr,
+    path: &str,
+    proto: Proto,
+    limit: Duration,
+) -> Result<GetReport, String> {
+    cmd.args(["--get", "--server", &server.to_string(), "--proto", proto.flag(), "--path", path])
+        .args(["--duration", &format!("{:.3}", limit.as_secs_f64())]);
+    let out = udpx_lab::netns::run_bounded(&mut cmd, limit + Duration::from_secs(10))
+        .map_err(|e| format!("{PROGRAM} --get: {e}"))?;
+    serde_json::from_str(out.trim()).map_err(|e| format!("{PROGRAM} --get's report: {e}: {out:.200}"))
 }

@@ -41,8 +41,8 @@ fn a_small_bench_runs_every_row_and_names_missing_peers() {
             assert!(m.send_calls.unwrap() > 0 && m.packets_per_call.unwrap() >= 1.0, "{}: {m:?}", r.label());
         }
     }
-    // Every row is run or named: 5 server settings x 2 clients, nginx, and Chromium's two
-    // (udpx's and nginx's).
+    // Every row is run or named: 5 server settings x 2 clients, nginx, and Chromium's two and
+    // the independent client's two (udpx's and nginx's).
     let gtls = if cfg.programs.gtlsclient.is_some() { 5 } else { 0 };
     let nginx = usize::from(cfg.programs.nginx.is_some() && cfg.programs.curl.is_some());
     let chromium = match (&cfg.programs.chromium, &cfg.programs.nginx) {
@@ -50,9 +50,14 @@ fn a_small_bench_runs_every_row_and_names_missing_peers() {
         (Some(_), None) => 1,
         (None, _) => 0,
     };
-    assert_eq!(b.rows.len(), udpx_servers().len() + gtls + nginx + chromium);
+    let independent = match (&cfg.programs.independent, &cfg.programs.nginx) {
+        (Some(_), Some(_)) => 2,
+        (Some(_), None) => 1,
+        (None, _) => 0,
+    };
+    assert_eq!(b.rows.len(), udpx_servers().len() + gtls + nginx + chromium + independent);
     // quinn's row needs the udpx binary, which only `udpx bench h3` gives: left out here.
-    let left = usize::from(gtls == 0) + (1 - nginx) + 1 + usize::from(chromium == 0);
+    let left = usize::from(gtls == 0) + (1 - nginx) + 1 + usize::from(chromium == 0) + usize::from(independent == 0);
     assert_eq!(b.left_out.len(), left, "{:?}", b.left_out);
     for l in &b.left_out {
         udpx_lab::netns::record_skip("a_small_bench_runs_every_row (some rows)", &l.why);

@@ -83,6 +83,9 @@ pub struct Programs {
     pub udpx: Option<PathBuf>,
     /// Chromium (Debian `chromium`): the browser rows (`bench/browser.rs`).
     pub chromium: Option<PathBuf>,
+    /// The independent client (`udpx-quicgo-load`, built by `scripts/setup.sh`): quic-go's
+    /// HTTP/3 client for udpx, Go's HTTP/2 client for nginx.
+    pub independent: Option<PathBuf>,
 }
 
 impl Programs {
@@ -95,6 +98,7 @@ impl Programs {
             curl: find_in_path("curl"),
             udpx: None,
             chromium: udpx_lab::browser::find(),
+            independent: crate::independent::find(),
         }
     }
 }
@@ -198,6 +202,9 @@ pub enum ClientKind {
     Curl,
     /// Headless Chromium, a child process (`bench/browser.rs`): HTTP/3 from udpx, HTTP/2 from nginx.
     Chromium,
+    /// The independent client (`udpx-quicgo-load --get`, a child process): quic-go's HTTP/3
+    /// client from udpx, Go's HTTP/2 client from nginx; their acknowledgement policies their own.
+    Independent,
 }
 
 impl ClientKind {
@@ -208,6 +215,7 @@ impl ClientKind {
             ClientKind::UdpxGet => "udpx h3 get",
             ClientKind::Curl => "curl",
             ClientKind::Chromium => "chromium",
+            ClientKind::Independent => "quic-go / Go h2",
         }
     }
 }
@@ -446,17 +454,30 @@ fn plan(p: &Programs) -> (Vec<(ServerKind, ClientKind)>, Vec<LeftOut>) {
             ),
         });
     }
-    match &p.chromium {
-        Some(_) => {
-            rows.push((ServerKind::Udpx { io: IoMode::GsoMmsg, gro: true }, ClientKind::Chromium));
-            if p.nginx.is_some() {
-                rows.push((ServerKind::Nginx, ClientKind::Chromium));
-            }
+    // The clients users bring, each a pair: udpx over HTTP/3, nginx over HTTP/2.
+    let pairs = [
+        (
+            &p.chromium,
+            ClientKind::Chromium,
+            "the chromium rows",
+            "chromium not found in PATH (Debian package chromium; scripts/setup.sh installs it)".to_string(),
+        ),
+        (
+            &p.independent,
+            ClientKind::Independent,
+            "the independent client's rows",
+            format!("{} not found (scripts/setup.sh builds it from peers/quicgo-load)", crate::independent::PROGRAM),
+        ),
+    ];
+    for (program, client, what, why) in pairs {
+        if program.is_none() {
+            left.push(LeftOut { rows: what.into(), why });
+            continue;
         }
-        None => left.push(LeftOut {
-            rows: "the chromium rows".into(),
-            why: "chromium not found in PATH (Debian package chromium; scripts/setup.sh installs it)".into(),
-        }),
+        rows.push((ServerKind::Udpx { io: IoMode::GsoMmsg, gro: true }, client));
+        if p.nginx.is_some() {
+            rows.push((ServerKind::Nginx, client));
+        }
     }
     (rows, left)
 }
@@ -664,6 +685,7 @@ fn udpx_run(
         }
         ClientKind::Curl => Err("curl is not an HTTP/3 client here".into()),
         ClientKind::Chromium => browser::fetch(cfg, place, dir, addr, true, pin).map(|f| (f.bytes, f.seconds)),
+        ClientKind::Independent => peers::independent(cfg, place, addr, crate::independent::Proto::H3),
     };
     let cost = meter.stop();
     let counters = server.stop().map_err(|e| format!("udpx server: {e}"))?;
@@ -747,12 +769,22 @@ mod tests {
         let (rows, left) = plan(&Programs::default());
         assert_eq!(rows.len(), udpx_servers().len(), "udpx h3 get needs no peer");
         assert!(rows.iter().all(|r| r.1 == ClientKind::UdpxGet));
-        assert_eq!(left.len(), 4);
+        assert_eq!(left.len(), 5);
         assert!(left[0].why.contains("gtlsclient") && left[1].why.contains("udpx binary"), "{left:?}");
         assert!(left[2].why.contains("nginx and curl") && left[3].why.contains("chromium"), "{left:?}");
+        assert!(left[4].why.contains(crate::independent::PROGRAM), "{left:?}");
         let with_udpx = Programs { udpx: Some("/bin/true".into()), ..Programs::default() };
         let (rows, _) = plan(&with_udpx);
         assert_eq!(rows.last(), Some(&(ServerKind::Quinn, ClientKind::UdpxGet)));
+        // The independent client's pair: udpx over HTTP/3, nginx over HTTP/2.
+        let both =
+            Programs { independent: Some("/bin/true".into()), nginx: Some("/bin/true".into()), ..Programs::default() };
+        let (rows, _) = plan(&both);
+        let udpx = ServerKind::Udpx { io: IoMode::GsoMmsg, gro: true };
+        assert_eq!(
+            rows[rows.len() - 2..],
+            [(udpx, ClientKind::Independent), (ServerKind::Nginx, ClientKind::Independent)]
+        );
     }
 
     #[test]

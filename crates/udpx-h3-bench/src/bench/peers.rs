@@ -40,6 +40,32 @@ pub(super) fn gtlsclient(
     Ok((bytes, seconds))
 }
 
+/// The independent client (`udpx-quicgo-load --get`) downloads the file once from `addr` over
+/// `proto`: its bytes and seconds (a status other than 200 or a short body is an error).
+pub(super) fn independent(
+    cfg: &H3BenchConfig,
+    place: &Place<'_>,
+    addr: SocketAddr,
+    proto: crate::independent::Proto,
+) -> Result<(u64, f64), String> {
+    let prog = cfg.programs.independent.as_deref().ok_or("the independent client not found")?;
+    let cmd = place.command(place.client_ns(), place.client_cpu, prog);
+    let r = crate::independent::get(cmd, addr, &format!("/{FILE}"), proto, cfg.deadline())?;
+    if r.status != 200 || r.bytes != cfg.size {
+        return Err(format!("{}: HTTP {}, {} bytes; the file has {}", r.client, r.status, r.bytes, cfg.size));
+    }
+    if r.packets_received > 0 {
+        log::info!(
+            "{}: {} packets sent per {} received ({:.3})",
+            r.client,
+            r.packets_sent,
+            r.packets_received,
+            r.packets_sent as f64 / r.packets_received as f64
+        );
+    }
+    Ok((r.bytes, r.seconds))
+}
+
 /// nginx serves the file over HTTPS (TLS 1.3) and curl downloads it.
 pub(super) fn nginx_run(
     cfg: &H3BenchConfig,
@@ -77,16 +103,21 @@ pub(super) fn nginx_run(
         format!("nginx: {e}: {}{}", out.trim(), err.trim())
     })?;
     let task = [format!("/proc/{}", server.id())];
-    if client == ClientKind::Chromium {
+    if matches!(client, ClientKind::Chromium | ClientKind::Independent) {
         let meter = ServerMeter::start(task.to_vec(), place.server_cpu, rate);
-        let got = super::browser::fetch(cfg, place, dir, addr, false, pin);
+        let got = match client {
+            ClientKind::Chromium => {
+                super::browser::fetch(cfg, place, dir, addr, false, pin).map(|f| (f.bytes, f.seconds))
+            }
+            _ => independent(cfg, place, addr, crate::independent::Proto::H2),
+        };
         let cost = meter.stop();
         drop(server);
-        let f = got?;
+        let (bytes, seconds) = got?;
         let Some((busy, own)) = cost else {
             return Err("nginx's /proc/PID or /proc/stat could not be read".into());
         };
-        return Ok(measured(busy, own, f.bytes, f.seconds));
+        return Ok(measured(busy, own, bytes, seconds));
     }
     let url = format!("https://{addr}/{FILE}");
     let out = ndir.join("curl.out");

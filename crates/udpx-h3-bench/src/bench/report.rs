@@ -16,16 +16,20 @@ pub fn judge(rows: &[H3Row], vs_nginx: f64) -> Vec<Check> {
         }
     }
     let chromium = ClientKind::Chromium.name();
+    let independent = ClientKind::Independent.name();
+    // The comparisons of the bulk rows leave out the rows of the clients users bring (their
+    // own pairs below).
+    let bulk = |r: &H3Row| r.client != chromium && r.client != independent;
     let best = rows
         .iter()
-        .filter(|r| r.is_udpx() && r.client != chromium)
+        .filter(|r| r.is_udpx() && bulk(r))
         .filter_map(|r| Some((r, r.median?.cpu_s_per_gb)))
         .min_by(|a, b| a.1.total_cmp(&b.1));
     if let (Some((best, _)), Some(quinn)) = (best, rows.iter().find(|r| r.server == QUINN)) {
         let what = format!("best udpx ({}) / quinn h3, CPU per byte", best.label());
         out.extend(Check::judge("h3", &what, &best.costs(), &quinn.costs(), 1.0));
     }
-    if let (Some((best, _)), Some(nginx)) = (best, rows.iter().find(|r| r.server == NGINX && r.client != chromium)) {
+    if let (Some((best, _)), Some(nginx)) = (best, rows.iter().find(|r| r.server == NGINX && bulk(r))) {
         let what = format!("best udpx ({}) / nginx, CPU per byte", best.label());
         out.extend(Check::judge("h3", &what, &best.costs(), &nginx.costs(), vs_nginx));
     }
@@ -33,6 +37,12 @@ pub fn judge(rows: &[H3Row], vs_nginx: f64) -> Vec<Check> {
     let by_chromium = |udpx: bool| rows.iter().find(|r| r.client == chromium && r.is_udpx() == udpx);
     if let (Some(u), Some(n)) = (by_chromium(true), by_chromium(false)) {
         let what = format!("udpx ({}) / nginx serving Chromium, CPU per byte", u.label());
+        out.extend(Check::judge("h3", &what, &u.costs(), &n.costs(), 1.3));
+    }
+    // An independent QUIC client (quic-go) from udpx, Go's HTTP/2 client from nginx.
+    let by_independent = |udpx: bool| rows.iter().find(|r| r.client == independent && r.is_udpx() == udpx);
+    if let (Some(u), Some(n)) = (by_independent(true), by_independent(false)) {
+        let what = format!("udpx ({}) / nginx serving quic-go / Go h2, CPU per byte", u.label());
         out.extend(Check::judge("h3", &what, &u.costs(), &n.costs(), 1.3));
     }
     out
@@ -58,7 +68,7 @@ pub fn table(b: &H3Bench) -> String {
     }
     let _ = writeln!(
         s,
-        "{:<16} {:<12} {:>9} {:>5} {:>5} {:>8} {:>5} {:>10} {:>9} {:>6} {:>10} {:>5} {:>8} {:>5} {:>4}",
+        "{:<16} {:<15} {:>9} {:>5} {:>5} {:>8} {:>5} {:>10} {:>9} {:>6} {:>10} {:>5} {:>8} {:>5} {:>4}",
         "server",
         "client",
         "CPU-s/GB",
@@ -78,7 +88,7 @@ pub fn table(b: &H3Bench) -> String {
     let nginx = b.rows.iter().find(|r| r.server == NGINX).map(H3Row::costs);
     for r in &b.rows {
         let Some(m) = r.median else {
-            let _ = writeln!(s, "{:<16} {:<12} failed: {}", r.server, r.client, r.error.as_deref().unwrap_or("?"));
+            let _ = writeln!(s, "{:<16} {:<15} failed: {}", r.server, r.client, r.error.as_deref().unwrap_or("?"));
             continue;
         };
         let ok = || r.runs.iter().flatten();
@@ -103,7 +113,7 @@ pub fn table(b: &H3Bench) -> String {
         let opt = |v: Option<u64>| v.map_or("-".to_string(), |v| v.to_string());
         let _ = writeln!(
             s,
-            "{:<16} {:<12} {:>9.3} {:>5} {:>5.0} {:>8.0} {:>5} {:>10} {:>9} {:>6} {:>10} {:>5} {:>8} {:>5} {:>4}",
+            "{:<16} {:<15} {:>9.3} {:>5} {:>5.0} {:>8.0} {:>5} {:>10} {:>9} {:>6} {:>10} {:>5} {:>8} {:>5} {:>4}",
             r.server,
             r.client,
             m.cpu_s_per_gb,
