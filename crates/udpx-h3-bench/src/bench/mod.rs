@@ -90,7 +90,9 @@ pub struct Programs {
 
 impl Programs {
     /// Each program looked up in the directories of `PATH` only (Debian puts nginx in
-    /// `/usr/sbin`, which root's `PATH` holds), so a `PATH` without one leaves its rows out.
+    /// `/usr/sbin`, which root's `PATH` holds), so a `PATH` without one leaves its rows out;
+    /// the independent client, ours, also where `scripts/setup.sh` puts it
+    /// ([`crate::independent::find`]).
     pub fn from_path() -> Programs {
         Programs {
             gtlsclient: find_in_path("gtlsclient"),
