@@ -27,6 +27,19 @@ pub mod stats;
 
 pub use udpx_netns as netns;
 
+/// Polls `done` every 20 ms until it holds or `limit` has passed; whether it held (asked once
+/// more at the end, so a condition met at the last moment counts).
+pub fn wait_until(limit: std::time::Duration, mut done: impl FnMut() -> bool) -> bool {
+    let start = std::time::Instant::now();
+    while start.elapsed() < limit {
+        if done() {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    done()
+}
+
 /// `len` deterministic bytes from `seed` (xorshift64): test and bench content that is no
 /// repeating pattern of a power-of-two period, so a byte out of place changes its digest.
 pub fn pattern(len: usize, seed: u64) -> Vec<u8> {

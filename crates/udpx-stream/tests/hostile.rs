@@ -74,17 +74,6 @@ impl Hand {
     }
 }
 
-fn wait_until(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
-    let start = Instant::now();
-    while start.elapsed() < limit {
-        if done() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    done()
-}
-
 #[test]
 fn a_request_without_a_cookie_gets_a_cookie_no_larger_than_itself_and_no_flow() {
     let server = loopback_server(|_| {});
@@ -225,9 +214,15 @@ fn a_forged_port_unreachable_ends_a_flow_only_with_its_secret() {
         raw.send(&unreachable(&quote_of(secret ^ 0xdead), wire::HEADER)).unwrap(); // a guessed secret
         raw.send(&unreachable(&quote_of(secret), 0)).unwrap(); // the UDP header only
     }
-    assert!(!wait_until(Duration::from_millis(500), || server.live_flows() == 0), "forged errors ended the flow");
+    assert!(
+        !udpx_lab::wait_until(Duration::from_millis(500), || server.live_flows() == 0),
+        "forged errors ended the flow"
+    );
     raw.send(&unreachable(&quote_of(secret), wire::HEADER)).unwrap();
-    assert!(wait_until(Duration::from_secs(2), || server.live_flows() == 0), "the error with the secret ends it");
+    assert!(
+        udpx_lab::wait_until(Duration::from_secs(2), || server.live_flows() == 0),
+        "the error with the secret ends it"
+    );
     let rep = server.stop().unwrap();
     assert_eq!(rep.total.clients_gone, 1, "{:?}", rep.total);
     assert!(rep.total.icmp_unverified >= 40, "{:?}", rep.total);

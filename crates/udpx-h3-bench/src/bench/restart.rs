@@ -306,7 +306,7 @@ impl Lab<'_> {
             return Ok(Server { pid: child.id(), _child: Some(child), _daemon: None });
         }
         // The daemon writes its pid file after it detached (its sockets listen before that).
-        if !wait_for(Duration::from_secs(5), || master_pid(&ndir, 0).is_some()) {
+        if !udpx_lab::wait_until(Duration::from_secs(5), || master_pid(&ndir, 0).is_some()) {
             return Err("nginx wrote no pid file in 5 s".into());
         }
         let pid = master_pid(&ndir, 0).ok_or("nginx's pid file")?;
@@ -411,7 +411,7 @@ fn one_row(cfg: &RestartConfig, lab: &Lab<'_>, change: Change) -> Result<Restart
                 // The old master renames its pid file to .oldbin; the new one writes its own.
                 let oldbin = ndir.join("nginx.pid.oldbin");
                 let new_master = || master_pid(&ndir, master);
-                if !wait_for(Duration::from_secs(10), || oldbin.exists() && new_master().is_some()) {
+                if !udpx_lab::wait_until(Duration::from_secs(10), || oldbin.exists() && new_master().is_some()) {
                     return Err("nginx started no new master in 10 s (no nginx.pid.oldbin)".into());
                 }
                 let next = new_master().ok_or("the new master's pid")?;
@@ -422,7 +422,9 @@ fn one_row(cfg: &RestartConfig, lab: &Lab<'_>, change: Change) -> Result<Restart
                 // row's guard (the adopted daemon group) kills at its end; the old master's exit
                 // is watched by its pid.
                 let old = std::mem::replace(&mut master, next);
-                let gone = wait_for(cfg.drain_timeout + Duration::from_secs(10), || !udpx_lab::netns::is_running(old));
+                let gone = udpx_lab::wait_until(cfg.drain_timeout + Duration::from_secs(10), || {
+                    !udpx_lab::netns::is_running(old)
+                });
                 Ok(gone.then(|| at.elapsed().as_secs_f64()))
             }
         })();
@@ -530,17 +532,6 @@ impl Lab<'_> {
             }
         }
     }
-}
-
-fn wait_for(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
-    let start = Instant::now();
-    while start.elapsed() < limit {
-        if done() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    done()
 }
 
 fn p99_ms(v: &mut [u32]) -> Option<f64> {
