@@ -54,22 +54,31 @@ func latencyOf(us []int64) latency {
 }
 
 type report struct {
-	Client          string   `json:"client"`
-	Established     int      `json:"established"`
-	EndedEarly      int      `json:"ended_early"`
-	NeverServed     int      `json:"never_served"`
-	Requests        uint64   `json:"requests"`
-	Served          uint64   `json:"served"`
-	Failed          uint64   `json:"failed"`
-	Late            uint64   `json:"late"`
-	Unanswered      uint64   `json:"unanswered"`
-	Bytes           uint64   `json:"bytes"`
-	Latency         latency  `json:"latency"`
-	Handshake       latency  `json:"handshake"`
-	ClientCPU       float64  `json:"client_cpu_s"`
-	Window          float64  `json:"window_s"`
-	PacketsSent     uint64   `json:"packets_sent"`
-	PacketsReceived uint64   `json:"packets_received"`
+	Client          string  `json:"client"`
+	Established     int     `json:"established"`
+	EndedEarly      int     `json:"ended_early"`
+	NeverServed     int     `json:"never_served"`
+	Requests        uint64  `json:"requests"`
+	Served          uint64  `json:"served"`
+	Failed          uint64  `json:"failed"`
+	Late            uint64  `json:"late"`
+	Unanswered      uint64  `json:"unanswered"`
+	Bytes           uint64  `json:"bytes"`
+	Latency         latency `json:"latency"`
+	Handshake       latency `json:"handshake"`
+	ClientCPU       float64 `json:"client_cpu_s"`
+	Window          float64 `json:"window_s"`
+	PacketsSent     uint64  `json:"packets_sent"`
+	PacketsReceived uint64  `json:"packets_received"`
+	// Datagrams the kernel delivered to this namespace's UDP sockets over the window
+	// (/proc/net/snmp's Udp InDatagrams; the client runs alone in its namespace): the
+	// datagrams quic-go took in but never processed (PacketsReceived counts processed ones)
+	// are the difference, most of them dropped by its per-connection queue of unprocessed
+	// packets when a connection's goroutine falls behind. -1: not read.
+	UDPDelivered int64 `json:"udp_delivered"`
+	// Datagrams the kernel dropped over the window because a socket's receive buffer was
+	// full (RcvbufErrors; quic-go asks for 7 MiB, the machine's rmem_max caps it). -1: not read.
+	UDPRcvbufErrors int64    `json:"udp_rcvbuf_errors"`
 	Errors          []string `json:"errors"`
 }
 
@@ -199,9 +208,11 @@ func main() {
 	time.Sleep(time.Until(r.windowStart))
 	cpu0 := cpuSeconds()
 	sent0, recv0 := r.packets()
+	udp0, rcvbuf0 := udpCounters()
 	time.Sleep(time.Until(r.windowEnd))
 	cpu1 := cpuSeconds()
 	sent1, recv1 := r.packets()
+	udp1, rcvbuf1 := udpCounters()
 	wg.Wait()
 
 	t := &r.t
@@ -217,6 +228,13 @@ func main() {
 	t.r.Window = r.duration.Seconds()
 	t.r.PacketsSent = sent1 - sent0
 	t.r.PacketsReceived = recv1 - recv0
+	t.r.UDPDelivered, t.r.UDPRcvbufErrors = -1, -1
+	if udp0 >= 0 && udp1 >= udp0 {
+		t.r.UDPDelivered = udp1 - udp0
+	}
+	if rcvbuf0 >= 0 && rcvbuf1 >= rcvbuf0 {
+		t.r.UDPRcvbufErrors = rcvbuf1 - rcvbuf0
+	}
 	t.r.Unanswered = t.r.Requests - t.r.Served - t.r.Failed
 	t.r.Errors = []string{}
 	for e, k := range t.errors {
@@ -238,6 +256,45 @@ func (r *run) packets() (sent, recv uint64) {
 		recv += s.PacketsReceived
 	}
 	return
+}
+
+// The kernel's UDP counters for this network namespace (/proc/net/snmp, "Udp:"): datagrams
+// delivered to sockets (InDatagrams) and dropped for a full receive buffer (RcvbufErrors);
+// -1, -1 when they cannot be read.
+func udpCounters() (delivered, rcvbufErrors int64) {
+	b, err := os.ReadFile("/proc/net/snmp")
+	if err != nil {
+		return -1, -1
+	}
+	var names []string
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 2 || f[0] != "Udp:" {
+			continue
+		}
+		if names == nil {
+			names = f
+			continue
+		}
+		delivered, rcvbufErrors = -1, -1
+		for i, name := range names {
+			var v int64
+			if i >= len(f) {
+				break
+			}
+			if _, err := fmt.Sscan(f[i], &v); err != nil {
+				continue
+			}
+			switch name {
+			case "InDatagrams":
+				delivered = v
+			case "RcvbufErrors":
+				rcvbufErrors = v
+			}
+		}
+		return delivered, rcvbufErrors
+	}
+	return -1, -1
 }
 
 func cpuSeconds() float64 {

@@ -394,11 +394,18 @@ pub struct H3BenchArgs {
     /// every --interval 1).
     #[arg(long, default_value_t = 16 * 1024, requires = "connections", value_name = "BYTES")]
     segment: usize,
-    /// With --connections: which clients play every row: own (`udpx h3 load`), independent
-    /// (quic-go's HTTP/3 client and Go's net/http, built by scripts/setup.sh), or both. The
-    /// verdicts are judged with the independent one where it ran.
-    #[arg(long, default_value = "both", requires = "connections", value_name = "own|independent|both")]
-    clients: ClientChoice,
+    /// With --connections: which clients play every row (comma-separated): own (`udpx h3
+    /// load`), independent (quic-go's HTTP/3 client and Go's net/http, built by
+    /// scripts/setup.sh), quinn (quinn with hyperium's h3; hyper for nginx), both (own and
+    /// independent) or all. The verdicts are judged with each independent one that ran.
+    #[arg(
+        long,
+        default_value = "both",
+        requires = "connections",
+        value_delimiter = ',',
+        value_name = "own|independent|quinn|both|all"
+    )]
+    clients: Vec<ClientChoice>,
     /// With --connections: the servers of the sweep (comma-separated; default all).
     #[arg(
         long,
@@ -497,7 +504,9 @@ enum ServerChoice {
 enum ClientChoice {
     Own,
     Independent,
+    Quinn,
     Both,
+    All,
 }
 
 /// `udpx bench h3 --bottleneck`: the burst rules through a shallow bottleneck.
@@ -598,12 +607,22 @@ fn bench_scale(a: H3BenchArgs) -> ExitCode {
         .collect();
     cfg.servers.dedup();
     use udpx_h3_bench::bench::scale::LoadClient;
-    cfg.clients = match a.clients {
-        ClientChoice::Own => vec![LoadClient::Own],
-        ClientChoice::Independent => vec![LoadClient::Independent],
-        ClientChoice::Both => vec![LoadClient::Own, LoadClient::Independent],
-    };
-    if a.clients == ClientChoice::Independent && cfg.independent.is_none() {
+    cfg.clients = Vec::new();
+    for c in &a.clients {
+        let these: &[LoadClient] = match c {
+            ClientChoice::Own => &[LoadClient::Own],
+            ClientChoice::Independent => &[LoadClient::Independent],
+            ClientChoice::Quinn => &[LoadClient::Quinn],
+            ClientChoice::Both => &[LoadClient::Own, LoadClient::Independent],
+            ClientChoice::All => &[LoadClient::Own, LoadClient::Independent, LoadClient::Quinn],
+        };
+        for &x in these {
+            if !cfg.clients.contains(&x) {
+                cfg.clients.push(x);
+            }
+        }
+    }
+    if a.clients == [ClientChoice::Independent] && cfg.independent.is_none() {
         return usage(format!(
             "--clients independent: {} is not installed: run scripts/setup.sh (it builds peers/quicgo-load)",
             udpx_h3_bench::independent::PROGRAM
@@ -645,9 +664,12 @@ fn load(a: LoadArgs) -> ExitCode {
     let r = match (a.tcp.as_deref(), a.ca.as_deref()) {
         (None, _) => udpx_h3_bench::load::run(&cfg),
         (Some(v), Some(ca)) => {
-            let http =
-                if v == "h2" { udpx_h3_bench::load_tcp::TcpHttp::H2 } else { udpx_h3_bench::load_tcp::TcpHttp::H1 };
-            udpx_h3_bench::load_tcp::run(&cfg, http, ca)
+            let http = if v == "h2" {
+                udpx_h3_bench::load_hyper::HyperHttp::H2
+            } else {
+                udpx_h3_bench::load_hyper::HyperHttp::H1
+            };
+            udpx_h3_bench::load_hyper::run(&cfg, http, ca)
         }
         (Some(_), None) => return util::usage(CMD, "--tcp needs --ca"),
     };

@@ -69,7 +69,17 @@ struct Report {
     window_s: f64,
     packets_sent: u64,
     packets_received: u64,
+    /// Datagrams the kernel delivered to the client's namespace over the window; -1: unread.
+    #[serde(default = "unread")]
+    udp_delivered: i64,
+    /// Of them, dropped for a full socket receive buffer; -1: unread.
+    #[serde(default = "unread")]
+    udp_rcvbuf_errors: i64,
     errors: Vec<String>,
+}
+
+fn unread() -> i64 {
+    -1
 }
 
 /// Runs `cmd` (the program, wrapped as the caller places it: a namespace, a CPU) with the
@@ -110,6 +120,11 @@ pub fn run(mut cmd: Command, cfg: &LoadConfig, proto: Proto, size: u64) -> Resul
         unanswered: r.unanswered,
         packets_sent: (proto == Proto::H3).then_some(r.packets_sent),
         packets_received: (proto == Proto::H3).then_some(r.packets_received),
+        // Short-header packets are one per datagram: what was delivered and not processed
+        // was dropped in the client (handshakes, whose datagrams coalesce packets, end before
+        // the window), and the kernel dropped what no receive buffer held.
+        client_dropped: (proto == Proto::H3 && r.udp_delivered >= 0 && r.udp_rcvbuf_errors >= 0)
+            .then(|| (r.udp_delivered as u64).saturating_sub(r.packets_received) + r.udp_rcvbuf_errors as u64),
         quic: Default::default(),
         moved_on_goaway: 0,
         retried: 0,

@@ -8,7 +8,8 @@
 //!   `udpx_h3::get`; the scale bench (`--connections`), the bottleneck (`--bottleneck`) and the
 //!   Initial flood (`--flood`).
 //! - [`load`] runs many clients in one loop as video players (a segment every interval), and
-//!   [`load_tcp`] the same players over HTTPS on TCP (`udpx h3 load`).
+//!   [`load_hyper`] the same players on hyperium's stacks: hyper over HTTPS on TCP (`udpx h3
+//!   load`) and `h3` on quinn, the scale bench's second independent HTTP/3 client.
 //! - [`quinn_server`] is quinn with h3, the bench's second HTTP/3 server (`udpx h3
 //!   quinn-serve`).
 #![forbid(unsafe_code)]
@@ -16,5 +17,5 @@
 pub mod bench;
 pub mod independent;
 pub mod load;
-pub mod load_tcp;
+pub mod load_hyper;
 pub mod quinn_server;

@@ -148,6 +148,12 @@ pub struct LoadReport {
     pub packets_sent: Option<u64>,
     /// Packets (datagrams) it received over the window.
     pub packets_received: Option<u64>,
+    /// Datagrams that reached the client's host over the window and were lost there: the
+    /// kernel dropped them for a full socket receive buffer, or (quic-go's client) they were
+    /// delivered and never processed, its per-connection queue of 256 unprocessed packets
+    /// overflowed while a connection's goroutine was behind. `None`: not counted (udpx's own
+    /// client, the TCP clients). A loss the server sees that happened after the network.
+    pub client_dropped: Option<u64>,
     /// The client host's counters (udpx's own client; zero for the others).
     pub quic: HostCounters,
     /// Connections left for a new one after the server's GOAWAY (udpx's own client).
@@ -181,6 +187,12 @@ impl LoadReport {
         (r > 0).then(|| s as f64 / r as f64)
     }
 
+    /// The datagrams the client dropped itself, percent of those it processed.
+    pub fn client_dropped_pct(&self) -> Option<f64> {
+        let (d, r) = (self.client_dropped?, self.packets_received?);
+        (r > 0).then(|| d as f64 * 100.0 / r as f64)
+    }
+
     /// One line: the client, the counts, the latencies, the client's CPU and packets.
     pub fn summary(&self) -> String {
         format!(
@@ -208,7 +220,7 @@ impl LoadReport {
     }
 }
 
-/// What the players saw, counted the same way over QUIC and over TCP ([`crate::load_tcp`]).
+/// What the players saw, counted the same way over QUIC and over TCP ([`crate::load_hyper`]).
 #[derive(Default)]
 pub(crate) struct Tally {
     pub(crate) requests: u64,
@@ -276,6 +288,7 @@ impl Tally {
             unanswered: self.waiting(),
             packets_sent: packets.map(|p| p.0),
             packets_received: packets.map(|p| p.1),
+            client_dropped: None,
             config: cfg.clone(),
             established: self.established,
             ended_early: self.ended,

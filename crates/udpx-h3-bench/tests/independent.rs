@@ -51,6 +51,7 @@ fn independent_players_over_http3_are_all_served() {
     assert!(r.requests >= 300 * 3, "each asks every 400 ms over 2 s: {}", r.requests);
     assert_eq!((r.served, r.failed, r.unanswered, r.never_served, r.ended_early), (r.requests, 0, 0, 0, 0));
     assert!(r.packets_received.unwrap() > 0 && r.packets_sent.unwrap() > 0, "the client's packets counted");
+    assert!(r.client_dropped.is_some(), "what the client's host dropped counted (its /proc/net/snmp read)");
     assert_eq!(c.quic.connections, 300);
     assert!(c.http.requests >= r.requests, "the server answered what the client counted");
 }

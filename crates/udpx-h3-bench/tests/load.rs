@@ -11,13 +11,24 @@ use std::time::Duration;
 use common::{content, TempDir};
 use udpx_h3::{serve, ServeConfig};
 use udpx_h3_bench::load::{self, LoadConfig};
-use udpx_h3_bench::load_tcp::{self, TcpHttp};
+use udpx_h3_bench::load_hyper::{self, HyperHttp};
 
 fn site() -> TempDir {
     let tmp = TempDir::new("load");
     std::fs::create_dir_all(tmp.path().join("www")).unwrap();
     std::fs::write(tmp.path().join("www/seg"), content(16 * 1024, 3)).unwrap();
     tmp
+}
+
+/// A self-signed certificate for `localhost` in `tmp`, served by `sc`: the CA file the
+/// hyperium clients check it against.
+fn tls_files(tmp: &TempDir, sc: &mut ServeConfig) -> std::path::PathBuf {
+    let ck = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
+    let (cert, key) = (tmp.path().join("cert.pem"), tmp.path().join("key.pem"));
+    std::fs::write(&cert, ck.cert.pem()).unwrap();
+    std::fs::write(&key, ck.key_pair.serialize_pem()).unwrap();
+    sc.tls = udpx_h3::Tls::Files { cert: cert.clone(), key };
+    cert
 }
 
 /// `n` players asking `/seg` every `interval`, started over `ramp`, measured for 2 s.
@@ -50,25 +61,45 @@ fn players_over_tcp_are_all_served() {
     let tmp = site();
     let mut sc = ServeConfig::new("127.0.0.1:0".parse().unwrap());
     sc.alt_svc_tcp = Some("127.0.0.1:0".parse().unwrap());
-    let ck = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
-    let (cert, key) = (tmp.path().join("cert.pem"), tmp.path().join("key.pem"));
-    std::fs::write(&cert, ck.cert.pem()).unwrap();
-    std::fs::write(&key, ck.key_pair.serialize_pem()).unwrap();
-    sc.tls = udpx_h3::Tls::Files { cert: cert.clone(), key };
+    let cert = tls_files(&tmp, &mut sc);
     let server = serve(&tmp.path().join("www"), &sc).unwrap();
     let tcp = server.tcp_addr().unwrap();
-    for http in [TcpHttp::H2, TcpHttp::H1] {
+    for http in [HyperHttp::H2, HyperHttp::H1] {
         let mut cfg = LoadConfig::new(tcp, 100, "/seg", Duration::from_millis(300));
         cfg.ramp = Duration::from_millis(500);
         cfg.duration = Duration::from_secs(2);
         cfg.locals = (1..=8).map(|i| std::net::IpAddr::from([127, 0, 1, i])).collect();
-        let r = load_tcp::run(&cfg, http, &cert).unwrap();
+        let r = load_hyper::run(&cfg, http, &cert).unwrap();
         println!("{http:?} load: {} requests, {} served, latency {:?}", r.requests, r.served, r.latency);
         assert_eq!(r.established, 100, "{http:?}");
         assert!(r.requests >= 100 * 2, "{http:?}: {}", r.requests);
         assert_eq!((r.served, r.failed, r.never_served, r.ended_early), (r.requests, 0, 0, 0), "{http:?}");
     }
     server.stop().unwrap();
+}
+
+/// The second independent HTTP/3 client (quinn with hyperium's h3, issue 39): its players on
+/// four sockets, every request answered whole, its datagrams and its host's drops counted.
+#[test]
+fn quinn_players_over_http3_are_all_served() {
+    let tmp = site();
+    let mut sc = ServeConfig::new("127.0.0.1:0".parse().unwrap());
+    let cert = tls_files(&tmp, &mut sc);
+    let server = serve(&tmp.path().join("www"), &sc).unwrap();
+    let mut cfg = players(server.local_addr(), 200, Duration::from_millis(300), Duration::from_secs(1));
+    cfg.locals = (1..=4).map(|i| std::net::IpAddr::from([127, 0, 4, i])).collect();
+    let r = load_hyper::run(&cfg, HyperHttp::H3, &cert).unwrap();
+    let c = server.stop().unwrap();
+    println!("{}; server {:?}", r.summary(), c.quic);
+    assert_eq!(r.client, "quinn h3");
+    assert_eq!(r.established, 200);
+    assert!(r.requests >= 200 * 2, "each asks every 300 ms over 2 s: {}", r.requests);
+    assert_eq!((r.served, r.failed, r.unanswered, r.never_served, r.ended_early), (r.requests, 0, 0, 0, 0));
+    assert_eq!(r.bytes % (16 * 1024), 0, "whole segments");
+    assert!(r.packets_received.unwrap() > 0 && r.packets_sent.unwrap() > 0, "the client's datagrams counted");
+    assert!(r.client_dropped.is_some(), "the client host's receive-buffer drops read");
+    assert_eq!(c.quic.connections, 200);
+    assert!(c.http.requests >= r.requests, "the server answered what the client counted");
 }
 
 /// udpx's own load client honours GOAWAY (issue 40): when the server drains, each player

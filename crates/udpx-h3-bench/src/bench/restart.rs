@@ -37,7 +37,7 @@ use udpx_lab::netns::{ChildGroup, GroupGuard, Profile, Side, TestNet, TestNetCon
 
 use super::{write_cert, Scratch};
 use crate::load::{self, LoadConfig, LoadReport};
-use crate::load_tcp::{self, TcpHttp};
+use crate::load_hyper::{self, HyperHttp};
 
 /// The file every player asks for.
 const SEGMENT: &str = "segment";
@@ -370,7 +370,7 @@ fn one_row(cfg: &RestartConfig, lab: &Lab<'_>, change: Change) -> Result<Restart
     let job = move || {
         let _ = udpx_lab::cpu::pin_current_thread(client_cpu);
         if tcp {
-            load_tcp::run(&lc2, TcpHttp::H2, &ca).map_err(|e| e.to_string())
+            load_hyper::run(&lc2, HyperHttp::H2, &ca).map_err(|e| e.to_string())
         } else {
             load::run(&lc2).map_err(|e| e.to_string())
         }

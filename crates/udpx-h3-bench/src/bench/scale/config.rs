@@ -46,6 +46,10 @@ pub enum LoadClient {
     /// The independent one ([`crate::independent`]): quic-go's HTTP/3 client, Go's `net/http`
     /// for nginx. The verdicts are judged with it.
     Independent,
+    /// A second independent one ([`crate::load_hyper`]): quinn with hyperium's `h3` for the
+    /// HTTP/3 servers, hyper for nginx (the TCP client udpx's own rows use). The verdicts are
+    /// judged with it too.
+    Quinn,
 }
 
 impl LoadClient {
@@ -54,6 +58,7 @@ impl LoadClient {
         match self {
             LoadClient::Own => "udpx",
             LoadClient::Independent => "quic-go / Go",
+            LoadClient::Quinn => "quinn / hyper",
         }
     }
 }

@@ -1,7 +1,7 @@
 //! `udpx bench h3 --connections N,...`: the seed paper's workload. N clients at once, each a
 //! video player fetching a segment every interval ([`crate::load`]), against `udpx h3 serve`,
 //! a second HTTP/3 server (quinn with h3, [`crate::quinn_server`]), and nginx over TCP (HTTP/2
-//! and HTTP/1.1, TLS 1.3, one worker) under the same schedule ([`crate::load_tcp`]), side by
+//! and HTTP/1.1, TLS 1.3, one worker) under the same schedule ([`crate::load_hyper`]), side by
 //! side in one run; and a row of idle connections (no requests, a PING every 10 s by
 //! default), beside its floor: a bare echo server answering as many datagrams ([`EchoFloor`]).
 //!
@@ -45,7 +45,7 @@ use super::peers::{process_cpu_secs, process_switches};
 use super::{write_cert, Scratch};
 use crate::independent::Proto;
 use crate::load::{self, LoadConfig, LoadReport};
-use crate::load_tcp::{self, TcpHttp};
+use crate::load_hyper::{self, HyperHttp};
 
 mod config;
 mod report;
@@ -88,6 +88,12 @@ impl ScaleRow {
     }
 }
 
+/// A run whose client dropped more than this share of the datagrams it processed, percent
+/// ([`LoadReport::client_dropped`]: quic-go's per-connection queue of 256 unprocessed packets
+/// overflowed while a connection's goroutine was behind), measured the client's losses: its
+/// latency is not the server's.
+pub const CLIENT_DROP_PCT: f64 = 0.1;
+
 /// One run of a row.
 #[derive(Debug, Clone, Serialize)]
 pub struct RowRun {
@@ -126,6 +132,29 @@ pub struct RowRun {
     pub host: Option<HostPerRequest>,
     /// udpx rows: datagrams the server received and sent over the window (its `/metrics`).
     pub datagrams: Option<DatagramRates>,
+}
+
+impl RowRun {
+    /// The client dropped more than [`CLIENT_DROP_PCT`] of the datagrams delivered to it.
+    pub fn client_dropped(&self) -> bool {
+        self.load.client_dropped_pct().is_some_and(|p| p > CLIENT_DROP_PCT)
+    }
+
+    /// Neither the client's CPU (in the window or while the connections opened) nor its own
+    /// queues limited this run: its latency is the server's and the path's.
+    pub fn client_free(&self) -> bool {
+        !self.client_limited && !self.client_ramp_limited && !self.client_dropped()
+    }
+
+    /// What limited the run on the client's side, for the table (empty: nothing).
+    pub fn client_limit_note(&self) -> &'static str {
+        match (self.client_limited, self.client_ramp_limited, self.client_dropped()) {
+            (true, _, _) => " (client-limited)",
+            (false, true, _) => " (client-limited while opening)",
+            (false, false, true) => " (client-limited: it dropped datagrams)",
+            _ => "",
+        }
+    }
 }
 
 /// What the udpx server received and sent over a row's window: the idle row's load, the rate
@@ -458,13 +487,14 @@ pub fn run(cfg: &ScaleConfig, progress: &mut dyn FnMut(&str)) -> Result<ScaleBen
             progress(&match &r {
                 Err(e) => format!("{label}: failed: {e}"),
                 Ok(x) => format!(
-                    "{label}: {:.1} % served, {} unanswered, p99 {:.1} ms, server CPU {:.1} %, client CPU {:.1} % ({} while opening)",
+                    "{label}: {:.1} % served, {} unanswered, p99 {:.1} ms, server CPU {:.1} %, client CPU {:.1} % ({} while opening){}",
                     x.load.served_pct(),
                     x.load.unanswered,
                     x.load.latency.p99_ms,
                     x.server_cpu_pct,
                     x.load.client_cpu_pct(),
-                    x.client_ramp_pct.map_or("-".into(), |p| format!("{p:.0} % of its CPU"))
+                    x.client_ramp_pct.map_or("-".into(), |p| format!("{p:.0} % of its CPU")),
+                    x.load.client_dropped.map_or(String::new(), |d| format!(", {d} datagrams dropped in the client"))
                 ),
             });
             if let (true, Ok(x)) = (idle, &r) {
@@ -581,13 +611,16 @@ fn one_run(
             std::thread::spawn(move || crate::independent::run(cmd, &lc2, proto, size))
         }
         (LoadClient::Independent, None) => return Err(format!("{} not found", crate::independent::PROGRAM)),
-        (LoadClient::Own, _) => {
+        (LoadClient::Own | LoadClient::Quinn, _) => {
             let job = move || {
                 let _ = udpx_lab::cpu::pin_current_thread(client_cpu);
                 match server {
+                    ScaleServer::Udpx | ScaleServer::Quinn if client == LoadClient::Quinn => {
+                        load_hyper::run(&lc2, HyperHttp::H3, &ca).map_err(|e| e.to_string())
+                    }
                     ScaleServer::Udpx | ScaleServer::Quinn => load::run(&lc2).map_err(|e| e.to_string()),
-                    ScaleServer::NginxH2 => load_tcp::run(&lc2, TcpHttp::H2, &ca).map_err(|e| e.to_string()),
-                    ScaleServer::NginxH1 => load_tcp::run(&lc2, TcpHttp::H1, &ca).map_err(|e| e.to_string()),
+                    ScaleServer::NginxH2 => load_hyper::run(&lc2, HyperHttp::H2, &ca).map_err(|e| e.to_string()),
+                    ScaleServer::NginxH1 => load_hyper::run(&lc2, HyperHttp::H1, &ca).map_err(|e| e.to_string()),
                 }
             };
             match place.client_ns() {

@@ -11,13 +11,42 @@ pub const P99_SLACK_MS: f64 = 5.0;
 /// nothing running ([`ScaleBench::baseline_pct`]); `segment`: the players' segment bytes.
 pub fn judge(rows: &[ScaleRow], baseline: Option<f64>, segment: usize) -> Vec<Check> {
     let mut out = Vec::new();
-    // Judged with the independent client where it ran (it acknowledges as clients users bring
+    // Judged with each independent client that ran (they acknowledge as clients users bring
     // do), else with udpx's own.
-    let by = if rows.iter().any(|r| r.client == LoadClient::Independent) {
-        LoadClient::Independent
-    } else {
-        LoadClient::Own
-    };
+    let mut bys: Vec<LoadClient> = [LoadClient::Independent, LoadClient::Quinn]
+        .into_iter()
+        .filter(|&c| rows.iter().any(|r| r.client == c))
+        .collect();
+    if bys.is_empty() {
+        bys.push(LoadClient::Own);
+    }
+    for by in bys {
+        judge_by(rows, by, baseline, segment, &mut out);
+    }
+    if let Some(r) = rows.iter().find(|r| r.idle) {
+        let kib = |x: &RowRun| x.server_kib_per_conn;
+        let cpu = |x: &RowRun| Some(x.server_cpu_pct);
+        let ones: Vec<Option<f64>> = r.runs.iter().map(|_| Some(1.0)).collect();
+        out.extend(Check::judge(
+            "h3 scale",
+            &format!("udpx KiB per idle connection ({})", r.connections),
+            &r.runs.iter().map(|x| x.as_ref().and_then(kib)).collect::<Vec<_>>(),
+            &ones,
+            32.0,
+        ));
+        out.extend(Check::judge(
+            "h3 scale",
+            &format!("udpx CPU % with {} idle connections", r.connections),
+            &r.runs.iter().map(|x| x.as_ref().and_then(cpu)).collect::<Vec<_>>(),
+            &ones,
+            5.0,
+        ));
+    }
+    out
+}
+
+/// The verdicts judged with client `by`'s rows, into `out`.
+fn judge_by(rows: &[ScaleRow], by: LoadClient, baseline: Option<f64>, segment: usize, out: &mut Vec<Check>) {
     let find = |s: ScaleServer, n: usize| {
         rows.iter().find(|r| r.server == s && r.client == by && r.connections == n && !r.idle)
     };
@@ -40,7 +69,7 @@ pub fn judge(rows: &[ScaleRow], baseline: Option<f64>, segment: usize) -> Vec<Ch
         // is 2x nginx's p99 plus 5 ms (a few milliseconds are nothing to a player and
         // everything to a ratio of sub-millisecond figures): udpx / (nginx + 2.5 ms) <= 2.
         let slack = if segment <= 64 * 1024 { P99_SLACK_MS / 2.0 } else { 0.0 };
-        let p99 = |x: &RowRun| (!x.client_limited && !x.client_ramp_limited).then_some(x.load.latency.p99_ms);
+        let p99 = |x: &RowRun| x.client_free().then_some(x.load.latency.p99_ms);
         let p99_slack = |x: &RowRun| p99(x).map(|ms| ms + slack);
         let name = if slack > 0.0 {
             format!("udpx p99 / (nginx h2 p99 + {slack:.1} ms) at {max_n}")
@@ -107,25 +136,6 @@ pub fn judge(rows: &[ScaleRow], baseline: Option<f64>, segment: usize) -> Vec<Ch
             0.0,
         ));
     }
-    if let Some(r) = rows.iter().find(|r| r.idle) {
-        let kib = |x: &RowRun| x.server_kib_per_conn;
-        let cpu = |x: &RowRun| Some(x.server_cpu_pct);
-        out.extend(Check::judge(
-            "h3 scale",
-            &format!("udpx KiB per idle connection ({})", r.connections),
-            &per_run(r, &kib),
-            &ones(r),
-            32.0,
-        ));
-        out.extend(Check::judge(
-            "h3 scale",
-            &format!("udpx CPU % with {} idle connections", r.connections),
-            &per_run(r, &cpu),
-            &ones(r),
-            5.0,
-        ));
-    }
-    out
 }
 
 /// The table as text.
@@ -178,11 +188,11 @@ pub fn table(b: &ScaleBench) -> String {
     }
     let _ = writeln!(
         s,
-        "| server | client | conns | served % | unanswered | never served | p50 / p99 / max ms | late | handshake p50 ms | server CPU % (its process) | CPU-s/GB (its process) | CPU-us per conn-s | KiB per conn | server context switches per request | client packets sent per received | client CPU % |"
+        "| server | client | conns | served % | unanswered | never served | p50 / p99 / max ms | late | handshake p50 ms | server CPU % (its process) | CPU-s/GB (its process) | CPU-us per conn-s | KiB per conn | server context switches per request | client packets sent per received | dropped in the client % | client CPU % |"
     );
     let _ = writeln!(
         s,
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
     );
     for row in &b.rows {
         let name = if row.idle { format!("{} (idle)", row.server.name()) } else { row.server.name().to_string() };
@@ -199,7 +209,7 @@ pub fn table(b: &ScaleBench) -> String {
         let l = &r.load;
         let _ = writeln!(
             s,
-            "| {name} | {} | {} | {} | {} | {} | {:.1} / {:.1} / {:.1} | {} | {:.1} | {:.1} ({:.1}) | {} ({}) | {:.1} | {} | {} | {} | {:.0}{} |",
+            "| {name} | {} | {} | {} | {} | {} | {:.1} / {:.1} / {:.1} | {} | {:.1} | {:.1} ({:.1}) | {} ({}) | {:.1} | {} | {} | {} | {} | {:.0}{} |",
             row.client.name(),
             row.connections,
             if row.idle { "-".to_string() } else { format!("{:.2}", l.served_pct()) },
@@ -218,12 +228,9 @@ pub fn table(b: &ScaleBench) -> String {
             r.server_kib_per_conn.map_or("-".into(), |v| format!("{v:.1}")),
             r.server_switches_per_request.map_or("-".into(), |v| format!("{v:.2}")),
             l.sent_per_received().map_or("-".into(), |v| format!("{v:.3}")),
+            l.client_dropped_pct().map_or("-".into(), |v| format!("{v:.2}")),
             l.client_cpu_pct(),
-            match (r.client_limited, r.client_ramp_limited) {
-                (true, _) => " (client-limited)",
-                (false, true) => " (client-limited while opening)",
-                _ => "",
-            }
+            r.client_limit_note()
         );
     }
     let hosts: Vec<(&ScaleRow, HostPerRequest)> =
