@@ -233,6 +233,16 @@ pub fn table(b: &ScaleBench) -> String {
             r.client_limit_note()
         );
     }
+    let limited = b.rows.iter().flat_map(|r| r.runs.iter().flatten()).filter(|x| !x.client_free()).count();
+    if limited > 0 {
+        let _ = writeln!(
+            s,
+            "\n{limited} run(s) measured their client (a row is marked by its median run): above {CLIENT_LIMIT_PCT:.0} % of \
+             its CPU in the window or while the connections opened, or its host lost more than {CLIENT_DROP_PCT} % as many \
+             datagrams as it processed (\"dropped in the client\": a full socket receive buffer, or quic-go's queue of \
+             256 unprocessed packets per connection). Their p99 is not judged."
+        );
+    }
     let hosts: Vec<(&ScaleRow, HostPerRequest)> =
         b.rows.iter().filter_map(|r| Some((r, r.median.as_ref()?.host?))).collect();
     if !hosts.is_empty() {
