@@ -313,3 +313,67 @@ pub fn table(b: &ScaleBench) -> String {
     let _ = writeln!(s, "{}", b.environment.to_markdown());
     s
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::load::Tally;
+
+    /// A run whose client saw `p99_ms` (every latency that) and, over QUIC, lost `dropped` of
+    /// 10,000 datagrams it processed.
+    fn run(p99_ms: u32, dropped: Option<u64>) -> RowRun {
+        let cfg = LoadConfig::new("127.0.0.1:443".parse().unwrap(), 100, "/segment", Duration::from_secs(1));
+        let mut t = Tally { requests: 100, served: 100, bytes: 100 << 20, ..Default::default() };
+        t.latencies = vec![p99_ms * 1000; 100];
+        let mut load = t.report("test", &cfg, 1.0, dropped.map(|_| (400, 10_000)), Default::default());
+        load.window_s = 15.0;
+        load.client_dropped = dropped;
+        RowRun {
+            load,
+            server_cpu_pct: 10.0,
+            server_process_pct: 10.0,
+            server_cpu_s_per_gb: Some(1.0),
+            server_process_s_per_gb: Some(1.0),
+            server_cpu_us_per_conn_s: 1.0,
+            server_switches_per_request: None,
+            server_kib_per_conn: None,
+            client_limited: false,
+            client_ramp_pct: None,
+            client_ramp_limited: false,
+            host: None,
+            datagrams: None,
+        }
+    }
+
+    fn row(server: ScaleServer, runs: Vec<RowRun>) -> ScaleRow {
+        ScaleRow {
+            server,
+            client: LoadClient::Independent,
+            connections: 100,
+            idle: false,
+            median: runs.first().cloned(),
+            runs: runs.into_iter().map(Some).collect(),
+            error: None,
+        }
+    }
+
+    fn p99_check(udpx_dropped: u64) -> Option<Check> {
+        let rows = [
+            row(ScaleServer::Udpx, (0..3).map(|_| run(40, Some(udpx_dropped))).collect()),
+            row(ScaleServer::NginxH2, (0..3).map(|_| run(10, None)).collect()),
+        ];
+        judge(&rows, None, 1 << 20).into_iter().find(|c| c.what.contains("p99"))
+    }
+
+    #[test]
+    fn a_run_whose_client_dropped_datagrams_is_not_judged_for_latency() {
+        // 10 of 10,000 (0.1 %) is at the line: still judged, and 4x nginx's p99 misses.
+        let c = p99_check(10).expect("judged");
+        assert_eq!(c.verdict, udpx_lab::stats::Verdict::Missed, "{c:?}");
+        assert!((c.ratio - 4.0).abs() < 0.1, "{c:?}");
+        // 561 of 10,000 (quic-go's 5.6 % at 1 MiB/s): the client's losses, not judged.
+        assert!(p99_check(561).is_none());
+        assert!(!run(40, Some(561)).client_free() && run(40, Some(561)).client_limit_note().contains("dropped"));
+        assert!(run(40, Some(0)).client_free() && run(40, None).client_free());
+    }
+}
