@@ -333,15 +333,16 @@ fn bench_h3_bottleneck_runs_each_burst_rule() {
 /// rate-limited downloads spanning it. The upgrade and the reload fail no request and break no
 /// connection and no download (the upgrade's players move on GOAWAY, the downloads finish
 /// from the old process), the naive restart breaks connections and downloads (the table can
-/// see a loss), and nginx's TCP rows, where nginx is installed, fail nothing either. Counts
-/// only; the p99 columns are the report's.
+/// see a loss), and nginx's TCP rows, where nginx is installed, fail nothing either. The
+/// upgrade is played twice: by udpx's own client and by quinn's (which follows GOAWAY as
+/// browsers do, RFC 9114 5.2). Counts only; the p99 columns are the report's.
 #[test]
 fn bench_h3_restart_upgrades_and_reloads_without_a_failure() {
     let args = ["bench", "h3", "--restart", "50", "--restart-seconds", "6", "--restart-changes", "1", "--json"];
     let Some(json) = root_lab("bench_h3_restart_upgrades_and_reloads_without_a_failure", &args) else { return };
     let rows = json["h3_restart"]["rows"].as_array().expect("rows");
     let row = |name: &str| rows.iter().find(|r| r["change"] == name).unwrap_or_else(|| panic!("{name}: {json}"));
-    for name in ["UdpxUpgrade", "UdpxReload", "NginxReload", "NginxUpgrade"] {
+    for name in ["UdpxUpgrade", "UdpxUpgradeQuinn", "UdpxReload", "NginxReload", "NginxUpgrade"] {
         let r = row(name);
         if name.starts_with("Nginx") && r["load"].is_null() {
             continue; // nginx not installed: the row says so
@@ -354,9 +355,12 @@ fn bench_h3_restart_upgrades_and_reloads_without_a_failure() {
         assert!(r["changes"][0]["error"].is_null(), "{r}");
         assert_eq!(r["downloads_broken"].as_u64(), Some(0), "{name}: the rate-limited downloads end whole: {r}");
     }
-    let up = row("UdpxUpgrade");
-    assert!(up["load"]["moved_on_goaway"].as_u64() > Some(0), "the players moved to the new server: {up}");
-    assert!(up["changes"][0]["replaced_after_s"].as_f64().is_some(), "the old server exited: {up}");
+    for name in ["UdpxUpgrade", "UdpxUpgradeQuinn"] {
+        let up = row(name);
+        assert!(up["load"]["moved_on_goaway"].as_u64() > Some(0), "the players moved to the new server: {up}");
+        assert!(up["changes"][0]["replaced_after_s"].as_f64().is_some(), "the old server exited: {up}");
+    }
+    assert_eq!(row("UdpxUpgradeQuinn")["load"]["client"], "quinn h3", "a client udpx did not write");
     let naive = row("UdpxRestart");
     assert!(naive["load"]["ended_early"].as_u64() > Some(0), "a restart breaks connections: {naive}");
     assert!(naive["downloads_broken"].as_u64() > Some(0), "and downloads: {naive}");

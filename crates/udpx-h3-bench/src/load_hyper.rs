@@ -287,7 +287,7 @@ impl Dialer {
             tokio::task::spawn_local(async move {
                 let _ = std::future::poll_fn(|cx| driver.poll_close(cx)).await;
             });
-            return Some(Sender::H3(send, conn));
+            return Some(Sender::H3 { send, conn, left: false });
         }
         let from = (!cfg.locals.is_empty()).then(|| cfg.locals[i % cfg.locals.len()]);
         let tcp = connect(cfg.server, from).await.ok()?;
@@ -321,7 +321,25 @@ async fn connect(to: SocketAddr, from: Option<IpAddr>) -> std::io::Result<tokio:
 enum Sender {
     H2(hyper::client::conn::http2::SendRequest<http_body_util::Empty<hyper::body::Bytes>>),
     H1(hyper::client::conn::http1::SendRequest<http_body_util::Empty<hyper::body::Bytes>>),
-    H3(h3::client::SendRequest<h3_quinn::OpenStreams, bytes::Bytes>, quinn::Connection),
+    H3 {
+        send: h3::client::SendRequest<h3_quinn::OpenStreams, bytes::Bytes>,
+        conn: quinn::Connection,
+        /// The server said it will process no more requests here (GOAWAY, a request rejected
+        /// with H3_REQUEST_REJECTED, or a graceful close before the answer): the request may be
+        /// sent again on a new connection (RFC 9114 5.2), as browsers do.
+        left: bool,
+    },
+}
+
+/// The server did not process the request and said so (RFC 9114 5.2): a GOAWAY before it was
+/// sent, H3_REQUEST_REJECTED, or the connection closed gracefully (H3_NO_ERROR) under it.
+fn unprocessed(e: &h3::error::StreamError) -> bool {
+    use h3::error::{Code, StreamError};
+    match e {
+        StreamError::RemoteClosing { .. } => true,
+        StreamError::RemoteTerminate { code, .. } => *code == Code::H3_REQUEST_REJECTED,
+        _ => e.is_h3_no_error(),
+    }
 }
 
 impl Sender {
@@ -330,18 +348,31 @@ impl Sender {
         match self {
             Sender::H2(s) => s.is_closed(),
             Sender::H1(s) => s.is_closed(),
-            Sender::H3(_, c) => c.close_reason().is_some(),
+            Sender::H3 { conn, left, .. } => *left || conn.close_reason().is_some(),
         }
     }
 
     /// Sends `req` and reads the whole body: (status, body bytes), or `None` on any failure.
     async fn send(&mut self, req: hyper::Request<http_body_util::Empty<hyper::body::Bytes>>) -> Option<(u16, u64)> {
         let resp = match self {
-            Sender::H3(s, _) => {
+            Sender::H3 { send, left, .. } => {
                 let (parts, _) = req.into_parts();
-                let mut stream = s.send_request(http::Request::from_parts(parts, ())).await.ok()?;
+                let mut stream = match send.send_request(http::Request::from_parts(parts, ())).await {
+                    Ok(s) => s,
+                    Err(e) => {
+                        *left = unprocessed(&e);
+                        return None;
+                    }
+                };
                 stream.finish().await.ok()?;
-                let status = stream.recv_response().await.ok()?.status().as_u16();
+                let status = match stream.recv_response().await {
+                    Ok(r) => r.status().as_u16(),
+                    Err(e) => {
+                        // Nothing of the answer came: the server may not have processed it.
+                        *left = unprocessed(&e);
+                        return None;
+                    }
+                };
                 let mut bytes = 0u64;
                 while let Some(chunk) = stream.recv_data().await.ok()? {
                     bytes += chunk.remaining() as u64;

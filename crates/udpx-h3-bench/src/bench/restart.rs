@@ -101,6 +101,9 @@ impl RestartConfig {
 pub enum Change {
     /// `udpx h3 serve --upgrade` beside the running one.
     UdpxUpgrade,
+    /// The same, the players on quinn's HTTP/3 client (a client udpx did not write,
+    /// [`crate::load_hyper`]), which follows GOAWAY as browsers do.
+    UdpxUpgradeQuinn,
     /// SIGHUP to udpx.
     UdpxReload,
     /// SIGINT to udpx, then the same command again.
@@ -113,13 +116,20 @@ pub enum Change {
 
 impl Change {
     /// Every row, in table order.
-    pub const ALL: [Change; 5] =
-        [Change::UdpxUpgrade, Change::UdpxReload, Change::UdpxRestart, Change::NginxReload, Change::NginxUpgrade];
+    pub const ALL: [Change; 6] = [
+        Change::UdpxUpgrade,
+        Change::UdpxUpgradeQuinn,
+        Change::UdpxReload,
+        Change::UdpxRestart,
+        Change::NginxReload,
+        Change::NginxUpgrade,
+    ];
 
     /// The row's name.
     pub fn name(self) -> &'static str {
         match self {
             Change::UdpxUpgrade => "udpx h3: upgrade (--upgrade)",
+            Change::UdpxUpgradeQuinn => "udpx h3: upgrade, quinn's client",
             Change::UdpxReload => "udpx h3: reload (SIGHUP)",
             Change::UdpxRestart => "udpx h3: restart (stop, start)",
             Change::NginxReload => "nginx h2: reload (SIGHUP)",
@@ -371,6 +381,8 @@ fn one_row(cfg: &RestartConfig, lab: &Lab<'_>, change: Change) -> Result<Restart
         let _ = udpx_lab::cpu::pin_current_thread(client_cpu);
         if tcp {
             load_hyper::run(&lc2, HyperHttp::H2, &ca).map_err(|e| e.to_string())
+        } else if change == Change::UdpxUpgradeQuinn {
+            load_hyper::run(&lc2, HyperHttp::H3, &ca).map_err(|e| e.to_string())
         } else {
             load::run(&lc2).map_err(|e| e.to_string())
         }
@@ -392,7 +404,7 @@ fn one_row(cfg: &RestartConfig, lab: &Lab<'_>, change: Change) -> Result<Restart
         let result: Result<Option<f64>, String> = (|| match change {
             Change::UdpxReload => signal(server.pid, Signal::SIGHUP).map(|()| None),
             Change::NginxReload => signal(master, Signal::SIGHUP).map(|()| None),
-            Change::UdpxUpgrade => {
+            Change::UdpxUpgrade | Change::UdpxUpgradeQuinn => {
                 let next = Server::of(lab.udpx(cfg, &log, true)?);
                 let old = std::mem::replace(&mut server, next);
                 let old = old._child.ok_or("the old server's process")?;
@@ -546,7 +558,7 @@ pub fn table(b: &RestartBench) -> String {
     let _ = writeln!(
         s,
         "udpx bench h3 --restart: {} players x {} KiB every {} s and {} downloads at {} KiB/s, {} changes in {} s \
-         per row (veth, own clients; curl for nginx's downloads)",
+         per row (veth, own clients but for the quinn row; curl for nginx's downloads)",
         c.players,
         c.segment >> 10,
         c.interval.as_secs_f64(),
