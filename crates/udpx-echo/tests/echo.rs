@@ -53,18 +53,9 @@ fn load_cfg(dst: SocketAddr, flows: usize) -> LoadConfig {
 /// How long a test waits for a reply before calling it missing.
 const REPLY_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Datagrams this network namespace received for a port nobody listens on (/proc/net/snmp,
-/// `Udp: NoPorts`).
+/// Datagrams this network namespace received for a port nobody listens on (`Udp: NoPorts`).
 fn udp_no_ports() -> u64 {
-    let snmp = std::fs::read_to_string("/proc/net/snmp").unwrap_or_default();
-    let mut udp = snmp.lines().filter(|l| l.starts_with("Udp: "));
-    let (Some(names), Some(values)) = (udp.next(), udp.next()) else { return 0 };
-    names
-        .split_whitespace()
-        .zip(values.split_whitespace())
-        .find(|(n, _)| *n == "NoPorts")
-        .and_then(|(_, v)| v.parse().ok())
-        .unwrap_or(0)
+    udpx_lab::udp_counter("NoPorts").unwrap_or(0)
 }
 
 /// Waits (10 s at most) until a UDP socket is bound to local port `port` (/proc/net/udp), read

@@ -70,16 +70,10 @@ struct Report {
     packets_sent: u64,
     packets_received: u64,
     /// Datagrams the kernel delivered to the client's namespace over the window; -1: unread.
-    #[serde(default = "unread")]
     udp_delivered: i64,
-    /// Of them, dropped for a full socket receive buffer; -1: unread.
-    #[serde(default = "unread")]
+    /// Datagrams it dropped there for a full socket receive buffer; -1: unread.
     udp_rcvbuf_errors: i64,
     errors: Vec<String>,
-}
-
-fn unread() -> i64 {
-    -1
 }
 
 /// Runs `cmd` (the program, wrapped as the caller places it: a namespace, a CPU) with the

@@ -54,10 +54,9 @@ impl HyperHttp {
 struct Dialer {
     http: HyperHttp,
     tcp: tokio_rustls::TlsConnector,
-    /// One quinn endpoint per local address (one when none is given), and the client
+    /// One quinn endpoint per local address (one when none is given), each with the client
     /// configuration; empty over TCP.
     quic: Vec<quinn::Endpoint>,
-    quic_config: Option<quinn::ClientConfig>,
 }
 
 /// Runs the players over `http` against `cfg.server` (see the module docs), trusting the
@@ -85,14 +84,6 @@ pub fn run(cfg: &LoadConfig, http: HyperHttp, ca: &Path) -> Result<LoadReport, E
         HyperHttp::H1 => b"http/1.1".to_vec(),
         HyperHttp::H3 => b"h3".to_vec(),
     }];
-    let quic_config = match http {
-        HyperHttp::H3 => {
-            let qc = quinn::crypto::rustls::QuicClientConfig::try_from(tls.clone())
-                .map_err(|e| Error::Tls(e.to_string()))?;
-            Some(quinn::ClientConfig::new(Arc::new(qc)))
-        }
-        _ => None,
-    };
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(Error::Io)?;
     let start = Instant::now();
     let window = (start + cfg.ramp, start + cfg.ramp + cfg.duration);
@@ -102,14 +93,18 @@ pub fn run(cfg: &LoadConfig, http: HyperHttp, ca: &Path) -> Result<LoadReport, E
         // quinn's endpoints: one socket per local address, as the QUIC players have.
         let mut quic = Vec::new();
         if http == HyperHttp::H3 {
-            let ips: Vec<Option<IpAddr>> =
-                if cfg.locals.is_empty() { vec![None] } else { cfg.locals.iter().copied().map(Some).collect() };
+            let qc = quinn::crypto::rustls::QuicClientConfig::try_from(tls.clone())
+                .map_err(|e| Error::Tls(e.to_string()))?;
+            let client = quinn::ClientConfig::new(Arc::new(qc));
+            let any = if cfg.server.is_ipv4() { IpAddr::from([0u8; 4]) } else { IpAddr::from([0u16; 8]) };
+            let ips = if cfg.locals.is_empty() { vec![any] } else { cfg.locals.clone() };
             for ip in ips {
-                let any = if cfg.server.is_ipv4() { IpAddr::from([0u8; 4]) } else { IpAddr::from([0u16; 8]) };
-                quic.push(quinn_endpoint(SocketAddr::new(ip.unwrap_or(any), 0)).map_err(Error::Io)?);
+                let mut ep = quinn_endpoint(SocketAddr::new(ip, 0)).map_err(Error::Io)?;
+                ep.set_default_client_config(client.clone());
+                quic.push(ep);
             }
         }
-        let dialer = Rc::new(Dialer { http, tcp: tokio_rustls::TlsConnector::from(Arc::new(tls)), quic, quic_config });
+        let dialer = Rc::new(Dialer { http, tcp: tokio_rustls::TlsConnector::from(Arc::new(tls)), quic });
         let local = tokio::task::LocalSet::new();
         let figures = local
             .run_until(async {
@@ -125,11 +120,11 @@ pub fn run(cfg: &LoadConfig, http: HyperHttp, ca: &Path) -> Result<LoadReport, E
                 tokio::time::sleep_until(window.0.into()).await;
                 let cpu0 = udpx_lab::cpu::ProcessCpu::thread().ok();
                 let packets0 = datagrams(&conns.borrow());
-                let dropped0 = rcvbuf_errors();
+                let dropped0 = udpx_lab::udp_counter("RcvbufErrors");
                 // The window, then the last answers (10 s at most).
                 tokio::time::sleep_until(window.1.into()).await;
                 let packets1 = datagrams(&conns.borrow());
-                let dropped1 = rcvbuf_errors();
+                let dropped1 = udpx_lab::udp_counter("RcvbufErrors");
                 let end = window.1 + Duration::from_secs(10);
                 loop {
                     let waiting = tally.borrow().waiting();
@@ -173,16 +168,6 @@ fn quinn_endpoint(local: SocketAddr) -> std::io::Result<quinn::Endpoint> {
     nix::sys::socket::setsockopt(&socket, nix::sys::socket::sockopt::RcvBuf, &QUINN_RCVBUF)
         .map_err(std::io::Error::from)?;
     quinn::Endpoint::new(quinn::EndpointConfig::default(), None, socket, Arc::new(quinn::TokioRuntime))
-}
-
-/// Datagrams the kernel dropped for a full socket receive buffer in this thread's network
-/// namespace so far (`/proc/thread-self/net/snmp`, "Udp:" RcvbufErrors).
-fn rcvbuf_errors() -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/thread-self/net/snmp").ok()?;
-    let mut udp = text.lines().filter(|l| l.starts_with("Udp:"));
-    let (names, values) = (udp.next()?, udp.next()?);
-    let at = names.split_whitespace().position(|n| n == "RcvbufErrors")?;
-    values.split_whitespace().nth(at)?.parse().ok()
 }
 
 /// The datagrams quinn's connections sent and received so far (closed ones keep theirs).
@@ -280,8 +265,7 @@ impl Dialer {
     async fn open(&self, cfg: &LoadConfig, i: usize, conns: &RefCell<Vec<quinn::Connection>>) -> Option<Sender> {
         if self.http == HyperHttp::H3 {
             let ep = &self.quic[i % self.quic.len()];
-            let config = self.quic_config.clone()?;
-            let conn = ep.connect_with(config, cfg.server, "localhost").ok()?.await.ok()?;
+            let conn = ep.connect(cfg.server, "localhost").ok()?.await.ok()?;
             conns.borrow_mut().push(conn.clone());
             let (mut driver, send) = h3::client::new(h3_quinn::Connection::new(conn.clone())).await.ok()?;
             tokio::task::spawn_local(async move {

@@ -40,6 +40,16 @@ pub fn wait_until(limit: std::time::Duration, mut done: impl FnMut() -> bool) ->
     done()
 }
 
+/// One of the kernel's UDP counters (`/proc/thread-self/net/snmp`, line "Udp:", e.g.
+/// `NoPorts`, `InDatagrams`, `RcvbufErrors`) for the calling thread's network namespace;
+/// `None` when it cannot be read.
+pub fn udp_counter(name: &str) -> Option<u64> {
+    let snmp = std::fs::read_to_string("/proc/thread-self/net/snmp").ok()?;
+    let mut udp = snmp.lines().filter(|l| l.starts_with("Udp: "));
+    let (names, values) = (udp.next()?, udp.next()?);
+    names.split_whitespace().zip(values.split_whitespace()).find(|(n, _)| *n == name)?.1.parse().ok()
+}
+
 /// `len` deterministic bytes from `seed` (xorshift64): test and bench content that is no
 /// repeating pattern of a power-of-two period, so a byte out of place changes its digest.
 pub fn pattern(len: usize, seed: u64) -> Vec<u8> {

@@ -135,7 +135,7 @@ pub struct RowRun {
 }
 
 impl RowRun {
-    /// The client dropped more than [`CLIENT_DROP_PCT`] of the datagrams delivered to it.
+    /// The client's host lost more than [`CLIENT_DROP_PCT`] as many datagrams as it processed.
     pub fn client_dropped(&self) -> bool {
         self.load.client_dropped_pct().is_some_and(|p| p > CLIENT_DROP_PCT)
     }

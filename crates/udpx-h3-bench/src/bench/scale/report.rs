@@ -26,23 +26,32 @@ pub fn judge(rows: &[ScaleRow], baseline: Option<f64>, segment: usize) -> Vec<Ch
     if let Some(r) = rows.iter().find(|r| r.idle) {
         let kib = |x: &RowRun| x.server_kib_per_conn;
         let cpu = |x: &RowRun| Some(x.server_cpu_pct);
-        let ones: Vec<Option<f64>> = r.runs.iter().map(|_| Some(1.0)).collect();
         out.extend(Check::judge(
             "h3 scale",
             &format!("udpx KiB per idle connection ({})", r.connections),
-            &r.runs.iter().map(|x| x.as_ref().and_then(kib)).collect::<Vec<_>>(),
-            &ones,
+            &per_run(r, &kib),
+            &ones(r),
             32.0,
         ));
         out.extend(Check::judge(
             "h3 scale",
             &format!("udpx CPU % with {} idle connections", r.connections),
-            &r.runs.iter().map(|x| x.as_ref().and_then(cpu)).collect::<Vec<_>>(),
-            &ones,
+            &per_run(r, &cpu),
+            &ones(r),
             5.0,
         ));
     }
     out
+}
+
+/// `f` of each of `r`'s runs (`None` where the run failed or has no such figure).
+fn per_run(r: &ScaleRow, f: &dyn Fn(&RowRun) -> Option<f64>) -> Vec<Option<f64>> {
+    r.runs.iter().map(|x| x.as_ref().and_then(f)).collect()
+}
+
+/// 1 for each of `r`'s runs: the denominator of a figure judged against a fixed target.
+fn ones(r: &ScaleRow) -> Vec<Option<f64>> {
+    r.runs.iter().map(|_| Some(1.0)).collect()
 }
 
 /// The verdicts judged with client `by`'s rows, into `out`.
@@ -52,10 +61,6 @@ fn judge_by(rows: &[ScaleRow], by: LoadClient, baseline: Option<f64>, segment: u
     };
     let who = format!(" ({} client)", by.name());
     let max_n = rows.iter().filter(|r| !r.idle).map(|r| r.connections).max().unwrap_or(0);
-    let per_run = |r: &ScaleRow, f: &dyn Fn(&RowRun) -> Option<f64>| -> Vec<Option<f64>> {
-        r.runs.iter().map(|x| x.as_ref().and_then(f)).collect()
-    };
-    let ones = |r: &ScaleRow| -> Vec<Option<f64>> { r.runs.iter().map(|_| Some(1.0)).collect() };
     let top = find(ScaleServer::Udpx, max_n);
     if let (Some(u), Some(ng)) = (top, find(ScaleServer::NginxH2, max_n)) {
         out.extend(Check::judge(
