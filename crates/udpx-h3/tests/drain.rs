@@ -128,3 +128,49 @@ fn the_drain_deadline_closes_what_is_left() {
     assert_eq!((k.quic.drained, k.quic.drain_closed), (0, 1), "{:?}", k.quic);
     assert_eq!(k.http.incomplete, 1, "the parked response ended unsent");
 }
+
+/// Third review: a draining server whose GOAWAY quiche cannot send (a client that paused its
+/// download keeps the connection's credit shut, and quiche's send capacity is the smaller of
+/// the congestion window and that credit) tries again later, not at once: its loop does not
+/// turn without waiting for the whole drain. When the client reads again, both GOAWAY frames
+/// go, the response finishes whole and the connection closes cleanly. (Before the fix the
+/// retry time stayed in the past and the shards turned hundreds of thousands of times in the
+/// watched seconds.)
+#[test]
+fn a_goaway_that_cannot_go_waits_and_goes_once_the_client_reads_again() {
+    let site = Site::new("drain-paused");
+    let want = site.file("big");
+    let server = start(&site);
+    let mut cfg = client_config(1 << 20);
+    // The connection's credit: the download takes it all, and the client reads nothing yet.
+    cfg.set_initial_max_data(64 << 10);
+    let mut c = Raw::connect("127.0.0.1", server.local_addr(), &mut cfg).with_h3();
+    assert_eq!(c.request("/big", true), Some(0));
+    let mut seen = Seen::default();
+    let full = until(&mut c, &mut seen, 0, Duration::from_secs(10), |c, _| c.conn.stats().recv_bytes > 64 << 10);
+    assert!(full, "the server filled the connection's credit: {:?}", c.conn.stats());
+    server.drain(Duration::from_secs(60));
+    // The GOAWAY is due at once (no handover spread) and cannot go while the client reads nothing.
+    until(&mut c, &mut seen, 0, Duration::from_millis(500), |_, _| false);
+    let before = server.counters().quic;
+    until(&mut c, &mut seen, 0, Duration::from_secs(3), |_, _| false);
+    let after = server.counters().quic;
+    let turns = after.turns - before.turns;
+    println!(
+        "paused drain: {turns} loop turns and {} waits in 3 s; GOAWAYs seen {:?}",
+        after.waits - before.waits,
+        seen.goaways
+    );
+    assert!(seen.goaways.is_empty(), "no room for a GOAWAY while the client reads nothing: {:?}", seen.goaways);
+    assert!(turns < 500, "the loops turned {turns} times in 3 s with nothing to do: a spin");
+    // The client reads again: credit returns, both frames go, the response ends, then the close.
+    let whole = until(&mut c, &mut seen, 1 << 20, Duration::from_secs(60), |c, s| s.fin && c.conn.is_closed());
+    assert!(whole, "got {} of {} B, fin {}, closed {}", seen.body.len(), want.len(), seen.fin, c.conn.is_closed());
+    assert_eq!((seen.body.len(), digest(&seen.body)), (want.len(), digest(&want)));
+    assert_eq!(seen.goaways, vec![(1 << 62) - 4, 4], "both GOAWAY frames went once there was room");
+    let e = c.conn.peer_error().map(|e| (e.is_app, e.error_code));
+    assert_eq!(e, Some((true, H3_NO_ERROR)), "closed by the server after its last response");
+    assert!(waits_for(&server, Duration::from_secs(10)), "the loops end once no connection is left");
+    let k = server.stop().expect("stop").quic;
+    assert_eq!((k.drained, k.drain_closed), (1, 0), "{k:?}");
+}
