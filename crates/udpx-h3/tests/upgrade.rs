@@ -230,3 +230,69 @@ fn an_upgrade_with_an_https_listener_is_refused_before_it_takes_over() {
     let msg = serve(&site.root, &cfg).expect_err("refused").to_string();
     assert!(msg.contains("--alt-svc-tcp") && !msg.contains("no server to take over"), "{msg}");
 }
+
+/// The third review's reset oracle during an upgrade. Both generations share the service's
+/// key, and a GSO train is steered whole by its first datagram: a train of [an unknown ID of
+/// the new generation, the ID of a live connection of the old one] reaches the new process.
+/// It answers the first with a stateless reset and withholds the second's (counted: the old
+/// generation still serves), so nobody can draw a live connection's token from it; the
+/// victim's connection goes on. (Before the fix both were answered.)
+#[test]
+fn a_new_generation_draws_no_reset_for_a_live_old_generations_connection() {
+    if !capable("a_new_generation_draws_no_reset_for_a_live_old_generations_connection") {
+        return;
+    }
+    let site = Site::new("upgrade-oracle");
+    let sock = site.tmp.path().join("handover.sock");
+    let keyed = |mut cfg: ServeConfig| {
+        cfg.quic.host.keys = Some(udpx_quic::ServiceKeys::shared(&[5; 32]));
+        cfg
+    };
+    let old = serve(&site.root, &keyed(config("127.0.0.1:0".parse().unwrap(), &sock, false))).expect("old");
+    let addr = old.local_addr();
+    let mut victim = Raw::connect("127.0.0.1", addr, &mut client_config(1 << 20)).with_h3();
+    let victim_id = victim.conn.destination_id().to_vec();
+    let v = udpx_quic::cid::ServerCid::parse(&victim_id).expect("a server ID of the layout");
+    assert_eq!(v.generation, 0);
+    let new = serve(&site.root, &keyed(config(addr, &sock, true))).expect("the upgrade starts");
+    assert!(wait(Duration::from_secs(5), || old.quic().handed_over()));
+
+    // [an unknown ID of generation 1 on the victim's worker byte, the victim's ID]: one send.
+    const SEG: usize = 100;
+    let mut train = Vec::new();
+    for id in [udpx_quic::cid::ServerCid { generation: 1, nonce: [3; 7], ..v }.to_bytes().to_vec(), victim_id.clone()] {
+        let mut d = vec![0x40u8];
+        d.extend_from_slice(&id);
+        d.resize(SEG, 0x33);
+        train.extend_from_slice(&d);
+    }
+    let attacker = udpx_quic::client_socket(addr, udpx_quic::IoMode::GsoMmsg, false).unwrap();
+    attacker.send(&[udpx::Transmit::new(addr, &train).segmented(SEG)]).unwrap();
+    let mut rb = udpx::RecvBuffers::for_socket(&attacker, 8);
+    let mut resets = 0;
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_millis(500) {
+        match attacker.try_recv_into(&mut rb) {
+            Ok(n) if n > 0 => resets += rb.datagrams().count(),
+            _ => std::thread::sleep(Duration::from_millis(5)),
+        }
+    }
+    // (Counters are published every 100 ms.)
+    let counted = wait(Duration::from_secs(5), || new.counters().quic.datagrams_received >= 2);
+    let k = new.counters().quic;
+    println!("oracle: {resets} resets received; new generation {k:?}");
+    assert!(counted, "the train reached the new generation: {k:?}");
+    assert_eq!((k.stateless_resets, k.resets_not_ours), (1, 1), "one reset, the victim's withheld: {k:?}");
+    assert_eq!(resets, 1, "the sender got one reset, for the new generation's ID");
+    // The victim's connection is untouched: a request on it is answered by the old server.
+    victim.request("/small", true).expect("request");
+    let answered = wait(Duration::from_secs(10), || {
+        victim.pump();
+        victim.statuses() == [200]
+    });
+    assert!(answered, "the victim's connection still serves");
+    victim.conn.close(true, H3_NO_ERROR, b"").unwrap();
+    victim.pump();
+    new.stop().expect("new stops");
+    old.stop().expect("old stops");
+}

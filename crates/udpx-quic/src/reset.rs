@@ -14,14 +14,18 @@
 //! And only for connection IDs this shard may speak for ([`may_reset`]): its own worker byte
 //! (a GRO train is steered by its first datagram, so a shard can receive another shard's
 //! packets) and its own host ID, or that of a host the operator removed ([`RemovedHosts`]),
-//! whose packets a balancer now sends here. A reset for a live connection of another shard
-//! or host would end it: with direct server return, DNAT, or a balancer between two rule
-//! sets, another host's IDs do reach this one.
+//! whose packets a balancer now sends here; and its own generation, or one whose process is
+//! gone ([`LiveGenerations`]): during an upgrade both processes share the key, and a train of
+//! [an ID of the new process, a victim's ID of the old one] reaches the new process whole, so
+//! answering it would hand the victim's token to whoever sent the train. A reset for a live
+//! connection of another shard, host or generation would end it: with direct server return,
+//! DNAT, or a balancer between two rule sets, another host's IDs do reach this one.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use ring::hmac;
+use udpx::generations::Generations;
 
 use crate::cid::ServerCid;
 
@@ -79,14 +83,48 @@ impl ResetKey {
     }
 }
 
-/// Whether a shard may answer a packet for `cid` with a stateless reset: `cid` is a server
-/// connection ID of this service's layout whose worker byte steers to this shard (`worker` of
-/// `shards`: the steering picks `byte % shards`) and whose host is this one (`host_id`) or a
-/// removed one.
-pub fn may_reset(cid: &[u8], host_id: u16, worker: u8, shards: usize, removed: &RemovedHosts) -> bool {
+/// Which shard asks [`may_reset`]: its host, its generation, its worker of its group's shards.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Speaker {
+    /// The host ID it writes into its connection IDs.
+    pub host_id: u16,
+    /// Its process's generation byte.
+    pub generation: u8,
+    /// Its shard index.
+    pub worker: u8,
+    /// The shards of its group (the steering picks `worker byte % shards`).
+    pub shards: usize,
+}
+
+/// Whether shard `me` may answer a packet for `cid` with a stateless reset: `cid` is a server
+/// connection ID of this service's layout whose worker byte steers to this shard, whose host
+/// is this one or a removed one, and whose generation is this shard's or one that no longer
+/// serves (`live(generation, worker)` says whether that process still has the ID's socket;
+/// asked last, and only for another generation's IDs).
+pub fn may_reset(cid: &[u8], me: Speaker, removed: &RemovedHosts, live: impl Fn(u8, u8) -> bool) -> bool {
     let Ok(c) = ServerCid::parse(cid) else { return false };
-    let ours = usize::from(c.worker) % shards.max(1) == usize::from(worker);
-    ours && (c.host_id == host_id || removed.contains(c.host_id))
+    let steered_here = usize::from(c.worker) % me.shards.max(1) == usize::from(me.worker);
+    steered_here
+        && (c.host_id == me.host_id || removed.contains(c.host_id))
+        && (c.generation == me.generation || !live(c.generation, c.worker))
+}
+
+/// The generations of an upgrade that still serve, as the steering program's socket array
+/// says ([`Generations::is_live`]); without upgrades there is one generation, and an ID of
+/// another is no live process's.
+#[derive(Debug, Clone, Default)]
+pub struct LiveGenerations(Option<Arc<Generations>>);
+
+impl LiveGenerations {
+    /// Over the upgrade maps `gens`.
+    pub fn new(gens: Arc<Generations>) -> LiveGenerations {
+        LiveGenerations(Some(gens))
+    }
+
+    /// Whether `generation` still has a socket at `worker` (one map look-up, a system call).
+    pub fn is_live(&self, generation: u8, worker: u8) -> bool {
+        self.0.as_ref().is_some_and(|g| g.is_live(generation, worker))
+    }
 }
 
 /// The host IDs the operator took out of the service, shared by every shard of a server and
@@ -128,6 +166,19 @@ impl RemovedHosts {
     /// The removed hosts, in order.
     pub fn list(&self) -> Vec<u16> {
         (0..=u16::MAX).filter(|&id| self.contains(id)).collect()
+    }
+
+    /// Host IDs from a file's whole text ([`RemovedHosts::parse`]), refused unless it ends
+    /// with a newline: a file read while it is being written can end mid-number (`0x0012` cut
+    /// to `0x00` names another, live, host), so a list is taken only when it is complete.
+    /// Publish a new list by rename (write a new file, then move it over the old one).
+    pub fn parse_file(text: &str) -> Result<Vec<u16>, String> {
+        if !text.is_empty() && !text.ends_with('\n') {
+            return Err("the file does not end with a newline: it may be half-written; end every list \
+                        with a newline and publish it by rename (write a new file, then mv it over the old)"
+                .into());
+        }
+        RemovedHosts::parse(text)
     }
 
     /// Host IDs from text: decimal or `0x` hex, separated by commas, white space or lines;
@@ -175,21 +226,52 @@ mod tests {
     fn a_shard_resets_only_its_own_ids_and_removed_hosts() {
         let cid = |host_id, worker| ServerCid { host_id, nonce: [9; 7], generation: 0, worker }.to_bytes();
         let removed = RemovedHosts::default();
-        // Host 1, shard 0 of 2.
-        assert!(may_reset(&cid(1, 0), 1, 0, 2, &removed));
-        assert!(may_reset(&cid(1, 2), 1, 0, 2, &removed), "worker byte 2 steers to shard 0 of 2");
-        assert!(!may_reset(&cid(1, 1), 1, 0, 2, &removed), "shard 1's ID: a GRO train's second datagram");
-        assert!(!may_reset(&cid(2, 0), 1, 0, 2, &removed), "a live host's ID");
-        assert!(!may_reset(&[0x0b; 12][..11], 1, 0, 2, &removed), "not the layout");
-        assert!(!may_reset(&[0x0c; 12], 1, 0, 2, &removed), "another first octet");
+        // Host 1, generation 0, shard 0 of 2; no other generation serves.
+        let me = Speaker { host_id: 1, generation: 0, worker: 0, shards: 2 };
+        let none = |_, _| false;
+        assert!(may_reset(&cid(1, 0), me, &removed, none));
+        assert!(may_reset(&cid(1, 2), me, &removed, none), "worker byte 2 steers to shard 0 of 2");
+        assert!(!may_reset(&cid(1, 1), me, &removed, none), "shard 1's ID: a GRO train's second datagram");
+        assert!(!may_reset(&cid(2, 0), me, &removed, none), "a live host's ID");
+        assert!(!may_reset(&[0x0b; 12][..11], me, &removed, none), "not the layout");
+        assert!(!may_reset(&[0x0c; 12], me, &removed, none), "another first octet");
         removed.set(&[2, 700]);
-        assert!(may_reset(&cid(2, 0), 1, 0, 2, &removed), "a removed host's ID");
-        assert!(!may_reset(&cid(2, 1), 1, 0, 2, &removed), "still only this shard's worker byte");
+        assert!(may_reset(&cid(2, 0), me, &removed, none), "a removed host's ID");
+        assert!(!may_reset(&cid(2, 1), me, &removed, none), "still only this shard's worker byte");
         assert_eq!(removed.list(), [2, 700]);
         removed.set(&[]);
-        assert!(!may_reset(&cid(2, 0), 1, 0, 2, &removed));
+        assert!(!may_reset(&cid(2, 0), me, &removed, none));
         assert_eq!(RemovedHosts::parse("2, 0x0003\n# gone\n700 # too\n").unwrap(), [2, 3, 700]);
         assert!(RemovedHosts::parse("70000").unwrap_err().contains("not a host ID"));
+        // A file cut while being written is refused whole, not read as far as it goes.
+        assert_eq!(RemovedHosts::parse_file("0x0012\n").unwrap(), [0x12]);
+        assert_eq!(RemovedHosts::parse_file("").unwrap(), [] as [u16; 0]);
+        assert!(RemovedHosts::parse_file("0x0012\n0x00").unwrap_err().contains("half-written"));
+    }
+
+    /// The third review's oracle: during an upgrade, a train [an ID of generation 1, a victim's
+    /// ID of generation 0] reaches generation 1's shard whole; it must not answer the victim's
+    /// ID while generation 0 serves (it would hand out the victim's token), and may once
+    /// generation 0 is gone. The liveness look-up is made only for another generation's IDs.
+    #[test]
+    fn a_shard_resets_another_generations_ids_only_once_that_generation_is_gone() {
+        let cid = |generation, worker| ServerCid { host_id: 1, nonce: [9; 7], generation, worker }.to_bytes();
+        let removed = RemovedHosts::default();
+        let new = Speaker { host_id: 1, generation: 1, worker: 0, shards: 2 };
+        let asked = std::cell::Cell::new(0);
+        let old_serves = |g: u8, w: u8| {
+            asked.set(asked.get() + 1);
+            g == 0 && w < 4
+        };
+        assert!(may_reset(&cid(1, 0), new, &removed, old_serves), "its own generation's ID");
+        assert_eq!(asked.get(), 0, "no look-up for its own generation");
+        assert!(!may_reset(&cid(0, 0), new, &removed, old_serves), "the victim's: generation 0 still serves");
+        assert!(!may_reset(&cid(0, 2), new, &removed, old_serves));
+        assert_eq!(asked.get(), 2);
+        assert!(may_reset(&cid(0, 0), new, &removed, |_, _| false), "generation 0 is gone: its IDs are reset");
+        assert!(may_reset(&cid(7, 2), new, &removed, old_serves), "a generation that never served (or left)");
+        assert!(!may_reset(&cid(0, 1), new, &removed, |_, _| false), "still only this shard's worker byte");
+        assert!(!LiveGenerations::default().is_live(0, 0), "without upgrades no other generation serves");
     }
 
     #[test]

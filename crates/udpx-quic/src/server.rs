@@ -233,6 +233,7 @@ impl Server {
         let inherited = offer.as_ref().map(|o| o.keys.clone());
         settings.keys = Some(settings.keys.or(inherited).unwrap_or_else(crate::ServiceKeys::random));
         settings.generation = generation;
+        settings.generations = gens.clone().map(crate::reset::LiveGenerations::new).unwrap_or_default();
         let keys = settings.keys.clone().expect("set just above");
         for (shard, qc) in group.shards().into_iter().zip(configs) {
             let (stop, make_app, settings, drain) = (stop.clone(), make_app.clone(), settings.clone(), drain.clone());

@@ -95,8 +95,47 @@ fn handover_err(what: &str, e: std::io::Error) -> Error {
     Error::Config(format!("upgrade: {what}: {e}"))
 }
 
+/// Whether the handover socket's directory `dir` is one only this user (or root) can change:
+/// a directory, not a link, owned by `euid` or root, writable by nobody else. Whoever can
+/// write there can put a socket of their own in the server's place, and the process that
+/// connects to it would take their maps and keys (or hand ours over). A directory this server
+/// had to create is made 0700.
+fn check_handover_dir(dir: &Path, euid: u32) -> Result<(), Error> {
+    use std::os::unix::fs::DirBuilderExt;
+    if !dir.exists() {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(|e| handover_err(&format!("create {}", dir.display()), e))?;
+    }
+    let m = std::fs::symlink_metadata(dir).map_err(|e| handover_err(&format!("look at {}", dir.display()), e))?;
+    let why = if !m.is_dir() {
+        Some("is not a directory (a link, or a file)".to_string())
+    } else if m.uid() != euid && m.uid() != 0 {
+        Some(format!("belongs to user {}, not to this one ({euid}) or root", m.uid()))
+    } else if m.mode() & 0o022 != 0 {
+        Some(format!("is writable by others (mode {:o})", m.mode() & 0o7777))
+    } else {
+        None
+    };
+    match why {
+        None => Ok(()),
+        Some(why) => Err(Error::Config(format!(
+            "upgrade: the handover socket's directory {} {why}: another user could put a socket of theirs \
+             there; give --upgrade-socket a path in a directory only you can write (e.g. under \
+             $XDG_RUNTIME_DIR), or remove {} and let the server create it",
+            dir.display(),
+            dir.display()
+        ))),
+    }
+}
+
 /// Asks the server at `path` to hand over (the new process's side).
 pub(crate) fn ask(path: &Path) -> Result<(Offer, Generations), Error> {
+    if let Some(dir) = path.parent().filter(|d| d.exists()) {
+        check_handover_dir(dir, nix::unistd::geteuid().as_raw())?;
+    }
     let mut stream = UnixStream::connect(path).map_err(|e| {
         Error::Config(format!(
             "upgrade: no server to take over at {}: {e}; start without --upgrade, or give the running \
@@ -142,11 +181,17 @@ pub(crate) fn listen(
     on_taken: Box<dyn Fn() + Send>,
 ) -> Result<Listening, Error> {
     if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).map_err(|e| handover_err(&format!("create {}", dir.display()), e))?;
+        check_handover_dir(dir, nix::unistd::geteuid().as_raw())?;
     }
     let tmp = path.with_extension(format!("{}.tmp", std::process::id()));
     let _ = std::fs::remove_file(&tmp);
-    let listener = UnixListener::bind(&tmp).map_err(|e| handover_err(&format!("bind {}", tmp.display()), e))?;
+    // Bound under umask 077: no moment in which the socket is open to others before the chmod.
+    // (The umask is the process's; the window is one bind, and it only narrows what another
+    // thread creates meanwhile.)
+    let before = nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o077));
+    let bound = UnixListener::bind(&tmp);
+    nix::sys::stat::umask(before);
+    let listener = bound.map_err(|e| handover_err(&format!("bind {}", tmp.display()), e))?;
     std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600))
         .and_then(|()| std::fs::rename(&tmp, path))
         .map_err(|e| {
@@ -242,6 +287,34 @@ impl Drop for Listening {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn handover_directories_others_can_write_are_refused() {
+        let base = std::env::temp_dir().join(format!("udpx-handover-dir-{}", std::process::id()));
+        let euid = nix::unistd::geteuid().as_raw();
+        let mine = base.join("mine");
+        check_handover_dir(&mine, euid).expect("a directory it creates");
+        assert_eq!(std::fs::metadata(&mine).unwrap().permissions().mode() & 0o777, 0o700);
+        std::fs::set_permissions(&mine, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let e = check_handover_dir(&mine, euid).unwrap_err().to_string();
+        assert!(e.contains("writable by others") && e.contains("--upgrade-socket"), "{e}");
+        std::fs::set_permissions(&mine, std::fs::Permissions::from_mode(0o755)).unwrap();
+        check_handover_dir(&mine, euid).expect("0755, its own");
+        // Another user's (as root: made another's; else: judged as if this were another user).
+        let e = if euid == 0 {
+            std::os::unix::fs::chown(&mine, Some(4242), None).unwrap();
+            check_handover_dir(&mine, euid)
+        } else {
+            check_handover_dir(&mine, euid + 1)
+        };
+        let e = e.unwrap_err().to_string();
+        assert!(e.contains("belongs to user"), "{e}");
+        let link = base.join("link");
+        std::os::unix::fs::symlink(&mine, &link).unwrap();
+        let e = check_handover_dir(&link, euid).unwrap_err().to_string();
+        assert!(e.contains("not a directory"), "{e}");
+        std::fs::remove_dir_all(&base).unwrap();
+    }
 
     #[test]
     fn default_paths() {

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use crate::admission::Limits;
 use crate::pacing::Pacing;
-use crate::reset::RemovedHosts;
+use crate::reset::{LiveGenerations, RemovedHosts};
 use crate::token::ServiceKeys;
 
 use super::Burst;
@@ -55,6 +55,10 @@ pub struct HostConfig {
     /// The generation byte of the connection IDs it issues (which process of an upgrade:
     /// [`crate::upgrade`]); 0 for a server that was not started as an upgrade.
     pub generation: u8,
+    /// The generations that serve beside it (an upgrade's predecessor or successor): their
+    /// connection IDs are never answered with a stateless reset here, which would hand a live
+    /// connection's reset token to whoever sent its ID. Filled by [`crate::Server`].
+    pub generations: LiveGenerations,
 }
 
 impl Default for HostConfig {
@@ -71,6 +75,7 @@ impl Default for HostConfig {
             pacing: Pacing::Hold,
             removed_hosts: RemovedHosts::default(),
             generation: 0,
+            generations: LiveGenerations::default(),
         }
     }
 }

@@ -18,7 +18,7 @@ use std::time::{Instant, SystemTime};
 
 use crate::admission::{Admission, Admit, Cap, Limits, Rate};
 use crate::cid::{CidGenerator, CID_LEN};
-use crate::reset::RemovedHosts;
+use crate::reset::{LiveGenerations, RemovedHosts};
 use crate::table::{CidKey, Slot};
 use crate::token::{ServiceKeys, TokenError, TokenKey};
 
@@ -42,18 +42,21 @@ pub(super) struct Gate {
     pub shards: usize,
     /// Hosts whose IDs it resets besides its own.
     pub removed_hosts: RemovedHosts,
+    /// The generations of an upgrade that still serve: their IDs are never reset here.
+    pub generations: LiveGenerations,
 }
 
 impl Gate {
     /// For worker `worker` of generation `generation` (of `shards`) of host `host_id`, with
-    /// the service's keys (`None`: its own), its limits and the hosts removed from it.
+    /// the service's keys (`None`: its own), its limits, the hosts removed from it and the
+    /// generations that serve beside it.
     pub fn new(
         host_id: u16,
         (generation, worker): (u8, u8),
         shards: usize,
         keys: Option<ServiceKeys>,
         limits: Limits,
-        removed_hosts: RemovedHosts,
+        (removed_hosts, generations): (RemovedHosts, LiveGenerations),
     ) -> Gate {
         let keys = keys.unwrap_or_else(ServiceKeys::random);
         Gate {
@@ -65,6 +68,7 @@ impl Gate {
             admission: Admission::new(limits),
             shards: shards.max(1),
             removed_hosts,
+            generations,
         }
     }
 }
@@ -264,13 +268,14 @@ impl<A: App> Host<A> {
         let Some(key) = &self.gate.keys.reset else { return };
         // A short header does not say how long its DCID is: this service's are CID_LEN.
         let Some(cid) = dcid.get(..CID_LEN) else { return };
-        if !crate::reset::may_reset(
-            cid,
-            self.gate.cids.host_id(),
-            self.gate.cids.worker(),
-            self.gate.shards,
-            &self.gate.removed_hosts,
-        ) {
+        let me = crate::reset::Speaker {
+            host_id: self.gate.cids.host_id(),
+            generation: self.gate.cids.generation(),
+            worker: self.gate.cids.worker(),
+            shards: self.gate.shards,
+        };
+        let live = &self.gate.generations;
+        if !crate::reset::may_reset(cid, me, &self.gate.removed_hosts, |g, w| live.is_live(g, w)) {
             self.counters.resets_not_ours += 1;
             return;
         }

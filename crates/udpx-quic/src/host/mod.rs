@@ -277,8 +277,18 @@ impl<A: App> Host<A> {
         // A socket with zerocopy on: the outbox writes into pooled buffers (see `io`).
         let mut out = Outbox::new();
         out.enable_zerocopy(&socket);
-        let HostConfig { keys, limits, burst, coalesce, defer_flush, ack_defer, pacing, removed_hosts, generation } =
-            settings;
+        let HostConfig {
+            keys,
+            limits,
+            burst,
+            coalesce,
+            defer_flush,
+            ack_defer,
+            pacing,
+            removed_hosts,
+            generation,
+            generations,
+        } = settings;
         Host {
             local: socket.local_addr(),
             socket,
@@ -297,7 +307,7 @@ impl<A: App> Host<A> {
             burst,
             epoch: Instant::now(),
             anchor: (Instant::now(), udpx::Timestamp::now()),
-            gate: gate::Gate::new(host_id, (generation, worker), shards, keys, limits, removed_hosts),
+            gate: gate::Gate::new(host_id, (generation, worker), shards, keys, limits, (removed_hosts, generations)),
             idle: false,
             coalesce,
             defer_flush,
