@@ -164,7 +164,9 @@ struct ServeArgs {
     #[arg(long, requires = "key_file")]
     no_stateless_resets: bool,
     /// A file of host IDs taken out of the service (decimal or 0x hex, separated by commas,
-    /// spaces or lines; `#` starts a comment), read at start and again on SIGHUP. Stateless
+    /// spaces or lines; `#` starts a comment; it must end with a newline, and a file that does
+    /// not is refused as half-written: publish it by rename), read at start and again on
+    /// SIGHUP. Stateless
     /// resets (with --key-file) answer only this host's own connection IDs and those of the
     /// hosts listed here: never a live host's, whose packets may reach this one by mistake.
     #[arg(long, value_name = "FILE", requires = "key_file")]
@@ -247,11 +249,18 @@ struct ServeArgs {
     /// past it), so that one client cannot take every file of the shard.
     #[arg(long, default_value_t = udpx_h3::DEFAULT_MAX_OPEN_PER_ADDR)]
     max_open_per_addr: usize,
-    /// A response the client takes no byte of for this many seconds (a zero flow-control
-    /// window) is reset and its file closed. 1 to 3600.
+    /// An HTTP/3 response that takes less than 16 KiB in this many seconds (a paused video, a
+    /// shut flow-control window) is parked: it closes its file and waits for the client to
+    /// read again, then reopens it and goes on if the file is unchanged (same ETag), else its
+    /// stream is reset. Its connection and other streams go on. 1 to 3600.
     #[arg(long, value_name = "SECS", default_value_t = udpx_h3::DEFAULT_STALL_TIMEOUT.as_secs(),
           value_parser = clap::value_parser!(u64).range(1..=3600))]
     stall_timeout: u64,
+    /// A parked HTTP/3 response whose client has not read again for this many seconds is
+    /// reset (RESET_STREAM; the connection and its other streams go on). 1 to 86400.
+    #[arg(long, value_name = "SECS", default_value_t = udpx_h3::DEFAULT_PARK_TIMEOUT.as_secs(),
+          value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    park_timeout: u64,
     /// An HTTP/3 connection with no request and no response under way for this many seconds
     /// is closed (a client that PINGs would keep it, and quiche would hold request heads it
     /// left unfinished). 1 to 86400.
@@ -902,7 +911,7 @@ fn serve(a: ServeArgs) -> ExitCode {
     let read_removed = |path: &std::path::Path| -> Result<Vec<u16>, String> {
         std::fs::read_to_string(path)
             .map_err(|e| e.to_string())
-            .and_then(|t| udpx_quic::RemovedHosts::parse(&t))
+            .and_then(|t| udpx_quic::RemovedHosts::parse_file(&t))
             .map_err(|e| format!("--removed-hosts {}: {e}", path.display()))
     };
     if let Some(p) = &a.removed_hosts {
@@ -984,6 +993,7 @@ fn serve(a: ServeArgs) -> ExitCode {
         max_open_per_shard: a.max_open_per_shard,
         max_open_per_addr: a.max_open_per_addr,
         stall_timeout: std::time::Duration::from_secs(a.stall_timeout),
+        park_timeout: std::time::Duration::from_secs(a.park_timeout),
         idle_timeout: std::time::Duration::from_secs(a.idle_timeout),
         alt_svc_tcp: a.alt_svc_tcp,
     };

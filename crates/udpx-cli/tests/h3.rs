@@ -572,6 +572,10 @@ fn sighup_reads_the_removed_hosts_again_and_a_shared_key_file_is_refused() {
     std::fs::write(&removed, "not a host\n").unwrap();
     let text = hup_and_wait_for("the removed hosts stay [2, 3]");
     assert!(text.contains("is not a host ID"), "{text}");
+    // Read while half-written (`0x0012` cut to `0x00` would name another host): refused whole.
+    std::fs::write(&removed, "2, 0x0003\n0x00").unwrap();
+    let text = hup_and_wait_for("half-written");
+    assert!(!text.contains("removed hosts now [0, 2, 3]"), "{text}");
     let o = udpx(&["h3", "get", &format!("https://{listen}/file")]);
     assert!(String::from_utf8_lossy(&o.stdout).contains("status 200"), "served on after both");
     println!("sighup: {}", text.lines().filter(|l| l.contains("SIGHUP")).collect::<Vec<_>>().join(" / "));

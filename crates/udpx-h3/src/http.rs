@@ -125,6 +125,22 @@ pub struct FileBody {
     pub file: File,
     /// How many bytes to send.
     pub len: u64,
+    /// The file's offset just past them (where the range ends).
+    pub end: u64,
+    /// The file's strong validator as the response's headers carry it: a response that gave
+    /// its file back ([`Site::reopen`]) goes on only from a file with the same one.
+    pub etag: String,
+}
+
+/// Why a response that gave its file back cannot go on ([`Site::reopen`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reopen {
+    /// The path no longer names a file this site serves (removed, renamed, now refused).
+    Gone,
+    /// It names another file, or the same one changed: its ETag differs.
+    Changed,
+    /// Opening or positioning it failed (out of descriptors, an I/O error).
+    Failed,
 }
 
 /// A response that ended, for the counters and the access log.
@@ -172,6 +188,10 @@ struct HttpCounters {
     incomplete: AtomicU64,
     open_files: AtomicU64,
     stalled: AtomicU64,
+    parked: AtomicU64,
+    resumed: AtomicU64,
+    resume_refused: AtomicU64,
+    resetting: AtomicU64,
     trailers: AtomicU64,
     idle_closed: AtomicU64,
     rejected: AtomicU64,
@@ -222,10 +242,23 @@ pub struct HttpSnapshot {
     /// to 0 once every response has ended, however it ended (sent, reset, stalled, its
     /// connection closed).
     pub open_files: u64,
-    /// Responses ended because one response of their connection took less than
-    /// `MIN_PROGRESS` bytes in the stall timeout (`ServeConfig::stall_timeout`): the
-    /// connection was closed.
+    /// Responses ended for taking too little: HTTP/3 ones whose stream was reset after they
+    /// stayed parked for the park timeout (`ServeConfig::park_timeout`), the connection kept;
+    /// over TCP, those whose connection was closed for taking less than the minimum rate.
     pub stalled: u64,
+    /// HTTP/3 responses parked: they took less than `MIN_PROGRESS` bytes in the stall timeout
+    /// (`ServeConfig::stall_timeout`; a paused video, a client that stopped reading), so
+    /// they gave their open file back and wait, without it, for the client to read again.
+    pub parked: u64,
+    /// Parked responses that went on: the client read again, the file was opened again and
+    /// its ETag was the response's.
+    pub resumed: u64,
+    /// Parked responses that could not go on when the client read again (the file changed
+    /// or is gone, or an open-file bound was reached): their stream was reset.
+    pub resume_refused: u64,
+    /// HTTP/3 streams reset by the server and not yet forgotten by quiche (a level: back to 0
+    /// once the peers have acknowledged every reset, or their connections ended).
+    pub streams_resetting: u64,
     /// Trailer sections (a second HEADERS frame on a request, RFC 9114 4.1) read and ignored.
     pub trailers: u64,
     /// HTTP/3 connections closed after the idle timeout (`ServeConfig::idle_timeout`) with no
@@ -282,6 +315,10 @@ impl HttpCounters {
             incomplete: g(&self.incomplete),
             open_files: g(&self.open_files),
             stalled: g(&self.stalled),
+            parked: g(&self.parked),
+            resumed: g(&self.resumed),
+            resume_refused: g(&self.resume_refused),
+            streams_resetting: g(&self.resetting),
             trailers: g(&self.trailers),
             idle_closed: g(&self.idle_closed),
             rejected: g(&self.rejected),
@@ -377,6 +414,44 @@ impl Site {
     /// Counts a response reset because its peer stopped taking it.
     pub fn count_stalled(&self) {
         self.counters.stalled.fetch_add(1, Relaxed);
+    }
+
+    /// Counts a response that gave its file back to wait for its client.
+    pub(crate) fn count_parked(&self) {
+        self.counters.parked.fetch_add(1, Relaxed);
+    }
+
+    /// Counts a parked response that went on, or (`false`) one that could not.
+    pub(crate) fn count_resumed(&self, ok: bool) {
+        let c = if ok { &self.counters.resumed } else { &self.counters.resume_refused };
+        c.fetch_add(1, Relaxed);
+    }
+
+    /// A stream reset by the server waits (`true`) for quiche to forget it, or (`false`) no
+    /// longer does.
+    pub(crate) fn stream_resetting(&self, waiting: bool) {
+        if waiting {
+            self.counters.resetting.fetch_add(1, Relaxed);
+        } else {
+            self.counters.resetting.fetch_sub(1, Relaxed);
+        }
+    }
+
+    /// The file of request target `target` opened again and positioned at `offset`, for a
+    /// response that gave its file back: by the same rules as [`Site::answer`] (so a path
+    /// the site refuses now is refused), and only if its ETag is still `etag` (same inode,
+    /// size and modification time: a file replaced by rename, or rewritten in place, is not
+    /// joined to the bytes already sent).
+    pub fn reopen(&self, target: &[u8], etag: &str, offset: u64) -> Result<File, Reopen> {
+        let target = std::str::from_utf8(target).map_err(|_| Reopen::Gone)?;
+        let mut file = match open(&self.root, target) {
+            Ok(Opened::File { file, meta, .. }) if Validators::of(&meta, SystemTime::now()).etag == etag => file,
+            Ok(Opened::File { .. }) => return Err(Reopen::Changed),
+            Ok(Opened::AddSlash) | Err(OpenError::Refused(_)) => return Err(Reopen::Gone),
+            Err(OpenError::Io(_)) => return Err(Reopen::Failed),
+        };
+        file.seek(SeekFrom::Start(offset)).map_err(|_| Reopen::Failed)?;
+        Ok(file)
     }
 
     /// Counts an HTTP/3 connection closed for idleness.
@@ -486,7 +561,7 @@ impl Site {
                     return self.empty(500, vec![]);
                 }
             }
-            Some(FileBody { file, len: n })
+            Some(FileBody { file, len: n, end: start + n, etag: v.etag.clone() })
         };
         Answer { status, headers: h, body }
     }

@@ -41,7 +41,7 @@ pub use client::{get, GetConfig, GetReport, Url, QUIET_PING};
 pub use http::{HttpSnapshot, Site, SiteOptions};
 pub use server::{
     serve, H3Server, ServeConfig, ServeCounters, DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_OPEN_PER_ADDR,
-    DEFAULT_MAX_OPEN_PER_SHARD, DEFAULT_STALL_TIMEOUT,
+    DEFAULT_MAX_OPEN_PER_SHARD, DEFAULT_PARK_TIMEOUT, DEFAULT_STALL_TIMEOUT,
 };
 pub use tls::Tls;
 

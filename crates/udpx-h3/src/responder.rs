@@ -22,12 +22,31 @@
 //! (sent, reset by the peer, stalled, its connection closed) gives it back exactly once. A
 //! request that arrives in 0-RTT (its address not yet proven: it may be forged and replayed)
 //! claims from a smaller budget of its own, an eighth of the shard's (425 Too Early past it,
-//! and the client asks again after its handshake). A connection one of whose responses took
-//! less than [`MIN_PROGRESS`] bytes in [`crate::ServeConfig::stall_timeout`] (a zero flow-control
-//! window kept open with PINGs, or credit given a few bytes at a time) is closed
-//! (H3_EXCESSIVE_LOAD) and its files with it, as the TCP listener closes a slow reader; so is
-//! one with no response under way and no new request for [`crate::ServeConfig::idle_timeout`] (request heads a
-//! peer leaves unfinished are held by quiche until then).
+//! and the client asks again after its handshake). A connection with no response under way
+//! and no new request for [`crate::ServeConfig::idle_timeout`] is closed (request heads a peer
+//! leaves unfinished are held by quiche until then).
+//!
+//! ## A paused stream is not an attack
+//! A browser's media stack stops reading a video request when its buffer is full, often for
+//! longer than the stall timeout, while its other requests on the connection go on. A
+//! response that took less than [`MIN_PROGRESS`] bytes in [`crate::ServeConfig::stall_timeout`]
+//! is *parked*: it gives its open file back (and the chunk it had read but not sent) and
+//! waits without them, costing a few hundred bytes. When the client reads again (quiche
+//! reports the stream writable) the file is opened again by the same rules and goes on from
+//! where it stopped, if its ETag is still the response's (same inode, size and modification
+//! time); if it changed, is gone, or an open-file bound is reached, the stream is reset
+//! (counted `resume_refused`). A response parked for [`crate::ServeConfig::park_timeout`] is
+//! reset (RESET_STREAM, and STOP_SENDING while its request side is open; counted `stalled`).
+//! No other stream of the connection is touched.
+//!
+//! A stream the server resets stays in quiche's HTTP/3 layer until the transport has
+//! forgotten it (the peer acknowledged the reset) and a send on it fails; quiche says nothing
+//! when that happens. So each connection keeps its reset streams on a list looked at on its
+//! later turns: once the transport no longer knows a stream, one more call makes the HTTP/3
+//! layer drop it (`send_body` if its headers went, `send_response` if none did), and it
+//! leaves the list (the `streams_resetting` gauge returns to 0). Without this a connection
+//! that reset 100 streams could open no more: quiche gives a peer a new stream only for one
+//! it has collected.
 //!
 //! A request stream has one response: a second HEADERS frame on it is the request's trailer
 //! section (RFC 9114 4.1), read and ignored (`trailers` on /metrics); quiche refuses a third.
@@ -82,6 +101,8 @@ pub(crate) struct Bounds {
     /// Of the shard's, what requests that came in 0-RTT may hold.
     pub per_shard_early: usize,
     pub stall: Duration,
+    /// A parked response is reset after this long.
+    pub park: Duration,
     /// No response and no request for this long: the connection is closed.
     pub idle: Duration,
 }
@@ -191,16 +212,44 @@ struct Response {
     progressed: Instant,
     /// Body bytes taken since `progressed`.
     unstamped: u64,
+    /// Parked since then (see the module docs): it holds no file and is reset at the park
+    /// timeout unless its client reads again.
+    parked_since: Option<Instant>,
+}
+
+impl Response {
+    /// When the stall rule looks at it next: the park timeout if parked, else the stall
+    /// timeout after its last progress.
+    fn next_check(&self, b: &Bounds) -> Instant {
+        self.parked_since.map_or(self.progressed + b.stall, |t| t + b.park)
+    }
 }
 
 struct Body {
-    file: File,
+    /// The file and its claim on the open-file bounds (given back together); `None` while
+    /// the response is parked.
+    open: Option<(File, OpenFile)>,
     /// Bytes of the range not yet read.
     left: u64,
+    /// The file offset just past the range: the next read starts at `end - left`.
+    end: u64,
     /// Read, not yet (all) taken by quiche.
     pending: Option<Buf>,
-    /// Given back with the file.
-    _claim: OpenFile,
+    /// The request target and the file's ETag, to open it again after a park.
+    target: Box<[u8]>,
+    etag: String,
+}
+
+impl Body {
+    /// Gives the file, its claim and the chunk read but not yet taken back: what was not
+    /// taken is read again on resuming. (quiche sends every chunk as whole DATA frames, so
+    /// no frame is left half-sent.)
+    fn park(&mut self) {
+        if let Some(p) = self.pending.take() {
+            self.left += p.len() as u64;
+        }
+        self.open = None;
+    }
 }
 
 pub(crate) struct ConnState {
@@ -216,12 +265,16 @@ pub(crate) struct ConnState {
     requests: Vec<u64>,
     /// Of the responses, those with an open file.
     open: Rc<Cell<usize>>,
-    /// When the earliest parked response may pass the stall timeout (`None`: none parked).
+    /// When the stall rule next looks at its responses: the earliest stall or park timeout
+    /// (`None`: no response waits).
     stall_check: Option<Instant>,
-    /// When the last request head arrived (or the connection was accepted): with no response
-    /// under way, the connection is closed at the idle timeout after it.
-    last_request: Instant,
-    /// We closed it (idle, stalled): it only drains now, and asks for no more turns.
+    /// When the last request head arrived or the last response was taken whole (or the
+    /// connection was accepted): with no response under way, the connection is closed at the
+    /// idle timeout after it. (Counted from the last request alone, a response that ended after
+    /// a long pause would have its connection, and its last bytes in flight, closed at once.)
+    last_active: Instant,
+    /// We closed it (idle, its HTTP/3 setup failed, a drain's end): it only drains now, and
+    /// asks for no more turns.
     closing: bool,
     /// The highest request stream ID seen (for the final GOAWAY).
     last_request_id: Option<u64>,
@@ -233,6 +286,10 @@ pub(crate) struct ConnState {
     /// Its place in a drain's spread, 0 to 1 (evenly spread over the connections: the golden
     /// ratio's multiples modulo 1).
     spread_at: f64,
+    /// Streams the server reset that quiche's HTTP/3 layer still holds, and whether their
+    /// response headers went (which call makes it drop them): see the module docs. At most
+    /// the streams the peer may have open.
+    resetting: Vec<(u64, bool)>,
 }
 
 impl FileServer {
@@ -255,10 +312,12 @@ const LOGGED_TARGET: usize = 1024;
 
 /// H3_NO_ERROR (RFC 9114 8.1): an idle connection closed.
 const H3_NO_ERROR: u64 = 0x100;
-/// H3_EXCESSIVE_LOAD (RFC 9114 8.1): a connection closed for a stalled response.
-const H3_EXCESSIVE_LOAD: u64 = 0x107;
-/// H3_REQUEST_CANCELLED (RFC 9114 8.1): the peer reset its request; the response goes too.
+/// H3_REQUEST_CANCELLED (RFC 9114 8.1): the peer reset its request, or the server gave up
+/// on a parked response; the response goes too.
 const H3_REQUEST_CANCELLED: u64 = 0x10c;
+/// H3_INTERNAL_ERROR (RFC 9114 8.1): the file failed under a response, or changed before a
+/// parked one could go on.
+const H3_INTERNAL_ERROR: u64 = 0x102;
 
 impl App for FileServer {
     type State = ConnState;
@@ -273,7 +332,7 @@ impl App for FileServer {
             requests: Vec::new(),
             open: Rc::new(Cell::new(0)),
             stall_check: None,
-            last_request: Instant::now(),
+            last_active: Instant::now(),
             closing: false,
             last_request_id: None,
             goaway: GoAway::None,
@@ -282,6 +341,7 @@ impl App for FileServer {
                 self.accepted += 1;
                 (self.accepted as f64 * 0.618_033_988_749_895).fract()
             },
+            resetting: Vec::new(),
         }
     }
 
@@ -304,10 +364,13 @@ impl App for FileServer {
         // The host may fire a deadline up to its pacing slack early: a check due within it is
         // due now (else the same deadline comes back at once, a spin).
         let due = now + udpx_quic::PACING_SLACK;
-        if st.stall_check.is_some_and(|t| t <= due) && self.close_if_stalled(conn, st, now) {
-            return;
+        if let Some(h3) = st.h3.as_mut() {
+            collect_resets(h3, conn, &mut st.resetting, &self.site);
         }
-        if st.responses.is_empty() && st.last_request + self.bounds.idle <= due {
+        if st.stall_check.is_some_and(|t| t <= due) {
+            self.park_or_reset_stalled(conn, st, now);
+        }
+        if st.responses.is_empty() && st.last_active + self.bounds.idle <= due {
             self.site.count_idle_closed();
             let _ = conn.close(true, H3_NO_ERROR, b"idle");
             st.closing = true;
@@ -334,17 +397,15 @@ impl App for FileServer {
                         }
                         if st.goaway.rejects(sid) {
                             // Past the final GOAWAY: not processed, safe to send again
-                            // elsewhere (RFC 9114 5.2). quiche's HTTP/3 layer forgets the
-                            // stream on the failing send.
+                            // elsewhere (RFC 9114 5.2).
                             self.site.count_rejected();
                             let _ = conn.stream_shutdown(sid, quiche::Shutdown::Read, H3_REQUEST_REJECTED);
-                            let _ = conn.stream_shutdown(sid, quiche::Shutdown::Write, H3_REQUEST_REJECTED);
-                            let _ = h3.send_body(conn, sid, &[], true);
+                            reset_stream(conn, &mut st.resetting, &self.site, sid, H3_REQUEST_REJECTED, false);
                             continue;
                         }
                         st.last_request_id = Some(st.last_request_id.map_or(sid, |m| m.max(sid)));
                         st.requests.push(sid);
-                        st.last_request = now;
+                        st.last_active = now;
                         let r = self.respond(&list, conn.is_in_early_data(), &st.open, st.addr, now);
                         st.responses.insert(sid, r);
                         fresh.push(sid);
@@ -360,13 +421,17 @@ impl App for FileServer {
                     Ok((sid, quiche::h3::Event::Finished)) => st.requests.retain(|&s| s != sid),
                     Ok((sid, quiche::h3::Event::Reset(_))) => {
                         st.requests.retain(|&s| s != sid);
-                        if let Some(r) = st.responses.remove(&sid) {
-                            self.finish(st.peer, r, false);
-                        }
-                        // Our side of the stream ends too, and quiche's HTTP/3 layer forgets
-                        // it (it does so only on a send that fails on a finished stream).
-                        let _ = conn.stream_shutdown(sid, quiche::Shutdown::Write, H3_REQUEST_CANCELLED);
-                        let _ = h3.send_body(conn, sid, &[], true);
+                        // Our side of the stream ends too (a response still under way, or
+                        // one quiche still holds).
+                        let headers_sent = match st.responses.remove(&sid) {
+                            Some(r) => {
+                                let sent = r.headers.is_none();
+                                self.finish(st.peer, r, false);
+                                sent
+                            }
+                            None => true,
+                        };
+                        reset_stream(conn, &mut st.resetting, &self.site, sid, H3_REQUEST_CANCELLED, headers_sent);
                     }
                     Ok(_) => {}
                     Err(quiche::h3::Error::Done) => break,
@@ -382,22 +447,34 @@ impl App for FileServer {
         let writable = std::iter::from_fn(|| conn.stream_writable_next()).collect::<Vec<u64>>();
         for sid in fresh.into_iter().chain(writable) {
             let Some(r) = st.responses.get_mut(&sid) else { continue };
-            let outcome = progress(h3, conn, sid, r, &mut self.bodies, now);
+            // A parked response whose client reads again: its file opened again, or the
+            // stream reset.
+            let outcome = match resume(&self.budget, &self.bounds, &st.open, st.addr, r, now) {
+                Ok(()) => progress(h3, conn, sid, r, &mut self.bodies, now),
+                Err(()) => Progress::Refused,
+            };
             match outcome {
-                Ok(false) => {
-                    // Parked: it must move again within the stall timeout.
-                    let check = r.progressed + self.bounds.stall;
+                Progress::Waiting => {
+                    // It must move again within the stall timeout.
+                    let check = r.next_check(&self.bounds);
                     st.stall_check = Some(st.stall_check.map_or(check, |t| t.min(check)));
                 }
-                _ => {
+                Progress::Done => {
                     if let Some(r) = st.responses.remove(&sid) {
-                        self.finish(st.peer, r, outcome.is_ok());
+                        self.finish(st.peer, r, true);
                     }
-                    if outcome.is_ok() {
-                        st.sent.push(sid);
-                        if st.sent.len() > SENT_KEPT {
-                            st.sent.retain(|&s| conn.stream_capacity(s).is_ok());
-                        }
+                    st.last_active = now;
+                    st.sent.push(sid);
+                    if st.sent.len() > SENT_KEPT {
+                        st.sent.retain(|&s| conn.stream_capacity(s).is_ok());
+                    }
+                }
+                Progress::Failed | Progress::Refused => {
+                    if let Some(r) = st.responses.remove(&sid) {
+                        let headers_sent = r.headers.is_none();
+                        self.finish(st.peer, r, false);
+                        st.requests.retain(|&s| s != sid);
+                        reset_stream(conn, &mut st.resetting, &self.site, sid, H3_INTERNAL_ERROR, headers_sent);
                     }
                 }
             }
@@ -418,7 +495,7 @@ impl App for FileServer {
         if st.closing {
             return None;
         }
-        let idle = st.responses.is_empty().then_some(st.last_request + self.bounds.idle);
+        let idle = st.responses.is_empty().then_some(st.last_active + self.bounds.idle);
         let goaway = if st.goaway == GoAway::None { self.goaway_from(st) } else { st.goaway.due() };
         [st.stall_check, idle, goaway].into_iter().flatten().min()
     }
@@ -437,6 +514,10 @@ impl App for FileServer {
         // Responses still under way when the connection ended were not sent whole.
         for (_, r) in state.responses.drain() {
             self.finish(state.peer, r, false);
+        }
+        // Its reset streams went with it.
+        for _ in state.resetting.drain(..) {
+            self.site.stream_resetting(false);
         }
     }
 }
@@ -489,8 +570,15 @@ impl FileServer {
             headers.push(quiche::h3::Header::new(n.as_bytes(), v.as_bytes()));
         }
         // The claim goes with a body; a response without one gives it back here.
-        let body = match (answer.body.take(), claim) {
-            (Some(b), Some(claim)) => Some(Body { file: b.file, left: b.len, pending: None, _claim: claim }),
+        let body = match (answer.body.take(), claim, path) {
+            (Some(b), Some(claim), Some(p)) => Some(Body {
+                open: Some((b.file, claim)),
+                left: b.len,
+                end: b.end,
+                pending: None,
+                target: p.into(),
+                etag: b.etag,
+            }),
             _ => None,
         };
         Response {
@@ -504,6 +592,7 @@ impl FileServer {
             sent: 0,
             progressed: now,
             unstamped: 0,
+            parked_since: None,
         }
     }
 
@@ -522,28 +611,115 @@ impl FileServer {
         });
     }
 
-    /// Closes the connection when one of its responses made no progress for the stall timeout
-    /// (its responses end now, their files closed; true); else sets the next check. Runs at
-    /// most once per stall timeout per connection with parked responses (its `wake_at`), over
-    /// that connection's responses only. Closing, not resetting the stream: quiche's HTTP/3
-    /// layer would keep a reset stream's state.
-    fn close_if_stalled(&mut self, conn: &mut udpx_quic::Connection, st: &mut ConnState, now: Instant) -> bool {
-        let stall = self.bounds.stall;
+    /// The stall rule, on connection `st`'s responses (see the module docs): one that made no
+    /// progress for the stall timeout is parked, one parked for the park timeout is reset;
+    /// then the next check is set. Runs only when a check is due (its `wake_at`), over that
+    /// connection's responses only.
+    fn park_or_reset_stalled(&mut self, conn: &mut udpx_quic::Connection, st: &mut ConnState, now: Instant) {
         let due = now + udpx_quic::PACING_SLACK;
-        if st.responses.values().any(|r| r.progressed + stall <= due) {
-            for (_, r) in st.responses.drain() {
-                self.site.count_stalled();
-                self.finish(st.peer, r, false);
+        let mut given_up = Vec::new();
+        for (&sid, r) in st.responses.iter_mut() {
+            if r.next_check(&self.bounds) > due {
+                continue;
             }
-            st.requests.clear();
-            st.stall_check = None;
-            st.closing = true;
-            let _ = conn.close(true, H3_EXCESSIVE_LOAD, b"response stalled");
+            if r.parked_since.is_some() {
+                given_up.push(sid);
+                continue;
+            }
+            if let Some(b) = r.body.as_mut() {
+                b.park();
+            }
+            r.parked_since = Some(now);
+            self.site.count_parked();
+        }
+        for sid in given_up {
+            let Some(r) = st.responses.remove(&sid) else { continue };
+            self.site.count_stalled();
+            let headers_sent = r.headers.is_none();
+            self.finish(st.peer, r, false);
+            if st.requests.contains(&sid) {
+                // Its request side is open: STOP_SENDING too.
+                let _ = conn.stream_shutdown(sid, quiche::Shutdown::Read, H3_REQUEST_CANCELLED);
+                st.requests.retain(|&s| s != sid);
+            }
+            reset_stream(conn, &mut st.resetting, &self.site, sid, H3_REQUEST_CANCELLED, headers_sent);
+        }
+        st.stall_check = st.responses.values().map(|r| r.next_check(&self.bounds)).min();
+    }
+}
+
+/// Resets stream `sid`'s sending side with `code` and puts it on the connection's `resetting`
+/// list until quiche has forgotten it ([`collect_resets`]); a stream the transport no longer
+/// has is not listed.
+fn reset_stream(
+    conn: &mut udpx_quic::Connection,
+    resetting: &mut Vec<(u64, bool)>,
+    site: &Site,
+    sid: u64,
+    code: u64,
+    headers_sent: bool,
+) {
+    let known = conn.stream_shutdown(sid, quiche::Shutdown::Write, code).is_ok() || conn.stream_capacity(sid).is_ok();
+    if known && !resetting.iter().any(|&(s, _)| s == sid) {
+        resetting.push((sid, headers_sent));
+        site.stream_resetting(true);
+    }
+}
+
+/// Drops from quiche's HTTP/3 layer the reset streams the transport has forgotten (the peer
+/// acknowledged the reset, and its side ended): one failing call each, which quiche's HTTP/3
+/// layer answers by forgetting a stream the transport no longer has. The others stay listed.
+fn collect_resets(
+    h3: &mut quiche::h3::Connection,
+    conn: &mut udpx_quic::Connection,
+    resetting: &mut Vec<(u64, bool)>,
+    site: &Site,
+) {
+    resetting.retain(|&(sid, headers_sent)| {
+        if !matches!(conn.stream_capacity(sid), Err(quiche::Error::InvalidStreamState(_))) {
             return true;
         }
-        st.stall_check = st.responses.values().map(|r| r.progressed + stall).min();
+        if headers_sent {
+            let _ = h3.send_body(conn, sid, &[], true);
+        } else {
+            let _ = h3.send_response(conn, sid, &[] as &[quiche::h3::Header], true);
+        }
+        site.stream_resetting(false);
         false
+    });
+}
+
+/// A parked response whose client reads again takes a claim on the open-file bounds and its
+/// file again (by the same rules, same ETag) and goes on from where it stopped; `Err` when it
+/// cannot (counted): its stream is to be reset. A response that is not parked passes as is.
+fn resume(
+    budget: &Rc<Budget>,
+    bounds: &Bounds,
+    conn_open: &Rc<Cell<usize>>,
+    addr: IpAddr,
+    r: &mut Response,
+    now: Instant,
+) -> Result<(), ()> {
+    if r.parked_since.is_none() {
+        return Ok(());
     }
+    if let Some(b) = r.body.as_mut().filter(|b| b.open.is_none() && (b.left > 0 || b.pending.is_some())) {
+        let Some(claim) = OpenFile::take(budget, conn_open, addr, bounds, false) else {
+            budget.site.count_resumed(false);
+            return Err(());
+        };
+        match budget.site.reopen(&b.target, &b.etag, b.end - b.left) {
+            Ok(file) => b.open = Some((file, claim)),
+            Err(why) => {
+                log::debug!("udpx-h3: a parked response cannot go on: {why:?}");
+                budget.site.count_resumed(false);
+                return Err(());
+            }
+        }
+        budget.site.count_resumed(true);
+    }
+    (r.parked_since, r.progressed, r.unstamped) = (None, now, 0);
+    Ok(())
 }
 
 /// The longest HTTP/3 DATA frame header: its type (one byte) and its length (a varint, at
@@ -575,9 +751,21 @@ fn data_header(len: usize) -> ([u8; DATA_HEADER_MAX], usize) {
     (h, 1 + n)
 }
 
+/// Where a response stands after [`progress`] (or a refused resume).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Progress {
+    /// Sent whole.
+    Done,
+    /// The stream takes no more for now; quiche reports it writable again.
+    Waiting,
+    /// The stream is gone (reset, stopped) or the file failed: it ends unsent.
+    Failed,
+    /// Parked, and it could not go on: its stream is reset.
+    Refused,
+}
+
 /// Moves a response on as far as the stream takes it, counting the body bytes taken in
-/// `r.sent`. `Ok(true)`: done; `Err(())`: the stream is gone (reset, stopped) or the file
-/// failed.
+/// `r.sent`. A response that is parked must be resumed first ([`resume`]).
 fn progress(
     h3: &mut quiche::h3::Connection,
     conn: &mut udpx_quic::Connection,
@@ -585,43 +773,41 @@ fn progress(
     r: &mut Response,
     pool: &mut BufPool,
     now: Instant,
-) -> Result<bool, ()> {
+) -> Progress {
     if let Some(h) = r.headers.take() {
         match h3.send_response(conn, sid, &h, r.fin_with_headers) {
             Ok(()) => r.progressed = now,
             Err(quiche::h3::Error::StreamBlocked | quiche::h3::Error::Done) => {
                 r.headers = Some(h);
-                return Ok(false);
+                return Progress::Waiting;
             }
-            Err(_) => return Err(()),
+            Err(_) => return Progress::Failed,
         }
     }
-    let Some(b) = r.body.as_mut() else { return Ok(true) };
+    let Some(b) = r.body.as_mut() else { return Progress::Done };
     loop {
         if b.pending.is_none() {
             if b.left == 0 {
-                return Ok(true);
+                return Progress::Done;
             }
             let cap = match conn.stream_capacity(sid) {
                 Ok(c) => c,
-                Err(_) => return Err(()),
+                Err(_) => return Progress::Failed,
             };
             // Room for the DATA frame's header too, so the chunk goes whole, in one frame.
             if cap <= DATA_HEADER_MAX {
-                // Parked: quiche reports the stream writable again once it can take this.
+                // quiche reports the stream writable again once it can take this.
                 let _ = conn.stream_writable(sid, DATA_HEADER_MAX + 1);
-                return Ok(false);
+                return Progress::Waiting;
             }
+            let Some((file, _)) = b.open.as_mut() else { return Progress::Failed };
             let n = ((cap - DATA_HEADER_MAX).min(pool.size()) as u64).min(b.left) as usize;
             let (header, hlen) = data_header(n);
             // The file read straight into the buffer quiche keeps: no copy before the packet.
-            match pool.fill(n, &header[..hlen], |s| b.file.read_exact(s)) {
+            match pool.fill(n, &header[..hlen], |s| file.read_exact(s)) {
                 Ok(buf) => b.pending = Some(buf),
-                Err(_) => {
-                    // The file shrank or failed under us: the stream cannot be completed honestly.
-                    let _ = conn.stream_shutdown(sid, quiche::Shutdown::Write, 0x102);
-                    return Err(());
-                }
+                // The file shrank or failed under us: the stream cannot be completed honestly.
+                Err(_) => return Progress::Failed,
             }
             b.left -= n as u64;
         }
@@ -636,15 +822,15 @@ fn progress(
                     (r.progressed, r.unstamped) = (now, 0);
                 }
                 if w < len {
-                    return Ok(false); // `buf` is what is left of the chunk
+                    return Progress::Waiting; // `buf` is what is left of the chunk
                 }
                 b.pending = None;
                 if fin {
-                    return Ok(true);
+                    return Progress::Done;
                 }
             }
-            Err(quiche::h3::Error::Done | quiche::h3::Error::StreamBlocked) => return Ok(false),
-            Err(_) => return Err(()),
+            Err(quiche::h3::Error::Done | quiche::h3::Error::StreamBlocked) => return Progress::Waiting,
+            Err(_) => return Progress::Failed,
         }
     }
 }

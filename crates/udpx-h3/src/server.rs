@@ -58,9 +58,13 @@ pub struct ServeConfig {
     /// Responses with an open file the connections of one address (IPv6: one /64) may hold on
     /// a shard (503 past it): one client cannot take the whole shard's bound.
     pub max_open_per_addr: usize,
-    /// A connection one of whose responses takes less than [`MIN_PROGRESS`] bytes in this long
-    /// is closed, and its files with it.
+    /// A response that takes less than [`MIN_PROGRESS`] bytes in this long is parked: it gives
+    /// its open file back and waits for its client to read again (a paused video), then opens
+    /// it again and goes on if the file did not change (see [`crate::responder`]).
     pub stall_timeout: Duration,
+    /// A parked response is reset (RESET_STREAM) after this long; its connection and other
+    /// streams go on.
+    pub park_timeout: Duration,
     /// A connection with no response under way and no new request for this long is closed
     /// (H3_NO_ERROR); it also bounds how long quiche holds request heads a peer leaves
     /// unfinished.
@@ -89,6 +93,7 @@ impl ServeConfig {
             max_open_per_shard: DEFAULT_MAX_OPEN_PER_SHARD,
             max_open_per_addr: DEFAULT_MAX_OPEN_PER_ADDR,
             stall_timeout: DEFAULT_STALL_TIMEOUT,
+            park_timeout: DEFAULT_PARK_TIMEOUT,
             idle_timeout: DEFAULT_IDLE_TIMEOUT,
             alt_svc_tcp: None,
         }
@@ -151,6 +156,9 @@ pub const DEFAULT_MAX_OPEN_PER_ADDR: usize = DEFAULT_MAX_OPEN_PER_SHARD / 4;
 /// The window in which a response must take [`MIN_PROGRESS`] bytes, by default: the TCP
 /// listener's ([`crate::tcp::TcpLimits`]).
 pub const DEFAULT_STALL_TIMEOUT: Duration = Duration::from_secs(20);
+/// How long a parked response waits for its client, by default: a paused video resumes
+/// within it; a parked response costs a few hundred bytes and no file.
+pub const DEFAULT_PARK_TIMEOUT: Duration = Duration::from_secs(300);
 pub use crate::responder::MIN_PROGRESS;
 /// A connection with no response under way and no new request for this long is closed, by
 /// default ([`ServeConfig::idle_timeout`]), as the TCP listener closes an idle connection (a
@@ -224,8 +232,10 @@ pub fn serve(dir: &Path, cfg: &ServeConfig) -> Result<H3Server, Error> {
             "--max-open-per-conn, --max-open-per-addr, --max-open-per-shard: give each at least 1".into(),
         ));
     }
-    if cfg.stall_timeout.is_zero() || cfg.idle_timeout.is_zero() {
-        return Err(Error::Usage("--stall-timeout, --idle-timeout: give a duration above zero, e.g. 20".into()));
+    if cfg.stall_timeout.is_zero() || cfg.park_timeout.is_zero() || cfg.idle_timeout.is_zero() {
+        return Err(Error::Usage(
+            "--stall-timeout, --park-timeout, --idle-timeout: give a duration above zero, e.g. 20".into(),
+        ));
     }
     // Everything that can fail must fail before an upgrade takes new connections over: the
     // HTTPS-over-TCP listener's port is held by the server being upgraded (it is not handed
@@ -252,6 +262,7 @@ pub fn serve(dir: &Path, cfg: &ServeConfig) -> Result<H3Server, Error> {
         per_shard: cfg.max_open_per_shard,
         per_shard_early: (cfg.max_open_per_shard / 8).max(1),
         stall: cfg.stall_timeout,
+        park: cfg.park_timeout,
         idle: cfg.idle_timeout,
     };
     let server =
@@ -412,6 +423,7 @@ impl udpx_metrics::Source for MetricsSource {
     fn global(&self) -> Vec<udpx_metrics::Extra> {
         let h = self.site.counters();
         let c = |name, help, value| udpx_metrics::Extra { name, help, value, gauge: false };
+        let level = |name, help, value| udpx_metrics::Extra { name, help, value, gauge: true };
         let mut out = vec![
             c("http_requests", "HTTP requests whose head arrived (every listener)", h.requests),
             c("http_responses_1xx", "Responses with a 1xx status", h.by_class[0]),
@@ -429,16 +441,23 @@ impl udpx_metrics::Source for MetricsSource {
                 "503 responses: out of file descriptors, or an open-file bound reached",
                 h.unavailable,
             ),
-            udpx_metrics::Extra {
-                name: "open_files",
-                help: "HTTP/3 responses holding an open file now",
-                value: h.open_files,
-                gauge: true,
-            },
+            level("open_files", "HTTP/3 responses holding an open file now", h.open_files),
             c(
                 "http_stalled",
-                "HTTP/3 responses ended with their connection: one stalled (too few bytes taken)",
+                "Responses ended for taking too little: HTTP/3 streams reset at the park timeout, TCP connections closed",
                 h.stalled,
+            ),
+            c("http_parked", "HTTP/3 responses parked (their file given back) after the stall timeout", h.parked),
+            c("http_resumed", "Parked HTTP/3 responses that went on when their client read again", h.resumed),
+            c(
+                "http_resume_refused",
+                "Parked HTTP/3 responses reset when their client read again: the file changed or a bound was reached",
+                h.resume_refused,
+            ),
+            level(
+                "http_streams_resetting",
+                "HTTP/3 streams reset by the server that quiche has not forgotten yet",
+                h.streams_resetting,
             ),
             c("http_trailers", "Trailer sections on requests, read and ignored", h.trailers),
             c(

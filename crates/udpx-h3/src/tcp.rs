@@ -582,7 +582,7 @@ enum Reading {
 impl FileStream {
     fn new(body: Option<FileBody>, mut log: Finish, bodies: Arc<AtomicUsize>) -> FileStream {
         let (read, left) = match body {
-            Some(FileBody { file, len }) => (Reading::Idle(Some(file)), len),
+            Some(FileBody { file, len, .. }) => (Reading::Idle(Some(file)), len),
             None => (Reading::Idle(None), 0),
         };
         log.complete = left == 0;
