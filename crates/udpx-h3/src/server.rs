@@ -60,7 +60,8 @@ pub struct ServeConfig {
     pub max_open_per_addr: usize,
     /// A response that takes less than [`MIN_PROGRESS`] bytes in this long is parked: it gives
     /// its open file back and waits for its client to read again (a paused video), then opens
-    /// it again and goes on if the file did not change (see [`crate::responder`]).
+    /// it again and goes on if the file did not change; parked past [`ServeConfig::park_timeout`],
+    /// its stream is reset.
     pub stall_timeout: Duration,
     /// A parked response is reset (RESET_STREAM) after this long; its connection and other
     /// streams go on.
