@@ -286,10 +286,8 @@ pub(crate) struct ConnState {
     /// Its place in a drain's spread, 0 to 1 (evenly spread over the connections: the golden
     /// ratio's multiples modulo 1).
     spread_at: f64,
-    /// Streams the server reset that quiche's HTTP/3 layer still holds, and whether their
-    /// response headers went (which call makes it drop them): see the module docs. At most
-    /// the streams the peer may have open.
-    resetting: Vec<(u64, bool)>,
+    /// Streams the server reset that quiche's HTTP/3 layer still holds.
+    resets: Resets,
 }
 
 impl FileServer {
@@ -341,7 +339,7 @@ impl App for FileServer {
                 self.accepted += 1;
                 (self.accepted as f64 * 0.618_033_988_749_895).fract()
             },
-            resetting: Vec::new(),
+            resets: Resets::default(),
         }
     }
 
@@ -364,9 +362,6 @@ impl App for FileServer {
         // The host may fire a deadline up to its pacing slack early: a check due within it is
         // due now (else the same deadline comes back at once, a spin).
         let due = now + udpx_quic::PACING_SLACK;
-        if let Some(h3) = st.h3.as_mut() {
-            collect_resets(h3, conn, &mut st.resetting, &self.site);
-        }
         if st.stall_check.is_some_and(|t| t <= due) {
             self.park_or_reset_stalled(conn, st, now);
         }
@@ -377,9 +372,12 @@ impl App for FileServer {
             return;
         }
         let goaway_due = self.goaway_from(st).is_some_and(|t| t <= due);
-        let Some(h3) = st.h3.as_mut() else { return };
+        // Taken for the turn (put back below), so that the connection's state stays free to
+        // borrow whole.
+        let Some(mut h3) = st.h3.take() else { return };
+        st.resets.collect(&mut h3, conn, &self.site);
         if goaway_due {
-            st.goaway.step(h3, conn, st.last_request_id, now);
+            st.goaway.step(&mut h3, conn, st.last_request_id, now);
         }
         // New requests and stream events. Every HTTP/3 event comes from stream data, and the
         // loop polls until quiche has no event left (its queue of finished streams included):
@@ -400,7 +398,7 @@ impl App for FileServer {
                             // elsewhere (RFC 9114 5.2).
                             self.site.count_rejected();
                             let _ = conn.stream_shutdown(sid, quiche::Shutdown::Read, H3_REQUEST_REJECTED);
-                            reset_stream(conn, &mut st.resetting, &self.site, sid, H3_REQUEST_REJECTED, false);
+                            st.resets.reset(conn, &self.site, sid, H3_REQUEST_REJECTED, false);
                             continue;
                         }
                         st.last_request_id = Some(st.last_request_id.map_or(sid, |m| m.max(sid)));
@@ -420,18 +418,10 @@ impl App for FileServer {
                     }
                     Ok((sid, quiche::h3::Event::Finished)) => st.requests.retain(|&s| s != sid),
                     Ok((sid, quiche::h3::Event::Reset(_))) => {
+                        // The peer's side ended; ours ends too (a response still under way,
+                        // or one quiche still holds).
                         st.requests.retain(|&s| s != sid);
-                        // Our side of the stream ends too (a response still under way, or
-                        // one quiche still holds).
-                        let headers_sent = match st.responses.remove(&sid) {
-                            Some(r) => {
-                                let sent = r.headers.is_none();
-                                self.finish(st.peer, r, false);
-                                sent
-                            }
-                            None => true,
-                        };
-                        reset_stream(conn, &mut st.resetting, &self.site, sid, H3_REQUEST_CANCELLED, headers_sent);
+                        self.abandon(conn, st, sid, H3_REQUEST_CANCELLED);
                     }
                     Ok(_) => {}
                     Err(quiche::h3::Error::Done) => break,
@@ -450,8 +440,8 @@ impl App for FileServer {
             // A parked response whose client reads again: its file opened again, or the
             // stream reset.
             let outcome = match resume(&self.budget, &self.bounds, &st.open, st.addr, r, now) {
-                Ok(()) => progress(h3, conn, sid, r, &mut self.bodies, now),
-                Err(()) => Progress::Refused,
+                Ok(()) => progress(&mut h3, conn, sid, r, &mut self.bodies, now),
+                Err(()) => Progress::Failed,
             };
             match outcome {
                 Progress::Waiting => {
@@ -469,16 +459,10 @@ impl App for FileServer {
                         st.sent.retain(|&s| conn.stream_capacity(s).is_ok());
                     }
                 }
-                Progress::Failed | Progress::Refused => {
-                    if let Some(r) = st.responses.remove(&sid) {
-                        let headers_sent = r.headers.is_none();
-                        self.finish(st.peer, r, false);
-                        st.requests.retain(|&s| s != sid);
-                        reset_stream(conn, &mut st.resetting, &self.site, sid, H3_INTERNAL_ERROR, headers_sent);
-                    }
-                }
+                Progress::Failed => self.abandon(conn, st, sid, H3_INTERNAL_ERROR),
             }
         }
+        st.h3 = Some(h3);
         if st.goaway.done() && st.responses.is_empty() && {
             // A stream quiche still holds has data not yet acknowledged (or its request side
             // open): closing now would cut its end off.
@@ -516,9 +500,7 @@ impl App for FileServer {
             self.finish(state.peer, r, false);
         }
         // Its reset streams went with it.
-        for _ in state.resetting.drain(..) {
-            self.site.stream_resetting(false);
-        }
+        state.resets.forget_all(&self.site);
     }
 }
 
@@ -633,60 +615,76 @@ impl FileServer {
             self.site.count_parked();
         }
         for sid in given_up {
-            let Some(r) = st.responses.remove(&sid) else { continue };
             self.site.count_stalled();
-            let headers_sent = r.headers.is_none();
-            self.finish(st.peer, r, false);
-            if st.requests.contains(&sid) {
-                // Its request side is open: STOP_SENDING too.
-                let _ = conn.stream_shutdown(sid, quiche::Shutdown::Read, H3_REQUEST_CANCELLED);
-                st.requests.retain(|&s| s != sid);
-            }
-            reset_stream(conn, &mut st.resetting, &self.site, sid, H3_REQUEST_CANCELLED, headers_sent);
+            self.abandon(conn, st, sid, H3_REQUEST_CANCELLED);
         }
         st.stall_check = st.responses.values().map(|r| r.next_check(&self.bounds)).min();
     }
-}
 
-/// Resets stream `sid`'s sending side with `code` and puts it on the connection's `resetting`
-/// list until quiche has forgotten it ([`collect_resets`]); a stream the transport no longer
-/// has is not listed.
-fn reset_stream(
-    conn: &mut udpx_quic::Connection,
-    resetting: &mut Vec<(u64, bool)>,
-    site: &Site,
-    sid: u64,
-    code: u64,
-    headers_sent: bool,
-) {
-    let known = conn.stream_shutdown(sid, quiche::Shutdown::Write, code).is_ok() || conn.stream_capacity(sid).is_ok();
-    if known && !resetting.iter().any(|&(s, _)| s == sid) {
-        resetting.push((sid, headers_sent));
-        site.stream_resetting(true);
+    /// Ends stream `sid`'s response unsent (when one is under way: logged, counted, its file
+    /// given back) and resets the stream with `code`, STOP_SENDING too while its request side
+    /// is open; the stream stays on the connection's [`Resets`] until quiche forgot it.
+    fn abandon(&mut self, conn: &mut udpx_quic::Connection, st: &mut ConnState, sid: u64, code: u64) {
+        // No response under way: it was sent whole (its headers went).
+        let headers_sent = match st.responses.remove(&sid) {
+            Some(r) => {
+                let sent = r.headers.is_none();
+                self.finish(st.peer, r, false);
+                sent
+            }
+            None => true,
+        };
+        if st.requests.contains(&sid) {
+            let _ = conn.stream_shutdown(sid, quiche::Shutdown::Read, code);
+            st.requests.retain(|&s| s != sid);
+        }
+        st.resets.reset(conn, &self.site, sid, code, headers_sent);
     }
 }
 
-/// Drops from quiche's HTTP/3 layer the reset streams the transport has forgotten (the peer
-/// acknowledged the reset, and its side ended): one failing call each, which quiche's HTTP/3
-/// layer answers by forgetting a stream the transport no longer has. The others stay listed.
-fn collect_resets(
-    h3: &mut quiche::h3::Connection,
-    conn: &mut udpx_quic::Connection,
-    resetting: &mut Vec<(u64, bool)>,
-    site: &Site,
-) {
-    resetting.retain(|&(sid, headers_sent)| {
-        if !matches!(conn.stream_capacity(sid), Err(quiche::Error::InvalidStreamState(_))) {
-            return true;
+/// The streams of one connection that the server reset and quiche's HTTP/3 layer still holds,
+/// each with whether its response headers went (which call makes the layer drop it): see the
+/// module docs. At most the streams the peer may have open; counted in the site's
+/// `streams_resetting` gauge while listed.
+#[derive(Debug, Default)]
+struct Resets(Vec<(u64, bool)>);
+
+impl Resets {
+    /// Resets stream `sid`'s sending side with `code` and lists it; a stream the transport no
+    /// longer has is not listed, one listed already not twice.
+    fn reset(&mut self, conn: &mut udpx_quic::Connection, site: &Site, sid: u64, code: u64, headers_sent: bool) {
+        let known =
+            conn.stream_shutdown(sid, quiche::Shutdown::Write, code).is_ok() || conn.stream_capacity(sid).is_ok();
+        if known && !self.0.iter().any(|&(s, _)| s == sid) {
+            self.0.push((sid, headers_sent));
+            site.stream_resetting(true);
         }
-        if headers_sent {
-            let _ = h3.send_body(conn, sid, &[], true);
-        } else {
-            let _ = h3.send_response(conn, sid, &[] as &[quiche::h3::Header], true);
+    }
+
+    /// Drops from quiche's HTTP/3 layer the listed streams the transport has forgotten (the
+    /// peer acknowledged the reset, and its side ended): one failing call each, which the layer
+    /// answers by forgetting a stream the transport no longer has. The others stay listed.
+    fn collect(&mut self, h3: &mut quiche::h3::Connection, conn: &mut udpx_quic::Connection, site: &Site) {
+        self.0.retain(|&(sid, headers_sent)| {
+            if !matches!(conn.stream_capacity(sid), Err(quiche::Error::InvalidStreamState(_))) {
+                return true;
+            }
+            if headers_sent {
+                let _ = h3.send_body(conn, sid, &[], true);
+            } else {
+                let _ = h3.send_response(conn, sid, &[] as &[quiche::h3::Header], true);
+            }
+            site.stream_resetting(false);
+            false
+        });
+    }
+
+    /// The connection ended: its streams with it.
+    fn forget_all(&mut self, site: &Site) {
+        for _ in self.0.drain(..) {
+            site.stream_resetting(false);
         }
-        site.stream_resetting(false);
-        false
-    });
+    }
 }
 
 /// A parked response whose client reads again takes a claim on the open-file bounds and its
@@ -703,7 +701,7 @@ fn resume(
     if r.parked_since.is_none() {
         return Ok(());
     }
-    if let Some(b) = r.body.as_mut().filter(|b| b.open.is_none() && (b.left > 0 || b.pending.is_some())) {
+    if let Some(b) = r.body.as_mut().filter(|b| b.open.is_none()) {
         let Some(claim) = OpenFile::take(budget, conn_open, addr, bounds, false) else {
             budget.site.count_resumed(false);
             return Err(());
@@ -758,10 +756,9 @@ enum Progress {
     Done,
     /// The stream takes no more for now; quiche reports it writable again.
     Waiting,
-    /// The stream is gone (reset, stopped) or the file failed: it ends unsent.
+    /// The stream is gone (reset, stopped), the file failed, or a parked response could not
+    /// go on: it ends unsent and its stream is reset.
     Failed,
-    /// Parked, and it could not go on: its stream is reset.
-    Refused,
 }
 
 /// Moves a response on as far as the stream takes it, counting the body bytes taken in

@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use common::lossy::{Coin, Link, PathSpec, Relay, Tally};
 use common::{digest, start, Site, TempDir};
-use udpx_lab::netns::{record_skip, ChildGroup};
+use udpx_lab::netns::ChildGroup;
 use udpx_quic::IoMode;
 
 /// Downloads, each on its own connection.
@@ -42,12 +42,6 @@ const ATTEMPT_DEADLINE: Duration = Duration::from_secs(200);
 const CLIENT_TIMEOUTS: [&str; 2] = ["--handshake-timeout=180s", "--timeout=180s"];
 /// The file: `small`, 1 KiB.
 const FILE: &str = "small";
-
-/// `program` in PATH.
-fn find(program: &str) -> Option<PathBuf> {
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    std::env::split_paths(&path).map(|d| d.join(program)).find(|p| p.is_file())
-}
 
 /// The run's seed: `UDPX_LOSS_SEED` (decimal or 0x-hex) to replay one, else a fresh one.
 fn base_seed() -> u64 {
@@ -151,13 +145,7 @@ fn keep(dir: &Path, i: u64) -> PathBuf {
 #[test]
 #[ignore = "issue 46 item 4: about 1 handshake in 100 still fails; run with --ignored"]
 fn gtlsclient_handshakes_through_30_percent_loss() {
-    let Some(client) = find("gtlsclient") else {
-        record_skip(
-            "gtlsclient_handshakes_through_30_percent_loss",
-            "gtlsclient not found (Debian package ngtcp2-client; scripts/setup.sh installs it)",
-        );
-        return;
-    };
+    let Some(client) = common::ngtcp2("gtlsclient", "gtlsclient_handshakes_through_30_percent_loss") else { return };
     let base = base_seed();
     let timeouts = match std::env::var_os("UDPX_HANDSHAKELOSS_CLIENT_DEFAULTS") {
         None => CLIENT_TIMEOUTS.join(" "),

@@ -6,25 +6,16 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{digest, start, Site, TempDir};
 use udpx_h3::{get, GetConfig};
-use udpx_lab::netns::{record_skip, ChildGroup};
+use udpx_lab::netns::ChildGroup;
 use udpx_quic::IoMode;
 
 const DEADLINE: Duration = Duration::from_secs(60);
-
-/// `program` in PATH or the sbin directories (Debian puts gtlsserver in /usr/sbin).
-fn find(program: &str) -> Option<PathBuf> {
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    std::env::split_paths(&path)
-        .chain(["/usr/sbin", "/usr/local/sbin", "/sbin"].map(PathBuf::from))
-        .map(|d| d.join(program))
-        .find(|p| p.is_file())
-}
 
 /// Runs `cmd` in its own process group until it exits or the deadline passes (then it is
 /// killed and the test fails); returns its exit status and its output (stdout + stderr,
@@ -59,13 +50,7 @@ fn tail(s: &str) -> String {
 
 #[test]
 fn gtlsclient_downloads_in_every_io_mode() {
-    let Some(client) = find("gtlsclient") else {
-        record_skip(
-            "gtlsclient_downloads_in_every_io_mode",
-            "gtlsclient not found (Debian package ngtcp2-client; scripts/setup.sh installs it)",
-        );
-        return;
-    };
+    let Some(client) = common::ngtcp2("gtlsclient", "gtlsclient_downloads_in_every_io_mode") else { return };
     let site = Site::new("gtlsclient");
     for io in IoMode::ALL {
         let server = start(&site, io, 2);
@@ -103,13 +88,7 @@ fn gtlsclient_downloads_in_every_io_mode() {
 
 #[test]
 fn gtlsclient_fifty_streams_on_one_connection() {
-    let Some(client) = find("gtlsclient") else {
-        record_skip(
-            "gtlsclient_fifty_streams_on_one_connection",
-            "gtlsclient not found (Debian package ngtcp2-client)",
-        );
-        return;
-    };
+    let Some(client) = common::ngtcp2("gtlsclient", "gtlsclient_fifty_streams_on_one_connection") else { return };
     let site = Site::new("gtlsstreams");
     let many = site.root.join("many");
     std::fs::create_dir_all(&many).unwrap();
@@ -141,13 +120,7 @@ fn gtlsclient_fifty_streams_on_one_connection() {
 
 #[test]
 fn gtlsclient_with_small_flow_control_windows() {
-    let Some(client) = find("gtlsclient") else {
-        record_skip(
-            "gtlsclient_with_small_flow_control_windows",
-            "gtlsclient not found (Debian package ngtcp2-client)",
-        );
-        return;
-    };
+    let Some(client) = common::ngtcp2("gtlsclient", "gtlsclient_with_small_flow_control_windows") else { return };
     // 10 MB through a 64 KiB stream window and a 128 KiB connection window: the server must
     // wait for every MAX_STREAM_DATA and never send past it (ngtcp2 closes the connection
     // with FLOW_CONTROL_ERROR if it does).
@@ -171,10 +144,7 @@ fn gtlsclient_with_small_flow_control_windows() {
 
 #[test]
 fn gtlsclient_head_and_post() {
-    let Some(client) = find("gtlsclient") else {
-        record_skip("gtlsclient_head_and_post", "gtlsclient not found (Debian package ngtcp2-client)");
-        return;
-    };
+    let Some(client) = common::ngtcp2("gtlsclient", "gtlsclient_head_and_post") else { return };
     let site = Site::new("gtlsmethods");
     let server = start(&site, IoMode::GsoMmsg, 1);
     let port = server.local_addr().port();
@@ -196,13 +166,7 @@ fn gtlsclient_head_and_post() {
 
 #[test]
 fn get_downloads_from_gtlsserver() {
-    let Some(server) = find("gtlsserver") else {
-        record_skip(
-            "get_downloads_from_gtlsserver",
-            "gtlsserver not found (Debian package ngtcp2-server; scripts/setup.sh installs it)",
-        );
-        return;
-    };
+    let Some(server) = common::ngtcp2("gtlsserver", "get_downloads_from_gtlsserver") else { return };
     let site = Site::new("gtlsserver");
     let ck = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
     let (cert, key) = (site.tmp.path().join("cert.pem"), site.tmp.path().join("key.pem"));

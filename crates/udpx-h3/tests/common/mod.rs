@@ -70,6 +70,25 @@ impl Site {
     }
 }
 
+/// An ngtcp2 program (`gtlsclient`, `gtlsserver`: Debian's `ngtcp2-client` and
+/// `ngtcp2-server`, which scripts/setup.sh installs) in PATH or the sbin directories (Debian
+/// puts gtlsserver in /usr/sbin); else `test`'s SKIP is printed and recorded, and `None`.
+pub fn ngtcp2(program: &str, test: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let found = std::env::split_paths(&path)
+        .chain(["/usr/sbin", "/usr/local/sbin", "/sbin"].map(PathBuf::from))
+        .map(|d| d.join(program))
+        .find(|p| p.is_file());
+    if found.is_none() {
+        let package = if program.ends_with("server") { "ngtcp2-server" } else { "ngtcp2-client" };
+        udpx_lab::netns::record_skip(
+            test,
+            &format!("{program} not found (Debian package {package}; scripts/setup.sh installs it)"),
+        );
+    }
+    found
+}
+
 /// A server on an ephemeral loopback port.
 pub fn start(site: &Site, io: IoMode, shards: usize) -> H3Server {
     let mut cfg = ServeConfig::new("127.0.0.1:0".parse().unwrap());
