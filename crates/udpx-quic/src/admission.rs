@@ -86,7 +86,9 @@ pub struct Limits {
     pub flood_handshake_timeout: Duration,
     /// When to send Retry.
     pub retry: RetryPolicy,
-    /// Version Negotiation packets and stateless resets sent per second, at most.
+    /// Stateless answers sent per second, at most, of each kind ([`Answer`]: Version
+    /// Negotiation, stateless resets, refusals): a flood that draws one kind does not starve
+    /// the others.
     pub answers_per_sec: u32,
 }
 
@@ -270,6 +272,36 @@ pub struct Rate {
     used: u32,
 }
 
+/// The kinds of stateless answer a server sends to packets no connection takes, each with a
+/// budget of its own ([`Answers`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Answer {
+    /// Version Negotiation, to an Initial of a version quiche does not speak.
+    VersionNegotiation,
+    /// A stateless reset, to a short-header packet for an unknown connection ID.
+    Reset,
+    /// A server Initial closing with CONNECTION_REFUSED, to an Initial turned away.
+    Refusal,
+}
+
+/// A [`Rate`] per kind of stateless answer: answers to a forged packet of one kind (e.g. a
+/// flood of unknown versions) use up their own budget only, so resets that end a client's
+/// dead connection, and refusals that tell a real client why, still go.
+#[derive(Debug)]
+pub struct Answers([Rate; 3]);
+
+impl Answers {
+    /// `per_sec` of each kind a second.
+    pub fn new(per_sec: u32) -> Answers {
+        Answers(std::array::from_fn(|_| Rate::new(per_sec)))
+    }
+
+    /// Whether one more answer of `kind` is allowed at `now` (and counts it).
+    pub fn allow(&mut self, kind: Answer, now: Instant) -> bool {
+        self.0[kind as usize].allow(now)
+    }
+}
+
 impl Rate {
     /// `per_sec` a second.
     pub fn new(per_sec: u32) -> Rate {
@@ -293,6 +325,19 @@ impl Rate {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_kind_of_answer_has_its_own_budget() {
+        let mut a = Answers::new(3);
+        let now = Instant::now();
+        for _ in 0..3 {
+            assert!(a.allow(Answer::VersionNegotiation, now));
+        }
+        assert!(!a.allow(Answer::VersionNegotiation, now), "its budget is used up");
+        assert!(a.allow(Answer::Reset, now), "a reset still goes");
+        assert!(a.allow(Answer::Refusal, now), "a refusal still goes");
+        assert!(a.allow(Answer::VersionNegotiation, now + Duration::from_secs(1)), "a second later");
+    }
 
     fn ip(s: &str) -> IpAddr {
         s.parse().unwrap()

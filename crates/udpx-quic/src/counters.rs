@@ -103,7 +103,7 @@ host_counters! {
     /// ([`crate::reset::may_reset`]); the packet is dropped (and counted in
     /// `dropped_unknown_cid`).
     resets_not_ours,
-    /// Version negotiations not sent: over the rate limit.
+    /// Version negotiations and refusals not sent: over their kind's rate limit.
     answers_limited,
     /// Stateless resets received that matched a connection's token (a client's count: the
     /// server no longer had that connection).

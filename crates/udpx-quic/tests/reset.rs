@@ -177,3 +177,56 @@ fn a_gro_train_draws_no_reset_for_another_shards_id() {
     assert_eq!((sum(|c| c.stateless_resets), sum(|c| c.resets_not_ours)), (1, 1), "one reset, one withheld");
     assert_eq!(resets, 1, "the client got one reset");
 }
+
+/// The third review: Version Negotiation, refusals and resets each have a budget of their own.
+/// With 100 answers a second, 150 Initials of an unknown version (1,200 bytes each) use up the
+/// shard's Version Negotiation budget; a short-header packet for an unknown ID of this shard
+/// that follows them in the socket's queue still draws its stateless reset. (With one budget
+/// for all, the reset was withheld: `resets_limited`.)
+#[test]
+fn a_version_negotiation_flood_does_not_starve_resets() {
+    let cert = TempCert::new("reset-budget");
+    let mut cfg = ServerConfig::new("127.0.0.1:0".parse().unwrap());
+    cfg.host.keys = Some(ServiceKeys::shared(&[7; udpx_quic::reset::KEY_LEN]));
+    cfg.host.limits.answers_per_sec = 100;
+    let srv = Server::start(&cfg, vec![quiche_config(Some(cert.pem()), false)], |_| Quiet).unwrap();
+    let addr = srv.local_addr();
+    let sock = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    sock.set_read_timeout(Some(Duration::from_millis(20))).unwrap();
+    // A long-header Initial of version 0x1a2a3a4a (reserved to force negotiation).
+    let mut initial = vec![0xc0u8, 0x1a, 0x2a, 0x3a, 0x4a, 8];
+    initial.extend_from_slice(&[0x11; 8]);
+    initial.push(8);
+    initial.extend_from_slice(&[0x22; 8]);
+    initial.resize(1200, 0);
+    let start = Instant::now();
+    for _ in 0..150 {
+        sock.send_to(&initial, addr).unwrap();
+    }
+    let cid = ServerCid { host_id: 0, nonce: [4; 7], generation: 0, worker: 0 }.to_bytes();
+    let mut short = vec![0x40u8];
+    short.extend_from_slice(&cid);
+    short.resize(100, 0x33);
+    sock.send_to(&short, addr).unwrap();
+    let sent_within = start.elapsed();
+    let mut buf = [0u8; 2048];
+    let (mut negotiations, mut resets) = (0, 0);
+    let watch = Instant::now();
+    while watch.elapsed() < Duration::from_millis(500) {
+        match sock.recv_from(&mut buf) {
+            // Version Negotiation: a long header with version 0; a reset: a short header.
+            Ok((n, _)) if n >= 5 && buf[0] & 0x80 != 0 && buf[1..5] == [0; 4] => negotiations += 1,
+            Ok((n, _)) if n < 100 && buf[0] & 0x80 == 0 => resets += 1,
+            _ => {}
+        }
+    }
+    let k = srv.stop().unwrap();
+    println!(
+        "flood: {negotiations} negotiations and {resets} resets received (sent within {sent_within:?}); \
+         server: {} negotiations, {} limited, {} resets, {} resets limited",
+        k.version_negotiations, k.answers_limited, k.stateless_resets, k.resets_limited
+    );
+    assert!(k.answers_limited >= 1, "the negotiation budget was used up: {k:?}");
+    assert_eq!((k.stateless_resets, k.resets_limited), (1, 0), "the reset still went: {k:?}");
+    assert_eq!(resets, 1, "and arrived");
+}

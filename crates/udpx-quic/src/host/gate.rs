@@ -16,7 +16,7 @@
 use std::net::SocketAddr;
 use std::time::{Instant, SystemTime};
 
-use crate::admission::{Admission, Admit, Cap, Limits, Rate};
+use crate::admission::{Admission, Admit, Answer, Answers, Cap, Limits};
 use crate::cid::{CidGenerator, CID_LEN};
 use crate::reset::{LiveGenerations, RemovedHosts};
 use crate::table::{CidKey, Slot};
@@ -35,8 +35,8 @@ pub(super) struct Gate {
     pub token_key: TokenKey,
     /// The session ticket key's period in force (server).
     pub ticket_period: Option<u64>,
-    /// Version Negotiation and stateless resets, per second.
-    pub answers: Rate,
+    /// Stateless answers per second, a budget for each kind.
+    pub answers: Answers,
     pub admission: Admission,
     /// The shards of its group, for [`crate::reset::may_reset`].
     pub shards: usize,
@@ -64,7 +64,7 @@ impl Gate {
             token_key: keys.token_key(),
             keys,
             ticket_period: None,
-            answers: Rate::new(limits.answers_per_sec),
+            answers: Answers::new(limits.answers_per_sec),
             admission: Admission::new(limits),
             shards: shards.max(1),
             removed_hosts,
@@ -98,7 +98,7 @@ impl<A: App> Host<A> {
             return None;
         }
         if !quiche::version_is_supported(hdr.version) {
-            if !self.gate.answers.allow(Instant::now()) {
+            if !self.gate.answers.allow(Answer::VersionNegotiation, Instant::now()) {
                 self.counters.answers_limited += 1;
                 return None;
             }
@@ -212,7 +212,7 @@ impl<A: App> Host<A> {
         if hdr.version != crate::initial::VERSION_1 {
             return; // its keys would be another version's
         }
-        if !self.gate.answers.allow(Instant::now()) {
+        if !self.gate.answers.allow(Answer::Refusal, Instant::now()) {
             self.counters.answers_limited += 1;
             return;
         }
@@ -285,7 +285,7 @@ impl<A: App> Host<A> {
             return;
         }
         let Some(n) = key.write_reset(cid, len, &random, &mut out) else { return };
-        if !self.gate.answers.allow(Instant::now()) {
+        if !self.gate.answers.allow(Answer::Reset, Instant::now()) {
             self.counters.resets_limited += 1;
             return;
         }
