@@ -238,16 +238,6 @@ pub fn serve(dir: &Path, cfg: &ServeConfig) -> Result<H3Server, Error> {
             "--stall-timeout, --park-timeout, --idle-timeout: give a duration above zero, e.g. 20".into(),
         ));
     }
-    // Everything that can fail must fail before an upgrade takes new connections over: the
-    // HTTPS-over-TCP listener's port is held by the server being upgraded (it is not handed
-    // over yet), so its bind would fail after the takeover and leave nobody serving.
-    if cfg.alt_svc_tcp.is_some() && cfg.quic.handover.as_ref().is_some_and(|h| h.take_over) {
-        return Err(Error::Usage(
-            "--upgrade with --alt-svc-tcp: the HTTPS-over-TCP listener is not handed over yet (the running \
-             server holds its port); upgrade servers started without --alt-svc-tcp, or restart this one"
-                .into(),
-        ));
-    }
     let quic_settings = QuicSettings {
         tls: cfg.tls.clone(),
         max_udp_payload: max,
@@ -266,15 +256,48 @@ pub fn serve(dir: &Path, cfg: &ServeConfig) -> Result<H3Server, Error> {
         park: cfg.park_timeout,
         idle: cfg.idle_timeout,
     };
-    let server =
-        Server::start(&cfg.quic, configs, move |_shard| FileServer::new(site2.clone(), bounds)).map_err(Error::Quic)?;
-    site.set_alt_svc(server.local_addr().port());
+    // Everything that can fail must fail before an upgrade takes new connections over: the
+    // HTTPS-over-TCP listener (the predecessor's socket, passed on, or a new one) is made and
+    // its certificate loaded between asking for the handover and taking it.
+    let mut starting = Server::prepare(&cfg.quic, cfg.alt_svc_tcp.is_some()).map_err(Error::Quic)?;
     let tcp = match cfg.alt_svc_tcp {
-        Some(addr) => Some(TcpServer::start(addr, &files.cert, &files.key, site.clone())?),
+        Some(addr) => Some(tcp_listener(&mut starting, addr, &files)?),
+        None => None,
+    };
+    let pass_on = starting.pass_on();
+    let server = starting.start(configs, move |_shard| FileServer::new(site2.clone(), bounds)).map_err(Error::Quic)?;
+    site.set_alt_svc(server.local_addr().port());
+    // Accepting from here: an upgrade's predecessor stops accepting from the same queue when
+    // it drains.
+    let tcp = match tcp {
+        Some(ready) => Some(ready.run(site.clone(), &server.drain_signal(), pass_on)?),
         None => None,
     };
     drop(files); // loaded into every configuration: a generated one is removed now
     Ok(H3Server { server, site, generated_cert: cfg.tls == Tls::SelfSigned, tcp, quic_settings })
+}
+
+/// The HTTPS-over-TCP listener for `addr`: the one the predecessor passed on (an upgrade),
+/// checked, or a new one; passed on in turn to this server's successor.
+fn tcp_listener(
+    starting: &mut udpx_quic::Starting,
+    addr: SocketAddr,
+    files: &crate::tls::PemFiles,
+) -> Result<crate::tcp::PreparedTcp, Error> {
+    let mut passed = starting.take_passed();
+    let listener = match passed.len() {
+        0 => crate::tcp::bind(addr)?,
+        1 => crate::tcp::adopt(passed.remove(0), addr)?,
+        n => {
+            return Err(Error::Usage(format!(
+                "upgrade: the running server passed {n} listening sockets on; this one takes one (--alt-svc-tcp)"
+            )))
+        }
+    };
+    let copy = listener.try_clone().map_err(Error::Io)?;
+    let at = listener.local_addr().map_err(Error::Io)?;
+    starting.pass_on().put(copy.into(), format!("its HTTPS-over-TCP listener on {at}")).map_err(Error::Quic)?;
+    crate::tcp::PreparedTcp::new(listener, &files.cert, &files.key, crate::tcp::TcpLimits::default())
 }
 
 impl H3Server {
@@ -353,15 +376,18 @@ impl H3Server {
     /// Starts the graceful stop of the HTTP/3 listener ([`udpx_quic::Server::drain`]): no new
     /// connection is admitted (CONNECTION_REFUSED), each connection gets the two-step GOAWAY,
     /// finishes its responses and closes; the loops end when none is left or at `timeout`.
-    /// [`H3Server::finished`] says when; then [`H3Server::stop`]. (HTTPS over TCP, if on, stops
-    /// only then.)
+    /// [`H3Server::finished`] says when; then [`H3Server::stop`]. HTTPS over TCP, if on, drains
+    /// with it: no longer accepting, GOAWAY to each HTTP/2 connection, each HTTP/1.1 one closed
+    /// after its response, the rest closed at `timeout`. (A handover to an upgrade drains both
+    /// the same way.)
     pub fn drain(&self, timeout: std::time::Duration) {
         self.server.drain(timeout);
     }
 
-    /// Whether every HTTP/3 event loop has ended (after a drain: drained).
+    /// Whether every HTTP/3 event loop has ended (after a drain: drained) and HTTPS over TCP,
+    /// if on, has drained.
     pub fn finished(&self) -> bool {
-        self.server.finished()
+        self.server.finished() && self.tcp.as_ref().is_none_or(TcpServer::drained)
     }
 
     /// A flag that stops the server when set (for a signal handler).
@@ -485,6 +511,12 @@ impl udpx_metrics::Source for MetricsSource {
                 c("tcp_too_slow", "HTTPS-over-TCP connections closed for taking a response too slowly", t.too_slow),
                 c("tcp_idle_closed", "HTTPS-over-TCP connections closed after the idle timeout", t.idle_closed),
                 c("tcp_accept_errors", "HTTPS-over-TCP accepts that failed (out of descriptors)", t.accept_errors),
+                level("tcp_open", "HTTPS-over-TCP connections open now", t.open),
+                c(
+                    "tcp_drain_closed",
+                    "HTTPS-over-TCP connections still open at a drain's deadline, closed then",
+                    t.drain_closed,
+                ),
             ]);
         }
         out

@@ -40,6 +40,12 @@
 //!   PINGs cannot hold a permit for ever. IPv6 peers count by their /64 (one host's
 //!   addresses), as the QUIC side does. An accept error
 //!   (EMFILE, ENFILE, ENOMEM) pauses accepting for a moment; it never ends the listener.
+//! - It drains with the QUIC server ([`udpx_quic::host::DrainSignal::on_start`]): accepting
+//!   stops (the socket closed, never `shutdown()`), HTTP/2 connections get GOAWAY and close once
+//!   their streams are done, HTTP/1.1 ones close after the response under way (an idle
+//!   keep-alive one at once), and the rest are closed at the drain's deadline. In an upgrade
+//!   the listening socket itself is passed on to the new process ([`udpx_quic::upgrade`]), so
+//!   connections waiting in its accept queue are the new process's.
 //! - [`TcpServer::stop`] (or drop) ends the accept loop and the connections, and joins the
 //!   thread.
 
@@ -49,9 +55,10 @@ use std::fs::File;
 use std::future::Future;
 use std::io::{self, Read};
 use std::net::{IpAddr, SocketAddr};
+use std::os::fd::OwnedFd;
 use std::path::Path;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{ready, Context, Poll};
 use std::time::{Duration, Instant};
@@ -64,8 +71,10 @@ use hyper_util::server::conn::auto;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use serde::Serialize;
-use tokio::sync::{oneshot, Semaphore};
+use tokio::sync::{oneshot, watch, Semaphore};
 use tokio::task::JoinHandle;
+use udpx_quic::host::DrainSignal;
+use udpx_quic::upgrade::PassOn;
 
 use crate::http::CHUNK;
 use crate::http::{Answer, FileBody, LogEntry, RequestHead, Site};
@@ -137,6 +146,9 @@ struct TcpCounters {
     too_slow: AtomicU64,
     idle_closed: AtomicU64,
     accept_errors: AtomicU64,
+    open: AtomicU64,
+    drain_closed: AtomicU64,
+    accepting: AtomicBool,
 }
 
 /// A snapshot of the TCP listener's connection counters.
@@ -157,6 +169,10 @@ pub struct TcpSnapshot {
     pub idle_closed: u64,
     /// Accepts that failed (out of descriptors or memory); accepting paused, never ended.
     pub accept_errors: u64,
+    /// Connections open now (a gauge).
+    pub open: u64,
+    /// Connections still open at a drain's deadline, closed then.
+    pub drain_closed: u64,
 }
 
 /// The listener's counters, readable from another thread (a metrics endpoint).
@@ -180,6 +196,8 @@ fn snapshot(c: &TcpCounters) -> TcpSnapshot {
         too_slow: g(&c.too_slow),
         idle_closed: g(&c.idle_closed),
         accept_errors: g(&c.accept_errors),
+        open: g(&c.open),
+        drain_closed: g(&c.drain_closed),
     }
 }
 
@@ -204,40 +222,8 @@ impl TcpServer {
         site: Arc<Site>,
         limits: TcpLimits,
     ) -> Result<TcpServer, Error> {
-        let tls = Arc::new(tls_config(cert, key)?);
-        let std_listener = std::net::TcpListener::bind(listen)
-            .map_err(|e| Error::Usage(format!("HTTPS over TCP on {listen}: {e}")))?;
-        std_listener.set_nonblocking(true).map_err(Error::Io)?;
-        let addr = std_listener.local_addr().map_err(Error::Io)?;
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_io()
-            .enable_time()
-            .max_blocking_threads(READ_THREADS)
-            .thread_name("udpx-h3-tcp-read")
-            .build()
-            .map_err(Error::Io)?;
-        let listener = {
-            let _in_rt = rt.enter();
-            tokio::net::TcpListener::from_std(std_listener).map_err(Error::Io)?
-        };
-        let counters = Arc::new(TcpCounters::default());
-        let (stop, stopped) = oneshot::channel::<()>();
-        let acceptor = tokio_rustls::TlsAcceptor::from(tls);
-        let c = counters.clone();
-        let thread = std::thread::Builder::new()
-            .name("udpx-h3-tcp".into())
-            .spawn(move || {
-                rt.block_on(async move {
-                    tokio::spawn(accept_loop(listener, acceptor, site, c, limits));
-                    // A send or a dropped sender: either way, stop.
-                    let _ = stopped.await;
-                });
-                // Drops the accept loop and every connection; a file read in flight has
-                // this long to return.
-                rt.shutdown_timeout(Duration::from_secs(2));
-            })
-            .map_err(Error::Io)?;
-        Ok(TcpServer { addr, counters, stop: Some(stop), thread: Some(thread) })
+        let ready = PreparedTcp::new(bind(listen)?, cert, key, limits)?;
+        ready.run(site, &Arc::new(DrainSignal::default()), PassOn::default())
     }
 
     /// The address it listens on.
@@ -253,6 +239,11 @@ impl TcpServer {
     /// Whether the listener's thread still runs.
     pub fn is_running(&self) -> bool {
         self.thread.as_ref().is_some_and(|t| !t.is_finished())
+    }
+
+    /// Whether a drain has ended here: no longer accepting and no connection left.
+    pub fn drained(&self) -> bool {
+        !self.counters.accepting.load(Ordering::Acquire) && self.counters.open.load(Ordering::Acquire) == 0
     }
 
     /// Stops accepting, ends the connections and joins the thread; returns the final counters.
@@ -276,6 +267,128 @@ impl TcpServer {
 impl Drop for TcpServer {
     fn drop(&mut self) {
         self.shut_down();
+    }
+}
+
+/// Binds the listening socket for `listen` (what a server that inherited none does).
+pub fn bind(listen: SocketAddr) -> Result<std::net::TcpListener, Error> {
+    std::net::TcpListener::bind(listen).map_err(|e| Error::Usage(format!("HTTPS over TCP on {listen}: {e}")))
+}
+
+/// Takes a listening socket a predecessor passed on in an upgrade ([`udpx_quic::upgrade`]),
+/// checked to be what it must be: a listening TCP socket bound to `want` (a port of 0 in
+/// `want` takes the passed socket's port).
+pub fn adopt(fd: OwnedFd, want: SocketAddr) -> Result<std::net::TcpListener, Error> {
+    use nix::sys::socket::{getsockopt, sockopt, SockType};
+    let stream = getsockopt(&fd, sockopt::SockType).is_ok_and(|t| t == SockType::Stream);
+    let listening = getsockopt(&fd, sockopt::AcceptConn).unwrap_or(false);
+    let l = std::net::TcpListener::from(fd);
+    let at = l.local_addr().ok();
+    let matches = at.is_some_and(|a| a.ip() == want.ip() && (want.port() == 0 || a.port() == want.port()));
+    if !stream || !listening || !matches {
+        let what = match at {
+            Some(a) if stream && listening => format!("a TCP listener on {a}"),
+            _ => "not a listening TCP socket".to_string(),
+        };
+        return Err(Error::Usage(format!(
+            "upgrade: the running server passed {what} on, and this one is to serve HTTPS over TCP on {want}: \
+             give the upgrade the running server's --alt-svc-tcp"
+        )));
+    }
+    Ok(l)
+}
+
+/// A listener ready to serve: its socket, TLS configuration and runtime made (what can fail
+/// has), not accepting yet ([`PreparedTcp::run`]). For an upgrade: made before the new
+/// process takes over, run after.
+pub struct PreparedTcp {
+    rt: tokio::runtime::Runtime,
+    listener: tokio::net::TcpListener,
+    acceptor: tokio_rustls::TlsAcceptor,
+    addr: SocketAddr,
+    limits: TcpLimits,
+}
+
+impl std::fmt::Debug for PreparedTcp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PreparedTcp").field("addr", &self.addr).field("limits", &self.limits).finish_non_exhaustive()
+    }
+}
+
+impl PreparedTcp {
+    /// Prepares serving on `listener` with the certificate chain and key in the PEM files
+    /// `cert` and `key` (loaded now, so the files may then be removed).
+    pub fn new(
+        listener: std::net::TcpListener,
+        cert: &Path,
+        key: &Path,
+        limits: TcpLimits,
+    ) -> Result<PreparedTcp, Error> {
+        let tls = Arc::new(tls_config(cert, key)?);
+        listener.set_nonblocking(true).map_err(Error::Io)?;
+        let addr = listener.local_addr().map_err(Error::Io)?;
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_io()
+            .enable_time()
+            .max_blocking_threads(READ_THREADS)
+            .thread_name("udpx-h3-tcp-read")
+            .build()
+            .map_err(Error::Io)?;
+        let listener = {
+            let _in_rt = rt.enter();
+            tokio::net::TcpListener::from_std(listener).map_err(Error::Io)?
+        };
+        Ok(PreparedTcp { rt, listener, acceptor: tokio_rustls::TlsAcceptor::from(tls), addr, limits })
+    }
+
+    /// The address it listens on.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Starts accepting, answering from `site`. When `drain` starts (a drain, or a handover
+    /// to an upgrade), the listener withdraws what it passed on (`pass_on`), closes its socket
+    /// (not `shutdown()`: after a handover the successor accepts from the same queue), ends its
+    /// HTTP/2 connections with GOAWAY and its HTTP/1.1 ones after the response under way, and
+    /// closes what is left at the drain's deadline.
+    pub fn run(self, site: Arc<Site>, drain: &Arc<DrainSignal>, pass_on: PassOn) -> Result<TcpServer, Error> {
+        let PreparedTcp { rt, listener, acceptor, addr, limits } = self;
+        let counters = Arc::new(TcpCounters::default());
+        counters.accepting.store(true, Ordering::Release);
+        let (stop, stopped) = oneshot::channel::<()>();
+        let (drain_tx, drain_rx) = watch::channel(None);
+        drain.on_start(Box::new(move |timeout| {
+            let _ = drain_tx.send(Some(tokio::time::Instant::now() + timeout));
+        }));
+        let c = counters.clone();
+        let thread = std::thread::Builder::new()
+            .name("udpx-h3-tcp".into())
+            .spawn(move || {
+                rt.block_on(async move {
+                    let accepting = c.clone();
+                    let mut rx = drain_rx.clone();
+                    tokio::spawn(async move {
+                        tokio::select! {
+                            () = accept_loop(listener, acceptor, site, c, limits, drain_rx) => {}
+                            // (A closed channel, a drain that can no longer come, disables this.)
+                            Ok(_) = rx.wait_for(Option::is_some) => {
+                                // Our copies closed, never shut down: after a handover the
+                                // successor accepts from this very queue.
+                                pass_on.withdraw();
+                                log::debug!("udpx-h3: HTTPS over TCP: draining, no longer accepting");
+                            }
+                        }
+                        accepting.accepting.store(false, Ordering::Release);
+                    });
+                    // A send or a dropped sender: either way, stop.
+                    let _ = stopped.await;
+                });
+                // Drops the accept loop and every connection; a file read in flight has
+                // this long to return.
+                rt.shutdown_timeout(Duration::from_secs(2));
+            })
+            .map_err(Error::Io)?;
+        Ok(TcpServer { addr, counters, stop: Some(stop), thread: Some(thread) })
     }
 }
 
@@ -306,6 +419,7 @@ async fn accept_loop(
     site: Arc<Site>,
     counters: Arc<TcpCounters>,
     limits: TcpLimits,
+    drain: watch::Receiver<Option<tokio::time::Instant>>,
 ) {
     let limit = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     let sources: Arc<Mutex<HashMap<IpAddr, usize>>> = Arc::default();
@@ -328,12 +442,14 @@ async fn accept_loop(
             continue;
         };
         counters.connections.fetch_add(1, Ordering::Relaxed);
+        let open = Open::count(&counters);
+        let mut drain = drain.clone();
         let _ = tcp.set_nodelay(true);
         let written = Arc::new(AtomicU64::new(0));
         let tcp = Metered { inner: tcp, written: written.clone() };
         let (acceptor, site, counters) = (acceptor.clone(), site.clone(), counters.clone());
         tokio::spawn(async move {
-            let _held = (permit, share);
+            let _held = (permit, share, open);
             let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
                 Ok(Ok(s)) => s,
                 Ok(Err(e)) => {
@@ -385,6 +501,9 @@ async fn accept_loop(
             });
             let conn = b.serve_connection(TokioIo::new(tls), service);
             tokio::pin!(conn);
+            // A drain: GOAWAY (HTTP/2) or `Connection: close` after the response under way
+            // (HTTP/1.1; an idle one closes at once), then the deadline.
+            let mut close_at = None;
             let mut check = tokio::time::interval(limits.window);
             check.tick().await; // the first tick is now
             let mut seen = written.load(Ordering::Relaxed);
@@ -396,6 +515,16 @@ async fn accept_loop(
                         if let Err(e) = r {
                             log::debug!("udpx-h3: {peer}: HTTP over TCP: {e}");
                         }
+                        return;
+                    }
+                    Ok(deadline) = drain.wait_for(Option::is_some), if close_at.is_none() => {
+                        close_at = *deadline;
+                        drop(deadline);
+                        conn.as_mut().graceful_shutdown();
+                    }
+                    () = tokio::time::sleep_until(close_at.unwrap_or_else(tokio::time::Instant::now)), if close_at.is_some() => {
+                        counters.drain_closed.fetch_add(1, Ordering::Relaxed);
+                        log::debug!("udpx-h3: {peer}: still open at the drain's deadline: closed");
                         return;
                     }
                     _ = check.tick() => {
@@ -423,6 +552,22 @@ async fn accept_loop(
                 }
             }
         });
+    }
+}
+
+/// One open connection in the gauge, taken off on drop.
+struct Open(Arc<TcpCounters>);
+
+impl Open {
+    fn count(c: &Arc<TcpCounters>) -> Open {
+        c.open.fetch_add(1, Ordering::AcqRel);
+        Open(c.clone())
+    }
+}
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        self.0.open.fetch_sub(1, Ordering::AcqRel);
     }
 }
 

@@ -12,6 +12,7 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::tls::h2_tls;
 use common::{content, TempDir, BIG};
 use udpx_h3::tcp::TcpServer;
 use udpx_h3::{serve, H3Server, ServeConfig, Site, SiteOptions};
@@ -398,24 +399,4 @@ fn an_idle_http2_connection_is_closed() {
     assert!(closed, "the server closed the idle connection");
     let c = server.stop();
     assert_eq!((c.idle_closed, c.too_slow), (1, 0), "{c:?}");
-}
-
-/// A TLS connection to `addr` offering only HTTP/2 by ALPN, trusting the certificate `cert`.
-async fn h2_tls(
-    cert: &std::path::Path,
-    addr: std::net::SocketAddr,
-) -> tokio_rustls::client::TlsStream<tokio::net::TcpStream> {
-    use rustls::pki_types::pem::PemObject;
-    let mut roots = rustls::RootCertStore::empty();
-    roots.add(rustls::pki_types::CertificateDer::from_pem_file(cert).unwrap()).unwrap();
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut cfg = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    cfg.alpn_protocols = vec![b"h2".to_vec()];
-    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
-    tokio_rustls::TlsConnector::from(Arc::new(cfg)).connect(name, tcp).await.unwrap()
 }

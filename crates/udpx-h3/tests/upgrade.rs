@@ -13,7 +13,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::raw::{client_config, Raw};
-use common::{digest, Site};
+use common::{digest, tls, Site};
 use udpx_h3::{serve, ServeConfig};
 use udpx_quic::upgrade::Handover;
 
@@ -219,16 +219,141 @@ fn an_upgrade_with_nobody_to_take_over_from_is_refused() {
     assert!(msg.contains("no server to take over") && msg.contains("nobody.sock"), "{msg}");
 }
 
-/// An upgrade that could not finish (the HTTPS-over-TCP listener is not handed over) is refused
-/// before it takes anything over: the running server keeps serving.
+/// `config` serving HTTPS over TCP on `tcp` too, with the certificate in `dir` (made once:
+/// both servers of an upgrade use the same files, as a deployment does).
+fn tcp_config(listen: SocketAddr, path: &Path, take_over: bool, tcp: SocketAddr, dir: &Path) -> ServeConfig {
+    let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
+    if !cert.exists() {
+        let ck = rcgen::generate_simple_self_signed(vec!["127.0.0.1".into(), "localhost".into()]).unwrap();
+        std::fs::write(&cert, ck.cert.pem()).unwrap();
+        std::fs::write(&key, ck.key_pair.serialize_pem()).unwrap();
+    }
+    let mut cfg = config(listen, path, take_over);
+    cfg.tls = udpx_h3::Tls::Files { cert, key };
+    cfg.alt_svc_tcp = Some(tcp);
+    cfg
+}
+
+/// Issue 46 item 3: the HTTPS-over-TCP listener is handed over with the QUIC port, the very
+/// socket (one accept queue). The old server stops accepting, ends its HTTP/2 connection with
+/// GOAWAY once its download (paused across the handover) is done, closes its idle HTTP/1.1
+/// keep-alive connection, and exits; new TCP connections are the new server's; no request
+/// fails. (Before: `--upgrade` with `--alt-svc-tcp` was refused.)
 #[test]
-fn an_upgrade_with_an_https_listener_is_refused_before_it_takes_over() {
+fn the_https_listener_is_handed_over_with_the_quic_port() {
+    if !capable("the_https_listener_is_handed_over_with_the_quic_port") {
+        return;
+    }
     let site = Site::new("upgrade-tcp");
-    let sock = site.tmp.path().join("nobody.sock");
-    let mut cfg = config("127.0.0.1:0".parse().unwrap(), &sock, true);
-    cfg.alt_svc_tcp = Some("127.0.0.1:0".parse().unwrap());
-    let msg = serve(&site.root, &cfg).expect_err("refused").to_string();
-    assert!(msg.contains("--alt-svc-tcp") && !msg.contains("no server to take over"), "{msg}");
+    let want = site.file("big");
+    let sock = site.tmp.path().join("handover.sock");
+    let dir = site.tmp.path().to_path_buf();
+    let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
+    let old = serve(&site.root, &tcp_config(any, &sock, false, any, &dir)).expect("old starts");
+    let (addr, tcp) = (old.local_addr(), old.tcp_addr().expect("TCP listens"));
+    let cert = dir.join("cert.pem");
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        // An HTTP/2 download, paused after its first 64 KiB (the client's window) ...
+        let (mut h2c, conn) =
+            h2::client::Builder::new().handshake::<_, bytes::Bytes>(tls::h2_tls(&cert, tcp).await).await.unwrap();
+        let driver = tokio::spawn(conn);
+        let req = http::Request::get(format!("https://{tcp}/big")).body(()).unwrap();
+        let (resp, _) = h2c.send_request(req, true).unwrap();
+        let mut download = resp.await.unwrap().into_body();
+        let mut body = Vec::new();
+        let first = download.data().await.unwrap().unwrap();
+        body.extend_from_slice(&first);
+        // ... and an HTTP/1.1 keep-alive connection, idle after one response.
+        let mut idle = tls::connect(&cert, tcp, b"http/1.1").await;
+        assert_eq!(tls::http1_get(&mut idle, "/small").await, (200, site.file("small")));
+
+        // The upgrade, on both ports.
+        let new = serve(&site.root, &tcp_config(addr, &sock, true, tcp, &dir)).expect("the upgrade starts");
+        assert_eq!(new.tcp_addr(), Some(tcp));
+        let handed = async {
+            while !old.quic().handed_over() {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(5), handed).await.expect("the old server hears it was taken over");
+
+        // The idle HTTP/1.1 connection is closed by the old server (a clean end, no reset).
+        let mut byte = [0u8; 1];
+        let end = tokio::time::timeout(Duration::from_secs(10), tokio::io::AsyncReadExt::read(&mut idle, &mut byte));
+        assert!(matches!(end.await, Ok(Ok(0))), "the idle keep-alive connection ends cleanly");
+
+        // A new TCP connection is the new server's.
+        let mut fresh = tls::connect(&cert, tcp, b"http/1.1").await;
+        assert_eq!(tls::http1_get(&mut fresh, "/small").await.0, 200);
+        assert_eq!(new.counters().tcp.map(|t| t.connections), Some(1), "the new connection went to the new server");
+
+        // The paused download resumes and ends whole on the old server, then its connection
+        // ends on the GOAWAY.
+        download.flow_control().release_capacity(first.len()).unwrap();
+        while let Some(chunk) = download.data().await {
+            let chunk = chunk.unwrap();
+            body.extend_from_slice(&chunk);
+            download.flow_control().release_capacity(chunk.len()).unwrap();
+        }
+        assert_eq!((body.len(), digest(&body)), (want.len(), digest(&want)));
+        // (The client keeps its side open: only the server's GOAWAY ends the connection.)
+        let ended = tokio::time::timeout(Duration::from_secs(10), driver).await;
+        assert!(matches!(ended, Ok(Ok(Ok(())))), "the HTTP/2 connection ends cleanly: {ended:?}");
+        drop(h2c);
+
+        let gone = async {
+            while !old.finished() {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(30), gone).await.expect("the old server drains");
+        let k = old.stop().expect("old stops");
+        let t = k.tcp.expect("the old server's TCP counters");
+        assert_eq!((t.connections, t.open, t.drain_closed), (2, 0, 0), "{t:?}");
+        assert_eq!((k.http.by_class[4], k.http.incomplete), (0, 0), "{:?}", k.http);
+        // The new server keeps serving both.
+        assert_eq!(tls::http1_get(&mut fresh, "/small").await.0, 200);
+        assert_eq!(common::raw::fresh_get("127.0.0.1", addr, "/small"), Some(200));
+        let k = new.stop().expect("new stops");
+        assert_eq!(k.tcp.map(|t| (t.connections, t.drain_closed)), Some((1, 0)));
+    });
+}
+
+/// An upgrade that could not take the running server's HTTPS-over-TCP listener (started
+/// without it, or on another address) is refused before it takes anything over, with a
+/// message that says what to give; the running server keeps serving.
+#[test]
+fn an_upgrade_that_cannot_take_the_https_listener_is_refused_before_it_takes_over() {
+    if !capable("an_upgrade_that_cannot_take_the_https_listener_is_refused_before_it_takes_over") {
+        return;
+    }
+    let site = Site::new("upgrade-tcp-refused");
+    let sock = site.tmp.path().join("handover.sock");
+    let dir = site.tmp.path().to_path_buf();
+    let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
+    let old = serve(&site.root, &tcp_config(any, &sock, false, any, &dir)).expect("old starts");
+    let (addr, tcp) = (old.local_addr(), old.tcp_addr().expect("TCP listens"));
+
+    // Without --alt-svc-tcp (upgrade protocol 1): refused by the old server, which says why.
+    let msg = serve(&site.root, &config(addr, &sock, true)).expect_err("refused").to_string();
+    assert!(msg.contains("refused") && msg.contains("--alt-svc-tcp") && msg.contains(&tcp.to_string()), "{msg}");
+    // On another TCP address: refused by the new one.
+    let other: SocketAddr = "127.0.0.2:0".parse().unwrap();
+    let msg = serve(&site.root, &tcp_config(addr, &sock, true, other, &dir)).expect_err("refused").to_string();
+    assert!(msg.contains("--alt-svc-tcp") && msg.contains(&tcp.to_string()), "{msg}");
+
+    // The old server still takes new connections, over QUIC and TCP.
+    assert!(!old.quic().handed_over());
+    assert_eq!(common::raw::fresh_get("127.0.0.1", addr, "/small"), Some(200));
+    let cert = dir.join("cert.pem");
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let mut c = tls::connect(&cert, tcp, b"http/1.1").await;
+        assert_eq!(tls::http1_get(&mut c, "/small").await.0, 200);
+    });
+    let k = old.stop().expect("old stops");
+    assert_eq!((k.quic.connections, k.tcp.map(|t| t.connections)), (1, Some(1)));
 }
 
 /// The third review's reset oracle during an upgrade. Both generations share the service's

@@ -65,7 +65,7 @@ pub use host::{App, Burst, Host, HostConfig, HostSocket, Role, Until, QUANTUM_PA
 pub use io::{IoMode, Zerocopy};
 pub use pacing::{pacing_for, Pacing, PACING_SLACK};
 pub use reset::{RemovedHosts, ResetKey};
-pub use server::{client_socket, socket_config, Server, ServerConfig, ServerProbe, ShardSample};
+pub use server::{client_socket, socket_config, Server, ServerConfig, ServerProbe, ShardSample, Starting};
 pub use table::Slot;
 pub use token::{ServiceKeys, TokenKey};
 

@@ -165,30 +165,30 @@ impl ServerProbe {
 impl Server {
     /// Binds the shard group and starts one thread per shard. `configs` holds each shard's
     /// quiche configuration (one per shard: quiche's is not `Clone`); `make_app` makes its
-    /// application (called in the shard's thread).
+    /// application (called in the shard's thread). ([`Server::prepare`] then
+    /// [`Starting::start`], for a server that passes no listening socket on.)
     pub fn start<A, M>(cfg: &ServerConfig, configs: Vec<quiche::Config>, make_app: M) -> Result<Server, Error>
     where
         A: App + 'static,
         M: Fn(usize) -> A + Send + Sync + 'static,
     {
+        Server::prepare(cfg, false)?.start(configs, make_app)
+    }
+
+    /// The first half of a start: checks the configuration and, for an upgrade, asks the
+    /// running server to hand over (see [`crate::upgrade`]); nothing is bound or taken over
+    /// yet. `listeners`: whether this server takes listening sockets over from its predecessor
+    /// (upgrade protocol 2; [`Starting::take_passed`]) and passes its own on
+    /// ([`Starting::pass_on`]).
+    pub fn prepare(cfg: &ServerConfig, listeners: bool) -> Result<Starting, Error> {
         cfg.check()?;
-        if configs.len() != cfg.shards {
-            return Err(Error::Config(format!("{} quiche configurations for {} shards", configs.len(), cfg.shards)));
-        }
-        let sockets = cfg.zerocopy.apply(socket_config(cfg.listen, cfg.io, cfg.gro));
-        let in_use = |e: udpx::Error| match e {
-            udpx::Error::Io { ref source, .. } if source.kind() == std::io::ErrorKind::AddrInUse => {
-                Error::AddrInUse(cfg.listen)
-            }
-            e => Error::Socket(e),
-        };
         // With upgrades: the predecessor's maps (an upgrade) or new ones; without eBPF here a
         // fresh server steers with classic BPF and says why it cannot be upgraded.
         let mut unavailable = None;
         let (offer, gens) = match &cfg.handover {
             None => (None, None),
             Some(h) if h.take_over => {
-                let (offer, gens) = crate::upgrade::ask(&h.path)?;
+                let (offer, gens) = crate::upgrade::ask(&h.path, listeners)?;
                 let next = offer.generation.wrapping_add(1);
                 (Some(offer), Some((gens, next)))
             }
@@ -199,6 +199,55 @@ impl Server {
                     (None, None)
                 }
             },
+        };
+        Ok(Starting { cfg: cfg.clone(), offer, gens, unavailable, pass_on: crate::upgrade::PassOn::default() })
+    }
+}
+
+/// A server between [`Server::prepare`] and [`Starting::start`]: for an upgrade, its
+/// predecessor has offered the handover and waits (up to 10 s) for it to be taken. Dropped
+/// unstarted, the predecessor carries on.
+#[derive(Debug)]
+pub struct Starting {
+    cfg: ServerConfig,
+    offer: Option<crate::upgrade::Offer>,
+    gens: Option<(udpx::generations::Generations, u8)>,
+    unavailable: Option<String>,
+    pass_on: crate::upgrade::PassOn,
+}
+
+impl Starting {
+    /// The listening sockets the predecessor passed on (empty unless this is an upgrade asked
+    /// with `listeners`, from a server that had some), in the order it passed them; taken
+    /// once. Whoever takes them must check what they are.
+    pub fn take_passed(&mut self) -> Vec<std::os::fd::OwnedFd> {
+        self.offer.as_mut().map(|o| std::mem::take(&mut o.passed)).unwrap_or_default()
+    }
+
+    /// What this server passes on to its own successor (the listener's owner puts its
+    /// sockets there, and withdraws them when it stops listening).
+    pub fn pass_on(&self) -> crate::upgrade::PassOn {
+        self.pass_on.clone()
+    }
+
+    /// Binds the shard group, starts one thread per shard and, for an upgrade, takes new
+    /// connections over (see [`Server::start`]).
+    pub fn start<A, M>(self, configs: Vec<quiche::Config>, make_app: M) -> Result<Server, Error>
+    where
+        A: App + 'static,
+        M: Fn(usize) -> A + Send + Sync + 'static,
+    {
+        let Starting { cfg, offer, gens, unavailable, pass_on } = self;
+        let cfg = &cfg;
+        if configs.len() != cfg.shards {
+            return Err(Error::Config(format!("{} quiche configurations for {} shards", configs.len(), cfg.shards)));
+        }
+        let sockets = cfg.zerocopy.apply(socket_config(cfg.listen, cfg.io, cfg.gro));
+        let in_use = |e: udpx::Error| match e {
+            udpx::Error::Io { ref source, .. } if source.kind() == std::io::ErrorKind::AddrInUse => {
+                Error::AddrInUse(cfg.listen)
+            }
+            e => Error::Socket(e),
         };
         let (group, generation, gens) = match gens {
             Some((gens, generation)) => {
@@ -259,7 +308,15 @@ impl Server {
                 // The handover socket first: what can fail fails before anything is taken over.
                 let (signal, timeout) = (drain.clone(), h.drain_timeout);
                 let on_taken = Box::new(move || signal.hand_over(timeout, crate::upgrade::ADMIT_GRACE));
-                let l = crate::upgrade::listen(&h.path, gens.clone(), generation, cfg.shards as u16, keys, on_taken)?;
+                let l = crate::upgrade::listen(
+                    &h.path,
+                    gens.clone(),
+                    generation,
+                    cfg.shards as u16,
+                    keys,
+                    pass_on,
+                    on_taken,
+                )?;
                 // New connections come here from now on; the predecessor (if any) drains.
                 gens.publish(generation, cfg.shards as u16).map_err(Error::Socket)?;
                 if let Some(o) = offer {
@@ -271,7 +328,9 @@ impl Server {
         };
         Ok(Server { local, stop, drain, swaps, threads, counters, shards, generation, upgrades })
     }
+}
 
+impl Server {
     /// The generation byte of the connection IDs it issues (0 unless started as an upgrade).
     pub fn generation(&self) -> u8 {
         self.generation

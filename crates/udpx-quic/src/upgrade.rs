@@ -14,22 +14,32 @@
 //! ICMP error.
 //!
 //! ```text
-//!  new ──connect──► old          "udpx-upgrade 1"
-//!      ◄──────────────           generation g, workers, keys  + 4 descriptors (SCM_RIGHTS)
-//!      bind g+1, publish g+1
+//!  new ──connect──► old          "udpx-upgrade 2"   (1: a successor that takes no listener)
+//!      ◄──────────────           generation g, workers, keys, n  + 4 + n descriptors (SCM_RIGHTS)
+//!      bind g+1, publish g+1     (the n: listening sockets passed on, its HTTPS-over-TCP one)
 //!      ───────────────►          "taken"  → old drains
 //!      rename its own socket over the path
 //! ```
 //!
 //! If the new process fails before "taken" (or the exchange times out), the old one publishes
 //! itself again and carries on as if nothing happened.
+//!
+//! **Listening sockets passed on** ([`PassOn`]): a server may hand a listening socket of its
+//! own over with the UDP steering (the HTTPS-over-TCP listener of `udpx h3 serve`): the very
+//! socket, so one accept queue serves both processes and a connection waiting in it is
+//! accepted by whichever process accepts next; the old process then closes its copy (never
+//! `shutdown()`, which would end the queue for both). Only protocol 2 carries them: a server
+//! with a socket to pass on refuses a protocol-1 successor (an older udpx, or one started
+//! without that listener) with a message that says so, and a protocol-2 successor that finds
+//! a protocol-1 server is told the same.
 
 use std::io::{Read, Write};
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -38,8 +48,12 @@ use udpx::generations::{recv_fds, send_fds, Generations};
 use crate::token::{ServiceKeys, HANDOVER_LEN};
 use crate::Error;
 
-/// What a new process says first.
-const HELLO: &[u8] = b"udpx-upgrade 1\n";
+/// What a new process says first: protocol 1 (the UDP steering and the keys) ...
+const HELLO_1: &[u8] = b"udpx-upgrade 1\n";
+/// ... or 2 (and the listening sockets the old one passes on).
+const HELLO_2: &[u8] = b"udpx-upgrade 2\n";
+/// Listening sockets one handover carries at most.
+pub const MAX_PASSED: usize = 4;
 /// What it says once it took new connections over.
 const TAKEN: &[u8] = b"taken\n";
 /// How long either side waits for the other during a handover.
@@ -74,6 +88,36 @@ impl Handover {
     }
 }
 
+/// Listening sockets a server passes on to its successor with the UDP steering (see the
+/// module docs), with what each is (for messages). Shared: the listener's owner withdraws
+/// them when it stops listening (a drain), so a successor then binds its own.
+#[derive(Debug, Clone, Default)]
+pub struct PassOn(Arc<Mutex<Vec<(OwnedFd, String)>>>);
+
+impl PassOn {
+    /// Passes `fd` (a listening socket; a copy of the owner's descriptor) on, described as
+    /// `what` ("HTTPS over TCP on 0.0.0.0:443"). At most [`MAX_PASSED`].
+    pub fn put(&self, fd: OwnedFd, what: String) -> Result<(), Error> {
+        let mut v = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if v.len() >= MAX_PASSED {
+            return Err(Error::Config(format!("upgrade: at most {MAX_PASSED} listening sockets are passed on")));
+        }
+        v.push((fd, what));
+        Ok(())
+    }
+
+    /// Closes the copies: nothing is passed on any more.
+    pub fn withdraw(&self) {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).clear();
+    }
+
+    /// What is passed on, if anything ("A and B").
+    fn describe(&self) -> Option<String> {
+        let v = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        (!v.is_empty()).then(|| v.iter().map(|(_, w)| w.as_str()).collect::<Vec<_>>().join(" and "))
+    }
+}
+
 /// What the old process handed over, before the new one confirmed.
 #[derive(Debug)]
 pub(crate) struct Offer {
@@ -81,6 +125,8 @@ pub(crate) struct Offer {
     pub generation: u8,
     /// The service keys in force there.
     pub keys: ServiceKeys,
+    /// The listening sockets it passed on (protocol 2).
+    pub passed: Vec<OwnedFd>,
     stream: UnixStream,
 }
 
@@ -131,8 +177,9 @@ fn check_handover_dir(dir: &Path, euid: u32) -> Result<(), Error> {
     }
 }
 
-/// Asks the server at `path` to hand over (the new process's side).
-pub(crate) fn ask(path: &Path) -> Result<(Offer, Generations), Error> {
+/// Asks the server at `path` to hand over (the new process's side); `listeners`: whether
+/// this process takes listening sockets over (protocol 2) or not (protocol 1).
+pub(crate) fn ask(path: &Path, listeners: bool) -> Result<(Offer, Generations), Error> {
     if let Some(dir) = path.parent().filter(|d| d.exists()) {
         check_handover_dir(dir, nix::unistd::geteuid().as_raw())?;
     }
@@ -144,19 +191,40 @@ pub(crate) fn ask(path: &Path) -> Result<(Offer, Generations), Error> {
         ))
     })?;
     stream.set_read_timeout(Some(EXCHANGE_TIMEOUT)).map_err(Error::Io)?;
-    stream.write_all(HELLO).map_err(|e| handover_err("say hello", e))?;
-    let mut buf = [0u8; 4 + HANDOVER_LEN + 16];
+    stream.write_all(if listeners { HELLO_2 } else { HELLO_1 }).map_err(|e| handover_err("say hello", e))?;
+    let mut buf = [0u8; 5 + HANDOVER_LEN + 512];
     let (n, fds) = recv_fds(&stream, &mut buf).map_err(|e| handover_err("receive the handover", e))?;
-    if n != 4 + HANDOVER_LEN || buf[0] != b'G' {
+    let at = path.display();
+    if n > 0 && buf[0] == b'R' {
+        let why = String::from_utf8_lossy(&buf[1..n]);
+        return Err(Error::Config(format!("upgrade: the server at {at} refused: {why}")));
+    }
+    if n == 0 && listeners {
         return Err(Error::Config(format!(
-            "upgrade: the server at {} answered {n} bytes, not a handover (another udpx version?)",
-            path.display()
+            "upgrade: the server at {at} closed the handover unanswered: an older udpx (upgrade protocol 1) \
+             cannot pass its HTTPS-over-TCP listener on; stop it and start this one without --upgrade, or \
+             upgrade without --alt-svc-tcp"
+        )));
+    }
+    let want = if listeners { 5 + HANDOVER_LEN } else { 4 + HANDOVER_LEN };
+    if n != want || buf[0] != b'G' {
+        return Err(Error::Config(format!(
+            "upgrade: the server at {at} answered {n} bytes, not a handover (another udpx version?)"
         )));
     }
     let keys = ServiceKeys::from_handover(&buf[4..4 + HANDOVER_LEN])
         .ok_or_else(|| Error::Config("upgrade: the handover's keys do not parse".into()))?;
+    let passed_n = if listeners { usize::from(buf[4 + HANDOVER_LEN]) } else { 0 };
+    if passed_n > MAX_PASSED || fds.len() != 4 + passed_n {
+        return Err(Error::Config(format!(
+            "upgrade: the handover carries {} descriptors for {passed_n} listening sockets",
+            fds.len()
+        )));
+    }
+    let mut fds = fds;
+    let passed = fds.split_off(4);
     let gens = Generations::from_fds(fds).map_err(Error::Socket)?;
-    Ok((Offer { generation: buf[1], keys, stream }, gens))
+    Ok((Offer { generation: buf[1], keys, passed, stream }, gens))
 }
 
 /// The old process's side: answers upgrades at its handover socket until one takes over.
@@ -178,6 +246,7 @@ pub(crate) fn listen(
     generation: u8,
     workers: u16,
     keys: ServiceKeys,
+    pass_on: PassOn,
     on_taken: Box<dyn Fn() + Send>,
 ) -> Result<Listening, Error> {
     if let Some(dir) = path.parent() {
@@ -208,7 +277,7 @@ pub(crate) fn listen(
         .spawn(move || {
             while !stop2.load(Ordering::Relaxed) {
                 match listener.accept() {
-                    Ok((stream, _)) => match answer(stream, &gens, generation, workers, &keys) {
+                    Ok((stream, _)) => match answer(stream, &gens, generation, workers, &keys, &pass_on) {
                         Ok(()) => {
                             taken2.store(true, Ordering::Release);
                             log::info!("udpx-quic: generation {generation} handed over to its upgrade");
@@ -242,19 +311,40 @@ fn answer(
     generation: u8,
     workers: u16,
     keys: &ServiceKeys,
+    pass_on: &PassOn,
 ) -> std::io::Result<()> {
     stream.set_nonblocking(false)?;
     stream.set_read_timeout(Some(EXCHANGE_TIMEOUT))?;
     stream.set_write_timeout(Some(EXCHANGE_TIMEOUT))?;
     let mut hello = [0u8; 15];
     stream.read_exact(&mut hello)?;
-    if hello != HELLO {
-        return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, "not an upgrade's hello"));
-    }
+    let listeners = match &hello[..] {
+        HELLO_1 => false,
+        HELLO_2 => true,
+        _ => return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, "not an upgrade's hello")),
+    };
     let w = workers.to_le_bytes();
     let mut msg = vec![b'G', generation, w[0], w[1]];
     msg.extend_from_slice(&keys.to_handover());
-    send_fds(&stream, &msg, &gens.fds())?;
+    if let Some(what) = pass_on.describe().filter(|_| !listeners) {
+        let why = format!(
+            "this server passes {what} on, which a successor of upgrade protocol 1 (an older udpx, or \
+             one started without that listener) cannot take; start the upgrade with the same listener \
+             (--alt-svc-tcp)"
+        );
+        let _ = stream.write_all(format!("R{why}").as_bytes());
+        return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, why));
+    }
+    // Locked while the message goes: a withdrawal meanwhile waits, so no copy is closed under it.
+    let passed = pass_on.0.lock().unwrap_or_else(|e| e.into_inner());
+    let mut fds: Vec<_> = gens.fds().into();
+    if listeners {
+        msg.push(passed.len() as u8);
+        fds.extend(passed.iter().map(|(fd, _)| fd.as_fd()));
+    }
+    send_fds(&stream, &msg, &fds)?;
+    drop(fds);
+    drop(passed);
     let mut taken = [0u8; 6];
     stream.read_exact(&mut taken)?;
     if taken != TAKEN {
@@ -314,6 +404,28 @@ mod tests {
         let e = check_handover_dir(&link, euid).unwrap_err().to_string();
         assert!(e.contains("not a directory"), "{e}");
         std::fs::remove_dir_all(&base).unwrap();
+    }
+
+    /// A server of upgrade protocol 1 (an older udpx) closes on a protocol-2 hello: a successor
+    /// that would take its HTTPS-over-TCP listener is told why, not "another version?".
+    #[test]
+    fn a_protocol_1_server_is_named_to_a_successor_that_takes_listeners() {
+        let dir = std::env::temp_dir().join(format!("udpx-handover-v1-{}", std::process::id()));
+        check_handover_dir(&dir, nix::unistd::geteuid().as_raw()).unwrap();
+        let path = dir.join("old.sock");
+        let _ = std::fs::remove_file(&path);
+        let l = UnixListener::bind(&path).unwrap();
+        let old = std::thread::spawn(move || {
+            // What a protocol-1 server does with any other hello: closes.
+            let (mut s, _) = l.accept().unwrap();
+            let mut hello = [0u8; 15];
+            s.read_exact(&mut hello).unwrap();
+            hello
+        });
+        let e = ask(&path, true).unwrap_err().to_string();
+        assert_eq!(old.join().unwrap(), HELLO_2);
+        assert!(e.contains("upgrade protocol 1") && e.contains("--alt-svc-tcp"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -8,6 +8,7 @@ use udpx_quic::IoMode;
 
 pub mod lossy;
 pub mod raw;
+pub mod tls;
 
 /// 10 MB + 1 byte.
 pub const BIG: usize = 10_000_001;

@@ -9,6 +9,7 @@
 //! loop looks at it once per turn.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use super::{App, Host};
@@ -19,14 +20,51 @@ pub struct DrainSignal {
     started: AtomicBool,
     timeout_ms: AtomicU64,
     grace_ms: AtomicU64,
+    hooks: Hooks,
+}
+
+/// What runs when a drain starts (listeners beside the QUIC port: [`DrainSignal::on_start`]).
+#[derive(Default)]
+struct Hooks(Mutex<Vec<Hook>>);
+
+/// One of them: it is given the drain's timeout.
+type Hook = Box<dyn FnOnce(Duration) + Send>;
+
+impl std::fmt::Debug for Hooks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let n = self.0.lock().map(|v| v.len()).unwrap_or(0);
+        write!(f, "Hooks({n})")
+    }
 }
 
 impl DrainSignal {
     /// Starts the drain (once: a later call changes nothing), to end within `timeout`.
     pub fn start(&self, timeout: Duration) {
-        if !self.started.load(Ordering::Acquire) {
+        let hooks = {
+            let mut hooks = self.hooks.0.lock().unwrap_or_else(|e| e.into_inner());
+            if self.started.load(Ordering::Acquire) {
+                return;
+            }
             self.timeout_ms.store(timeout.as_millis().min(u128::from(u64::MAX)) as u64, Ordering::Relaxed);
             self.started.store(true, Ordering::Release);
+            std::mem::take(&mut *hooks)
+        };
+        for h in hooks {
+            h(timeout);
+        }
+    }
+
+    /// Runs `hook` with the drain's timeout when the drain starts (at once if it has): how a
+    /// listener beside the QUIC port (HTTPS over TCP) drains with it, a handover's drain
+    /// included. The hook runs on the thread that starts the drain: it should only signal.
+    pub fn on_start(&self, hook: Hook) {
+        let mut hooks = self.hooks.0.lock().unwrap_or_else(|e| e.into_inner());
+        match self.started() {
+            Some(timeout) => {
+                drop(hooks);
+                hook(timeout);
+            }
+            None => hooks.push(hook),
         }
     }
 
