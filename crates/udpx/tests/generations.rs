@@ -32,6 +32,21 @@ fn long(kind: u8, dcid: &[u8], tag: u8) -> Vec<u8> {
     [&[0xc0u8 | kind << 4, 0, 0, 0, 1, dcid.len() as u8][..], dcid, &[8], &[0x55; 8], &[0; 40], &[tag]].concat()
 }
 
+/// [`long`] padded to `size` bytes before its tag.
+fn long_sized(kind: u8, dcid: &[u8], tag: u8, size: usize) -> Vec<u8> {
+    let mut p = long(kind, dcid, tag);
+    assert!(size >= p.len());
+    p.pop();
+    p.resize(size - 1, 0);
+    p.push(tag);
+    p
+}
+
+/// A client's first Initial to `dcid`: a datagram of 1,200 bytes (RFC 9000 14.1), tagged.
+fn initial(dcid: &[u8], tag: u8) -> Vec<u8> {
+    long_sized(0, dcid, tag, 1200)
+}
+
 /// Sends `packets` and returns, for each tag, the index (in `sockets`) of the one it reached.
 fn landing(sockets: &[&udpx::UdpSocket], to: std::net::SocketAddr, packets: &[Vec<u8>]) -> Vec<Option<usize>> {
     let tx = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
@@ -69,7 +84,7 @@ fn each_generation_gets_its_own_and_new_flows_go_to_the_newest() {
     let olds: Vec<&udpx::UdpSocket> = old.sockets().iter().collect();
     // Before the upgrade: a client's first Initial (its own 8-byte DCID) goes to generation 4.
     let early = [9u8, 8, 7, 6, 5, 4, 3, 2];
-    let got = landing(&olds, to, &[long(0, &early, 0)]);
+    let got = landing(&olds, to, &[initial(&early, 0)]);
     assert!(got[0].is_some());
     let early_at = got[0];
 
@@ -95,7 +110,7 @@ fn each_generation_gets_its_own_and_new_flows_go_to_the_newest() {
         long(2, &cid(4, 1, 4), 3), // a Handshake to generation 4's worker 1
         long(0, &early, 4),        // the early client's retransmitted Initial
         long(1, &early, 5),        // and its 0-RTT
-        long(0, &fresh, 6),        // a new client: the newest generation
+        initial(&fresh, 6),        // a new client: the newest generation
         long(1, &fresh, 7),        // its 0-RTT follows it
         long(0, &cid(4, 0, 5), 8), // an Initial after generation 4's Retry: generation 4
         short(&cid(7, 4, 6), 9),   // generation 7 never lived: the newest's worker 4 % 3
