@@ -14,16 +14,23 @@
 //!       that socket gone          → newest generation, worker % its workers (which resets it)
 //!  long header, DCID of our layout → that key if its socket is live, else as below
 //!  long header, another DCID (≥ 8) → the flow table: the generation that took its first
-//!       Initial; a DCID seen first gets the newest generation, worker = 4-tuple hash % n
+//!       Initial; a DCID not in it gets the newest generation, worker = 4-tuple hash % n,
+//!       and takes an entry only if a QUIC v1 Initial of ≥ 1,200 bytes (others look up)
 //!  anything else                  → the kernel's hash
 //! ```
 //!
 //! The flow table (an LRU map of the first 8 bytes of a client-chosen DCID) keeps a client's
 //! first round trip together across a switch: its retransmitted Initials, a second ClientHello
 //! datagram and its 0-RTT packets carry the DCID it chose, and they go where its first Initial
-//! went even when a newer generation took over meanwhile. After a Retry the client's Initial
-//! carries the Retry's source ID, of our layout: the generation that sent the Retry takes it
-//! while it lives, the newest otherwise (the token is good for both: one key file).
+//! went even when a newer generation took over meanwhile. Only a datagram that can begin a
+//! handshake takes an entry: a QUIC version 1 Initial (type bits 00; version 1 is the one
+//! quiche speaks) whose UDP payload is at least 1,200 bytes (RFC 9000 14.1; udpx drops a
+//! smaller first Initial anyway, `dropped_bad_initial`). Handshake and 0-RTT packets, smaller
+//! Initials and other versions' long headers only look up, so a flood of small forged ones
+//! (20 bytes apiece) evicts no handshake's entry; a flood of full-sized Initials still can
+//! (the table holds [`FLOW_ENTRIES`]). After a Retry the client's Initial carries the Retry's
+//! source ID, of our layout: the generation that sent the Retry takes it while it lives, the
+//! newest otherwise (the token is good for both: one key file).
 //!
 //! The kernel runs the program with its packet offset 0 at the UDP header
 //! ([`PAYLOAD_OFFSET`]). Loading it needs `CAP_BPF` and `CAP_NET_ADMIN` (or root);
@@ -66,8 +73,15 @@ const FN_MAP_UPDATE: i32 = 2;
 const FN_SKB_LOAD_BYTES: i32 = 26;
 const FN_SK_SELECT_REUSEPORT: i32 = 82;
 
+/// Offset of `len` in `struct sk_reuseport_md` (after two pointers): the datagram's length
+/// from its UDP header on, so [`PAYLOAD_OFFSET`] more than the payload's.
+const MD_LEN: i16 = 16;
 /// Offset of `hash` in `struct sk_reuseport_md` (after two pointers and four `u32`s).
 const MD_HASH: i16 = 32;
+
+/// The smallest UDP payload a client's first Initial comes in (RFC 9000 14.1), the least that
+/// takes a flow.
+const MIN_INITIAL_LEN: i32 = 1200;
 
 /// One eBPF instruction before encoding, with jumps to labels.
 #[derive(Debug, Clone, Copy)]
@@ -101,6 +115,9 @@ fn mov_r(d: u8, s: u8) -> Op {
 }
 fn add_k(d: u8, k: i32) -> Op {
     Op::I(0x07, d, 0, 0, k)
+}
+fn and_k(d: u8, k: i32) -> Op {
+    Op::I(0x57, d, 0, 0, k)
 }
 fn lsh_k(d: u8, k: i32) -> Op {
     Op::I(0x67, d, 0, 0, k)
@@ -204,11 +221,19 @@ fn program(layout: CidLayout) -> Vec<Op> {
     p.extend([Op::Map(R1, 2), mov_r(R2, FP), add_k(R2, flow_key.into()), call(FN_MAP_LOOKUP)]);
     p.push(jeq_k(R0, 0, "new_flow"));
     p.extend([ldxw(R1, R0, 0), stxw(FP, KEY, R1), ja("select")]);
+    // A DCID not in the table: the newest generation, and an entry only for a QUIC v1 Initial
+    // (type bits 00, version 1) of at least MIN_INITIAL_LEN bytes, so a flood of small or
+    // other long headers evicts no handshake's entry (they only look up).
     p.push(Op::L("new_flow"));
     p.extend(state());
     p.push(jeq_k(R0, 0, "pass"));
     p.extend([ldxw(R8, R0, 0), ldxw(R9, R0, 4), jeq_k(R9, 0, "pass")]);
-    p.extend([ldxw(R1, R6, MD_HASH), mod_r(R1, R9), lsh_k(R8, 8), or_r(R8, R1), stxw(FP, VAL, R8)]);
+    p.extend([ldxw(R1, R6, MD_HASH), mod_r(R1, R9), lsh_k(R8, 8), or_r(R8, R1), stxw(FP, KEY, R8)]);
+    p.extend([mov_r(R1, R7), and_k(R1, 0x30), jne_k(R1, 0, "select")]);
+    p.extend([ldxb(R1, FP, BUF + 1), jne_k(R1, 0, "select"), ldxb(R1, FP, BUF + 2), jne_k(R1, 0, "select")]);
+    p.extend([ldxb(R1, FP, BUF + 3), jne_k(R1, 0, "select"), ldxb(R1, FP, BUF + 4), jne_k(R1, 1, "select")]);
+    p.extend([ldxw(R1, R6, MD_LEN), jlt_k(R1, PAYLOAD_OFFSET + MIN_INITIAL_LEN, "select")]);
+    p.push(stxw(FP, VAL, R8));
     p.extend([
         Op::Map(R1, 2),
         mov_r(R2, FP),
@@ -217,8 +242,8 @@ fn program(layout: CidLayout) -> Vec<Op> {
         add_k(R3, VAL.into()),
         mov_k(R4, 0),
         call(FN_MAP_UPDATE),
+        ja("select"),
     ]);
-    p.extend([stxw(FP, KEY, R8), ja("select")]);
     // Our layout: that generation's worker socket; if it is gone, the newest generation's
     // shard for the worker byte (which answers with a stateless reset).
     p.push(Op::L("by_cid"));

@@ -1,7 +1,8 @@
 //! Generation steering on loopback, through the kernel's own verifier and reuseport code: two
 //! groups of one port (an old server and its upgrade, here in one process) each get their own
 //! connections' packets, new client DCIDs go to the newest, a client's first round trip stays
-//! where it began, and a generation that is gone falls to the newest one's shard. Needs
+//! where it began (only a full-sized QUIC v1 Initial takes a flow, so a flood of small long
+//! headers evicts none), and a generation that is gone falls to the newest one's shard. Needs
 //! CAP_BPF and CAP_NET_ADMIN (root); prints `SKIP:` otherwise.
 
 mod common;
@@ -10,7 +11,7 @@ use std::os::unix::net::UnixStream;
 use std::time::Duration;
 
 use common::*;
-use udpx::generations::{recv_fds, send_fds, CidLayout, Generations};
+use udpx::generations::{recv_fds, send_fds, CidLayout, Generations, FLOW_ENTRIES};
 use udpx::{ShardGroup, SocketConfig};
 
 const LAYOUT: CidLayout = CidLayout { len: 12, first_octet: 0x0b, generation_byte: 10, worker_byte: 11 };
@@ -140,4 +141,70 @@ fn each_generation_gets_its_own_and_new_flows_go_to_the_newest() {
     assert_eq!(got[0], Some(1));
     assert_eq!(got[1], Some(0));
     assert!(got[2].is_some());
+}
+
+/// Receives and drops whatever is queued on `sockets` (a flood's datagrams).
+fn drain(sockets: &[&udpx::UdpSocket]) -> usize {
+    sockets
+        .iter()
+        .map(|s| receive(s, usize::MAX, Duration::from_millis(200), Duration::from_secs(10)).datagrams.len())
+        .sum()
+}
+
+#[test]
+fn only_full_sized_initials_take_a_flow_and_a_flood_of_small_ones_evicts_none() {
+    let name = "only_full_sized_initials_take_a_flow_and_a_flood_of_small_ones_evicts_none";
+    let gens = match Generations::create(LAYOUT) {
+        Ok(g) => g,
+        Err(e) => return skip(name, &e.to_string()),
+    };
+    let old = ShardGroup::bind_generation(SocketConfig::new(lo4()), 2, &gens, 4, false).unwrap();
+    gens.publish(4, 2).unwrap();
+    let to = old.local_addr();
+    // While generation 4 is the newest: a handshake's first Initial (exactly 1,200 bytes), and
+    // long headers that must not take a flow, each with a DCID never seen: an Initial of 1,199
+    // bytes, a Handshake and a 0-RTT packet of 1,200, and a 1,200-byte Initial of QUIC v2 (type
+    // bits 01, version 0x6b3343cf), which udpx does not speak (it answers Version Negotiation).
+    let kept = [0xa1u8, 2, 3, 4, 5, 6, 7, 8];
+    let small = [0xb1u8, 2, 3, 4, 5, 6, 7, 8];
+    let handshake = [0xc1u8, 2, 3, 4, 5, 6, 7, 8];
+    let zero_rtt = [0xd1u8, 2, 3, 4, 5, 6, 7, 8];
+    let v2 = [0xe1u8, 2, 3, 4, 5, 6, 7, 8];
+    let mut v2_initial = long_sized(1, &v2, 4, 1200);
+    v2_initial[1..5].copy_from_slice(&0x6b33_43cfu32.to_be_bytes());
+    let olds: Vec<&udpx::UdpSocket> = old.sockets().iter().collect();
+    let first = [
+        initial(&kept, 0),
+        long_sized(0, &small, 1, 1199),
+        long_sized(2, &handshake, 2, 1200),
+        long_sized(1, &zero_rtt, 3, 1200),
+        v2_initial,
+    ];
+    let kept_at = landing(&olds, to, &first)[0];
+    assert!(kept_at.is_some());
+
+    // The upgrade takes new connections: what took no flow now goes to generation 5.
+    let new = ShardGroup::bind_generation(SocketConfig::new(to), 3, &gens, 5, true).unwrap();
+    gens.publish(5, 3).unwrap();
+    let mut all: Vec<&udpx::UdpSocket> = old.sockets().iter().collect();
+    all.extend(new.sockets().iter());
+    let next = [long(0, &small, 0), long(2, &handshake, 1), long(1, &zero_rtt, 2), long(0, &v2, 3)];
+    let got = landing(&all, to, &next);
+    for (i, what) in ["a 1,199-byte Initial", "a Handshake", "a 0-RTT packet", "a QUIC v2 Initial"].iter().enumerate() {
+        assert!(matches!(got[i], Some(2..=4)), "{what} took a flow to generation 4: {got:?}");
+    }
+
+    // A flood of 20-byte long headers (Initial, 0-RTT and Handshake types), each with a DCID
+    // of its own, three times the flow table's entries. The handshake's entry is not looked up
+    // before it (the kernel's LRU gives an entry looked up since its insertion a second chance):
+    // a handshake whose retransmitted Initial is still to come is the one a flood would evict.
+    let tx = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    for i in 0..3 * u64::from(FLOW_ENTRIES) {
+        let dcid = (0x7700_0000_0000_0000u64 | i).to_be_bytes();
+        tx.send_to(&long(i as u8 % 3, &dcid, 0)[..20], to).unwrap();
+    }
+    assert!(drain(&all) > 0, "the flood reached the port");
+    let got = landing(&all, to, &[initial(&kept, 0), long(1, &kept, 1)]);
+    assert_eq!(got[0], kept_at, "the handshake's retransmitted Initial, after the flood: where its first went");
+    assert_eq!(got[1], kept_at, "its 0-RTT too");
 }
