@@ -152,6 +152,16 @@ struct ServeArgs {
     /// on TCP moves to HTTP/3 by itself.
     #[arg(long, value_name = "ADDR")]
     alt_svc_tcp: Option<SocketAddr>,
+    /// HTTPS over TCP: connections at once; at the cap the one idle longest is closed to make
+    /// room (GOAWAY first for HTTP/2), and with every one busy a new one is closed.
+    #[arg(long, value_name = "N", default_value_t = udpx_h3::tcp::TcpLimits::default().max_connections,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1_000_000))]
+    tcp_max_connections: usize,
+    /// HTTPS over TCP: connections at once from one address (an IPv6 /64); at most
+    /// --tcp-max-connections, so that no one address can hold them all.
+    #[arg(long, value_name = "N", default_value_t = udpx_h3::tcp::TcpLimits::default().per_source,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1_000_000))]
+    tcp_per_source: usize,
     /// A file holding the secret (64 hex digits) every host of the service shares: stateless
     /// resets (a host ends connections a balancer sends it that it does not have, instead of
     /// leaving the client to its idle timeout), Retry tokens and session tickets (resumption
@@ -996,6 +1006,11 @@ fn serve(a: ServeArgs) -> ExitCode {
         park_timeout: std::time::Duration::from_secs(a.park_timeout),
         idle_timeout: std::time::Duration::from_secs(a.idle_timeout),
         alt_svc_tcp: a.alt_svc_tcp,
+        tcp_limits: udpx_h3::tcp::TcpLimits {
+            max_connections: a.tcp_max_connections,
+            per_source: a.tcp_per_source,
+            ..udpx_h3::tcp::TcpLimits::default()
+        },
     };
     // SIGHUP, SIGINT, SIGTERM and SIGQUIT are blocked before the shard threads start (they
     // inherit the mask), and a thread each takes them: SIGHUP reads the files again (today the

@@ -74,6 +74,9 @@ pub struct ServeConfig {
     /// certificate and rules; its answers' `alt-svc` names the QUIC port: how a browser finds
     /// HTTP/3. `None` (the default): no TCP.
     pub alt_svc_tcp: Option<SocketAddr>,
+    /// The HTTPS-over-TCP listener's bounds (connections at once and per address, the
+    /// minimum rate, the idle timeout).
+    pub tcp_limits: crate::tcp::TcpLimits,
 }
 
 impl ServeConfig {
@@ -97,6 +100,7 @@ impl ServeConfig {
             park_timeout: DEFAULT_PARK_TIMEOUT,
             idle_timeout: DEFAULT_IDLE_TIMEOUT,
             alt_svc_tcp: None,
+            tcp_limits: crate::tcp::TcpLimits::default(),
         }
     }
 }
@@ -238,6 +242,14 @@ pub fn serve(dir: &Path, cfg: &ServeConfig) -> Result<H3Server, Error> {
             "--stall-timeout, --park-timeout, --idle-timeout: give a duration above zero, e.g. 20".into(),
         ));
     }
+    let t = &cfg.tcp_limits;
+    if t.max_connections == 0 || t.per_source == 0 || t.per_source > t.max_connections {
+        return Err(Error::Usage(format!(
+            "--tcp-max-connections {}, --tcp-per-source {}: give each at least 1, and the share of one address \
+             at most the whole",
+            t.max_connections, t.per_source
+        )));
+    }
     let quic_settings = QuicSettings {
         tls: cfg.tls.clone(),
         max_udp_payload: max,
@@ -261,7 +273,7 @@ pub fn serve(dir: &Path, cfg: &ServeConfig) -> Result<H3Server, Error> {
     // its certificate loaded between asking for the handover and taking it.
     let mut starting = Server::prepare(&cfg.quic, cfg.alt_svc_tcp.is_some()).map_err(Error::Quic)?;
     let tcp = match cfg.alt_svc_tcp {
-        Some(addr) => Some(tcp_listener(&mut starting, addr, &files)?),
+        Some(addr) => Some(tcp_listener(&mut starting, addr, &files, cfg.tcp_limits)?),
         None => None,
     };
     let pass_on = starting.pass_on();
@@ -283,6 +295,7 @@ fn tcp_listener(
     starting: &mut udpx_quic::Starting,
     addr: SocketAddr,
     files: &crate::tls::PemFiles,
+    limits: crate::tcp::TcpLimits,
 ) -> Result<crate::tcp::PreparedTcp, Error> {
     let mut passed = starting.take_passed();
     let listener = match passed.len() {
@@ -297,7 +310,7 @@ fn tcp_listener(
     let copy = listener.try_clone().map_err(Error::Io)?;
     let at = listener.local_addr().map_err(Error::Io)?;
     starting.pass_on().put(copy.into(), format!("its HTTPS-over-TCP listener on {at}")).map_err(Error::Quic)?;
-    crate::tcp::PreparedTcp::new(listener, &files.cert, &files.key, crate::tcp::TcpLimits::default())
+    crate::tcp::PreparedTcp::new(listener, &files.cert, &files.key, limits)
 }
 
 impl H3Server {
@@ -512,6 +525,12 @@ impl udpx_metrics::Source for MetricsSource {
                 c("tcp_idle_closed", "HTTPS-over-TCP connections closed after the idle timeout", t.idle_closed),
                 c("tcp_accept_errors", "HTTPS-over-TCP accepts that failed (out of descriptors)", t.accept_errors),
                 level("tcp_open", "HTTPS-over-TCP connections open now", t.open),
+                c("tcp_evicted", "HTTPS-over-TCP idle connections closed at the cap to make room", t.evicted),
+                c(
+                    "tcp_full_refused",
+                    "HTTPS-over-TCP connections closed at the cap with every one busy",
+                    t.full_refused,
+                ),
                 c(
                     "tcp_drain_closed",
                     "HTTPS-over-TCP connections still open at a drain's deadline, closed then",

@@ -10,7 +10,7 @@
 //!
 //! ```text
 //!  std thread "udpx-h3-tcp": a current_thread tokio runtime
-//!    accept loop ── at most MAX_CONNECTIONS at once (a permit per connection)
+//!    accept loop ── at most max_connections at once (a permit each; at the cap the idle-longest goes)
 //!      └─ per connection: TLS handshake (rustls, ALPN h2 / http/1.1, HANDSHAKE_TIMEOUT)
 //!           └─ hyper (HTTP/1.1 or HTTP/2 by ALPN) ── per request: Site::answer
 //!                └─ body: CHUNK-sized reads on the blocking pool, one in flight
@@ -30,8 +30,11 @@
 //!   Exactly `len` bytes are sent; a file that shrinks under us fails the response (hyper
 //!   then resets the stream or closes the connection) rather than sending a short body.
 //! - A failed or slow TLS handshake, or a peer that sends garbage, ends that connection only.
-//! - Bounded against its peers ([`TcpLimits`]): [`MAX_CONNECTIONS`] at once, at most
-//!   `per_source` from one address (more are closed at once, counted), and a minimum rate: a
+//! - Bounded against its peers ([`TcpLimits`]): `max_connections` at once (at the cap the
+//!   connection idle longest is closed to make room, GOAWAY first for HTTP/2, as nginx closes
+//!   idle keep-alive connections when it runs short; with every one busy, the new one is
+//!   closed, counted), at most `per_source` from one address (more are closed at once,
+//!   counted; below the cap, so no one address holds them all), and a minimum rate: a
 //!   connection with a response under way that takes fewer than `min_bytes` in a `window`
 //!   (a slow reader, or an HTTP/2 client that never opens its flow-control window) is closed,
 //!   counted, so slow readers cannot hold the permits and lock everyone out. A connection
@@ -80,8 +83,9 @@ use crate::http::CHUNK;
 use crate::http::{Answer, FileBody, LogEntry, RequestHead, Site};
 use crate::Error;
 
-/// Connections served at once; the accept loop waits for one to end beyond that.
-pub const MAX_CONNECTIONS: usize = 256;
+/// How long a connection accepted at the cap waits for a permit (the oldest idle connection
+/// told to go) before it is closed.
+const CAP_WAIT: Duration = Duration::from_secs(2);
 
 /// How long a peer has to complete the TLS handshake.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -99,10 +103,14 @@ const H2_PING_TIMEOUT: Duration = Duration::from_secs(20);
 /// or the disk.
 const READ_THREADS: usize = 4;
 
-/// What one peer may hold of the listener (see the module docs).
+/// What the listener holds, and what one peer may hold of it (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TcpLimits {
-    /// Connections at once from one address.
+    /// Connections at once (`--tcp-max-connections`); at the cap the one idle longest is
+    /// closed to make room for a new one.
+    pub max_connections: usize,
+    /// Connections at once from one address, an IPv6 /64 (`--tcp-per-source`): at most
+    /// `max_connections`, and below it so that no one address can hold them all.
     pub per_source: usize,
     /// A connection with a response under way must take at least `min_bytes` ...
     pub min_bytes: u64,
@@ -114,12 +122,15 @@ pub struct TcpLimits {
 }
 
 impl Default for TcpLimits {
-    /// 16 connections per address (browsers open 6 per origin; a household behind one
-    /// address, a few browsers), 16 KiB every 20 s (a reader slower than 800 B/s for 20 s
-    /// is let go; nginx's `send_timeout` is 60 s between two writes), and 60 s idle.
+    /// 1,024 connections (nginx's `worker_connections` is 512 by default, 768 in Debian's
+    /// configuration), 64 per address (browsers open 6 per origin over HTTP/1.1, one over
+    /// HTTP/2; a carrier NAT puts many households behind one address), 16 KiB every 20 s (a
+    /// reader slower than 800 B/s for 20 s is let go; nginx's `send_timeout` is 60 s between
+    /// two writes), and 60 s idle.
     fn default() -> TcpLimits {
         TcpLimits {
-            per_source: 16,
+            max_connections: 1024,
+            per_source: 64,
             min_bytes: 16 * 1024,
             window: Duration::from_secs(20),
             idle: Duration::from_secs(60),
@@ -148,6 +159,8 @@ struct TcpCounters {
     accept_errors: AtomicU64,
     open: AtomicU64,
     drain_closed: AtomicU64,
+    evicted: AtomicU64,
+    full_refused: AtomicU64,
     accepting: AtomicBool,
 }
 
@@ -173,6 +186,10 @@ pub struct TcpSnapshot {
     pub open: u64,
     /// Connections still open at a drain's deadline, closed then.
     pub drain_closed: u64,
+    /// Idle connections closed at the cap to make room for a new one.
+    pub evicted: u64,
+    /// Connections closed at the cap with no idle one to make room (every one busy).
+    pub full_refused: u64,
 }
 
 /// The listener's counters, readable from another thread (a metrics endpoint).
@@ -198,6 +215,8 @@ fn snapshot(c: &TcpCounters) -> TcpSnapshot {
         accept_errors: g(&c.accept_errors),
         open: g(&c.open),
         drain_closed: g(&c.drain_closed),
+        evicted: g(&c.evicted),
+        full_refused: g(&c.full_refused),
     }
 }
 
@@ -421,10 +440,10 @@ async fn accept_loop(
     limits: TcpLimits,
     drain: watch::Receiver<Option<tokio::time::Instant>>,
 ) {
-    let limit = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let limit = Arc::new(Semaphore::new(limits.max_connections));
     let sources: Arc<Mutex<HashMap<IpAddr, usize>>> = Arc::default();
+    let registry = Arc::new(Registry::new());
     loop {
-        let Ok(permit) = limit.clone().acquire_owned().await else { return }; // never closed
         let (tcp, peer) = match listener.accept().await {
             Ok(a) => a,
             Err(e) => {
@@ -438,11 +457,32 @@ async fn accept_loop(
         };
         let Some(share) = SourceShare::take(&sources, peer.ip(), limits.per_source) else {
             counters.per_source_refused.fetch_add(1, Ordering::Relaxed);
-            drop(tcp); // closed at once: the permit goes back
+            drop(tcp); // closed at once
             continue;
         };
+        let permit = match limit.clone().try_acquire_owned() {
+            Ok(p) => p,
+            Err(_) => {
+                // At the cap: the connection idle longest is told to go (nginx closes its
+                // idle keep-alive connections the same way when it runs short), and this one
+                // waits a moment for its permit; with every connection busy it is closed.
+                if let Some(idle) = registry.oldest_idle() {
+                    counters.evicted.fetch_add(1, Ordering::Relaxed);
+                    idle.evict.notify_one();
+                }
+                match tokio::time::timeout(CAP_WAIT, limit.clone().acquire_owned()).await {
+                    Ok(Ok(p)) => p,
+                    _ => {
+                        counters.full_refused.fetch_add(1, Ordering::Relaxed);
+                        drop(tcp);
+                        continue;
+                    }
+                }
+            }
+        };
         counters.connections.fetch_add(1, Ordering::Relaxed);
-        let open = Open::count(&counters);
+        let activity = Arc::new(Activity::new(registry.epoch));
+        let open = Open::count(&counters, &registry, activity.clone());
         let mut drain = drain.clone();
         let _ = tcp.set_nodelay(true);
         let written = Arc::new(AtomicU64::new(0));
@@ -488,15 +528,15 @@ async fn accept_loop(
             if h2 {
                 counters.http2.fetch_add(1, Ordering::Relaxed);
             }
-            // Bodies under way on this connection: while any is, it must keep taking bytes.
-            let bodies = Arc::new(AtomicUsize::new(0));
-            let on_conn = bodies.clone();
-            // Requests so far: none new and no body under way for `idle`, and it is closed.
-            let requests = Arc::new(AtomicU64::new(0));
-            let on_req = requests.clone();
+            // Bodies under way (while any is, it must keep taking bytes) and requests (none
+            // new and no body under way for `idle`, and it is closed); idle, it may be evicted.
+            activity.touch();
+            activity.ready.store(true, Ordering::Release);
+            let on_req = activity.clone();
             let service = hyper::service::service_fn(move |req| {
-                on_req.fetch_add(1, Ordering::Relaxed);
-                let resp = respond(&site, peer, &req, &on_conn);
+                on_req.requests.fetch_add(1, Ordering::Relaxed);
+                on_req.touch();
+                let resp = respond(&site, peer, &req, &on_req);
                 async move { Ok::<_, Infallible>(resp) }
             });
             let conn = b.serve_connection(TokioIo::new(tls), service);
@@ -522,6 +562,12 @@ async fn accept_loop(
                         drop(deadline);
                         conn.as_mut().graceful_shutdown();
                     }
+                    () = activity.evict.notified(), if close_at.is_none() => {
+                        // Idle at the cap: closed to make room (GOAWAY first for HTTP/2).
+                        log::debug!("udpx-h3: {peer}: idle at the connection cap: closed");
+                        conn.as_mut().graceful_shutdown();
+                        close_at = Some(tokio::time::Instant::now() + Duration::from_secs(1));
+                    }
                     () = tokio::time::sleep_until(close_at.unwrap_or_else(tokio::time::Instant::now)), if close_at.is_some() => {
                         counters.drain_closed.fetch_add(1, Ordering::Relaxed);
                         log::debug!("udpx-h3: {peer}: still open at the drain's deadline: closed");
@@ -529,7 +575,7 @@ async fn accept_loop(
                     }
                     _ = check.tick() => {
                         let now = written.load(Ordering::Relaxed);
-                        let busy = bodies.load(Ordering::Relaxed) > 0;
+                        let busy = activity.bodies.load(Ordering::Relaxed) > 0;
                         // A response under way at both ends of the window that moved too
                         // little: a slow reader or a stalled window. Closed (the connection
                         // future is dropped), counted.
@@ -540,7 +586,7 @@ async fn accept_loop(
                         }
                         busy_since_check = busy;
                         seen = now;
-                        let r = requests.load(Ordering::Relaxed);
+                        let r = activity.requests.load(Ordering::Relaxed);
                         if busy || r != requests_seen {
                             (requests_seen, active_at) = (r, Instant::now());
                         } else if active_at.elapsed() >= limits.idle {
@@ -555,19 +601,100 @@ async fn accept_loop(
     }
 }
 
-/// One open connection in the gauge, taken off on drop.
-struct Open(Arc<TcpCounters>);
+/// One open connection in the gauge and the registry, taken off on drop.
+struct Open {
+    counters: Arc<TcpCounters>,
+    registry: Arc<Registry>,
+    id: u64,
+}
 
 impl Open {
-    fn count(c: &Arc<TcpCounters>) -> Open {
+    fn count(c: &Arc<TcpCounters>, registry: &Arc<Registry>, activity: Arc<Activity>) -> Open {
         c.open.fetch_add(1, Ordering::AcqRel);
-        Open(c.clone())
+        let id = registry.add(activity);
+        Open { counters: c.clone(), registry: registry.clone(), id }
     }
 }
 
 impl Drop for Open {
     fn drop(&mut self) {
-        self.0.open.fetch_sub(1, Ordering::AcqRel);
+        self.registry.remove(self.id);
+        self.counters.open.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// One connection's activity: shared by its task, its responses, and the registry the accept
+/// loop evicts from at the cap.
+struct Activity {
+    epoch: Instant,
+    /// Bodies under way.
+    bodies: AtomicUsize,
+    /// Requests so far.
+    requests: AtomicU64,
+    /// When it last began a request or ended a body (ms since `epoch`).
+    last: AtomicU64,
+    /// Whether its TLS handshake is done (before, it is new, not idle).
+    ready: AtomicBool,
+    /// Whether it was told to go (it is then not chosen again).
+    evicted: AtomicBool,
+    /// Told to close: idle at the cap.
+    evict: tokio::sync::Notify,
+}
+
+impl Activity {
+    fn new(epoch: Instant) -> Activity {
+        Activity {
+            epoch,
+            bodies: AtomicUsize::new(0),
+            requests: AtomicU64::new(0),
+            last: AtomicU64::new(0),
+            ready: AtomicBool::new(false),
+            evicted: AtomicBool::new(false),
+            evict: tokio::sync::Notify::new(),
+        }
+    }
+
+    fn touch(&self) {
+        self.last.store(self.epoch.elapsed().as_millis() as u64, Ordering::Relaxed);
+    }
+}
+
+/// The listener's open connections, for eviction.
+struct Registry {
+    epoch: Instant,
+    conns: Mutex<(u64, HashMap<u64, Arc<Activity>>)>,
+}
+
+impl Registry {
+    fn new() -> Registry {
+        Registry { epoch: Instant::now(), conns: Mutex::new((0, HashMap::new())) }
+    }
+
+    fn add(&self, a: Arc<Activity>) -> u64 {
+        let mut g = self.conns.lock().unwrap_or_else(|e| e.into_inner());
+        g.0 += 1;
+        let id = g.0;
+        g.1.insert(id, a);
+        id
+    }
+
+    fn remove(&self, id: u64) {
+        self.conns.lock().unwrap_or_else(|e| e.into_inner()).1.remove(&id);
+    }
+
+    /// The connection idle longest (past its handshake, no body under way, the oldest last
+    /// activity), marked as told to go.
+    fn oldest_idle(&self) -> Option<Arc<Activity>> {
+        let g = self.conns.lock().unwrap_or_else(|e| e.into_inner());
+        g.1.values()
+            .filter(|a| {
+                a.ready.load(Ordering::Acquire)
+                    && a.bodies.load(Ordering::Relaxed) == 0
+                    && !a.evicted.load(Ordering::Relaxed)
+            })
+            .min_by_key(|a| a.last.load(Ordering::Relaxed))
+            .inspect(|a| a.evicted.store(true, Ordering::Relaxed))
+            .cloned()
     }
 }
 
@@ -659,7 +786,7 @@ fn respond(
     site: &Arc<Site>,
     peer: SocketAddr,
     req: &Request<Incoming>,
-    bodies: &Arc<AtomicUsize>,
+    activity: &Arc<Activity>,
 ) -> Response<FileStream> {
     let start = Instant::now();
     let protocol = if req.version() == Version::HTTP_2 { "h2" } else { "http/1.1" };
@@ -682,7 +809,7 @@ fn respond(
         bytes: 0,
         complete: false,
     };
-    let mut resp = Response::new(FileStream::new(body, log, bodies.clone()));
+    let mut resp = Response::new(FileStream::new(body, log, activity.clone()));
     *resp.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     let h = resp.headers_mut();
     for (name, value) in answer_headers {
@@ -704,15 +831,17 @@ struct FileStream {
     /// Bytes still to send.
     left: u64,
     log: Finish,
-    /// The connection's count of bodies under way (this one counts while bytes are left).
-    bodies: Arc<AtomicUsize>,
+    /// The connection's activity: its count of bodies under way (this one counts while bytes
+    /// are left).
+    activity: Arc<Activity>,
     counted: bool,
 }
 
 impl Drop for FileStream {
     fn drop(&mut self) {
         if self.counted {
-            self.bodies.fetch_sub(1, Ordering::Relaxed);
+            self.activity.touch();
+            self.activity.bodies.fetch_sub(1, Ordering::Relaxed);
         }
     }
 }
@@ -725,7 +854,7 @@ enum Reading {
 }
 
 impl FileStream {
-    fn new(body: Option<FileBody>, mut log: Finish, bodies: Arc<AtomicUsize>) -> FileStream {
+    fn new(body: Option<FileBody>, mut log: Finish, activity: Arc<Activity>) -> FileStream {
         let (read, left) = match body {
             Some(FileBody { file, len, .. }) => (Reading::Idle(Some(file)), len),
             None => (Reading::Idle(None), 0),
@@ -733,9 +862,9 @@ impl FileStream {
         log.complete = left == 0;
         let counted = left > 0;
         if counted {
-            bodies.fetch_add(1, Ordering::Relaxed);
+            activity.bodies.fetch_add(1, Ordering::Relaxed);
         }
-        FileStream { read, left, log, bodies, counted }
+        FileStream { read, left, log, activity, counted }
     }
 }
 

@@ -400,3 +400,58 @@ fn an_idle_http2_connection_is_closed() {
     let c = server.stop();
     assert_eq!((c.idle_closed, c.too_slow), (1, 0), "{c:?}");
 }
+
+/// At the connection cap the connection idle longest is closed to make room for a new one
+/// (nginx does the same with its idle keep-alive connections), never one with a response under
+/// way; with every connection busy the new one is closed, counted. (Before: a fixed 256
+/// permits, and a new connection waited in the accept queue behind idle ones for up to the
+/// idle timeout.)
+#[test]
+fn at_the_cap_the_oldest_idle_connection_makes_room() {
+    let limits = udpx_h3::tcp::TcpLimits { max_connections: 3, per_source: 3, ..Default::default() };
+    let (_tmp, server, big, cert, _) = hostile_listener("tcp-cap", limits, BIG);
+    let addr = server.local_addr();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        // Two idle keep-alive connections, the first idle longer, and one paused download.
+        let mut first = common::tls::connect(&cert, addr, b"http/1.1").await;
+        assert_eq!(common::tls::http1_get(&mut first, "/big").await, (200, big.clone()));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let mut second = common::tls::connect(&cert, addr, b"http/1.1").await;
+        assert_eq!(common::tls::http1_get(&mut second, "/big").await.0, 200);
+        let (mut h2c, conn) =
+            h2::client::Builder::new().handshake::<_, bytes::Bytes>(h2_tls(&cert, addr).await).await.unwrap();
+        tokio::spawn(conn);
+        let req = http::Request::get(format!("https://{addr}/big")).body(()).unwrap();
+        let (resp, _) = h2c.send_request(req, true).unwrap();
+        let mut paused = resp.await.unwrap().into_body();
+        let _ = paused.data().await.unwrap().unwrap(); // then not read: its window stays shut
+
+        // A fourth (from another address: one address holds at most its share): the first
+        // idle connection goes, the fourth is served.
+        let other: std::net::IpAddr = "127.0.0.2".parse().unwrap();
+        let mut fourth = common::tls::connect_from(&cert, addr, b"http/1.1", Some(other)).await;
+        assert_eq!(common::tls::http1_get(&mut fourth, "/big").await.0, 200);
+        let mut byte = [0u8; 1];
+        let end = tokio::time::timeout(Duration::from_secs(5), tokio::io::AsyncReadExt::read(&mut first, &mut byte));
+        assert!(matches!(end.await, Ok(Ok(0))), "the connection idle longest was closed");
+        // The second still serves.
+        assert_eq!(common::tls::http1_get(&mut second, "/big").await.0, 200);
+
+        // Every connection busy (the paused download, and two more): a new one is closed.
+        let mut more = Vec::new();
+        for c in [&mut second, &mut fourth] {
+            tokio::io::AsyncWriteExt::write_all(c, b"GET /big HTTP/1.1\r\nHost: x\r\n\r\n").await.unwrap();
+            let mut head = [0u8; 256];
+            let n = tokio::io::AsyncReadExt::read(c, &mut head).await.unwrap();
+            more.push(n); // the response began; not read further: its body stays under way
+        }
+        let mut last = common::tls::connect_raw(addr, other).await;
+        let mut byte = [0u8; 1];
+        let end = tokio::time::timeout(Duration::from_secs(10), tokio::io::AsyncReadExt::read(&mut last, &mut byte));
+        assert!(matches!(end.await, Ok(Ok(0)) | Ok(Err(_))), "refused at the cap with every one busy");
+        drop(h2c);
+    });
+    let c = server.stop();
+    assert_eq!((c.evicted, c.full_refused), (1, 1), "{c:?}");
+}

@@ -10,6 +10,16 @@ use tokio_rustls::client::TlsStream;
 /// A TLS connection to `addr` offering only `alpn`, trusting the certificate `cert` (for the
 /// name 127.0.0.1).
 pub async fn connect(cert: &Path, addr: std::net::SocketAddr, alpn: &[u8]) -> TlsStream<tokio::net::TcpStream> {
+    connect_from(cert, addr, alpn, None).await
+}
+
+/// [`connect`] from the local address `from` (another loopback address: another peer).
+pub async fn connect_from(
+    cert: &Path,
+    addr: std::net::SocketAddr,
+    alpn: &[u8],
+    from: Option<std::net::IpAddr>,
+) -> TlsStream<tokio::net::TcpStream> {
     use rustls::pki_types::pem::PemObject;
     let mut roots = rustls::RootCertStore::empty();
     roots.add(rustls::pki_types::CertificateDer::from_pem_file(cert).unwrap()).unwrap();
@@ -20,9 +30,20 @@ pub async fn connect(cert: &Path, addr: std::net::SocketAddr, alpn: &[u8]) -> Tl
         .with_root_certificates(roots)
         .with_no_client_auth();
     cfg.alpn_protocols = vec![alpn.to_vec()];
-    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let sock = tokio::net::TcpSocket::new_v4().unwrap();
+    if let Some(ip) = from {
+        sock.bind(std::net::SocketAddr::new(ip, 0)).unwrap();
+    }
+    let tcp = sock.connect(addr).await.unwrap();
     let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
     tokio_rustls::TlsConnector::from(Arc::new(cfg)).connect(name, tcp).await.unwrap()
+}
+
+/// A plain TCP connection to `addr` (no TLS: for what the listener does before any).
+pub async fn connect_raw(addr: std::net::SocketAddr, from: std::net::IpAddr) -> tokio::net::TcpStream {
+    let sock = tokio::net::TcpSocket::new_v4().unwrap();
+    sock.bind(std::net::SocketAddr::new(from, 0)).unwrap();
+    sock.connect(addr).await.unwrap()
 }
 
 /// A TLS connection to `addr` offering only HTTP/2.
