@@ -47,6 +47,8 @@ fn bad_input_exits_2_and_says_what_to_change() {
         (&["h3", "serve", www, "--gro", "maybe"], "--gro"),
         (&["h3", "serve", www, "--zerocopy", "maybe"], "--zerocopy"),
         (&["h3", "serve", www, "--coalesce", "200000"], "--coalesce 200000: give 0 to 100000"),
+        (&["h3", "serve", www, "--tcp-max-connections", "10", "--tcp-per-source", "20"], "--tcp-per-source 20"),
+        (&["h3", "serve", www, "--tcp-max-connections", "0"], "--tcp-max-connections"),
         (&["h3", "get", "http://127.0.0.1/"], "https://"),
         (&["h3", "get", "https://127.0.0.1:99999/"], "port"),
         (&["h3", "get", "https://127.0.0.1:1/", "-o", "/nonexistent-dir/x"], "output file"),
@@ -334,33 +336,42 @@ fn bench_h3_bottleneck_runs_each_burst_rule() {
 /// connection and no download (the upgrade's players move on GOAWAY, the downloads finish
 /// from the old process), the naive restart breaks connections and downloads (the table can
 /// see a loss), and nginx's TCP rows, where nginx is installed, fail nothing either. The
-/// upgrade is played twice: by udpx's own client and by quinn's (which follows GOAWAY as
-/// browsers do, RFC 9114 5.2). Counts only; the p99 columns are the report's.
+/// upgrade is played three times: by udpx's own client, by quinn's (which follows GOAWAY as
+/// browsers do, RFC 9114 5.2), and with HTTPS over TCP beside (its listener handed over), half
+/// the players on hyper's HTTP/2 client. Counts only; the p99 columns are the report's.
 #[test]
 fn bench_h3_restart_upgrades_and_reloads_without_a_failure() {
     let args = ["bench", "h3", "--restart", "50", "--restart-seconds", "6", "--restart-changes", "1", "--json"];
     let Some(json) = root_lab("bench_h3_restart_upgrades_and_reloads_without_a_failure", &args) else { return };
     let rows = json["h3_restart"]["rows"].as_array().expect("rows");
     let row = |name: &str| rows.iter().find(|r| r["change"] == name).unwrap_or_else(|| panic!("{name}: {json}"));
-    for name in ["UdpxUpgrade", "UdpxUpgradeQuinn", "UdpxReload", "NginxReload", "NginxUpgrade"] {
+    for name in ["UdpxUpgrade", "UdpxUpgradeQuinn", "UdpxUpgradeH2H3", "UdpxReload", "NginxReload", "NginxUpgrade"] {
         let r = row(name);
         if name.starts_with("Nginx") && r["load"].is_null() {
             continue; // nginx not installed: the row says so
         }
-        let l = &r["load"];
-        assert!(l["requests"].as_u64() > Some(0), "{r}");
-        for k in ["failed", "unanswered", "ended_early"] {
-            assert_eq!(l[k].as_u64(), Some(0), "{name}: {k}: {r}");
+        // The h2+h3 row's two halves: quinn over HTTP/3, hyper over HTTP/2 (TCP).
+        for l in [&r["load"], &r["load_h2"]] {
+            if l.is_null() && name != "UdpxUpgradeH2H3" {
+                continue;
+            }
+            assert!(l["requests"].as_u64() > Some(0), "{name}: {r}");
+            for k in ["failed", "unanswered", "ended_early"] {
+                assert_eq!(l[k].as_u64(), Some(0), "{name}: {k}: {r}");
+            }
         }
         assert!(r["changes"][0]["error"].is_null(), "{r}");
         assert_eq!(r["downloads_broken"].as_u64(), Some(0), "{name}: the rate-limited downloads end whole: {r}");
     }
-    for name in ["UdpxUpgrade", "UdpxUpgradeQuinn"] {
+    for name in ["UdpxUpgrade", "UdpxUpgradeQuinn", "UdpxUpgradeH2H3"] {
         let up = row(name);
         assert!(up["load"]["moved_on_goaway"].as_u64() > Some(0), "the players moved to the new server: {up}");
         assert!(up["changes"][0]["replaced_after_s"].as_f64().is_some(), "the old server exited: {up}");
     }
     assert_eq!(row("UdpxUpgradeQuinn")["load"]["client"], "quinn h3", "a client udpx did not write");
+    let both = row("UdpxUpgradeH2H3");
+    assert_eq!((&both["load"]["client"], &both["load_h2"]["client"]), (&"quinn h3".into(), &"hyper (TCP, h2)".into()));
+    assert!(both["load_h2"]["moved_on_goaway"].as_u64() > Some(0), "the HTTP/2 players moved too: {both}");
     let naive = row("UdpxRestart");
     assert!(naive["load"]["ended_early"].as_u64() > Some(0), "a restart breaks connections: {naive}");
     assert!(naive["downloads_broken"].as_u64() > Some(0), "and downloads: {naive}");

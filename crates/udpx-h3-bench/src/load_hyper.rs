@@ -220,10 +220,13 @@ async fn player(
         };
         let Ok(req) = request() else { break };
         let mut result = tokio::time::timeout_at(end.into(), send.send(req)).await;
-        // The server closed the connection between requests (nginx's reload and binary
-        // upgrade close idle connections, HTTP/2 with a GOAWAY): connect again and send once
-        // more, as browsers do; the latency counts from the first attempt.
-        if matches!(result, Ok(None)) && send.is_closed() {
+        // The server closed the connection between requests or said it would not process
+        // this one (nginx's reload and binary upgrade close idle connections; HTTP/2's GOAWAY,
+        // RFC 9113 6.8; HTTP/3's, RFC 9114 5.2) and no part of an answer came: connect again
+        // and send once more, as browsers do (a GET is idempotent, RFC 9110 9.2.2); the
+        // latency counts from the first attempt. A response broken after its head is a
+        // failure, never retried.
+        if matches!(result, Ok(Err(Failure::Unanswered))) && send.is_closed() {
             if let (Some(fresh), Ok(req)) = (open().await, request()) {
                 send = fresh;
                 {
@@ -235,7 +238,7 @@ async fn player(
             }
         }
         let (ok, bytes) = match result {
-            Ok(Some((status, bytes))) => (status == 200, bytes),
+            Ok(Ok((status, bytes))) => (status == 200, bytes),
             _ => (false, 0),
         };
         let now = Instant::now();
@@ -280,9 +283,9 @@ impl Dialer {
         let io = TokioIo::new(self.tcp.connect(name, tcp).await.ok()?);
         Some(match self.http {
             HyperHttp::H2 | HyperHttp::H3 => {
-                let (s, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), io).await.ok()?;
+                let (send, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), io).await.ok()?;
                 tokio::task::spawn_local(conn);
-                Sender::H2(s)
+                Sender::H2 { send, left: false }
             }
             HyperHttp::H1 => {
                 let (s, conn) = hyper::client::conn::http1::handshake(io).await.ok()?;
@@ -303,7 +306,12 @@ async fn connect(to: SocketAddr, from: Option<IpAddr>) -> std::io::Result<tokio:
 }
 
 enum Sender {
-    H2(hyper::client::conn::http2::SendRequest<http_body_util::Empty<hyper::body::Bytes>>),
+    H2 {
+        send: hyper::client::conn::http2::SendRequest<http_body_util::Empty<hyper::body::Bytes>>,
+        /// The server's GOAWAY came: a request refused by it (a new one, or one above its last
+        /// stream) was not processed (RFC 9113 6.8) and may be sent on a new connection.
+        left: bool,
+    },
     H1(hyper::client::conn::http1::SendRequest<http_body_util::Empty<hyper::body::Bytes>>),
     H3 {
         send: h3::client::SendRequest<h3_quinn::OpenStreams, bytes::Bytes>,
@@ -313,6 +321,29 @@ enum Sender {
         /// sent again on a new connection (RFC 9114 5.2), as browsers do.
         left: bool,
     },
+}
+
+/// Whether hyper's error is h2's for a stream the server's GOAWAY left unprocessed (a request
+/// sent after it, or one above its last stream id: RFC 9113 6.8) or refused (REFUSED_STREAM).
+fn refused_by_goaway(e: &hyper::Error) -> bool {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(c) = cause {
+        if let Some(h) = c.downcast_ref::<h2::Error>() {
+            return (h.is_go_away() && h.is_remote()) || h.reason() == Some(h2::Reason::REFUSED_STREAM);
+        }
+        cause = c.source();
+    }
+    false
+}
+
+/// How a request failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Failure {
+    /// No part of the answer came (sent on a connection that went away, refused by GOAWAY,
+    /// left unprocessed): retried once on a new connection when the old one is gone.
+    Unanswered,
+    /// The answer broke after its head: a failure.
+    Broken,
 }
 
 /// The server did not process the request and said so (RFC 9114 5.2): a GOAWAY before it was
@@ -330,14 +361,17 @@ impl Sender {
     /// Whether the connection under it is gone.
     fn is_closed(&self) -> bool {
         match self {
-            Sender::H2(s) => s.is_closed(),
+            Sender::H2 { send, left } => *left || send.is_closed(),
             Sender::H1(s) => s.is_closed(),
             Sender::H3 { conn, left, .. } => *left || conn.close_reason().is_some(),
         }
     }
 
-    /// Sends `req` and reads the whole body: (status, body bytes), or `None` on any failure.
-    async fn send(&mut self, req: hyper::Request<http_body_util::Empty<hyper::body::Bytes>>) -> Option<(u16, u64)> {
+    /// Sends `req` and reads the whole body: (status, body bytes), or how it failed.
+    async fn send(
+        &mut self,
+        req: hyper::Request<http_body_util::Empty<hyper::body::Bytes>>,
+    ) -> Result<(u16, u64), Failure> {
         let resp = match self {
             Sender::H3 { send, left, .. } => {
                 let (parts, _) = req.into_parts();
@@ -345,39 +379,47 @@ impl Sender {
                     Ok(s) => s,
                     Err(e) => {
                         *left = unprocessed(&e);
-                        return None;
+                        return Err(Failure::Unanswered);
                     }
                 };
-                stream.finish().await.ok()?;
+                stream.finish().await.map_err(|_| Failure::Unanswered)?;
                 let status = match stream.recv_response().await {
                     Ok(r) => r.status().as_u16(),
                     Err(e) => {
                         // Nothing of the answer came: the server may not have processed it.
                         *left = unprocessed(&e);
-                        return None;
+                        return Err(Failure::Unanswered);
                     }
                 };
                 let mut bytes = 0u64;
-                while let Some(chunk) = stream.recv_data().await.ok()? {
+                while let Some(chunk) = stream.recv_data().await.map_err(|_| Failure::Broken)? {
                     bytes += chunk.remaining() as u64;
                 }
-                return Some((status, bytes));
+                return Ok((status, bytes));
             }
-            Sender::H2(s) => s.send_request(req).await.ok()?,
+            // hyper fails a request the server refused by GOAWAY (a stream above its last
+            // one) or sent on a connection that went away before any answer: no head came.
+            Sender::H2 { send, left } => match send.send_request(req).await {
+                Ok(r) => r,
+                Err(e) => {
+                    *left = refused_by_goaway(&e);
+                    return Err(Failure::Unanswered);
+                }
+            },
             Sender::H1(s) => {
-                s.ready().await.ok()?;
-                s.send_request(req).await.ok()?
+                s.ready().await.map_err(|_| Failure::Unanswered)?;
+                s.send_request(req).await.map_err(|_| Failure::Unanswered)?
             }
         };
         let status = resp.status().as_u16();
         let mut body = resp.into_body();
         let mut bytes = 0u64;
         while let Some(frame) = body.frame().await {
-            let frame = frame.ok()?;
+            let frame = frame.map_err(|_| Failure::Broken)?;
             if let Some(d) = frame.data_ref() {
                 bytes += d.len() as u64;
             }
         }
-        Some((status, bytes))
+        Ok((status, bytes))
     }
 }

@@ -4,6 +4,9 @@
 //!
 //! - **udpx upgrade**: `udpx h3 serve ... --upgrade` started beside the running one
 //!   ([`udpx_quic::upgrade`]): it takes new connections, the old one drains and exits;
+//! - **udpx h2+h3 upgrade**: the same with HTTPS over TCP on the same port (`--alt-svc-tcp`,
+//!   its listener handed over with the QUIC port), half the players over HTTP/2 (hyper) and
+//!   half over HTTP/3 (quinn), the downloads curl's over HTTP/2;
 //! - **udpx reload**: SIGHUP (the certificate and key read again);
 //! - **udpx restart**: the naive way, stop (SIGINT) then start again (what is saved);
 //! - **nginx reload** and **nginx binary upgrade** (HTTPS over TCP, HTTP/2, one worker):
@@ -104,6 +107,10 @@ pub enum Change {
     /// The same, the players on quinn's HTTP/3 client (a client udpx did not write,
     /// [`crate::load_hyper`]), which follows GOAWAY as browsers do.
     UdpxUpgradeQuinn,
+    /// The same with HTTPS over TCP beside (`--alt-svc-tcp` on the same port, handed over with
+    /// the QUIC one): half the players on hyper's HTTP/2 client over TCP, half on quinn's
+    /// HTTP/3 client, the downloads curl's over HTTP/2 (clients udpx did not write).
+    UdpxUpgradeH2H3,
     /// SIGHUP to udpx.
     UdpxReload,
     /// SIGINT to udpx, then the same command again.
@@ -116,9 +123,10 @@ pub enum Change {
 
 impl Change {
     /// Every row, in table order.
-    pub const ALL: [Change; 6] = [
+    pub const ALL: [Change; 7] = [
         Change::UdpxUpgrade,
         Change::UdpxUpgradeQuinn,
+        Change::UdpxUpgradeH2H3,
         Change::UdpxReload,
         Change::UdpxRestart,
         Change::NginxReload,
@@ -130,6 +138,7 @@ impl Change {
         match self {
             Change::UdpxUpgrade => "udpx h3: upgrade (--upgrade)",
             Change::UdpxUpgradeQuinn => "udpx h3: upgrade, quinn's client",
+            Change::UdpxUpgradeH2H3 => "udpx h2+h3: upgrade, hyper h2 + quinn h3",
             Change::UdpxReload => "udpx h3: reload (SIGHUP)",
             Change::UdpxRestart => "udpx h3: restart (stop, start)",
             Change::NginxReload => "nginx h2: reload (SIGHUP)",
@@ -139,6 +148,12 @@ impl Change {
 
     fn nginx(self) -> bool {
         matches!(self, Change::NginxReload | Change::NginxUpgrade)
+    }
+
+    /// Whether the row's players and downloads go over TCP (all of them, or half the players
+    /// and every download in the HTTP/2 + HTTP/3 row).
+    fn tcp(self) -> bool {
+        self.nginx() || self == Change::UdpxUpgradeH2H3
     }
 }
 
@@ -159,8 +174,10 @@ pub struct ChangeRun {
 pub struct RestartRow {
     /// Which change.
     pub change: Change,
-    /// The client's figures.
+    /// The client's figures (in the HTTP/2 + HTTP/3 row, the HTTP/3 half's).
     pub load: Option<LoadReport>,
+    /// The HTTP/2 half's, in the HTTP/2 + HTTP/3 row.
+    pub load_h2: Option<LoadReport>,
     /// Each change.
     pub changes: Vec<ChangeRun>,
     /// p99 of the requests sent in the [`NEAR`] after a change, ms.
@@ -245,6 +262,7 @@ impl RestartRow {
         RestartRow {
             change,
             load: None,
+            load_h2: None,
             changes: Vec::new(),
             p99_near_ms: None,
             p99_away_ms: None,
@@ -273,7 +291,8 @@ impl Lab<'_> {
     }
 
     /// `udpx h3 serve` on the server's CPU in its namespace, its output in `log`.
-    fn udpx(&self, cfg: &RestartConfig, log: &Path, upgrade: bool) -> Result<ChildGroup, String> {
+    /// With `tcp`: HTTPS over TCP on the same address (`--alt-svc-tcp`).
+    fn udpx(&self, cfg: &RestartConfig, log: &Path, upgrade: bool, tcp: bool) -> Result<ChildGroup, String> {
         let mut c = self.net.ns(Side::Rx).command("taskset");
         c.args(["-c", &self.server_cpu.to_string()]).arg(&cfg.udpx);
         c.args(["h3", "serve"]).arg(self.www).args(["--listen", &self.addr().to_string()]);
@@ -283,6 +302,13 @@ impl Lab<'_> {
         c.args(["-l", &(cfg.window + Duration::from_secs(120)).as_secs().to_string()]);
         if upgrade {
             c.arg("--upgrade");
+        }
+        if tcp {
+            // Every player and download comes from the client's one address: its share of
+            // the TCP connections is all of them (nginx has no per-address cap either).
+            let cap = (cfg.players + cfg.downloads + 16).max(1024).to_string();
+            c.args(["--alt-svc-tcp", &self.addr().to_string()]);
+            c.args(["--tcp-max-connections", &cap, "--tcp-per-source", &cap]);
         }
         let child = spawn(&mut c, log)?;
         let ready = if upgrade { "took new connections over" } else { " on https://" };
@@ -370,26 +396,38 @@ fn one_row(cfg: &RestartConfig, lab: &Lab<'_>, change: Change) -> Result<Restart
     let mut server = if change.nginx() {
         lab.nginx(cfg.nginx.as_deref().ok_or("nginx not found")?, &log, change == Change::NginxUpgrade)?
     } else {
-        Server::of(lab.udpx(cfg, &log, false)?)
+        Server::of(lab.udpx(cfg, &log, false, change == Change::UdpxUpgradeH2H3)?)
     };
     let mut lc = LoadConfig::new(lab.addr(), cfg.players, &format!("/{SEGMENT}"), cfg.interval);
     lc.ramp = Duration::from_secs(5);
     lc.duration = cfg.window;
+    // The HTTP/2 + HTTP/3 row: the players split, each half on its own client thread.
+    let both = change == Change::UdpxUpgradeH2H3;
+    let h2_players = if both { cfg.players / 2 } else { 0 };
+    lc.connections = cfg.players - h2_players;
+    let mut lc_h2 = lc.clone();
+    lc_h2.connections = h2_players;
     let (lc2, ca, client_cpu) = (lc.clone(), lab.cert.to_path_buf(), lab.client_cpu);
-    let tcp = change.nginx();
+    let ca_h2 = ca.clone();
+    let tcp = change.tcp();
     let job = move || {
         let _ = udpx_lab::cpu::pin_current_thread(client_cpu);
-        if tcp {
+        if change.nginx() {
             load_hyper::run(&lc2, HyperHttp::H2, &ca).map_err(|e| e.to_string())
-        } else if change == Change::UdpxUpgradeQuinn {
+        } else if matches!(change, Change::UdpxUpgradeQuinn | Change::UdpxUpgradeH2H3) {
             load_hyper::run(&lc2, HyperHttp::H3, &ca).map_err(|e| e.to_string())
         } else {
             load::run(&lc2).map_err(|e| e.to_string())
         }
     };
+    let job_h2 = move || {
+        let _ = udpx_lab::cpu::pin_current_thread(client_cpu);
+        load_hyper::run(&lc_h2, HyperHttp::H2, &ca_h2).map_err(|e| e.to_string())
+    };
     let start = Instant::now();
     let window_start = start + lc.ramp;
     let client = lab.net.ns(Side::Tx).try_spawn(job).map_err(|e| e.to_string())?;
+    let client_h2 = if both { Some(lab.net.ns(Side::Tx).try_spawn(job_h2).map_err(|e| e.to_string())?) } else { None };
     std::thread::sleep(window_start.saturating_duration_since(Instant::now()));
     let downloads = start_downloads(cfg, lab, tcp)?;
     let mut changes = Vec::new();
@@ -404,8 +442,8 @@ fn one_row(cfg: &RestartConfig, lab: &Lab<'_>, change: Change) -> Result<Restart
         let result: Result<Option<f64>, String> = (|| match change {
             Change::UdpxReload => signal(server.pid, Signal::SIGHUP).map(|()| None),
             Change::NginxReload => signal(master, Signal::SIGHUP).map(|()| None),
-            Change::UdpxUpgrade | Change::UdpxUpgradeQuinn => {
-                let next = Server::of(lab.udpx(cfg, &log, true)?);
+            Change::UdpxUpgrade | Change::UdpxUpgradeQuinn | Change::UdpxUpgradeH2H3 => {
+                let next = Server::of(lab.udpx(cfg, &log, true, both)?);
                 let old = std::mem::replace(&mut server, next);
                 let old = old._child.ok_or("the old server's process")?;
                 watchers.push((changes.len(), at, exit_watch(old, cfg.drain_timeout + Duration::from_secs(10))));
@@ -446,6 +484,7 @@ fn one_row(cfg: &RestartConfig, lab: &Lab<'_>, change: Change) -> Result<Restart
         });
     }
     let load = client.join().map_err(|_| "the client panicked".to_string()).and_then(|r| r);
+    let load_h2 = client_h2.map(|c| c.join().map_err(|_| "the HTTP/2 client panicked".to_string()).and_then(|r| r));
     let download_errors: Vec<String> = downloads
         .into_iter()
         .filter_map(|d| d.join().unwrap_or_else(|_| Some("the download panicked".into())))
@@ -459,6 +498,7 @@ fn one_row(cfg: &RestartConfig, lab: &Lab<'_>, change: Change) -> Result<Restart
     }
     drop(server);
     let load = load?;
+    let load_h2 = load_h2.transpose()?;
     let near = |ms: u32| {
         changes.iter().any(|c| {
             let t = c.at_s * 1000.0;
@@ -466,14 +506,15 @@ fn one_row(cfg: &RestartConfig, lab: &Lab<'_>, change: Change) -> Result<Restart
         })
     };
     let (mut inside, mut outside): (Vec<u32>, Vec<u32>) = (Vec::new(), Vec::new());
-    for &(at, us) in &load.timeline {
+    let halves = || std::iter::once(&load).chain(load_h2.as_ref());
+    for &(at, us) in halves().flat_map(|l| &l.timeline) {
         if near(at) {
             inside.push(us);
         } else {
             outside.push(us);
         }
     }
-    let failed_near = load.failed_at.iter().filter(|&&ms| near(ms)).count() as u64;
+    let failed_near = halves().flat_map(|l| &l.failed_at).filter(|&&ms| near(ms)).count() as u64;
     Ok(RestartRow {
         change,
         p99_near_ms: p99_ms(&mut inside),
@@ -482,6 +523,7 @@ fn one_row(cfg: &RestartConfig, lab: &Lab<'_>, change: Change) -> Result<Restart
         downloads_broken: download_errors.len(),
         download_errors,
         load: Some(load),
+        load_h2,
         changes,
         error: None,
     })
@@ -537,7 +579,7 @@ impl Lab<'_> {
     fn udpx_after(&self, cfg: &RestartConfig, log: &Path) -> Result<ChildGroup, String> {
         let start = Instant::now();
         loop {
-            match self.udpx(cfg, log, false) {
+            match self.udpx(cfg, log, false, false) {
                 Ok(c) => return Ok(c),
                 Err(e) if start.elapsed() > Duration::from_secs(10) => return Err(e),
                 Err(_) => std::thread::sleep(Duration::from_millis(20)),
@@ -558,7 +600,7 @@ pub fn table(b: &RestartBench) -> String {
     let _ = writeln!(
         s,
         "udpx bench h3 --restart: {} players x {} KiB every {} s and {} downloads at {} KiB/s, {} changes in {} s \
-         per row (veth, own clients but for the quinn row; curl for nginx's downloads)",
+         per row (veth, own clients but for the quinn and h2+h3 rows; curl for the TCP rows' downloads)",
         c.players,
         c.segment >> 10,
         c.interval.as_secs_f64(),
@@ -602,6 +644,20 @@ pub fn table(b: &RestartBench) -> String {
             format!("{}/{}", r.downloads_broken, c.downloads),
             replaced.join(", ")
         );
+        if let Some(h) = &r.load_h2 {
+            let _ = writeln!(
+                s,
+                "{:<45} {:>8} {:>7} {:>6} {:>6} {:>6}   (the HTTP/2 half, over TCP; {} of the requests asked again on a \
+                 new connection, no answer begun)",
+                "  its HTTP/2 half (hyper h2)",
+                h.requests,
+                h.failed,
+                h.unanswered,
+                h.ended_early,
+                h.moved_on_goaway,
+                h.retried
+            );
+        }
         for e in &r.download_errors {
             let _ = writeln!(s, "    download broken: {e}");
         }
@@ -611,7 +667,10 @@ pub fn table(b: &RestartBench) -> String {
          broken: connections that ended early (not a GOAWAY the client followed); moved: connections left for a new \
          one on GOAWAY; fnear: failures in the 2 s after a change; p99 near/away: requests sent in the 2 s after a \
          change, and the rest; dl broke: rate-limited downloads spanning every change that did not end whole. Counts \
-         are the verdict; the p99 columns are timings of this run.\n",
+         are the verdict; the p99 columns are timings of this run. The h2+h3 row: its first line is the HTTP/3 half \
+         (quinn), the next its HTTP/2 half (hyper over TCP, the listener handed over with the QUIC port); its \
+         downloads are curl's over HTTP/2, and its clients ask again only what RFC 9113 6.8 (GOAWAY) and RFC 9110 \
+         9.2.2 (a GET with no answer begun on a connection that closed) allow.\n",
     );
     let _ = write!(s, "\n{}", b.environment.to_markdown());
     s
