@@ -272,8 +272,7 @@ struct ServeArgs {
           value_parser = clap::value_parser!(u64).range(1..=86_400))]
     park_timeout: u64,
     /// An HTTP/3 connection with no request and no response under way for this many seconds
-    /// is closed (a client that PINGs would keep it, and quiche would hold request heads it
-    /// left unfinished). 1 to 86400.
+    /// is closed (a client that PINGs would keep it for ever). 1 to 86400.
     #[arg(long, value_name = "SECS", default_value_t = udpx_h3::DEFAULT_IDLE_TIMEOUT.as_secs(),
           value_parser = clap::value_parser!(u64).range(1..=86_400))]
     idle_timeout: u64,

@@ -195,6 +195,9 @@ struct HttpCounters {
     trailers: AtomicU64,
     idle_closed: AtomicU64,
     rejected: AtomicU64,
+    unfinished_heads: AtomicU64,
+    heads_refused: AtomicU64,
+    heads_timed_out: AtomicU64,
 }
 
 /// A snapshot of the HTTP counters.
@@ -267,6 +270,15 @@ pub struct HttpSnapshot {
     /// HTTP/3 requests refused with H3_REQUEST_REJECTED while draining: their stream was at or
     /// past the final GOAWAY's ID (the client may send them again on a new connection).
     pub rejected: u64,
+    /// HTTP/3 request streams with data and no whole head yet, now (a level; see
+    /// `crate::heads`).
+    pub unfinished_heads: u64,
+    /// HTTP/3 connections closed (H3_EXCESSIVE_LOAD) for an unfinished head over a cap (per
+    /// connection, per address, per shard).
+    pub heads_refused: u64,
+    /// HTTP/3 connections closed (H3_REQUEST_INCOMPLETE) for a head unfinished past its
+    /// deadline.
+    pub heads_timed_out: u64,
 }
 
 impl HttpCounters {
@@ -322,6 +334,9 @@ impl HttpCounters {
             trailers: g(&self.trailers),
             idle_closed: g(&self.idle_closed),
             rejected: g(&self.rejected),
+            unfinished_heads: g(&self.unfinished_heads),
+            heads_refused: g(&self.heads_refused),
+            heads_timed_out: g(&self.heads_timed_out),
         }
     }
 }
@@ -452,6 +467,22 @@ impl Site {
         };
         file.seek(SeekFrom::Start(offset)).map_err(|_| Reopen::Failed)?;
         Ok(file)
+    }
+
+    /// The shard's unfinished request heads went up (`true`) or down by `n`.
+    pub(crate) fn unfinished_heads(&self, up: bool, n: u64) {
+        if up {
+            self.counters.unfinished_heads.fetch_add(n, Relaxed);
+        } else {
+            self.counters.unfinished_heads.fetch_sub(n, Relaxed);
+        }
+    }
+
+    /// Counts an HTTP/3 connection closed for its unfinished heads: over a cap (`true`) or
+    /// past the deadline.
+    pub(crate) fn count_heads_closed(&self, over_cap: bool) {
+        let c = if over_cap { &self.counters.heads_refused } else { &self.counters.heads_timed_out };
+        c.fetch_add(1, Relaxed);
     }
 
     /// Counts an HTTP/3 connection closed for idleness.

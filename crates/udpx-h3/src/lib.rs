@@ -29,6 +29,7 @@
 pub mod client;
 pub mod files;
 mod goaway;
+pub mod heads;
 pub mod http;
 mod responder;
 pub mod server;

@@ -71,6 +71,7 @@ use udpx_quic::bufs::{Buf, BufPool};
 use udpx_quic::App;
 
 use crate::goaway::{GoAway, H3_REQUEST_REJECTED};
+use crate::heads::{HeadBudget, Heads};
 use crate::http::{LogEntry, RequestHead, Site, CHUNK};
 use crate::tls::MAX_FIELD_SECTION;
 
@@ -90,6 +91,8 @@ pub(crate) struct FileServer {
     draining: Option<(Instant, Duration)>,
     /// Connections accepted so far: each one's place in a drain's spread.
     accepted: u64,
+    /// The shard's unfinished request heads ([`crate::heads`]).
+    heads: HeadBudget,
 }
 
 /// The open-file bounds and the stall timeout (from [`crate::ServeConfig`]).
@@ -128,6 +131,7 @@ impl FileServer {
             bounds,
             draining: None,
             accepted: 0,
+            heads: HeadBudget::default(),
         }
     }
 }
@@ -288,6 +292,8 @@ pub(crate) struct ConnState {
     spread_at: f64,
     /// Streams the server reset that quiche's HTTP/3 layer still holds.
     resets: Resets,
+    /// Its request streams with data and no whole head yet.
+    heads: Heads,
 }
 
 impl FileServer {
@@ -313,6 +319,10 @@ const H3_NO_ERROR: u64 = 0x100;
 /// H3_REQUEST_CANCELLED (RFC 9114 8.1): the peer reset its request, or the server gave up
 /// on a parked response; the response goes too.
 const H3_REQUEST_CANCELLED: u64 = 0x10c;
+/// H3_EXCESSIVE_LOAD (RFC 9114 8.1): more unfinished request heads than a cap allows.
+const H3_EXCESSIVE_LOAD: u64 = 0x107;
+/// H3_REQUEST_INCOMPLETE (RFC 9114 8.1): a request head unfinished past its deadline.
+const H3_REQUEST_INCOMPLETE: u64 = 0x10d;
 /// H3_INTERNAL_ERROR (RFC 9114 8.1): the file failed under a response, or changed before a
 /// parked one could go on.
 const H3_INTERNAL_ERROR: u64 = 0x102;
@@ -340,6 +350,7 @@ impl App for FileServer {
                 (self.accepted as f64 * 0.618_033_988_749_895).fract()
             },
             resets: Resets::default(),
+            heads: Heads::default(),
         }
     }
 
@@ -365,6 +376,13 @@ impl App for FileServer {
         if st.stall_check.is_some_and(|t| t <= due) {
             self.park_or_reset_stalled(conn, st, now);
         }
+        if st.heads.deadline().is_some_and(|t| t <= due) {
+            // A request head unfinished for HEAD_DEADLINE: quiche holds what came of it.
+            self.site.count_heads_closed(false);
+            let _ = conn.close(true, H3_REQUEST_INCOMPLETE, b"request head unfinished");
+            st.closing = true;
+            return;
+        }
         if st.responses.is_empty() && st.last_active + self.bounds.idle <= due {
             self.site.count_idle_closed();
             let _ = conn.close(true, H3_NO_ERROR, b"idle");
@@ -384,10 +402,15 @@ impl App for FileServer {
         // with no stream readable (the turn of a PING or an acknowledgement) there is nothing
         // to poll, and `poll` would still look up the peer's three control streams.
         let mut fresh: Vec<u64> = Vec::new();
+        // Request streams with data this turn: those still without a head after the poll are
+        // unfinished heads (quiche holds their partial HEADERS frames).
+        let mut arrived: Vec<u64> = Vec::new();
         if conn.is_readable() {
+            arrived.extend(conn.readable().filter(|&sid| sid % 4 == 0));
             loop {
                 match h3.poll(conn) {
                     Ok((sid, quiche::h3::Event::Headers { list, .. })) => {
+                        self.heads_end(st, sid);
                         if st.requests.contains(&sid) {
                             // The request's trailers (RFC 9114 4.1): its response is made.
                             self.site.count_trailers();
@@ -416,8 +439,12 @@ impl App for FileServer {
                             }
                         }
                     }
-                    Ok((sid, quiche::h3::Event::Finished)) => st.requests.retain(|&s| s != sid),
+                    Ok((sid, quiche::h3::Event::Finished)) => {
+                        self.heads_end(st, sid);
+                        st.requests.retain(|&s| s != sid);
+                    }
                     Ok((sid, quiche::h3::Event::Reset(_))) => {
+                        self.heads_end(st, sid);
                         // The peer's side ended; ours ends too (a response still under way,
                         // or one quiche still holds).
                         st.requests.retain(|&s| s != sid);
@@ -431,6 +458,10 @@ impl App for FileServer {
                     }
                 }
             }
+        }
+        if !self.count_unfinished(conn, st, &arrived, now) {
+            st.h3 = Some(h3);
+            return;
         }
         // The new responses go as far as their streams take them; then the parked ones whose
         // streams quiche says are writable again. No other response is looked at.
@@ -481,7 +512,7 @@ impl App for FileServer {
         }
         let idle = st.responses.is_empty().then_some(st.last_active + self.bounds.idle);
         let goaway = if st.goaway == GoAway::None { self.goaway_from(st) } else { st.goaway.due() };
-        [st.stall_check, idle, goaway].into_iter().flatten().min()
+        [st.stall_check, idle, goaway, st.heads.deadline()].into_iter().flatten().min()
     }
 
     fn drain(&mut self, spread: Duration) {
@@ -499,12 +530,52 @@ impl App for FileServer {
         for (_, r) in state.responses.drain() {
             self.finish(state.peer, r, false);
         }
-        // Its reset streams went with it.
+        // Its reset streams went with it, and its unfinished heads.
         state.resets.forget_all(&self.site);
+        let n = self.heads.count();
+        self.heads.end_all(&mut state.heads, state.addr);
+        self.site.unfinished_heads(false, (n - self.heads.count()) as u64);
     }
 }
 
 impl FileServer {
+    /// Stream `sid`'s head arrived, or the stream ended: no longer an unfinished head.
+    fn heads_end(&self, st: &mut ConnState, sid: u64) {
+        if st.heads.has(sid) {
+            self.heads.end(&mut st.heads, st.addr, sid);
+            self.site.unfinished_heads(false, 1);
+        }
+    }
+
+    /// Counts the request streams of `arrived` (readable this turn) that still have no head
+    /// after the poll: data came and quiche holds it as a partial HEADERS frame. Over a cap
+    /// the connection is closed (H3_EXCESSIVE_LOAD); whether it goes on.
+    fn count_unfinished(
+        &mut self,
+        conn: &mut udpx_quic::Connection,
+        st: &mut ConnState,
+        arrived: &[u64],
+        now: Instant,
+    ) -> bool {
+        for &sid in arrived {
+            let headed = st.requests.contains(&sid) || st.responses.contains_key(&sid) || st.resets.has(sid);
+            if headed || st.heads.has(sid) || conn.stream_finished(sid) {
+                continue;
+            }
+            match self.heads.begin(&mut st.heads, st.addr, sid, now) {
+                Ok(()) => self.site.unfinished_heads(true, 1),
+                Err(over) => {
+                    log::debug!("udpx-h3: {}: unfinished request heads over the {over:?} cap: closed", conn.trace_id());
+                    self.site.count_heads_closed(true);
+                    let _ = conn.close(true, H3_EXCESSIVE_LOAD, b"too many unfinished request heads");
+                    st.closing = true;
+                    return false;
+                }
+            }
+        }
+        true
+    }
+
     /// The response to a request head: `early`, it came in 0-RTT; `conn_open` and `addr`, what
     /// its connection and address hold of the open-file bounds.
     fn respond(
@@ -659,6 +730,11 @@ impl Resets {
             self.0.push((sid, headers_sent));
             site.stream_resetting(true);
         }
+    }
+
+    /// Whether stream `sid` is listed.
+    fn has(&self, sid: u64) -> bool {
+        self.0.iter().any(|&(s, _)| s == sid)
     }
 
     /// Drops from quiche's HTTP/3 layer the listed streams the transport has forgotten (the

@@ -500,6 +500,21 @@ impl udpx_metrics::Source for MetricsSource {
                 h.streams_resetting,
             ),
             c("http_trailers", "Trailer sections on requests, read and ignored", h.trailers),
+            level(
+                "http_unfinished_heads",
+                "HTTP/3 request streams with data and no whole head yet (quiche holds the partial frame)",
+                h.unfinished_heads,
+            ),
+            c(
+                "http_heads_refused",
+                "HTTP/3 connections closed for unfinished request heads over a cap (connection, address, shard)",
+                h.heads_refused,
+            ),
+            c(
+                "http_heads_timed_out",
+                "HTTP/3 connections closed for a request head unfinished past its deadline",
+                h.heads_timed_out,
+            ),
             c(
                 "http_idle_closed",
                 "HTTP/3 connections closed after the idle timeout (no request, no response)",

@@ -230,3 +230,80 @@ fn an_idle_connection_is_closed_at_the_idle_timeout() {
     assert!(busy.conn.peer_error().is_none(), "the one that keeps asking was not");
     assert_eq!(c.idle_closed, 1, "counted once");
 }
+
+/// The third review's unfinished heads: quiche's HTTP/3 layer copies an unfinished HEADERS
+/// frame out of its stream and gives the credit back, so a peer that keeps sending pins up to
+/// 24 KiB a stream, whatever the windows. 400 connections from 20 addresses each open 16
+/// streams with a HEADERS frame declaring 20 KiB and send 16 KiB of it (100 MiB in all, were
+/// it held): the caps (16 a connection, 64 an address, 1,024 a shard) close the connections
+/// that go over them (H3_EXCESSIVE_LOAD), the gauge never passes 1,024, the process's RSS
+/// (server and these 400 clients) grows by less than 100 MiB (14-64 MiB in four runs; 199 MiB
+/// and 6,400 heads held with the caps lifted), and a fresh GET is answered meanwhile. Then one
+/// unfinished head on a fresh connection is closed at the head deadline (10 s,
+/// H3_REQUEST_INCOMPLETE) and the gauge returns to 0. Prints the RSS growth (the figure).
+#[test]
+fn unfinished_request_heads_are_bounded_and_time_out() {
+    let site = Site::new("heads");
+    let server = start(&site, |_| {});
+    let addr = server.local_addr();
+    let mut cfg = client_config(1 << 20);
+    let mut pinners: Vec<(Raw, Vec<usize>)> = Vec::new();
+    for a in 1..=20 {
+        for _ in 0..20 {
+            pinners.push((Raw::connect(&format!("127.0.1.{a}"), addr, &mut cfg), vec![0; 16]));
+        }
+    }
+    let rss0 = udpx_lab::netns::rss_bytes();
+    // Each stream: a HEADERS frame (type 0x01) declaring 20 KiB (under the server's limit),
+    // then 16 KiB of it, sent as the credit comes back.
+    let mut frame = vec![0x01, 0x80, 0x00, 0x50, 0x00];
+    frame.extend_from_slice(&vec![0x55u8; 16 << 10]);
+    let feed = |c: &mut Raw, sent: &mut [usize]| {
+        for (i, done) in sent.iter_mut().enumerate() {
+            if *done < frame.len() {
+                *done += c.conn.stream_send(i as u64 * 4, &frame[*done..], false).unwrap_or(0);
+            }
+        }
+        c.pump();
+    };
+    let (start_at, mut most) = (Instant::now(), 0);
+    while start_at.elapsed() < Duration::from_secs(4) {
+        for (c, sent) in &mut pinners {
+            feed(c, sent);
+        }
+        most = most.max(server.counters().http.unfinished_heads);
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let grown = udpx_lab::netns::rss_bytes().saturating_sub(rss0);
+    let fresh = fresh_get("127.0.0.1", addr, "/small");
+    let refused =
+        pinners.iter().filter(|(c, _)| c.conn.peer_error().is_some_and(|e| e.is_app && e.error_code == 0x107)).count();
+    println!(
+        "unfinished heads: RSS grew {} KiB; {refused} of 400 connections closed over a cap; at most {most} held",
+        grown >> 10
+    );
+    drop(pinners);
+
+    // One unfinished head, from an address of its own: closed at the deadline.
+    let mut slow = (Raw::connect("127.0.2.1", addr, &mut cfg), vec![0; 1]);
+    let closed = Instant::now();
+    while slow.0.conn.peer_error().is_none() && closed.elapsed() < Duration::from_secs(15) {
+        feed(&mut slow.0, &mut slow.1);
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // (Counted down once the connection is gone, after its draining period.)
+    let waited = Instant::now();
+    while server.counters().http.unfinished_heads > 0 && waited.elapsed() < Duration::from_secs(10) {
+        slow.0.pump();
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let after = server.counters().http;
+    server.stop().unwrap();
+    assert!(most <= 1024, "the shard's cap: {most}");
+    assert!(refused >= 300, "the connections over the caps were closed: {refused}");
+    assert!(grown < 100 << 20, "RSS grew {} MiB", grown >> 20);
+    assert_eq!(fresh, Some(200), "a fresh GET is answered during the attack");
+    assert_eq!(slow.0.conn.peer_error().map(|e| (e.is_app, e.error_code)), Some((true, 0x10d)), "{after:?}");
+    assert!(closed.elapsed() >= Duration::from_secs(9), "closed at the deadline, not before");
+    assert_eq!((after.heads_timed_out, after.unfinished_heads), (1, 0), "{after:?}");
+}
