@@ -74,8 +74,9 @@ pub struct ServeConfig {
     /// certificate and rules; its answers' `alt-svc` names the QUIC port: how a browser finds
     /// HTTP/3. `None` (the default): no TCP.
     pub alt_svc_tcp: Option<SocketAddr>,
-    /// The HTTPS-over-TCP listener's bounds (connections at once and per address, the
-    /// minimum rate, the idle timeout).
+    /// The HTTPS-over-TCP listener's bounds: connections at once and per address, the
+    /// minimum rate (its window, the park and idle timeouts are `stall_timeout`,
+    /// `park_timeout` and `idle_timeout`: one rule for both listeners).
     pub tcp_limits: crate::tcp::TcpLimits,
 }
 
@@ -273,7 +274,15 @@ pub fn serve(dir: &Path, cfg: &ServeConfig) -> Result<H3Server, Error> {
     // its certificate loaded between asking for the handover and taking it.
     let mut starting = Server::prepare(&cfg.quic, cfg.alt_svc_tcp.is_some()).map_err(Error::Quic)?;
     let tcp = match cfg.alt_svc_tcp {
-        Some(addr) => Some(tcp_listener(&mut starting, addr, &files, cfg.tcp_limits)?),
+        Some(addr) => {
+            let limits = crate::tcp::TcpLimits {
+                window: cfg.stall_timeout,
+                park: cfg.park_timeout,
+                idle: cfg.idle_timeout,
+                ..cfg.tcp_limits
+            };
+            Some(tcp_listener(&mut starting, addr, &files, limits)?)
+        }
         None => None,
     };
     let pass_on = starting.pass_on();

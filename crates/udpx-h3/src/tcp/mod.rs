@@ -12,13 +12,17 @@
 //!  std thread "udpx-h3-tcp": a current_thread tokio runtime
 //!    accept loop ── at most max_connections at once (a permit each; at the cap the idle-longest goes)
 //!      └─ per connection: TLS handshake (rustls, ALPN h2 / http/1.1, HANDSHAKE_TIMEOUT)
-//!           └─ hyper (HTTP/1.1 or HTTP/2 by ALPN) ── per request: Site::answer
+//!           ├─ ALPN h2: h2 itself (http2.rs) ── per stream: Site::answer, reads as its window allows
+//!           └─ else hyper (HTTP/1.1) ── per request: Site::answer
 //!                └─ body: CHUNK-sized reads on the blocking pool, one in flight
 //! ```
 //!
-//! - HTTP/1.1 and HTTP/2 by hyper (hyper-util's `auto` builder, told the protocol ALPN
-//!   chose), TLS by rustls on the `ring` provider, the certificate and key from the same PEM
-//!   files as the QUIC side.
+//! - HTTP/2 (ALPN `h2`) on the h2 crate directly ([`http2`]): each stream's response is read
+//!   only as its flow-control window allows, and a stream whose client stops reading is
+//!   parked (its file given back), resumed byte-exact, or reset alone at the park timeout; the
+//!   connection is never closed for one stream. HTTP/1.1 (and HTTP/2 by prior knowledge,
+//!   without ALPN) by hyper (hyper-util's `auto` builder). TLS by rustls on the `ring`
+//!   provider, the certificate and key from the same PEM files as the QUIC side.
 //! - A body is read from the file [`CHUNK`] bytes at a time on tokio's blocking pool (a disk
 //!   read must not stall the runtime's one thread), and the next read starts only when hyper
 //!   asks for more: HTTP/2 once the stream's send queue is below one chunk, HTTP/1.1 once
@@ -34,10 +38,10 @@
 //!   connection idle longest is closed to make room, GOAWAY first for HTTP/2, as nginx closes
 //!   idle keep-alive connections when it runs short; with every one busy, the new one is
 //!   closed, counted), at most `per_source` from one address (more are closed at once,
-//!   counted; below the cap, so no one address holds them all), and a minimum rate: a
-//!   connection with a response under way that takes fewer than `min_bytes` in a `window`
-//!   (a slow reader, or an HTTP/2 client that never opens its flow-control window) is closed,
-//!   counted, so slow readers cannot hold the permits and lock everyone out. A connection
+//!   counted; below the cap, so no one address holds them all), and a minimum rate: an
+//!   HTTP/1.1 connection with a response under way that takes fewer than `min_bytes` in a
+//!   `window` (a slow reader) is closed, counted, so slow readers cannot hold the permits and
+//!   lock everyone out; an HTTP/2 stream that does so is parked (see above). A connection
 //!   with no response under way and no new request for `idle` is closed too (counted
 //!   `idle_closed`; nginx's `keepalive_timeout` is 75 s): an HTTP/2 peer that only answers
 //!   PINGs cannot hold a permit for ever. IPv6 peers count by their /64 (one host's
@@ -79,6 +83,8 @@ use tokio::task::JoinHandle;
 use udpx_quic::host::DrainSignal;
 use udpx_quic::upgrade::PassOn;
 
+mod http2;
+
 use crate::http::CHUNK;
 use crate::http::{Answer, FileBody, LogEntry, RequestHead, Site};
 use crate::Error;
@@ -119,6 +125,9 @@ pub struct TcpLimits {
     /// A connection with no response under way and no new request for this long is closed
     /// (checked every `window`, so it may live up to one `window` longer).
     pub idle: Duration,
+    /// An HTTP/2 response parked this long (its client stopped reading) is reset
+    /// (RST_STREAM), its connection kept.
+    pub park: Duration,
 }
 
 impl Default for TcpLimits {
@@ -134,6 +143,7 @@ impl Default for TcpLimits {
             min_bytes: 16 * 1024,
             window: Duration::from_secs(20),
             idle: Duration::from_secs(60),
+            park: Duration::from_secs(300),
         }
     }
 }
@@ -504,6 +514,15 @@ async fn accept_loop(
                 }
             };
             let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
+            activity.touch();
+            activity.ready.store(true, Ordering::Release);
+            if h2 {
+                // HTTP/2 by ALPN: on h2 itself, each stream parked or reset alone.
+                counters.http2.fetch_add(1, Ordering::Relaxed);
+                let conn = http2::Conn { site, peer, activity, counters, limits, drain };
+                http2::serve(tls, conn).await;
+                return;
+            }
             let mut b = auto::Builder::new(TokioExecutor::new());
             // hyper's HTTP/1 write queue takes body chunks until it holds max_buf_size bytes
             // (400 KB by default): one chunk is enough to keep the socket busy.
@@ -525,18 +544,13 @@ async fn accept_loop(
                 Some(b"http/1.1") => b.http1_only(),
                 _ => b,
             };
-            if h2 {
-                counters.http2.fetch_add(1, Ordering::Relaxed);
-            }
             // Bodies under way (while any is, it must keep taking bytes) and requests (none
             // new and no body under way for `idle`, and it is closed); idle, it may be evicted.
-            activity.touch();
-            activity.ready.store(true, Ordering::Release);
             let on_req = activity.clone();
             let service = hyper::service::service_fn(move |req| {
                 on_req.requests.fetch_add(1, Ordering::Relaxed);
                 on_req.touch();
-                let resp = respond(&site, peer, &req, &on_req);
+                let resp = respond(&site, peer, req, &on_req);
                 async move { Ok::<_, Infallible>(resp) }
             });
             let conn = b.serve_connection(TokioIo::new(tls), service);
@@ -781,21 +795,23 @@ impl<T: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Metered<T> {
     }
 }
 
-/// One request through the shared rules.
-fn respond(
-    site: &Arc<Site>,
-    peer: SocketAddr,
-    req: &Request<Incoming>,
-    activity: &Arc<Activity>,
-) -> Response<FileStream> {
+/// A request's answer by the shared rules, as HTTP types: status, headers, the body (none
+/// for HEAD), and the record that reports the response when dropped.
+struct Answered {
+    status: StatusCode,
+    headers: hyper::HeaderMap,
+    body: Option<FileBody>,
+    log: Finish,
+}
+
+/// Answers the request head `head` (over `protocol`) from `peer` by [`Site::answer`].
+fn answer(site: &Arc<Site>, peer: SocketAddr, head: &hyper::http::request::Parts, protocol: &'static str) -> Answered {
     let start = Instant::now();
-    let protocol = if req.version() == Version::HTTP_2 { "h2" } else { "http/1.1" };
-    let path = req.uri().path_and_query().map_or("", |p| p.as_str());
-    let headers: Vec<(&[u8], &[u8])> =
-        req.headers().iter().map(|(n, v)| (n.as_str().as_bytes(), v.as_bytes())).collect();
-    let method = req.method().as_str();
+    let path = head.uri.path_and_query().map_or("", |p| p.as_str());
+    let fields: Vec<(&[u8], &[u8])> = head.headers.iter().map(|(n, v)| (n.as_str().as_bytes(), v.as_bytes())).collect();
+    let method = head.method.as_str();
     let Answer { status, headers: answer_headers, body } =
-        site.answer(&RequestHead { method: method.as_bytes(), path: path.as_bytes(), headers: &headers });
+        site.answer(&RequestHead { method: method.as_bytes(), path: path.as_bytes(), headers: &fields });
     // HEAD never sends a body, whatever the answer holds.
     let body = body.filter(|_| method != "HEAD");
     let log = Finish {
@@ -807,19 +823,34 @@ fn respond(
         start,
         protocol,
         bytes: 0,
-        complete: false,
+        complete: body.is_none(),
     };
-    let mut resp = Response::new(FileStream::new(body, log, activity.clone()));
-    *resp.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    let h = resp.headers_mut();
+    let mut headers = hyper::HeaderMap::new();
     for (name, value) in answer_headers {
         match (HeaderName::from_bytes(name.as_bytes()), HeaderValue::from_str(&value)) {
             (Ok(n), Ok(v)) => {
-                h.append(n, v);
+                headers.append(n, v);
             }
             _ => log::warn!("udpx-h3: header {name}: {value:?} is not valid HTTP; left out"),
         }
     }
+    let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    Answered { status, headers, body, log }
+}
+
+/// One request over hyper (HTTP/1.1, or HTTP/2 a peer chose without ALPN).
+fn respond(
+    site: &Arc<Site>,
+    peer: SocketAddr,
+    req: Request<Incoming>,
+    activity: &Arc<Activity>,
+) -> Response<FileStream> {
+    let protocol = if req.version() == Version::HTTP_2 { "h2" } else { "http/1.1" };
+    let (head, _) = req.into_parts();
+    let Answered { status, headers, body, log } = answer(site, peer, &head, protocol);
+    let mut resp = Response::new(FileStream::new(body, log, activity.clone()));
+    *resp.status_mut() = status;
+    *resp.headers_mut() = headers;
     resp
 }
 
@@ -848,15 +879,15 @@ impl Drop for FileStream {
 
 enum Reading {
     /// Between reads (`None`: no body, or it failed).
-    Idle(Option<File>),
+    Idle(Option<Held>),
     /// A chunk being read; the file comes back with it.
-    Busy(JoinHandle<(File, io::Result<Vec<u8>>)>),
+    Busy(JoinHandle<(Held, io::Result<Vec<u8>>)>),
 }
 
 impl FileStream {
     fn new(body: Option<FileBody>, mut log: Finish, activity: Arc<Activity>) -> FileStream {
         let (read, left) = match body {
-            Some(FileBody { file, len, .. }) => (Reading::Idle(Some(file)), len),
+            Some(FileBody { file, len, .. }) => (Reading::Idle(Some(Held::new(file, &log.site))), len),
             None => (Reading::Idle(None), 0),
         };
         log.complete = left == 0;
@@ -884,7 +915,7 @@ impl Body for FileStream {
                     let n = this.left.min(CHUNK as u64) as usize;
                     this.read = Reading::Busy(tokio::task::spawn_blocking(move || {
                         let mut buf = vec![0; n];
-                        let r = file.read_exact(&mut buf).map(|()| buf);
+                        let r = file.file.read_exact(&mut buf).map(|()| buf);
                         (file, r)
                     }));
                 }
@@ -921,6 +952,25 @@ impl Body for FileStream {
 
     fn size_hint(&self) -> SizeHint {
         SizeHint::with_exact(self.left)
+    }
+}
+
+/// A response's file, counted in the site's `open_files` while it is held.
+struct Held {
+    file: File,
+    site: Arc<Site>,
+}
+
+impl Held {
+    fn new(file: File, site: &Arc<Site>) -> Held {
+        site.file_opened();
+        Held { file, site: site.clone() }
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.site.file_closed();
     }
 }
 
