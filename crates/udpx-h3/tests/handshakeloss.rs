@@ -5,12 +5,29 @@
 //! Every download must arrive whole.
 //!
 //! The client runs as ngtcp2's own interop endpoint runs it in this case (the runner calls it
-//! `multiconnect` there): handshake and idle timeouts of 180 s ([`CLIENT_TIMEOUTS`]). At its
-//! defaults (a 10 s handshake timeout, a 333 ms initial RTT) it sends its Initial at 0, 1, 3
-//! and 7 s only, so 0.3^4 (1 in 123) of its handshakes fail before the server hears a word,
-//! and a handshake whose Initial first gets through at 7 s has the server's next 3 s of
-//! retransmissions, bounded by the 3x anti-amplification limit, to succeed in: about 1 in 25
-//! failed, whatever the server did (`UDPX_HANDSHAKELOSS_CLIENT_DEFAULTS=1` runs it so).
+//! `multiconnect` there): handshake and idle timeouts of 180 s ([`CLIENT_TIMEOUTS`]);
+//! `UDPX_HANDSHAKELOSS_CLIENT_DEFAULTS=1` runs it at its defaults instead (a 10 s handshake
+//! timeout, a 333 ms initial RTT). What fails there (issue 46 item 4, from server traces):
+//!
+//! - The client sends its Initial at 0, 1, 3 and 7 s only: 0.3^4 (1 in 123) of its handshakes
+//!   fail before the server hears a word, whatever the server does; a run of 50 then passes
+//!   whole at most 0.992^50 = 2 runs in 3, and five runs in a row 1 in 8.
+//! - quiche 0.30's probe timeout (PTO) resends the data of one packet number space only: when
+//!   it fires for the Initial space it resends the ServerHello alone (its second probe a
+//!   PING), not the Handshake flight, though the Initial datagram is padded to 1200 bytes
+//!   with room for it; the Handshake flight goes out at the next PTO, for the other space,
+//!   twice as late. RFC 9002 6.2.4 says a probe SHOULD carry the other spaces' in-flight data,
+//!   coalesced. Seen: the ServerHello reached the client at 5 s, the Handshake flight's next
+//!   copy left at 10 s, after the client gave up (seed 0x4a15d14f13daade7 attempt 42, seed
+//!   0x9beb615743d74555 attempt 48). At the 180 s timeouts the same shape ran into udpx's
+//!   30 s handshake deadline (seed 0x0ac1dbbbf859eb1f attempt 31).
+//! - The client's first RTT sample then comes from that late probe's acknowledgement of its
+//!   Initial (an ACK delay of 1 to 4 s, which RFC 9002 5.3 forbids it to subtract below
+//!   min_rtt): its RTT becomes seconds and its own probes seconds apart.
+//!
+//! `UDPX_LOSS_TRACE=1` writes the server's quiche trace and the relay's fate of each datagram
+//! to each attempt's `trace.log` (kept with a failed attempt, and with a pass slower than
+//! [`SLOW`]).
 //!
 //! The coins' seed is fresh each run and printed; `UDPX_LOSS_SEED=<seed>` plays a run's losses
 //! again, and with `UDPX_LOSS_ATTEMPT=<n>` only its attempt `n`. A failed attempt's client log
@@ -40,6 +57,8 @@ const ATTEMPT_DEADLINE: Duration = Duration::from_secs(200);
 /// `multiconnect`): a client that keeps sending its Initial (at 0, 1, 3, 7, 15, 31, 63 and
 /// 127 s) until one gets through (all eight lost: 0.3^8, 1 in 15,000).
 const CLIENT_TIMEOUTS: [&str; 2] = ["--handshake-timeout=180s", "--timeout=180s"];
+/// A traced pass slower than this is kept (`UDPX_LOSS_TRACE`).
+const SLOW: Duration = Duration::from_secs(3);
 /// The file: `small`, 1 KiB.
 const FILE: &str = "small";
 
@@ -70,6 +89,61 @@ fn attempt_seed(base: u64, i: u64) -> u64 {
     Coin(base ^ i.wrapping_mul(0xd6e8_feb8_6659_fd93)).next()
 }
 
+/// `UDPX_LOSS_TRACE=1`: the server's quiche trace (and udpx's debug lines) go to `trace.log`
+/// in each attempt's directory, kept with it when it fails. Lines start with the milliseconds
+/// since the attempt began.
+mod trace {
+    use std::io::Write;
+    use std::sync::Mutex;
+    use std::time::Instant;
+
+    static SINK: Mutex<Option<(Instant, std::io::BufWriter<std::fs::File>)>> = Mutex::new(None);
+
+    struct Sink;
+
+    impl log::Log for Sink {
+        fn enabled(&self, m: &log::Metadata) -> bool {
+            m.target().starts_with("quiche") || m.level() <= log::Level::Debug
+        }
+        fn log(&self, r: &log::Record) {
+            if !self.enabled(r.metadata()) {
+                return;
+            }
+            if let Some((t0, w)) = SINK.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
+                let _ = writeln!(w, "{:10.3} {} {}", t0.elapsed().as_secs_f64() * 1e3, r.target(), r.args());
+            }
+        }
+        fn flush(&self) {
+            if let Some((_, w)) = SINK.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
+                let _ = w.flush();
+            }
+        }
+    }
+
+    /// Whether tracing is on (`UDPX_LOSS_TRACE`); installs the logger once.
+    pub fn on() -> bool {
+        static INSTALLED: std::sync::Once = std::sync::Once::new();
+        let on = std::env::var_os("UDPX_LOSS_TRACE").is_some();
+        if on {
+            INSTALLED.call_once(|| {
+                if log::set_logger(&Sink).is_ok() {
+                    log::set_max_level(log::LevelFilter::Trace);
+                }
+            });
+        }
+        on
+    }
+
+    /// Sends what is logged from now on to `path` (`None`: nowhere), flushing the last file.
+    pub fn to(path: Option<&std::path::Path>) {
+        let mut g = SINK.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, w)) = g.as_mut() {
+            let _ = w.flush();
+        }
+        *g = path.and_then(|p| std::fs::File::create(p).ok()).map(|f| (Instant::now(), std::io::BufWriter::new(f)));
+    }
+}
+
 /// How an attempt ended.
 #[derive(Debug, PartialEq, Eq)]
 enum Outcome {
@@ -92,6 +166,9 @@ fn attempt(
     deadline: Duration,
     want: &[u8],
 ) -> (Outcome, Tally) {
+    if trace::on() {
+        trace::to(Some(&dir.join("trace.log")));
+    }
     let relay = Relay::start(server, PathSpec::handshakeloss(), seed).expect("relay starts");
     let port = relay.addr().port().to_string();
     // gtlsclient makes no directory for its qlog.
@@ -110,6 +187,8 @@ fn attempt(
         .stderr(log);
     let status = ChildGroup::spawn(&mut cmd).expect("spawn gtlsclient").wait_timeout(deadline).expect("wait");
     let tally = relay.stop().expect("relay ran");
+    // The server's last words on the connection (its drop, a timeout) are in by now or lost.
+    trace::to(None);
     let outcome = match status {
         None => Outcome::Hung,
         Some(s) if !s.success() => Outcome::Failed(s.to_string()),
@@ -137,13 +216,13 @@ fn keep(dir: &Path, i: u64) -> PathBuf {
     to
 }
 
-/// Not yet passing in every run (issue 46, item 4, under way): 50/50, 49/50 and 48/50 (the
-/// last at the client's default timeouts) in its first runs; the one failure at the interop
-/// timeouts was a handshake whose server probes carried PINGs, not its lost Handshake CRYPTO
-/// data, until udpx's 30 s deadline dropped it. Ignored until that is understood and fixed, so
-/// that the suite does not fail by chance: run it with `--ignored`.
+/// Not passing in every run (issue 46, item 4): at the client's defaults about 1 attempt in
+/// 50 fails, half of them because all four of the client's Initials were lost (which no
+/// server can help), half because quiche 0.30's probes split the server's flight (see the
+/// module docs); at the 180 s timeouts 1 in 100. Ignored so that the suite does not fail by
+/// chance: run it with `--ignored`.
 #[test]
-#[ignore = "issue 46 item 4: about 1 handshake in 100 still fails; run with --ignored"]
+#[ignore = "issue 46 item 4: 1 attempt in 50 to 100 fails (client floor, quiche 0.30 probes); run with --ignored"]
 fn gtlsclient_handshakes_through_30_percent_loss() {
     let Some(client) = common::ngtcp2("gtlsclient", "gtlsclient_handshakes_through_30_percent_loss") else { return };
     let base = base_seed();
@@ -185,6 +264,10 @@ fn gtlsclient_handshakes_through_30_percent_loss() {
         );
         if outcome == Outcome::Pass {
             passed += 1;
+            // Traced: a slow pass is kept too (its trace shows what the losses cost).
+            if trace::on() && t.elapsed() > SLOW {
+                println!("  slow: kept in {}", keep(dir.path(), i).display());
+            }
         } else {
             let kept = keep(dir.path(), i);
             let log = std::fs::read_to_string(kept.join("gtlsclient.log")).unwrap_or_default();

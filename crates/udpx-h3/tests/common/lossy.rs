@@ -105,16 +105,25 @@ pub struct Link {
     busy_until: Instant,
     in_flight: VecDeque<(Instant, Vec<u8>)>,
     pub tally: DirTally,
+    /// The tally's lost and tail-dropped counts before the last offer.
+    last: (u64, u64),
 }
 
 impl Link {
     pub fn new(seed: u64) -> Link {
-        Link { coin: Coin(seed), busy_until: Instant::now(), in_flight: VecDeque::new(), tally: DirTally::default() }
+        Link {
+            coin: Coin(seed),
+            busy_until: Instant::now(),
+            in_flight: VecDeque::new(),
+            tally: DirTally::default(),
+            last: (0, 0),
+        }
     }
 
     /// A datagram arrives at `now`: dropped, or queued for the link.
     pub fn offer(&mut self, spec: &PathSpec, now: Instant, datagram: &[u8]) {
         self.tally.offered += 1;
+        self.last = (self.tally.lost, self.tally.tail_dropped);
         if self.coin.lose(spec.loss_pct) {
             self.tally.lost += 1;
             return;
@@ -130,6 +139,16 @@ impl Link {
         }
         self.busy_until = start + spec.serialisation(wire);
         self.in_flight.push_back((self.busy_until + spec.delay, datagram.to_vec()));
+    }
+
+    /// What became of the datagram offered last (for a trace of the run).
+    pub fn fate(&self) -> &'static str {
+        let t = &self.tally;
+        match self.last {
+            (lost, _) if lost != t.lost => "LOST",
+            (_, tail) if tail != t.tail_dropped => "TAIL-DROPPED",
+            _ => "passed",
+        }
     }
 
     /// The next datagram due by `now`, if any.
@@ -222,6 +241,7 @@ fn run(front: UdpSocket, back: UdpSocket, spec: PathSpec, seed: u64, stop: &Atom
                     moved = true;
                     client = Some(from);
                     up.offer(&spec, Instant::now(), &buf[..n]);
+                    log::debug!("lossy: up {n} bytes {}", up.fate());
                 }
                 Err(e) if nothing(&e) => break,
                 Err(e) => return Err(e),
@@ -233,6 +253,7 @@ fn run(front: UdpSocket, back: UdpSocket, spec: PathSpec, seed: u64, stop: &Atom
                     moved = true;
                     if client.is_some() {
                         down.offer(&spec, Instant::now(), &buf[..n]);
+                        log::debug!("lossy: down {n} bytes {}", down.fate());
                     } else {
                         strays += 1;
                     }
