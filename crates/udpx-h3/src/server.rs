@@ -156,9 +156,12 @@ pub const DEFAULT_MAX_UDP_PAYLOAD: usize = 1452;
 
 /// Responses with an open file one shard holds at most, by default.
 pub const DEFAULT_MAX_OPEN_PER_SHARD: usize = 4096;
-/// Of them, what the connections of one address may hold, by default: a quarter, so that at
-/// least four clients share a shard's files whatever one of them does.
-pub const DEFAULT_MAX_OPEN_PER_ADDR: usize = DEFAULT_MAX_OPEN_PER_SHARD / 4;
+/// Of them, what the connections of one address may hold, by default: a sixteenth (256: a
+/// household or a small NAT of players, each with a response or two under way), so that a
+/// few addresses cannot hold a shard's files (with a quarter, four could: the third review).
+/// A response that takes less than 16 KiB in the stall window gives its file back (parked), so
+/// holding one costs a client at least 800 B/s of download.
+pub const DEFAULT_MAX_OPEN_PER_ADDR: usize = DEFAULT_MAX_OPEN_PER_SHARD / 16;
 /// The window in which a response must take [`MIN_PROGRESS`] bytes, by default: the TCP
 /// listener's ([`crate::tcp::TcpLimits`]).
 pub const DEFAULT_STALL_TIMEOUT: Duration = Duration::from_secs(20);
@@ -563,5 +566,23 @@ impl udpx_metrics::Source for MetricsSource {
             ]);
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The third review: at the defaults no fewer than 16 addresses (IPv6: /64s) can hold a
+    /// shard's open files (with a quarter each, four could).
+    #[test]
+    fn a_few_addresses_cannot_hold_a_shards_files_by_default() {
+        let c = ServeConfig::new("127.0.0.1:443".parse().unwrap());
+        assert!(
+            c.max_open_per_addr * 16 <= c.max_open_per_shard,
+            "{} of {}",
+            c.max_open_per_addr,
+            c.max_open_per_shard
+        );
     }
 }

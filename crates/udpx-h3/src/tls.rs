@@ -46,8 +46,14 @@ pub const CONNECTION_WINDOW: u64 = 64 << 10;
 /// PEM files to load, and a directory to remove once they are loaded.
 #[derive(Debug)]
 pub(crate) struct PemFiles {
+    /// Where every configuration loads them from: a private copy made by one read of each
+    /// given file (so every shard, and the TCP listener, get the same bytes even while the
+    /// files are being replaced), or the generated ones.
     pub cert: PathBuf,
     pub key: PathBuf,
+    /// What to call them in messages: the files given.
+    pub cert_name: PathBuf,
+    pub key_name: PathBuf,
     pub temp_dir: Option<PathBuf>,
 }
 
@@ -59,24 +65,35 @@ impl Drop for PemFiles {
     }
 }
 
-/// The files of `tls`, checked to exist, or the generated ones. Prints nothing; the caller
-/// says that it generated one.
+/// The files of `tls`, each read once into a private copy, or the generated ones. Prints
+/// nothing; the caller says that it generated one.
 pub(crate) fn pem_files(tls: &Tls) -> Result<PemFiles, Error> {
     match tls {
         Tls::Files { cert, key } => {
-            for (what, p) in [("certificate", cert), ("key", key)] {
-                if let Err(e) = std::fs::metadata(p) {
-                    return Err(Error::Usage(format!("{what} file {}: {e}", p.display())));
-                }
-            }
-            Ok(PemFiles { cert: cert.clone(), key: key.clone(), temp_dir: None })
+            let read = |what: &str, p: &Path| {
+                std::fs::read(p).map_err(|e| Error::Usage(format!("{what} file {}: {e}", p.display())))
+            };
+            let (cert_pem, key_pem) = (read("certificate", cert)?, read("key", key)?);
+            let dir = private_temp_dir()?;
+            let files = PemFiles {
+                cert: dir.join("cert.pem"),
+                key: dir.join("key.pem"),
+                cert_name: cert.clone(),
+                key_name: key.clone(),
+                temp_dir: Some(dir),
+            };
+            std::fs::write(&files.cert, cert_pem).map_err(Error::Io)?;
+            std::fs::write(&files.key, key_pem).map_err(Error::Io)?;
+            Ok(files)
         }
         Tls::SelfSigned => {
             let names = vec!["localhost".to_string(), "127.0.0.1".to_string(), "::1".to_string()];
             let ck = rcgen::generate_simple_self_signed(names)
                 .map_err(|e| Error::Tls(format!("generating a self-signed certificate: {e}")))?;
             let dir = private_temp_dir()?;
-            let files = PemFiles { cert: dir.join("cert.pem"), key: dir.join("key.pem"), temp_dir: Some(dir) };
+            let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
+            let files =
+                PemFiles { cert: cert.clone(), key: key.clone(), cert_name: cert, key_name: key, temp_dir: Some(dir) };
             std::fs::write(&files.cert, ck.cert.pem()).map_err(Error::Io)?;
             std::fs::write(&files.key, ck.key_pair.serialize_pem()).map_err(Error::Io)?;
             Ok(files)
@@ -121,10 +138,10 @@ fn common(c: &mut quiche::Config, max_udp_payload: usize, windows: (u64, u64)) -
 pub(crate) fn server_config(files: &PemFiles, max_udp_payload: usize) -> Result<quiche::Config, Error> {
     let mut c = quiche::Config::new(quiche::PROTOCOL_VERSION).map_err(|e| Error::Tls(e.to_string()))?;
     c.load_cert_chain_from_pem_file(&path_str(&files.cert)?).map_err(|e| {
-        Error::Usage(format!("certificate {}: not a PEM certificate chain ({e})", files.cert.display()))
+        Error::Usage(format!("certificate {}: not a PEM certificate chain ({e})", files.cert_name.display()))
     })?;
     c.load_priv_key_from_pem_file(&path_str(&files.key)?).map_err(|e| {
-        Error::Usage(format!("key {}: not a PEM private key for the certificate ({e})", files.key.display()))
+        Error::Usage(format!("key {}: not a PEM private key for the certificate ({e})", files.key_name.display()))
     })?;
     common(&mut c, max_udp_payload, (CONNECTION_WINDOW, REQUEST_WINDOW)).map_err(|e| Error::Tls(e.to_string()))?;
     // quiche's autotuning grows a window that is used up quickly (up to 24 MiB and 16 MiB by

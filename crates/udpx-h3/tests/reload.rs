@@ -120,3 +120,48 @@ fn the_access_log_reopens_after_it_was_moved() {
     assert!(second.contains("\"/small\" 200"), "{second}");
     server.stop().expect("stop");
 }
+
+/// The third review: a reload reads each file once for every shard (and the TCP listener),
+/// so shards cannot disagree when the file changes under them. The certificate is a FIFO that
+/// gives its bytes to exactly one reader: the reload of four shards succeeds and every shard
+/// serves the new certificate. (Before, each shard opened the file again: the second one
+/// waited for a writer that never came.)
+#[test]
+fn a_reload_reads_each_file_once_for_every_shard() {
+    let site = Site::new("reload-once");
+    let dir = site.tmp.path().to_path_buf();
+    write_cert(&dir);
+    let mut cfg = ServeConfig::new("127.0.0.1:0".parse().unwrap());
+    cfg.quic.shards = 4;
+    let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
+    cfg.tls = Tls::Files { cert: cert.clone(), key: key.clone() };
+    let server = serve(&site.root, &cfg).expect("server starts");
+
+    let next = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
+    std::fs::write(&key, next.key_pair.serialize_pem()).unwrap();
+    std::fs::remove_file(&cert).unwrap();
+    nix::unistd::mkfifo(&cert, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    let pem = next.cert.pem();
+    let fifo = cert.clone();
+    // One writer: the first reader gets the certificate, and a second would wait for ever.
+    let writer = std::thread::spawn(move || std::fs::write(&fifo, pem).unwrap());
+    let reload = {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let server = std::sync::Arc::new(server);
+        let s = server.clone();
+        std::thread::spawn(move || tx.send(s.reload_tls().map_err(|e| e.to_string())).unwrap());
+        let r = rx.recv_timeout(Duration::from_secs(10));
+        if r.is_err() {
+            // Release the reader that waits, so the test ends.
+            let _ = std::fs::write(&cert, b"");
+        }
+        (r, server)
+    };
+    let (result, server) = reload;
+    writer.join().unwrap();
+    assert!(matches!(result, Ok(Ok(()))), "the reload of four shards read the FIFO once: {result:?}");
+    assert_eq!(reloaded(&server, 4), 4);
+    for _ in 0..8 {
+        assert_eq!(served_cert(&server), next.cert.der().to_vec(), "every shard serves the new certificate");
+    }
+}
