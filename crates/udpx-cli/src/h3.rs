@@ -958,15 +958,15 @@ fn serve(a: ServeArgs) -> ExitCode {
         Some("off") => None,
         // A server on an ephemeral port cannot be found again by the same arguments.
         None if a.listen.port() == 0 => None,
-        given => Some(udpx_quic::upgrade::Handover {
-            path: given.map(std::path::PathBuf::from).unwrap_or_else(|| {
+        given => Some(udpx_quic::upgrade::Handover::new(
+            given.map(std::path::PathBuf::from).unwrap_or_else(|| {
                 let euid = nix::unistd::geteuid().as_raw();
                 let runtime = std::env::var_os("XDG_RUNTIME_DIR").map(std::path::PathBuf::from);
                 udpx_quic::upgrade::Handover::default_path(a.listen, euid, runtime.as_deref())
             }),
-            take_over: a.upgrade,
-            drain_timeout: Duration::from_secs(a.drain_timeout),
-        }),
+            a.upgrade,
+            Duration::from_secs(a.drain_timeout),
+        )),
     };
     if a.upgrade && a.listen.port() == 0 {
         return usage("--upgrade with port 0: give the running server's port");

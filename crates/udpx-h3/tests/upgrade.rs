@@ -34,7 +34,7 @@ fn capable(test: &str) -> bool {
 fn config(listen: SocketAddr, path: &Path, take_over: bool) -> ServeConfig {
     let mut cfg = ServeConfig::new(listen);
     cfg.quic.shards = 2;
-    cfg.quic.handover = Some(Handover { path: path.to_path_buf(), take_over, drain_timeout: Duration::from_secs(60) });
+    cfg.quic.handover = Some(Handover::new(path.to_path_buf(), take_over, Duration::from_secs(60)));
     cfg
 }
 
@@ -354,6 +354,52 @@ fn an_upgrade_that_cannot_take_the_https_listener_is_refused_before_it_takes_ove
     });
     let k = old.stop().expect("old stops");
     assert_eq!((k.quic.connections, k.tcp.map(|t| t.connections)), (1, Some(1)));
+}
+
+/// The third review: a successor slower than the old server's wait took new connections over
+/// after the old one had given up and published itself again, leaving two generations
+/// serving. Now the old one must say "go" within its wait: a successor (played by hand here,
+/// protocol 2) that says "ready" after it gets no "go" and takes nothing over; the old one
+/// serves on, and a real upgrade afterwards still finds it at the same path.
+#[test]
+fn a_successor_slower_than_the_wait_takes_nothing_over() {
+    if !capable("a_successor_slower_than_the_wait_takes_nothing_over") {
+        return;
+    }
+    use std::io::{Read, Write};
+    let site = Site::new("upgrade-slow");
+    let sock = site.tmp.path().join("handover.sock");
+    let mut cfg = config("127.0.0.1:0".parse().unwrap(), &sock, false);
+    cfg.quic.handover.as_mut().unwrap().exchange_timeout = Duration::from_secs(1);
+    let old = serve(&site.root, &cfg).expect("old starts");
+    let addr = old.local_addr();
+
+    let mut s = std::os::unix::net::UnixStream::connect(&sock).unwrap();
+    s.write_all(b"udpx-upgrade 2\n").unwrap();
+    let mut buf = [0u8; 512];
+    let (n, fds) = udpx::generations::recv_fds(&s, &mut buf).unwrap();
+    assert!(n > 0 && buf[0] == b'G' && fds.len() == 4, "an offer: {n} bytes, {} descriptors", fds.len());
+    std::thread::sleep(Duration::from_millis(1500)); // past the old server's wait
+    let _ = s.write_all(b"ready\n");
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut go = [0u8; 3];
+    let heard = s.read(&mut go);
+    assert!(!matches!(heard, Ok(n) if n > 0), "no go after the wait: {heard:?} {go:?}");
+    drop((s, fds));
+    assert!(!old.quic().handed_over());
+    assert_eq!(common::raw::fresh_get("127.0.0.1", addr, "/small"), Some(200), "the old server serves on");
+
+    // A real upgrade afterwards: the path is still the old server's.
+    let mut cfg = config(addr, &sock, true);
+    cfg.quic.handover.as_mut().unwrap().exchange_timeout = Duration::from_secs(1);
+    let new = serve(&site.root, &cfg).expect("the upgrade starts");
+    assert_eq!(new.quic().generation(), 1);
+    assert!(wait(Duration::from_secs(5), || old.quic().handed_over()));
+    assert!(wait(Duration::from_secs(30), || old.finished()), "the old server drains");
+    let k = old.stop().expect("old stops");
+    assert_eq!(k.quic.connections, 1, "{:?}", k.quic);
+    assert_eq!(common::raw::fresh_get("127.0.0.1", addr, "/small"), Some(200));
+    new.stop().expect("new stops");
 }
 
 /// The third review's reset oracle during an upgrade. Both generations share the service's

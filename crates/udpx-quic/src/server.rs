@@ -188,7 +188,7 @@ impl Server {
         let (offer, gens) = match &cfg.handover {
             None => (None, None),
             Some(h) if h.take_over => {
-                let (offer, gens) = crate::upgrade::ask(&h.path, listeners)?;
+                let (offer, gens) = crate::upgrade::ask(&h.path, listeners, h.exchange_timeout)?;
                 let next = offer.generation.wrapping_add(1);
                 (Some(offer), Some((gens, next)))
             }
@@ -303,30 +303,37 @@ impl Starting {
                 .map_err(Error::Io)?;
             threads.push(t);
         }
-        let upgrades = match (gens, &cfg.handover) {
+        let mut server =
+            Server { local, stop, drain, swaps, threads, counters, shards, generation, upgrades: Upgrades::Off };
+        // On an error below, `server` is dropped: its loops stop and are joined.
+        server.upgrades = match (gens, &cfg.handover) {
             (Some(gens), Some(h)) => {
-                // The handover socket first: what can fail fails before anything is taken over.
-                let (signal, timeout) = (drain.clone(), h.drain_timeout);
+                // The handover socket first (bound beside the path, not yet over it): what can
+                // fail fails before anything is taken over.
+                let (signal, timeout) = (server.drain.clone(), h.drain_timeout);
                 let on_taken = Box::new(move || signal.hand_over(timeout, crate::upgrade::ADMIT_GRACE));
-                let l = crate::upgrade::listen(
-                    &h.path,
-                    gens.clone(),
+                let serving = crate::upgrade::Serving {
+                    gens: gens.clone(),
                     generation,
-                    cfg.shards as u16,
+                    workers: cfg.shards as u16,
                     keys,
                     pass_on,
-                    on_taken,
-                )?;
-                // New connections come here from now on; the predecessor (if any) drains.
-                gens.publish(generation, cfg.shards as u16).map_err(Error::Socket)?;
-                if let Some(o) = offer {
-                    o.confirm()?;
+                };
+                let mut l = crate::upgrade::listen(&h.path, serving, h.exchange_timeout, on_taken)?;
+                match offer {
+                    // The predecessor commits first ("go"), then new connections come here, then
+                    // it is told and drains; if it does not confirm, it is published again
+                    // (only one generation ever takes new connections).
+                    Some(o) => o.take_over(&gens, generation, cfg.shards as u16)?,
+                    None => gens.publish(generation, cfg.shards as u16).map_err(Error::Socket)?,
                 }
+                // Only now is the path this server's: a failed upgrade leaves it the old one's.
+                l.take_path()?;
                 Upgrades::Listening(l)
             }
             _ => unavailable.map_or(Upgrades::Off, Upgrades::Unavailable),
         };
-        Ok(Server { local, stop, drain, swaps, threads, counters, shards, generation, upgrades })
+        Ok(server)
     }
 }
 

@@ -14,15 +14,30 @@
 //! ICMP error.
 //!
 //! ```text
-//!  new ──connect──► old          "udpx-upgrade 2"   (1: a successor that takes no listener)
+//!  new ──connect──► old          "udpx-upgrade 2"
 //!      ◄──────────────           generation g, workers, keys, n  + 4 + n descriptors (SCM_RIGHTS)
-//!      bind g+1, publish g+1     (the n: listening sockets passed on, its HTTPS-over-TCP one)
-//!      ───────────────►          "taken"  → old drains
+//!      bind g+1                  (the n: listening sockets passed on, its HTTPS-over-TCP one)
+//!      ───────────────►          "ready"
+//!      ◄──────────────           "go"     (the old one commits: it no longer times out alone)
+//!      publish g+1
+//!      ───────────────►          "taken"
+//!      ◄──────────────           "ok"     → old drains
 //!      rename its own socket over the path
 //! ```
 //!
-//! If the new process fails before "taken" (or the exchange times out), the old one publishes
-//! itself again and carries on as if nothing happened.
+//! Exactly one generation takes new connections whatever fails. The old one answers "go" only
+//! within its wait (`exchange_timeout`, 10 s): a successor slower than that finds the
+//! exchange closed and never publishes. If anything fails after "go" (the successor dies, or
+//! its "taken" does not come in time), the old one publishes itself again and serves on as if
+//! nothing happened; a successor that gets no "ok" publishes the old generation again itself
+//! before it gives up. The successor's handover socket is bound beside the path and renamed
+//! over it only once it took over, so a failed upgrade leaves the path the old server's. Not
+//! covered: a successor that dies after "ok" (the old one drains; nobody takes new
+//! connections until a new server starts).
+//!
+//! Protocol 1 (an older udpx, on either side): no listeners, no "ready"/"go"/"ok". A successor
+//! of this version that finds a protocol-1 server (it closes on the protocol-2 hello) asks
+//! again in protocol 1, unless it has listeners to take.
 //!
 //! **Listening sockets passed on** ([`PassOn`]): a server may hand a listening socket of its
 //! own over with the UDP steering (the HTTPS-over-TCP listener of `udpx h3 serve`): the very
@@ -48,16 +63,24 @@ use udpx::generations::{recv_fds, send_fds, Generations};
 use crate::token::{ServiceKeys, HANDOVER_LEN};
 use crate::Error;
 
-/// What a new process says first: protocol 1 (the UDP steering and the keys) ...
+/// What a new process says first: protocol 1 (the UDP steering and the keys, "taken") ...
 const HELLO_1: &[u8] = b"udpx-upgrade 1\n";
-/// ... or 2 (and the listening sockets the old one passes on).
+/// ... or 2 ("ready", "go", "taken", "ok"), taking no listening socket ...
 const HELLO_2: &[u8] = b"udpx-upgrade 2\n";
+/// ... or taking the listening sockets the old one passes on.
+const HELLO_2L: &[u8] = b"udpx-upgrade 2L";
 /// Listening sockets one handover carries at most.
 pub const MAX_PASSED: usize = 4;
 /// What it says once it took new connections over.
 const TAKEN: &[u8] = b"taken\n";
-/// How long either side waits for the other during a handover.
-const EXCHANGE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Protocol 2: the successor is bound and asks to go ...
+const READY: &[u8] = b"ready\n";
+/// ... the old one commits ...
+const GO: &[u8] = b"go\n";
+/// ... and acknowledges the takeover.
+const OK: &[u8] = b"ok\n";
+/// How long either side waits for the other during a handover, by default.
+pub const EXCHANGE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long an old process still admits the Initials that reach it after a handover (the
 /// steering sends it only continuations of its own handshakes: retransmitted Initials, the
 /// answer to a Retry it sent).
@@ -73,6 +96,16 @@ pub struct Handover {
     pub take_over: bool,
     /// How long this server drains once a successor took over.
     pub drain_timeout: Duration,
+    /// How long either side of a handover waits for the other ([`EXCHANGE_TIMEOUT`]).
+    pub exchange_timeout: Duration,
+}
+
+impl Handover {
+    /// A handover at `path` (`take_over`: start as the upgrade of the server there), draining
+    /// for `drain_timeout` once taken over, the default exchange timeout.
+    pub fn new(path: PathBuf, take_over: bool, drain_timeout: Duration) -> Handover {
+        Handover { path, take_over, drain_timeout, exchange_timeout: EXCHANGE_TIMEOUT }
+    }
 }
 
 impl Handover {
@@ -127,13 +160,46 @@ pub(crate) struct Offer {
     pub keys: ServiceKeys,
     /// The listening sockets it passed on (protocol 2).
     pub passed: Vec<OwnedFd>,
+    /// Its workers (to publish it again if the takeover fails after it committed).
+    workers: u16,
+    /// Protocol 2 ("ready", "go", "ok"); 1: "taken" alone.
+    protocol2: bool,
     stream: UnixStream,
 }
 
 impl Offer {
-    /// Tells the old process that new connections now come here.
-    pub(crate) fn confirm(mut self) -> Result<(), Error> {
-        self.stream.write_all(TAKEN).map_err(|e| handover_err("tell the old server it was taken over", e))
+    /// Takes new connections over for `generation` (`workers` shards): the old process
+    /// commits, `generation` is published, the old one is told and acknowledges. On a failure
+    /// after the publish the old generation is published again: one generation takes new
+    /// connections either way.
+    pub(crate) fn take_over(mut self, gens: &Generations, generation: u8, workers: u16) -> Result<(), Error> {
+        let mut said = [0u8; 6];
+        if self.protocol2 {
+            self.stream.write_all(READY).map_err(|e| handover_err("say ready", e))?;
+            let go = self.stream.read_exact(&mut said[..GO.len()]);
+            if go.is_err() || &said[..GO.len()] != GO {
+                return Err(Error::Config(
+                    "upgrade: the running server gave up waiting for this one (it serves on, nothing was taken \
+                     over); start the upgrade again"
+                        .into(),
+                ));
+            }
+        }
+        gens.publish(generation, workers).map_err(Error::Socket)?;
+        let acked = self.stream.write_all(TAKEN).and_then(|()| {
+            if self.protocol2 {
+                self.stream.read_exact(&mut said[..OK.len()])?;
+                if &said[..OK.len()] != OK {
+                    return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, "not an acknowledgement"));
+                }
+            }
+            Ok(())
+        });
+        acked.map_err(|e| {
+            // The old one may have given up and published itself: make sure it serves.
+            let _ = gens.publish(self.generation, self.workers);
+            handover_err("hear the old server take note of the takeover (it serves on)", e)
+        })
     }
 }
 
@@ -177,54 +243,91 @@ fn check_handover_dir(dir: &Path, euid: u32) -> Result<(), Error> {
     }
 }
 
-/// Asks the server at `path` to hand over (the new process's side); `listeners`: whether
-/// this process takes listening sockets over (protocol 2) or not (protocol 1).
-pub(crate) fn ask(path: &Path, listeners: bool) -> Result<(Offer, Generations), Error> {
-    if let Some(dir) = path.parent().filter(|d| d.exists()) {
-        check_handover_dir(dir, nix::unistd::geteuid().as_raw())?;
-    }
-    let mut stream = UnixStream::connect(path).map_err(|e| {
-        Error::Config(format!(
-            "upgrade: no server to take over at {}: {e}; start without --upgrade, or give the running \
-             server's --upgrade-socket",
+/// Asks the server at `path` to hand over (the new process's side), waiting `timeout` for
+/// each answer; `listeners`: whether this process takes listening sockets over. Speaks
+/// protocol 2, and protocol 1 to a server that closes on it when it takes no listeners.
+pub(crate) fn ask(path: &Path, listeners: bool, timeout: Duration) -> Result<(Offer, Generations), Error> {
+    match ask_in(path, listeners, timeout, true) {
+        Err(Unanswered) if !listeners => ask_in(path, false, timeout, false).unwrap_or_else(|Unanswered| {
+            Err(Error::Config(format!("upgrade: the server at {} closed the handover unanswered", path.display())))
+        }),
+        Err(Unanswered) => Err(Error::Config(format!(
+            "upgrade: the server at {} closed the handover unanswered: an older udpx (upgrade protocol 1) \
+             cannot pass its HTTPS-over-TCP listener on; stop it and start this one without --upgrade, or \
+             upgrade without --alt-svc-tcp",
             path.display()
-        ))
-    })?;
-    stream.set_read_timeout(Some(EXCHANGE_TIMEOUT)).map_err(Error::Io)?;
-    stream.write_all(if listeners { HELLO_2 } else { HELLO_1 }).map_err(|e| handover_err("say hello", e))?;
-    let mut buf = [0u8; 5 + HANDOVER_LEN + 512];
-    let (n, fds) = recv_fds(&stream, &mut buf).map_err(|e| handover_err("receive the handover", e))?;
+        ))),
+        Ok(r) => r,
+    }
+}
+
+/// A server that closed on the hello without a word.
+struct Unanswered;
+
+fn ask_in(
+    path: &Path,
+    listeners: bool,
+    timeout: Duration,
+    protocol2: bool,
+) -> Result<Result<(Offer, Generations), Error>, Unanswered> {
+    let r = (|| {
+        if let Some(dir) = path.parent().filter(|d| d.exists()) {
+            check_handover_dir(dir, nix::unistd::geteuid().as_raw())?;
+        }
+        let mut stream = UnixStream::connect(path).map_err(|e| {
+            Error::Config(format!(
+                "upgrade: no server to take over at {}: {e}; start without --upgrade, or give the running \
+                 server's --upgrade-socket",
+                path.display()
+            ))
+        })?;
+        stream.set_read_timeout(Some(timeout)).map_err(Error::Io)?;
+        stream.set_write_timeout(Some(timeout)).map_err(Error::Io)?;
+        let hello = match (protocol2, listeners) {
+            (false, _) => HELLO_1,
+            (true, false) => HELLO_2,
+            (true, true) => HELLO_2L,
+        };
+        stream.write_all(hello).map_err(|e| handover_err("say hello", e))?;
+        let mut buf = [0u8; 5 + HANDOVER_LEN + 512];
+        let (n, fds) = recv_fds(&stream, &mut buf).map_err(|e| handover_err("receive the handover", e))?;
+        Ok((stream, buf, n, fds))
+    })();
+    let (stream, buf, n, mut fds) = match r {
+        Ok(x) => x,
+        Err(e) => return Ok(Err(e)),
+    };
     let at = path.display();
+    if n == 0 && protocol2 {
+        return Err(Unanswered);
+    }
     if n > 0 && buf[0] == b'R' {
         let why = String::from_utf8_lossy(&buf[1..n]);
-        return Err(Error::Config(format!("upgrade: the server at {at} refused: {why}")));
+        return Ok(Err(Error::Config(format!("upgrade: the server at {at} refused: {why}"))));
     }
-    if n == 0 && listeners {
-        return Err(Error::Config(format!(
-            "upgrade: the server at {at} closed the handover unanswered: an older udpx (upgrade protocol 1) \
-             cannot pass its HTTPS-over-TCP listener on; stop it and start this one without --upgrade, or \
-             upgrade without --alt-svc-tcp"
-        )));
-    }
-    let want = if listeners { 5 + HANDOVER_LEN } else { 4 + HANDOVER_LEN };
+    let want = if protocol2 { 5 + HANDOVER_LEN } else { 4 + HANDOVER_LEN };
     if n != want || buf[0] != b'G' {
-        return Err(Error::Config(format!(
+        return Ok(Err(Error::Config(format!(
             "upgrade: the server at {at} answered {n} bytes, not a handover (another udpx version?)"
-        )));
+        ))));
     }
-    let keys = ServiceKeys::from_handover(&buf[4..4 + HANDOVER_LEN])
-        .ok_or_else(|| Error::Config("upgrade: the handover's keys do not parse".into()))?;
-    let passed_n = if listeners { usize::from(buf[4 + HANDOVER_LEN]) } else { 0 };
-    if passed_n > MAX_PASSED || fds.len() != 4 + passed_n {
-        return Err(Error::Config(format!(
+    let Some(keys) = ServiceKeys::from_handover(&buf[4..4 + HANDOVER_LEN]) else {
+        return Ok(Err(Error::Config("upgrade: the handover's keys do not parse".into())));
+    };
+    let passed_n = if protocol2 { usize::from(buf[4 + HANDOVER_LEN]) } else { 0 };
+    if passed_n > MAX_PASSED || fds.len() != 4 + passed_n || (passed_n > 0 && !listeners) {
+        return Ok(Err(Error::Config(format!(
             "upgrade: the handover carries {} descriptors for {passed_n} listening sockets",
             fds.len()
-        )));
+        ))));
     }
-    let mut fds = fds;
     let passed = fds.split_off(4);
-    let gens = Generations::from_fds(fds).map_err(Error::Socket)?;
-    Ok((Offer { generation: buf[1], keys, passed, stream }, gens))
+    let gens = match Generations::from_fds(fds) {
+        Ok(g) => g,
+        Err(e) => return Ok(Err(Error::Socket(e))),
+    };
+    let workers = u16::from_le_bytes([buf[2], buf[3]]);
+    Ok(Ok((Offer { generation: buf[1], keys, passed, workers, protocol2, stream }, gens)))
 }
 
 /// The old process's side: answers upgrades at its handover socket until one takes over.
@@ -233,6 +336,8 @@ pub(crate) struct Listening {
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
     path: PathBuf,
+    /// Where the socket is bound until [`Listening::take_path`] puts it at `path`.
+    tmp: Option<PathBuf>,
     ino: u64,
     taken: Arc<AtomicBool>,
 }
@@ -242,11 +347,8 @@ pub(crate) struct Listening {
 /// when a successor confirmed.
 pub(crate) fn listen(
     path: &Path,
-    gens: Arc<Generations>,
-    generation: u8,
-    workers: u16,
-    keys: ServiceKeys,
-    pass_on: PassOn,
+    serving: Serving,
+    timeout: Duration,
     on_taken: Box<dyn Fn() + Send>,
 ) -> Result<Listening, Error> {
     if let Some(dir) = path.parent() {
@@ -261,23 +363,21 @@ pub(crate) fn listen(
     let bound = UnixListener::bind(&tmp);
     nix::sys::stat::umask(before);
     let listener = bound.map_err(|e| handover_err(&format!("bind {}", tmp.display()), e))?;
-    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600))
-        .and_then(|()| std::fs::rename(&tmp, path))
-        .map_err(|e| {
+    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600)).map_err(|e| {
         let _ = std::fs::remove_file(&tmp);
-        handover_err(&format!("put the handover socket at {}", path.display()), e)
+        handover_err(&format!("make {} private", tmp.display()), e)
     })?;
-    let ino = std::fs::metadata(path).map(|m| m.ino()).unwrap_or(0);
     listener.set_nonblocking(true).map_err(Error::Io)?;
     let stop = Arc::new(AtomicBool::new(false));
     let taken = Arc::new(AtomicBool::new(false));
     let (stop2, taken2) = (stop.clone(), taken.clone());
+    let generation = serving.generation;
     let thread = std::thread::Builder::new()
         .name("udpx-handover".into())
         .spawn(move || {
             while !stop2.load(Ordering::Relaxed) {
                 match listener.accept() {
-                    Ok((stream, _)) => match answer(stream, &gens, generation, workers, &keys, &pass_on) {
+                    Ok((stream, _)) => match answer(stream, &serving, timeout) {
                         Ok(()) => {
                             taken2.store(true, Ordering::Release);
                             log::info!("udpx-quic: generation {generation} handed over to its upgrade");
@@ -286,7 +386,7 @@ pub(crate) fn listen(
                         }
                         Err(e) => {
                             // The successor failed: new connections come here again.
-                            let _ = gens.publish(generation, workers);
+                            let _ = serving.gens.publish(generation, serving.workers);
                             log::warn!("udpx-quic: an upgrade did not complete ({e}); still serving");
                         }
                     },
@@ -301,59 +401,91 @@ pub(crate) fn listen(
             }
         })
         .map_err(Error::Io)?;
-    Ok(Listening { stop, thread: Some(thread), path: path.to_path_buf(), ino, taken })
+    Ok(Listening { stop, thread: Some(thread), path: path.to_path_buf(), tmp: Some(tmp), ino: 0, taken })
+}
+
+/// What a server offers its successor: its steering, generation and workers, keys, and the
+/// listening sockets it passes on.
+pub(crate) struct Serving {
+    pub gens: Arc<Generations>,
+    pub generation: u8,
+    pub workers: u16,
+    pub keys: ServiceKeys,
+    pub pass_on: PassOn,
 }
 
 /// One upgrade's exchange; Ok when the successor confirmed.
-fn answer(
-    mut stream: UnixStream,
-    gens: &Generations,
-    generation: u8,
-    workers: u16,
-    keys: &ServiceKeys,
-    pass_on: &PassOn,
-) -> std::io::Result<()> {
+fn answer(mut stream: UnixStream, serving: &Serving, timeout: Duration) -> std::io::Result<()> {
+    let Serving { gens, generation, workers, keys, pass_on } = serving;
+    let (generation, workers) = (*generation, *workers);
     stream.set_nonblocking(false)?;
-    stream.set_read_timeout(Some(EXCHANGE_TIMEOUT))?;
-    stream.set_write_timeout(Some(EXCHANGE_TIMEOUT))?;
+    stream.set_read_timeout(Some(timeout))?;
+    stream.set_write_timeout(Some(timeout))?;
     let mut hello = [0u8; 15];
     stream.read_exact(&mut hello)?;
-    let listeners = match &hello[..] {
-        HELLO_1 => false,
-        HELLO_2 => true,
+    let (protocol2, listeners) = match &hello[..] {
+        HELLO_1 => (false, false),
+        HELLO_2 => (true, false),
+        HELLO_2L => (true, true),
         _ => return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, "not an upgrade's hello")),
     };
-    let w = workers.to_le_bytes();
-    let mut msg = vec![b'G', generation, w[0], w[1]];
-    msg.extend_from_slice(&keys.to_handover());
     if let Some(what) = pass_on.describe().filter(|_| !listeners) {
         let why = format!(
-            "this server passes {what} on, which a successor of upgrade protocol 1 (an older udpx, or \
-             one started without that listener) cannot take; start the upgrade with the same listener \
-             (--alt-svc-tcp)"
+            "this server passes {what} on, which a successor without it (or an older udpx, upgrade \
+             protocol 1) cannot take; start the upgrade with the same listener (--alt-svc-tcp)"
         );
         let _ = stream.write_all(format!("R{why}").as_bytes());
         return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, why));
     }
-    // Locked while the message goes: a withdrawal meanwhile waits, so no copy is closed under it.
-    let passed = pass_on.0.lock().unwrap_or_else(|e| e.into_inner());
-    let mut fds: Vec<_> = gens.fds().into();
-    if listeners {
-        msg.push(passed.len() as u8);
-        fds.extend(passed.iter().map(|(fd, _)| fd.as_fd()));
+    let w = workers.to_le_bytes();
+    let mut msg = vec![b'G', generation, w[0], w[1]];
+    msg.extend_from_slice(&keys.to_handover());
+    {
+        // Locked while the message goes: a withdrawal meanwhile waits, so no copy is closed
+        // under it.
+        let passed = pass_on.0.lock().unwrap_or_else(|e| e.into_inner());
+        let mut fds: Vec<_> = gens.fds().into();
+        if protocol2 {
+            msg.push(passed.len() as u8);
+            fds.extend(passed.iter().map(|(fd, _)| fd.as_fd()));
+        }
+        send_fds(&stream, &msg, &fds)?;
     }
-    send_fds(&stream, &msg, &fds)?;
-    drop(fds);
-    drop(passed);
-    let mut taken = [0u8; 6];
-    stream.read_exact(&mut taken)?;
-    if taken != TAKEN {
-        return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, "not a confirmation"));
+    let expect = |stream: &mut UnixStream, what: &[u8]| -> std::io::Result<()> {
+        let mut got = [0u8; 6];
+        stream.read_exact(&mut got[..what.len()])?;
+        if &got[..what.len()] != what {
+            return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, "not the exchange's next word"));
+        }
+        Ok(())
+    };
+    if protocol2 {
+        // Within the wait: committed from here on (a failure below publishes this one again).
+        expect(&mut stream, READY)?;
+        stream.write_all(GO)?;
+    }
+    expect(&mut stream, TAKEN)?;
+    if protocol2 {
+        stream.write_all(OK)?;
     }
     Ok(())
 }
 
 impl Listening {
+    /// Puts the handover socket at its path (replacing a predecessor's, atomically): from now
+    /// on an upgrade finds this server there. Called once this server took over (or, first
+    /// in its line, serves).
+    pub(crate) fn take_path(&mut self) -> Result<(), Error> {
+        if let Some(tmp) = self.tmp.take() {
+            std::fs::rename(&tmp, &self.path).map_err(|e| {
+                let _ = std::fs::remove_file(&tmp);
+                handover_err(&format!("put the handover socket at {}", self.path.display()), e)
+            })?;
+            self.ino = std::fs::metadata(&self.path).map(|m| m.ino()).unwrap_or(0);
+        }
+        Ok(())
+    }
+
     /// Whether a successor took over.
     pub(crate) fn taken(&self) -> bool {
         self.taken.load(Ordering::Acquire)
@@ -366,9 +498,12 @@ impl Drop for Listening {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
+        if let Some(tmp) = &self.tmp {
+            let _ = std::fs::remove_file(tmp);
+        }
         // The path is ours to remove only while it is still our socket (a successor's
         // replaced it).
-        if std::fs::metadata(&self.path).is_ok_and(|m| m.ino() == self.ino) {
+        if self.tmp.is_none() && std::fs::metadata(&self.path).is_ok_and(|m| m.ino() == self.ino) {
             let _ = std::fs::remove_file(&self.path);
         }
     }
@@ -422,8 +557,8 @@ mod tests {
             s.read_exact(&mut hello).unwrap();
             hello
         });
-        let e = ask(&path, true).unwrap_err().to_string();
-        assert_eq!(old.join().unwrap(), HELLO_2);
+        let e = ask(&path, true, EXCHANGE_TIMEOUT).unwrap_err().to_string();
+        assert_eq!(old.join().unwrap(), HELLO_2L);
         assert!(e.contains("upgrade protocol 1") && e.contains("--alt-svc-tcp"), "{e}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
