@@ -17,7 +17,7 @@
 //!                └─ body: CHUNK-sized reads on the blocking pool, one in flight
 //! ```
 //!
-//! - HTTP/2 (ALPN `h2`) on the h2 crate directly ([`http2`]): each stream's response is read
+//! - HTTP/2 (ALPN `h2`) on the h2 crate directly (`tcp/http2.rs`): each stream's response is read
 //!   only as its flow-control window allows, and a stream whose client stops reading is
 //!   parked (its file given back), resumed byte-exact, or reset alone at the park timeout; the
 //!   connection is never closed for one stream. HTTP/1.1 (and HTTP/2 by prior knowledge,
