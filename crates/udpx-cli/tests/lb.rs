@@ -520,16 +520,32 @@ fn bench_lb_runs_and_reports_every_section() {
     if !capable("lb: udpx bench lb", &["nft", "tc", "ss"]) {
         return;
     }
-    let o =
-        udpx(&["bench", "lb", "--packets", "50000", "--rounds", "1", "--rebinds", "1", "--connections", "3", "--json"]);
+    let o = udpx(&[
+        "bench",
+        "lb",
+        "--packets",
+        "100000",
+        "--rounds",
+        "1",
+        "--rebinds",
+        "1",
+        "--connections",
+        "3",
+        "--json",
+    ]);
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "{err}");
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     let b = &v["lb_bench"];
     assert_eq!(b["cost"].as_array().unwrap().len(), 2, "{b}");
+    // A round that used fewer than 20 clock ticks of the balancer's CPU is not measured (null:
+    // /proc/stat cannot say); a measured one is a positive cost. (The 4-tuple rules are cheap
+    // enough that 100,000 packets may stay under 20 ticks on a fast machine.)
     for row in 0..2 {
-        assert!(b["cost"][row]["ns_per_packet"][0].as_f64().is_some_and(|v| v > 0.0), "{b}");
+        let v = &b["cost"][row]["ns_per_packet"][0];
+        assert!(v.is_null() || v.as_f64().is_some_and(|v| v > 0.0), "{b}");
     }
+    assert!(b["cost"][0]["ns_per_packet"][0].as_f64().is_some_and(|v| v > 0.0), "the CID rules measured: {b}");
     assert_eq!(b["rebinding"][0]["rules"], "cid");
     assert_eq!(
         (b["rebinding"][0]["survived"].as_u64(), b["rebinding"][0]["reached_another_host"].as_u64()),

@@ -362,7 +362,13 @@ impl Scratch {
 }
 
 impl Drop for Scratch {
+    /// Removes the directory, unless `UDPX_BENCH_KEEP` is set (its servers' logs, to read
+    /// what happened in a row): then says where it is.
     fn drop(&mut self) {
+        if std::env::var_os("UDPX_BENCH_KEEP").is_some() {
+            eprintln!("udpx bench h3: kept {} (UDPX_BENCH_KEEP)", self.0.display());
+            return;
+        }
         let _ = std::fs::remove_dir_all(&self.0);
     }
 }
