@@ -41,12 +41,12 @@
 //! client never joins bytes of two versions.
 
 use std::fs::{File, Metadata};
-use std::io::{self, LineWriter, Seek, SeekFrom, Write};
+use std::io::{self, Seek, SeekFrom, Write};
 use std::net::SocketAddr;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::{Mutex, OnceLock};
+use std::sync::OnceLock;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
@@ -82,7 +82,7 @@ pub struct Site {
     cache_control: String,
     alt_svc: OnceLock<String>,
     counters: HttpCounters,
-    log: Option<Mutex<LineWriter<Box<dyn Write + Send>>>>,
+    log: Option<crate::accesslog::AccessLog>,
     /// The access log's file (`None`: none, or standard output), for [`Site::reopen_log`].
     log_path: Option<PathBuf>,
 }
@@ -198,6 +198,7 @@ struct HttpCounters {
     unfinished_heads: AtomicU64,
     heads_refused: AtomicU64,
     heads_timed_out: AtomicU64,
+    log_dropped: AtomicU64,
 }
 
 /// A snapshot of the HTTP counters.
@@ -279,6 +280,9 @@ pub struct HttpSnapshot {
     /// HTTP/3 connections closed (H3_REQUEST_INCOMPLETE) for a head unfinished past its
     /// deadline.
     pub heads_timed_out: u64,
+    /// Access-log lines dropped: the writer's queue was full (a disk or pipe slower than the
+    /// responses).
+    pub log_dropped: u64,
 }
 
 impl HttpCounters {
@@ -337,6 +341,7 @@ impl HttpCounters {
             unfinished_heads: g(&self.unfinished_heads),
             heads_refused: g(&self.heads_refused),
             heads_timed_out: g(&self.heads_timed_out),
+            log_dropped: g(&self.log_dropped),
         }
     }
 }
@@ -370,7 +375,7 @@ impl Site {
             cache_control: cc.clone(),
             alt_svc: OnceLock::new(),
             counters: HttpCounters::default(),
-            log: log.map(|w| Mutex::new(LineWriter::new(w))),
+            log: log.map(crate::accesslog::AccessLog::start).transpose().map_err(Error::Io)?,
             log_path,
         })
     }
@@ -381,10 +386,17 @@ impl Site {
     pub fn reopen_log(&self) -> Result<bool, Error> {
         let (Some(log), Some(p)) = (&self.log, &self.log_path) else { return Ok(false) };
         let file = open_log(p)?;
-        let mut w = log.lock().unwrap_or_else(|e| e.into_inner());
-        let _ = w.flush();
-        *w = LineWriter::new(Box::new(file));
+        log.reopen(Box::new(file)).map_err(|e| Error::Usage(format!("access log {}: {e}", p.display())))?;
         Ok(true)
+    }
+
+    /// Waits (5 s at most) until every access-log line of a response finished before is
+    /// written to the file and flushed (the lines are written by a thread of their own).
+    pub fn flush_log(&self) -> Result<(), Error> {
+        match &self.log {
+            Some(log) => log.flush().map_err(Error::Usage),
+            None => Ok(()),
+        }
     }
 
     /// Announces HTTP/3 on `udp_port` of the same host in every later response (`alt-svc`).
@@ -524,9 +536,10 @@ impl Site {
                 e.protocol,
                 if e.complete { "" } else { " incomplete" },
             );
-            let mut w = log.lock().unwrap_or_else(|p| p.into_inner());
-            if let Err(err) = w.write_all(line.as_bytes()) {
-                log::warn!("udpx-h3: access log: {err}");
+            // Queued for the writer thread: a full queue drops the line (counted), never
+            // blocks a shard on the disk.
+            if !log.line(line) {
+                self.counters.log_dropped.fetch_add(1, Relaxed);
             }
         }
     }

@@ -26,6 +26,7 @@
 //! the quinn peer, so a server a user deploys does not carry quinn, h3 or the lab.
 #![forbid(unsafe_code)]
 
+mod accesslog;
 pub mod client;
 pub mod files;
 mod goaway;

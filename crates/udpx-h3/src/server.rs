@@ -424,7 +424,16 @@ impl H3Server {
     pub fn stop(self) -> Result<ServeCounters, Error> {
         let tcp = self.tcp.map(TcpServer::stop);
         let quic = self.server.stop().map_err(Error::Quic)?;
+        if let Err(e) = self.site.flush_log() {
+            log::warn!("udpx-h3: {e}");
+        }
         Ok(ServeCounters { quic, http: self.site.counters(), tcp })
+    }
+
+    /// Waits (5 s at most) until the access log holds the line of every response finished so
+    /// far (its lines are written by a thread of their own).
+    pub fn flush_log(&self) -> Result<(), Error> {
+        self.site.flush_log()
     }
 }
 
@@ -512,6 +521,7 @@ impl udpx_metrics::Source for MetricsSource {
                 h.streams_resetting,
             ),
             c("http_trailers", "Trailer sections on requests, read and ignored", h.trailers),
+            c("http_log_dropped", "Access-log lines dropped: the writer's queue was full", h.log_dropped),
             level(
                 "http_unfinished_heads",
                 "HTTP/3 request streams with data and no whole head yet (quiche holds the partial frame)",

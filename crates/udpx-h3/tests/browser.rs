@@ -266,7 +266,7 @@ fn chromium_fetches_over_http3() {
         assert_eq!(s["protocol"], serde_json::json!(["h3"]), "{name}: {s}");
     }
     assert_eq!(r["navigation"], serde_json::json!(["h3"]), "{r}");
-    let arrived = access_log(&log);
+    let arrived = access_log(&log); // (written whole: stop flushed it)
     eprintln!("arrived: {arrived:?}");
     for target in ["/", "/big.bin?whole", "/big.bin?start", "/big.bin?middle", "/big.bin?end", "/big.bin?cond"] {
         assert!(arrived.iter().any(|(t, p)| t == target && p == "h3"), "{target} did not arrive over h3: {arrived:?}");
@@ -359,7 +359,7 @@ fn chromium_finds_http3_through_alt_svc() {
     let sha = sha256_hex(&small);
     assert!(fetches.iter().all(|f| f["status"] == 200 && f["sha256"] == sha.as_str()), "{r}");
     // What arrived where, in order: the server's access log is the record.
-    let arrived = access_log(&log);
+    let arrived = access_log(&log); // (written whole: stop flushed it)
     let story: Vec<String> = arrived
         .iter()
         .filter(|(t, _)| t != "/favicon.ico")

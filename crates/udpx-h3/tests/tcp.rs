@@ -116,6 +116,7 @@ impl Setup {
 
     /// The access log's lines.
     fn log(&self) -> Vec<String> {
+        self.server.flush_log().expect("the access log flushed");
         std::fs::read_to_string(self.tmp.path().join("access.log"))
             .unwrap_or_default()
             .lines()
