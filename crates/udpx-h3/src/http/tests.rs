@@ -339,6 +339,7 @@ fn access_log_lines() {
     };
     s.finished(&e);
     s.finished(&LogEntry { complete: false, protocol: "h2", ..e.clone() });
+    s.flush_log().unwrap(); // (written by the log's own thread)
     let text = std::fs::read_to_string(&log).unwrap();
     let lines: Vec<&str> = text.lines().collect();
     assert_eq!(lines.len(), 2, "{text}");
