@@ -15,7 +15,7 @@
 //!    only when its new 4-tuple hashes to the same host (by chance); elsewhere it is reset
 //!    (the hosts share a reset key), so each try is short.
 //! 3. **Spread.** Small downloads through the CID rules: connections per host (the Initials'
-//!    DCID hash) and the largest host's share over the mean.
+//!    4-tuple hash) and the largest host's share over the mean.
 //!
 //! Timings are reported, never judged: only the rebinding goal has a verdict.
 

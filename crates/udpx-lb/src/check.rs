@@ -17,20 +17,18 @@ pub enum Route {
         /// The host it names.
         host: Host,
     },
-    /// A long header with a 12-byte, rotation-000 DCID whose server ID is in the map (rule
-    /// `long_cid`).
+    /// A Handshake (or Retry) long header with a 12-byte, rotation-000 DCID whose server ID is
+    /// in the map (rule `long_cid`).
     LongCid {
         /// The server ID read at `@th,120,16`.
         server_id: u16,
         /// The host it names.
         host: Host,
     },
-    /// An Initial or 0-RTT packet not routed by a server ID: hashed by its first 8 DCID bytes
-    /// (rule `initial_hash`); which host depends on the balancer's jhash seed.
-    InitialHash {
-        /// The 8 hashed bytes.
-        dcid_prefix: [u8; 8],
-    },
+    /// An Initial or 0-RTT packet: hashed by its 4-tuple (rule `initial_hash`), never routed by
+    /// the connection ID it carries, which a client chooses (and could choose to name a
+    /// draining host); which host depends on the balancer's jhash seed.
+    InitialHash,
     /// The 4-tuple hash (rule `fallback`).
     Fallback {
         /// Why no earlier rule took it.
@@ -43,7 +41,7 @@ impl Route {
     pub fn host(&self) -> Option<Host> {
         match self {
             Route::ShortCid { host, .. } | Route::LongCid { host, .. } => Some(*host),
-            Route::InitialHash { .. } | Route::Fallback { .. } => None,
+            Route::InitialHash | Route::Fallback { .. } => None,
         }
     }
 
@@ -52,7 +50,7 @@ impl Route {
         match self {
             Route::ShortCid { .. } => "short_cid",
             Route::LongCid { .. } => "long_cid",
-            Route::InitialHash { .. } => "initial_hash",
+            Route::InitialHash => "initial_hash",
             Route::Fallback { .. } => "fallback",
         }
     }
@@ -71,11 +69,11 @@ impl fmt::Display for Route {
                 "host {} via {}: long header with a server connection ID, server ID {server_id:#06x} (rule long_cid)",
                 host.id, host.next_hop
             ),
-            Route::InitialHash { dcid_prefix } => write!(
+            Route::InitialHash => write!(
                 f,
-                "one host by jhash of the DCID bytes {}: an Initial or 0-RTT with a client-chosen DCID; every packet \
-                 with this DCID reaches the same host, which one depends on the balancer's jhash seed (rule initial_hash)",
-                hex(dcid_prefix)
+                "one host by jhash of the 4-tuple: an Initial or 0-RTT, never routed by the connection ID it \
+                 carries (a client chooses it); all of one client's Initials share its address and port, so they \
+                 reach the host its first one did, which depends on the balancer's jhash seed (rule initial_hash)"
             ),
             Route::Fallback { why } => write!(
                 f,
@@ -118,7 +116,14 @@ pub fn packet(b: &Balancer, p: &[u8]) -> Route {
             None => Route::Fallback { why: format!("short header with server ID {server_id:#06x}, which no host has") },
         };
     }
-    // Long header: @th,104,8 is byte 5 (DCID length), @th,112,3 byte 6, @th,120,16 bytes 7-8.
+    // @th,66,1 0: long packet type 00 (Initial) or 01 (0-RTT): by the 4-tuple whatever its DCID
+    // says. Its DCID is the client's choice until the server answers, and a client's later
+    // Initials (a retransmission, an ACK coalesced with its first Handshake packet) carry the
+    // server's ID but the same 4-tuple as its first one, so they reach the same host.
+    if first & 0x20 == 0 {
+        return Route::InitialHash;
+    }
+    // Handshake or Retry: @th,104,8 is byte 5 (DCID length), @th,112,3 byte 6, @th,120,16 bytes 7-8.
     let mut why = None;
     if p.len() >= 9 && usize::from(p[5]) == CID_LEN && p[6] >> 5 == 0 {
         let server_id = u16::from_be_bytes([p[7], p[8]]);
@@ -126,15 +131,6 @@ pub fn packet(b: &Balancer, p: &[u8]) -> Route {
             Some((_, host)) => return Route::LongCid { server_id, host },
             None => why = Some(format!("long header with server ID {server_id:#06x}, which no host has")),
         }
-    }
-    // @th,66,1 0: long packet type 00 (Initial) or 01 (0-RTT); @th,112,64: bytes 6..14.
-    if first & 0x20 == 0 {
-        if p.len() >= 14 {
-            let mut dcid_prefix = [0u8; 8];
-            dcid_prefix.copy_from_slice(&p[6..14]);
-            return Route::InitialHash { dcid_prefix };
-        }
-        return Route::Fallback { why: format!("an Initial needs 14 bytes to hash 8 DCID bytes, got {}", p.len()) };
     }
     let why = why.unwrap_or_else(|| {
         if p.len() < 9 {
@@ -166,10 +162,6 @@ pub fn parse_hex(s: &str) -> Result<Vec<u8>, String> {
         .collect()
 }
 
-fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
-
 #[cfg(test)]
 mod tests {
     use std::net::Ipv4Addr;
@@ -193,21 +185,38 @@ mod tests {
             assert_eq!(r.host().map(|h| h.id), Some(id), "{r}");
             assert_eq!(r.counter(), "short_cid");
             assert_eq!(cid(&b(), &c), r);
-            for first in [0xc0u8, 0xd0, 0xe0] {
-                // Initial, 0-RTT, Handshake: a server CID wins over the Initial hash.
-                let long = [&[first, 0, 0, 0, 1, CID_LEN as u8][..], &c, &[8], &[9; 8], &[0; 40]].concat();
-                let r = packet(&b(), &long);
-                assert_eq!(r, Route::LongCid { server_id: id, host: b().hosts()[usize::from(id) - 1] }, "{first:#x}");
-                assert!(r.to_string().contains("rule long_cid"), "{r}");
+            // A Handshake packet goes by the server CID it carries.
+            let long = [&[0xe0u8, 0, 0, 0, 1, CID_LEN as u8][..], &c, &[8], &[9; 8], &[0; 40]].concat();
+            let r = packet(&b(), &long);
+            assert_eq!(r, Route::LongCid { server_id: id, host: b().hosts()[usize::from(id) - 1] });
+            assert!(r.to_string().contains("rule long_cid"), "{r}");
+            // An Initial or 0-RTT never does, even with a live host's ID: by its 4-tuple.
+            for first in [0xc0u8, 0xd0] {
+                let long = [&[first, 0, 0, 0, 1, CID_LEN as u8][..], &c, &[8], &[9; 8], &[0; 1180]].concat();
+                assert_eq!(packet(&b(), &long), Route::InitialHash, "{first:#x}");
             }
         }
+    }
+
+    /// The third review: an Initial whose DCID imitates a draining host's ID reached it; the
+    /// draining host's own Handshake packets still do.
+    #[test]
+    fn an_initial_naming_a_draining_host_is_hashed_away_from_it() {
+        let draining = b().with_draining(&[2]).unwrap();
+        let c = CidGenerator::new(2, 3).next_cid().unwrap();
+        let initial = [&[0xc0u8, 0, 0, 0, 1, CID_LEN as u8][..], &c, &[0; 1188]].concat();
+        assert_eq!(packet(&draining, &initial), Route::InitialHash);
+        assert_eq!(draining.taking().iter().map(|h| h.id).collect::<Vec<_>>(), [1], "the hash skips host 2");
+        let handshake = [&[0xe0u8, 0, 0, 0, 1, CID_LEN as u8][..], &c, &[0; 40]].concat();
+        assert_eq!(packet(&draining, &handshake).host().map(|h| h.id), Some(2));
     }
 
     #[test]
     fn initials_hash_and_the_rest_falls_back() {
         let dcid = [0xf1u8, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16];
         let initial = [&[0xc3u8, 0, 0, 0, 1, 16][..], &dcid, &[8], &[0; 1180]].concat();
-        assert_eq!(packet(&b(), &initial), Route::InitialHash { dcid_prefix: [0xf1, 2, 3, 4, 5, 6, 7, 8] });
+        assert_eq!(packet(&b(), &initial), Route::InitialHash);
+        assert!(packet(&b(), &initial).to_string().contains("jhash of the 4-tuple"));
         // A 12-byte client DCID that looks like a server CID of an unknown host: hashed.
         let unknown = ServerCid { host_id: 9, nonce: [1; 7], generation: 0, worker: 0 }.to_bytes();
         let initial = [&[0xc0u8, 0, 0, 0, 1, 12][..], &unknown, &[0; 1180]].concat();
@@ -222,7 +231,6 @@ mod tests {
             (&[0x40, 0x0b, 0], "needs 4 bytes"),
             (&[0x40, 0x2b, 0, 1, 0, 0], "rotation 001"),
             (&[0x40, 0x0b, 0, 7, 0, 0], "0x0007, which no host has"),
-            (&[0xc0, 0, 0, 0, 1, 8, 1, 2], "needs 14 bytes"),
             (&[0xe0, 0, 0], "needs 9 bytes"),
             (&[0xf0, 0, 0, 0, 1, 8, 1, 2, 3, 4, 5], "is not a server connection ID"),
         ];
@@ -231,6 +239,8 @@ mod tests {
             assert_eq!(r.counter(), "fallback", "{p:02x?}");
             assert!(r.to_string().contains(needle), "{p:02x?}: {r}");
         }
+        // A truncated Initial is hashed by its 4-tuple all the same (nothing in it is read).
+        assert_eq!(packet(&b(), &[0xc0, 0, 0, 0, 1, 8, 1, 2]), Route::InitialHash);
         assert!(cid(&b(), &[0x0b]).to_string().contains("1-byte connection ID has no server ID"));
         // Non-QUIC text to the port: a short header by its first bit, checked like one.
         assert_eq!(packet(&b(), b"hello, balancer").counter(), "fallback");

@@ -31,9 +31,19 @@
 //!   head to give again): the same hosts and seed hash every packet to the same host across
 //!   reloads. When the host list changes the hash changes with it (`mod N`): a client whose
 //!   first round trip spans the reload may have its later Initials (a retransmission, a
-//!   ClientHello's second datagram) hashed to another host, which holds a half-open handshake
-//!   until its deadline; the client finishes with the first host, whose connection ID its
-//!   next packets carry.
+//!   ClientHello's second datagram, the ACK it coalesces with its first Handshake packet)
+//!   hashed to another host, which holds a half-open handshake until its deadline or drops a
+//!   packet for a connection it never had; the client finishes with the first host, whose
+//!   connection ID its Handshake packets carry (it sends no Initial after its first Handshake
+//!   packet, RFC 9001 4.9.1).
+//!
+//! # Initials go by hash, never by the ID they claim
+//!
+//! An Initial or 0-RTT packet's DCID is the client's to choose until the server answers: a
+//! forged one that imitates a host's server ID would reach that host even while it drains.
+//! So Initials and 0-RTT are hashed by their 4-tuple, which all of one client's Initials share
+//! (the first, with the client's random DCID, and the later ones that carry the server's ID),
+//! and only Handshake packets and short headers are routed by the server ID they carry.
 //!
 //! # Marks are host IDs
 //!
@@ -72,9 +82,9 @@ pub const TABLE: &str = "udpx_lb";
 pub const MARK_BASE: u32 = 0x1_0000;
 /// Most hosts one ruleset takes.
 pub const MAX_HOSTS: usize = 255;
-/// The named counters, in rule order: short header, long header with a server CID, Initial or
-/// 0-RTT hashed by DCID, 4-tuple fallback.
-pub const COUNTERS: [&str; 4] = ["short_cid", "long_cid", "initial_hash", "fallback"];
+/// The named counters, in rule order: short header, Initial or 0-RTT hashed by 4-tuple,
+/// Handshake with a server CID, 4-tuple fallback.
+pub const COUNTERS: [&str; 4] = ["short_cid", "initial_hash", "long_cid", "fallback"];
 
 /// How the balancer hands packets to hosts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -410,19 +420,16 @@ impl Balancer {
                 w,
                 "\t\t@th,64,1 0 @th,72,3 0 meta mark set @th,80,16 map @sid2mark counter name \"short_cid\" return",
             );
-            line(w, "\t\t# long header (form bit 1) with a server-chosen DCID: length 12, rotation 000");
+            line(w, "\t\t# Initial or 0-RTT (long types 00, 01): a hash of the 4-tuple, never the DCID it claims");
+            line(w, "\t\t# (a client chooses it); all of one client's Initials share its address and port");
+            let _ = writeln!(
+                w,
+                "\t\t@th,64,1 1 @th,66,1 0 meta mark set jhash ip saddr . udp sport . ip daddr . udp dport {hash} counter name \"initial_hash\" return"
+            );
+            line(w, "\t\t# Handshake (long type 10) with a server-chosen DCID: length 12, rotation 000");
             let _ = writeln!(
                 w,
                 "\t\t@th,64,1 1 @th,104,8 {CID_LEN} @th,112,3 0 meta mark set @th,120,16 map @sid2mark counter name \"long_cid\" return"
-            );
-            line(
-                w,
-                "\t\t# Initial or 0-RTT (long types 00, 01) with a client-chosen DCID: a hash of its first 8 bytes,",
-            );
-            line(w, "\t\t# so all of one client's Initials reach one host; the server's CID takes over from then on");
-            let _ = writeln!(
-                w,
-                "\t\t@th,64,1 1 @th,66,1 0 meta mark set jhash @th,112,64 {hash} counter name \"initial_hash\" return"
             );
         } else {
             line(w, "\t\t# (the connection-ID rules are left out: a CID-blind balancer, for comparison)");
@@ -521,8 +528,8 @@ table ip udpx_lb {
 
 	# packets per rule: `nft list counters table ip udpx_lb`
 	counter short_cid { }
-	counter long_cid { }
 	counter initial_hash { }
+	counter long_cid { }
 	counter fallback { }
 
 	chain prerouting {
@@ -535,11 +542,11 @@ table ip udpx_lb {
 	chain quic {
 		# short header (form bit 0), DCID octet 0 with config rotation 000: route by server ID
 		@th,64,1 0 @th,72,3 0 meta mark set @th,80,16 map @sid2mark counter name "short_cid" return
-		# long header (form bit 1) with a server-chosen DCID: length 12, rotation 000
+		# Initial or 0-RTT (long types 00, 01): a hash of the 4-tuple, never the DCID it claims
+		# (a client chooses it); all of one client's Initials share its address and port
+		@th,64,1 1 @th,66,1 0 meta mark set jhash ip saddr . udp sport . ip daddr . udp dport mod 2 seed 0x0badcafe map { 0 : 0x10001, 1 : 0x10002 } counter name "initial_hash" return
+		# Handshake (long type 10) with a server-chosen DCID: length 12, rotation 000
 		@th,64,1 1 @th,104,8 12 @th,112,3 0 meta mark set @th,120,16 map @sid2mark counter name "long_cid" return
-		# Initial or 0-RTT (long types 00, 01) with a client-chosen DCID: a hash of its first 8 bytes,
-		# so all of one client's Initials reach one host; the server's CID takes over from then on
-		@th,64,1 1 @th,66,1 0 meta mark set jhash @th,112,64 mod 2 seed 0x0badcafe map { 0 : 0x10001, 1 : 0x10002 } counter name "initial_hash" return
 		# anything else (unknown server ID, another rotation, short or non-QUIC packets): 4-tuple hash
 		meta mark set jhash ip saddr . udp sport . ip daddr . udp dport mod 2 seed 0x0badcafe map { 0 : 0x10001, 1 : 0x10002 } counter name "fallback"
 	}
