@@ -54,9 +54,14 @@ use serde::Serialize;
 use crate::files::{open, OpenError, Opened, Root};
 use crate::Error;
 
-/// Largest read from a file per response and turn, for every listener: a response holds at
-/// most this much of its file in memory.
+/// Largest read from a file per response and turn over HTTPS/TCP, and HTTP/3's read for a
+/// body left at most this long (or when the shard's read-ahead is used up): a response holds
+/// at most this much of its file in memory at once.
 pub const CHUNK: usize = 64 * 1024;
+
+/// HTTP/3's read for a longer body, whatever its stream takes at the moment: one system call
+/// per 256 KiB instead of one per turn's capacity (issue 47). The stream takes slices of it.
+pub const BLOCK: usize = 256 * 1024;
 
 /// What a [`Site`] is told beyond its directory.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -185,6 +190,8 @@ struct HttpCounters {
     too_early: AtomicU64,
     early_data: AtomicU64,
     body_bytes: AtomicU64,
+    file_reads: AtomicU64,
+    file_bytes_read: AtomicU64,
     incomplete: AtomicU64,
     open_files: AtomicU64,
     stalled: AtomicU64,
@@ -239,6 +246,11 @@ pub struct HttpSnapshot {
     pub early_data: u64,
     /// Body bytes the transports took.
     pub body_bytes: u64,
+    /// Reads from files for HTTP/3 bodies (system calls).
+    pub file_reads: u64,
+    /// Bytes read from files for HTTP/3 bodies: against `body_bytes`, the passes of the read
+    /// (above 1 where a parked response read again what it had not sent).
+    pub file_bytes_read: u64,
     /// Responses not sent whole: the peer reset or stopped the stream, the connection went
     /// away, or the file failed under us.
     pub incomplete: u64,
@@ -328,6 +340,8 @@ impl HttpCounters {
             too_early: g(&self.too_early),
             early_data: g(&self.early_data),
             body_bytes: g(&self.body_bytes),
+            file_reads: g(&self.file_reads),
+            file_bytes_read: g(&self.file_bytes_read),
             incomplete: g(&self.incomplete),
             open_files: g(&self.open_files),
             stalled: g(&self.stalled),
@@ -436,6 +450,12 @@ impl Site {
     /// A response gave its open file back.
     pub fn file_closed(&self) {
         self.counters.open_files.fetch_sub(1, Relaxed);
+    }
+
+    /// Counts a read of `bytes` from a file for an HTTP/3 body.
+    pub(crate) fn count_read(&self, bytes: usize) {
+        self.counters.file_reads.fetch_add(1, Relaxed);
+        self.counters.file_bytes_read.fetch_add(bytes as u64, Relaxed);
     }
 
     /// Counts a response reset because its peer stopped taking it.

@@ -6,13 +6,23 @@
 //! reports writable again (`stream_writable_next`) go on. A response blocked on flow control
 //! or congestion is parked until its stream is writable, never polled.
 //!
-//! A response body is read from disk only as fast as the stream takes it: a response asks
-//! quiche for its stream's capacity and reads at most that much, at most [`crate::http::CHUNK`] bytes,
-//! straight into a buffer quiche keeps (`send_body_zc` on [`udpx_quic::bufs`]), with the DATA
-//! frame's header written in the room before it: the only user-space copy of a body byte
-//! after the read is quiche's into a packet. quiche holds each chunk until it is
-//! acknowledged; the shard then reuses its vector (a bounded pool), so in steady state no
-//! chunk is allocated.
+//! ## A body: one DATA frame, read in large blocks
+//! A response body of known length (every file response, ranges too) goes as one HTTP/3 DATA
+//! frame: its header first, then the body's bytes as slices of the blocks it is read into,
+//! handed to quiche's stream without a copy (`stream_send_zc` on [`udpx_quic::bufs`]), and at
+//! the end an empty DATA frame that carries the FIN through quiche's HTTP/3 layer (so it knows
+//! the stream is finished). So a slice needs no frame header of its own, and a block is read
+//! whatever the stream takes at the moment: [`crate::http::BLOCK`] (256 KiB) at a time for a
+//! body longer than [`crate::http::CHUNK`], the rest of it for a shorter one, in one system
+//! call each (it was one read per turn's stream capacity, a few kilobytes toward a client
+//! that acknowledges often). The only user-space copy of a body byte after the read is
+//! quiche's into a packet. quiche holds each slice until it is acknowledged; the shard then
+//! reuses its vector (bounded pools), so in steady state no block is allocated.
+//!
+//! Memory: a response reading blocks holds at most about two of them (the one it sends from
+//! and the last one's unacknowledged tail); a shard lets [`READ_AHEAD`] bytes of such blocks
+//! be held at once, and a response past that bound reads [`crate::http::CHUNK`] at a time.
+//! Reads stay on the shard thread: from the page cache they do not block; a cold disk would.
 //!
 //! Bounds: a response with a body holds an open file until it ends; a connection may hold
 //! [`crate::ServeConfig::max_open_per_conn`] of them, an address (IPv6: a /64)
@@ -72,13 +82,13 @@ use udpx_quic::App;
 
 use crate::goaway::{GoAway, H3_REQUEST_REJECTED};
 use crate::heads::{HeadBudget, Heads};
-use crate::http::{LogEntry, RequestHead, Site, CHUNK};
+use crate::http::{LogEntry, RequestHead, Site, BLOCK, CHUNK};
 use crate::tls::MAX_FIELD_SECTION;
 
 /// The responder of one shard (see the module docs).
 pub(crate) struct FileServer {
-    /// Body chunks quiche takes without copying ([`udpx_quic::bufs`]), reused once acknowledged.
-    bodies: BufPool,
+    /// Where bodies are read into ([`Reader`]).
+    reader: Reader,
     site: Arc<Site>,
     scratch: Vec<u8>,
     h3_config: quiche::h3::Config,
@@ -124,9 +134,14 @@ impl FileServer {
                 early: Cell::new(0),
                 by_addr: RefCell::default(),
             }),
+            reader: Reader {
+                chunks: BufPool::new(CHUNK, BODY_BUFFERS_KEPT),
+                blocks: BufPool::new(BLOCK, BLOCKS_KEPT),
+                ahead: Rc::new(Cell::new(0)),
+                site: Arc::clone(&site),
+            },
             site,
             scratch: vec![0; CHUNK],
-            bodies: BufPool::new(CHUNK, BODY_BUFFERS_KEPT),
             h3_config,
             bounds,
             draining: None,
@@ -233,6 +248,12 @@ struct Body {
     /// The file and its claim on the open-file bounds (given back together); `None` while
     /// the response is parked.
     open: Option<(File, OpenFile)>,
+    /// The body's length: its one DATA frame's.
+    total: u64,
+    /// The DATA frame's header has gone to quiche.
+    framed: bool,
+    /// Its share of the shard's read-ahead, while it reads [`BLOCK`]s.
+    ahead: Option<Ahead>,
     /// Bytes of the range not yet read.
     left: u64,
     /// The file offset just past the range: the next read starts at `end - left`.
@@ -253,6 +274,51 @@ impl Body {
             self.left += p.len() as u64;
         }
         self.open = None;
+        self.ahead = None;
+    }
+}
+
+/// Where a shard reads its bodies: vectors quiche takes without copying
+/// ([`udpx_quic::bufs`]), reused once acknowledged, [`CHUNK`]-sized and [`BLOCK`]-sized, and
+/// the read-ahead the blocks may hold.
+struct Reader {
+    chunks: BufPool,
+    blocks: BufPool,
+    /// Responses holding an [`Ahead`] now.
+    ahead: Rc<Cell<usize>>,
+    site: Arc<Site>,
+}
+
+impl Reader {
+    /// Reads the next piece of `b`'s range into a buffer quiche can keep: a [`BLOCK`] while
+    /// more than a [`CHUNK`] is left and the shard's read-ahead allows, else at most a
+    /// [`CHUNK`]. `Err` when the file failed or shrank under us.
+    fn read(&mut self, b: &mut Body) -> std::io::Result<Buf> {
+        if b.left > CHUNK as u64 && b.ahead.is_none() && self.ahead.get() < READ_AHEAD / (2 * BLOCK) {
+            self.ahead.set(self.ahead.get() + 1);
+            b.ahead = Some(Ahead(self.ahead.clone()));
+        }
+        let (pool, most) = match b.ahead {
+            Some(_) if b.left > CHUNK as u64 => (&mut self.blocks, BLOCK),
+            _ => (&mut self.chunks, CHUNK),
+        };
+        let n = (most as u64).min(b.left) as usize;
+        let Some((file, _)) = b.open.as_mut() else {
+            return Err(std::io::Error::other("the response holds no file"));
+        };
+        let buf = pool.fill(n, &[], |s| file.read_exact(s))?;
+        self.site.count_read(n);
+        b.left -= n as u64;
+        Ok(buf)
+    }
+}
+
+/// A response's share of its shard's read-ahead ([`READ_AHEAD`]), given back when dropped.
+struct Ahead(Rc<Cell<usize>>);
+
+impl Drop for Ahead {
+    fn drop(&mut self) {
+        self.0.set(self.0.get().saturating_sub(1));
     }
 }
 
@@ -471,7 +537,7 @@ impl App for FileServer {
             // A parked response whose client reads again: its file opened again, or the
             // stream reset.
             let outcome = match resume(&self.budget, &self.bounds, &st.open, st.addr, r, now) {
-                Ok(()) => progress(&mut h3, conn, sid, r, &mut self.bodies, now),
+                Ok(()) => progress(&mut h3, conn, sid, r, &mut self.reader, now),
                 Err(()) => Progress::Failed,
             };
             match outcome {
@@ -626,6 +692,9 @@ impl FileServer {
         let body = match (answer.body.take(), claim, path) {
             (Some(b), Some(claim), Some(p)) => Some(Body {
                 open: Some((b.file, claim)),
+                total: b.len,
+                framed: false,
+                ahead: None,
                 left: b.len,
                 end: b.end,
                 pending: None,
@@ -804,11 +873,18 @@ const DATA_HEADER_MAX: usize = 9;
 /// chunk is a vector of its own, freed once acknowledged.
 const BODY_BUFFERS_KEPT: usize = 256;
 
+/// [`BLOCK`] vectors a shard keeps for reuse (16 MiB).
+const BLOCKS_KEPT: usize = 64;
+
+/// The [`BLOCK`]s a shard's responses may hold at once, in bytes (each response reading them
+/// counts two: the one it sends from and the last one's unacknowledged tail); past it a
+/// response reads a [`CHUNK`] at a time.
+pub(crate) const READ_AHEAD: usize = 64 << 20;
+
 /// The DATA frame header of a `len`-byte body chunk, as quiche writes it (type 0x00, then the
 /// length as a QUIC varint): its bytes and how many.
-fn data_header(len: usize) -> ([u8; DATA_HEADER_MAX], usize) {
+fn data_header(len: u64) -> ([u8; DATA_HEADER_MAX], usize) {
     let mut h = [0u8; DATA_HEADER_MAX];
-    let len = len as u64;
     let n = if len < 1 << 6 {
         h[1] = len as u8;
         1
@@ -838,13 +914,15 @@ enum Progress {
 }
 
 /// Moves a response on as far as the stream takes it, counting the body bytes taken in
-/// `r.sent`. A response that is parked must be resumed first ([`resume`]).
+/// `r.sent`. A response that is parked must be resumed first ([`resume`]). The body goes as
+/// one DATA frame (see the module docs): its header, then slices of the blocks `reader`
+/// reads, then an empty DATA frame with the FIN.
 fn progress(
     h3: &mut quiche::h3::Connection,
     conn: &mut udpx_quic::Connection,
     sid: u64,
     r: &mut Response,
-    pool: &mut BufPool,
+    reader: &mut Reader,
     now: Instant,
 ) -> Progress {
     if let Some(h) = r.headers.take() {
@@ -858,51 +936,63 @@ fn progress(
         }
     }
     let Some(b) = r.body.as_mut() else { return Progress::Done };
-    loop {
-        if b.pending.is_none() {
-            if b.left == 0 {
-                return Progress::Done;
-            }
-            let cap = match conn.stream_capacity(sid) {
-                Ok(c) => c,
-                Err(_) => return Progress::Failed,
-            };
-            // Room for the DATA frame's header too, so the chunk goes whole, in one frame.
-            if cap <= DATA_HEADER_MAX {
-                // quiche reports the stream writable again once it can take this.
-                let _ = conn.stream_writable(sid, DATA_HEADER_MAX + 1);
+    if !b.framed && b.total > 0 {
+        let (header, hlen) = data_header(b.total);
+        match conn.stream_capacity(sid) {
+            Ok(cap) if cap > hlen => {}
+            Ok(_) => {
+                // quiche reports the stream writable again once it can take the header whole.
+                let _ = conn.stream_writable(sid, hlen + 1);
                 return Progress::Waiting;
             }
-            let Some((file, _)) = b.open.as_mut() else { return Progress::Failed };
-            let n = ((cap - DATA_HEADER_MAX).min(pool.size()) as u64).min(b.left) as usize;
-            let (header, hlen) = data_header(n);
-            // The file read straight into the buffer quiche keeps: no copy before the packet.
-            match pool.fill(n, &header[..hlen], |s| file.read_exact(s)) {
-                Ok(buf) => b.pending = Some(buf),
+            Err(_) => return Progress::Failed,
+        }
+        match conn.stream_send(sid, &header[..hlen], false) {
+            Ok(n) if n == hlen => b.framed = true,
+            _ => return Progress::Failed,
+        }
+    }
+    loop {
+        let buf = match b.pending.take() {
+            Some(buf) => buf,
+            None if b.left == 0 => {
+                // The end: an empty DATA frame carries the FIN through quiche's HTTP/3 layer,
+                // which then knows the stream is finished (its bookkeeping, as for any body).
+                return match h3.send_body(conn, sid, &[], true) {
+                    Ok(_) => Progress::Done,
+                    Err(quiche::h3::Error::Done | quiche::h3::Error::StreamBlocked) => Progress::Waiting,
+                    Err(_) => Progress::Failed,
+                };
+            }
+            None => match reader.read(b) {
+                Ok(buf) => buf,
                 // The file shrank or failed under us: the stream cannot be completed honestly.
                 Err(_) => return Progress::Failed,
-            }
-            b.left -= n as u64;
-        }
-        let fin = b.left == 0;
-        let buf = b.pending.as_mut().expect("filled above");
+            },
+        };
         let len = buf.len();
-        match h3.send_body_zc(conn, sid, buf, fin) {
-            Ok(w) => {
+        // A clone shares the vector (a count, not a copy): kept if quiche takes nothing.
+        match conn.stream_send_zc(sid, buf.clone(), false) {
+            Ok((w, rest)) => {
                 r.sent += w as u64;
                 r.unstamped += w as u64;
                 if r.unstamped >= MIN_PROGRESS {
                     (r.progressed, r.unstamped) = (now, 0);
                 }
                 if w < len {
-                    return Progress::Waiting; // `buf` is what is left of the chunk
-                }
-                b.pending = None;
-                if fin {
-                    return Progress::Done;
+                    // What it did not take comes back split off (all of it when `w` is 0).
+                    let Some(rest) = rest.filter(|rest| rest.len() == len - w) else { return Progress::Failed };
+                    b.pending = Some(rest);
+                    // quiche reports the stream writable again once it takes a byte more.
+                    let _ = conn.stream_writable(sid, 1);
+                    return Progress::Waiting;
                 }
             }
-            Err(quiche::h3::Error::Done | quiche::h3::Error::StreamBlocked) => return Progress::Waiting,
+            Err(quiche::Error::Done) => {
+                b.pending = Some(buf);
+                let _ = conn.stream_writable(sid, 1);
+                return Progress::Waiting;
+            }
             Err(_) => return Progress::Failed,
         }
     }
@@ -918,7 +1008,7 @@ mod body_tests {
             let (b, len) = data_header(n);
             b[..len].to_vec()
         };
-        assert_eq!(h(0), [0x00, 0x00]);
+        assert_eq!(h(0u64), [0x00, 0x00]);
         assert_eq!(h(63), [0x00, 0x3f]);
         assert_eq!(h(64), [0x00, 0x40, 0x40]);
         assert_eq!(h(16_383), [0x00, 0x7f, 0xff]);

@@ -24,7 +24,7 @@ use crate::tcp::TcpServer;
 use crate::tls::{pem_files, server_config, Tls};
 use crate::Error;
 
-pub use crate::http::CHUNK;
+pub use crate::http::{BLOCK, CHUNK};
 pub use crate::tls::{CONNECTION_WINDOW, MAX_FIELD_SECTION, REQUEST_WINDOW};
 
 /// How to serve: the QUIC server's settings ([`ServerConfig`], whole) and the HTTP/3 file
@@ -496,6 +496,8 @@ impl udpx_metrics::Source for MetricsSource {
             c("http_not_modified", "304 responses", h.not_modified),
             c("http_range_not_satisfiable", "416 responses", h.range_not_satisfiable),
             c("http_body_bytes", "Body bytes the transports took", h.body_bytes),
+            c("http_file_reads", "Reads from files for HTTP/3 bodies", h.file_reads),
+            c("http_file_bytes_read", "Bytes read from files for HTTP/3 bodies", h.file_bytes_read),
             c("http_incomplete", "Responses not sent whole (reset, stopped, connection gone)", h.incomplete),
             c(
                 "http_unavailable",

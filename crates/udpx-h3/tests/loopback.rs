@@ -32,6 +32,13 @@ fn every_io_mode_every_size_byte_for_byte() {
         eprintln!("{io}: {}", serde_json::to_string(&c).unwrap());
         assert_eq!(c.http.ok, 3);
         assert!(c.quic.bytes_sent > BIG as u64);
+        // Each body read once, in large blocks whatever the stream took per turn (issue 47):
+        // `big` in 256 KiB reads and one for its tail, `small` in one. (One read per turn's
+        // stream capacity, at most 64 KiB, made it 150 reads or more.)
+        let body: usize = ["empty", "small", "big"].iter().map(|n| site.file(n).len()).sum();
+        assert_eq!(c.http.file_bytes_read, body as u64, "{io}: one pass of the read");
+        let most = BIG.div_ceil(udpx_h3::server::BLOCK) + 2;
+        assert!(c.http.file_reads as usize <= most, "{io}: {} reads, at most {most}", c.http.file_reads);
         assert!(c.quic.connections >= 3);
         match io {
             IoMode::Sendmsg => {
