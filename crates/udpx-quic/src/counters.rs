@@ -72,6 +72,9 @@ host_counters! {
     lost_packets,
     /// Packets quiche retransmitted (its `Stats::retrans`).
     retransmitted,
+    /// Stream bytes quiche sent again (its `Stats::stream_retrans_bytes`): each is copied
+    /// into a packet and sealed once more.
+    stream_bytes_retransmitted,
     /// Receive system calls (the socket's count).
     recv_calls,
     /// Datagrams received (GRO buffers split).

@@ -432,7 +432,9 @@ impl<A: App> Host<A> {
         let st = e.conn.stats();
         self.counters.lost_packets += (st.lost as u64).saturating_sub(e.seen_lost);
         self.counters.retransmitted += (st.retrans as u64).saturating_sub(e.seen_retrans);
-        (e.seen_lost, e.seen_retrans) = (st.lost as u64, st.retrans as u64);
+        self.counters.stream_bytes_retransmitted += st.stream_retrans_bytes.saturating_sub(e.seen_stream_retrans);
+        (e.seen_lost, e.seen_retrans, e.seen_stream_retrans) =
+            (st.lost as u64, st.retrans as u64, st.stream_retrans_bytes);
         if e.conn.is_closed() {
             self.reap(slot);
             return;
