@@ -259,6 +259,12 @@ struct ServeArgs {
     /// past it), so that one client cannot take every file of the shard.
     #[arg(long, default_value_t = udpx_h3::DEFAULT_MAX_OPEN_PER_ADDR)]
     max_open_per_addr: usize,
+    /// A block cache of this many bytes (k, M, G): HTTP/3 bodies read once into 256 KiB
+    /// blocks that every response and shard share and send without a copy (the same segment to
+    /// many viewers comes from the file once). It counts blocks packets still hold; a file
+    /// larger than it streams. Publish files by rename. 0 (the default): off.
+    #[arg(long, default_value = "0", value_parser = parse_cache_size, value_name = "BYTES")]
+    cache_size: u64,
     /// An HTTP/3 response that takes less than 16 KiB in this many seconds (a paused video, a
     /// shut flow-control window) is parked: it closes its file and waits for the client to
     /// read again, then reopens it and goes on if the file is unchanged (same ETag), else its
@@ -556,6 +562,18 @@ fn bench_flood(a: H3BenchArgs, rate: u64) -> ExitCode {
     let r = udpx_h3_bench::bench::flood::run(&cfg, &mut |l| eprintln!("udpx {CMD}: {l}"));
     let needs = "the attack lab needs root (network namespaces, raw sockets)";
     lab_report(CMD, needs, "h3_flood", a.json, r, udpx_h3_bench::bench::flood::table)
+}
+
+/// `--cache-size`: 0 (off), or 1 MB to 100 GB.
+fn parse_cache_size(s: &str) -> Result<u64, String> {
+    if s == "0" {
+        return Ok(0);
+    }
+    let v = util::parse_size_arg(s)?;
+    if v < 1_000_000 {
+        return Err(format!("{s:?}: give 0 (off) or at least 1M (a block is 256 KiB)"));
+    }
+    Ok(v)
 }
 
 /// `udpx bench h3 --restart`: the upgrade, reload and restart table.
@@ -1001,6 +1019,7 @@ fn serve(a: ServeArgs) -> ExitCode {
         max_open_per_conn: a.max_open_per_conn,
         max_open_per_shard: a.max_open_per_shard,
         max_open_per_addr: a.max_open_per_addr,
+        cache_size: a.cache_size as usize,
         stall_timeout: std::time::Duration::from_secs(a.stall_timeout),
         park_timeout: std::time::Duration::from_secs(a.park_timeout),
         idle_timeout: std::time::Duration::from_secs(a.idle_timeout),

@@ -135,6 +135,8 @@ pub struct FileBody {
     /// The file's strong validator as the response's headers carry it: a response that gave
     /// its file back ([`Site::reopen`]) goes on only from a file with the same one.
     pub etag: String,
+    /// The version of the file opened (what its cached blocks are keyed by).
+    pub id: crate::cache::FileId,
 }
 
 /// Why a response that gave its file back cannot go on ([`Site::reopen`]).
@@ -625,7 +627,7 @@ impl Site {
                     return self.empty(500, vec![]);
                 }
             }
-            Some(FileBody { file, len: n, end: start + n, etag: v.etag.clone() })
+            Some(FileBody { file, len: n, end: start + n, etag: v.etag.clone(), id: crate::cache::FileId::of(&meta) })
         };
         Answer { status, headers: h, body }
     }

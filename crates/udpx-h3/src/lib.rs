@@ -27,6 +27,7 @@
 #![forbid(unsafe_code)]
 
 mod accesslog;
+pub mod cache;
 pub mod client;
 pub mod files;
 mod goaway;

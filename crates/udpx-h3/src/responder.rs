@@ -70,8 +70,8 @@
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::fs::File;
-use std::io::Read;
 use std::net::{IpAddr, SocketAddr};
+use std::os::unix::fs::FileExt;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -80,6 +80,7 @@ use quiche::h3::NameValue;
 use udpx_quic::bufs::{Buf, BufPool};
 use udpx_quic::App;
 
+use crate::cache::{BlockCache, FileId, Found};
 use crate::goaway::{GoAway, H3_REQUEST_REJECTED};
 use crate::heads::{HeadBudget, Heads};
 use crate::http::{LogEntry, RequestHead, Site, BLOCK, CHUNK};
@@ -122,7 +123,7 @@ pub(crate) struct Bounds {
 
 impl FileServer {
     /// A shard's responder for `site` within `bounds`.
-    pub(crate) fn new(site: Arc<Site>, bounds: Bounds) -> FileServer {
+    pub(crate) fn new(site: Arc<Site>, bounds: Bounds, cache: Option<Arc<BlockCache>>) -> FileServer {
         let mut h3_config = quiche::h3::Config::new().expect("quiche's h3::Config::new cannot fail");
         // A request's field section at most this large (quiche refuses a HEADERS frame over
         // 1.5 times it with H3_EXCESSIVE_LOAD before buffering it).
@@ -139,6 +140,7 @@ impl FileServer {
                 blocks: BufPool::new(BLOCK, BLOCKS_KEPT),
                 ahead: Rc::new(Cell::new(0)),
                 site: Arc::clone(&site),
+                cache,
             },
             site,
             scratch: vec![0; CHUNK],
@@ -250,6 +252,8 @@ struct Body {
     open: Option<(File, OpenFile)>,
     /// The body's length: its one DATA frame's.
     total: u64,
+    /// The file's version (the cache's key; a resumed response's file must be the same).
+    id: FileId,
     /// The DATA frame's header has gone to quiche.
     framed: bool,
     /// Its share of the shard's read-ahead, while it reads [`BLOCK`]s.
@@ -287,13 +291,35 @@ struct Reader {
     /// Responses holding an [`Ahead`] now.
     ahead: Rc<Cell<usize>>,
     site: Arc<Site>,
+    /// The server's block cache (`--cache-size`), if on.
+    cache: Option<Arc<BlockCache>>,
 }
 
 impl Reader {
-    /// Reads the next piece of `b`'s range into a buffer quiche can keep: a [`BLOCK`] while
-    /// more than a [`CHUNK`] is left and the shard's read-ahead allows, else at most a
-    /// [`CHUNK`]. `Err` when the file failed or shrank under us.
+    /// The next piece of `b`'s range in a buffer quiche can keep: from the block cache if on
+    /// (the rest of the cached block that holds it), else read (positionally) a [`BLOCK`]
+    /// while more than a [`CHUNK`] is left and the shard's read-ahead allows, else at most a
+    /// [`CHUNK`]. `Err` when the file failed, shrank or changed under us.
     fn read(&mut self, b: &mut Body) -> std::io::Result<Buf> {
+        let offset = b.end - b.left;
+        if let (Some(cache), Some((file, _))) = (&self.cache, b.open.as_ref()) {
+            let block = match cache.block(file, &b.id, offset)? {
+                Found::Block(block) => Some(block),
+                Found::Filled(block) => {
+                    self.site.count_read(block.len());
+                    Some(block)
+                }
+                Found::NoRoom => None,
+            };
+            if let Some(block) = block {
+                let within = (offset % BLOCK as u64) as usize;
+                let n = ((block.len() - within) as u64).min(b.left) as usize;
+                let buf =
+                    Buf::of(&block, within, n).ok_or_else(|| std::io::Error::other("a block shorter than its file"))?;
+                b.left -= n as u64;
+                return Ok(buf);
+            }
+        }
         if b.left > CHUNK as u64 && b.ahead.is_none() && self.ahead.get() < READ_AHEAD / (2 * BLOCK) {
             self.ahead.set(self.ahead.get() + 1);
             b.ahead = Some(Ahead(self.ahead.clone()));
@@ -306,7 +332,7 @@ impl Reader {
         let Some((file, _)) = b.open.as_mut() else {
             return Err(std::io::Error::other("the response holds no file"));
         };
-        let buf = pool.fill(n, &[], |s| file.read_exact(s))?;
+        let buf = pool.fill(n, &[], |s| file.read_exact_at(s, offset))?;
         self.site.count_read(n);
         b.left -= n as u64;
         Ok(buf)
@@ -693,6 +719,7 @@ impl FileServer {
             (Some(b), Some(claim), Some(p)) => Some(Body {
                 open: Some((b.file, claim)),
                 total: b.len,
+                id: b.id,
                 framed: false,
                 ahead: None,
                 left: b.len,
@@ -852,7 +879,13 @@ fn resume(
             return Err(());
         };
         match budget.site.reopen(&b.target, &b.etag, b.end - b.left) {
-            Ok(file) => b.open = Some((file, claim)),
+            Ok(file) => {
+                // Same ETag; its change time may differ (a chmod): the cache keys this version.
+                if let Ok(meta) = file.metadata() {
+                    b.id = FileId::of(&meta);
+                }
+                b.open = Some((file, claim));
+            }
             Err(why) => {
                 log::debug!("udpx-h3: a parked response cannot go on: {why:?}");
                 budget.site.count_resumed(false);

@@ -78,6 +78,9 @@ pub struct ServeConfig {
     /// minimum rate (its window, the park and idle timeouts are `stall_timeout`,
     /// `park_timeout` and `idle_timeout`: one rule for both listeners).
     pub tcp_limits: crate::tcp::TcpLimits,
+    /// The block cache's bound in bytes (`--cache-size`, [`crate::cache`]): HTTP/3 bodies
+    /// read once into 256 KiB blocks shared by every response and shard. 0: off.
+    pub cache_size: usize,
 }
 
 impl ServeConfig {
@@ -102,6 +105,7 @@ impl ServeConfig {
             idle_timeout: DEFAULT_IDLE_TIMEOUT,
             alt_svc_tcp: None,
             tcp_limits: crate::tcp::TcpLimits::default(),
+            cache_size: 0,
         }
     }
 }
@@ -184,6 +188,8 @@ pub struct ServeCounters {
     pub http: HttpSnapshot,
     /// The HTTPS-over-TCP listener's connections (`alt_svc_tcp`), if it runs.
     pub tcp: Option<crate::tcp::TcpSnapshot>,
+    /// The block cache (`cache_size`), if on.
+    pub cache: Option<crate::cache::CacheCounters>,
 }
 
 /// A running server.
@@ -195,6 +201,7 @@ pub struct H3Server {
     tcp: Option<TcpServer>,
     /// How the shards' quiche configurations are made, for a reload.
     quic_settings: QuicSettings,
+    cache: Option<Arc<crate::cache::BlockCache>>,
 }
 
 /// What a shard's quiche configuration is made from, besides the certificate.
@@ -289,7 +296,11 @@ pub fn serve(dir: &Path, cfg: &ServeConfig) -> Result<H3Server, Error> {
         None => None,
     };
     let pass_on = starting.pass_on();
-    let server = starting.start(configs, move |_shard| FileServer::new(site2.clone(), bounds)).map_err(Error::Quic)?;
+    let cache = (cfg.cache_size > 0).then(|| Arc::new(crate::cache::BlockCache::new(cfg.cache_size)));
+    let shared = cache.clone();
+    let server = starting
+        .start(configs, move |_shard| FileServer::new(site2.clone(), bounds, shared.clone()))
+        .map_err(Error::Quic)?;
     site.set_alt_svc(server.local_addr().port());
     // Accepting from here: an upgrade's predecessor stops accepting from the same queue when
     // it drains.
@@ -298,7 +309,7 @@ pub fn serve(dir: &Path, cfg: &ServeConfig) -> Result<H3Server, Error> {
         None => None,
     };
     drop(files); // loaded into every configuration: a generated one is removed now
-    Ok(H3Server { server, site, generated_cert: cfg.tls == Tls::SelfSigned, tcp, quic_settings })
+    Ok(H3Server { server, site, generated_cert: cfg.tls == Tls::SelfSigned, tcp, quic_settings, cache })
 }
 
 /// The HTTPS-over-TCP listener for `addr`: the one the predecessor passed on (an upgrade),
@@ -352,6 +363,7 @@ impl H3Server {
             quic: self.server.counters(),
             http: self.site.counters(),
             tcp: self.tcp.as_ref().map(TcpServer::counters),
+            cache: self.cache.as_ref().map(|c| c.counters()),
         }
     }
 
@@ -369,6 +381,7 @@ impl H3Server {
             probe: self.server.probe(),
             site: self.site.clone(),
             tcp: self.tcp.as_ref().map(TcpServer::probe),
+            cache: self.cache.clone(),
         };
         udpx_metrics::MetricsServer::start(addr, Arc::new(source))
     }
@@ -427,7 +440,7 @@ impl H3Server {
         if let Err(e) = self.site.flush_log() {
             log::warn!("udpx-h3: {e}");
         }
-        Ok(ServeCounters { quic, http: self.site.counters(), tcp })
+        Ok(ServeCounters { quic, http: self.site.counters(), tcp, cache: self.cache.as_ref().map(|c| c.counters()) })
     }
 
     /// Waits (5 s at most) until the access log holds the line of every response finished so
@@ -442,6 +455,7 @@ struct MetricsSource {
     probe: udpx_quic::ServerProbe,
     site: Arc<Site>,
     tcp: Option<crate::tcp::TcpProbe>,
+    cache: Option<Arc<crate::cache::BlockCache>>,
 }
 
 /// `quic_<name>` for every host count, made once: metric names are `'static` (a bounded set,
@@ -550,6 +564,27 @@ impl udpx_metrics::Source for MetricsSource {
                 h.rejected,
             ),
         ];
+        if let Some(k) = self.cache.as_ref().map(|c| c.counters()) {
+            out.extend([
+                level("cache_capacity_bytes", "The block cache's bound (--cache-size)", k.capacity),
+                c("cache_hits", "Body blocks found in the cache", k.hits),
+                c("cache_misses", "Body blocks read from a file and kept", k.misses),
+                c(
+                    "cache_uncached",
+                    "Body blocks read from a file and not kept (no room, or the file changed under the read)",
+                    k.uncached,
+                ),
+                c("cache_changed", "Cache fills that found the file changed under the read", k.changed),
+                c("cache_bytes_filled", "Bytes read from files into the cache", k.bytes_filled),
+                c("cache_evictions", "Blocks evicted from the cache, least recently used first", k.evictions),
+                level("cache_blocks", "Blocks in the cache now", k.blocks),
+                level(
+                    "cache_held_bytes",
+                    "Bytes of cached blocks alive now, evicted ones that packets still hold included",
+                    k.held,
+                ),
+            ]);
+        }
         if let Some(t) = self.tcp.as_ref().map(crate::tcp::TcpProbe::snapshot) {
             out.extend([
                 c("tcp_connections", "HTTPS-over-TCP connections accepted (--alt-svc-tcp)", t.connections),

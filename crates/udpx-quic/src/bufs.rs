@@ -8,11 +8,15 @@
 //! is quiche's into the packet. Every connection of a [`crate::Host`] is a
 //! [`Connection`] (quiche's, on [`Bufs`]).
 //!
-//! A [`Buf`] is a range of a shared vector, with room kept before it so the HTTP/3 DATA
+//! A [`Buf`] is a range of a shared [`Block`], with room kept before it so the HTTP/3 DATA
 //! frame's header goes in front of the body without a buffer of its own
-//! (`BufSplit::try_add_prefix`). A [`BufPool`] hands the vectors out again once quiche has
-//! dropped every range of them (all acknowledged): no allocation per chunk in steady state.
+//! (`BufSplit::try_add_prefix`). A [`BufPool`] hands the blocks out again once quiche has
+//! dropped every range of them (all acknowledged): no allocation per chunk in steady state. A
+//! block may also be *metered* ([`Block::metered`]): it counts its bytes in a shared gauge for
+//! as long as it lives, in a cache or in packets not yet acknowledged, so a cache's bound
+//! counts what its evicted blocks still hold.
 
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
 
 /// Room kept before a [`Buf`]'s bytes for a frame header (an HTTP/3 DATA frame's is at most
@@ -33,7 +37,7 @@ impl quiche::BufFactory for Bufs {
     fn buf_from_slice(buf: &[u8]) -> Buf {
         let mut v = Vec::with_capacity(buf.len());
         v.extend_from_slice(buf);
-        Buf { end: v.len(), data: Arc::new(v), start: 0 }
+        Buf { end: v.len(), data: Arc::new(Block { bytes: v, meter: None }), start: 0 }
     }
 
     fn dgram_buf_from_slice(buf: &[u8]) -> Vec<u8> {
@@ -44,15 +48,64 @@ impl quiche::BufFactory for Bufs {
 /// Bytes quiche can hold without copying: `data[start..end]`, shared.
 #[derive(Debug, Clone, Default)]
 pub struct Buf {
-    data: Arc<Vec<u8>>,
+    data: Arc<Block>,
     start: usize,
     end: usize,
 }
 
+/// A vector [`Buf`]s share: [`HEADROOM`] bytes, then the bytes they hold.
+#[derive(Debug, Default)]
+pub struct Block {
+    bytes: Vec<u8>,
+    /// Counts the vector's length while it lives ([`Block::metered`]).
+    meter: Option<Arc<AtomicUsize>>,
+}
+
+impl Block {
+    /// A zeroed block of `len` bytes (after the headroom) whose size `meter` counts until it
+    /// is dropped (by its last holder: a cache, or quiche once every range is acknowledged).
+    pub fn metered(len: usize, meter: &Arc<AtomicUsize>) -> Block {
+        let bytes = vec![0u8; HEADROOM + len];
+        meter.fetch_add(bytes.len(), Relaxed);
+        Block { bytes, meter: Some(meter.clone()) }
+    }
+
+    /// Its bytes after the headroom, to fill.
+    pub fn bytes_mut(&mut self) -> &mut [u8] {
+        &mut self.bytes[HEADROOM..]
+    }
+
+    /// Its length after the headroom.
+    pub fn len(&self) -> usize {
+        self.bytes.len() - HEADROOM
+    }
+
+    /// Whether it holds no byte after the headroom.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl Drop for Block {
+    fn drop(&mut self) {
+        if let Some(m) = &self.meter {
+            m.fetch_sub(self.bytes.len(), Relaxed);
+        }
+    }
+}
+
 impl Buf {
     /// The bytes `[HEADROOM..HEADROOM + len)` of `data` (a vector of a [`BufPool`], filled).
-    fn filled(data: Arc<Vec<u8>>, len: usize) -> Buf {
+    fn filled(data: Arc<Block>, len: usize) -> Buf {
         Buf { data, start: HEADROOM, end: HEADROOM + len }
+    }
+
+    /// `len` bytes of `block` from `offset` (counted after its headroom), shared: a slice of a
+    /// cached block, sent without a copy. `None` past its end.
+    pub fn of(block: &Arc<Block>, offset: usize, len: usize) -> Option<Buf> {
+        let start = HEADROOM.checked_add(offset)?;
+        let end = start.checked_add(len)?;
+        (end <= block.bytes.len()).then(|| Buf { data: block.clone(), start, end })
     }
 
     /// Its length.
@@ -68,7 +121,7 @@ impl Buf {
 
 impl AsRef<[u8]> for Buf {
     fn as_ref(&self) -> &[u8] {
-        &self.data[self.start..self.end]
+        &self.data.bytes[self.start..self.end]
     }
 }
 
@@ -86,13 +139,13 @@ impl quiche::BufSplit for Buf {
         }
         let before = self.start - prefix.len()..self.start;
         // Written there at the fill (the caller knew the header): nothing to copy.
-        if self.data[before.clone()] == *prefix {
+        if self.data.bytes[before.clone()] == *prefix {
             self.start -= prefix.len();
             return true;
         }
         // Else only while nothing else holds the vector: quiche may hold the bytes before ours.
         let Some(v) = Arc::get_mut(&mut self.data) else { return false };
-        v[before].copy_from_slice(prefix);
+        v.bytes[before].copy_from_slice(prefix);
         self.start -= prefix.len();
         true
     }
@@ -104,7 +157,7 @@ impl quiche::BufSplit for Buf {
 pub struct BufPool {
     size: usize,
     max: usize,
-    vecs: Vec<Arc<Vec<u8>>>,
+    vecs: Vec<Arc<Block>>,
     /// Where the next search for a free vector starts (round robin).
     next: usize,
     /// Vectors made (not taken from the pool).
@@ -135,9 +188,9 @@ impl BufPool {
     ) -> Result<Buf, E> {
         let len = len.min(self.size);
         let prefix = if prefix.len() <= HEADROOM { prefix } else { &[] };
-        let write = |v: &mut Vec<u8>| {
-            v[HEADROOM - prefix.len()..HEADROOM].copy_from_slice(prefix);
-            fill(&mut v[HEADROOM..HEADROOM + len])
+        let write = |b: &mut Block| {
+            b.bytes[HEADROOM - prefix.len()..HEADROOM].copy_from_slice(prefix);
+            fill(&mut b.bytes[HEADROOM..HEADROOM + len])
         };
         let n = self.vecs.len();
         // A few looks, not a walk over the pool: quiche lets go of vectors roughly in order.
@@ -146,7 +199,7 @@ impl BufPool {
             Some(i) => i,
             None => {
                 self.made += 1;
-                let mut v = vec![0u8; HEADROOM + self.size];
+                let mut v = Block { bytes: vec![0u8; HEADROOM + self.size], meter: None };
                 if n >= self.max {
                     // Not kept: the pool is at its bound.
                     write(&mut v)?;
@@ -219,6 +272,23 @@ mod tests {
         let d = pool.fill(4, &[], all(4)).unwrap();
         assert_eq!((pool.made, d.as_ref()), (3, &[4u8; 4][..]));
         assert_eq!(b.as_ref(), &[2u8; 8][..], "a held vector is never refilled");
+    }
+
+    #[test]
+    fn a_metered_block_counts_until_its_last_range_is_dropped() {
+        let meter = Arc::new(AtomicUsize::new(0));
+        let mut block = Block::metered(100, &meter);
+        block.bytes_mut().iter_mut().enumerate().for_each(|(i, b)| *b = i as u8);
+        let block = Arc::new(block);
+        assert_eq!(meter.load(Relaxed), HEADROOM + 100);
+        let slice = Buf::of(&block, 10, 5).unwrap();
+        assert_eq!(slice.as_ref(), &[10, 11, 12, 13, 14]);
+        assert!(Buf::of(&block, 96, 5).is_none(), "past its end");
+        assert!(Buf::of(&block, usize::MAX, 1).is_none());
+        drop(block);
+        assert_eq!(meter.load(Relaxed), HEADROOM + 100, "a range still holds it");
+        drop(slice);
+        assert_eq!(meter.load(Relaxed), 0);
     }
 
     #[test]

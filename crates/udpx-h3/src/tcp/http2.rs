@@ -146,7 +146,7 @@ async fn respond_stream(
     let mut head = http::Response::new(());
     *head.status_mut() = status;
     *head.headers_mut() = headers;
-    let Some(FileBody { file, len, end, etag }) = body.filter(|b| b.len > 0) else {
+    let Some(FileBody { file, len, end, etag, .. }) = body.filter(|b| b.len > 0) else {
         log.complete = respond.send_response(head, true).is_ok();
         return;
     };
