@@ -147,6 +147,11 @@ struct ServeArgs {
     /// The cache-control of file responses (200, 206, 304).
     #[arg(long, default_value = "no-cache")]
     cache_control: String,
+    /// Let pages of this origin read the answers (CORS: a web player on another site fetching
+    /// segments and ranges): `https://player.example` as a browser sends it, repeatable, or
+    /// `*` for any origin. Preflights are answered; every answer carries the headers.
+    #[arg(long, value_name = "ORIGIN")]
+    cors: Vec<String>,
     /// Also serve the same files over HTTPS on TCP at this address (HTTP/1.1 and HTTP/2, the
     /// same certificate), every answer announcing HTTP/3 with `alt-svc`: a browser that starts
     /// on TCP moves to HTTP/3 by itself.
@@ -966,6 +971,10 @@ fn serve(a: ServeArgs) -> ExitCode {
     if let Err(e) = limits.check() {
         return usage(e);
     }
+    let cors = match udpx_h3::cors::Cors::parse(&a.cors) {
+        Ok(c) => c,
+        Err(e) => return usage(e),
+    };
     if a.coalesce > 100_000 {
         return usage(format!("--coalesce {}: give 0 to 100000 microseconds", a.coalesce));
     }
@@ -1012,7 +1021,7 @@ fn serve(a: ServeArgs) -> ExitCode {
         quic,
         tls,
         max_udp_payload: a.max_udp_payload,
-        site: SiteOptions { cache_control: a.cache_control, access_log: a.access_log },
+        site: SiteOptions { cache_control: a.cache_control, access_log: a.access_log, cors },
         early_data: a.early_data,
         grease: a.grease,
         cc: a.cc,

@@ -51,6 +51,8 @@ fn bad_input_exits_2_and_says_what_to_change() {
         (&["h3", "serve", www, "--tcp-max-connections", "0"], "--tcp-max-connections"),
         (&["h3", "serve", www, "--cache-size", "10k"], "give 0 (off) or at least 1M"),
         (&["h3", "serve", www, "--cache-size", "lots"], "--cache-size"),
+        (&["h3", "serve", www, "--cors", "player.example"], "as a browser sends it"),
+        (&["h3", "serve", www, "--cors", "*", "--cors", "https://a.example"], "give * alone"),
         (&["h3", "get", "http://127.0.0.1/"], "https://"),
         (&["h3", "get", "https://127.0.0.1:99999/"], "port"),
         (&["h3", "get", "https://127.0.0.1:1/", "-o", "/nonexistent-dir/x"], "output file"),

@@ -70,13 +70,15 @@ pub struct SiteOptions {
     pub cache_control: String,
     /// Write one line per request here (`-`: standard output); off when `None`.
     pub access_log: Option<PathBuf>,
+    /// Which other origins' pages may read the answers (`--cors`, [`crate::cors`]).
+    pub cors: crate::cors::Cors,
 }
 
 impl Default for SiteOptions {
     /// `no-cache` (a cache keeps the file but asks, with its validators, before each reuse),
     /// no access log.
     fn default() -> Self {
-        SiteOptions { cache_control: "no-cache".into(), access_log: None }
+        SiteOptions { cache_control: "no-cache".into(), access_log: None, cors: crate::cors::Cors::Off }
     }
 }
 
@@ -85,6 +87,7 @@ impl Default for SiteOptions {
 pub struct Site {
     root: Root,
     cache_control: String,
+    cors: crate::cors::Cors,
     alt_svc: OnceLock<String>,
     counters: HttpCounters,
     log: Option<crate::accesslog::AccessLog>,
@@ -170,6 +173,34 @@ pub struct LogEntry<'a> {
     /// Whether the whole response was sent (false: the peer reset the stream or went away,
     /// or the file failed).
     pub complete: bool,
+}
+
+/// What the access log says of a QUIC connection when it closes (one line each).
+#[derive(Debug, Clone)]
+pub struct ConnClose<'a> {
+    /// The client (its address when the connection closed).
+    pub peer: SocketAddr,
+    /// From its acceptance to its close.
+    pub duration: Duration,
+    /// Smoothed and minimum round-trip time of its path.
+    pub rtt: Duration,
+    pub min_rtt: Option<Duration>,
+    /// Packets sent, declared lost, retransmitted.
+    pub sent: usize,
+    pub lost: usize,
+    pub retransmitted: usize,
+    /// Its congestion controller and final window, bytes.
+    pub cc: &'static str,
+    pub cwnd: usize,
+    /// Bytes sent and received (UDP payload).
+    pub bytes_sent: u64,
+    pub bytes_received: u64,
+    /// Requests it made.
+    pub requests: u64,
+    /// `server`, `client`, or `idle` (no packet for its idle timeout: nobody sent a close).
+    pub closed_by: &'static str,
+    /// The CONNECTION_CLOSE's error code (`app:` for an application's) and reason.
+    pub error: Option<(bool, u64, &'a [u8])>,
 }
 
 /// Counters shared by every listener.
@@ -389,6 +420,7 @@ impl Site {
         Ok(Site {
             root,
             cache_control: cc.clone(),
+            cors: opts.cors.clone(),
             alt_svc: OnceLock::new(),
             counters: HttpCounters::default(),
             log: log.map(crate::accesslog::AccessLog::start).transpose().map_err(Error::Io)?,
@@ -428,18 +460,31 @@ impl Site {
     /// The answer to `req` (counted by status).
     pub fn answer(&self, req: &RequestHead<'_>) -> Answer {
         self.counters.requests.fetch_add(1, Relaxed);
-        let a = self.answer_uncounted(req);
+        let a = match self.cors.preflight(req.headers) {
+            // A preflight carries its own CORS headers.
+            Some((status, h)) if req.method == b"OPTIONS" => self.empty(status, h),
+            _ => {
+                let mut a = if req.method == b"OPTIONS" && self.cors.is_on() {
+                    self.empty(204, vec![("allow", "GET, HEAD, OPTIONS".into())])
+                } else {
+                    self.answer_uncounted(req)
+                };
+                self.cors.decorate(req.headers, &mut a.headers);
+                a
+            }
+        };
         self.counters.count(a.status);
         a
     }
 
-    /// A request answered without looking at it: 503 (the server holds as many open
+    /// A request answered without looking at its target: 503 (the server holds as many open
     /// responses as it may; with `retry-after: 1`) or 425 (early data that is not safe to
-    /// replay). Counted like any answer.
-    pub fn refuse(&self, status: u16) -> Answer {
+    /// replay), with the CORS headers its `headers` call for. Counted like any answer.
+    pub fn refuse(&self, status: u16, headers: &[(&[u8], &[u8])]) -> Answer {
         self.counters.requests.fetch_add(1, Relaxed);
         let extra = if status == 503 { vec![("retry-after", "1".to_string())] } else { vec![] };
-        let a = self.empty(status, extra);
+        let mut a = self.empty(status, extra);
+        self.cors.decorate(headers, &mut a.headers);
         self.counters.count(status);
         a
     }
@@ -566,11 +611,48 @@ impl Site {
         }
     }
 
+    /// Writes the access-log line of a QUIC connection that closed (when the log is on).
+    pub fn connection_closed(&self, c: &ConnClose<'_>) {
+        let Some(log) = &self.log else { return };
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        let error = match c.error {
+            Some((app, code, reason)) => {
+                let reason = String::from_utf8_lossy(&reason[..reason.len().min(64)]).escape_default().to_string();
+                format!(" error={}{code:#x} reason=\"{reason}\"", if app { "app:" } else { "" })
+            }
+            None => String::new(),
+        };
+        let line = format!(
+            "{} {} CONNECTION h3 closed_by={} duration={:.3}ms requests={} rtt={:.3}ms min_rtt={} \
+             sent={} lost={} retransmitted={} cc={} cwnd={} bytes_sent={} bytes_received={}{error}\n",
+            humantime::format_rfc3339_millis(SystemTime::now()),
+            c.peer,
+            c.closed_by,
+            ms(c.duration),
+            c.requests,
+            ms(c.rtt),
+            c.min_rtt.map_or("-".into(), |d| format!("{:.3}ms", ms(d))),
+            c.sent,
+            c.lost,
+            c.retransmitted,
+            c.cc,
+            c.cwnd,
+            c.bytes_sent,
+            c.bytes_received,
+        );
+        if !log.line(line) {
+            self.counters.log_dropped.fetch_add(1, Relaxed);
+        }
+    }
+
     fn answer_uncounted(&self, req: &RequestHead<'_>) -> Answer {
         let head = match req.method {
             b"GET" => false,
             b"HEAD" => true,
-            _ => return self.empty(405, vec![("allow", "GET, HEAD".into())]),
+            _ => {
+                let allow = if self.cors.is_on() { "GET, HEAD, OPTIONS" } else { "GET, HEAD" };
+                return self.empty(405, vec![("allow", allow.into())]);
+            }
         };
         let Ok(target) = std::str::from_utf8(req.path) else { return self.empty(400, vec![]) };
         let (mut file, meta, path) = match open(&self.root, target) {

@@ -29,6 +29,7 @@
 mod accesslog;
 pub mod cache;
 pub mod client;
+pub mod cors;
 pub mod files;
 mod goaway;
 pub mod heads;

@@ -119,6 +119,8 @@ pub(crate) struct Bounds {
     pub park: Duration,
     /// No response and no request for this long: the connection is closed.
     pub idle: Duration,
+    /// The congestion controller's name, for the close line.
+    pub cc: &'static str,
 }
 
 impl FileServer {
@@ -386,6 +388,9 @@ pub(crate) struct ConnState {
     resets: Resets,
     /// Its request streams with data and no whole head yet.
     heads: Heads,
+    /// When it was accepted, and the requests it made: for its close line.
+    opened: Instant,
+    served: u64,
 }
 
 impl FileServer {
@@ -443,6 +448,8 @@ impl App for FileServer {
             },
             resets: Resets::default(),
             heads: Heads::default(),
+            opened: Instant::now(),
+            served: 0,
         }
     }
 
@@ -518,6 +525,7 @@ impl App for FileServer {
                         }
                         st.last_request_id = Some(st.last_request_id.map_or(sid, |m| m.max(sid)));
                         st.requests.push(sid);
+                        st.served += 1;
                         st.last_active = now;
                         let r = self.respond(&list, conn.is_in_early_data(), &st.open, st.addr, now);
                         st.responses.insert(sid, r);
@@ -617,7 +625,8 @@ impl App for FileServer {
         st.closing = true;
     }
 
-    fn closed(&mut self, _conn: &udpx_quic::Connection, mut state: ConnState) {
+    fn closed(&mut self, conn: &udpx_quic::Connection, mut state: ConnState) {
+        self.log_close(conn, &state);
         // Responses still under way when the connection ended were not sent whole.
         for (_, r) in state.responses.drain() {
             self.finish(state.peer, r, false);
@@ -631,6 +640,34 @@ impl App for FileServer {
 }
 
 impl FileServer {
+    /// The access log's line of a connection that closed.
+    fn log_close(&self, conn: &udpx_quic::Connection, st: &ConnState) {
+        let s = conn.stats();
+        let path = conn.path_stats().find(|p| p.active);
+        let (closed_by, error) = match (conn.local_error(), conn.peer_error()) {
+            (Some(e), _) => ("server", Some((e.is_app, e.error_code, &e.reason[..]))),
+            (None, Some(e)) => ("client", Some((e.is_app, e.error_code, &e.reason[..]))),
+            (None, None) if conn.is_timed_out() => ("idle", None),
+            (None, None) => ("server", None),
+        };
+        self.site.connection_closed(&crate::http::ConnClose {
+            peer: path.as_ref().map_or(st.peer, |p| p.peer_addr),
+            duration: st.opened.elapsed(),
+            rtt: path.as_ref().map_or(Duration::ZERO, |p| p.rtt),
+            min_rtt: path.as_ref().and_then(|p| p.min_rtt),
+            sent: s.sent,
+            lost: s.lost,
+            retransmitted: s.retrans,
+            cc: self.bounds.cc,
+            cwnd: path.as_ref().map_or(0, |p| p.cwnd),
+            bytes_sent: s.sent_bytes,
+            bytes_received: s.recv_bytes,
+            requests: st.served,
+            closed_by,
+            error,
+        });
+    }
+
     /// Stream `sid`'s head arrived, or the stream ended: no longer an unfinished head.
     fn heads_end(&self, st: &mut ConnState, sid: u64) {
         if st.heads.has(sid) {
@@ -698,9 +735,9 @@ impl FileServer {
         let mut answer = match (method, path) {
             // Early data can be replayed: only safe methods are answered from it (RFC 8470),
             // and only within the early budget (the client asks again after its handshake).
-            _ if early && !safe => self.site.refuse(425),
-            (Some(_), Some(_)) if early && claim.is_none() => self.site.refuse(425),
-            (Some(_), Some(_)) if claim.is_none() => self.site.refuse(503),
+            _ if early && !safe => self.site.refuse(425, &fields),
+            (Some(_), Some(_)) if early && claim.is_none() => self.site.refuse(425, &fields),
+            (Some(_), Some(_)) if claim.is_none() => self.site.refuse(503, &fields),
             (Some(m), Some(p)) => self.site.answer(&RequestHead { method: m, path: p, headers: &fields }),
             // Without :method or :path the request is malformed (RFC 9114 4.3.1).
             _ => self.site.answer(&RequestHead { method: b"GET", path: b"", headers: &[] }),

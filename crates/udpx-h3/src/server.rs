@@ -133,6 +133,14 @@ impl Cc {
             Cc::Bbr2 => udpx_quic::Burst::Window,
         }
     }
+
+    /// Its name (`--cc`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Cc::Cubic => "cubic",
+            Cc::Bbr2 => "bbr2",
+        }
+    }
 }
 
 impl std::str::FromStr for Cc {
@@ -148,10 +156,7 @@ impl std::str::FromStr for Cc {
 
 impl std::fmt::Display for Cc {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Cc::Cubic => "cubic",
-            Cc::Bbr2 => "bbr2",
-        })
+        f.write_str(self.name())
     }
 }
 
@@ -278,6 +283,7 @@ pub fn serve(dir: &Path, cfg: &ServeConfig) -> Result<H3Server, Error> {
         stall: cfg.stall_timeout,
         park: cfg.park_timeout,
         idle: cfg.idle_timeout,
+        cc: cfg.cc.name(),
     };
     // Everything that can fail must fail before an upgrade takes new connections over: the
     // HTTPS-over-TCP listener (the predecessor's socket, passed on, or a new one) is made and

@@ -155,3 +155,45 @@ fn a_rate_limited_fetch_gets_the_whole_body() {
     let r = slow.join().unwrap().expect("fetch across the drain");
     assert_eq!((r.status, r.bytes), (200, BIG as u64), "{r:?}");
 }
+
+/// Issue 48: every connection has its line in the access log when it closes: who closed it,
+/// its requests, RTT, packets, congestion controller and bytes each way.
+#[test]
+fn every_connection_has_its_close_line() {
+    let site = Site::new("closeline");
+    let log = TempDir::new("closeline-log");
+    let path = log.path().join("access.log");
+    let mut cfg = udpx_h3::ServeConfig::new("127.0.0.1:0".parse().unwrap());
+    cfg.site = udpx_h3::SiteOptions { access_log: Some(path.clone()), ..udpx_h3::SiteOptions::default() };
+    let server = udpx_h3::serve(&site.root, &cfg).unwrap();
+    let port = server.local_addr().port();
+    let out = TempDir::new("closeline-out");
+    for name in ["small", "big", "nope"] {
+        let _ = get(&format!("https://127.0.0.1:{port}/{name}"), Some(&out.path().join(name)), &GetConfig::default())
+            .unwrap();
+    }
+    // The client closes each connection; the server's line is written when quiche has drained
+    // it (three times its probe timeout, a few milliseconds here).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while server.counters().quic.closed < 3 && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    server.flush_log().unwrap();
+    let c = server.stop().unwrap();
+    let text = std::fs::read_to_string(&path).unwrap();
+    let lines: Vec<&str> = text.lines().filter(|l| l.contains(" CONNECTION h3 ")).collect();
+    eprintln!("{}", lines.join("\n"));
+    assert_eq!(lines.len() as u64, c.quic.connections, "one line a connection: {text}");
+    assert_eq!(lines.len(), 3);
+    for l in &lines {
+        for field in
+            ["closed_by=client", "requests=1", "rtt=", "min_rtt=", "sent=", "lost=", "cc=bbr2", "cwnd=", "bytes_sent="]
+        {
+            assert!(l.contains(field), "{field} in {l}");
+        }
+        assert!(l.contains(" error=app:0x100 "), "the client's H3_NO_ERROR: {l}");
+    }
+    let big =
+        lines.iter().map(|l| l.split("bytes_sent=").nth(1).unwrap().split(' ').next().unwrap().parse::<u64>().unwrap());
+    assert!(big.max().unwrap() > BIG as u64, "the big download's connection sent it all");
+}

@@ -370,3 +370,54 @@ fn slash_locations_are_safe_in_a_header_and_stay_on_this_host() {
         assert!(!l.starts_with("//"), "{target:?} -> {l:?}");
     }
 }
+
+/// `--cors`: every answer to an allowed origin names it (files, ranges, 304, errors, the
+/// refusals), preflights are answered, and without it nothing changes.
+#[test]
+fn cors_headers_on_every_answer_to_an_allowed_origin() {
+    let cors = crate::cors::Cors::parse(&["https://player.example".into()]).unwrap();
+    let (_d, s) = site(&SiteOptions { cors, ..SiteOptions::default() });
+    let from: &[(&[u8], &[u8])] = &[(b"origin", b"https://player.example")];
+    let ranged: &[(&[u8], &[u8])] = &[(b"origin", b"https://player.example"), (b"range", b"bytes=10-19")];
+    let etag = header(&get(&s, "GET", "/seg.m4s", &[]), "etag").unwrap().to_string();
+    let cond: &[(&[u8], &[u8])] = &[(b"origin", b"https://player.example"), (b"if-none-match", etag.as_bytes())];
+    for (method, path, h, status) in [
+        ("GET", "/seg.m4s", from, 200),
+        ("GET", "/seg.m4s", ranged, 206),
+        ("HEAD", "/seg.m4s", from, 200),
+        ("GET", "/seg.m4s", cond, 304),
+        ("GET", "/nope", from, 404),
+        ("POST", "/", from, 405),
+    ] {
+        let a = get(&s, method, path, h);
+        assert_eq!(a.status, status, "{method} {path}");
+        assert_eq!(header(&a, "access-control-allow-origin"), Some("https://player.example"), "{method} {path}");
+        assert_eq!(header(&a, "vary"), Some("origin"), "{method} {path}");
+        assert!(header(&a, "access-control-expose-headers").is_some_and(|v| v.contains("content-range")));
+    }
+    assert_eq!(header(&get(&s, "POST", "/", from), "allow"), Some("GET, HEAD, OPTIONS"));
+    let refused = s.refuse(503, from);
+    assert_eq!(header(&refused, "access-control-allow-origin"), Some("https://player.example"));
+    // Another origin: no allow-origin, the answer still varies by origin.
+    let other = get(&s, "GET", "/seg.m4s", &[(b"origin", b"https://evil.example")]);
+    assert_eq!((other.status, header(&other, "access-control-allow-origin")), (200, None));
+    assert_eq!(header(&other, "vary"), Some("origin"));
+    // Preflights.
+    let pre: &[(&[u8], &[u8])] = &[
+        (b"origin", b"https://player.example"),
+        (b"access-control-request-method", b"GET"),
+        (b"access-control-request-headers", b"range"),
+    ];
+    let a = get(&s, "OPTIONS", "/seg.m4s", pre);
+    assert_eq!((a.status, header(&a, "access-control-allow-headers")), (204, Some("range")));
+    assert_eq!(header(&a, "access-control-allow-origin"), Some("https://player.example"));
+    let bad: &[(&[u8], &[u8])] = &[(b"origin", b"https://evil.example"), (b"access-control-request-method", b"GET")];
+    assert_eq!(get(&s, "OPTIONS", "/seg.m4s", bad).status, 403);
+    let plain = get(&s, "OPTIONS", "/", &[]);
+    assert_eq!((plain.status, header(&plain, "allow")), (204, Some("GET, HEAD, OPTIONS")));
+    // Off: OPTIONS is any other method, and no CORS header anywhere.
+    let (_d2, off) = site(&SiteOptions::default());
+    assert_eq!(get(&off, "OPTIONS", "/seg.m4s", pre).status, 405);
+    let a = get(&off, "GET", "/seg.m4s", from);
+    assert!(a.headers.iter().all(|(n, _)| !n.starts_with("access-control") && *n != "vary"), "{:?}", a.headers);
+}
