@@ -109,7 +109,8 @@ pub fn steal_note<'a>(runs: impl IntoIterator<Item = &'a Steal>, extra: Option<u
     let marked = runs.iter().filter(|s| s.stolen).count();
     let worst = runs.iter().map(|s| s.steal_share).fold(0.0, f64::max);
     let mut s = format!(
-        "steal: {marked} of {} runs over the {:.0} % limit (the hypervisor took the most from one run: {:.1} % of its          CPUs' time)",
+        "steal: {marked} of {} runs over the {:.0} % limit (the most the hypervisor took from one run: {:.1} % of its \
+         CPUs' time)",
         runs.len(),
         STEAL_LIMIT * 100.0,
         worst * 100.0
@@ -175,7 +176,7 @@ mod tests {
         let st = Steal { steal_s: 0.4, steal_share: 0.071, stolen: true };
         assert_eq!(steal_note([], Some(0)), None);
         let n = steal_note([&ok, &ok], Some(0)).unwrap();
-        assert!(n.starts_with("steal: 0 of 2 runs over the 2 % limit") && n.contains("0.4 %"), "{n}");
+        assert!(n.starts_with("steal: 0 of 2 runs over the 2 % limit") && n.contains("0.4 % of its CPUs' time"), "{n}");
         assert!(!n.contains("left out"), "{n}");
         let n = steal_note([&ok, &st, &ok], Some(1)).unwrap();
         assert!(n.contains("1 of 3 runs") && n.contains("7.1 %") && n.contains("left out of every median"), "{n}");
