@@ -3,7 +3,7 @@
 //!
 //! ```text
 //!                      title
-//!                      [bar+line key]  bar: the median run; line: lowest to highest over N runs
+//!                      [bar+line key]  bar: the median run; line: lowest to highest over N clean runs
 //!                      [■] offload  [■] software
 //! raw GSO>udpx GRO ... |██████████├──┤ 0.52
 //! <- label column  ->  <- plot (PLOT_W) ->  <- value text ->
@@ -53,7 +53,8 @@ struct Bar {
 
 impl Bar {
     fn of(r: &RowResult) -> Bar {
-        let costs: Vec<f64> = r.runs.iter().map(|m| Figures::of(m).cpu_per_gb).collect();
+        // The clean runs (a run the hypervisor stole from counts in no range: udpx_lab::steal).
+        let costs: Vec<f64> = r.runs.iter().filter(|m| !m.steal.stolen).map(|m| Figures::of(m).cpu_per_gb).collect();
         let finite: Vec<f64> = costs.iter().copied().filter(|c| c.is_finite()).collect();
         Bar {
             median: r.median.cpu_per_gb,
@@ -115,12 +116,12 @@ pub fn svg_chart(profiles: &[ProfileResult]) -> String {
     let cells: Vec<Vec<Cell>> = rows.iter().map(|(id, _)| profiles.iter().map(|p| cell(p, id)).collect()).collect();
     let bars = || cells.iter().flatten().filter_map(|c| if let Cell::Bar(b) = c { Some(b) } else { None });
     let max = bars().flat_map(|b| [b.median, b.hi]).filter(|x| x.is_finite()).fold(0.0f64, f64::max).max(0.1);
-    let passes = profiles.iter().map(|p| p.passes).max().unwrap_or(0);
+    let passes = profiles.iter().map(|p| p.planned).max().unwrap_or(0);
     let fewer = bars().any(|b| b.runs < passes || b.nothing > 0);
 
     // The texts decide the sizes.
     let caption = format!(
-        "bar: the median run; line: lowest to highest over {passes} run{}{}",
+        "bar: the median run; line: lowest to highest over {passes} clean run{}{}",
         if passes == 1 { "" } else { "s" },
         if fewer { " (fewer where noted)" } else { "" }
     );
@@ -130,7 +131,7 @@ pub fn svg_chart(profiles: &[ProfileResult]) -> String {
         .iter()
         .flat_map(|row| row.iter().zip(profiles))
         .map(|(c, p)| match c {
-            Cell::Bar(b) => b.value_text(p.passes),
+            Cell::Bar(b) => b.value_text(p.planned),
             Cell::Text(t) => t.to_string(),
         })
         .collect();
@@ -211,13 +212,13 @@ pub fn svg_chart(profiles: &[ProfileResult]) -> String {
                 s,
                 "<g><title>{}</title>",
                 escape(&format!(
-                    "{}, {label}: median run {}, lowest {}, highest {} CPU-s/GB over {} of {} runs",
+                    "{}, {label}: median run {}, lowest {}, highest {} CPU-s/GB over {} clean of {} planned runs",
                     p.profile,
                     fig(b.median),
                     fig(b.lo),
                     fig(b.hi),
                     b.runs,
-                    p.passes
+                    p.planned
                 ))
             );
             let mut end = x0;
@@ -246,7 +247,7 @@ pub fn svg_chart(profiles: &[ProfileResult]) -> String {
                 s,
                 r#"<text x="{:.1}" y="{text_y}">{}</text></g>"#,
                 end + GAP,
-                escape(&b.value_text(p.passes))
+                escape(&b.value_text(p.planned))
             );
         }
     }
@@ -297,11 +298,11 @@ mod tests {
                         ..Measurement::default()
                     });
                 }
-                r.summarize();
+                r.summarize(passes, passes);
                 r
             })
             .collect();
-        ProfileResult { profile: name.into(), passes, rows }
+        ProfileResult { profile: name.into(), passes, planned: passes, rows }
     }
 
     /// The `<g>` of one bar, found by its tooltip.
@@ -337,7 +338,7 @@ mod tests {
         }
         assert!(texts
             .iter()
-            .any(|t| t.content.starts_with("bar: the median run; line: lowest to highest over 5 runs")));
+            .any(|t| t.content.starts_with("bar: the median run; line: lowest to highest over 5 clean runs")));
         // Every bar of more than one run with a cost has its range: a line with two end caps
         // from the smallest to the largest run, on the bar's scale.
         let mut ranges = 0;

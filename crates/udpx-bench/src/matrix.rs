@@ -10,7 +10,7 @@ use udpx::SendMode;
 
 use crate::raw::Shape;
 use crate::run::{per_gb, run_iperf3, run_raw, run_udpx, Kind, Measurement, Path, RawRx, RunConfig};
-use crate::stats::{median_run, paired_ratios, Spread};
+use crate::stats::{another_round, paired_ratios, Kept, Run, Spread};
 use crate::tx::{Proto, Zc};
 
 /// How long the main job measures: passes over the matrix and seconds per row. The one place
@@ -261,7 +261,7 @@ pub struct VsRaw {
 /// Fills [`RowResult::vs_raw`] for every row that has a raw row of its shape in `p`.
 pub fn attach_vs_raw(p: &mut ProfileResult) {
     let passes = p.passes;
-    type PerRun = Vec<Option<f64>>;
+    type PerRun = Vec<Run>;
     let figures: Vec<(PerRun, PerRun)> =
         p.rows.iter().map(|r| (r.per_run(passes, |f| f.cpu_per_gb), r.per_run(passes, |f| f.delivered))).collect();
     for i in 0..p.rows.len() {
@@ -364,9 +364,9 @@ pub struct RowResult {
     pub min: Figures,
     /// Field-wise largest figures over the runs.
     pub max: Figures,
-    /// Seconds the hypervisor stole from the two CPUs, all runs together (each run's is in
-    /// `runs[].steal_secs`); not counted as busy.
-    pub steal_secs: f64,
+    /// Runs planned, clean, stolen (each run's steal is in `runs[]`: `steal_s`,
+    /// `steal_share`, `stolen`) and failed; the median and the ranges are of the clean runs.
+    pub kept: Kept,
     /// Why a repetition failed, if one did.
     pub errors: Vec<String>,
     /// Against the raw row of the same shape, when there is one ([`attach_vs_raw`]).
@@ -384,26 +384,33 @@ impl RowResult {
             median_run: None,
             min: f,
             max: f,
-            steal_secs: 0.0,
+            kept: Kept::default(),
             errors: Vec::new(),
             vs_raw: None,
         }
     }
 
-    /// Sets `median`, `min` and `max` from the runs.
-    pub fn summarize(&mut self) {
-        let figs: Vec<Figures> = self.runs.iter().map(Figures::of).collect();
-        let costs: Vec<f64> = figs.iter().map(|f| f.cpu_per_gb).collect();
-        let at = median_run(&costs);
+    /// Sets `median`, `min` and `max` from the clean runs, and `kept`; `planned`: the passes
+    /// meant, `passes`: the passes run (extra ones made up stolen runs).
+    pub fn summarize(&mut self, planned: usize, passes: usize) {
+        let costs = self.per_run(passes, |f| f.cpu_per_gb);
+        self.kept = Kept::of(&costs, planned);
+        let clean: Vec<&Measurement> = self.runs.iter().filter(|m| !m.steal.stolen).collect();
+        let figs: Vec<Figures> = clean.iter().map(|m| Figures::of(m)).collect();
+        let at = self.kept.median_run.and_then(|pass| clean.iter().position(|m| m.run == pass));
         self.median = at.map(|i| figs[i]).unwrap_or_default();
-        self.median_run = at.map(|i| self.runs[i].run);
+        self.median_run = self.kept.median_run;
         (self.min, self.max) = Figures::range(&figs);
-        self.steal_secs = self.runs.iter().map(|m| m.steal_secs).sum();
     }
 
-    /// One figure per pass `0..passes`: `None` where that pass failed.
-    pub fn per_run(&self, passes: usize, f: impl Fn(&Figures) -> f64) -> Vec<Option<f64>> {
-        (0..passes).map(|i| self.runs.iter().find(|m| m.run == i).map(|m| f(&Figures::of(m)))).collect()
+    /// One figure per pass `0..passes`: failed where that pass failed, marked where it was
+    /// stolen ([`Run`]).
+    pub fn per_run(&self, passes: usize, f: impl Fn(&Figures) -> f64) -> Vec<Run> {
+        (0..passes)
+            .map(|i| {
+                self.runs.iter().find(|m| m.run == i).map_or(Run::Failed, |m| Run::of(f(&Figures::of(m)), &m.steal))
+            })
+            .collect()
     }
 }
 
@@ -412,8 +419,10 @@ impl RowResult {
 pub struct ProfileResult {
     /// `offload`, `software` or `loopback`.
     pub profile: String,
-    /// Passes over the rows (runs per row, if none failed).
+    /// Passes over the rows run (runs per row, if none failed), extra ones included.
     pub passes: usize,
+    /// Passes planned: `passes` less the extra ones that made up stolen runs.
+    pub planned: usize,
     /// Rows in table order.
     pub rows: Vec<RowResult>,
 }
@@ -425,7 +434,8 @@ impl ProfileResult {
     }
 }
 
-/// Runs `rows` `repeat` times, interleaved, over `path`; `progress(done, total, label)` after
+/// Runs `rows` `repeat` times, interleaved, over `path`, and then extra passes (at most
+/// `repeat`) while a row is short of clean runs ([`another_round`]); `progress(label)` before
 /// each measurement. A failing measurement is recorded and the run goes on.
 pub fn run_matrix(
     profile: &str,
@@ -436,7 +446,8 @@ pub fn run_matrix(
     progress: &mut dyn FnMut(&str),
 ) -> ProfileResult {
     let mut results: Vec<RowResult> = rows.iter().cloned().map(RowResult::new).collect();
-    for pass in 0..repeat {
+    let mut pass = 0;
+    while another_round(repeat, pass, results.iter().map(|r| Kept::of(&r.per_run(pass, |f| f.cpu_per_gb), repeat))) {
         for r in results.iter_mut() {
             progress(&format!("{profile}: {}", r.row.label));
             let m = match r.row.kind {
@@ -449,9 +460,10 @@ pub fn run_matrix(
                 Err(e) => r.errors.push(format!("run {}: {e}", pass + 1)),
             }
         }
+        pass += 1;
     }
-    results.iter_mut().for_each(RowResult::summarize);
-    let mut p = ProfileResult { profile: profile.to_string(), passes: repeat, rows: results };
+    results.iter_mut().for_each(|r| r.summarize(repeat, pass));
+    let mut p = ProfileResult { profile: profile.to_string(), passes: pass, planned: repeat, rows: results };
     attach_vs_raw(&mut p);
     p
 }
@@ -477,21 +489,31 @@ mod tests {
             recv_bytes: 1_000_000_000,
             sent_bytes: 1_000_000_000,
             send_secs: 8.0 / gbits,
-            steal_secs: 0.25,
             ..Measurement::default()
         };
         let mut r = RowResult::new(default_rows(false, false)[0].clone());
         r.runs = vec![run(0, 1.2, 3.0), run(1, 0.8, 4.0), run(2, 1.0, 2.0)];
-        r.summarize();
+        r.summarize(3, 3);
         assert_eq!(r.median_run, Some(2));
         assert!((r.median.cpu_per_gb - 1.0).abs() < 1e-9);
         assert!((r.median.gbits - 2.0).abs() < 1e-9, "the same run's throughput");
         assert!((r.min.cpu_per_gb - 0.8).abs() < 1e-9 && (r.max.cpu_per_gb - 1.2).abs() < 1e-9);
         assert!((r.min.gbits - 2.0).abs() < 1e-9 && (r.max.gbits - 4.0).abs() < 1e-9);
-        assert_eq!(r.steal_secs, 0.75, "stolen time of every run, reported per row");
         // Pass 1 failed in another row: figures per pass line up by pass, not by position.
         r.runs.remove(1);
-        assert_eq!(r.per_run(3, |f| f.cpu_per_gb).iter().map(Option::is_some).collect::<Vec<_>>(), [true, false, true]);
+        assert_eq!(
+            r.per_run(3, |f| f.cpu_per_gb).iter().map(|x| x.measured()).collect::<Vec<_>>(),
+            [true, false, true]
+        );
+        // Pass 2 (the median) stolen: a fourth pass made it up; the median of the clean runs
+        // 1.2 and 0.9 is the cheaper, pass 3, and pass 2 is in no range.
+        r.runs[1].steal = udpx_lab::steal::Steal { steal_s: 0.5, steal_share: 0.1, stolen: true };
+        r.runs.push(run(3, 0.9, 5.0));
+        r.summarize(3, 4);
+        assert_eq!((r.kept.clean, r.kept.stolen, r.kept.failed, r.kept.short()), (2, 1, 1, false));
+        assert_eq!(r.median_run, Some(3));
+        assert!((r.median.gbits - 5.0).abs() < 1e-9);
+        assert!((r.min.gbits - 3.0).abs() < 1e-9 && (r.max.gbits - 5.0).abs() < 1e-9, "{:?}", (r.min, r.max));
     }
 
     #[test]
@@ -546,7 +568,7 @@ mod tests {
             ..Measurement::default()
         };
         let rows = default_rows(false, false);
-        let mut p = ProfileResult { profile: "offload".into(), passes: 3, rows: Vec::new() };
+        let mut p = ProfileResult { profile: "offload".into(), passes: 3, planned: 3, rows: Vec::new() };
         for id in ["udp", "raw", "tcp"] {
             let mut r = RowResult::new(rows.iter().find(|r| r.id == id).unwrap().clone());
             r.runs = match id {
@@ -554,7 +576,7 @@ mod tests {
                 "raw" => vec![run(0, 1.0, 100), run(1, 1.0, 100), run(2, 1.0, 80)],
                 _ => vec![run(0, 1.0, 100)],
             };
-            r.summarize();
+            r.summarize(3, 3);
             p.rows.push(r);
         }
         attach_vs_raw(&mut p);

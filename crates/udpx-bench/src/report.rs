@@ -5,7 +5,7 @@
 use std::fmt::Write as _;
 
 use crate::matrix::{Figures, LeftOut, ProfileResult, RowResult};
-use crate::stats::{paired_ratios, Spread};
+use crate::stats::{paired_ratios, Run, Spread};
 use udpx_lab::judge::pm;
 // The chart, under the path the CLI has always used.
 pub use crate::chart::svg_chart;
@@ -15,22 +15,24 @@ pub use udpx_lab::judge::{checks_text, verdict_rule, Check};
 /// The ratios the issues ask for: cost per delivered byte, both CPUs; and the sender's own
 /// cost per byte sent (the paper's Figure 1), for zerocopy and, on `software`, for GSO.
 pub fn checks(p: &ProfileResult) -> Vec<Check> {
-    let pick = |id: &str, f: fn(&Figures) -> f64| -> Vec<Option<f64>> {
+    let pick = |id: &str, f: fn(&Figures) -> f64| -> Vec<Run> {
         match p.get(id) {
             // Infinite costs stay: paired_ratios turns them into an inconclusive verdict.
             Some(r) => r.per_run(p.passes, f),
-            None => vec![None; p.passes],
+            None => vec![Run::Failed; p.passes],
         }
     };
     let cost = |id: &str| pick(id, |f| f.cpu_per_gb);
     let sender = |id: &str| pick(id, |f| f.tx_cpu_per_gb_sent);
     // The cheaper TCP of each pass (udpx's or iperf3's), whichever ran.
-    let tcp: Vec<Option<f64>> = cost("tcp")
+    // A pass in which either was stolen is marked as stolen.
+    let tcp: Vec<Run> = cost("tcp")
         .into_iter()
         .zip(cost("iperf3-tcp"))
         .map(|(a, b)| match (a, b) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
+            (Run::Clean(a), Run::Clean(b)) => Run::Clean(a.min(b)),
+            (Run::Failed, x) | (x, Run::Failed) => x,
+            (Run::Clean(a) | Run::Stolen(a), Run::Clean(b) | Run::Stolen(b)) => Run::Stolen(a.min(b)),
         })
         .collect();
     // Without iperf3 the cheapest TCP is udpx's own row alone: the check says so.
@@ -137,7 +139,11 @@ pub fn send_table(p: &ProfileResult) -> String {
         "runs"
     );
     for r in &p.rows {
-        if r.runs.is_empty() {
+        if let Some(why) = r.kept.no_figure() {
+            let _ = writeln!(s, "{:<28} {why}", r.row.label);
+            continue;
+        }
+        if r.median_run.is_none() {
             let why = r.errors.first().map(String::as_str).unwrap_or("?");
             let _ = writeln!(s, "{:<28} failed: {why}", r.row.label);
             continue;
@@ -163,7 +169,7 @@ pub fn send_table(p: &ProfileResult) -> String {
             num(up, 1),
             up_pm,
             r.vs_raw.as_ref().map_or("-".to_string(), |v| format!("{:.2}x", v.cost.median)),
-            r.runs.len()
+            r.kept.cell()
         );
     }
     s
@@ -190,7 +196,7 @@ pub fn recv_table(p: &ProfileResult) -> String {
         "udp-gso-mmsg",
         "udp-gso-mmsg-gro",
     ] {
-        if let Some(r) = p.get(id) {
+        if let Some(r) = p.get(id).filter(|r| r.median_run.is_some()) {
             let f = &r.median;
             let _ = writeln!(
                 s,
@@ -286,23 +292,14 @@ pub fn zerocopy_audit(p: &ProfileResult) -> String {
     s
 }
 
-/// A line saying how much time the hypervisor stole from the pinned CPUs, if any: stolen
-/// time is not counted as busy, but it means another guest ran on this machine meanwhile, so
-/// the figures are noisier than usual. `None` when nothing was stolen.
+/// The line about the hypervisor's steal from the two pinned CPUs ([`udpx_lab::judge::steal_note`]):
+/// how many runs were marked and left out, and the extra passes run to make them up. `None`
+/// without runs.
 pub fn steal_note(profiles: &[ProfileResult]) -> Option<String> {
-    let runs: Vec<f64> = profiles.iter().flat_map(|p| &p.rows).flat_map(|r| &r.runs).map(|m| m.steal_secs).collect();
-    let stolen: Vec<f64> = runs.iter().copied().filter(|s| *s > 0.0).collect();
-    if stolen.is_empty() {
-        return None;
-    }
-    Some(format!(
-        "note: the hypervisor stole {:.2} CPU-s from the pinned CPUs in {} of {} measurements (at most {:.2} s in one); \
-         steal is not counted as busy (steal_secs per run in report.json)",
-        stolen.iter().sum::<f64>(),
-        stolen.len(),
-        runs.len(),
-        stolen.iter().copied().fold(0.0, f64::max)
-    ))
+    let runs = profiles.iter().flat_map(|p| &p.rows).flat_map(|r| &r.runs).map(|m| &m.steal);
+    let extra = profiles.iter().map(|p| p.passes.saturating_sub(p.planned)).sum();
+    udpx_lab::judge::steal_note(runs, Some(extra))
+        .map(|n| format!("{n} (the sender's and the receiver's CPUs; steal_share per run in report.json)"))
 }
 
 /// The whole run as Markdown.
@@ -377,11 +374,11 @@ mod tests {
                         ..Measurement::default()
                     });
                 }
-                r.summarize();
+                r.summarize(passes, passes);
                 r
             })
             .collect();
-        ProfileResult { profile: "offload".into(), passes, rows }
+        ProfileResult { profile: "offload".into(), passes, planned: passes, rows }
     }
 
     #[test]
@@ -436,13 +433,18 @@ mod tests {
     }
 
     #[test]
-    fn stolen_time_is_noted_only_when_there_was_some() {
-        let mut p = profile(&[("udp", &[1.0, 1.0])]);
-        assert_eq!(steal_note(std::slice::from_ref(&p)), None);
+    fn stolen_runs_are_noted_and_left_out() {
+        let mut p = profile(&[("udp", &[1.0, 1.0]), ("udp-gso", &[0.5, 0.5])]);
+        assert!(steal_note(std::slice::from_ref(&p)).unwrap().starts_with("steal: 0 of 4 runs"));
         let row = p.rows.iter_mut().find(|r| r.row.id == "udp").unwrap();
-        row.runs[1].steal_secs = 0.25;
-        let note = steal_note(&[p]).unwrap();
-        assert!(note.contains("0.25 CPU-s") && note.contains("1 of 2 measurements"), "{note}");
+        row.runs[1].steal = udpx_lab::steal::Steal { steal_s: 0.25, steal_share: 0.125, stolen: true };
+        row.summarize(2, 2);
+        let note = steal_note(std::slice::from_ref(&p)).unwrap();
+        assert!(note.contains("1 of 4 runs over the 2 % limit") && note.contains("12.5 %"), "{note}");
+        let t = send_table(&p);
+        assert!(t.lines().any(|l| l.starts_with("UDP sendmsg>recvmsg") && l.ends_with(" 1/2")), "{t}");
+        let c = checks(&p).into_iter().find(|c| c.what == "UDP GSO / UDP plain").unwrap();
+        assert_eq!((c.ratios.len(), c.stolen), (1, 1));
     }
 
     #[test]

@@ -150,9 +150,11 @@ pub struct Measurement {
     pub busy_rx_cpu_secs: f64,
     /// Softirq seconds, both CPUs.
     pub softirq_secs: f64,
-    /// Seconds the hypervisor stole from the two CPUs (a shared VM): not in `busy_secs`, since
-    /// nothing of ours ran then, but non-zero means the machine was contended during the run.
-    pub steal_secs: f64,
+    /// The hypervisor's steal from the two CPUs over the run (`steal_s`, `steal_share`,
+    /// `stolen`): not in `busy_secs`, since nothing of ours ran then; a run over the limit is
+    /// marked and counts in no median, range or ratio ([`udpx_lab::steal`]).
+    #[serde(flatten)]
+    pub steal: udpx_lab::steal::Steal,
     /// Bytes the sender sent.
     pub sent_bytes: u64,
     /// Datagrams the sender sent.
@@ -433,7 +435,7 @@ fn cpu_fields(before: &CpuSample, after: &CpuSample, cpus: Cpus) -> Result<Measu
         busy_tx_cpu_secs: d.busy_time(&[cpus.tx], rate).as_secs_f64(),
         busy_rx_cpu_secs: d.busy_time(&[cpus.rx], rate).as_secs_f64(),
         softirq_secs: rate.to_secs_f64(softirq),
-        steal_secs: d.steal_time(&both, rate).as_secs_f64(),
+        steal: udpx_lab::steal::Steal::of(&d, &both, rate),
         ..Measurement::default()
     })
 }

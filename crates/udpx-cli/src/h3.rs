@@ -354,6 +354,10 @@ pub struct H3BenchArgs {
     /// Rounds: each downloads once per row, interleaved; the table shows medians.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=100))]
     repeat: u64,
+    /// Rounds of the Chromium pair (udpx and nginx serving Chromium), interleaved with the
+    /// others' rounds: its verdict needs at least 5.
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=100))]
+    chromium_repeat: u64,
     /// Over a veth pair between two namespaces (needs root). As root this is the default,
     /// as for `udpx bench`; without root the bench runs on loopback.
     #[arg(long, conflicts_with = "loopback")]
@@ -839,6 +843,7 @@ pub fn bench(a: H3BenchArgs) -> ExitCode {
         let mut cfg = udpx_h3_bench::bench::H3BenchConfig {
             size: a.size,
             repeat: a.repeat as usize,
+            chromium_repeat: a.chromium_repeat as usize,
             veth,
             profile,
             burst: a.burst.under(a.cc),

@@ -12,7 +12,7 @@ use udpx_lab::netns::{on_path, record_skip, skip_unless_capable, ChildGroup};
 use udpx_lb::lab::{Lab, LabConfig, PORT, VIP};
 use udpx_lb::{check, Mode};
 
-use common::udpx;
+use common::{assert_steal, udpx};
 
 const UDPX: &str = env!("CARGO_BIN_EXE_udpx");
 
@@ -572,6 +572,14 @@ fn bench_lb_runs_and_reports_every_section() {
         assert!(v.is_null() || v.as_f64().is_some_and(|v| v > 0.0), "{b}");
     }
     assert!(b["cost"][0]["ns_per_packet"][0].as_f64().is_some_and(|v| v > 0.0), "the CID rules measured: {b}");
+    // Each run's steal, in the order of its cost (one round, one extra at most when stolen).
+    for row in 0..2 {
+        let (costs, steals) = (&b["cost"][row]["ns_per_packet"], b["cost"][row]["steal"].as_array().expect("steal"));
+        assert_eq!(costs.as_array().map(Vec::len), Some(steals.len()), "{b}");
+        assert!((1..=2).contains(&steals.len()), "{b}");
+        steals.iter().for_each(assert_steal);
+        assert!(b["cost"][row]["kept"]["clean"].as_u64().is_some(), "{b}");
+    }
     assert_eq!(b["rebinding"][0]["rules"], "cid");
     assert_eq!(
         (b["rebinding"][0]["survived"].as_u64(), b["rebinding"][0]["reached_another_host"].as_u64()),

@@ -8,7 +8,9 @@
 //! thread, softirqs: everything the server's CPU did) per million transactions. Each row is its
 //! median run by that cost, reported whole (throughput, latency and losses of the same run),
 //! with the range over runs; targets are judged from per-run ratios as the main job does
-//! ([`udpx_lab::stats`]).
+//! ([`udpx_lab::stats`]). A run whose two CPUs the hypervisor stole more than 2 % of is marked
+//! and counts nowhere, and extra passes (at most as many again) make it up
+//! ([`udpx_lab::steal`]).
 //!
 //! Over loopback the generator's replies are received in softirq on the CPU that sent them,
 //! the server's: their receive work is charged to the server. The veth path (as root, the
@@ -20,9 +22,10 @@ use std::time::Duration;
 
 use serde::Serialize;
 use udpx_lab::cpu::{online_cpus, pin_current_thread, CpuSample, TickRate};
-use udpx_lab::judge::{checks_text, verdict_rule, Check};
+use udpx_lab::judge::{checks_text, steal_note, verdict_rule, Check};
 use udpx_lab::netns::{Profile, Side, TestNet, TestNetConfig};
-use udpx_lab::stats::{median_run, paired_ratios, Spread, Verdict};
+use udpx_lab::stats::{another_round, figures, paired_ratios, Kept, Run, Spread, Verdict};
+use udpx_lab::steal::{Steal, WithSteal};
 
 use crate::load::{self, LoadConfig, LoadResult};
 use crate::server::{self, Mode, ServeConfig, ShardStats};
@@ -42,7 +45,8 @@ pub struct EchoBenchConfig {
     pub veth: bool,
     /// Include sockperf's server.
     pub sockperf: bool,
-    /// Runs of every row, interleaved (A B C … A B C …); the table shows medians.
+    /// Runs of every row, interleaved (A B C … A B C …); the table shows medians. Passes whose
+    /// runs were stolen are made up by at most as many extra passes.
     pub repeat: usize,
 }
 
@@ -55,8 +59,9 @@ pub struct EchoRow {
     pub load: LoadResult,
     /// Busy seconds of the server's CPU per million transactions.
     pub server_cpu_s_per_m: f64,
-    /// Seconds the hypervisor stole from the server's CPU (not in the cost; a contended VM).
-    pub server_steal_secs: f64,
+    /// The hypervisor's steal from the server's and the generator's CPUs over this run.
+    #[serde(flatten)]
+    pub steal: Steal,
     /// Per-shard counters (udpx rows).
     pub shards: Vec<ShardStats>,
     /// Why the row failed, if it did.
@@ -64,8 +69,10 @@ pub struct EchoRow {
     /// Every run of this row in pass order, `None` where it failed; the figures above are
     /// the median run's (by server cost), `median_run` says which.
     pub runs: Vec<Option<EchoRun>>,
-    /// Which pass is the median run.
+    /// Which pass is the median run (of the clean runs).
     pub median_run: Option<usize>,
+    /// Runs planned, clean, stolen and failed.
+    pub kept: Kept,
 }
 
 /// One run of a row: what the table's `±` and the targets' ranges are made of.
@@ -77,8 +84,21 @@ pub struct EchoRun {
     pub server_cpu_s_per_m: f64,
     /// Requests unanswered.
     pub lost: u64,
-    /// Seconds stolen from the server's CPU.
-    pub steal_secs: f64,
+    /// The steal of the server's and the generator's CPUs: `steal_s`, `steal_share`,
+    /// `stolen` (a marked run counts in no median, range or ratio).
+    #[serde(flatten)]
+    pub steal: Steal,
+}
+
+impl WithSteal for EchoRun {
+    fn steal(&self) -> &Steal {
+        &self.steal
+    }
+}
+
+/// Server cost per run, marked as the steal rule says.
+fn costs(runs: &[Option<EchoRun>]) -> Vec<Run> {
+    figures(runs, |x| x.server_cpu_s_per_m)
 }
 
 /// The server's and the generator's CPUs: the last online CPU serves, the first loads.
@@ -134,7 +154,8 @@ pub fn run(cfg: &EchoBenchConfig, progress: &mut dyn FnMut(&str)) -> Result<(Vec
     // `udpx echo serve`) is off here, and the report says so.
     let path = format!("{path}; per-source rate limit off (one generator address)");
     let mut runs: Vec<Vec<EchoRow>> = Vec::new();
-    for _ in 0..cfg.repeat.max(1) {
+    let planned = cfg.repeat.max(1);
+    while another_round(planned, runs.len(), tallies(&runs, planned)) {
         let mut out = Vec::new();
         for (label, mode, batch, io_uring) in rows() {
             progress(&label);
@@ -176,47 +197,58 @@ pub fn run(cfg: &EchoBenchConfig, progress: &mut dyn FnMut(&str)) -> Result<(Vec
         }
         runs.push(out);
     }
-    let out = (0..runs[0].len()).map(|i| merge(runs.iter().map(|r| r[i].clone()).collect())).collect();
+    let out = (0..runs[0].len()).map(|i| merge(runs.iter().map(|r| r[i].clone()).collect(), planned)).collect();
     Ok((out, path))
 }
 
-/// One row from its runs (in pass order): the median run by server cost, whole, with every
-/// run's figures beside it. A row with no successful run keeps the first error.
-fn merge(rows: Vec<EchoRow>) -> EchoRow {
-    let runs: Vec<Option<EchoRun>> = rows
-        .iter()
-        .map(|r| {
-            r.error.is_none().then_some(EchoRun {
-                tps: r.load.tps,
-                server_cpu_s_per_m: r.server_cpu_s_per_m,
-                lost: r.load.lost,
-                steal_secs: r.server_steal_secs,
-            })
-        })
-        .collect();
-    let ok: Vec<usize> = (0..rows.len()).filter(|&i| runs[i].is_some()).collect();
-    let costs: Vec<f64> = ok.iter().map(|&i| rows[i].server_cpu_s_per_m).collect();
-    let Some(at) = median_run(&costs).map(|k| ok[k]) else {
-        let first = rows.into_iter().next().unwrap_or_else(|| failed(String::new(), "no run".into()));
-        return EchoRow { runs, ..first };
+/// Each row's tally over the passes so far (for [`another_round`]).
+fn tallies(passes: &[Vec<EchoRow>], planned: usize) -> Vec<Kept> {
+    let rows = passes.first().map_or(0, Vec::len);
+    (0..rows).map(|i| Kept::of(&costs(&passes.iter().map(|p| as_run(&p[i])).collect::<Vec<_>>()), planned)).collect()
+}
+
+/// One measurement's figures, `None` if it failed.
+fn as_run(r: &EchoRow) -> Option<EchoRun> {
+    r.error.is_none().then_some(EchoRun {
+        tps: r.load.tps,
+        server_cpu_s_per_m: r.server_cpu_s_per_m,
+        lost: r.load.lost,
+        steal: r.steal,
+    })
+}
+
+/// One row from its runs (in pass order): the median clean run by server cost, whole, with
+/// every run's figures beside it. A row with no clean run keeps the first run's error (none
+/// when its runs were all stolen: `kept` says so, and a loaded machine is no failure).
+fn merge(rows: Vec<EchoRow>, planned: usize) -> EchoRow {
+    let runs: Vec<Option<EchoRun>> = rows.iter().map(as_run).collect();
+    let kept = Kept::of(&costs(&runs), planned);
+    let Some(at) = kept.median_run else {
+        // No figure of a run is the row's: not a failed one's, nor a stolen one's.
+        let error = if kept.no_figure().is_some() { None } else { rows.iter().find_map(|r| r.error.clone()) };
+        let label = rows.into_iter().next().map(|r| r.label).unwrap_or_default();
+        return EchoRow { runs, kept, error, ..failed(label, String::new()) };
     };
     let mut row = rows.into_iter().nth(at).unwrap_or_else(|| failed(String::new(), "no run".into()));
     row.runs = runs;
     row.median_run = Some(at);
+    row.kept = kept;
     row
 }
 
-/// A measured row: `(cpu, steal)` are the server cost per million and its CPU's stolen seconds.
-fn ok_row(label: String, load: LoadResult, (cpu, steal): (f64, f64), shards: Vec<ShardStats>) -> EchoRow {
+/// A measured row: `(cpu, steal)` are the server cost per million and the steal of the run's
+/// CPUs.
+fn ok_row(label: String, load: LoadResult, (cpu, steal): (f64, Steal), shards: Vec<ShardStats>) -> EchoRow {
     EchoRow {
         label,
         load,
         server_cpu_s_per_m: cpu,
-        server_steal_secs: steal,
+        steal,
         shards,
         error: None,
         runs: Vec::new(),
         median_run: None,
+        kept: Kept::default(),
     }
 }
 
@@ -225,15 +257,17 @@ fn failed(label: String, e: String) -> EchoRow {
         label,
         load: LoadResult::default(),
         server_cpu_s_per_m: f64::NAN,
-        server_steal_secs: 0.0,
+        steal: Steal::default(),
         shards: Vec::new(),
         error: Some(e),
         runs: Vec::new(),
         median_run: None,
+        kept: Kept::default(),
     }
 }
 
-/// Runs the generator against `dst` and measures the server CPU's busy time.
+/// Runs the generator against `dst` and measures the server CPU's busy time, and the steal of
+/// both CPUs.
 fn measure(
     cfg: &EchoBenchConfig,
     net: Option<&TestNet>,
@@ -241,7 +275,7 @@ fn measure(
     dst: SocketAddr,
     srv_cpu: usize,
     gen_cpu: usize,
-) -> Result<(LoadResult, f64, f64), String> {
+) -> Result<(LoadResult, f64, Steal), String> {
     let lc = LoadConfig {
         dst,
         bind: SocketAddr::new(gen_ip, 0),
@@ -269,7 +303,7 @@ fn measure(
     let rate = TickRate::system().map_err(|e| e.to_string())?;
     let d = after.diff(&before);
     let busy = d.busy_time(&[srv_cpu], rate).as_secs_f64();
-    let steal = d.steal_time(&[srv_cpu], rate).as_secs_f64();
+    let steal = Steal::of(&d, &[srv_cpu, gen_cpu], rate);
     let per_m = if res.received > 0 { busy / (res.received as f64 / 1e6) } else { f64::INFINITY };
     Ok((res, per_m, steal))
 }
@@ -281,7 +315,7 @@ fn sockperf_row(
     srv_ip: IpAddr,
     srv_cpu: usize,
     gen_cpu: usize,
-) -> Result<(LoadResult, f64, f64), String> {
+) -> Result<(LoadResult, f64, Steal), String> {
     let port = 11111u16;
     let port = match net {
         Some(_) => port,
@@ -319,7 +353,7 @@ pub fn table(rows: &[EchoRow]) -> String {
     use std::fmt::Write;
     let base = rows.first().map(|r| r.server_cpu_s_per_m).unwrap_or(f64::NAN);
     // `vs naive` per pass, for its `±`: pass i of a row over pass i of `naive`.
-    let cost = |r: &EchoRow| -> Vec<Option<f64>> { r.runs.iter().map(|x| x.map(|x| x.server_cpu_s_per_m)).collect() };
+    let cost = |r: &EchoRow| costs(&r.runs);
     let base_runs = rows.first().map(cost).unwrap_or_default();
     let mut s = String::new();
     let _ = writeln!(
@@ -340,6 +374,10 @@ pub fn table(rows: &[EchoRow]) -> String {
         "runs"
     );
     for r in rows {
+        if let Some(why) = r.kept.no_figure() {
+            let _ = writeln!(s, "{:<28} {why}", r.label);
+            continue;
+        }
         if let Some(e) = &r.error {
             let _ = writeln!(s, "{:<28} failed: {e}", r.label);
             continue;
@@ -351,7 +389,7 @@ pub fn table(rows: &[EchoRow]) -> String {
             let calls: u64 = r.shards.iter().map(|x| x.recv_calls).sum();
             format!("{:.1}", req as f64 / calls.max(1) as f64)
         };
-        let ok = || r.runs.iter().flatten();
+        let ok = || r.runs.iter().flatten().filter(|x| !x.steal.stolen);
         let _ = writeln!(
             s,
             "{:<28} {:>9.0} {:>5} {:>10.2} {:>5} {:>7.0} {:>7.0} {:>8.0} {:>6} {:>8} {:>7.2}x {:>5} {:>4}",
@@ -367,19 +405,17 @@ pub fn table(rows: &[EchoRow]) -> String {
             batch,
             r.server_cpu_s_per_m / base,
             pm(r.server_cpu_s_per_m / base, paired_ratios(&cost(r), &base_runs).into_iter()),
-            ok().count()
+            r.kept.cell()
         );
     }
-    let stolen: f64 = rows.iter().flat_map(|r| r.runs.iter().flatten()).map(|x| x.steal_secs).sum();
-    if stolen > 0.0 {
-        let _ = writeln!(
-            s,
-            "\nnote: the hypervisor stole {stolen:.2} s from the server's CPU over all runs (not counted in CPU-s/M)"
-        );
+    let passes = rows.iter().map(|r| r.runs.len()).max().unwrap_or(0);
+    let planned = rows.iter().map(|r| r.kept.planned).max().unwrap_or(0);
+    let steals = rows.iter().flat_map(|r| r.runs.iter().flatten()).map(|x| &x.steal);
+    if let Some(note) = steal_note(steals, Some(passes.saturating_sub(planned))) {
+        let _ = writeln!(s, "\n{note} (the server's and the generator's CPUs; steal_share per run in the JSON)");
     }
     let judged = judge(rows);
     if !judged.is_empty() {
-        let passes = rows.iter().map(|r| r.runs.len()).max().unwrap_or(0);
         let _ = write!(s, "\n{}\n{}", verdict_rule(passes), checks_text(&judged));
     }
     s
@@ -388,9 +424,9 @@ pub fn table(rows: &[EchoRow]) -> String {
 /// The targets: `reuseport-cpu +batch` at most half of `naive` per transaction, and no
 /// more than sockperf's server; judged from per-run ratios (met, MISSED or inconclusive).
 pub fn judge(rows: &[EchoRow]) -> Vec<Check> {
-    let per_run = |l: &str| -> Option<Vec<Option<f64>>> {
+    let per_run = |l: &str| -> Option<Vec<Run>> {
         let r = rows.iter().find(|r| r.label.starts_with(l))?;
-        Some(r.runs.iter().map(|x| x.map(|x| x.server_cpu_s_per_m)).collect())
+        Some(costs(&r.runs))
     };
     let mut out = Vec::new();
     for (what, row, other, at_most) in [
@@ -423,29 +459,30 @@ mod tests {
 
     fn run(label: &str, tps: f64, cost: f64, lost: u64) -> EchoRow {
         let load = LoadResult { tps, lost, ..LoadResult::default() };
-        ok_row(label.to_string(), load, (cost, 0.0), Vec::new())
+        ok_row(label.to_string(), load, (cost, Steal::default()), Vec::new())
     }
 
     #[test]
     fn a_row_is_its_median_run_whole() {
         // By cost the median is pass 0 (3.0); its throughput and its losses are reported, not
         // the median throughput (300) nor the losses summed over runs (12).
-        let row = merge(vec![run("naive", 250.0, 3.0, 2), run("naive", 300.0, 2.0, 0), run("naive", 400.0, 4.0, 10)]);
+        let row =
+            merge(vec![run("naive", 250.0, 3.0, 2), run("naive", 300.0, 2.0, 0), run("naive", 400.0, 4.0, 10)], 3);
         assert_eq!(row.median_run, Some(0));
         assert_eq!((row.load.tps, row.server_cpu_s_per_m, row.load.lost), (250.0, 3.0, 2));
         assert_eq!(row.runs.len(), 3);
         // A failed run is skipped but keeps its place.
         let row =
-            merge(vec![failed("naive".into(), "x".into()), run("naive", 300.0, 2.0, 0), run("naive", 1.0, 5.0, 0)]);
+            merge(vec![failed("naive".into(), "x".into()), run("naive", 300.0, 2.0, 0), run("naive", 1.0, 5.0, 0)], 3);
         assert_eq!((row.median_run, row.error.is_none()), (Some(1), true));
         assert!(row.runs[0].is_none());
-        let row = merge(vec![failed("naive".into(), "x".into())]);
+        let row = merge(vec![failed("naive".into(), "x".into())], 1);
         assert!(row.error.is_some() && row.median_run.is_none());
     }
 
     #[test]
     fn targets_are_judged_per_run() {
-        let merged = |label: &str, costs: &[f64]| merge(costs.iter().map(|c| run(label, 1.0, *c, 0)).collect());
+        let merged = |label: &str, costs: &[f64]| merge(costs.iter().map(|c| run(label, 1.0, *c, 0)).collect(), 3);
         let rows = vec![
             merged("naive", &[3.5, 3.6, 3.4]),
             merged("reuseport-cpu +batch", &[2.5, 2.6, 2.4]),
@@ -462,5 +499,40 @@ mod tests {
         assert!(t.contains("[inconclusive]"));
         // naive's cost: median run 3.5, runs 3.4-3.6.
         assert!(t.contains("3.50   ±3%"), "{t}");
+    }
+
+    #[test]
+    fn a_stolen_run_is_shown_but_counts_nowhere() {
+        let stolen = |mut r: EchoRow| {
+            r.steal = Steal { steal_s: 0.3, steal_share: 0.05, stolen: true };
+            r
+        };
+        // The stolen pass is the cheapest (1.0): the median of the clean ones is pass 2 (3.0).
+        let row = merge(
+            vec![
+                run("naive", 1.0, 2.0, 0),
+                stolen(run("naive", 1.0, 1.0, 0)),
+                run("naive", 1.0, 3.0, 0),
+                run("naive", 1.0, 4.0, 0),
+            ],
+            3,
+        );
+        assert_eq!((row.median_run, row.kept.clean, row.kept.stolen), (Some(2), 3, 1));
+        assert_eq!(row.server_cpu_s_per_m, 3.0);
+        let batch = merge((0..4).map(|_| run("reuseport-cpu +batch", 1.0, 1.0, 0)).collect(), 3);
+        let j = judge(&[row.clone(), batch.clone()]);
+        assert_eq!((j[0].ratios.len(), j[0].stolen), (3, 1), "{j:?}");
+        let t = table(&[row, batch]);
+        assert!(t.contains("steal: 1 of 8 runs over the 2 % limit"), "{t}");
+        assert!(t.contains("1 extra round run"), "{t}");
+        // All stolen: no figure, and the table says why.
+        let all = merge(vec![stolen(run("naive", 1.0, 1.0, 0)), stolen(run("naive", 1.0, 1.0, 0))], 1);
+        assert!(all.median_run.is_none() && all.kept.short());
+        let t = table(&[all]);
+        assert!(t.contains("no figure: all 2 measured runs stolen"), "{t}");
+        // The run's steal is in its JSON, flat.
+        let v = serde_json::to_value(EchoRun { tps: 1.0, server_cpu_s_per_m: 1.0, lost: 0, steal: Steal::default() })
+            .unwrap();
+        assert!(v["steal_s"].is_number() && v["steal_share"].is_number() && v["stolen"].is_boolean(), "{v}");
     }
 }

@@ -5,6 +5,9 @@
 //!   machine has no hardware counters), pinning, online CPUs.
 //! - [`stats`]: medians of interleaved runs, spreads, paired ratios and the met / missed /
 //!   inconclusive rule.
+//! - [`steal`]: the hypervisor's steal over a run's window ([`steal::Steal`]) and the limit
+//!   above which a run is marked and counts in no median, range or verdict (the rule is
+//!   [`stats`]'s).
 //! - [`judge`]: targets judged by that rule ([`judge::Check`]) and how the reports print them.
 //! - [`env`](mod@env): the environment record printed beside every figure (kernel, CPU, qdiscs,
 //!   device features, sysctls).
@@ -24,6 +27,7 @@ pub mod cpu;
 pub mod env;
 pub mod judge;
 pub mod stats;
+pub mod steal;
 
 pub use udpx_netns as netns;
 

@@ -18,6 +18,10 @@
 //!    4-tuple hash) and the largest host's share over the mean.
 //!
 //! Timings are reported, never judged: only the rebinding goal has a verdict.
+//!
+//! Steal: a cost run's cost is the whole machine's, so its steal is every online CPU's over
+//! the run ([`udpx_lab::steal`]). A run over the limit is marked and left out of the median
+//! and the spread, and extra rounds (at most as many again) make it up.
 
 use std::net::UdpSocket;
 use std::path::PathBuf;
@@ -27,7 +31,8 @@ use serde::Serialize;
 use udpx_lab::cpu::{CpuSample, TickRate};
 use udpx_lab::env::Environment;
 use udpx_lab::netns::Error;
-use udpx_lab::stats::Spread;
+use udpx_lab::stats::{another_round, Kept, Run, Spread};
+use udpx_lab::steal::Steal;
 use udpx_quic::cid::ServerCid;
 
 use crate::lab::{host_id, Lab, LabConfig, CLIENT_REBOUND, PORT, VIP};
@@ -63,8 +68,13 @@ pub struct CostRow {
     pub rules: &'static str,
     /// Busy CPU nanoseconds per packet, each run.
     pub ns_per_packet: Vec<f64>,
-    /// Their median and spread.
+    /// The steal from every online CPU over each run, in the same order (`steal_s`,
+    /// `steal_share`, `stolen`).
+    pub steal: Vec<Steal>,
+    /// The median and spread of the clean runs.
     pub spread: Spread,
+    /// Runs planned, clean, stolen and failed (unmeasured: too short for the clock tick).
+    pub kept: Kept,
     /// Packets the balancer forwarded per host, summed over runs (the lab's own counters).
     pub forwarded: Vec<u64>,
 }
@@ -122,11 +132,19 @@ pub fn run(cfg: &LbBenchConfig, log: &mut dyn FnMut(&str)) -> Result<LbBench, Er
     log("cost per packet: CID rules against 4-tuple rules, interleaved");
     let lab = Lab::setup(&LabConfig { hosts: 3, mode: Mode::Stateless })?;
     let env = Environment::collect(&[(Some(lab.balancer()), lab.balancer_client_dev())]);
-    let mut cost = vec![
-        CostRow { rules: "cid", ns_per_packet: Vec::new(), spread: Spread::of(&[]), forwarded: vec![0; 3] },
-        CostRow { rules: "4-tuple", ns_per_packet: Vec::new(), spread: Spread::of(&[]), forwarded: vec![0; 3] },
-    ];
-    for round in 0..cfg.rounds {
+    let mut cost: Vec<CostRow> = ["cid", "4-tuple"]
+        .into_iter()
+        .map(|rules| CostRow {
+            rules,
+            ns_per_packet: Vec::new(),
+            steal: Vec::new(),
+            spread: Spread::of(&[]),
+            kept: Kept::default(),
+            forwarded: vec![0; 3],
+        })
+        .collect();
+    let mut round = 0;
+    while another_round(cfg.rounds, round, cost.iter().map(|r| r.tally(cfg.rounds))) {
         for row in cost.iter_mut() {
             if row.rules == "cid" {
                 lab.use_cid_rules()?;
@@ -134,7 +152,7 @@ pub fn run(cfg: &LbBenchConfig, log: &mut dyn FnMut(&str)) -> Result<LbBench, Er
                 lab.use_four_tuple_rules()?;
             }
             let before_fwd = lab.host_packets()?;
-            let (ns, sent) = send_packets(&lab, cfg.packets, rate)?;
+            let (ns, sent, steal) = send_packets(&lab, cfg.packets, rate)?;
             let after_fwd = lab.host_packets()?;
             for (f, (a, b)) in row.forwarded.iter_mut().zip(after_fwd.iter().zip(&before_fwd)) {
                 *f += a - b;
@@ -142,11 +160,15 @@ pub fn run(cfg: &LbBenchConfig, log: &mut dyn FnMut(&str)) -> Result<LbBench, Er
             // /proc/stat counts in clock ticks: a run shorter than 20 of them is not measured.
             let v = if ns >= 20.0 * 1e9 / rate.hz() as f64 { ns / sent as f64 } else { f64::NAN };
             row.ns_per_packet.push(v);
-            log(&format!("round {}: {} rules {v:.0} ns/packet", round + 1, row.rules));
+            row.steal.push(steal);
+            let mark = if steal.stolen { format!(", STOLEN {} (left out)", steal.pct()) } else { String::new() };
+            log(&format!("round {}: {} rules {v:.0} ns/packet{mark}", round + 1, row.rules));
         }
+        round += 1;
     }
     for row in cost.iter_mut() {
-        row.spread = Spread::of(&row.ns_per_packet);
+        row.kept = row.tally(cfg.rounds);
+        row.spread = Spread::of_clean(&row.runs());
     }
     let (cid, four) = (cost[0].spread.median, cost[1].spread.median);
 
@@ -228,9 +250,25 @@ pub fn run(cfg: &LbBenchConfig, log: &mut dyn FnMut(&str)) -> Result<LbBench, Er
     })
 }
 
+impl CostRow {
+    /// Each run's cost, failed where unmeasured (NaN), marked where stolen.
+    fn runs(&self) -> Vec<Run> {
+        self.ns_per_packet
+            .iter()
+            .zip(&self.steal)
+            .map(|(&v, s)| if v.is_nan() { Run::Failed } else { Run::of(v, s) })
+            .collect()
+    }
+
+    fn tally(&self, planned: usize) -> Kept {
+        Kept::of(&self.runs(), planned)
+    }
+}
+
 /// Sends `n` short-header packets (1200 bytes, the hosts' server IDs in turn) from the
-/// client's namespace to the VIP; the machine's busy CPU nanoseconds and the packets sent.
-fn send_packets(lab: &Lab, n: u64, rate: TickRate) -> Result<(f64, u64), Error> {
+/// client's namespace to the VIP; the machine's busy CPU nanoseconds, the packets sent and
+/// the steal from every online CPU meanwhile.
+fn send_packets(lab: &Lab, n: u64, rate: TickRate) -> Result<(f64, u64, Steal), Error> {
     let before = CpuSample::now().map_err(cpu_error)?;
     let sent = lab.client().try_run(move || -> std::io::Result<u64> {
         let s = UdpSocket::bind("0.0.0.0:0")?;
@@ -262,7 +300,7 @@ fn send_packets(lab: &Lab, n: u64, rate: TickRate) -> Result<(f64, u64), Error> 
     let sent = sent.map_err(|e| Error::InvalidConfig { why: format!("sending through the balancer: {e}") })?;
     let delta = CpuSample::now().map_err(cpu_error)?.diff(&before);
     let cpus: Vec<usize> = udpx_lab::cpu::online_cpus();
-    Ok((delta.busy_time(&cpus, rate).as_nanos() as f64, sent.max(1)))
+    Ok((delta.busy_time(&cpus, rate).as_nanos() as f64, sent.max(1), Steal::of(&delta, &cpus, rate)))
 }
 
 impl LbBench {
@@ -273,14 +311,22 @@ impl LbBench {
         s.push_str("### Balancer cost per packet (busy CPU of the whole machine, ns per packet)\n\n");
         s.push_str("| rules | median | spread over runs | runs | forwarded to hosts 1/2/3 |\n| --- | ---: | ---: | ---: | --- |\n");
         for r in &self.cost {
+            if let Some(why) = r.kept.no_figure() {
+                s.push_str(&format!("| {} | {why} | | | |\n", r.rules));
+                continue;
+            }
             s.push_str(&format!(
                 "| {} | {} | {} | {} | {} |\n",
                 r.rules,
                 fmt(r.spread.median),
                 udpx_lab::judge::pm(r.spread.median, r.spread.min, r.spread.max),
-                r.ns_per_packet.len(),
+                r.kept.cell(),
                 r.forwarded.iter().map(u64::to_string).collect::<Vec<_>>().join(" / ")
             ));
+        }
+        let extra = self.cost.iter().map(|r| r.steal.len().saturating_sub(r.kept.planned)).max().unwrap_or(0);
+        if let Some(note) = udpx_lab::judge::steal_note(self.cost.iter().flat_map(|r| &r.steal), Some(extra)) {
+            s.push_str(&format!("\n{note} (every online CPU)\n"));
         }
         s.push_str(&format!(
             "\nCID rules / 4-tuple rules: {:.3}x ({:+.0} ns per packet: what reading the connection ID costs, \

@@ -10,7 +10,7 @@ use std::time::Duration;
 use serde::Serialize;
 use udpx_lab::env::Environment;
 use udpx_lab::netns::{TestNet, TestNetConfig};
-use udpx_lab::stats::{self, Spread};
+use udpx_lab::stats::{self, another_round, Kept, Spread};
 
 use crate::client::RecvConfig;
 use crate::fig4::{run_between, unpaced_segments, Run};
@@ -51,6 +51,8 @@ pub struct CapacityRow {
     pub delivered: Spread,
     /// This row's CPU per GB / the unpaced row's, per round.
     pub vs_unpaced: Spread,
+    /// Runs planned, clean, stolen and failed (the spreads are of the clean runs).
+    pub kept: Kept,
 }
 
 /// The capacity table.
@@ -84,7 +86,12 @@ pub fn run(cfg: &CapacityConfig, progress: &mut dyn FnMut(&str)) -> Result<Capac
     ];
     let mut runs: Vec<Vec<Option<Run>>> = vec![Vec::new(); shapes.len()];
     let mut failures = Vec::new();
-    for round in 0..cfg.rounds {
+    let offered = cfg.rate as f64 * f64::from(cfg.flows);
+    let per_gb = |rs: &[Option<Run>]| {
+        stats::figures(rs, |r| if r.bytes > 0 { r.cpu_s / (r.bytes as f64 / 1e9) } else { f64::INFINITY })
+    };
+    let mut round = 0;
+    while another_round(cfg.rounds, round, runs.iter().map(|rs| Kept::of(&per_gb(rs), cfg.rounds))) {
         for (i, (label, segs)) in shapes.iter().enumerate() {
             let mut recv = RecvConfig::new("0.0.0.0:0".parse().expect("literal"), cfg.flows, cfg.rate, cfg.duration);
             recv.size = cfg.size;
@@ -107,25 +114,20 @@ pub fn run(cfg: &CapacityConfig, progress: &mut dyn FnMut(&str)) -> Result<Capac
             }
             runs[i].push(r.ok());
         }
+        round += 1;
     }
-    let offered = cfg.rate as f64 * f64::from(cfg.flows);
-    let per_gb = |rs: &[Option<Run>]| -> Vec<Option<f64>> {
-        rs.iter()
-            .map(|r| r.map(|r| if r.bytes > 0 { r.cpu_s / (r.bytes as f64 / 1e9) } else { f64::INFINITY }))
-            .collect()
-    };
     let base = per_gb(&runs[1]);
     let rows = shapes
         .into_iter()
         .zip(runs)
         .map(|((label, _), rs)| {
             let cost = per_gb(&rs);
-            let delivered: Vec<f64> = rs.iter().flatten().map(|r| r.goodput / offered).collect();
             CapacityRow {
                 label,
-                cpu_per_gb: Spread::of(&cost.iter().flatten().copied().collect::<Vec<_>>()),
-                delivered: Spread::of(&delivered),
+                cpu_per_gb: Spread::of_clean(&cost),
+                delivered: Spread::of_clean(&stats::figures(&rs, |r| r.goodput / offered)),
                 vs_unpaced: Spread::of(&stats::paired_ratios(&cost, &base)),
+                kept: Kept::of(&cost, cfg.rounds),
                 runs: rs,
             }
         })
@@ -153,8 +155,8 @@ pub fn text(c: &Capacity) -> String {
         "(the clients share one address: the server's caps raised to {})",
         crate::Limits::raised_for(cfg.flows, cfg.rate).describe()
     );
-    let _ = writeln!(o, "\n| row | server CPU-s per GB | vs unpaced | delivered / offered |");
-    let _ = writeln!(o, "| --- | --- | --- | --- |");
+    let _ = writeln!(o, "\n| row | server CPU-s per GB | vs unpaced | delivered / offered | runs |");
+    let _ = writeln!(o, "| --- | --- | --- | --- | --- |");
     let f = |s: &Spread, p: usize| {
         if s.n == 0 || !s.median.is_finite() {
             "n/a".into()
@@ -163,8 +165,24 @@ pub fn text(c: &Capacity) -> String {
         }
     };
     for r in &c.rows {
-        let _ =
-            writeln!(o, "| {} | {} | {} | {} |", r.label, f(&r.cpu_per_gb, 2), f(&r.vs_unpaced, 2), f(&r.delivered, 3));
+        if let Some(why) = r.kept.no_figure() {
+            let _ = writeln!(o, "| {} | {why} | | | |", r.label);
+            continue;
+        }
+        let _ = writeln!(
+            o,
+            "| {} | {} | {} | {} | {} |",
+            r.label,
+            f(&r.cpu_per_gb, 2),
+            f(&r.vs_unpaced, 2),
+            f(&r.delivered, 3),
+            r.kept.cell()
+        );
+    }
+    let passes = c.rows.iter().map(|r| r.runs.len()).max().unwrap_or(0);
+    let steals = c.rows.iter().flat_map(|r| r.runs.iter().flatten()).map(|x| &x.steal);
+    if let Some(note) = udpx_lab::judge::steal_note(steals, Some(passes.saturating_sub(cfg.rounds))) {
+        let _ = writeln!(o, "{note} (every online CPU: nothing is pinned)");
     }
     for e in &c.failures {
         let _ = writeln!(o, "failed: {e}");

@@ -19,6 +19,11 @@
 //! segmentation they do inline), not the router's or the receiver's. Loss is exact: each flow's
 //! End message says how many the server sent. tbf drops a GSO buffer's segments silently while
 //! the send reports success, so only the receiver can count that loss.
+//!
+//! Steal: nothing here is pinned (receive packet steering spreads the work over every CPU),
+//! so a run's steal is that of every online CPU over its window ([`udpx_lab::steal`]). A run
+//! over the limit is marked and counts in no median, ratio or verdict; extra rounds (at most
+//! as many again) make it up.
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -27,7 +32,8 @@ use std::time::Duration;
 use serde::Serialize;
 use udpx_lab::env::Environment;
 use udpx_lab::netns::{LineConfig, LineNet, Namespace, Node, Port, TbfLimit};
-use udpx_lab::stats::{self, Spread, Verdict};
+use udpx_lab::stats::{self, another_round, Kept, Spread, Verdict};
+use udpx_lab::steal::{Steal, StealMeter, WithSteal};
 
 use crate::client::{receive, Progress, RecvConfig};
 use crate::server::{ServeConfig, Server};
@@ -135,6 +141,16 @@ pub struct Run {
     pub bytes: u64,
     /// Bytes received per second of send time.
     pub goodput: f64,
+    /// The hypervisor's steal from every online CPU over the run (`steal_s`, `steal_share`,
+    /// `stolen`).
+    #[serde(flatten)]
+    pub steal: Steal,
+}
+
+impl WithSteal for Run {
+    fn steal(&self) -> &Steal {
+        &self.steal
+    }
 }
 
 /// One row: its runs (in round order), its median run, and its ratios to the 1 ms row.
@@ -146,8 +162,10 @@ pub struct Row {
     pub interval_ms: Option<f64>,
     /// Runs, by round (`None`: the run failed).
     pub runs: Vec<Option<Run>>,
-    /// The median run by loss.
+    /// The median clean run by loss.
     pub median: Option<Run>,
+    /// Runs planned, clean, stolen and failed.
+    pub kept: Kept,
     /// CPU / CPU of the 1 ms row, per round.
     pub cpu_rel: Spread,
     /// Loss / loss of the 1 ms row, per round.
@@ -198,18 +216,24 @@ pub fn run(cfg: &Fig4Config, progress: &mut dyn FnMut(&str)) -> Result<Fig4, Str
     shapes.push((format!("unpaced GSO ({} per release)", unpaced_segments(cfg.size)), None));
     let mut runs: Vec<Vec<Option<Run>>> = vec![Vec::new(); shapes.len()];
     let mut failures = Vec::new();
-    for round in 0..cfg.rounds {
+    let mut round = 0;
+    while another_round(
+        cfg.rounds,
+        round,
+        runs.iter().map(|rs| Kept::of(&stats::figures(rs, |r| r.loss_pct), cfg.rounds)),
+    ) {
         for (i, (label, interval)) in shapes.iter().enumerate() {
             let r = one_run(&net, cfg, *interval);
             match &r {
                 Ok(run) => progress(&format!(
-                    "round {}/{} {label}: cpu {:.3} s, loss {:.2} %, {:.1} datagrams per call{}",
+                    "round {}/{} {label}: cpu {:.3} s, loss {:.2} %, {:.1} datagrams per call{}{}",
                     round + 1,
                     cfg.rounds,
                     run.cpu_s,
                     run.loss_pct,
                     run.per_call,
-                    if run.unsent > 0 { format!(", {} NOT SENT (send errors)", run.unsent) } else { String::new() }
+                    if run.unsent > 0 { format!(", {} NOT SENT (send errors)", run.unsent) } else { String::new() },
+                    if run.steal.stolen { format!(", STOLEN {} (left out)", run.steal.pct()) } else { String::new() }
                 )),
                 Err(e) => {
                     progress(&format!("round {}/{} {label}: FAILED {e}", round + 1, cfg.rounds));
@@ -218,9 +242,10 @@ pub fn run(cfg: &Fig4Config, progress: &mut dyn FnMut(&str)) -> Result<Fig4, Str
             }
             runs[i].push(r.ok());
         }
+        round += 1;
     }
-    let cpu = |rs: &[Option<Run>]| rs.iter().map(|r| r.map(|r| r.cpu_s)).collect::<Vec<_>>();
-    let loss = |rs: &[Option<Run>]| rs.iter().map(|r| r.map(|r| r.loss_pct)).collect::<Vec<_>>();
+    let cpu = |rs: &[Option<Run>]| stats::figures(rs, |r| r.cpu_s);
+    let loss = |rs: &[Option<Run>]| stats::figures(rs, |r| r.loss_pct);
     let (cpu1, loss1) = (cpu(&runs[0]), loss(&runs[0]));
     let mut rows = Vec::new();
     let mut ratios_2ms = (Vec::new(), Vec::new());
@@ -230,13 +255,14 @@ pub fn run(cfg: &Fig4Config, progress: &mut dyn FnMut(&str)) -> Result<Fig4, Str
         if interval == Some(2.0) {
             ratios_2ms = (cr.clone(), lr.clone());
         }
-        let losses: Vec<f64> = rs.iter().map(|r| r.map_or(f64::NAN, |r| r.loss_pct)).collect();
-        let median = stats::median_run(&losses).and_then(|k| rs[k]);
+        let kept = Kept::of(&loss(&rs), cfg.rounds);
+        let median = kept.median_run.and_then(|k| rs[k]);
         rows.push(Row {
             label,
             interval_ms: interval,
             runs: rs,
             median,
+            kept,
             cpu_rel: Spread::of(&cr),
             loss_rel: Spread::of(&lr),
         });
@@ -287,12 +313,14 @@ pub(crate) fn run_between(
     // not by how often the scheduler happened to wake the pacer late.
     serve.realtime = Some(10);
     let srv = server.0.try_run(move || Server::start(serve)).map_err(ns_err)??;
+    let steal = StealMeter::start(&udpx_lab::cpu::online_cpus());
     recv.server = srv.local_addr();
     recv.local = vec![client.1];
     let progress = Arc::new(Progress::default());
     let handle = client.0.try_spawn(move || receive(&recv, &progress)).map_err(ns_err)?;
     let got = handle.join().map_err(|_| StreamError::Setup("the receiver panicked".into()));
     let rep = srv.stop()?;
+    let steal = steal.stop().unwrap_or_default();
     let r = got??;
     let s = &r.summary;
     if let (n @ 1.., why) = &r.refused {
@@ -317,6 +345,7 @@ pub(crate) fn run_between(
         per_call: if rep.total.send_calls > 0 { rep.total.datagrams as f64 / rep.total.send_calls as f64 } else { 0.0 },
         bytes: s.bytes,
         goodput: s.goodput,
+        steal,
     })
 }
 
@@ -354,9 +383,9 @@ pub fn text(f: &Fig4) -> String {
     );
     let _ = writeln!(
         o,
-        "\n| row | CPU vs 1 ms | loss vs 1 ms | loss % | burstiness | departure p50 / p99 us | datagrams per call |"
+        "\n| row | CPU vs 1 ms | loss vs 1 ms | loss % | burstiness | departure p50 / p99 us | datagrams per call | runs |"
     );
-    let _ = writeln!(o, "| --- | --- | --- | --- | --- | --- | --- |");
+    let _ = writeln!(o, "| --- | --- | --- | --- | --- | --- | --- | --- |");
     let pm = |s: &Spread| {
         if s.n == 0 || !s.median.is_finite() {
             "n/a".to_string()
@@ -369,7 +398,7 @@ pub fn text(f: &Fig4) -> String {
             Some(m) => {
                 let _ = writeln!(
                     o,
-                    "| {} | {} | {} | {:.2} | {:.1} % | {:.0} / {:.0} | {:.1} |",
+                    "| {} | {} | {} | {:.2} | {:.1} % | {:.0} / {:.0} | {:.1} | {} |",
                     r.label,
                     pm(&r.cpu_rel),
                     pm(&r.loss_rel),
@@ -377,16 +406,23 @@ pub fn text(f: &Fig4) -> String {
                     m.burstiness * 100.0,
                     m.dep_p50_us,
                     m.dep_p99_us,
-                    m.per_call
+                    m.per_call,
+                    r.kept.cell()
                 );
             }
             None => {
-                let _ = writeln!(o, "| {} | every run failed | | | | | |", r.label);
+                let why = r.kept.no_figure().unwrap_or_else(|| "every run failed".into());
+                let _ = writeln!(o, "| {} | {why} | | | | | | |", r.label);
             }
         }
     }
     let _ = writeln!(o, "\nThe paper: CPU 100 / 92 / 88 / 84 %, loss 100 / 103 / 110 / 117 % for 1 / 2 / 4 / 8 ms.");
     let _ = writeln!(o, "At 2 ms: CPU <= 0.92 of 1 ms: {}; loss <= the 1 ms row's: {}", f.cpu_2ms, f.loss_2ms);
+    let passes = f.rows.iter().map(|r| r.runs.len()).max().unwrap_or(0);
+    let steals = f.rows.iter().flat_map(|r| r.runs.iter().flatten()).map(|x| &x.steal);
+    if let Some(note) = udpx_lab::judge::steal_note(steals, Some(passes.saturating_sub(c.rounds))) {
+        let _ = writeln!(o, "{note} (every online CPU: nothing is pinned)");
+    }
     for e in &f.failures {
         let _ = writeln!(o, "failed: {e}");
     }

@@ -54,3 +54,33 @@ fn port_listed(table: &str, port: u16, state: Option<&str>) -> bool {
         local_port == Some(port) && state.is_none_or(|s| f.get(3) == Some(&s))
     })
 }
+
+/// The steal fields of one run in a bench's JSON (`udpx_lab::steal::Steal`, flat): numbers
+/// never negative and a mark. Never their size: the tests do not depend on the neighbours.
+pub fn assert_steal(run: &serde_json::Value) {
+    for f in ["steal_s", "steal_share"] {
+        assert!(run[f].as_f64().is_some_and(|v| v >= 0.0), "{f}: {run}");
+    }
+    assert!(run["stolen"].is_boolean(), "stolen: {run}");
+}
+
+/// Every measured run of a row carries its steal, and the row its tally (`kept`).
+pub fn assert_row_steal(row: &serde_json::Value) {
+    for run in row["runs"].as_array().expect("runs").iter().filter(|r| !r.is_null()) {
+        assert_steal(run);
+    }
+    for f in ["planned", "clean", "stolen", "failed"] {
+        assert!(row["kept"][f].as_u64().is_some(), "kept.{f}: {row}");
+    }
+}
+
+/// A row's median run, or, when the steal rule left it none (every run stolen: a loaded
+/// machine, not a fault), its first measured run, the skip recorded: `test` names it.
+pub fn median_or_run<'a>(test: &str, row: &'a serde_json::Value) -> &'a serde_json::Value {
+    if !row["median"].is_null() {
+        return &row["median"];
+    }
+    assert!(row["kept"]["stolen"].as_u64() > Some(0), "no median and no stolen run: {row}");
+    udpx_lab::netns::record_skip(test, "every run of a row was stolen by the hypervisor: its first run checked");
+    row["runs"].as_array().and_then(|r| r.iter().find(|x| !x.is_null())).expect("a measured run")
+}

@@ -12,14 +12,20 @@
 //! retransmitted, send calls and packets per call (larger runs, fewer calls: the point of
 //! bursting), medians over the rounds. A rule is safe here when its goodput is no lower than
 //! `quantum`'s and its losses no higher (each within the rounds' spread: judged per round).
+//!
+//! **Steal.** Nothing is pinned here, so a run's steal is that of every online CPU over its
+//! download ([`udpx_lab::steal`]); a run over the limit is marked and counts in no median or
+//! verdict, and extra rounds (at most as many again) make it up.
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use serde::Serialize;
 use udpx_lab::env::Environment;
-use udpx_lab::judge::Check;
+use udpx_lab::judge::{steal_note, Check};
 use udpx_lab::netns::{LineConfig, LineNet, Node, Port, TbfLimit};
+use udpx_lab::stats::{another_round, figures, Kept};
+use udpx_lab::steal::{Steal, StealMeter, WithSteal};
 use udpx_quic::Burst;
 
 use super::Scratch;
@@ -81,6 +87,15 @@ pub struct BurstRun {
     pub send_calls: u64,
     /// Datagrams per send call.
     pub packets_per_call: f64,
+    /// The steal from every online CPU over the download (`steal_s`, `steal_share`, `stolen`).
+    #[serde(flatten)]
+    pub steal: Steal,
+}
+
+impl WithSteal for BurstRun {
+    fn steal(&self) -> &Steal {
+        &self.steal
+    }
 }
 
 /// One mode's runs.
@@ -90,10 +105,12 @@ pub struct BurstRow {
     pub mode: String,
     /// Per round (`None`: the run failed).
     pub runs: Vec<Option<BurstRun>>,
-    /// The median run by goodput.
+    /// The median clean run by goodput.
     pub median: Option<BurstRun>,
     /// The first failure.
     pub error: Option<String>,
+    /// Runs planned, clean, stolen and failed.
+    pub kept: Kept,
 }
 
 /// The result.
@@ -126,33 +143,38 @@ pub fn run(cfg: &BottleneckConfig, progress: &mut dyn FnMut(&str)) -> Result<Opt
     net.tbf(rate, 3_000, TbfLimit::Latency(cfg.buffer)).map_err(|e| format!("tbf: {e}"))?;
     net.set_features(Port::Server, &[("tx-udp-segmentation", "off")]).map_err(|e| format!("offloads: {e}"))?;
     let mut runs: Vec<Vec<Result<BurstRun, String>>> = vec![Vec::new(); MODES.len()];
-    for round in 0..cfg.rounds {
+    let goodput = |r: &[Result<BurstRun, String>]| {
+        figures(&r.iter().map(|x| x.as_ref().ok().copied()).collect::<Vec<_>>(), |x| x.mbit_per_s)
+    };
+    let mut round = 0;
+    while another_round(cfg.rounds, round, runs.iter().map(|r| Kept::of(&goodput(r), cfg.rounds))) {
         for (i, &(mode, name)) in MODES.iter().enumerate() {
             let r = one_run(&net, &www, mode, cfg);
             progress(&match &r {
                 Ok(x) => format!(
-                    "round {}/{}: --burst {name}: {:.0} Mbit/s, {} lost, {:.1} packets per call",
+                    "round {}/{}: --burst {name}: {:.0} Mbit/s, {} lost, {:.1} packets per call{}",
                     round + 1,
                     cfg.rounds,
                     x.mbit_per_s,
                     x.lost,
-                    x.packets_per_call
+                    x.packets_per_call,
+                    if x.steal.stolen { format!(", STOLEN {} (left out)", x.steal.pct()) } else { String::new() }
                 ),
                 Err(e) => format!("round {}/{}: --burst {name}: failed: {e}", round + 1, cfg.rounds),
             });
             runs[i].push(r);
         }
+        round += 1;
     }
     let rows: Vec<BurstRow> = MODES
         .iter()
         .zip(runs)
         .map(|(&(_, name), r)| {
             let error = r.iter().find_map(|x| x.as_ref().err().cloned());
+            let kept = Kept::of(&goodput(&r), cfg.rounds);
             let runs: Vec<Option<BurstRun>> = r.into_iter().map(Result::ok).collect();
-            let ok: Vec<BurstRun> = runs.iter().flatten().copied().collect();
-            let vals: Vec<f64> = ok.iter().map(|x| x.mbit_per_s).collect();
-            let median = udpx_lab::stats::median_run(&vals).map(|k| ok[k]);
-            BurstRow { mode: name.into(), runs, median, error }
+            let median = kept.median_run.and_then(|k| runs[k]);
+            BurstRow { mode: name.into(), runs, median, error, kept }
         })
         .collect();
     let checks = judge(&rows);
@@ -174,7 +196,9 @@ fn one_run(net: &LineNet, www: &std::path::Path, mode: Burst, cfg: &BottleneckCo
     let server = net.ns(Node::Server).try_run(move || serve(&root, &sc)).map_err(|e| e.to_string())?;
     let server = server.map_err(|e| format!("server: {e}"))?;
     let url = format!("https://{}/file", server.local_addr());
+    let steal = StealMeter::start(&udpx_lab::cpu::online_cpus());
     let got = net.ns(Node::Client).try_run(move || get(&url, None, &GetConfig::default()));
+    let steal = steal.stop().unwrap_or_default();
     let counters = server.stop().map_err(|e| format!("server stop: {e}"))?;
     let got = got.map_err(|e| e.to_string())?.map_err(|e| format!("download: {e}"))?;
     if got.status != 200 || got.bytes != size {
@@ -188,6 +212,7 @@ fn one_run(net: &LineNet, www: &std::path::Path, mode: Burst, cfg: &BottleneckCo
         packets: q.packets_sent,
         send_calls: q.send_calls,
         packets_per_call: q.packets_per_call,
+        steal,
     })
 }
 
@@ -197,9 +222,7 @@ fn one_run(net: &LineNet, www: &std::path::Path, mode: Burst, cfg: &BottleneckCo
 fn judge(rows: &[BurstRow]) -> Vec<Check> {
     let Some(base) = rows.iter().find(|r| r.mode == "quantum") else { return Vec::new() };
     let mut out = Vec::new();
-    let field = |r: &BurstRow, f: &dyn Fn(&BurstRun) -> f64| -> Vec<Option<f64>> {
-        r.runs.iter().map(|x| x.as_ref().map(f)).collect()
-    };
+    let field = |r: &BurstRow, f: &dyn Fn(&BurstRun) -> f64| figures(&r.runs, f);
     for r in rows.iter().filter(|r| r.mode != "quantum") {
         out.extend(Check::judge(
             "bottleneck",
@@ -233,21 +256,34 @@ pub fn table(b: &BottleneckBench) -> String {
         c.size,
         c.rounds
     );
-    let _ = writeln!(s, "| --burst | Mbit/s | lost | retransmitted | packets | send calls | packets per call |");
-    let _ = writeln!(s, "|---|---|---|---|---|---|---|");
+    let _ = writeln!(s, "| --burst | Mbit/s | lost | retransmitted | packets | send calls | packets per call | runs |");
+    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|");
     for r in &b.rows {
         match &r.median {
             Some(m) => {
                 let _ = writeln!(
                     s,
-                    "| {} | {:.0} | {} | {} | {} | {} | {:.1} |",
-                    r.mode, m.mbit_per_s, m.lost, m.retransmitted, m.packets, m.send_calls, m.packets_per_call
+                    "| {} | {:.0} | {} | {} | {} | {} | {:.1} | {} |",
+                    r.mode,
+                    m.mbit_per_s,
+                    m.lost,
+                    m.retransmitted,
+                    m.packets,
+                    m.send_calls,
+                    m.packets_per_call,
+                    r.kept.cell()
                 );
             }
             None => {
-                let _ = writeln!(s, "| {} | failed: {} |", r.mode, r.error.as_deref().unwrap_or("?"));
+                let why =
+                    r.kept.no_figure().unwrap_or_else(|| format!("failed: {}", r.error.as_deref().unwrap_or("?")));
+                let _ = writeln!(s, "| {} | {why} |", r.mode);
             }
         }
+    }
+    let extra = b.rows.iter().map(|r| r.runs.len().saturating_sub(c.rounds)).max().unwrap_or(0);
+    if let Some(note) = steal_note(b.rows.iter().flat_map(|r| r.runs.iter().flatten()).map(|x| &x.steal), Some(extra)) {
+        let _ = writeln!(s, "\n{note} (every online CPU: nothing is pinned)");
     }
     let _ = write!(
         s,

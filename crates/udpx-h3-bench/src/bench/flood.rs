@@ -137,6 +137,10 @@ pub struct FloodRow {
     pub rss_first_two_thirds_mib: f64,
     /// The server CPU's busy share over the flood, percent of one CPU.
     pub server_cpu_pct: f64,
+    /// The steal from the attacker's and the server's CPUs over the flood (`steal_s`,
+    /// `steal_share`, `stolen`: then its CPU share and download times are not quoted).
+    #[serde(flatten)]
+    pub steal: udpx_lab::steal::Steal,
     /// The server's own counts (`udpx h3 serve`'s final JSON, `quic` part).
     pub counters: serde_json::Value,
     /// The bounds, judged.
@@ -354,7 +358,9 @@ fn one_run(
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
         .find_map(|v| v.get("h3_serve").and_then(|s| s.get("quic")).cloned())
         .unwrap_or(serde_json::Value::Null);
-    let busy = cpu1.diff(&cpu0).busy_time(&[server_cpu], rate).as_secs_f64();
+    let d = cpu1.diff(&cpu0);
+    let busy = d.busy_time(&[server_cpu], rate).as_secs_f64();
+    let steal = udpx_lab::steal::Steal::of(&d, &[attacker_cpu, server_cpu], rate);
     let (victim_packets, raw_bytes) = (rx1.0 - rx0.0, rx1.1 - rx0.1);
     let victim_bytes = raw_bytes.saturating_sub(victim_packets * HEADERS);
     let amplification = victim_bytes as f64 / forged_bytes.max(1) as f64;
@@ -412,6 +418,7 @@ fn one_run(
         rss_last_third_mib: late,
         rss_first_two_thirds_mib: early,
         server_cpu_pct: busy * 100.0 / flood_secs,
+        steal,
         counters,
         bounds,
     })
@@ -442,9 +449,17 @@ pub fn table(b: &FloodBench) -> String {
             }
             Ok(r) => {
                 let n = |k: &str| r.counters.get(k).and_then(serde_json::Value::as_u64).unwrap_or(0);
+                // A stolen run's timings and CPU share are not quoted.
+                let timed = |v: f64, unit: &str| {
+                    if r.steal.stolen {
+                        format!("stolen ({})", r.steal.pct())
+                    } else {
+                        format!("{v:.0}{unit}")
+                    }
+                };
                 let _ = writeln!(
                     s,
-                    "| {} | {} ({:.0}) | {:.3}x ({} B / {} B) | {}/{}{} | {:.0} / {:.0} | {:.0} / {:.0} / {:.0} | {:.0} % | {} | {} | {} | {} |",
+                    "| {} | {} ({:.0}) | {:.3}x ({} B / {} B) | {}/{}{} | {} / {} | {:.0} / {:.0} / {:.0} | {} | {} | {} | {} | {} |",
                     r.retry,
                     r.initials,
                     r.rate,
@@ -454,12 +469,12 @@ pub fn table(b: &FloodBench) -> String {
                     r.downloads_ok,
                     r.downloads,
                     if r.served_after { ", then 1/1" } else { ", then 0/1" },
-                    r.download_p50_ms,
-                    r.download_max_ms,
+                    timed(r.download_p50_ms, ""),
+                    timed(r.download_max_ms, ""),
                     r.rss_before_mib,
                     r.rss_peak_mib,
                     r.rss_after_mib,
-                    r.server_cpu_pct,
+                    timed(r.server_cpu_pct, " %"),
                     n("retries_sent"),
                     n("refused_half_open"),
                     n("handshake_timeouts"),
@@ -472,6 +487,9 @@ pub fn table(b: &FloodBench) -> String {
         for (why, n) in &r.download_failures {
             let _ = writeln!(s, "\n--retry {}: {n} legitimate download(s) failed: {why}", r.retry);
         }
+    }
+    if let Some(note) = udpx_lab::judge::steal_note(b.rows.iter().flatten().map(|r| &r.steal), None) {
+        let _ = writeln!(s, "\n{note}; one run per mode: a marked run's CPU share and download times say `stolen`");
     }
     s.push_str("\nBounds (each must hold in every run):\n");
     for r in b.rows.iter().flatten() {

@@ -26,6 +26,12 @@
 //! (gtlsclient acknowledges differently from quiche) is compared only with itself. A peer
 //! that is not installed leaves its rows out, named in [`H3Bench::left_out`].
 //!
+//! **Steal** ([`udpx_lab::steal`]). Each run records the hypervisor's steal from the server's
+//! and the client's CPUs over its download; a run over 2 % is marked and counts in no median,
+//! range or verdict, and extra rounds (at most as many again) make it up. The Chromium pair
+//! runs its own number of rounds ([`H3BenchConfig::chromium_repeat`], 5 by default),
+//! interleaved with the others.
+//!
 //! **Targets** ([`judge`]): `gso +GRO` at most 0.5x of `sendmsg` in server CPU per byte, per
 //! client; the best udpx row at most 1.0x nginx's in the software profile, 1.2x in the offload
 //! profile, 2x on loopback ([`nginx_target`]; the ratio is reported whatever it is).
@@ -42,7 +48,8 @@ use udpx_lab::cpu::{CpuSample, TickRate};
 use udpx_lab::env::Environment;
 use udpx_lab::judge::{checks_text, verdict_rule, Check};
 use udpx_lab::netns::{Namespace, Napi, Profile, Side, TestNet};
-use udpx_lab::stats::{median_run, paired_ratios, Spread};
+use udpx_lab::stats::{another_round, figures, paired_ratios, Kept, Run, Spread};
+use udpx_lab::steal::{Steal, WithSteal};
 use udpx_quic::IoMode;
 
 use udpx_h3::{get, serve, GetConfig, ServeConfig, Tls};
@@ -115,6 +122,9 @@ pub struct H3BenchConfig {
     pub size: u64,
     /// Rounds, interleaved; the table shows each row's median run.
     pub repeat: usize,
+    /// Rounds of the Chromium pair (udpx and nginx serving Chromium), interleaved with the
+    /// others: its verdict needs at least 5 (`--chromium-repeat`).
+    pub chromium_repeat: usize,
     /// Over a veth pair between two namespaces (root) rather than loopback.
     pub veth: bool,
     /// Over veth: who segments the server's sends. `Software`: neither TCP nor UDP offload
@@ -151,6 +161,7 @@ impl H3BenchConfig {
         H3BenchConfig {
             size: 100_000_000,
             repeat: 3,
+            chromium_repeat: 5,
             veth: false,
             profile: Profile::Software,
             burst: udpx_quic::Burst::Window,
@@ -267,6 +278,16 @@ pub struct H3Run {
     /// Messages that went with MSG_ZEROCOPY, of them those the kernel copied anyway, and
     /// whether zerocopy was turned off for that (udpx, `--zerocopy`).
     pub zerocopy: Option<ZerocopyUse>,
+    /// The hypervisor's steal from the server's and the client's CPUs over the download
+    /// (`steal_s`, `steal_share`, `stolen`).
+    #[serde(flatten)]
+    pub steal: Steal,
+}
+
+impl WithSteal for H3Run {
+    fn steal(&self) -> &Steal {
+        &self.steal
+    }
 }
 
 /// What zerocopy did in one udpx run.
@@ -295,6 +316,8 @@ pub struct H3Row {
     pub runs: Vec<Option<H3Run>>,
     /// The first failure, if any run failed.
     pub error: Option<String>,
+    /// Runs planned, clean, stolen and failed.
+    pub kept: Kept,
 }
 
 impl H3Row {
@@ -303,8 +326,8 @@ impl H3Row {
         format!("{} / {}", self.server, self.client)
     }
 
-    fn costs(&self) -> Vec<Option<f64>> {
-        self.runs.iter().map(|r| r.map(|r| r.cpu_s_per_gb)).collect()
+    fn costs(&self) -> Vec<Run> {
+        figures(&self.runs, |r| r.cpu_s_per_gb)
     }
 
     fn is_udpx(&self) -> bool {
@@ -492,7 +515,7 @@ fn plan(p: &Programs) -> (Vec<(ServerKind, ClientKind)>, Vec<LeftOut>) {
 
 /// Runs the bench. `progress` gets a line per run.
 pub fn run(cfg: &H3BenchConfig, progress: &mut dyn FnMut(&str)) -> Result<H3Bench, String> {
-    if cfg.size == 0 || cfg.repeat == 0 {
+    if cfg.size == 0 || cfg.repeat == 0 || cfg.chromium_repeat == 0 {
         return Err("the file size and the rounds must be at least 1".into());
     }
     let scratch = Scratch::new()?;
@@ -545,26 +568,36 @@ pub fn run(cfg: &H3BenchConfig, progress: &mut dyn FnMut(&str)) -> Result<H3Benc
     );
     let (plan, left_out) = plan(&cfg.programs);
     let rate = TickRate::system().map_err(|e| e.to_string())?;
+    let planned: Vec<usize> = plan.iter().map(|&(_, c)| cfg.rounds_of(c)).collect();
     let mut runs: Vec<Vec<Result<H3Run, String>>> = vec![Vec::new(); plan.len()];
-    for round in 0..cfg.repeat {
-        for (i, &(server, client)) in plan.iter().enumerate() {
+    for round in 0.. {
+        let due = due_rows(&planned, &runs);
+        if !due.contains(&true) {
+            break;
+        }
+        for (i, &(server, client)) in plan.iter().enumerate().filter(|(i, _)| due[*i]) {
             let label = format!("{} / {}", server_name(server), client.name());
             let r = one_run(cfg, &place, &scratch.0, (&cert, &key, &pin), server, client, rate);
+            let of = planned[i];
             progress(&match &r {
                 Ok(x) => format!(
-                    "round {}/{}: {label}: {:.3} CPU-s/GB, {:.0} Mbit/s",
+                    "round {}/{of}: {label}: {:.3} CPU-s/GB, {:.0} Mbit/s{}",
                     round + 1,
-                    cfg.repeat,
                     x.cpu_s_per_gb,
-                    x.mbit_per_s
+                    x.mbit_per_s,
+                    if x.steal.stolen { format!(", STOLEN {} (left out)", x.steal.pct()) } else { String::new() }
                 ),
-                Err(e) => format!("round {}/{}: {label}: failed: {e}", round + 1, cfg.repeat),
+                Err(e) => format!("round {}/{of}: {label}: failed: {e}", round + 1),
             });
             runs[i].push(r);
         }
     }
-    let rows: Vec<H3Row> =
-        plan.iter().zip(runs).map(|(&(s, c), r)| merge(server_name(s), c.name().to_string(), r)).collect();
+    let rows: Vec<H3Row> = plan
+        .iter()
+        .zip(runs)
+        .zip(&planned)
+        .map(|((&(s, c), r), &n)| merge(server_name(s), c.name().to_string(), r, n))
+        .collect();
     let environment = match &net {
         Some(n) => Environment::collect(&[(Some(&n.rx), &n.rx_dev), (Some(&n.tx), &n.tx_dev)]),
         None => Environment::collect(&[(None, "lo")]),
@@ -574,14 +607,46 @@ pub fn run(cfg: &H3BenchConfig, progress: &mut dyn FnMut(&str)) -> Result<H3Benc
     Ok(H3Bench { config: cfg.clone(), profile: profile.into(), path, rows, left_out, checks, environment, debug_build })
 }
 
-/// A row from its runs: the median run by cost, every run beside it, the first error.
-fn merge(server: String, client: String, runs: Vec<Result<H3Run, String>>) -> H3Row {
+impl H3BenchConfig {
+    /// The rounds planned for a row of `client`'s: [`H3BenchConfig::chromium_repeat`] for the
+    /// Chromium pair, [`H3BenchConfig::repeat`] for the others.
+    pub fn rounds_of(&self, client: ClientKind) -> usize {
+        if client == ClientKind::Chromium {
+            self.chromium_repeat
+        } else {
+            self.repeat
+        }
+    }
+}
+
+/// Which rows run in the next round: the rows of each number of planned rounds (the Chromium
+/// pair's, the others') run together, so their runs stay paired round by round, while
+/// [`another_round`] says so for them.
+fn due_rows(planned: &[usize], runs: &[Vec<Result<H3Run, String>>]) -> Vec<bool> {
+    let kept: Vec<Kept> = runs
+        .iter()
+        .zip(planned)
+        .map(|(r, &n)| {
+            let ok: Vec<Option<H3Run>> = r.iter().map(|x| x.as_ref().ok().copied()).collect();
+            Kept::of(&figures(&ok, |x| x.cpu_s_per_gb), n)
+        })
+        .collect();
+    (0..planned.len())
+        .map(|i| {
+            let group = (0..planned.len()).filter(|&j| planned[j] == planned[i]).map(|j| kept[j]);
+            another_round(planned[i], runs[i].len(), group)
+        })
+        .collect()
+}
+
+/// A row from its runs: the median clean run by cost, every run beside it, the first error;
+/// `planned`: its rounds before any extra one.
+fn merge(server: String, client: String, runs: Vec<Result<H3Run, String>>, planned: usize) -> H3Row {
     let error = runs.iter().find_map(|r| r.as_ref().err().cloned());
     let runs: Vec<Option<H3Run>> = runs.into_iter().map(Result::ok).collect();
-    let ok: Vec<usize> = (0..runs.len()).filter(|&i| runs[i].is_some()).collect();
-    let costs: Vec<f64> = ok.iter().filter_map(|&i| runs[i].map(|r| r.cpu_s_per_gb)).collect();
-    let median_run = median_run(&costs).map(|k| ok[k]);
-    H3Row { server, client, median: median_run.and_then(|i| runs[i]), median_run, runs, error }
+    let kept = Kept::of(&figures(&runs, |r| r.cpu_s_per_gb), planned);
+    let median_run = kept.median_run;
+    H3Row { server, client, median: median_run.and_then(|i| runs[i]), median_run, runs, error, kept }
 }
 
 /// The best udpx row's CPU per byte over nginx's, at most (issue 28): 1.0 where both
@@ -683,7 +748,7 @@ fn udpx_run(
     let tasks: Vec<String> = threads.iter().map(|t| format!("/proc/self/task/{t}")).collect();
     let addr = server.local_addr();
     let url = format!("https://{addr}/{FILE}");
-    let meter = ServerMeter::start(tasks, place.server_cpu, rate);
+    let meter = ServerMeter::start(tasks, place, rate);
     let got = match client {
         ClientKind::Gtlsclient => gtlsclient(cfg, place, dir, addr, &url),
         ClientKind::UdpxGet => {
@@ -708,7 +773,7 @@ fn udpx_run(
             counters.http.body_bytes, counters.http.ok, cfg.size
         ));
     }
-    let Some((busy, task)) = cost else {
+    let Some(cost) = cost else {
         return Err("the server's threads (/proc/self/task) or /proc/stat could not be read".into());
     };
     let q = &counters.quic;
@@ -722,37 +787,51 @@ fn udpx_run(
             copied: q.zerocopy_copied,
             turned_off: q.zerocopy_turned_off > 0,
         }),
-        ..measured(busy, task, bytes, seconds)
+        ..measured(cost, bytes, seconds)
     })
 }
 
+/// What [`ServerMeter`] measured over one download.
+#[derive(Debug, Clone, Copy)]
+struct Cost {
+    /// Busy seconds of the server's CPU.
+    busy: f64,
+    /// Seconds of the server's own tasks.
+    task: f64,
+    /// The steal from the server's and the client's CPUs.
+    steal: Steal,
+}
+
 /// A server's cost over one download: its CPU's busy time (see
-/// [`udpx_lab::cpu::CpuDelta::busy_time`]) and its own tasks' time on CPU.
+/// [`udpx_lab::cpu::CpuDelta::busy_time`]) and its own tasks' time on CPU; and the steal of
+/// both ends' CPUs over the same window.
 struct ServerMeter {
     tasks: Vec<String>,
-    cpu: usize,
+    cpus: [usize; 2],
     rate: TickRate,
     task0: Option<f64>,
     busy0: Option<CpuSample>,
 }
 
 impl ServerMeter {
-    /// Starts measuring CPU `cpu` and the tasks (`/proc/...` directories).
-    fn start(tasks: Vec<String>, cpu: usize, rate: TickRate) -> ServerMeter {
+    /// Starts measuring the server's CPU, the tasks (`/proc/...` directories) and the steal of
+    /// the server's and the client's CPUs.
+    fn start(tasks: Vec<String>, place: &Place<'_>, rate: TickRate) -> ServerMeter {
         let task0 = cpu_secs(&tasks, rate);
-        ServerMeter { tasks, cpu, rate, task0, busy0: CpuSample::now().ok() }
+        let cpus = [place.server_cpu, place.client_cpu];
+        ServerMeter { tasks, cpus, rate, task0, busy0: CpuSample::now().ok() }
     }
 
-    /// (busy seconds of the CPU, seconds of the tasks) since the start; `None` if `/proc`
-    /// could not be read.
-    fn stop(&self) -> Option<(f64, f64)> {
-        let busy = CpuSample::now().ok()?.diff(self.busy0.as_ref()?).busy_time(&[self.cpu], self.rate).as_secs_f64();
+    /// What was spent since the start; `None` if `/proc` could not be read.
+    fn stop(&self) -> Option<Cost> {
+        let d = CpuSample::now().ok()?.diff(self.busy0.as_ref()?);
+        let busy = d.busy_time(&self.cpus[..1], self.rate).as_secs_f64();
         let task = (cpu_secs(&self.tasks, self.rate)? - self.task0?).max(0.0);
-        Some((busy, task))
+        Some(Cost { busy, task, steal: Steal::of(&d, &self.cpus, self.rate) })
     }
 }
 
-fn measured(cpu: f64, task: f64, bytes: u64, seconds: f64) -> H3Run {
+fn measured(Cost { busy: cpu, task, steal }: Cost, bytes: u64, seconds: f64) -> H3Run {
     H3Run {
         cpu_s_per_gb: if bytes > 0 { cpu / (bytes as f64 / 1e9) } else { f64::INFINITY },
         server_cpu_s: cpu,
@@ -765,6 +844,7 @@ fn measured(cpu: f64, task: f64, bytes: u64, seconds: f64) -> H3Run {
         lost_packets: None,
         gro_buffers: None,
         zerocopy: None,
+        steal,
     }
 }
 
@@ -795,13 +875,17 @@ mod tests {
         );
     }
 
+    fn cost(c: f64, stolen: bool) -> Cost {
+        Cost { busy: c, task: c, steal: Steal { stolen, ..Steal::default() } }
+    }
+
     #[test]
     fn rows_are_median_runs_and_targets_paired() {
-        let run = |c: f64| Ok(measured(c, c, 1_000_000_000, 1.0));
+        let run = |c: f64| Ok(measured(cost(c, false), 1_000_000_000, 1.0));
         let rows = vec![
-            merge("sendmsg".into(), "gtlsclient".into(), vec![run(2.0), run(2.2), run(1.8)]),
-            merge("gso +GRO".into(), "gtlsclient".into(), vec![run(0.8), Err("x".into()), run(0.9)]),
-            merge("nginx https/tcp".into(), "curl".into(), vec![run(0.5), run(0.5), run(0.5)]),
+            merge("sendmsg".into(), "gtlsclient".into(), vec![run(2.0), run(2.2), run(1.8)], 3),
+            merge("gso +GRO".into(), "gtlsclient".into(), vec![run(0.8), Err("x".into()), run(0.9)], 3),
+            merge("nginx https/tcp".into(), "curl".into(), vec![run(0.5), run(0.5), run(0.5)], 3),
         ];
         assert_eq!(rows[0].median_run, Some(0));
         assert_eq!((rows[1].median_run, rows[1].error.as_deref()), (Some(0), Some("x")));

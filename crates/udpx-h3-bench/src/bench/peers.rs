@@ -104,7 +104,7 @@ pub(super) fn nginx_run(
     })?;
     let task = [format!("/proc/{}", server.id())];
     if matches!(client, ClientKind::Chromium | ClientKind::Independent) {
-        let meter = ServerMeter::start(task.to_vec(), place.server_cpu, rate);
+        let meter = ServerMeter::start(task.to_vec(), place, rate);
         let got = match client {
             ClientKind::Chromium => {
                 super::browser::fetch(cfg, place, dir, addr, false, pin).map(|f| (f.bytes, f.seconds))
@@ -114,17 +114,17 @@ pub(super) fn nginx_run(
         let cost = meter.stop();
         drop(server);
         let (bytes, seconds) = got?;
-        let Some((busy, own)) = cost else {
+        let Some(cost) = cost else {
             return Err("nginx's /proc/PID or /proc/stat could not be read".into());
         };
-        return Ok(measured(busy, own, bytes, seconds));
+        return Ok(measured(cost, bytes, seconds));
     }
     let url = format!("https://{addr}/{FILE}");
     let out = ndir.join("curl.out");
     let mut c = place.command(place.client_ns(), place.client_cpu, curl);
     c.args(["-k", "-s", "-S", "--http1.1", "--tlsv1.3", "-o", "/dev/null", "-w", "%{size_download} %{http_code}"])
         .args(["--max-time", &cfg.deadline().as_secs().to_string(), &url]);
-    let meter = ServerMeter::start(task.to_vec(), place.server_cpu, rate);
+    let meter = ServerMeter::start(task.to_vec(), place, rate);
     let start = Instant::now();
     let status = run_bounded(&mut c, &out, cfg.deadline() + Duration::from_secs(5));
     let seconds = start.elapsed().as_secs_f64();
@@ -138,10 +138,10 @@ pub(super) fn nginx_run(
     if code != "200" || bytes != cfg.size {
         return Err(format!("curl: HTTP {code}, {bytes} bytes; the file has {}", cfg.size));
     }
-    let Some((busy, own)) = cost else {
+    let Some(cost) = cost else {
         return Err("nginx's /proc/PID or /proc/stat could not be read".into());
     };
-    Ok(measured(busy, own, bytes, seconds))
+    Ok(measured(cost, bytes, seconds))
 }
 
 /// `udpx h3 quinn-serve` (quinn with h3, a child process under `taskset`) serves the file and
@@ -188,7 +188,7 @@ pub(super) fn quinn_run(
             .map(|rd| rd.flatten().map(|e| format!("{d}/{}", e.file_name().to_string_lossy())).collect())
             .unwrap_or_default()
     };
-    let meter = ServerMeter::start(tasks(), place.server_cpu, rate);
+    let meter = ServerMeter::start(tasks(), place, rate);
     let url = format!("https://{addr}/{FILE}");
     let got = place
         .run_on(place.client_ns(), place.client_cpu, move || {
@@ -201,10 +201,10 @@ pub(super) fn quinn_run(
     if bytes != cfg.size {
         return Err(format!("{bytes} bytes received from quinn; the file has {}", cfg.size));
     }
-    let Some((busy, own)) = cost else {
+    let Some(cost) = cost else {
         return Err("quinn-serve's /proc/PID/task or /proc/stat could not be read".into());
     };
-    Ok(measured(busy, own, bytes, seconds))
+    Ok(measured(cost, bytes, seconds))
 }
 
 /// nginx's configuration: one process (`master_process off`), every path under `dir`, TLS 1.3

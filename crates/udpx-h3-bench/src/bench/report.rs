@@ -1,6 +1,6 @@
 //! The bulk bench's verdicts and its table.
 
-use udpx_lab::judge::Check;
+use udpx_lab::judge::{steal_note, Check};
 
 use super::*;
 
@@ -54,9 +54,10 @@ pub fn table(b: &H3Bench) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "{} MB file, {} rounds interleaved, each row its median run by server CPU; {}\n",
+        "{} MB file, {} rounds interleaved ({} for the Chromium pair), each row its median clean run by server CPU; {}\n",
         b.config.size as f64 / 1e6,
         b.config.repeat,
+        b.config.chromium_repeat,
         b.path
     );
     if b.debug_build {
@@ -88,15 +89,15 @@ pub fn table(b: &H3Bench) -> String {
     let nginx = b.rows.iter().find(|r| r.server == NGINX).map(H3Row::costs);
     for r in &b.rows {
         let Some(m) = r.median else {
-            let _ = writeln!(s, "{:<16} {:<15} failed: {}", r.server, r.client, r.error.as_deref().unwrap_or("?"));
+            let why = r.kept.no_figure().unwrap_or_else(|| format!("failed: {}", r.error.as_deref().unwrap_or("?")));
+            let _ = writeln!(s, "{:<16} {:<15} {why}", r.server, r.client);
             continue;
         };
-        let ok = || r.runs.iter().flatten();
-        let pm = |v: f64, all: Vec<f64>| {
-            let sp = Spread::of(&all);
+        let pm = |v: f64, f: fn(&H3Run) -> f64| {
+            let sp = Spread::of_clean(&figures(&r.runs, f));
             udpx_lab::judge::pm(v, sp.min, sp.max)
         };
-        let ratio = |base: Option<Vec<Option<f64>>>| -> (String, String) {
+        let ratio = |base: Option<Vec<Run>>| -> (String, String) {
             let Some(base) = base else { return ("-".into(), "-".into()) };
             let rs = paired_ratios(&r.costs(), &base);
             let sp = Spread::of(&rs);
@@ -117,10 +118,10 @@ pub fn table(b: &H3Bench) -> String {
             r.server,
             r.client,
             m.cpu_s_per_gb,
-            pm(m.cpu_s_per_gb, ok().map(|x| x.cpu_s_per_gb).collect()),
+            pm(m.cpu_s_per_gb, |x| x.cpu_s_per_gb),
             100.0 * m.server_task_s / m.server_cpu_s.max(1e-9),
             m.mbit_per_s,
-            pm(m.mbit_per_s, ok().map(|x| x.mbit_per_s).collect()),
+            pm(m.mbit_per_s, |x| x.mbit_per_s),
             opt(m.send_calls),
             m.packets_per_call.map_or("-".to_string(), |p| format!("{p:.2}")),
             opt(m.lost_packets),
@@ -128,8 +129,12 @@ pub fn table(b: &H3Bench) -> String {
             vs_s_pm,
             vs_n,
             vs_n_pm,
-            ok().count()
+            r.kept.cell()
         );
+    }
+    let extra: usize = b.rows.iter().map(|r| r.runs.len().saturating_sub(r.kept.planned)).max().unwrap_or(0);
+    if let Some(note) = steal_note(b.rows.iter().flat_map(|r| r.runs.iter().flatten()).map(|x| &x.steal), Some(extra)) {
+        let _ = writeln!(s, "{note} (the server's and the client's CPUs; steal_share per run in the JSON)");
     }
     for l in &b.left_out {
         let _ = writeln!(s, "left out: {}: {}", l.rows, l.why);

@@ -26,6 +26,10 @@
 //! exit for an upgrade, the new one's start for a restart). udpx's own clients play (over
 //! QUIC and over TCP): they follow GOAWAY and retry a refused request, as browsers do; the
 //! figures are counts, not timings, except the p99 columns.
+//!
+//! **Steal.** Each row is one run; it records the hypervisor's steal from the server's and the
+//! client's CPUs over it ([`udpx_lab::steal`]). A row over the limit keeps its counts, but its
+//! p99 columns (timings) are not quoted.
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -37,6 +41,7 @@ use nix::unistd::Pid;
 use serde::Serialize;
 use udpx_lab::env::Environment;
 use udpx_lab::netns::{ChildGroup, GroupGuard, Profile, Side, TestNet, TestNetConfig};
+use udpx_lab::steal::{Steal, StealMeter};
 
 use super::{write_cert, Scratch};
 use crate::load::{self, LoadConfig, LoadReport};
@@ -193,6 +198,10 @@ pub struct RestartRow {
     pub download_errors: Vec<String>,
     /// Why the row did not run, or broke.
     pub error: Option<String>,
+    /// The steal from the server's and the client's CPUs over the row (`steal_s`,
+    /// `steal_share`, `stolen`: then its p99 columns are not quoted).
+    #[serde(flatten)]
+    pub steal: Steal,
 }
 
 /// The bench.
@@ -248,7 +257,9 @@ pub fn run(cfg: &RestartConfig, progress: &mut dyn FnMut(&str)) -> Result<Option
             cfg.players,
             cfg.window.as_secs()
         ));
-        let row = one_row(cfg, &lab, change).unwrap_or_else(|e| RestartRow::failed(change, e));
+        let meter = StealMeter::start(&[server_cpu, client_cpu]);
+        let mut row = one_row(cfg, &lab, change).unwrap_or_else(|e| RestartRow::failed(change, e));
+        row.steal = meter.stop().unwrap_or_default();
         if let Some(l) = &row.load {
             progress(&format!("  {}", l.summary()));
         }
@@ -270,6 +281,7 @@ impl RestartRow {
             downloads_broken: 0,
             download_errors: Vec::new(),
             error: Some(error),
+            steal: Steal::default(),
         }
     }
 }
@@ -526,6 +538,7 @@ fn one_row(cfg: &RestartConfig, lab: &Lab<'_>, change: Change) -> Result<Restart
         load_h2,
         changes,
         error: None,
+        steal: Steal::default(),
     })
 }
 
@@ -619,7 +632,12 @@ pub fn table(b: &RestartBench) -> String {
             let _ = writeln!(s, "{:<45} {}", r.change.name(), r.error.as_deref().unwrap_or("did not run"));
             continue;
         };
-        let ms = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.1} ms"));
+        // A stolen row's timings are not quoted.
+        let ms = |v: Option<f64>| match v {
+            Some(_) if r.steal.stolen => "stolen".into(),
+            Some(v) => format!("{v:.1} ms"),
+            None => "-".into(),
+        };
         let replaced: Vec<String> = r
             .changes
             .iter()
@@ -661,6 +679,13 @@ pub fn table(b: &RestartBench) -> String {
         for e in &r.download_errors {
             let _ = writeln!(s, "    download broken: {e}");
         }
+    }
+    if let Some(note) = udpx_lab::judge::steal_note(b.rows.iter().filter(|r| r.load.is_some()).map(|r| &r.steal), None)
+    {
+        let _ = writeln!(
+            s,
+            "{note}; one run per row: a marked row's p99 columns say `stolen` (the server's and the client's CPUs)"
+        );
     }
     s.push_str(
         "failed: an error status, a reset or the connection gone under a request; unansw: no answer by the end; \

@@ -40,6 +40,8 @@ use udpx_lab::cpu::{CpuSample, TickRate};
 use udpx_lab::env::Environment;
 use udpx_lab::judge::Check;
 use udpx_lab::netns::{ChildGroup, Namespace, Profile, Side, TestNet, TestNetConfig};
+use udpx_lab::stats::{another_round, Kept, Run};
+use udpx_lab::steal::{Steal, WithSteal};
 
 use super::peers::{process_cpu_secs, process_switches};
 use super::{write_cert, Scratch};
@@ -76,16 +78,35 @@ pub struct ScaleRow {
     pub idle: bool,
     /// Every run, in round order (`None` where it failed).
     pub runs: Vec<Option<RowRun>>,
-    /// The median run by server CPU per byte (by CPU share for the idle row).
+    /// The median clean run by server CPU per byte (by CPU share for the idle row).
     pub median: Option<RowRun>,
     /// The first failure.
     pub error: Option<String>,
+    /// Runs planned, clean, stolen and failed.
+    pub kept: Kept,
 }
 
 impl ScaleRow {
-    fn costs(&self) -> Vec<Option<f64>> {
-        self.runs.iter().map(|r| r.as_ref().and_then(|r| r.server_cpu_s_per_gb)).collect()
+    fn costs(&self) -> Vec<Run> {
+        self.per_run(&|r| r.server_cpu_s_per_gb)
     }
+
+    /// `f` of each run (failed where the run failed or has no such figure), marked as the
+    /// steal rule says.
+    fn per_run(&self, f: &dyn Fn(&RowRun) -> Option<f64>) -> Vec<Run> {
+        per_run(&self.runs, f)
+    }
+}
+
+/// `f` of each of `runs` (failed where the run failed or has no such figure), marked as the
+/// steal rule says.
+fn per_run<T: WithSteal>(runs: &[Option<T>], f: &dyn Fn(&T) -> Option<f64>) -> Vec<Run> {
+    runs.iter().map(|x| Run::maybe(x.as_ref().and_then(|r| Some((f(r)?, r.steal()))))).collect()
+}
+
+/// What a row's median run is chosen by: server CPU per byte, CPU share for the idle row.
+fn median_key(idle: bool) -> impl Fn(&RowRun) -> Option<f64> {
+    move |r: &RowRun| if idle { Some(r.server_cpu_pct) } else { Some(r.server_cpu_s_per_gb.unwrap_or(f64::MAX)) }
 }
 
 /// A run whose client dropped more than this share of the datagrams it processed, percent
@@ -132,6 +153,16 @@ pub struct RowRun {
     pub host: Option<HostPerRequest>,
     /// udpx rows: datagrams the server received and sent over the window (its `/metrics`).
     pub datagrams: Option<DatagramRates>,
+    /// The steal from the server's and the client's CPUs over the window (`steal_s`,
+    /// `steal_share`, `stolen`).
+    #[serde(flatten)]
+    pub steal: Steal,
+}
+
+impl WithSteal for RowRun {
+    fn steal(&self) -> &Steal {
+        &self.steal
+    }
 }
 
 impl RowRun {
@@ -202,6 +233,9 @@ pub struct EchoFloor {
     pub sent: u64,
     /// Answers received.
     pub answered: u64,
+    /// The steal from the server's and the client's CPUs over the window.
+    #[serde(flatten)]
+    pub steal: Steal,
 }
 
 /// What the udpx server's host did per request over the measured window (issue 27 asks for
@@ -473,7 +507,13 @@ pub fn run(cfg: &ScaleConfig, progress: &mut dyn FnMut(&str)) -> Result<ScaleBen
     }
     let mut runs: Vec<Vec<Result<RowRun, String>>> = vec![Vec::new(); plan.len()];
     let (mut idle_floor, mut idle_floor_errors) = (Vec::new(), Vec::new());
-    for round in 0..cfg.rounds.max(1) {
+    let planned = cfg.rounds.max(1);
+    let tally = |r: &[Result<RowRun, String>], idle: bool| {
+        let runs: Vec<Option<RowRun>> = r.iter().map(|x| x.as_ref().ok().cloned()).collect();
+        Kept::of(&per_run(&runs, &median_key(idle)), planned)
+    };
+    let mut round = 0;
+    while another_round(planned, round, plan.iter().zip(&runs).map(|(p, r)| tally(r, p.3))) {
         for (i, &(server, client, n, idle)) in plan.iter().enumerate() {
             let r = one_run(cfg, &place, &scratch.0, (&cert, &key), (server, client), n, idle, rate);
             let label = format!(
@@ -495,7 +535,7 @@ pub fn run(cfg: &ScaleConfig, progress: &mut dyn FnMut(&str)) -> Result<ScaleBen
                     x.load.client_cpu_pct(),
                     x.client_ramp_pct.map_or("-".into(), |p| format!("{p:.0} % of its CPU")),
                     x.load.client_dropped.map_or(String::new(), |d| format!(", {d} datagrams dropped in the client"))
-                ),
+                ) + &if x.steal.stolen { format!(", STOLEN {} (left out)", x.steal.pct()) } else { String::new() },
             });
             if let (true, Ok(x)) = (idle, &r) {
                 match echo_floor(cfg, &place, &scratch.0, x.datagrams, rate) {
@@ -519,15 +559,14 @@ pub fn run(cfg: &ScaleConfig, progress: &mut dyn FnMut(&str)) -> Result<ScaleBen
             }
             runs[i].push(r);
         }
+        round += 1;
     }
     for (&(server, client, n, idle), r) in plan.iter().zip(runs) {
         let error = r.iter().find_map(|x| x.as_ref().err().cloned());
+        let kept = tally(&r, idle);
         let runs: Vec<Option<RowRun>> = r.into_iter().map(Result::ok).collect();
-        let ok: Vec<usize> = (0..runs.len()).filter(|&i| runs[i].is_some()).collect();
-        let key = |r: &RowRun| if idle { r.server_cpu_pct } else { r.server_cpu_s_per_gb.unwrap_or(f64::MAX) };
-        let vals: Vec<f64> = ok.iter().filter_map(|&i| runs[i].as_ref().map(key)).collect();
-        let median = udpx_lab::stats::median_run(&vals).map(|k| ok[k]).and_then(|i| runs[i].clone());
-        rows.push(ScaleRow { server, client, connections: n, idle, runs, median, error });
+        let median = kept.median_run.and_then(|i| runs[i].clone());
+        rows.push(ScaleRow { server, client, connections: n, idle, runs, median, error, kept });
     }
     let path = match &place.net {
         Some(n) => format!(
@@ -650,7 +689,7 @@ fn one_run(
     let result = handle.join().map_err(|_| "the client panicked".to_string()).and_then(|r| r);
     drop(running);
     let load = result?;
-    let Metered { busy, own, switches } = spent?;
+    let Metered { busy, own, switches, steal } = spent?;
     let secs = lc.duration.as_secs_f64();
     Ok(RowRun {
         server_cpu_pct: busy * 100.0 / secs,
@@ -669,6 +708,7 @@ fn one_run(
             .and_then(|(a, b)| HostPerRequest::from_scrapes(a, b, load.requests)),
         datagrams: scrape0.zip(scrape1).and_then(|(a, b)| DatagramRates::from_scrapes(&a, &b, secs)),
         load,
+        steal,
     })
 }
 
@@ -727,7 +767,7 @@ fn echo_floor(
     let (Some(sent), Some(answered)) = (count("SentMessages="), count("ReceivedMessages=")) else {
         return Err(format!("sockperf's client printed no totals: {}", text.trim()));
     };
-    let Metered { busy, own, .. } = spent?;
+    let Metered { busy, own, steal, .. } = spent?;
     let window = cfg.window.as_secs_f64();
     Ok(EchoFloor {
         round: 0,
@@ -737,6 +777,7 @@ fn echo_floor(
         server_process_pct: own * 100.0 / window,
         sent,
         answered,
+        steal,
     })
 }
 
@@ -749,12 +790,13 @@ struct Meter {
     switches: Option<u64>,
 }
 
-/// What a [`Meter`] measured: seconds of the server CPU busy and of the process on CPU, and the
-/// process's context switches.
+/// What a [`Meter`] measured: seconds of the server CPU busy and of the process on CPU, the
+/// process's context switches, and the steal from the server's and the client's CPUs.
 struct Metered {
     busy: f64,
     own: f64,
     switches: Option<u64>,
+    steal: Steal,
 }
 
 impl Meter {
@@ -767,9 +809,12 @@ impl Meter {
         let (cpu, own, switches) =
             (CpuSample::now().ok(), process_cpu_secs(self.pid, rate), process_switches(self.pid));
         let (Some(a), Some(b)) = (self.cpu, cpu) else { return Err("/proc/stat could not be read".into()) };
-        let busy = b.diff(&a).busy_time(&[place.server_cpu], rate).as_secs_f64();
+        let d = b.diff(&a);
+        let busy = d.busy_time(&[place.server_cpu], rate).as_secs_f64();
+        let steal = Steal::of(&d, &[place.server_cpu, place.client_cpu], rate);
         let own = self.own.zip(own).map_or(0.0, |(a, b)| (b - a).max(0.0));
-        Ok(Metered { busy, own, switches: self.switches.zip(switches).map(|(a, b)| b.saturating_sub(a)) })
+        let switches = self.switches.zip(switches).map(|(a, b)| b.saturating_sub(a));
+        Ok(Metered { busy, own, switches, steal })
     }
 }
 

@@ -44,14 +44,16 @@ pub fn judge(rows: &[ScaleRow], baseline: Option<f64>, segment: usize) -> Vec<Ch
     out
 }
 
-/// `f` of each of `r`'s runs (`None` where the run failed or has no such figure).
-fn per_run(r: &ScaleRow, f: &dyn Fn(&RowRun) -> Option<f64>) -> Vec<Option<f64>> {
-    r.runs.iter().map(|x| x.as_ref().and_then(f)).collect()
+/// `f` of each of `r`'s runs (failed where the run failed or has no such figure; marked
+/// where it was stolen).
+fn per_run(r: &ScaleRow, f: &dyn Fn(&RowRun) -> Option<f64>) -> Vec<Run> {
+    r.per_run(f)
 }
 
-/// 1 for each of `r`'s runs: the denominator of a figure judged against a fixed target.
-fn ones(r: &ScaleRow) -> Vec<Option<f64>> {
-    r.runs.iter().map(|_| Some(1.0)).collect()
+/// 1 for each of `r`'s runs: the denominator of a figure judged against a fixed target (the
+/// numerator carries the steal mark).
+fn ones(r: &ScaleRow) -> Vec<Run> {
+    r.runs.iter().map(|_| Run::Clean(1.0)).collect()
 }
 
 /// The verdicts judged with client `by`'s rows, into `out`.
@@ -193,28 +195,24 @@ pub fn table(b: &ScaleBench) -> String {
     }
     let _ = writeln!(
         s,
-        "| server | client | conns | served % | unanswered | never served | p50 / p99 / max ms | late | handshake p50 ms | server CPU % (its process) | CPU-s/GB (its process) | CPU-us per conn-s | KiB per conn | server context switches per request | client packets sent per received | dropped in the client % | client CPU % |"
+        "| server | client | conns | served % | unanswered | never served | p50 / p99 / max ms | late | handshake p50 ms | server CPU % (its process) | CPU-s/GB (its process) | CPU-us per conn-s | KiB per conn | server context switches per request | client packets sent per received | dropped in the client % | client CPU % | runs |"
     );
     let _ = writeln!(
         s,
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
     );
     for row in &b.rows {
         let name = if row.idle { format!("{} (idle)", row.server.name()) } else { row.server.name().to_string() };
         let Some(r) = &row.median else {
-            let _ = writeln!(
-                s,
-                "| {name} | {} | {} | failed: {} |",
-                row.client.name(),
-                row.connections,
-                row.error.as_deref().unwrap_or("?")
-            );
+            let why =
+                row.kept.no_figure().unwrap_or_else(|| format!("failed: {}", row.error.as_deref().unwrap_or("?")));
+            let _ = writeln!(s, "| {name} | {} | {} | {why} |", row.client.name(), row.connections);
             continue;
         };
         let l = &r.load;
         let _ = writeln!(
             s,
-            "| {name} | {} | {} | {} | {} | {} | {:.1} / {:.1} / {:.1} | {} | {:.1} | {:.1} ({:.1}) | {} ({}) | {:.1} | {} | {} | {} | {} | {:.0}{} |",
+            "| {name} | {} | {} | {} | {} | {} | {:.1} / {:.1} / {:.1} | {} | {:.1} | {:.1} ({:.1}) | {} ({}) | {:.1} | {} | {} | {} | {} | {:.0}{} | {} |",
             row.client.name(),
             row.connections,
             if row.idle { "-".to_string() } else { format!("{:.2}", l.served_pct()) },
@@ -235,8 +233,14 @@ pub fn table(b: &ScaleBench) -> String {
             l.sent_per_received().map_or("-".into(), |v| format!("{v:.3}")),
             l.client_dropped_pct().map_or("-".into(), |v| format!("{v:.2}")),
             l.client_cpu_pct(),
-            r.client_limit_note()
+            r.client_limit_note(),
+            row.kept.cell()
         );
+    }
+    let extra = b.rows.iter().map(|r| r.runs.len().saturating_sub(r.kept.planned)).max().unwrap_or(0);
+    let steals = b.rows.iter().flat_map(|r| r.runs.iter().flatten()).map(|x| &x.steal);
+    if let Some(note) = udpx_lab::judge::steal_note(steals, Some(extra)) {
+        let _ = writeln!(s, "\n{note} (the server's and the client's CPUs; steal_share per run in the JSON)");
     }
     let limited = b.rows.iter().flat_map(|r| r.runs.iter().flatten()).filter(|x| !x.client_free()).count();
     if limited > 0 {
@@ -291,10 +295,12 @@ pub fn table(b: &ScaleBench) -> String {
                 let run = idle.runs.get(f.round - 1).and_then(Option::as_ref);
                 let udpx = run.map(|r| r.server_cpu_pct);
                 let sent = run.and_then(|r| r.datagrams).map_or("?".into(), |d| format!("{:.0}", d.sent_per_s));
+                let stolen = f.steal.stolen || run.is_some_and(|r| r.steal.stolen);
                 let _ = writeln!(
                     s,
-                    "| {} | {} ({sent}) | {} | {}/{} | {:.1} ({:.1}) | {} | {} |",
+                    "| {}{} | {} ({sent}) | {} | {}/{} | {:.1} ({:.1}) | {} | {} |",
                     f.round,
+                    if stolen { " (stolen: not quoted)" } else { "" },
                     f.rate,
                     f.size,
                     f.answered,
@@ -302,7 +308,7 @@ pub fn table(b: &ScaleBench) -> String {
                     f.server_cpu_pct,
                     f.server_process_pct,
                     udpx.map_or("-".into(), |u| format!("{u:.1}")),
-                    udpx.filter(|_| f.server_cpu_pct > 0.0)
+                    udpx.filter(|_| f.server_cpu_pct > 0.0 && !stolen)
                         .map_or("-".into(), |u| format!("{:.2}", u / f.server_cpu_pct))
                 );
             }
@@ -347,6 +353,7 @@ mod tests {
             client_ramp_limited: false,
             host: None,
             datagrams: None,
+            steal: Steal::default(),
         }
     }
 
@@ -359,6 +366,7 @@ mod tests {
             median: runs.first().cloned(),
             runs: runs.into_iter().map(Some).collect(),
             error: None,
+            kept: Kept::default(),
         }
     }
 
