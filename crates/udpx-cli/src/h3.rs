@@ -358,6 +358,10 @@ pub struct H3BenchArgs {
     /// others' rounds: its verdict needs at least 5.
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=100))]
     chromium_repeat: u64,
+    /// The block cache of the `+cache` rows (udpx serving the clients users bring with
+    /// `--cache-size` on, beside the same without it); 0 leaves them out.
+    #[arg(long, default_value = "256M", value_parser = parse_cache_size, value_name = "BYTES")]
+    cache_size: u64,
     /// Over a veth pair between two namespaces (needs root). As root this is the default,
     /// as for `udpx bench`; without root the bench runs on loopback.
     #[arg(long, conflicts_with = "loopback")]
@@ -844,6 +848,7 @@ pub fn bench(a: H3BenchArgs) -> ExitCode {
             size: a.size,
             repeat: a.repeat as usize,
             chromium_repeat: a.chromium_repeat as usize,
+            cache_size: a.cache_size as usize,
             veth,
             profile,
             burst: a.burst.under(a.cc),

@@ -148,6 +148,9 @@ pub struct H3BenchConfig {
     pub ack_defer: Duration,
     /// `--zerocopy` for the udpx servers (`auto` by default, as for `udpx h3 serve`).
     pub zerocopy: udpx_quic::Zerocopy,
+    /// The block cache of the `+cache` rows (the pairs of the clients users bring with udpx's
+    /// cache on, `--cache-size`); 0: no such rows.
+    pub cache_size: usize,
     /// Over veth: where each side's receive work runs (`--napi`, softirq by default).
     #[serde(serialize_with = "scale::as_text")]
     pub napi: Napi,
@@ -162,6 +165,7 @@ impl H3BenchConfig {
             size: 100_000_000,
             repeat: 3,
             chromium_repeat: 5,
+            cache_size: 256 << 20,
             veth: false,
             profile: Profile::Software,
             burst: udpx_quic::Burst::Window,
@@ -197,6 +201,8 @@ pub enum ServerKind {
         io: IoMode,
         /// Whether it receives with UDP_GRO.
         gro: bool,
+        /// Whether its block cache is on ([`H3BenchConfig::cache_size`]).
+        cache: bool,
     },
     /// nginx, HTTPS over TCP with TLS 1.3.
     Nginx,
@@ -236,8 +242,9 @@ impl ClientKind {
 /// The server's name for a row.
 fn server_name(s: ServerKind) -> String {
     match s {
-        ServerKind::Udpx { io, gro: true } => format!("{} +GRO", io.name()),
-        ServerKind::Udpx { io, gro: false } => io.name().to_string(),
+        ServerKind::Udpx { io, gro, cache } => {
+            format!("{}{}{}", io.name(), if gro { " +GRO" } else { "" }, if cache { " +cache" } else { "" })
+        }
         ServerKind::Nginx => NGINX.to_string(),
         ServerKind::Quinn => QUINN.to_string(),
     }
@@ -246,8 +253,9 @@ fn server_name(s: ServerKind) -> String {
 /// The udpx server's settings of the rows, in table order: the four modes without GRO, then
 /// `gso` with GRO.
 pub fn udpx_servers() -> Vec<ServerKind> {
-    let mut v: Vec<ServerKind> = IoMode::ALL.iter().map(|&io| ServerKind::Udpx { io, gro: false }).collect();
-    v.push(ServerKind::Udpx { io: IoMode::Gso, gro: true });
+    let mut v: Vec<ServerKind> =
+        IoMode::ALL.iter().map(|&io| ServerKind::Udpx { io, gro: false, cache: false }).collect();
+    v.push(ServerKind::Udpx { io: IoMode::Gso, gro: true, cache: false });
     v
 }
 
@@ -278,6 +286,10 @@ pub struct H3Run {
     /// Messages that went with MSG_ZEROCOPY, of them those the kernel copied anyway, and
     /// whether zerocopy was turned off for that (udpx, `--zerocopy`).
     pub zerocopy: Option<ZerocopyUse>,
+    /// Passes over a body byte (udpx).
+    pub passes: Option<Passes>,
+    /// The block cache (udpx `+cache` rows).
+    pub cache: Option<CacheUse>,
     /// The hypervisor's steal from the server's and the client's CPUs over the download
     /// (`steal_s`, `steal_share`, `stolen`).
     #[serde(flatten)]
@@ -288,6 +300,36 @@ impl WithSteal for H3Run {
     fn steal(&self) -> &Steal {
         &self.steal
     }
+}
+
+/// The passes over a body byte in one udpx run, each per body byte the server sent: read
+/// from files (into blocks or the cache), copied into packets (stream bytes, retransmissions
+/// included), sealed (every packet byte: headers, acknowledgements and retransmissions
+/// included). The kernel's copy into its buffers is one more (none for zerocopy sends).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Passes {
+    pub read: f64,
+    pub copied: f64,
+    pub sealed: f64,
+}
+
+impl Passes {
+    fn of(c: &udpx_h3::server::ServeCounters) -> Option<Passes> {
+        let body = c.http.body_bytes as f64;
+        (body > 0.0).then(|| Passes {
+            read: c.http.file_bytes_read as f64 / body,
+            copied: (body + c.quic.stream_bytes_retransmitted as f64) / body,
+            sealed: c.quic.bytes_sent as f64 / body,
+        })
+    }
+}
+
+/// The block cache in one `+cache` run: blocks found over blocks asked for, and the bytes of
+/// blocks alive at the end (what the cache costs in memory).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct CacheUse {
+    pub hit_ratio: f64,
+    pub held_mib: f64,
 }
 
 /// What zerocopy did in one udpx run.
@@ -332,6 +374,10 @@ impl H3Row {
 
     fn is_udpx(&self) -> bool {
         self.server != NGINX && self.server != QUINN
+    }
+
+    fn is_cached(&self) -> bool {
+        self.server.ends_with("+cache")
     }
 }
 
@@ -451,7 +497,7 @@ impl Place<'_> {
 }
 
 /// The rows to run and those left out.
-fn plan(p: &Programs) -> (Vec<(ServerKind, ClientKind)>, Vec<LeftOut>) {
+fn plan(p: &Programs, cache: bool) -> (Vec<(ServerKind, ClientKind)>, Vec<LeftOut>) {
     let mut rows = Vec::new();
     let mut left = Vec::new();
     for client in [ClientKind::Gtlsclient, ClientKind::UdpxGet] {
@@ -505,7 +551,10 @@ fn plan(p: &Programs) -> (Vec<(ServerKind, ClientKind)>, Vec<LeftOut>) {
             left.push(LeftOut { rows: what.into(), why });
             continue;
         }
-        rows.push((ServerKind::Udpx { io: IoMode::GsoMmsg, gro: true }, client));
+        rows.push((ServerKind::Udpx { io: IoMode::GsoMmsg, gro: true, cache: false }, client));
+        if cache {
+            rows.push((ServerKind::Udpx { io: IoMode::GsoMmsg, gro: true, cache: true }, client));
+        }
         if p.nginx.is_some() {
             rows.push((ServerKind::Nginx, client));
         }
@@ -566,7 +615,7 @@ pub fn run(cfg: &H3BenchConfig, progress: &mut dyn FnMut(&str)) -> Result<H3Benc
             udpx_quic::Burst::Window => "what its window allows, at most 64 packets (--burst window)",
         }
     );
-    let (plan, left_out) = plan(&cfg.programs);
+    let (plan, left_out) = plan(&cfg.programs, cfg.cache_size > 0);
     let rate = TickRate::system().map_err(|e| e.to_string())?;
     let planned: Vec<usize> = plan.iter().map(|&(_, c)| cfg.rounds_of(c)).collect();
     let mut runs: Vec<Vec<Result<H3Run, String>>> = vec![Vec::new(); plan.len()];
@@ -702,7 +751,9 @@ fn one_run(
     rate: TickRate,
 ) -> Result<H3Run, String> {
     match server {
-        ServerKind::Udpx { io, gro } => udpx_run(cfg, place, dir, (cert, key, pin), io, gro, client, rate),
+        ServerKind::Udpx { io, gro, cache } => {
+            udpx_run(cfg, place, dir, (cert, key, pin), (io, gro, cache), client, rate)
+        }
         ServerKind::Nginx => nginx_run(cfg, place, dir, (cert, key, pin), client, rate),
         ServerKind::Quinn => quinn_run(cfg, place, dir, (cert, key), rate),
     }
@@ -714,12 +765,12 @@ fn udpx_run(
     place: &Place<'_>,
     dir: &Path,
     (cert, key, pin): (&Path, &Path, &str),
-    io: IoMode,
-    gro: bool,
+    (io, gro, cache): (IoMode, bool, bool),
     client: ClientKind,
     rate: TickRate,
 ) -> Result<H3Run, String> {
     let mut sc = ServeConfig::new(SocketAddr::new(place.server_ip, 0));
+    sc.cache_size = if cache { cfg.cache_size } else { 0 };
     sc.tls = Tls::Files { cert: cert.to_path_buf(), key: key.to_path_buf() };
     sc.cc = cfg.cc;
     (sc.quic.io, sc.quic.gro, sc.quic.zerocopy) = (io, gro, cfg.zerocopy);
@@ -787,6 +838,11 @@ fn udpx_run(
             copied: q.zerocopy_copied,
             turned_off: q.zerocopy_turned_off > 0,
         }),
+        passes: Passes::of(&counters),
+        cache: counters.cache.map(|k| CacheUse {
+            hit_ratio: k.hits as f64 / (k.hits + k.misses + k.uncached).max(1) as f64,
+            held_mib: k.held as f64 / (1u64 << 20) as f64,
+        }),
         ..measured(cost, bytes, seconds)
     })
 }
@@ -844,6 +900,8 @@ fn measured(Cost { busy: cpu, task, steal }: Cost, bytes: u64, seconds: f64) -> 
         lost_packets: None,
         gro_buffers: None,
         zerocopy: None,
+        passes: None,
+        cache: None,
         steal,
     }
 }
@@ -854,7 +912,7 @@ mod tests {
 
     #[test]
     fn missing_peers_are_named() {
-        let (rows, left) = plan(&Programs::default());
+        let (rows, left) = plan(&Programs::default(), false);
         assert_eq!(rows.len(), udpx_servers().len(), "udpx h3 get needs no peer");
         assert!(rows.iter().all(|r| r.1 == ClientKind::UdpxGet));
         assert_eq!(left.len(), 5);
@@ -862,13 +920,13 @@ mod tests {
         assert!(left[2].why.contains("nginx and curl") && left[3].why.contains("chromium"), "{left:?}");
         assert!(left[4].why.contains(crate::independent::PROGRAM), "{left:?}");
         let with_udpx = Programs { udpx: Some("/bin/true".into()), ..Programs::default() };
-        let (rows, _) = plan(&with_udpx);
+        let (rows, _) = plan(&with_udpx, false);
         assert_eq!(rows.last(), Some(&(ServerKind::Quinn, ClientKind::UdpxGet)));
         // The independent client's pair: udpx over HTTP/3, nginx over HTTP/2.
         let both =
             Programs { independent: Some("/bin/true".into()), nginx: Some("/bin/true".into()), ..Programs::default() };
-        let (rows, _) = plan(&both);
-        let udpx = ServerKind::Udpx { io: IoMode::GsoMmsg, gro: true };
+        let (rows, _) = plan(&both, false);
+        let udpx = ServerKind::Udpx { io: IoMode::GsoMmsg, gro: true, cache: false };
         assert_eq!(
             rows[rows.len() - 2..],
             [(udpx, ClientKind::Independent), (ServerKind::Nginx, ClientKind::Independent)]
