@@ -169,7 +169,8 @@ fn bench_h3_names_a_missing_nginx_and_exits_0() {
     // The independent client is ours, found where scripts/setup.sh puts it (not only in PATH):
     // its udpx row runs, its nginx row needs nginx.
     let independent = usize::from(!b["config"]["programs"]["independent"].is_null());
-    assert_eq!(b["rows"].as_array().map(Vec::len), Some(6 + independent), "the udpx h3 get rows, quinn's: {b}");
+    // Two of them with it: udpx with the block cache off and on (`--cache-size`).
+    assert_eq!(b["rows"].as_array().map(Vec::len), Some(6 + 2 * independent), "the udpx h3 get rows, quinn's: {b}");
     assert_eq!(b["rows"][5]["server"], "quinn h3", "{b}");
     let quinn = median_or_run("bench_h3_names_a_missing_nginx", &b["rows"][5]);
     assert!(quinn["bytes"].as_u64().is_some(), "quinn's download measured: {b}");

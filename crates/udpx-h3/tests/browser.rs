@@ -283,6 +283,7 @@ fn access_log(path: &Path) -> Vec<(String, String)> {
     // time peer method "target" status bytes duration protocol [incomplete]
     let text = std::fs::read_to_string(path).unwrap_or_default();
     text.lines()
+        .filter(|l| !l.contains(" CONNECTION h3 ")) // a connection's close line
         .filter_map(|l| {
             let (_, rest) = l.split_once('"')?;
             let (target, rest) = rest.split_once('"')?;

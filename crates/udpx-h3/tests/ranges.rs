@@ -195,10 +195,14 @@ fn ranges_conditionals_and_bad_input() {
     }
     drop(m);
 
-    let c = f.server.stop().unwrap().http;
-    let lines = std::fs::read_to_string(f.log.path().join("access.log")).unwrap();
-    let lines: Vec<&str> = lines.lines().collect();
+    let all = f.server.stop().unwrap();
+    let c = all.http;
+    let text = std::fs::read_to_string(f.log.path().join("access.log")).unwrap();
+    // A line per request, and one per connection when it closes (each request here came on a
+    // connection of its own).
+    let (closes, lines): (Vec<&str>, Vec<&str>) = text.lines().partition(|l| l.contains(" CONNECTION h3 "));
     assert_eq!(lines.len() as u64, c.requests, "one access-log line per request");
+    assert_eq!(closes.len() as u64, all.quic.closed, "one line per connection closed");
     assert!(lines.iter().all(|l| l.ends_with(" h3")), "{lines:?}");
     assert!(lines.iter().any(|l| l.contains(" GET \"/big\" 206 1000 ")), "{lines:?}");
     assert_eq!(c.by_class.iter().sum::<u64>(), c.requests);
