@@ -210,6 +210,7 @@ struct HttpCounters {
     classes: [AtomicU64; 5],
     ok: AtomicU64,
     partial: AtomicU64,
+    no_content: AtomicU64,
     not_modified: AtomicU64,
     redirects: AtomicU64,
     bad_request: AtomicU64,
@@ -252,6 +253,8 @@ pub struct HttpSnapshot {
     pub ok: u64,
     /// 206 responses.
     pub partial: u64,
+    /// 204 responses: CORS preflights and OPTIONS (`--cors`).
+    pub no_content: u64,
     /// 304 responses.
     pub not_modified: u64,
     /// 301 responses (a directory without its slash).
@@ -337,6 +340,7 @@ impl HttpCounters {
         }
         let specific = match status {
             200 => &self.ok,
+            204 => &self.no_content,
             206 => &self.partial,
             301 => &self.redirects,
             304 => &self.not_modified,
@@ -360,6 +364,7 @@ impl HttpCounters {
             by_class: std::array::from_fn(|i| g(&self.classes[i])),
             ok: g(&self.ok),
             partial: g(&self.partial),
+            no_content: g(&self.no_content),
             not_modified: g(&self.not_modified),
             redirects: g(&self.redirects),
             bad_request: g(&self.bad_request),

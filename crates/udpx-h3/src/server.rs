@@ -513,6 +513,7 @@ impl udpx_metrics::Source for MetricsSource {
             c("http_responses_4xx", "Responses with a 4xx status", h.by_class[3]),
             c("http_responses_5xx", "Responses with a 5xx status", h.by_class[4]),
             c("http_partial", "206 responses (byte ranges)", h.partial),
+            c("http_no_content", "204 responses: CORS preflights and OPTIONS (--cors)", h.no_content),
             c("http_not_modified", "304 responses", h.not_modified),
             c("http_range_not_satisfiable", "416 responses", h.range_not_satisfiable),
             c("http_body_bytes", "Body bytes the transports took", h.body_bytes),
