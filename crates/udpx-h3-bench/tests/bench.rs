@@ -84,6 +84,7 @@ fn a_small_bench_runs_every_row_and_names_missing_peers() {
             let reads = if r.server.ends_with("+cache") && r.client == "chromium" { 0.25 } else { 1.0 };
             assert!((p.read - reads).abs() < 0.01, "{}: {p:?}", r.label());
             assert!(p.copied >= 1.0 && p.sealed > 1.0, "{}: {p:?}", r.label());
+            assert!(m.turns_per_mb.unwrap() > 0.0 && m.send_calls_per_mb.unwrap() > 0.0, "{}: {m:?}", r.label());
             assert_eq!(m.cache.is_some(), r.server.ends_with("+cache"), "{}", r.label());
         }
     }

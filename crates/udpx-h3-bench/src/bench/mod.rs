@@ -288,6 +288,10 @@ pub struct H3Run {
     pub zerocopy: Option<ZerocopyUse>,
     /// Passes over a body byte (udpx).
     pub passes: Option<Passes>,
+    /// The server's loop turns and send calls per MB of body (udpx): what a client's
+    /// acknowledgement policy costs in wake-ups and system calls (issue 47 item 6).
+    pub turns_per_mb: Option<f64>,
+    pub send_calls_per_mb: Option<f64>,
     /// The block cache (udpx `+cache` rows).
     pub cache: Option<CacheUse>,
     /// The hypervisor's steal from the server's and the client's CPUs over the download
@@ -300,6 +304,11 @@ impl WithSteal for H3Run {
     fn steal(&self) -> &Steal {
         &self.steal
     }
+}
+
+/// `n` per 10^6 body bytes, when any were sent.
+fn per_mb(n: u64, body: u64) -> Option<f64> {
+    (body > 0).then(|| n as f64 / (body as f64 / 1e6))
 }
 
 /// The passes over a body byte in one udpx run, each per body byte the server sent: read
@@ -839,6 +848,8 @@ fn udpx_run(
             turned_off: q.zerocopy_turned_off > 0,
         }),
         passes: Passes::of(&counters),
+        turns_per_mb: per_mb(q.turns, counters.http.body_bytes),
+        send_calls_per_mb: per_mb(q.send_calls, counters.http.body_bytes),
         cache: counters.cache.map(|k| CacheUse {
             hit_ratio: k.hits as f64 / (k.hits + k.misses + k.uncached).max(1) as f64,
             held_mib: k.held as f64 / (1u64 << 20) as f64,
@@ -901,6 +912,8 @@ fn measured(Cost { busy: cpu, task, steal }: Cost, bytes: u64, seconds: f64) -> 
         gro_buffers: None,
         zerocopy: None,
         passes: None,
+        turns_per_mb: None,
+        send_calls_per_mb: None,
         cache: None,
         steal,
     }

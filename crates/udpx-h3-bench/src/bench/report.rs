@@ -70,7 +70,7 @@ pub fn table(b: &H3Bench) -> String {
     }
     let _ = writeln!(
         s,
-        "{:<22} {:<15} {:>9} {:>5} {:>5} {:>8} {:>5} {:>10} {:>9} {:>6} {:>14} {:>10} {:>5} {:>8} {:>5} {:>4}",
+        "{:<22} {:<15} {:>9} {:>5} {:>5} {:>8} {:>5} {:>10} {:>9} {:>11} {:>6} {:>14} {:>10} {:>5} {:>8} {:>5} {:>4}",
         "server",
         "client",
         "CPU-s/GB",
@@ -80,6 +80,7 @@ pub fn table(b: &H3Bench) -> String {
         "±",
         "send calls",
         "pkts/call",
+        "turns/calls",
         "lost",
         "passes r/c/s",
         "vs sendmsg",
@@ -123,7 +124,7 @@ pub fn table(b: &H3Bench) -> String {
         let opt = |v: Option<u64>| v.map_or("-".to_string(), |v| v.to_string());
         let _ = writeln!(
             s,
-            "{:<22} {:<15} {:>9.3} {:>5} {:>5.0} {:>8.0} {:>5} {:>10} {:>9} {:>6} {:>14} {:>10} {:>5} {:>8} {:>5} {:>4}",
+            "{:<22} {:<15} {:>9.3} {:>5} {:>5.0} {:>8.0} {:>5} {:>10} {:>9} {:>11} {:>6} {:>14} {:>10} {:>5} {:>8} {:>5} {:>4}",
             r.server,
             r.client,
             m.cpu_s_per_gb,
@@ -133,6 +134,10 @@ pub fn table(b: &H3Bench) -> String {
             pm(m.mbit_per_s, |x| x.mbit_per_s),
             opt(m.send_calls),
             m.packets_per_call.map_or("-".to_string(), |p| format!("{p:.2}")),
+            match (m.turns_per_mb, m.send_calls_per_mb) {
+                (Some(t), Some(c)) => format!("{t:.0}/{c:.0}"),
+                _ => "-".to_string(),
+            },
             opt(m.lost_packets),
             m.passes.map_or("-".to_string(), |p| format!("{:.2}/{:.2}/{:.2}", p.read, p.copied, p.sealed)),
             vs_s,
@@ -165,7 +170,8 @@ pub fn table(b: &H3Bench) -> String {
     let _ = writeln!(
         s,
         "passes r/c/s: bytes read from files, copied into packets and sealed, per body byte sent (udpx; the \
-         kernel's copy is one more, none for zerocopy sends; nginx reads, encrypts and the kernel copies: 3)"
+         kernel's copy is one more, none for zerocopy sends; nginx reads, encrypts and the kernel copies: 3); \
+         turns/calls: the server's loop turns and send calls per MB of body (udpx)"
     );
     if !b.checks.is_empty() {
         let _ = write!(s, "\n{}\n{}", verdict_rule(b.config.repeat), checks_text(&b.checks));
