@@ -174,12 +174,10 @@ impl BlockCache {
         }
         let start = index * BLOCK as u64;
         let len = (BLOCK as u64).min(id.size.saturating_sub(start)) as usize;
-        let size = udpx_quic::bufs::HEADROOM + len;
-        if !self.make_room(size) {
+        let Some(mut block) = self.reserve(len) else {
             self.uncached.fetch_add(1, Relaxed);
             return Ok(Found::NoRoom);
-        }
-        let mut block = Block::metered(len, &self.held);
+        };
         file.read_exact_at(block.bytes_mut(), start)?;
         self.bytes_filled.fetch_add(len as u64, Relaxed);
         if FileId::of(&file.metadata()?) != *id {
@@ -193,20 +191,23 @@ impl BlockCache {
         Ok(Found::Filled(block))
     }
 
-    /// Evicts least recently used blocks until `size` more bytes fit; `false` if they cannot
-    /// (evicted blocks that packets still hold count until acknowledged).
-    fn make_room(&self, size: usize) -> bool {
+    /// A metered block of `len` bytes, once least recently used blocks are evicted until it
+    /// fits; `None` if it cannot (evicted blocks that packets still hold count until
+    /// acknowledged). The check and the block's count are made under the lock, so shards
+    /// filling at once cannot pass the bound together.
+    fn reserve(&self, len: usize) -> Option<Block> {
+        let size = udpx_quic::bufs::HEADROOM + len;
         if size > self.capacity {
-            return false;
+            return None;
         }
         let mut lru = self.lock();
         while self.held.load(Relaxed) + size > self.capacity {
             if !lru.evict_one() {
-                return false;
+                return None;
             }
             self.evictions.fetch_add(1, Relaxed);
         }
-        true
+        Some(Block::metered(len, &self.held))
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Lru> {

@@ -465,10 +465,11 @@ impl Site {
     /// The answer to `req` (counted by status).
     pub fn answer(&self, req: &RequestHead<'_>) -> Answer {
         self.counters.requests.fetch_add(1, Relaxed);
-        let a = match self.cors.preflight(req.headers) {
+        let preflight = (req.method == b"OPTIONS").then(|| self.cors.preflight(req.headers)).flatten();
+        let a = match preflight {
             // A preflight carries its own CORS headers.
-            Some((status, h)) if req.method == b"OPTIONS" => self.empty(status, h),
-            _ => {
+            Some((status, h)) => self.empty(status, h),
+            None => {
                 let mut a = if req.method == b"OPTIONS" && self.cors.is_on() {
                     self.empty(204, vec![("allow", "GET, HEAD, OPTIONS".into())])
                 } else {

@@ -170,11 +170,6 @@ impl BufPool {
         BufPool { size, max, vecs: Vec::new(), next: 0, made: 0 }
     }
 
-    /// The largest fill.
-    pub fn size(&self) -> usize {
-        self.size
-    }
-
     /// A [`Buf`] of `len` bytes (at most [`BufPool::size`]) that `fill` writes, with `prefix`
     /// written just before them (the header the bytes will go out with, when the caller can
     /// tell: [`quiche::BufSplit::try_add_prefix`] then finds it in place; at most
