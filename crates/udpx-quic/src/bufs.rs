@@ -170,7 +170,7 @@ impl BufPool {
         BufPool { size, max, vecs: Vec::new(), next: 0, made: 0 }
     }
 
-    /// A [`Buf`] of `len` bytes (at most [`BufPool::size`]) that `fill` writes, with `prefix`
+    /// A [`Buf`] of `len` bytes (at most the pool's size) that `fill` writes, with `prefix`
     /// written just before them (the header the bytes will go out with, when the caller can
     /// tell: [`quiche::BufSplit::try_add_prefix`] then finds it in place; at most
     /// [`HEADROOM`] bytes, more are not written). The vector is one no one else holds: a kept
