@@ -606,6 +606,11 @@ impl udpx_metrics::Source for MetricsSource {
                 c("tcp_idle_closed", "HTTPS-over-TCP connections closed after the idle timeout", t.idle_closed),
                 c("tcp_accept_errors", "HTTPS-over-TCP accepts that failed (out of descriptors)", t.accept_errors),
                 level("tcp_open", "HTTPS-over-TCP connections open now", t.open),
+                level(
+                    "tcp_lingering",
+                    "HTTPS-over-TCP connections closed and reading their client's last bytes now",
+                    t.lingering,
+                ),
                 c("tcp_evicted", "HTTPS-over-TCP idle connections closed at the cap to make room", t.evicted),
                 c(
                     "tcp_full_refused",

@@ -526,3 +526,39 @@ fn at_the_cap_the_oldest_idle_connection_makes_room() {
     let c = server.stop();
     assert_eq!((c.evicted, c.full_refused), (1, 1), "{c:?}");
 }
+
+/// A connection the server ends is closed lingering (as nginx's `lingering_close`): the server
+/// ends its side (TLS close, FIN), then reads and discards what the client still sends until the
+/// client closes (or a short deadline). A client's last frames cross the server's close (an
+/// HTTP/2 client's WINDOW_UPDATEs and SETTINGS acks after the GOAWAY); a socket closed at once
+/// answers them with a reset, which fails the client's next write (EPIPE: the HTTP/2 + HTTP/3
+/// upgrade test saw it) and destroys whatever it had not read yet. Here an HTTP/1.1 client reads
+/// a `Connection: close` response to its end, then writes twice: both must be taken. (Before,
+/// the second write failed.)
+#[test]
+fn a_closing_connection_lingers_for_the_clients_late_bytes() {
+    let (_tmp, server, big, cert, _) = hostile_listener("tcp-linger", Default::default(), 1 << 20);
+    let addr = server.local_addr();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        for round in 0..3 {
+            let mut tls = common::tls::connect(&cert, addr, b"http/1.1").await;
+            tls.write_all(b"GET /big HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n").await.unwrap();
+            tls.flush().await.unwrap();
+            let mut got = Vec::new();
+            let end = tokio::time::timeout(Duration::from_secs(20), tls.read_to_end(&mut got)).await;
+            assert!(matches!(end, Ok(Ok(_))), "round {round}: the response ended cleanly: {end:?}");
+            let head_end = got.windows(4).position(|w| w == b"\r\n\r\n").expect("a response head") + 4;
+            assert!(got[head_end..] == big[..], "round {round}: the whole body");
+            // Late bytes, after the server's close: taken, not reset.
+            let tcp = tls.get_mut().0;
+            for write in 0..2 {
+                let w = tcp.write_all(&[b'x'; 100]).await;
+                assert!(w.is_ok(), "round {round}, write {write} after the server's close: {w:?}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    });
+    server.stop();
+}

@@ -53,6 +53,12 @@
 //!   keep-alive one at once), and the rest are closed at the drain's deadline. In an upgrade
 //!   the listening socket itself is passed on to the new process ([`udpx_quic::upgrade`]), so
 //!   connections waiting in its accept queue are the new process's.
+//! - A connection the server ends is closed lingering, as nginx's `lingering_close`: its side
+//!   ended (GOAWAY, TLS close, FIN), it reads and discards its client's late bytes until the
+//!   client closes, for at most 2 s and 256 KiB, so that the kernel never answers the frames
+//!   that cross the close (an HTTP/2 client's WINDOW_UPDATEs) with a reset that fails the
+//!   client and destroys what it had not read. At most `max_connections` linger at once (the
+//!   `lingering` gauge); a drain waits for them. Connections refused at once are closed at once.
 //! - [`TcpServer::stop`] (or drop) ends the accept loop and the connections, and joins the
 //!   thread.
 
@@ -171,6 +177,7 @@ struct TcpCounters {
     drain_closed: AtomicU64,
     evicted: AtomicU64,
     full_refused: AtomicU64,
+    lingering: AtomicU64,
     accepting: AtomicBool,
 }
 
@@ -200,6 +207,8 @@ pub struct TcpSnapshot {
     pub evicted: u64,
     /// Connections closed at the cap with no idle one to make room (every one busy).
     pub full_refused: u64,
+    /// Closed connections reading their client's last bytes now (a gauge; see `linger`).
+    pub lingering: u64,
 }
 
 /// The listener's counters, readable from another thread (a metrics endpoint).
@@ -227,6 +236,7 @@ fn snapshot(c: &TcpCounters) -> TcpSnapshot {
         drain_closed: g(&c.drain_closed),
         evicted: g(&c.evicted),
         full_refused: g(&c.full_refused),
+        lingering: g(&c.lingering),
     }
 }
 
@@ -270,9 +280,13 @@ impl TcpServer {
         self.thread.as_ref().is_some_and(|t| !t.is_finished())
     }
 
-    /// Whether a drain has ended here: no longer accepting and no connection left.
+    /// Whether a drain has ended here: no longer accepting and no connection left, lingering
+    /// ones included (an exit would reset those).
     pub fn drained(&self) -> bool {
-        !self.counters.accepting.load(Ordering::Acquire) && self.counters.open.load(Ordering::Acquire) == 0
+        let c = &self.counters;
+        !c.accepting.load(Ordering::Acquire)
+            && c.open.load(Ordering::Acquire) == 0
+            && c.lingering.load(Ordering::Acquire) == 0
     }
 
     /// Stops accepting, ends the connections and joins the thread; returns the final counters.
@@ -496,7 +510,8 @@ async fn accept_loop(
         let mut drain = drain.clone();
         let _ = tcp.set_nodelay(true);
         let written = Arc::new(AtomicU64::new(0));
-        let tcp = Metered { inner: tcp, written: written.clone() };
+        let linger_cap = limits.max_connections;
+        let tcp = Metered { inner: Some(tcp), written: written.clone(), counters: counters.clone(), linger_cap };
         let (acceptor, site, counters) = (acceptor.clone(), site.clone(), counters.clone());
         tokio::spawn(async move {
             let _held = (permit, share, open);
@@ -745,25 +760,80 @@ impl Drop for SourceShare {
 }
 
 /// A socket that counts the bytes written to it (under TLS: the records), for the minimum
-/// rate.
-struct Metered<T> {
-    inner: T,
+/// rate, and that is closed lingering when the connection is done with it (see [`linger`]).
+struct Metered {
+    inner: Option<tokio::net::TcpStream>,
     written: Arc<AtomicU64>,
+    counters: Arc<TcpCounters>,
+    /// At most this many sockets linger at once (more are closed at once).
+    linger_cap: usize,
 }
 
-impl<T: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for Metered<T> {
+impl Metered {
+    fn io(&mut self) -> Pin<&mut tokio::net::TcpStream> {
+        Pin::new(self.inner.as_mut().expect("taken only on drop"))
+    }
+}
+
+impl Drop for Metered {
+    fn drop(&mut self) {
+        let Some(tcp) = self.inner.take() else { return };
+        // Dropped outside the runtime (it is shutting down): closed at once.
+        let Ok(rt) = tokio::runtime::Handle::try_current() else { return };
+        let c = &self.counters;
+        if c.lingering.fetch_add(1, Ordering::Relaxed) as usize >= self.linger_cap {
+            c.lingering.fetch_sub(1, Ordering::Relaxed);
+            return;
+        }
+        rt.spawn(linger(tcp, Lingering(self.counters.clone())));
+    }
+}
+
+/// How long a closed connection reads and discards its client's late bytes at most, and how
+/// many it discards at most (nginx: `lingering_time` 30 s, `lingering_timeout` 5 s).
+const LINGER_TIME: Duration = Duration::from_secs(2);
+const LINGER_BYTES: usize = 256 * 1024;
+
+/// A lingering close. The HTTP layer has ended its side (HTTP/2's GOAWAY, TLS's close_notify);
+/// this sends the FIN behind the last bytes written, then reads and discards what the client
+/// still sends until it closes, or for [`LINGER_TIME`], or [`LINGER_BYTES`]. Closed at once,
+/// a socket answers the client's late bytes (the WINDOW_UPDATEs that cross a GOAWAY) with a
+/// reset: the client's next write fails, and what it had not read yet is lost.
+async fn linger(mut tcp: tokio::net::TcpStream, _gauge: Lingering) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let deadline = tokio::time::Instant::now() + LINGER_TIME;
+    if tokio::time::timeout_at(deadline, tcp.shutdown()).await.is_ok_and(|r| r.is_ok()) {
+        let mut buf = vec![0u8; 16 * 1024];
+        let mut left = LINGER_BYTES;
+        while let Ok(Ok(n @ 1..)) = tokio::time::timeout_at(deadline, tcp.read(&mut buf)).await {
+            let Some(l) = left.checked_sub(n) else { break };
+            left = l;
+        }
+    }
+}
+
+/// One lingering socket in the gauge, taken off on drop (also when the runtime stops).
+struct Lingering(Arc<TcpCounters>);
+
+impl Drop for Lingering {
+    fn drop(&mut self) {
+        self.0.lingering.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl tokio::io::AsyncRead for Metered {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &mut tokio::io::ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_read(cx, buf)
+        self.io().poll_read(cx, buf)
     }
 }
 
-impl<T: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Metered<T> {
+impl tokio::io::AsyncWrite for Metered {
     fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-        let r = Pin::new(&mut self.inner).poll_write(cx, buf);
+        let r = self.io().poll_write(cx, buf);
         if let Poll::Ready(Ok(n)) = r {
             self.written.fetch_add(n as u64, Ordering::Relaxed);
         }
@@ -775,7 +845,7 @@ impl<T: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Metered<T> {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        let r = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        let r = self.io().poll_write_vectored(cx, bufs);
         if let Poll::Ready(Ok(n)) = r {
             self.written.fetch_add(n as u64, Ordering::Relaxed);
         }
@@ -783,15 +853,15 @@ impl<T: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Metered<T> {
     }
 
     fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
+        self.inner.as_ref().is_some_and(|t| t.is_write_vectored())
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
+        self.io().poll_flush(cx)
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_shutdown(cx)
+        self.io().poll_shutdown(cx)
     }
 }
 
