@@ -1159,6 +1159,17 @@ fn serve(a: ServeArgs) -> ExitCode {
             );
             drain_started = Some(std::time::Instant::now());
         }
+        if handed_over && !server.quic().handed_over() {
+            // The successor died while this server drained: the drain was called off, and
+            // this generation takes new connections again (see udpx_quic::upgrade).
+            eprintln!(
+                "udpx h3 serve: the upgrade died after it took over: generation {} serves again",
+                server.quic().generation()
+            );
+            notify(&format!("MAINPID={}\n{ready}", std::process::id()));
+            handed_over = false;
+            drain_started = None;
+        }
         if drain_started.is_none() && signals.drain.load(Ordering::Relaxed) {
             let c = server.counters().quic;
             eprintln!(

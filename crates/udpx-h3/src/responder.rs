@@ -619,6 +619,12 @@ impl App for FileServer {
         self.draining.get_or_insert((Instant::now(), spread));
     }
 
+    fn undrain(&mut self) {
+        // Connections whose GOAWAY began finish it (their clients come back on new ones); the
+        // others, and new ones, are served as before.
+        self.draining = None;
+    }
+
     fn drain_deadline(&mut self, conn: &mut udpx_quic::Connection, st: &mut ConnState) {
         // Its responses end unsent (counted in `incomplete` when it is dropped).
         let _ = conn.close(true, H3_NO_ERROR, b"shutting down");

@@ -65,6 +65,27 @@ fn wait(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
     done()
 }
 
+/// A download of /big on the server at `addr`, held back by a 64 KiB window, read (16 KiB a
+/// turn) past its first 200 kB: the connection, what it got.
+fn held_download(addr: SocketAddr) -> (Raw, Vec<u8>) {
+    let mut a = Raw::connect("127.0.0.1", addr, &mut client_config(64 << 10)).with_h3();
+    assert_eq!(a.request("/big", true), Some(0));
+    let mut body = Vec::new();
+    assert!(wait(Duration::from_secs(10), || { read(&mut a, &mut body, 16 << 10) || body.len() > 200_000 }));
+    (a, body)
+}
+
+/// Reads a [`held_download`] to its end and the server's close; it must be `want`, whole.
+fn finish_download(a: &mut Raw, body: &mut Vec<u8>, want: &[u8]) {
+    let mut fin = false;
+    let done = wait(Duration::from_secs(60), || {
+        fin |= read(a, body, 64 << 10);
+        fin && a.conn.is_closed()
+    });
+    assert!(done, "got {} of {} B, fin {fin}, closed {}", body.len(), want.len(), a.conn.is_closed());
+    assert_eq!((body.len(), digest(body)), (want.len(), digest(want)));
+}
+
 #[test]
 fn the_upgrade_takes_new_connections_while_the_old_server_finishes_its_download() {
     if !capable("the_upgrade_takes_new_connections_while_the_old_server_finishes_its_download") {
@@ -77,11 +98,8 @@ fn the_upgrade_takes_new_connections_while_the_old_server_finishes_its_download(
     let addr = old.local_addr();
     assert_eq!((old.quic().generation(), old.quic().upgrade_unavailable()), (0, None));
 
-    // A download on the old server, held back by a 64 KiB window (read 16 KiB a turn).
-    let mut a = Raw::connect("127.0.0.1", addr, &mut client_config(64 << 10)).with_h3();
-    assert_eq!(a.request("/big", true), Some(0));
-    let mut body = Vec::new();
-    assert!(wait(Duration::from_secs(10), || { read(&mut a, &mut body, 16 << 10) || body.len() > 200_000 }));
+    // A download on the old server, held back by a 64 KiB window.
+    let (mut a, mut body) = held_download(addr);
 
     // The upgrade: same port, generation 1; the old one hands over and drains.
     let new = serve(&site.root, &config(addr, &sock, true)).expect("the upgrade starts");
@@ -102,13 +120,7 @@ fn the_upgrade_takes_new_connections_while_the_old_server_finishes_its_download(
     assert!(on_new, "the new connection is the new server's: {:?}", new.counters().quic);
 
     // The download finishes whole from the old server, which then closes it cleanly.
-    let mut fin = false;
-    let done = wait(Duration::from_secs(60), || {
-        fin |= read(&mut a, &mut body, 64 << 10);
-        fin && a.conn.is_closed()
-    });
-    assert!(done, "got {} of {} B, fin {fin}, closed {}", body.len(), want.len(), a.conn.is_closed());
-    assert_eq!((body.len(), digest(&body)), (want.len(), digest(&want)));
+    finish_download(&mut a, &mut body, &want);
     assert_eq!(a.conn.peer_error().map(|e| (e.is_app, e.error_code)), Some((true, H3_NO_ERROR)));
 
     assert!(wait(Duration::from_secs(30), || old.finished()), "the old server's loops end after its drain");
@@ -234,6 +246,16 @@ fn tcp_config(listen: SocketAddr, path: &Path, take_over: bool, tcp: SocketAddr,
     cfg
 }
 
+/// A server on `site` with upgrades and HTTPS over TCP on, on ports of its own: its handover
+/// socket's path, the directory of its certificate, the server.
+fn tcp_server(site: &Site) -> (std::path::PathBuf, std::path::PathBuf, udpx_h3::H3Server) {
+    let sock = site.tmp.path().join("handover.sock");
+    let dir = site.tmp.path().to_path_buf();
+    let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
+    let old = serve(&site.root, &tcp_config(any, &sock, false, any, &dir)).expect("old starts");
+    (sock, dir, old)
+}
+
 /// Issue 46 item 3: the HTTPS-over-TCP listener is handed over with the QUIC port, the very
 /// socket (one accept queue). The old server stops accepting, ends its HTTP/2 connection with
 /// GOAWAY once its download (paused across the handover) is done, closes its idle HTTP/1.1
@@ -246,10 +268,7 @@ fn the_https_listener_is_handed_over_with_the_quic_port() {
     }
     let site = Site::new("upgrade-tcp");
     let want = site.file("big");
-    let sock = site.tmp.path().join("handover.sock");
-    let dir = site.tmp.path().to_path_buf();
-    let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
-    let old = serve(&site.root, &tcp_config(any, &sock, false, any, &dir)).expect("old starts");
+    let (sock, dir, old) = tcp_server(&site);
     let (addr, tcp) = (old.local_addr(), old.tcp_addr().expect("TCP listens"));
     let cert = dir.join("cert.pem");
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
@@ -329,10 +348,7 @@ fn an_upgrade_that_cannot_take_the_https_listener_is_refused_before_it_takes_ove
         return;
     }
     let site = Site::new("upgrade-tcp-refused");
-    let sock = site.tmp.path().join("handover.sock");
-    let dir = site.tmp.path().to_path_buf();
-    let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
-    let old = serve(&site.root, &tcp_config(any, &sock, false, any, &dir)).expect("old starts");
+    let (sock, dir, old) = tcp_server(&site);
     let (addr, tcp) = (old.local_addr(), old.tcp_addr().expect("TCP listens"));
 
     // Without --alt-svc-tcp (upgrade protocol 1): refused by the old server, which says why.
@@ -354,6 +370,63 @@ fn an_upgrade_that_cannot_take_the_https_listener_is_refused_before_it_takes_ove
     });
     let k = old.stop().expect("old stops");
     assert_eq!((k.quic.connections, k.tcp.map(|t| t.connections)), (1, Some(1)));
+}
+
+/// The third review: a successor that died after it took over left nobody taking new
+/// connections (the old one drained and exited). Now the old server watches its successor
+/// while it drains: a successor that ends without saying "bye" (dropped without a stop here,
+/// as a killed process closes its descriptors) while its generation is the newest makes the old
+/// one call its drain off and serve again, over QUIC and over TCP (its listener was kept open
+/// through the handover's drain), its handover socket back at the path; the download it was
+/// finishing is untouched. A later upgrade then takes over from it, and that successor's
+/// deliberate stop is not taken for a death. (Before, the old server drained to its end.)
+#[test]
+fn a_successor_that_dies_after_it_took_over_leaves_the_old_one_serving() {
+    if !capable("a_successor_that_dies_after_it_took_over_leaves_the_old_one_serving") {
+        return;
+    }
+    let site = Site::new("upgrade-dies");
+    let want = site.file("big");
+    let (sock, dir, old) = tcp_server(&site);
+    let (addr, tcp) = (old.local_addr(), old.tcp_addr().expect("TCP listens"));
+    let cert = dir.join("cert.pem");
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+
+    // A download on the old server, held back by its window: the old one drains while it lasts.
+    let (mut a, mut body) = held_download(addr);
+
+    let new = serve(&site.root, &tcp_config(addr, &sock, true, tcp, &dir)).expect("the upgrade starts");
+    assert_eq!(new.quic().generation(), 1);
+    assert!(wait(Duration::from_secs(5), || old.quic().handed_over()), "the old server hears it was taken over");
+    // The successor dies: no stop, no "bye"; its sockets and its end of the exchange close.
+    drop(new);
+    assert!(wait(Duration::from_secs(5), || !old.quic().handed_over()), "the old server serves again");
+
+    // New connections are the old server's again, over QUIC and over TCP.
+    let before = old.counters().quic.connections;
+    assert_eq!(common::raw::fresh_get("127.0.0.1", addr, "/small"), Some(200));
+    let counted = wait(Duration::from_secs(5), || old.counters().quic.connections > before);
+    assert!(counted, "the new QUIC connection is the old server's: {:?}", old.counters().quic);
+    rt.block_on(async {
+        let mut c = tls::connect(&cert, tcp, b"http/1.1").await;
+        assert_eq!(tls::http1_get(&mut c, "/small").await.0, 200);
+    });
+    assert_eq!(old.counters().tcp.map(|t| t.connections), Some(1), "the TCP connection is the old server's");
+    assert!(sock.exists(), "a handover socket at the path again");
+
+    // A later upgrade finds the old server at the path and takes over from it.
+    let new2 = serve(&site.root, &tcp_config(addr, &sock, true, tcp, &dir)).expect("a second upgrade starts");
+    assert_eq!(new2.quic().generation(), 1);
+    assert!(wait(Duration::from_secs(5), || old.quic().handed_over()), "taken over again");
+
+    // The download ends whole on the old server, which then drains to its end.
+    finish_download(&mut a, &mut body, &want);
+    assert!(wait(Duration::from_secs(30), || old.finished()), "the old server's drain ends");
+    assert!(old.quic().handed_over(), "the second successor lives: the old one did not come back");
+    let k = old.stop().expect("old stops");
+    assert_eq!(k.http.incomplete, 0, "{:?}", k.http);
+    assert_eq!(common::raw::fresh_get("127.0.0.1", addr, "/small"), Some(200));
+    new2.stop().expect("the second successor stops");
 }
 
 /// The third review: a successor slower than the old server's wait took new connections over

@@ -112,6 +112,9 @@ pub struct Server {
     shards: Vec<udpx::Shard>,
     generation: u8,
     upgrades: Upgrades,
+    /// For an upgrade: the exchange with the process it took over from, open for this one's
+    /// life ([`crate::upgrade::Predecessor`]).
+    predecessor: crate::upgrade::Predecessor,
 }
 
 /// Where a server stands on upgrades.
@@ -270,7 +273,7 @@ impl Starting {
         };
         let local = group.local_addr();
         let stop = Arc::new(AtomicBool::new(false));
-        let drain = Arc::new(DrainSignal::default());
+        let drain = Arc::new(DrainSignal::new(cfg.shards));
         let mut swaps = Vec::new();
         let make_app = Arc::new(make_app);
         let mut threads = Vec::new();
@@ -303,15 +306,29 @@ impl Starting {
                 .map_err(Error::Io)?;
             threads.push(t);
         }
-        let mut server =
-            Server { local, stop, drain, swaps, threads, counters, shards, generation, upgrades: Upgrades::Off };
+        let mut server = Server {
+            local,
+            stop,
+            drain,
+            swaps,
+            threads,
+            counters,
+            shards,
+            generation,
+            upgrades: Upgrades::Off,
+            predecessor: Default::default(),
+        };
         // On an error below, `server` is dropped: its loops stop and are joined.
         server.upgrades = match (gens, &cfg.handover) {
             (Some(gens), Some(h)) => {
                 // The handover socket first (bound beside the path, not yet over it): what can
                 // fail fails before anything is taken over.
                 let (signal, timeout) = (server.drain.clone(), h.drain_timeout);
-                let on_taken = Box::new(move || signal.hand_over(timeout, crate::upgrade::ADMIT_GRACE));
+                let revive = server.drain.clone();
+                let on = crate::upgrade::OnHandover {
+                    taken: Box::new(move || signal.hand_over(timeout, crate::upgrade::ADMIT_GRACE)),
+                    revive: Box::new(move || revive.cancel()),
+                };
                 let serving = crate::upgrade::Serving {
                     gens: gens.clone(),
                     generation,
@@ -319,12 +336,22 @@ impl Starting {
                     keys,
                     pass_on,
                 };
-                let mut l = crate::upgrade::listen(&h.path, serving, h.exchange_timeout, on_taken)?;
+                let mut l = crate::upgrade::listen(&h.path, serving, h.exchange_timeout, on)?;
                 match offer {
                     // The predecessor commits first ("go"), then new connections come here, then
                     // it is told and drains; if it does not confirm, it is published again
                     // (only one generation ever takes new connections).
-                    Some(o) => o.take_over(&gens, generation, cfg.shards as u16)?,
+                    Some(o) => {
+                        // Kept for this server's life; "bye" once it drains (or stops) on purpose.
+                        let p = o.take_over(&gens, generation, cfg.shards as u16)?;
+                        let bye = p.clone();
+                        server.drain.on_change(Box::new(move |e| {
+                            if matches!(e, crate::host::DrainEvent::Started { .. }) {
+                                bye.bye();
+                            }
+                        }));
+                        server.predecessor = p;
+                    }
                     None => gens.publish(generation, cfg.shards as u16).map_err(Error::Socket)?,
                 }
                 // Only now is the path this server's: a failed upgrade leaves it the old one's.
@@ -438,6 +465,8 @@ impl Server {
     /// Stops the loops, waits for them, returns the final counters (or the first loop's
     /// error).
     pub fn stop(mut self) -> Result<HostCounters, Error> {
+        // On purpose: a predecessor still draining does not take it for a death.
+        self.predecessor.bye();
         self.stop.store(true, Ordering::Relaxed);
         let mut first_err = None;
         for t in self.threads.drain(..) {

@@ -22,7 +22,10 @@
 //!      publish g+1
 //!      ───────────────►          "taken"
 //!      ◄──────────────           "ok"     → old drains
+//!      ───────────────►          "live"   (the exchange stays open: the old one watches it)
 //!      rename its own socket over the path
+//!      ...
+//!      ───────────────►          "bye"    (a drain or stop on purpose), or an end without it: a death
 //! ```
 //!
 //! Exactly one generation takes new connections whatever fails. The old one answers "go" only
@@ -31,9 +34,19 @@
 //! its "taken" does not come in time), the old one publishes itself again and serves on as if
 //! nothing happened; a successor that gets no "ok" publishes the old generation again itself
 //! before it gives up. The successor's handover socket is bound beside the path and renamed
-//! over it only once it took over, so a failed upgrade leaves the path the old server's. Not
-//! covered: a successor that dies after "ok" (the old one drains; nobody takes new
-//! connections until a new server starts).
+//! over it only once it took over, so a failed upgrade leaves the path the old server's.
+//!
+//! A successor that dies after "ok" (killed, crashed, or its start failed after it took over):
+//! it keeps the exchange open for its life ([`Predecessor`]) and says "bye" before it drains or
+//! stops on purpose, so the old process, which watches the exchange while it drains, takes an
+//! end without "bye" for a death. If the dead successor's generation is still the newest, the
+//! old one calls its drain off ([`crate::host::DrainSignal::cancel`]: its shards admit again,
+//! its HTTPS-over-TCP listener, kept open but not accepting through a handover's drain, accepts
+//! again), publishes itself, puts a new handover socket at the path, and serves on; the
+//! connections it had already told to go (GOAWAY) still go, and come back to it. This holds
+//! while the old process still drains: its shards end together, no sooner than the handover's
+//! admission grace ([`ADMIT_GRACE`]) and not before its last connection is done; a successor
+//! that dies later leaves nobody (a supervisor's restart is the answer).
 //!
 //! Protocol 1 (an older udpx, on either side): no listeners, no "ready"/"go"/"ok". A successor
 //! of this version that finds a protocol-1 server (it closes on the protocol-2 hello) asks
@@ -79,6 +92,13 @@ const READY: &[u8] = b"ready\n";
 const GO: &[u8] = b"go\n";
 /// ... and acknowledges the takeover.
 const OK: &[u8] = b"ok\n";
+/// The successor keeps the exchange open for its life, and says so (an older successor
+/// closes it instead) ...
+const LIVE: &[u8] = b"live\n";
+/// ... and says this before it ends on purpose (a drain, a stop): an end without it is a death.
+const BYE: &[u8] = b"bye\n";
+/// How often a watching predecessor looks at its stop flag.
+const WATCH_TICK: Duration = Duration::from_millis(200);
 /// How long either side waits for the other during a handover, by default.
 pub const EXCHANGE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long an old process still admits the Initials that reach it after a handover (the
@@ -172,7 +192,7 @@ impl Offer {
     /// commits, `generation` is published, the old one is told and acknowledges. On a failure
     /// after the publish the old generation is published again: one generation takes new
     /// connections either way.
-    pub(crate) fn take_over(mut self, gens: &Generations, generation: u8, workers: u16) -> Result<(), Error> {
+    pub(crate) fn take_over(mut self, gens: &Generations, generation: u8, workers: u16) -> Result<Predecessor, Error> {
         let mut said = [0u8; 6];
         if self.protocol2 {
             self.stream.write_all(READY).map_err(|e| handover_err("say ready", e))?;
@@ -199,7 +219,30 @@ impl Offer {
             // The old one may have given up and published itself: make sure it serves.
             let _ = gens.publish(self.generation, self.workers);
             handover_err("hear the old server take note of the takeover (it serves on)", e)
-        })
+        })?;
+        if !self.protocol2 {
+            return Ok(Predecessor::default());
+        }
+        // Kept open for this process's life: the predecessor, while it drains, takes its end
+        // (without a "bye") for this process's death, and serves on.
+        let _ = self.stream.write_all(LIVE);
+        let _ = self.stream.set_write_timeout(Some(Duration::from_secs(1)));
+        Ok(Predecessor(Arc::new(Mutex::new(Some(self.stream)))))
+    }
+}
+
+/// A successor's open exchange with the predecessor it took over from (see the module docs):
+/// closed with a "bye" when this server drains or stops on purpose, closed without one (a
+/// death: the process killed, or the server dropped after a failure) when it does not.
+#[derive(Debug, Clone, Default)]
+pub struct Predecessor(Arc<Mutex<Option<UnixStream>>>);
+
+impl Predecessor {
+    /// Tells the predecessor that this server ends on purpose (once; later calls do nothing).
+    pub fn bye(&self) {
+        if let Some(mut s) = self.0.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            let _ = s.write_all(BYE);
+        }
     }
 }
 
@@ -338,39 +381,110 @@ pub(crate) struct Listening {
     path: PathBuf,
     /// Where the socket is bound until [`Listening::take_path`] puts it at `path`.
     tmp: Option<PathBuf>,
-    ino: u64,
+    /// The inode of the socket this server put at `path` (a revival puts a new one there).
+    ino: Arc<std::sync::atomic::AtomicU64>,
     taken: Arc<AtomicBool>,
 }
 
-/// Binds the handover socket at `path` (replacing whatever is there, atomically: a successor's
-/// socket replaces its predecessor's) and answers upgrades in a thread. `on_taken` runs once,
-/// when a successor confirmed.
-pub(crate) fn listen(
-    path: &Path,
-    serving: Serving,
-    timeout: Duration,
-    on_taken: Box<dyn Fn() + Send>,
-) -> Result<Listening, Error> {
+/// What the old process does when a successor took over, and when that successor dies while
+/// the old one still drains.
+pub(crate) struct OnHandover {
+    /// Starts the drain.
+    pub taken: Box<dyn Fn() + Send>,
+    /// Calls the drain off ([`crate::host::DrainSignal::cancel`]): whether it could (false:
+    /// the loops are ending).
+    pub revive: Box<dyn Fn() -> bool + Send>,
+}
+
+/// Binds a private Unix socket at `tmp` (mode 0600, bound under umask 077: no moment in which
+/// it is open to others), non-blocking.
+fn bind_private(tmp: &Path) -> Result<UnixListener, Error> {
+    let _ = std::fs::remove_file(tmp);
+    // (The umask is the process's; the window is one bind, and it only narrows what another
+    // thread creates meanwhile.)
+    let before = nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o077));
+    let bound = UnixListener::bind(tmp);
+    nix::sys::stat::umask(before);
+    let listener = bound.map_err(|e| handover_err(&format!("bind {}", tmp.display()), e))?;
+    std::fs::set_permissions(tmp, std::fs::Permissions::from_mode(0o600)).map_err(|e| {
+        let _ = std::fs::remove_file(tmp);
+        handover_err(&format!("make {} private", tmp.display()), e)
+    })?;
+    listener.set_nonblocking(true).map_err(Error::Io)?;
+    Ok(listener)
+}
+
+/// Puts the socket bound at `tmp` at `path` (atomically replacing what is there); its inode.
+fn put_at(tmp: &Path, path: &Path) -> Result<u64, Error> {
+    std::fs::rename(tmp, path).map_err(|e| {
+        let _ = std::fs::remove_file(tmp);
+        handover_err(&format!("put the handover socket at {}", path.display()), e)
+    })?;
+    Ok(std::fs::metadata(path).map(|m| m.ino()).unwrap_or(0))
+}
+
+/// How a successor's exchange ended, as its predecessor watched it.
+#[derive(Debug, PartialEq, Eq)]
+enum Watched {
+    /// It said "bye": it ends on purpose.
+    Bye,
+    /// It closed without a word, or the stream failed: it died.
+    Died,
+    /// It never said "live" (an older udpx closes the exchange after "ok"): not watched.
+    Unwatched,
+    /// This server stops.
+    Stopped,
+}
+
+/// Watches a successor's exchange after "ok" (see [`Predecessor`]).
+fn watch(mut stream: UnixStream, stop: &AtomicBool, timeout: Duration) -> Watched {
+    let mut word = [0u8; 5];
+    let _ = stream.set_read_timeout(Some(timeout));
+    match stream.read_exact(&mut word[..LIVE.len()]) {
+        Ok(()) if word[..LIVE.len()] == *LIVE => {}
+        _ => return Watched::Unwatched,
+    }
+    if stream.set_read_timeout(Some(WATCH_TICK)).is_err() {
+        return Watched::Unwatched;
+    }
+    let mut got = Vec::new();
+    let mut buf = [0u8; 16];
+    while !stop.load(Ordering::Relaxed) {
+        match stream.read(&mut buf) {
+            Ok(0) => return Watched::Died,
+            Ok(n) => {
+                got.extend_from_slice(&buf[..n]);
+                if got.starts_with(BYE) {
+                    return Watched::Bye;
+                }
+                if got.len() >= BYE.len() {
+                    return Watched::Died; // not a word of this exchange: treated as its end
+                }
+            }
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => return Watched::Died,
+        }
+    }
+    Watched::Stopped
+}
+
+/// Binds the handover socket beside `path` and answers upgrades in a thread ([`Listening::take_path`]
+/// puts it at `path`, replacing a predecessor's atomically). `on.taken` runs when a successor
+/// confirmed; this server then watches the successor while it drains, and if the successor dies
+/// while still the newest generation, calls the drain off (`on.revive`), publishes itself
+/// again, puts a new handover socket at `path` and answers upgrades again.
+pub(crate) fn listen(path: &Path, serving: Serving, timeout: Duration, on: OnHandover) -> Result<Listening, Error> {
     if let Some(dir) = path.parent() {
         check_handover_dir(dir, nix::unistd::geteuid().as_raw())?;
     }
     let tmp = path.with_extension(format!("{}.tmp", std::process::id()));
-    let _ = std::fs::remove_file(&tmp);
-    // Bound under umask 077: no moment in which the socket is open to others before the chmod.
-    // (The umask is the process's; the window is one bind, and it only narrows what another
-    // thread creates meanwhile.)
-    let before = nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o077));
-    let bound = UnixListener::bind(&tmp);
-    nix::sys::stat::umask(before);
-    let listener = bound.map_err(|e| handover_err(&format!("bind {}", tmp.display()), e))?;
-    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600)).map_err(|e| {
-        let _ = std::fs::remove_file(&tmp);
-        handover_err(&format!("make {} private", tmp.display()), e)
-    })?;
-    listener.set_nonblocking(true).map_err(Error::Io)?;
+    let mut listener = bind_private(&tmp)?;
     let stop = Arc::new(AtomicBool::new(false));
     let taken = Arc::new(AtomicBool::new(false));
-    let (stop2, taken2) = (stop.clone(), taken.clone());
+    let ino = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let (stop2, taken2, ino2, path2, tmp2) =
+        (stop.clone(), taken.clone(), ino.clone(), path.to_path_buf(), tmp.clone());
     let generation = serving.generation;
     let thread = std::thread::Builder::new()
         .name("udpx-handover".into())
@@ -378,11 +492,43 @@ pub(crate) fn listen(
             while !stop2.load(Ordering::Relaxed) {
                 match listener.accept() {
                     Ok((stream, _)) => match answer(stream, &serving, timeout) {
-                        Ok(()) => {
+                        Ok(stream) => {
                             taken2.store(true, Ordering::Release);
                             log::info!("udpx-quic: generation {generation} handed over to its upgrade");
-                            on_taken();
-                            return;
+                            (on.taken)();
+                            let Some(stream) = stream else { return };
+                            let successor = generation.wrapping_add(1);
+                            match watch(stream, &stop2, timeout) {
+                                Watched::Died => {}
+                                w => {
+                                    log::debug!("udpx-quic: the successor's exchange ended: {w:?}");
+                                    return;
+                                }
+                            }
+                            if serving.gens.newest().0 != successor {
+                                log::info!("udpx-quic: generation {successor} ended after a newer one took over");
+                                return;
+                            }
+                            if !(on.revive)() {
+                                log::warn!(
+                                    "udpx-quic: generation {successor} (the upgrade) died, and this server's \
+                                     drain is over: nobody takes new connections until a server starts"
+                                );
+                                return;
+                            }
+                            let _ = serving.gens.publish(generation, serving.workers);
+                            taken2.store(false, Ordering::Release);
+                            match bind_private(&tmp2).and_then(|l| Ok((l, put_at(&tmp2, &path2)?))) {
+                                Ok((l, i)) => {
+                                    listener = l;
+                                    ino2.store(i, Ordering::Release);
+                                }
+                                Err(e) => log::warn!("udpx-quic: handover socket: {e}; no upgrade possible"),
+                            }
+                            log::warn!(
+                                "udpx-quic: generation {successor} (the upgrade) died after it took over: \
+                                 generation {generation} serves again"
+                            );
                         }
                         Err(e) => {
                             // The successor failed: new connections come here again.
@@ -401,7 +547,7 @@ pub(crate) fn listen(
             }
         })
         .map_err(Error::Io)?;
-    Ok(Listening { stop, thread: Some(thread), path: path.to_path_buf(), tmp: Some(tmp), ino: 0, taken })
+    Ok(Listening { stop, thread: Some(thread), path: path.to_path_buf(), tmp: Some(tmp), ino, taken })
 }
 
 /// What a server offers its successor: its steering, generation and workers, keys, and the
@@ -414,8 +560,9 @@ pub(crate) struct Serving {
     pub pass_on: PassOn,
 }
 
-/// One upgrade's exchange; Ok when the successor confirmed.
-fn answer(mut stream: UnixStream, serving: &Serving, timeout: Duration) -> std::io::Result<()> {
+/// One upgrade's exchange; Ok when the successor confirmed, with the exchange to watch
+/// (protocol 2).
+fn answer(mut stream: UnixStream, serving: &Serving, timeout: Duration) -> std::io::Result<Option<UnixStream>> {
     let Serving { gens, generation, workers, keys, pass_on } = serving;
     let (generation, workers) = (*generation, *workers);
     stream.set_nonblocking(false)?;
@@ -467,8 +614,9 @@ fn answer(mut stream: UnixStream, serving: &Serving, timeout: Duration) -> std::
     expect(&mut stream, TAKEN)?;
     if protocol2 {
         stream.write_all(OK)?;
+        return Ok(Some(stream));
     }
-    Ok(())
+    Ok(None)
 }
 
 impl Listening {
@@ -477,11 +625,7 @@ impl Listening {
     /// in its line, serves).
     pub(crate) fn take_path(&mut self) -> Result<(), Error> {
         if let Some(tmp) = self.tmp.take() {
-            std::fs::rename(&tmp, &self.path).map_err(|e| {
-                let _ = std::fs::remove_file(&tmp);
-                handover_err(&format!("put the handover socket at {}", self.path.display()), e)
-            })?;
-            self.ino = std::fs::metadata(&self.path).map(|m| m.ino()).unwrap_or(0);
+            self.ino.store(put_at(&tmp, &self.path)?, Ordering::Release);
         }
         Ok(())
     }
@@ -503,7 +647,8 @@ impl Drop for Listening {
         }
         // The path is ours to remove only while it is still our socket (a successor's
         // replaced it).
-        if self.tmp.is_none() && std::fs::metadata(&self.path).is_ok_and(|m| m.ino() == self.ino) {
+        let ino = self.ino.load(Ordering::Acquire);
+        if self.tmp.is_none() && std::fs::metadata(&self.path).is_ok_and(|m| m.ino() == ino) {
             let _ = std::fs::remove_file(&self.path);
         }
     }

@@ -47,8 +47,9 @@
 //!   PINGs cannot hold a permit for ever. IPv6 peers count by their /64 (one host's
 //!   addresses), as the QUIC side does. An accept error
 //!   (EMFILE, ENFILE, ENOMEM) pauses accepting for a moment; it never ends the listener.
-//! - It drains with the QUIC server ([`udpx_quic::host::DrainSignal::on_start`]): accepting
-//!   stops (the socket closed, never `shutdown()`), HTTP/2 connections get GOAWAY and close once
+//! - It drains with the QUIC server ([`udpx_quic::host::DrainSignal::on_change`]): accepting
+//!   stops (the socket closed, never `shutdown()`; in a handover kept open, so that a drain
+//!   called off because the successor died accepts again), HTTP/2 connections get GOAWAY and close once
 //!   their streams are done, HTTP/1.1 ones close after the response under way (an idle
 //!   keep-alive one at once), and the rest are closed at the drain's deadline. In an upgrade
 //!   the listening socket itself is passed on to the new process ([`udpx_quic::upgrade`]), so
@@ -86,7 +87,7 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use serde::Serialize;
 use tokio::sync::{oneshot, watch, Semaphore};
 use tokio::task::JoinHandle;
-use udpx_quic::host::DrainSignal;
+use udpx_quic::host::{DrainEvent, DrainSignal};
 use udpx_quic::upgrade::PassOn;
 
 mod http2;
@@ -389,40 +390,37 @@ impl PreparedTcp {
         self.addr
     }
 
-    /// Starts accepting, answering from `site`. When `drain` starts (a drain, or a handover
-    /// to an upgrade), the listener withdraws what it passed on (`pass_on`), closes its socket
-    /// (not `shutdown()`: after a handover the successor accepts from the same queue), ends its
-    /// HTTP/2 connections with GOAWAY and its HTTP/1.1 ones after the response under way, and
-    /// closes what is left at the drain's deadline.
+    /// Starts accepting, answering from `site`. When `drain` starts, the listener stops
+    /// accepting, ends its HTTP/2 connections with GOAWAY and its HTTP/1.1 ones after the
+    /// response under way, and closes what is left at the drain's deadline. A plain drain
+    /// withdraws what it passed on (`pass_on`) and closes its socket (not `shutdown()`); a
+    /// handover's keeps the socket open but does not accept from it (the successor accepts from
+    /// the same queue), so that if the drain is called off (the successor died) it accepts again.
     pub fn run(self, site: Arc<Site>, drain: &Arc<DrainSignal>, pass_on: PassOn) -> Result<TcpServer, Error> {
         let PreparedTcp { rt, listener, acceptor, addr, limits } = self;
         let counters = Arc::new(TcpCounters::default());
         counters.accepting.store(true, Ordering::Release);
         let (stop, stopped) = oneshot::channel::<()>();
         let (drain_tx, drain_rx) = watch::channel(None);
-        drain.on_start(Box::new(move |timeout| {
-            let _ = drain_tx.send(Some(tokio::time::Instant::now() + timeout));
+        let (accept_tx, accept_rx) = watch::channel(Accept::Yes);
+        drain.on_change(Box::new(move |e| {
+            let (deadline, accept) = match e {
+                DrainEvent::Started { timeout, handover } => (
+                    Some(tokio::time::Instant::now() + timeout),
+                    if handover { Accept::Paused } else { Accept::Closed },
+                ),
+                DrainEvent::Cancelled => (None, Accept::Yes),
+            };
+            let _ = drain_tx.send(deadline);
+            let _ = accept_tx.send(accept);
         }));
         let c = counters.clone();
         let thread = std::thread::Builder::new()
             .name("udpx-h3-tcp".into())
             .spawn(move || {
                 rt.block_on(async move {
-                    let accepting = c.clone();
-                    let mut rx = drain_rx.clone();
-                    tokio::spawn(async move {
-                        tokio::select! {
-                            () = accept_loop(listener, acceptor, site, c, limits, drain_rx) => {}
-                            // (A closed channel, a drain that can no longer come, disables this.)
-                            Ok(_) = rx.wait_for(Option::is_some) => {
-                                // Our copies closed, never shut down: after a handover the
-                                // successor accepts from this very queue.
-                                pass_on.withdraw();
-                                log::debug!("udpx-h3: HTTPS over TCP: draining, no longer accepting");
-                            }
-                        }
-                        accepting.accepting.store(false, Ordering::Release);
-                    });
+                    let l = Listener { listener, acceptor, site, counters: c, limits, accept: accept_rx, pass_on };
+                    tokio::spawn(accept_loop(l, drain_rx));
                     // A send or a dropped sender: either way, stop.
                     let _ = stopped.await;
                 });
@@ -433,6 +431,27 @@ impl PreparedTcp {
             .map_err(Error::Io)?;
         Ok(TcpServer { addr, counters, stop: Some(stop), thread: Some(thread) })
     }
+}
+
+/// Whether the listener accepts (see [`PreparedTcp::run`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Accept {
+    Yes,
+    /// A handover's drain: not accepting, the socket kept (the drain may be called off).
+    Paused,
+    /// A drain: the socket closed.
+    Closed,
+}
+
+/// What the accept loop holds.
+struct Listener {
+    listener: tokio::net::TcpListener,
+    acceptor: tokio_rustls::TlsAcceptor,
+    site: Arc<Site>,
+    counters: Arc<TcpCounters>,
+    limits: TcpLimits,
+    accept: watch::Receiver<Accept>,
+    pass_on: PassOn,
 }
 
 /// rustls on `ring`, TLS 1.3 and 1.2, ALPN `h2` then `http/1.1`.
@@ -456,19 +475,37 @@ fn tls_config(cert: &Path, key: &Path) -> Result<rustls::ServerConfig, Error> {
     Ok(c)
 }
 
-async fn accept_loop(
-    listener: tokio::net::TcpListener,
-    acceptor: tokio_rustls::TlsAcceptor,
-    site: Arc<Site>,
-    counters: Arc<TcpCounters>,
-    limits: TcpLimits,
-    drain: watch::Receiver<Option<tokio::time::Instant>>,
-) {
+async fn accept_loop(l: Listener, drain: watch::Receiver<Option<tokio::time::Instant>>) {
+    let Listener { listener, acceptor, site, counters, limits, mut accept, pass_on } = l;
     let limit = Arc::new(Semaphore::new(limits.max_connections));
     let sources: Arc<Mutex<HashMap<IpAddr, usize>>> = Arc::default();
     let registry = Arc::new(Registry::new());
     loop {
-        let (tcp, peer) = match listener.accept().await {
+        let now = *accept.borrow_and_update();
+        counters.accepting.store(now == Accept::Yes, Ordering::Release);
+        match now {
+            Accept::Yes => {}
+            Accept::Paused => {
+                log::debug!("udpx-h3: HTTPS over TCP: handed over, no longer accepting");
+                if accept.changed().await.is_err() {
+                    return;
+                }
+                continue;
+            }
+            Accept::Closed => {
+                // Our copies closed, never shut down: a successor may accept from this very
+                // queue.
+                pass_on.withdraw();
+                log::debug!("udpx-h3: HTTPS over TCP: draining, no longer accepting");
+                return;
+            }
+        }
+        let accepted = tokio::select! {
+            a = listener.accept() => a,
+            // (A closed channel, a drain that can no longer come, disables this.)
+            Ok(()) = accept.changed() => continue,
+        };
+        let (tcp, peer) = match accepted {
             Ok(a) => a,
             Err(e) => {
                 // Out of descriptors or memory, or the peer gave up before accept: none of

@@ -6,66 +6,109 @@
 //! the loop ends; it ends sooner once no connection is left.
 //!
 //! One [`DrainSignal`] is shared by a server's shards ([`crate::Server::drain`]); each shard's
-//! loop looks at it once per turn.
+//! loop looks at it once per turn. The shards end together: a shard with nothing left waits for
+//! the others, so that a drain can be called off ([`DrainSignal::cancel`]) until the last one is
+//! done, and the whole server then serves on. (An upgrade's successor that dies while its
+//! predecessor drains: see [`crate::upgrade`].)
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::{App, Host};
 
 /// Tells a server's loops to drain, with how long they may take.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct DrainSignal {
     started: AtomicBool,
+    /// Set once every loop is done: from then on the drain can no longer be called off.
+    ended: AtomicBool,
     timeout_ms: AtomicU64,
     grace_ms: AtomicU64,
-    hooks: Hooks,
+    shared: Mutex<Shared>,
 }
 
-/// What runs when a drain starts (listeners beside the QUIC port: [`DrainSignal::on_start`]).
+/// What changes under the lock: who listens, and how many loops are done.
 #[derive(Default)]
-struct Hooks(Mutex<Vec<Hook>>);
+struct Shared {
+    hooks: Vec<Hook>,
+    /// Loops that drained and wait for the others.
+    done: usize,
+    /// Loops in all.
+    loops: usize,
+}
 
-/// One of them: it is given the drain's timeout.
-type Hook = Box<dyn FnOnce(Duration) + Send>;
+/// What a drain hook hears.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DrainEvent {
+    /// The drain started, to end within `timeout`; `handover`: a successor took over (it
+    /// accepts from the same listening sockets, so they must stay open).
+    Started { timeout: Duration, handover: bool },
+    /// The drain was called off ([`DrainSignal::cancel`]): serve on as before.
+    Cancelled,
+}
 
-impl std::fmt::Debug for Hooks {
+/// A listener beside the QUIC port: told of every start and cancel, on the thread that makes
+/// it, under the signal's lock (it should only signal, never call the signal back).
+pub type Hook = Box<dyn Fn(DrainEvent) + Send>;
+
+impl std::fmt::Debug for Shared {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let n = self.0.lock().map(|v| v.len()).unwrap_or(0);
-        write!(f, "Hooks({n})")
+        write!(f, "Shared(hooks {}, done {} of {})", self.hooks.len(), self.done, self.loops)
+    }
+}
+
+impl Default for DrainSignal {
+    /// For one loop.
+    fn default() -> DrainSignal {
+        DrainSignal::new(1)
     }
 }
 
 impl DrainSignal {
-    /// Starts the drain (once: a later call changes nothing), to end within `timeout`.
-    pub fn start(&self, timeout: Duration) {
-        let hooks = {
-            let mut hooks = self.hooks.0.lock().unwrap_or_else(|e| e.into_inner());
-            if self.started.load(Ordering::Acquire) {
-                return;
-            }
-            self.timeout_ms.store(timeout.as_millis().min(u128::from(u64::MAX)) as u64, Ordering::Relaxed);
-            self.started.store(true, Ordering::Release);
-            std::mem::take(&mut *hooks)
-        };
-        for h in hooks {
-            h(timeout);
+    /// A signal for `loops` loops (a server's shards).
+    pub fn new(loops: usize) -> DrainSignal {
+        DrainSignal {
+            started: AtomicBool::new(false),
+            ended: AtomicBool::new(false),
+            timeout_ms: AtomicU64::new(0),
+            grace_ms: AtomicU64::new(0),
+            shared: Mutex::new(Shared { loops: loops.max(1), ..Shared::default() }),
         }
     }
 
-    /// Runs `hook` with the drain's timeout when the drain starts (at once if it has): how a
-    /// listener beside the QUIC port (HTTPS over TCP) drains with it, a handover's drain
-    /// included. The hook runs on the thread that starts the drain: it should only signal.
-    pub fn on_start(&self, hook: Hook) {
-        let mut hooks = self.hooks.0.lock().unwrap_or_else(|e| e.into_inner());
-        match self.started() {
-            Some(timeout) => {
-                drop(hooks);
-                hook(timeout);
-            }
-            None => hooks.push(hook),
+    fn lock(&self) -> std::sync::MutexGuard<'_, Shared> {
+        self.shared.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Starts the drain (once: a later call changes nothing), to end within `timeout`.
+    pub fn start(&self, timeout: Duration) {
+        self.start_with(timeout, Duration::ZERO);
+    }
+
+    fn start_with(&self, timeout: Duration, grace: Duration) {
+        let shared = self.lock();
+        if self.started.load(Ordering::Acquire) || self.ended.load(Ordering::Acquire) {
+            return;
         }
+        self.timeout_ms.store(timeout.as_millis().min(u128::from(u64::MAX)) as u64, Ordering::Relaxed);
+        self.grace_ms.store(grace.as_millis().min(u128::from(u64::MAX)) as u64, Ordering::Relaxed);
+        self.started.store(true, Ordering::Release);
+        let event = DrainEvent::Started { timeout, handover: !grace.is_zero() };
+        for h in &shared.hooks {
+            h(event);
+        }
+    }
+
+    /// Tells `hook` of every start and cancel of the drain (of a start at once if it has
+    /// started): how a listener beside the QUIC port (HTTPS over TCP) drains with it, a
+    /// handover's drain included, and serves on when a drain is called off.
+    pub fn on_change(&self, hook: Hook) {
+        let mut shared = self.lock();
+        if let Some(timeout) = self.started() {
+            hook(DrainEvent::Started { timeout, handover: self.handed_over() });
+        }
+        shared.hooks.push(hook);
     }
 
     /// Starts the drain of a process that handed its port to an upgrade ([`crate::upgrade`]):
@@ -73,10 +116,28 @@ impl DrainSignal {
     /// those of handshakes it began: a retransmission, a Retry's answer), then it drains as
     /// [`DrainSignal::start`] does; a loop with no connection left waits for the grace to end.
     pub fn hand_over(&self, timeout: Duration, grace: Duration) {
-        if !self.started.load(Ordering::Acquire) {
-            self.grace_ms.store(grace.as_millis().min(u128::from(u64::MAX)) as u64, Ordering::Relaxed);
-            self.start(timeout);
+        self.start_with(timeout, grace.max(Duration::from_millis(1)));
+    }
+
+    /// Calls the drain off, if every loop is still running: they undo their drain at their next
+    /// turn (admit new connections again; those already told to go still go), and the hooks
+    /// hear [`DrainEvent::Cancelled`]. Whether the server serves on (false: its loops have ended
+    /// or are ending; nothing changed). Not draining: true.
+    pub fn cancel(&self) -> bool {
+        let mut shared = self.lock();
+        if self.ended.load(Ordering::Acquire) {
+            return false;
         }
+        if !self.started.load(Ordering::Acquire) {
+            return true;
+        }
+        self.started.store(false, Ordering::Release);
+        self.grace_ms.store(0, Ordering::Relaxed);
+        shared.done = 0;
+        for h in &shared.hooks {
+            h(DrainEvent::Cancelled);
+        }
+        true
     }
 
     /// Whether the drain was a handover (its admission grace is not zero).
@@ -84,9 +145,28 @@ impl DrainSignal {
         self.grace_ms.load(Ordering::Relaxed) > 0
     }
 
-    /// Whether it started, and its timeout.
+    /// Whether it started (and was not called off), and its timeout.
     pub fn started(&self) -> Option<Duration> {
         self.started.load(Ordering::Acquire).then(|| Duration::from_millis(self.timeout_ms.load(Ordering::Relaxed)))
+    }
+
+    /// A loop is done draining (once per drain): whether every loop is, so that all end now
+    /// (false while a drain was called off, or others are still at it).
+    fn done(&self) -> bool {
+        let mut shared = self.lock();
+        if !self.started.load(Ordering::Acquire) {
+            return false;
+        }
+        shared.done += 1;
+        if shared.done >= shared.loops {
+            self.ended.store(true, Ordering::Release);
+        }
+        self.ended.load(Ordering::Acquire)
+    }
+
+    /// Whether every loop is done: the drain can no longer be called off.
+    fn ended(&self) -> bool {
+        self.ended.load(Ordering::Acquire)
     }
 }
 
@@ -102,17 +182,37 @@ pub(super) enum Draining {
     Closed,
 }
 
+/// A host's part in the graceful stop.
+#[derive(Debug)]
+pub(super) struct DrainState {
+    pub(super) draining: Draining,
+    /// A server's shared drain signal, looked at once per turn while running.
+    pub(super) signal: Option<Arc<DrainSignal>>,
+    /// Whether this drain came from the signal (only such a drain can be called off).
+    by_signal: bool,
+    /// Whether this loop told the signal it is done.
+    told_done: bool,
+    /// While draining after a handover: new connections are still admitted until then.
+    admit_until: Option<Instant>,
+}
+
+impl DrainState {
+    pub(super) fn new() -> DrainState {
+        DrainState { draining: Draining::No, signal: None, by_signal: false, told_done: false, admit_until: None }
+    }
+}
+
 impl<A: App> Host<A> {
     /// Starts draining now, to end by `deadline` (see the module docs). A client host ignores
     /// it.
     pub fn drain(&mut self, deadline: Instant) {
-        if !self.accepting || self.draining != Draining::No {
+        if !self.accepting || self.drain.draining != Draining::No {
             return;
         }
-        self.draining = Draining::Until(deadline);
+        self.drain.draining = Draining::Until(deadline);
         log::debug!("udpx-quic: draining {} connections", self.connection_count());
         // A handover's drain spreads its GOAWAYs over the admission grace.
-        let spread = self.admit_until.map_or(Duration::ZERO, |t| t.saturating_duration_since(Instant::now()));
+        let spread = self.drain.admit_until.map_or(Duration::ZERO, |t| t.saturating_duration_since(Instant::now()));
         self.app.drain(spread);
         let slots: Vec<_> = self.table.iter_mut().map(|(s, _)| s).collect();
         for s in slots {
@@ -122,28 +222,36 @@ impl<A: App> Host<A> {
 
     /// Whether the host is draining (or drained).
     pub fn is_draining(&self) -> bool {
-        self.draining != Draining::No
+        self.drain.draining != Draining::No
     }
 
     /// Whether a draining host still admits new connections at `now` (the grace of a
     /// handover, [`DrainSignal::hand_over`]).
     pub(super) fn admitting(&self, now: Instant) -> bool {
-        self.admit_until.is_some_and(|t| now < t)
+        self.drain.admit_until.is_some_and(|t| now < t)
     }
 
-    /// Once per turn while running: starts the drain when the shared signal says so, closes
-    /// what is left at the deadline; whether the loop is done (drained, or closed and sent).
+    /// Once per turn while running: starts the drain when the shared signal says so (and undoes
+    /// it when the signal calls it off), closes what is left at the deadline; whether the loop
+    /// is done (drained, or closed and sent, and every loop of the signal with it).
     pub(super) fn drain_step(&mut self, now: Instant) -> bool {
-        if self.draining == Draining::No {
-            if let Some(signal) = self.drain_signal.clone() {
-                if let Some(timeout) = signal.started() {
+        let signal = self.drain.signal.clone();
+        if let Some(signal) = &signal {
+            match (self.drain.draining, signal.started()) {
+                (Draining::No, Some(timeout)) => {
                     let grace = Duration::from_millis(signal.grace_ms.load(Ordering::Relaxed));
-                    self.admit_until = (!grace.is_zero()).then(|| now + grace.min(timeout));
+                    self.drain.admit_until = (!grace.is_zero()).then(|| now + grace.min(timeout));
                     self.drain(now + timeout);
+                    self.drain.by_signal = true;
                 }
+                (Draining::Until(_) | Draining::Closed, None) if self.drain.by_signal && !signal.ended() => {
+                    self.undrain();
+                    return false;
+                }
+                _ => {}
             }
         }
-        match self.draining {
+        let done = match self.drain.draining {
             Draining::No => false,
             Draining::Closed => true,
             Draining::Until(_) if self.connection_count() == 0 && !self.admitting(now) => true,
@@ -158,10 +266,66 @@ impl<A: App> Host<A> {
                     self.ready.push(s);
                 }
                 log::debug!("udpx-quic: drain deadline: closed {} connections", self.counters.drain_closed);
-                self.draining = Draining::Closed;
+                self.drain.draining = Draining::Closed;
                 false
             }
             Draining::Until(_) => false,
+        };
+        match signal.filter(|_| self.drain.by_signal) {
+            // The loops end together, once each is done.
+            Some(signal) if done => {
+                if !self.drain.told_done {
+                    self.drain.told_done = true;
+                    return signal.done();
+                }
+                signal.ended()
+            }
+            _ => done,
         }
+    }
+
+    /// The drain called off: admitting again; the connections already told to go still go.
+    fn undrain(&mut self) {
+        log::info!("udpx-quic: drain called off: serving again");
+        self.drain.draining = Draining::No;
+        self.drain.by_signal = false;
+        self.drain.told_done = false;
+        self.drain.admit_until = None;
+        self.app.undrain();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A drain can be called off until its last loop is done, and the hooks hear each change;
+    /// once every loop is done it can no longer be (the loops are ending).
+    #[test]
+    fn a_drain_is_called_off_only_while_a_loop_still_drains() {
+        let s = DrainSignal::new(2);
+        let heard = Arc::new(Mutex::new(Vec::new()));
+        let h = heard.clone();
+        s.on_change(Box::new(move |e| h.lock().unwrap().push(e)));
+        let t = Duration::from_secs(5);
+        s.hand_over(t, Duration::from_secs(3));
+        assert!(s.handed_over() && s.started() == Some(t));
+        assert!(!s.done(), "one of two loops done: the other still drains");
+        assert!(s.cancel(), "called off while a loop still drains");
+        assert_eq!(s.started(), None);
+        assert!(!s.done(), "not draining: no loop ends");
+        s.start(t);
+        assert!(!s.handed_over(), "a plain drain after the cancel");
+        assert!(!s.done() && s.done(), "both loops done: they end");
+        assert!(!s.cancel(), "too late");
+        s.start(t); // a later start changes nothing
+        assert_eq!(
+            *heard.lock().unwrap(),
+            [
+                DrainEvent::Started { timeout: t, handover: true },
+                DrainEvent::Cancelled,
+                DrainEvent::Started { timeout: t, handover: false },
+            ]
+        );
     }
 }

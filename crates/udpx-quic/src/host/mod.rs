@@ -77,7 +77,7 @@ mod send;
 mod turn;
 
 pub use config::HostConfig;
-pub use drain::DrainSignal;
+pub use drain::{DrainEvent, DrainSignal};
 pub use reload::ConfigSwap;
 pub use turn::Until;
 
@@ -157,6 +157,10 @@ pub trait App {
         let _ = state;
         let _ = conn.close(true, 0, b"server shutting down");
     }
+    /// The drain was called off ([`DrainSignal::cancel`]: an upgrade's successor died): new
+    /// connections are served as before; those already told to go may still go. Default:
+    /// nothing.
+    fn undrain(&mut self) {}
 }
 
 /// What a host is.
@@ -243,11 +247,7 @@ pub struct Host<A: App> {
     /// When the last turn started.
     last_turn: Instant,
     /// Where the graceful stop is.
-    draining: drain::Draining,
-    /// A server's shared drain signal, looked at once per turn while running.
-    drain_signal: Option<Arc<DrainSignal>>,
-    /// While draining after a handover: new connections are still admitted until then.
-    admit_until: Option<Instant>,
+    drain: drain::DrainState,
     /// Where a reloaded configuration is offered, looked at once per turn while running.
     config_swap: Option<Arc<ConfigSwap>>,
 }
@@ -318,16 +318,14 @@ impl<A: App> Host<A> {
             flush_by: None,
             clocked_by: None,
             last_turn: Instant::now(),
-            draining: drain::Draining::No,
-            drain_signal: None,
-            admit_until: None,
+            drain: drain::DrainState::new(),
             config_swap: None,
         }
     }
 
     /// Makes [`Host::run`] drain when `signal` starts (a server's shards share one).
     pub fn set_drain_signal(&mut self, signal: Arc<DrainSignal>) {
-        self.drain_signal = Some(signal);
+        self.drain.signal = Some(signal);
     }
 
     /// The least time between two turns' starts ([`HostConfig::coalesce`]).
@@ -471,7 +469,7 @@ impl<A: App> Host<A> {
     fn reap(&mut self, slot: Slot) {
         let Some(e) = self.remove(slot) else { return };
         self.counters.closed += 1;
-        if matches!(self.draining, drain::Draining::Until(_)) {
+        if matches!(self.drain.draining, drain::Draining::Until(_)) {
             self.counters.drained += 1;
         }
         self.app.closed(&e.conn, e.state);
