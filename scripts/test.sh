@@ -14,6 +14,8 @@ cd "$(dirname "$0")/.."
 trap 'echo "summary: 0 passed, 1 failed, 0 skipped"' ERR
 
 bash scripts/setup.sh
+echo "== quiche: the published crate plus its numbered patches, nothing else"
+bash scripts/check-quiche.sh
 echo "== cargo fmt --check"
 cargo fmt --all --check
 echo "== cargo clippy (warnings are errors)"

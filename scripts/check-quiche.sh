@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Checks that third_party/quiche/quiche is exactly quiche as published (the .crate whose SHA-256
+# third_party/quiche/PRISTINE gives) plus the patches in third_party/quiche/patches, applied in
+# their numbered order: nothing else changed, nothing left out. The test command runs it.
+#
+#   scripts/check-quiche.sh                    # check; exit 1 with the differing files if not
+#   scripts/check-quiche.sh --pristine DIR     # also leave the unpatched source in DIR/quiche
+#                                              # (for scripts/quiche-microbench.sh)
+#
+# The .crate comes from cargo's cache when it is there, else from crates.io; either way its
+# checksum is checked before anything is read from it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+here=third_party/quiche
+keep=""
+if [ "${1:-}" = "--pristine" ]; then
+  keep="${2:?--pristine needs a directory}"
+elif [ -n "${1:-}" ]; then
+  echo "check-quiche: unknown argument $1 (say --pristine DIR, or nothing)" >&2
+  exit 2
+fi
+# shellcheck disable=SC1091
+. <(grep -E '^(name|version|sha256|url)=' "$here/PRISTINE")
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+crate="$work/$name-$version.crate"
+cached=$(ls "${CARGO_HOME:-$HOME/.cargo}"/registry/cache/*/"$name-$version.crate" 2>/dev/null | head -1 || true)
+if [ -n "$cached" ]; then
+  cp "$cached" "$crate"
+else
+  curl -fsSL --retry 3 -o "$crate" "$url"
+fi
+got=$(sha256sum "$crate" | cut -d' ' -f1)
+if [ "$got" != "$sha256" ]; then
+  echo "check-quiche: $name-$version.crate has SHA-256 $got, not $sha256 (PRISTINE): not the published crate" >&2
+  exit 1
+fi
+tar xzf "$crate" -C "$work"
+src="$work/$name-$version"
+if [ -n "$keep" ]; then
+  rm -rf "$keep/quiche"
+  mkdir -p "$keep"
+  cp -a "$src" "$keep/quiche"
+fi
+n=0
+for p in "$here"/patches/[0-9][0-9][0-9][0-9]-*.patch; do
+  [ -e "$p" ] || continue
+  if ! patch -d "$src" -p1 --forward --no-backup-if-mismatch -s < "$p"; then
+    echo "check-quiche: $(basename "$p") does not apply to $name $version plus the patches before it" >&2
+    exit 1
+  fi
+  n=$((n + 1))
+done
+if ! diff -r -q "$src" "$here/quiche" > "$work/diff"; then
+  sed 's/^/  /' "$work/diff" >&2
+  echo "check-quiche: $here/quiche is not $name $version plus its $n patches (the files above differ)" >&2
+  exit 1
+fi
+echo "check-quiche: $here/quiche is $name $version (sha256 ${sha256:0:12}...) plus $n patches"
