@@ -6,6 +6,8 @@
 #   scripts/check-quiche.sh                    # check; exit 1 with the differing files if not
 #   scripts/check-quiche.sh --pristine DIR     # also leave the unpatched source in DIR/quiche
 #                                              # (for scripts/quiche-microbench.sh)
+#   scripts/check-quiche.sh --write            # make the tree anew from the crate and the
+#                                              # patches (after adding or changing a patch)
 #
 # The .crate comes from cargo's cache when it is there, else from crates.io; either way its
 # checksum is checked before anything is read from it.
@@ -13,10 +15,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 here=third_party/quiche
 keep=""
+write=""
 if [ "${1:-}" = "--pristine" ]; then
   keep="${2:?--pristine needs a directory}"
+elif [ "${1:-}" = "--write" ]; then
+  write=1
 elif [ -n "${1:-}" ]; then
-  echo "check-quiche: unknown argument $1 (say --pristine DIR, or nothing)" >&2
+  echo "check-quiche: unknown argument $1 (say --pristine DIR, --write, or nothing)" >&2
   exit 2
 fi
 # shellcheck disable=SC1091
@@ -51,6 +56,12 @@ for p in "$here"/patches/[0-9][0-9][0-9][0-9]-*.patch; do
   fi
   n=$((n + 1))
 done
+if [ -n "$write" ]; then
+  rm -rf "$here/quiche"
+  cp -a "$src" "$here/quiche"
+  echo "check-quiche: wrote $here/quiche: $name $version plus $n patches"
+  exit 0
+fi
 if ! diff -r -q "$src" "$here/quiche" > "$work/diff"; then
   sed 's/^/  /' "$work/diff" >&2
   echo "check-quiche: $here/quiche is not $name $version plus its $n patches (the files above differ)" >&2

@@ -188,6 +188,33 @@ pub struct ConnectionId<'a>(ConnectionIdInner<'a>);
 enum ConnectionIdInner<'a> {
     Vec(Vec<u8>),
     Ref(&'a [u8]),
+    /// An owned ID of at most `MAX_CID_LEN` bytes, kept inline: no heap
+    /// allocation for the IDs a parsed header or a clone holds.
+    Inline(u8, [u8; MAX_CID_LEN as usize]),
+}
+
+impl ConnectionIdInner<'_> {
+    /// An owned copy of `cid`: inline when it fits (every valid QUIC v1
+    /// connection ID does), else on the heap.
+    #[inline]
+    fn owned(cid: &[u8]) -> Self {
+        if cid.len() <= MAX_CID_LEN as usize {
+            let mut bytes = [0; MAX_CID_LEN as usize];
+            bytes[..cid.len()].copy_from_slice(cid);
+            ConnectionIdInner::Inline(cid.len() as u8, bytes)
+        } else {
+            ConnectionIdInner::Vec(cid.to_vec())
+        }
+    }
+
+    #[inline]
+    fn bytes(&self) -> &[u8] {
+        match self {
+            ConnectionIdInner::Vec(v) => v.as_ref(),
+            ConnectionIdInner::Ref(v) => v,
+            ConnectionIdInner::Inline(len, bytes) => &bytes[..*len as usize],
+        }
+    }
 }
 
 impl<'a> ConnectionId<'a> {
@@ -206,7 +233,19 @@ impl<'a> ConnectionId<'a> {
     /// Returns a new owning connection ID from the given existing one.
     #[inline]
     pub fn into_owned(self) -> ConnectionId<'static> {
-        ConnectionId::from_vec(self.into())
+        match self.0 {
+            ConnectionIdInner::Vec(v) => ConnectionId(ConnectionIdInner::Vec(v)),
+            ConnectionIdInner::Ref(v) => ConnectionId(ConnectionIdInner::owned(v)),
+            ConnectionIdInner::Inline(len, bytes) =>
+                ConnectionId(ConnectionIdInner::Inline(len, bytes)),
+        }
+    }
+
+    /// Creates a new owning connection ID with a copy of the given slice,
+    /// without a heap allocation when it is at most `MAX_CONN_ID_LEN` bytes.
+    #[inline]
+    pub fn copy_from(cid: &[u8]) -> ConnectionId<'static> {
+        ConnectionId(ConnectionIdInner::owned(cid))
     }
 }
 
@@ -230,6 +269,7 @@ impl From<ConnectionId<'_>> for Vec<u8> {
         match id.0 {
             ConnectionIdInner::Vec(cid) => cid,
             ConnectionIdInner::Ref(cid) => cid.to_vec(),
+            ConnectionIdInner::Inline(len, bytes) => bytes[..len as usize].to_vec(),
         }
     }
 }
@@ -246,10 +286,7 @@ impl Eq for ConnectionId<'_> {}
 impl AsRef<[u8]> for ConnectionId<'_> {
     #[inline]
     fn as_ref(&self) -> &[u8] {
-        match &self.0 {
-            ConnectionIdInner::Vec(v) => v.as_ref(),
-            ConnectionIdInner::Ref(v) => v,
-        }
+        self.0.bytes()
     }
 }
 
@@ -265,17 +302,14 @@ impl std::ops::Deref for ConnectionId<'_> {
 
     #[inline]
     fn deref(&self) -> &[u8] {
-        match &self.0 {
-            ConnectionIdInner::Vec(v) => v.as_ref(),
-            ConnectionIdInner::Ref(v) => v,
-        }
+        self.0.bytes()
     }
 }
 
 impl Clone for ConnectionId<'_> {
     #[inline]
     fn clone(&self) -> Self {
-        Self::from_vec(self.as_ref().to_vec())
+        Self(ConnectionIdInner::owned(self.as_ref()))
     }
 }
 
@@ -364,7 +398,7 @@ impl<'a> Header<'a> {
             return Ok(Header {
                 ty: Type::Short,
                 version: 0,
-                dcid: dcid.to_vec().into(),
+                dcid: ConnectionId::copy_from(dcid.as_ref()),
                 scid: ConnectionId::default(),
                 pkt_num: 0,
                 pkt_num_len: 0,
@@ -393,13 +427,13 @@ impl<'a> Header<'a> {
         if crate::version_is_supported(version) && dcid_len > MAX_CID_LEN {
             return Err(Error::InvalidPacket);
         }
-        let dcid = b.get_bytes(dcid_len as usize)?.to_vec();
+        let dcid = ConnectionId::copy_from(b.get_bytes(dcid_len as usize)?.as_ref());
 
         let scid_len = b.get_u8()?;
         if crate::version_is_supported(version) && scid_len > MAX_CID_LEN {
             return Err(Error::InvalidPacket);
         }
-        let scid = b.get_bytes(scid_len as usize)?.to_vec();
+        let scid = ConnectionId::copy_from(b.get_bytes(scid_len as usize)?.as_ref());
 
         // End of invariants.
 
@@ -440,8 +474,8 @@ impl<'a> Header<'a> {
         Ok(Header {
             ty,
             version,
-            dcid: dcid.into(),
-            scid: scid.into(),
+            dcid,
+            scid,
             pkt_num: 0,
             pkt_num_len: 0,
             token,
