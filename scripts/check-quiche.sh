@@ -8,6 +8,8 @@
 #                                              # (for scripts/quiche-microbench.sh)
 #   scripts/check-quiche.sh --write            # make the tree anew from the crate and the
 #                                              # patches (after adding or changing a patch)
+#   scripts/check-quiche.sh --tests            # check, then run quiche's own unit tests on
+#                                              # the patched tree (a copy: no target/ in it)
 #
 # The .crate comes from cargo's cache when it is there, else from crates.io; either way its
 # checksum is checked before anything is read from it.
@@ -16,12 +18,15 @@ cd "$(dirname "$0")/.."
 here=third_party/quiche
 keep=""
 write=""
-if [ "${1:-}" = "--pristine" ]; then
+tests=""
+if [ "${1:-}" = "--tests" ]; then
+  tests=1
+elif [ "${1:-}" = "--pristine" ]; then
   keep="${2:?--pristine needs a directory}"
 elif [ "${1:-}" = "--write" ]; then
   write=1
 elif [ -n "${1:-}" ]; then
-  echo "check-quiche: unknown argument $1 (say --pristine DIR, --write, or nothing)" >&2
+  echo "check-quiche: unknown argument $1 (say --pristine DIR, --write, --tests, or nothing)" >&2
   exit 2
 fi
 # shellcheck disable=SC1091
@@ -68,3 +73,16 @@ if ! diff -r -q "$src" "$here/quiche" > "$work/diff"; then
   exit 1
 fi
 echo "check-quiche: $here/quiche is $name $version (sha256 ${sha256:0:12}...) plus $n patches"
+if [ -n "$tests" ]; then
+  # quiche's own lock file (--locked: the versions its tests were published with), in a
+  # target directory of their own beside the workspace's.
+  rm -rf "$work/tree"
+  cp -a "$here/quiche" "$work/tree"
+  target="$(realpath -m "${CARGO_TARGET_DIR:-target}")/quiche-tests"
+  (cd "$work/tree" && CARGO_TARGET_DIR="$target" cargo test --locked --lib -q 2>&1) | tee "$work/tests.log" | grep -E '^test result|FAILED|panicked' || true
+  if ! grep -q '^test result: ok' "$work/tests.log" || grep -q '^test result: FAILED' "$work/tests.log"; then
+    echo "check-quiche: quiche's own tests fail on the patched tree" >&2
+    exit 1
+  fi
+  echo "check-quiche: quiche's own tests pass on $name $version plus $n patches"
+fi

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite, as CI runs it (.ci/run calls exactly this):
-#   setup (Debian packages the tests and bench need), format check, clippy with warnings as
-#   errors, docs without broken links, micro benchmarks compiled, then every test of the
+#   setup (Debian packages the tests and bench need), the quiche patch series checked, format
+#   check, clippy with warnings as errors, docs without broken links, micro benchmarks compiled,
+#   quiche's own tests on the patched tree, then every test of the
 #   workspace with the test-only fault-injection seam enabled (the send-path suites a second
 #   time through the io_uring backend), a check that the tests left no
 #   process running, and every fuzz target for FUZZ_SECS seconds (default 20; scripts/fuzz.sh).
@@ -28,6 +29,8 @@ echo "== micro benchmarks compile"
 # release, BoringSSL included: about a third of the command's time on a fresh machine.
 bench_out=$(cargo test --workspace --all-features --benches --no-run -q 2>&1) || { echo "$bench_out"; false; }
 echo "$bench_out" | grep -v '^ *Executable' || true
+echo "== quiche's own tests on the patched tree (third_party/quiche)"
+bash scripts/check-quiche.sh --tests
 # From here on every failure is counted into the summary below.
 trap - ERR
 
