@@ -8,6 +8,8 @@
 //! - [`steal`]: the hypervisor's steal over a run's window ([`steal::Steal`]) and the limit
 //!   above which a run is marked and counts in no median, range or verdict (the rule is
 //!   [`stats`]'s).
+//! - [`task`]: what one process or some of its threads used (CPU time, context switches,
+//!   resident memory), from `/proc/PID`.
 //! - [`judge`]: targets judged by that rule ([`judge::Check`]) and how the reports print them.
 //! - [`env`](mod@env): the environment record printed beside every figure (kernel, CPU, qdiscs,
 //!   device features, sysctls).
@@ -28,6 +30,7 @@ pub mod env;
 pub mod judge;
 pub mod stats;
 pub mod steal;
+pub mod task;
 
 pub use udpx_netns as netns;
 

@@ -215,7 +215,7 @@ fn victim_rx(net: &StarNet) -> Result<(u64, u64), String> {
 }
 
 fn rss_mib(pid: u32) -> Option<f64> {
-    super::scale::rss(pid).map(|b| b as f64 / (1 << 20) as f64)
+    udpx_lab::task::rss(pid).map(|b| b as f64 / (1 << 20) as f64)
 }
 
 /// The attacker: `rate` forged Initials a second for `duration` from random addresses of

@@ -46,9 +46,9 @@ use base64::Engine as _;
 use serde::Serialize;
 use udpx_lab::cpu::{CpuSample, TickRate};
 use udpx_lab::env::Environment;
-use udpx_lab::judge::{checks_text, verdict_rule, Check};
+use udpx_lab::judge::Check;
 use udpx_lab::netns::{Namespace, Napi, Profile, Side, TestNet};
-use udpx_lab::stats::{another_round, figures, paired_ratios, Kept, Run, Spread};
+use udpx_lab::stats::{another_round, figures, Kept, Run};
 use udpx_lab::steal::{Steal, WithSteal};
 use udpx_quic::IoMode;
 
@@ -62,8 +62,9 @@ mod process;
 pub mod restart;
 pub mod scale;
 
-use peers::{cpu_secs, equal_footing, gtlsclient, nginx_run, quic_threads, quinn_run};
+use peers::{equal_footing, gtlsclient, nginx_run, quinn_run};
 pub(crate) use peers::{receive_note, receive_on_own_cpus};
+use udpx_lab::task::{cpu_secs, threads_named};
 
 /// The file's name under the served directory.
 const FILE: &str = "file";
@@ -785,7 +786,7 @@ fn udpx_run(
     (sc.quic.io, sc.quic.gro, sc.quic.zerocopy) = (io, gro, cfg.zerocopy);
     (sc.quic.host.burst, sc.quic.host.defer_flush) = (cfg.burst, cfg.defer_flush);
     (sc.quic.host.coalesce, sc.quic.host.ack_defer) = (cfg.coalesce, cfg.ack_defer);
-    let before = quic_threads();
+    let before = threads_named("udpx-quic-");
     let shards = sc.quic.shards;
     let www = dir.join("www");
     // Started from a thread pinned to the server's CPU: the shard threads inherit it.
@@ -795,7 +796,7 @@ fn udpx_run(
     // A shard thread names itself when it starts, which may be just after `serve` returns.
     let named = Instant::now();
     let threads = loop {
-        let t: Vec<u32> = quic_threads().into_iter().filter(|t| !before.contains(t)).collect();
+        let t: Vec<u32> = threads_named("udpx-quic-").into_iter().filter(|t| !before.contains(t)).collect();
         if t.len() >= shards || named.elapsed() > Duration::from_secs(2) {
             break t;
         }

@@ -1,7 +1,6 @@
-//! The peers of `udpx bench h3` that run as child processes (gtlsclient; nginx and curl), and
-//! the server's CPU time read from `/proc`.
+//! The peers of `udpx bench h3` that run as child processes (gtlsclient; nginx and curl). (The
+//! CPU time of a server read from `/proc` is `udpx_lab::task`.)
 
-use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::process::Stdio;
@@ -258,84 +257,6 @@ fn wait_listening(place: &Place<'_>, addr: SocketAddr, server: &ChildGroup) -> R
     }
 }
 
-/// The ids of this process's threads named `udpx-quic-*` (the server's shards).
-pub(super) fn quic_threads() -> HashSet<u32> {
-    let Ok(rd) = std::fs::read_dir("/proc/self/task") else { return HashSet::new() };
-    rd.flatten()
-        .filter(|e| {
-            std::fs::read_to_string(e.path().join("comm")).map(|c| c.starts_with("udpx-quic-")).unwrap_or(false)
-        })
-        .filter_map(|e| e.file_name().to_str()?.parse().ok())
-        .collect()
-}
-
-/// CPU seconds of the tasks (`/proc/PID` or `/proc/PID/task/TID` directories) so far:
-/// `schedstat`'s nanoseconds on CPU, else `stat`'s `utime + stime`; `None` if a task is gone
-/// or there are none.
-pub(super) fn cpu_secs(tasks: &[String], rate: TickRate) -> Option<f64> {
-    if tasks.is_empty() {
-        return None;
-    }
-    let mut sum = 0.0;
-    for t in tasks {
-        sum += task_cpu_secs(t, rate)?;
-    }
-    Some(sum)
-}
-
-/// CPU seconds of one task directory so far ([`cpu_secs`]); `None` if it is gone.
-fn task_cpu_secs(task: &str, rate: TickRate) -> Option<f64> {
-    match std::fs::read_to_string(format!("{task}/schedstat")).ok().and_then(|s| schedstat_ns(&s)) {
-        Some(ns) => Some(ns as f64 / 1e9),
-        None => Some(rate.to_secs_f64(stat_ticks(&std::fs::read_to_string(format!("{task}/stat")).ok()?)?)),
-    }
-}
-
-/// CPU seconds process `pid` has run so far, every live thread summed (each task's
-/// `schedstat`, as [`cpu_secs`]: to the nanosecond, where `/proc/PID/stat` counts 10 ms ticks).
-/// A thread that ends takes its time with it, and one that ends while it is read is left out;
-/// the servers measured keep their threads for the run. `None` if the process is gone.
-pub(super) fn process_cpu_secs(pid: u32, rate: TickRate) -> Option<f64> {
-    sum_tasks(pid, |t| task_cpu_secs(t, rate))
-}
-
-/// `f` over the live threads of process `pid` (`/proc/PID/task/*`), summed; a thread that ends
-/// while it is read counts nothing. `None` if the process is gone or no thread could be read.
-fn sum_tasks<T: std::iter::Sum<T>>(pid: u32, f: impl Fn(&str) -> Option<T>) -> Option<T> {
-    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
-    let read: Vec<T> = tasks.flatten().filter_map(|e| f(&e.path().to_string_lossy())).collect();
-    (!read.is_empty()).then(|| read.into_iter().sum())
-}
-
-/// Context switches of process `pid` so far, every live thread summed ([`sum_tasks`]):
-/// `voluntary_ctxt_switches` (it slept: a wake-up each) and `nonvoluntary_ctxt_switches` of
-/// `/proc/PID/task/*/status`.
-pub(super) fn process_switches(pid: u32) -> Option<u64> {
-    sum_tasks(pid, |t| status_switches(&std::fs::read_to_string(format!("{t}/status")).ok()?))
-}
-
-/// Voluntary plus involuntary context switches from a `/proc/.../status` text.
-pub(super) fn status_switches(status: &str) -> Option<u64> {
-    let field = |name: &str| -> Option<u64> {
-        status.lines().find_map(|l| l.strip_prefix(name))?.trim_start_matches(':').trim().parse().ok()
-    };
-    Some(field("voluntary_ctxt_switches")? + field("nonvoluntary_ctxt_switches")?)
-}
-
-/// The first field of `/proc/.../schedstat`: nanoseconds on CPU.
-pub(super) fn schedstat_ns(s: &str) -> Option<u64> {
-    s.split_whitespace().next()?.parse().ok()
-}
-
-/// `utime + stime` of a `/proc/.../stat` line (fields 14 and 15, counted after the command
-/// name, which may hold spaces and parentheses: proc(5)).
-pub(super) fn stat_ticks(stat: &str) -> Option<u64> {
-    let rest = &stat[stat.rfind(')')? + 1..];
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    // rest starts at field 3 (state): utime is field 14, stime 15.
-    Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
-}
-
 /// The veth pair of a profile: the server's device (its namespace is `Rx`) with TCP and UDP
 /// segmentation offload both off (`Software`) or both on (`Offload`), GSO on; each side's
 /// receive work on its own CPU ([`receive_on_own_cpus`]).
@@ -380,48 +301,5 @@ pub(crate) fn receive_note(server: Napi) -> &'static str {
             "receive work in a NAPI thread on each side's CPU for UDP (a thread switch per poll), TCP's in softirq \
              steered (RPS) there (--napi threaded)"
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn stat_fields() {
-        let s = "42 (a (b) c) S 1 42 42 0 -1 4194560 100 0 0 0 250 75 0 0 20 0 3 0 1234 0 0";
-        assert_eq!(stat_ticks(s), Some(325));
-        assert_eq!(stat_ticks("garbage"), None);
-        assert_eq!(schedstat_ns("106123939 50324660 360\n"), Some(106_123_939));
-        assert_eq!(schedstat_ns(""), None);
-        let st = "Name:\tudpx\nvoluntary_ctxt_switches:\t120\nnonvoluntary_ctxt_switches:\t7\n";
-        assert_eq!(status_switches(st), Some(127));
-        assert_eq!(status_switches("Name:\tudpx\n"), None);
-    }
-
-    #[test]
-    fn a_process_cpu_time_counts_its_threads() {
-        let rate = TickRate::new(100).unwrap();
-        let before = process_cpu_secs(std::process::id(), rate).expect("this process's tasks");
-        // Another thread runs 200 ms of CPU (by its own clock, however busy the machine), says
-        // so and stays alive for the second reading: its share must be in it. (A test thread
-        // beside this one that ends in between takes its own time out: far less than 50 ms.)
-        let (spun_tx, spun) = std::sync::mpsc::channel::<()>();
-        let (release, wait) = std::sync::mpsc::channel::<()>();
-        let t = std::thread::spawn(move || {
-            let own = || udpx_lab::cpu::ProcessCpu::thread().unwrap().total();
-            let start = own();
-            while own() - start < Duration::from_millis(200) {
-                std::hint::black_box(0u64);
-            }
-            spun_tx.send(()).unwrap();
-            let _ = wait.recv();
-        });
-        spun.recv().unwrap();
-        let after = process_cpu_secs(std::process::id(), rate).unwrap();
-        drop(release);
-        t.join().unwrap();
-        assert!(after - before >= 0.15, "{before} -> {after}");
-        assert_eq!(process_cpu_secs(u32::MAX, rate), None, "no such process");
     }
 }

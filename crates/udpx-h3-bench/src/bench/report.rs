@@ -1,8 +1,10 @@
 //! The bulk bench's verdicts and its table.
 
-use udpx_lab::judge::{steal_note, Check};
+use udpx_lab::judge::{checks_text, verdict_rule};
+use udpx_lab::stats::{figures, paired_ratios, Run, Spread};
 
-use super::*;
+use super::{ClientKind, H3Bench, H3Row, H3Run, ZerocopyUse, NGINX, QUINN};
+use udpx_lab::judge::{steal_note, Check};
 
 /// The targets (see the module docs), from per-round ratios; `vs_nginx`: the best udpx
 /// row's ratio to nginx at most ([`nginx_target`]).

@@ -43,11 +43,11 @@ use udpx_lab::netns::{ChildGroup, Namespace, Profile, Side, TestNet, TestNetConf
 use udpx_lab::stats::{another_round, Kept, Run};
 use udpx_lab::steal::{Steal, WithSteal};
 
-use super::peers::{process_cpu_secs, process_switches};
 use super::{write_cert, Scratch};
 use crate::independent::Proto;
 use crate::load::{self, LoadConfig, LoadReport};
 use crate::load_hyper::{self, HyperHttp};
+use udpx_lab::task::{process_cpu_secs, process_switches, rss};
 
 mod config;
 mod report;
@@ -816,12 +816,4 @@ impl Meter {
         let switches = self.switches.zip(switches).map(|(a, b)| b.saturating_sub(a));
         Ok(Metered { busy, own, switches, steal })
     }
-}
-
-/// The resident memory of process `pid`, bytes.
-pub(super) fn rss(pid: u32) -> Option<u64> {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let kb: u64 =
-        s.lines().find_map(|l| l.strip_prefix("VmRSS:"))?.trim().trim_end_matches(" kB").trim().parse().ok()?;
-    Some(kb * 1024)
 }

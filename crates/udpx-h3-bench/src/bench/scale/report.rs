@@ -1,6 +1,12 @@
 //! The scale bench's verdicts and its table.
 
-use super::*;
+use udpx_lab::judge::Check;
+use udpx_lab::stats::Run;
+
+use super::{
+    HostPerRequest, LoadClient, RowRun, ScaleBench, ScaleRow, ScaleServer, ABOVE_BASELINE, CLIENT_DROP_PCT,
+    CLIENT_LIMIT_PCT,
+};
 
 /// The slack of the players' p99 target (16 KiB segments): udpx's p99 at most 2x nginx's plus
 /// this (issue 39; its 1 MiB segments' target has none).
@@ -327,8 +333,12 @@ pub fn table(b: &ScaleBench) -> String {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
-    use crate::load::Tally;
+    use crate::load::{LoadConfig, Tally};
+    use udpx_lab::stats::Kept;
+    use udpx_lab::steal::Steal;
 
     /// A run whose client saw `p99_ms` (every latency that) and, over QUIC, lost `dropped` of
     /// 10,000 datagrams it processed.

@@ -1,7 +1,14 @@
 //! Starting the servers a row measures (udpx, quinn, nginx) on a free port in the server's
 //! namespace, and waiting until each answers.
 
-use super::*;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use udpx_lab::netns::ChildGroup;
+
+use super::{Place, Running, ScaleConfig, ScaleServer};
 
 /// A free UDP (`udp`) or TCP port at the server's address.
 pub(super) fn free_port(place: &Place, udp: bool) -> Result<u16, String> {
