@@ -76,10 +76,13 @@ echo "check-quiche: $here/quiche is $name $version (sha256 ${sha256:0:12}...) pl
 if [ -n "$tests" ]; then
   # quiche's own lock file (--locked: the versions its tests were published with), in a
   # target directory of their own beside the workspace's.
-  rm -rf "$work/tree"
-  cp -a "$here/quiche" "$work/tree"
+  # The copy stays at one path: the test binary keeps the path it was built at (quiche's
+  # tests find their certificates through it), and cargo does not rebuild for a new one.
   target="$(realpath -m "${CARGO_TARGET_DIR:-target}")/quiche-tests"
-  (cd "$work/tree" && CARGO_TARGET_DIR="$target" cargo test --locked --lib -q 2>&1) | tee "$work/tests.log" | grep -E '^test result|FAILED|panicked' || true
+  mkdir -p "$target"
+  rm -rf "$target/tree"
+  cp -a "$here/quiche" "$target/tree"
+  (cd "$target/tree" && CARGO_TARGET_DIR="$target" cargo test --locked --lib -q 2>&1) | tee "$work/tests.log" | grep -E '^test result|FAILED|panicked' || true
   if ! grep -q '^test result: ok' "$work/tests.log" || grep -q '^test result: FAILED' "$work/tests.log"; then
     echo "check-quiche: quiche's own tests fail on the patched tree" >&2
     exit 1
