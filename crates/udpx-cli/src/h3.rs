@@ -303,6 +303,16 @@ struct ServeArgs {
     /// /run/udpx/h3-ADDR-PORT.sock as root, else under $XDG_RUNTIME_DIR/udpx or /tmp/udpx-UID.
     #[arg(long, value_name = "PATH|off")]
     upgrade_socket: Option<String>,
+    /// Append the TLS secrets of every new connection, HTTP/3 and HTTPS over TCP, to this file
+    /// (the NSS key log format that SSLKEYLOGFILE names for curl and browsers), so that
+    /// Wireshark or tshark can decrypt a capture: `tshark -r cap.pcapng -o
+    /// tls.keylog_file:FILE`. Whoever reads it can decrypt the captured traffic: it is created
+    /// 0600, and a path that is a symbolic link, someone else's, or readable by others is
+    /// refused. The server warns of it at start and every minute; at most 160 MiB is written
+    /// (later lines are dropped, counted in keylog_dropped). The SSLKEYLOGFILE variable itself
+    /// is ignored (and said so).
+    #[arg(long, value_name = "FILE")]
+    keylog_file: Option<PathBuf>,
     /// Serve Prometheus metrics (`GET /metrics`): each shard's socket and QUIC counters, and
     /// the HTTP responses by status class. A port alone listens on 127.0.0.1; give an address
     /// (0.0.0.0:9100) to let other hosts scrape it.
@@ -920,6 +930,9 @@ fn check_payload(n: usize) -> Result<(), String> {
     Ok(())
 }
 
+/// How often `h3 serve` repeats its warning while the key log is on.
+const KEYLOG_WARNING_EVERY: Duration = Duration::from_secs(60);
+
 fn serve(a: ServeArgs) -> ExitCode {
     let shards = a.shards.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()).min(256));
     if !(1..=256).contains(&shards) {
@@ -949,6 +962,17 @@ fn serve(a: ServeArgs) -> ExitCode {
             }
         }
     };
+    if a.keylog_file.is_none() && std::env::var_os("SSLKEYLOGFILE").is_some() {
+        eprintln!(
+            "udpx h3 serve: SSLKEYLOGFILE is set and ignored: a server writes its TLS secrets only with --keylog-file"
+        );
+    }
+    let keylog =
+        match a.keylog_file.as_deref().map(|p| udpx_quic::KeyLog::open(p, udpx_quic::keylog::DEFAULT_MAX_BYTES)) {
+            None => None,
+            Some(Ok(k)) => Some(k),
+            Some(Err(e)) => return usage(format!("--keylog-file: {e}")),
+        };
     let removed_hosts = udpx_quic::RemovedHosts::default();
     let read_removed = |path: &std::path::Path| -> Result<Vec<u16>, String> {
         std::fs::read_to_string(path)
@@ -1024,6 +1048,7 @@ fn serve(a: ServeArgs) -> ExitCode {
             defer_flush: a.defer_flush == OnOff::On,
             ack_defer: std::time::Duration::from_micros(a.ack_defer),
             removed_hosts: removed_hosts.clone(),
+            keylog,
             ..udpx_quic::HostConfig::server()
         },
     };
@@ -1083,6 +1108,13 @@ fn serve(a: ServeArgs) -> ExitCode {
         if cfg.quic.gro { "on" } else { "off" },
         cfg.quic.host_id
     );
+    let keylog_warning = || {
+        if let Some(k) = server.keylog() {
+            eprintln!("udpx h3 serve: {}", k.warning());
+        }
+    };
+    keylog_warning();
+    let mut keylog_warned = std::time::Instant::now();
     if let Some(t) = server.tcp_addr() {
         eprintln!("udpx h3 serve: also HTTPS over TCP on https://{t} (HTTP/1.1, HTTP/2; alt-svc names the QUIC port)");
     }
@@ -1141,6 +1173,10 @@ fn serve(a: ServeArgs) -> ExitCode {
         |drain: Option<std::time::Instant>| if drain.is_some() { !server.finished() } else { server.is_running() };
     while !signals.stop.load(Ordering::Relaxed) && dur.is_none_or(|d| start.elapsed() < d) && running(drain_started) {
         std::thread::sleep(Duration::from_millis(50));
+        if keylog_warned.elapsed() >= KEYLOG_WARNING_EVERY {
+            keylog_warning();
+            keylog_warned = std::time::Instant::now();
+        }
         if metrics.is_none() && a.upgrade && metrics_tries.elapsed() >= Duration::from_secs(1) {
             metrics_tries = std::time::Instant::now();
             if let Some(Ok(m)) = a.metrics.map(|addr| server.serve_metrics(addr)) {

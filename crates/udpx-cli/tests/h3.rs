@@ -60,6 +60,64 @@ fn bad_input_exits_2_and_says_what_to_change() {
     common::assert_usage_errors(cases);
 }
 
+/// `--keylog-file`: a link is refused; the server warns of the file at start and writes the
+/// secrets of a download into it, created 0600; without the flag the SSLKEYLOGFILE variable
+/// writes nothing, and the server says it ignores it.
+#[test]
+fn keylog_file_is_opt_in_private_and_warned_of() {
+    use std::os::unix::fs::PermissionsExt;
+    let t = tmp("keylog");
+    std::fs::write(t.0.join("www/file"), b"hello").unwrap();
+    let www = t.0.join("www");
+    let www_s = www.to_str().unwrap();
+    let (link, elsewhere) = (t.0.join("link.log"), t.0.join("elsewhere.log"));
+    std::os::unix::fs::symlink(&elsewhere, &link).unwrap();
+    common::assert_usage_errors(&[(&["h3", "serve", www_s, "--keylog-file", link.to_str().unwrap()], "symbolic link")]);
+    assert!(!elsewhere.exists(), "nothing created through the link");
+
+    let env_file = t.0.join("env.log");
+    let o = Command::new(env!("CARGO_BIN_EXE_udpx"))
+        .args(["h3", "serve", www_s, "--listen", "127.0.0.1:0", "--shards", "1", "-l", "1"])
+        .env("SSLKEYLOGFILE", &env_file)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains("SSLKEYLOGFILE is set and ignored"), "{err}");
+    assert!(!err.contains("WARNING: the TLS secrets"), "{err}");
+    assert!(!env_file.exists(), "no key log without --keylog-file");
+
+    let keys = t.0.join("keys.log");
+    let port = std::net::UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let listen = format!("127.0.0.1:{port}");
+    let log = t.0.join("serve.err");
+    let server = ChildGroup::spawn(
+        Command::new(env!("CARGO_BIN_EXE_udpx"))
+            .args(["h3", "serve", www_s, "--listen", &listen, "--shards", "1", "-l", "20"])
+            .arg("--keylog-file")
+            .arg(&keys)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap()),
+    )
+    .unwrap();
+    wait_bound(port);
+    let o = udpx(&["h3", "get", &format!("https://{listen}/file")]);
+    assert!(o.status.success(), "get: {}", String::from_utf8_lossy(&o.stderr));
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(server.id() as i32), nix::sys::signal::Signal::SIGINT).unwrap();
+    let status = server.wait_timeout(Duration::from_secs(15)).unwrap();
+    let err = std::fs::read_to_string(&log).unwrap();
+    assert!(status.is_some_and(|s| s.success()), "{status:?}: {err}");
+    assert!(
+        err.contains(&format!("WARNING: the TLS secrets of every new connection are written to {}", keys.display())),
+        "{err}"
+    );
+    assert_eq!(std::fs::metadata(&keys).unwrap().permissions().mode() & 0o777, 0o600);
+    let lines = std::fs::read_to_string(&keys).unwrap();
+    assert!(lines.lines().any(|l| l.starts_with("CLIENT_TRAFFIC_SECRET_0 ")), "{lines}");
+}
+
 #[test]
 fn serve_as_a_program_for_get_and_gtlsclient() {
     let t = tmp("serve");

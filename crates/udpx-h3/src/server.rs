@@ -32,7 +32,8 @@ pub use crate::tls::{CONNECTION_WINDOW, MAX_FIELD_SECTION, REQUEST_WINDOW};
 #[derive(Debug, Clone)]
 pub struct ServeConfig {
     /// The QUIC host and its shards: address, I/O mode, GRO, shards, host ID, keys, caps,
-    /// burst, coalescing, the deferred flush, zerocopy, removed hosts.
+    /// burst, coalescing, the deferred flush, zerocopy, removed hosts, and the TLS key log
+    /// (`host.keylog`, [`udpx_quic::keylog`]), which the HTTPS-over-TCP listener writes to too.
     pub quic: ServerConfig,
     /// Certificate.
     pub tls: Tls,
@@ -71,7 +72,7 @@ pub struct ServeConfig {
     /// unfinished.
     pub idle_timeout: Duration,
     /// Also serve HTTPS over TCP here (HTTP/1.1 and HTTP/2, see [`crate::tcp`]) with the same
-    /// certificate and rules; its answers' `alt-svc` names the QUIC port: how a browser finds
+    /// certificate, rules and key log; its answers' `alt-svc` names the QUIC port: how a browser finds
     /// HTTP/3. `None` (the default): no TCP.
     pub alt_svc_tcp: Option<SocketAddr>,
     /// The HTTPS-over-TCP listener's bounds: connections at once and per address, the
@@ -207,6 +208,7 @@ pub struct H3Server {
     /// How the shards' quiche configurations are made, for a reload.
     quic_settings: QuicSettings,
     cache: Option<Arc<crate::cache::BlockCache>>,
+    keylog: Option<udpx_quic::KeyLog>,
 }
 
 /// What a shard's quiche configuration is made from, besides the certificate.
@@ -297,7 +299,7 @@ pub fn serve(dir: &Path, cfg: &ServeConfig) -> Result<H3Server, Error> {
                 idle: cfg.idle_timeout,
                 ..cfg.tcp_limits
             };
-            Some(tcp_listener(&mut starting, addr, &files, limits)?)
+            Some(tcp_listener(&mut starting, addr, &files, limits, cfg.quic.host.keylog.clone())?)
         }
         None => None,
     };
@@ -315,7 +317,8 @@ pub fn serve(dir: &Path, cfg: &ServeConfig) -> Result<H3Server, Error> {
         None => None,
     };
     drop(files); // loaded into every configuration: a generated one is removed now
-    Ok(H3Server { server, site, generated_cert: cfg.tls == Tls::SelfSigned, tcp, quic_settings, cache })
+    let keylog = cfg.quic.host.keylog.clone();
+    Ok(H3Server { server, site, generated_cert: cfg.tls == Tls::SelfSigned, tcp, quic_settings, cache, keylog })
 }
 
 /// The HTTPS-over-TCP listener for `addr`: the one the predecessor passed on (an upgrade),
@@ -325,6 +328,7 @@ fn tcp_listener(
     addr: SocketAddr,
     files: &crate::tls::PemFiles,
     limits: crate::tcp::TcpLimits,
+    keylog: Option<udpx_quic::KeyLog>,
 ) -> Result<crate::tcp::PreparedTcp, Error> {
     let mut passed = starting.take_passed();
     let listener = match passed.len() {
@@ -339,7 +343,7 @@ fn tcp_listener(
     let copy = listener.try_clone().map_err(Error::Io)?;
     let at = listener.local_addr().map_err(Error::Io)?;
     starting.pass_on().put(copy.into(), format!("its HTTPS-over-TCP listener on {at}")).map_err(Error::Quic)?;
-    crate::tcp::PreparedTcp::new(listener, &files.cert, &files.key, limits)
+    crate::tcp::PreparedTcp::new(listener, &files.cert, &files.key, limits, keylog)
 }
 
 impl H3Server {
@@ -356,6 +360,11 @@ impl H3Server {
     /// Where HTTPS over TCP listens (`alt_svc_tcp`), if it does.
     pub fn tcp_addr(&self) -> Option<SocketAddr> {
         self.tcp.as_ref().map(TcpServer::local_addr)
+    }
+
+    /// The TLS key log both listeners write to, if on (to warn of it while it is).
+    pub fn keylog(&self) -> Option<&udpx_quic::KeyLog> {
+        self.keylog.as_ref()
     }
 
     /// Whether the certificate was generated (say so to the user).
@@ -388,6 +397,7 @@ impl H3Server {
             site: self.site.clone(),
             tcp: self.tcp.as_ref().map(TcpServer::probe),
             cache: self.cache.clone(),
+            keylog: self.keylog.clone(),
         };
         udpx_metrics::MetricsServer::start(addr, Arc::new(source))
     }
@@ -462,6 +472,7 @@ struct MetricsSource {
     site: Arc<Site>,
     tcp: Option<crate::tcp::TcpProbe>,
     cache: Option<Arc<crate::cache::BlockCache>>,
+    keylog: Option<udpx_quic::KeyLog>,
 }
 
 /// `quic_<name>` for every host count, made once: metric names are `'static` (a bounded set,
@@ -571,6 +582,16 @@ impl udpx_metrics::Source for MetricsSource {
                 h.rejected,
             ),
         ];
+        if let Some(k) = &self.keylog {
+            out.extend([
+                c("keylog_lines", "TLS key log lines written (--keylog-file: both listeners)", k.lines()),
+                c(
+                    "keylog_dropped",
+                    "TLS key log lines dropped: past the file's bound, or a write that failed",
+                    k.dropped(),
+                ),
+            ]);
+        }
         if let Some(k) = self.cache.as_ref().map(|c| c.counters()) {
             out.extend([
                 level("cache_capacity_bytes", "The block cache's bound (--cache-size)", k.capacity),

@@ -179,7 +179,7 @@ impl<A: App> Host<A> {
             }
             None => quiche::accept_with_buf_factory(&scid_ref, None, local, from, &mut self.config),
         };
-        let conn = match conn {
+        let mut conn = match conn {
             Ok(c) => c,
             Err(e) => {
                 self.counters.accept_errors += 1;
@@ -189,6 +189,10 @@ impl<A: App> Host<A> {
         };
         if odcid.is_some() {
             self.counters.validated_by_retry += 1;
+        }
+        // Before its first packet is processed: the handshake's secrets come with it.
+        if let Some(k) = &self.keylog {
+            conn.set_keylog(k.writer());
         }
         let state = self.app.accepted(&conn);
         let deadline = Instant::now() + self.gate.admission.handshake_timeout();

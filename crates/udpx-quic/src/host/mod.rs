@@ -250,6 +250,8 @@ pub struct Host<A: App> {
     admit_until: Option<Instant>,
     /// Where a reloaded configuration is offered, looked at once per turn while running.
     config_swap: Option<Arc<ConfigSwap>>,
+    /// [`HostConfig::keylog`].
+    keylog: Option<crate::keylog::KeyLog>,
 }
 
 impl<A: App> std::fmt::Debug for Host<A> {
@@ -268,7 +270,13 @@ impl<A: App> Host<A> {
     /// A host on `socket` (which must be non-blocking) in `role`: a server accepts connections
     /// with IDs of its host ID and worker; a client only serves those added with
     /// [`Host::connect`]. `settings` is read here, once.
-    pub fn with_config(socket: HostSocket, config: quiche::Config, app: A, role: Role, settings: HostConfig) -> Self {
+    pub fn with_config(
+        socket: HostSocket,
+        mut config: quiche::Config,
+        app: A,
+        role: Role,
+        settings: HostConfig,
+    ) -> Self {
         let (accepting, host_id, worker, shards) = match role {
             Role::Server { host_id, worker, shards } => (true, host_id, worker, shards),
             Role::Client => (false, 0, 0, 1),
@@ -288,7 +296,9 @@ impl<A: App> Host<A> {
             removed_hosts,
             generation,
             generations,
+            keylog,
         } = settings;
+        crate::keylog::KeyLog::prepare(keylog.as_ref(), &mut config);
         Host {
             local: socket.local_addr(),
             socket,
@@ -322,6 +332,7 @@ impl<A: App> Host<A> {
             drain_signal: None,
             admit_until: None,
             config_swap: None,
+            keylog,
         }
     }
 
@@ -412,6 +423,9 @@ impl<A: App> Host<A> {
             None => quiche::connect_with_buffer_factory(server_name, &scid_ref, local, peer, &mut self.config),
         }
         .map_err(|e| Error::Quic("connect", e))?;
+        if let Some(k) = &self.keylog {
+            conn.set_keylog(k.writer());
+        }
         if let Some(s) = session {
             conn.set_session(s).map_err(|e| Error::Quic("resume a session", e))?;
         }
