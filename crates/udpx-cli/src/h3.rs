@@ -313,6 +313,32 @@ struct ServeArgs {
     /// is ignored (and said so).
     #[arg(long, value_name = "FILE")]
     keylog_file: Option<PathBuf>,
+    /// Write a qlog file (JSON-SEQ, for qvis or a script: every packet, loss, window and
+    /// HTTP/3 frame) for each chosen connection into this directory (made 0750 if missing),
+    /// named by the time it began and its connection ID. Chosen: the connections from
+    /// --qlog-peer addresses, and a --qlog-sample fraction of the rest (every one when neither
+    /// is given). Written by a thread of its own through a bounded queue: a shard never waits
+    /// for the disk; a record that finds the queue full is dropped (qlog_dropped). Needs a
+    /// build with `--features qlog`.
+    #[arg(long, value_name = "DIR")]
+    qlog_dir: Option<PathBuf>,
+    /// With --qlog-dir: the fraction of connections logged, 0 to 1 (default: 1 without
+    /// --qlog-peer, 0 with it).
+    #[arg(long, value_name = "F", requires = "qlog_dir")]
+    qlog_sample: Option<f64>,
+    /// With --qlog-dir: log every connection from this address (repeatable): how to take the
+    /// qlog of one viewer.
+    #[arg(long, value_name = "IP", requires = "qlog_dir")]
+    qlog_peer: Vec<std::net::IpAddr>,
+    /// With --qlog-dir: files made at most in the process's life; connections chosen past it
+    /// are not logged (qlog_skipped).
+    #[arg(long, value_name = "N", default_value_t = udpx_quic::qlog::DEFAULT_MAX_FILES,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    qlog_max_files: u64,
+    /// With --qlog-dir: bytes written at most in all (k, M, G); records past it are dropped
+    /// (qlog_dropped).
+    #[arg(long, value_name = "BYTES", default_value = "1G", value_parser = util::parse_size_arg)]
+    qlog_max_bytes: u64,
     /// Serve Prometheus metrics (`GET /metrics`): each shard's socket and QUIC counters, and
     /// the HTTP responses by status class. A port alone listens on 127.0.0.1; give an address
     /// (0.0.0.0:9100) to let other hosts scrape it.
@@ -973,6 +999,25 @@ fn serve(a: ServeArgs) -> ExitCode {
             Some(Ok(k)) => Some(k),
             Some(Err(e)) => return usage(format!("--keylog-file: {e}")),
         };
+    let qlog_cfg = match &a.qlog_dir {
+        None => None,
+        Some(dir) => {
+            let mut q = udpx_quic::QlogConfig::new(dir.clone());
+            q.policy = udpx_quic::QlogPolicy {
+                sample: a.qlog_sample.unwrap_or(if a.qlog_peer.is_empty() { 1.0 } else { 0.0 }),
+                peers: a.qlog_peer.clone(),
+            };
+            q.max_files = a.qlog_max_files;
+            q.max_bytes = a.qlog_max_bytes;
+            if let Err(e) = q.policy.check() {
+                return usage(e);
+            }
+            if !udpx_quic::qlog::AVAILABLE {
+                return usage("--qlog-dir: this udpx was built without qlog; build it with `--features qlog`");
+            }
+            Some(q)
+        }
+    };
     let removed_hosts = udpx_quic::RemovedHosts::default();
     let read_removed = |path: &std::path::Path| -> Result<Vec<u16>, String> {
         std::fs::read_to_string(path)
@@ -1052,7 +1097,7 @@ fn serve(a: ServeArgs) -> ExitCode {
             ..udpx_quic::HostConfig::server()
         },
     };
-    let cfg = ServeConfig {
+    let mut cfg = ServeConfig {
         quic,
         tls,
         max_udp_payload: a.max_udp_payload,
@@ -1084,6 +1129,12 @@ fn serve(a: ServeArgs) -> ExitCode {
     let exe = std::env::current_exe().ok();
     let reload = crate::util::reload_signals();
     let signals = crate::util::graceful_signals();
+    // The qlog writer's thread after the signals are blocked: it inherits the mask (a thread
+    // that did not would take SIGINT's default action and end the process).
+    match qlog_cfg.as_ref().map(udpx_quic::Qlog::start).transpose() {
+        Ok(q) => cfg.quic.host.qlog = q,
+        Err(e) => return usage(format!("--qlog-dir: {e}")),
+    }
     let drain_timeout = Duration::from_secs(a.drain_timeout);
     let server = match udpx_h3::serve(&a.dir, &cfg) {
         Ok(s) => s,
@@ -1114,6 +1165,22 @@ fn serve(a: ServeArgs) -> ExitCode {
         }
     };
     keylog_warning();
+    if let Some(q) = server.qlog() {
+        let p = q.policy();
+        eprintln!(
+            "udpx h3 serve: qlog of {} into {} (at most {} files, {} bytes)",
+            if p.peers.is_empty() {
+                format!("{:.3} % of connections", p.sample * 100.0)
+            } else if p.sample <= 0.0 {
+                format!("the connections from {:?}", p.peers)
+            } else {
+                format!("the connections from {:?} and {:.3} % of the others", p.peers, p.sample * 100.0)
+            },
+            q.dir().display(),
+            a.qlog_max_files,
+            a.qlog_max_bytes
+        );
+    }
     let mut keylog_warned = std::time::Instant::now();
     if let Some(t) = server.tcp_addr() {
         eprintln!("udpx h3 serve: also HTTPS over TCP on https://{t} (HTTP/1.1, HTTP/2; alt-svc names the QUIC port)");

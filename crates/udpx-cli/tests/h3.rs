@@ -53,11 +53,41 @@ fn bad_input_exits_2_and_says_what_to_change() {
         (&["h3", "serve", www, "--cache-size", "lots"], "--cache-size"),
         (&["h3", "serve", www, "--cors", "player.example"], "as a browser sends it"),
         (&["h3", "serve", www, "--cors", "*", "--cors", "https://a.example"], "give * alone"),
+        (&["h3", "serve", www, "--qlog-sample", "0.5"], "--qlog-dir"),
+        (&["h3", "serve", www, "--qlog-dir", "/nonexistent-udpx-dir/q", "--qlog-sample", "2"], "give 0 to 1"),
+        #[cfg(not(feature = "qlog"))]
+        (&["h3", "serve", www, "--qlog-dir", "/nonexistent-udpx-dir/q"], "--features qlog"),
         (&["h3", "get", "http://127.0.0.1/"], "https://"),
         (&["h3", "get", "https://127.0.0.1:99999/"], "port"),
         (&["h3", "get", "https://127.0.0.1:1/", "-o", "/nonexistent-dir/x"], "output file"),
     ];
     common::assert_usage_errors(cases);
+}
+
+/// `udpx h3 serve` of `t`'s `www` with `args`, one shard, on a free port: one `udpx h3 get` of
+/// `/file` once it listens, then SIGINT; its standard output and error (the test fails unless
+/// the get and the server succeed).
+fn serve_one_get(t: &Tmp, args: &[&std::ffi::OsStr]) -> (String, String) {
+    let port = std::net::UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let listen = format!("127.0.0.1:{port}");
+    let (out, log) = (t.0.join("serve.out"), t.0.join("serve.err"));
+    let server = ChildGroup::spawn(
+        Command::new(env!("CARGO_BIN_EXE_udpx"))
+            .args(["h3", "serve", t.0.join("www").to_str().unwrap(), "--listen", &listen, "--shards", "1", "-l", "20"])
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(std::fs::File::create(&out).unwrap())
+            .stderr(std::fs::File::create(&log).unwrap()),
+    )
+    .unwrap();
+    wait_bound(port);
+    let o = udpx(&["h3", "get", &format!("https://{listen}/file")]);
+    assert!(o.status.success(), "get: {}", String::from_utf8_lossy(&o.stderr));
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(server.id() as i32), nix::sys::signal::Signal::SIGINT).unwrap();
+    let status = server.wait_timeout(Duration::from_secs(15)).unwrap();
+    let err = std::fs::read_to_string(&log).unwrap();
+    assert!(status.is_some_and(|s| s.success()), "{status:?}: {err}");
+    (std::fs::read_to_string(&out).unwrap(), err)
 }
 
 /// `--keylog-file`: a link is refused; the server warns of the file at start and writes the
@@ -89,26 +119,7 @@ fn keylog_file_is_opt_in_private_and_warned_of() {
     assert!(!env_file.exists(), "no key log without --keylog-file");
 
     let keys = t.0.join("keys.log");
-    let port = std::net::UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let listen = format!("127.0.0.1:{port}");
-    let log = t.0.join("serve.err");
-    let server = ChildGroup::spawn(
-        Command::new(env!("CARGO_BIN_EXE_udpx"))
-            .args(["h3", "serve", www_s, "--listen", &listen, "--shards", "1", "-l", "20"])
-            .arg("--keylog-file")
-            .arg(&keys)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap()),
-    )
-    .unwrap();
-    wait_bound(port);
-    let o = udpx(&["h3", "get", &format!("https://{listen}/file")]);
-    assert!(o.status.success(), "get: {}", String::from_utf8_lossy(&o.stderr));
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(server.id() as i32), nix::sys::signal::Signal::SIGINT).unwrap();
-    let status = server.wait_timeout(Duration::from_secs(15)).unwrap();
-    let err = std::fs::read_to_string(&log).unwrap();
-    assert!(status.is_some_and(|s| s.success()), "{status:?}: {err}");
+    let (_, err) = serve_one_get(&t, &["--keylog-file".as_ref(), keys.as_os_str()]);
     assert!(
         err.contains(&format!("WARNING: the TLS secrets of every new connection are written to {}", keys.display())),
         "{err}"
@@ -116,6 +127,25 @@ fn keylog_file_is_opt_in_private_and_warned_of() {
     assert_eq!(std::fs::metadata(&keys).unwrap().permissions().mode() & 0o777, 0o600);
     let lines = std::fs::read_to_string(&keys).unwrap();
     assert!(lines.lines().any(|l| l.starts_with("CLIENT_TRAFFIC_SECRET_0 ")), "{lines}");
+}
+
+/// `--qlog-dir` with `--qlog-peer`: the named address's download gets its file, the server
+/// says what it logs, and the final counters count it (a build with the feature `qlog`).
+#[cfg(feature = "qlog")]
+#[test]
+fn qlog_of_one_viewer() {
+    let t = tmp("qlog");
+    std::fs::write(t.0.join("www/file"), vec![7u8; 100_000]).unwrap();
+    let qdir = t.0.join("qlog");
+    let (out, err) =
+        serve_one_get(&t, &["--qlog-peer".as_ref(), "127.0.0.1".as_ref(), "--qlog-dir".as_ref(), qdir.as_os_str()]);
+    assert!(err.contains("qlog of the connections from [127.0.0.1]"), "{err}");
+    let json: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(json["h3_serve"]["qlog"]["files"], 1, "{json}");
+    let files: Vec<_> = std::fs::read_dir(&qdir).unwrap().map(|e| e.unwrap().path()).collect();
+    assert_eq!(files.len(), 1, "{files:?}");
+    let text = std::fs::read_to_string(&files[0]).unwrap();
+    assert!(text.starts_with('\u{1e}') && text.contains("packet_sent"), "{}", &text[..text.len().min(300)]);
 }
 
 #[test]

@@ -32,8 +32,9 @@ pub use crate::tls::{CONNECTION_WINDOW, MAX_FIELD_SECTION, REQUEST_WINDOW};
 #[derive(Debug, Clone)]
 pub struct ServeConfig {
     /// The QUIC host and its shards: address, I/O mode, GRO, shards, host ID, keys, caps,
-    /// burst, coalescing, the deferred flush, zerocopy, removed hosts, and the TLS key log
-    /// (`host.keylog`, [`udpx_quic::keylog`]), which the HTTPS-over-TCP listener writes to too.
+    /// burst, coalescing, the deferred flush, zerocopy, removed hosts, the TLS key log
+    /// (`host.keylog`, [`udpx_quic::keylog`]), which the HTTPS-over-TCP listener writes to too,
+    /// and qlog (`host.qlog`, [`udpx_quic::qlog`]: needs the feature `qlog`).
     pub quic: ServerConfig,
     /// Certificate.
     pub tls: Tls,
@@ -196,6 +197,8 @@ pub struct ServeCounters {
     pub tcp: Option<crate::tcp::TcpSnapshot>,
     /// The block cache (`cache_size`), if on.
     pub cache: Option<crate::cache::CacheCounters>,
+    /// The qlog writer (`quic.host.qlog`), if on.
+    pub qlog: Option<udpx_quic::qlog::QlogCounters>,
 }
 
 /// A running server.
@@ -209,6 +212,7 @@ pub struct H3Server {
     quic_settings: QuicSettings,
     cache: Option<Arc<crate::cache::BlockCache>>,
     keylog: Option<udpx_quic::KeyLog>,
+    qlog: Option<udpx_quic::Qlog>,
 }
 
 /// What a shard's quiche configuration is made from, besides the certificate.
@@ -250,6 +254,13 @@ pub fn serve(dir: &Path, cfg: &ServeConfig) -> Result<H3Server, Error> {
     let site2 = site.clone();
     let max = cfg.max_udp_payload;
     cfg.quic.check().map_err(|e| Error::Usage(e.to_string()))?;
+    if cfg.quic.host.qlog.is_some() && !udpx_quic::qlog::AVAILABLE {
+        return Err(Error::Usage(
+            "--qlog-dir: this udpx was built without qlog; build it with `--features qlog` (quiche's qlog costs an \
+             allocation per packet sent even when no connection logs)"
+                .into(),
+        ));
+    }
     if cfg.max_open_per_conn == 0 || cfg.max_open_per_shard == 0 || cfg.max_open_per_addr == 0 {
         return Err(Error::Usage(
             "--max-open-per-conn, --max-open-per-addr, --max-open-per-shard: give each at least 1".into(),
@@ -317,8 +328,8 @@ pub fn serve(dir: &Path, cfg: &ServeConfig) -> Result<H3Server, Error> {
         None => None,
     };
     drop(files); // loaded into every configuration: a generated one is removed now
-    let keylog = cfg.quic.host.keylog.clone();
-    Ok(H3Server { server, site, generated_cert: cfg.tls == Tls::SelfSigned, tcp, quic_settings, cache, keylog })
+    let (keylog, qlog) = (cfg.quic.host.keylog.clone(), cfg.quic.host.qlog.clone());
+    Ok(H3Server { server, site, generated_cert: cfg.tls == Tls::SelfSigned, tcp, quic_settings, cache, keylog, qlog })
 }
 
 /// The HTTPS-over-TCP listener for `addr`: the one the predecessor passed on (an upgrade),
@@ -367,6 +378,11 @@ impl H3Server {
         self.keylog.as_ref()
     }
 
+    /// The qlog writer, if on (to change which connections it logs: [`udpx_quic::Qlog::set_policy`]).
+    pub fn qlog(&self) -> Option<&udpx_quic::Qlog> {
+        self.qlog.as_ref()
+    }
+
     /// Whether the certificate was generated (say so to the user).
     pub fn generated_cert(&self) -> bool {
         self.generated_cert
@@ -379,6 +395,7 @@ impl H3Server {
             http: self.site.counters(),
             tcp: self.tcp.as_ref().map(TcpServer::counters),
             cache: self.cache.as_ref().map(|c| c.counters()),
+            qlog: self.qlog.as_ref().map(udpx_quic::Qlog::counters),
         }
     }
 
@@ -398,6 +415,7 @@ impl H3Server {
             tcp: self.tcp.as_ref().map(TcpServer::probe),
             cache: self.cache.clone(),
             keylog: self.keylog.clone(),
+            qlog: self.qlog.clone(),
         };
         udpx_metrics::MetricsServer::start(addr, Arc::new(source))
     }
@@ -456,7 +474,18 @@ impl H3Server {
         if let Err(e) = self.site.flush_log() {
             log::warn!("udpx-h3: {e}");
         }
-        Ok(ServeCounters { quic, http: self.site.counters(), tcp, cache: self.cache.as_ref().map(|c| c.counters()) })
+        // The shards are gone, and with them every connection's qlog writer: what they queued
+        // is written now.
+        if let Some(Err(e)) = self.qlog.as_ref().map(udpx_quic::Qlog::flush) {
+            log::warn!("udpx-h3: {e}");
+        }
+        Ok(ServeCounters {
+            quic,
+            http: self.site.counters(),
+            tcp,
+            cache: self.cache.as_ref().map(|c| c.counters()),
+            qlog: self.qlog.as_ref().map(udpx_quic::Qlog::counters),
+        })
     }
 
     /// Waits (5 s at most) until the access log holds the line of every response finished so
@@ -473,6 +502,7 @@ struct MetricsSource {
     tcp: Option<crate::tcp::TcpProbe>,
     cache: Option<Arc<crate::cache::BlockCache>>,
     keylog: Option<udpx_quic::KeyLog>,
+    qlog: Option<udpx_quic::Qlog>,
 }
 
 /// `quic_<name>` for every host count, made once: metric names are `'static` (a bounded set,
@@ -590,6 +620,21 @@ impl udpx_metrics::Source for MetricsSource {
                     "TLS key log lines dropped: past the file's bound, or a write that failed",
                     k.dropped(),
                 ),
+            ]);
+        }
+        if let Some(q) = self.qlog.as_ref().map(udpx_quic::Qlog::counters) {
+            out.extend([
+                c("qlog_files", "Connections logged to a qlog file (--qlog-dir)", q.files),
+                c("qlog_skipped", "Connections chosen for qlog but not logged: --qlog-max-files reached", q.skipped),
+                c("qlog_records", "qlog records queued for the files", q.records),
+                c(
+                    "qlog_dropped",
+                    "qlog records dropped: the writer's queue full (the shard never waits), --qlog-max-bytes reached, \
+                     or a record over 64 KiB",
+                    q.dropped,
+                ),
+                c("qlog_bytes", "qlog bytes queued for the files", q.bytes),
+                c("qlog_write_errors", "qlog writes that failed (disk full, directory gone)", q.write_errors),
             ]);
         }
         if let Some(k) = self.cache.as_ref().map(|c| c.counters()) {

@@ -47,6 +47,7 @@ pub mod initial;
 pub mod io;
 pub mod keylog;
 pub mod pacing;
+pub mod qlog;
 pub mod ready;
 pub mod records;
 pub mod reset;
@@ -67,6 +68,7 @@ pub use host::{App, Burst, Host, HostConfig, HostSocket, Role, Until, QUANTUM_PA
 pub use io::{IoMode, Zerocopy};
 pub use keylog::KeyLog;
 pub use pacing::{pacing_for, Pacing, PACING_SLACK};
+pub use qlog::{Qlog, QlogConfig, QlogPolicy};
 pub use reset::{RemovedHosts, ResetKey};
 pub use server::{client_socket, socket_config, Server, ServerConfig, ServerProbe, ShardSample, Starting};
 pub use table::Slot;

@@ -6,6 +6,7 @@ use std::time::Duration;
 use crate::admission::Limits;
 use crate::keylog::KeyLog;
 use crate::pacing::Pacing;
+use crate::qlog::Qlog;
 use crate::reset::{LiveGenerations, RemovedHosts};
 use crate::token::ServiceKeys;
 
@@ -65,11 +66,16 @@ pub struct HostConfig {
     /// with, and gives each new connection a writer before its first packet. `None` (the
     /// default): nothing is logged, and `log_keys` stays off.
     pub keylog: Option<KeyLog>,
+    /// Where the qlog of the connections its policy chooses goes (`--qlog-dir`; see
+    /// [`crate::qlog`]): each chosen connection gets a writer at admission, before its first
+    /// packet. Needs the feature `qlog` (without it nothing is logged: [`crate::qlog::AVAILABLE`]
+    /// says so, and `udpx_h3::serve` refuses the setting). `None` (the default): nothing.
+    pub qlog: Option<Qlog>,
 }
 
 impl Default for HostConfig {
     /// A client's: own keys, default limits, quiche's quantum, no coalescing, no deferred
-    /// flush, no acknowledgement-clocked deferral, paced by holding packets, no key log.
+    /// flush, no acknowledgement-clocked deferral, paced by holding packets, no key log, no qlog.
     fn default() -> HostConfig {
         HostConfig {
             keys: None,
@@ -83,6 +89,7 @@ impl Default for HostConfig {
             generation: 0,
             generations: LiveGenerations::default(),
             keylog: None,
+            qlog: None,
         }
     }
 }

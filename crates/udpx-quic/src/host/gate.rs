@@ -12,6 +12,8 @@
 //!   removed host), with the service's shared key, rate-limited ([`crate::reset`]).
 //! - Connection IDs offered to established connections, and the session ticket key of the
 //!   period in force.
+//! - A new connection's key log and qlog writers ([`crate::keylog`], [`crate::qlog`]), set
+//!   before its first packet is processed.
 
 use std::net::SocketAddr;
 use std::time::{Instant, SystemTime};
@@ -193,6 +195,10 @@ impl<A: App> Host<A> {
         // Before its first packet is processed: the handshake's secrets come with it.
         if let Some(k) = &self.keylog {
             conn.set_keylog(k.writer());
+        }
+        #[cfg(feature = "qlog")]
+        if let Some(w) = self.qlog.as_ref().and_then(|q| q.writer_for(from, &scid, now)) {
+            conn.set_qlog(w, "udpx".into(), format!("server connection from {from}"));
         }
         let state = self.app.accepted(&conn);
         let deadline = Instant::now() + self.gate.admission.handshake_timeout();

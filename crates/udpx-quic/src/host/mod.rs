@@ -252,6 +252,9 @@ pub struct Host<A: App> {
     config_swap: Option<Arc<ConfigSwap>>,
     /// [`HostConfig::keylog`].
     keylog: Option<crate::keylog::KeyLog>,
+    /// [`HostConfig::qlog`] (read only with the feature `qlog`).
+    #[cfg_attr(not(feature = "qlog"), allow(dead_code))]
+    qlog: Option<crate::qlog::Qlog>,
 }
 
 impl<A: App> std::fmt::Debug for Host<A> {
@@ -297,6 +300,7 @@ impl<A: App> Host<A> {
             generation,
             generations,
             keylog,
+            qlog,
         } = settings;
         crate::keylog::KeyLog::prepare(keylog.as_ref(), &mut config);
         Host {
@@ -333,6 +337,7 @@ impl<A: App> Host<A> {
             admit_until: None,
             config_swap: None,
             keylog,
+            qlog,
         }
     }
 
