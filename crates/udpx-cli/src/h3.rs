@@ -330,6 +330,12 @@ struct ServeArgs {
     /// qlog of one viewer.
     #[arg(long, value_name = "IP", requires = "qlog_dir")]
     qlog_peer: Vec<std::net::IpAddr>,
+    /// With --qlog-dir: a file of addresses to log every connection of, besides --qlog-peer
+    /// (separated by commas, spaces or lines; `#` comments; it must end with a newline: publish
+    /// it by rename), read at start and again on SIGHUP: start or stop following a viewer
+    /// without a restart.
+    #[arg(long, value_name = "FILE", requires = "qlog_dir")]
+    qlog_peers: Option<PathBuf>,
     /// With --qlog-dir: files made at most in the process's life; connections chosen past it
     /// are not logged (qlog_skipped).
     #[arg(long, value_name = "N", default_value_t = udpx_quic::qlog::DEFAULT_MAX_FILES,
@@ -999,13 +1005,28 @@ fn serve(a: ServeArgs) -> ExitCode {
             Some(Ok(k)) => Some(k),
             Some(Err(e)) => return usage(format!("--keylog-file: {e}")),
         };
+    // The addresses of --qlog-peer and of the --qlog-peers file (read again on SIGHUP).
+    let qlog_peers = |path: Option<&std::path::Path>| -> Result<Vec<std::net::IpAddr>, String> {
+        let mut peers = a.qlog_peer.clone();
+        if let Some(p) = path {
+            let text = std::fs::read_to_string(p).map_err(|e| format!("--qlog-peers {}: {e}", p.display()))?;
+            peers.extend(
+                udpx_quic::QlogPolicy::parse_peers(&text).map_err(|e| format!("--qlog-peers {}: {e}", p.display()))?,
+            );
+        }
+        Ok(peers)
+    };
     let qlog_cfg = match &a.qlog_dir {
         None => None,
         Some(dir) => {
             let mut q = udpx_quic::QlogConfig::new(dir.clone());
+            let named = !a.qlog_peer.is_empty() || a.qlog_peers.is_some();
             q.policy = udpx_quic::QlogPolicy {
-                sample: a.qlog_sample.unwrap_or(if a.qlog_peer.is_empty() { 1.0 } else { 0.0 }),
-                peers: a.qlog_peer.clone(),
+                sample: a.qlog_sample.unwrap_or(if named { 0.0 } else { 1.0 }),
+                peers: match qlog_peers(a.qlog_peers.as_deref()) {
+                    Ok(p) => p,
+                    Err(e) => return usage(e),
+                },
             };
             q.max_files = a.qlog_max_files;
             q.max_bytes = a.qlog_max_bytes;
@@ -1288,7 +1309,8 @@ fn serve(a: ServeArgs) -> ExitCode {
                 n.reloading();
             }
             // What SIGHUP reads again: the certificate and key (a file that does not load
-            // keeps the one in force) and the removed hosts (a bad file keeps the old set).
+            // keeps the one in force), the removed hosts and the qlog peers (a bad file keeps
+            // the old set).
             if let udpx_h3::Tls::Files { cert, key } = &cfg.tls {
                 match server.reload_tls() {
                     Ok(()) => eprintln!(
@@ -1307,10 +1329,19 @@ fn serve(a: ServeArgs) -> ExitCode {
                 Some(Err(e)) => {
                     eprintln!("udpx h3 serve: SIGHUP: {e}; the removed hosts stay {:?}", removed_hosts.list())
                 }
-                None if cfg.tls == udpx_h3::Tls::SelfSigned => {
-                    eprintln!("udpx h3 serve: SIGHUP: nothing to read again (no --cert/--key, no --removed-hosts)")
-                }
+                None if cfg.tls == udpx_h3::Tls::SelfSigned && a.qlog_peers.is_none() => eprintln!(
+                    "udpx h3 serve: SIGHUP: nothing to read again (no --cert/--key, no --removed-hosts, no --qlog-peers)"
+                ),
                 None => {}
+            }
+            if let (Some(q), Some(path)) = (server.qlog(), a.qlog_peers.as_deref()) {
+                let now = q.policy();
+                match qlog_peers(Some(path))
+                    .and_then(|peers| q.set_policy(udpx_quic::QlogPolicy { peers, ..now.clone() }))
+                {
+                    Ok(()) => eprintln!("udpx h3 serve: SIGHUP: qlog peers now {:?}", q.policy().peers),
+                    Err(e) => eprintln!("udpx h3 serve: SIGHUP: {e}; the qlog peers stay {:?}", now.peers),
+                }
             }
             notify(&ready);
         }

@@ -64,10 +64,14 @@ fn bad_input_exits_2_and_says_what_to_change() {
     common::assert_usage_errors(cases);
 }
 
-/// `udpx h3 serve` of `t`'s `www` with `args`, one shard, on a free port: one `udpx h3 get` of
-/// `/file` once it listens, then SIGINT; its standard output and error (the test fails unless
-/// the get and the server succeed).
-fn serve_one_get(t: &Tmp, args: &[&std::ffi::OsStr]) -> (String, String) {
+/// `udpx h3 serve` of `t`'s `www` with `args`, one shard, on a free port: `during` with its
+/// address, its pid and its standard error's file once it listens, then SIGINT; its standard
+/// output and error (the test fails unless the server exits 0).
+fn serve_while(
+    t: &Tmp,
+    args: &[&std::ffi::OsStr],
+    during: impl FnOnce(&str, u32, &std::path::Path),
+) -> (String, String) {
     let port = std::net::UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let listen = format!("127.0.0.1:{port}");
     let (out, log) = (t.0.join("serve.out"), t.0.join("serve.err"));
@@ -81,13 +85,23 @@ fn serve_one_get(t: &Tmp, args: &[&std::ffi::OsStr]) -> (String, String) {
     )
     .unwrap();
     wait_bound(port);
-    let o = udpx(&["h3", "get", &format!("https://{listen}/file")]);
-    assert!(o.status.success(), "get: {}", String::from_utf8_lossy(&o.stderr));
+    during(&listen, server.id(), &log);
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(server.id() as i32), nix::sys::signal::Signal::SIGINT).unwrap();
     let status = server.wait_timeout(Duration::from_secs(15)).unwrap();
     let err = std::fs::read_to_string(&log).unwrap();
     assert!(status.is_some_and(|s| s.success()), "{status:?}: {err}");
     (std::fs::read_to_string(&out).unwrap(), err)
+}
+
+/// One `udpx h3 get` of `/file` from the server at `listen` (the test fails unless it succeeds).
+fn get_file(listen: &str) {
+    let o = udpx(&["h3", "get", &format!("https://{listen}/file")]);
+    assert!(o.status.success(), "get: {}", String::from_utf8_lossy(&o.stderr));
+}
+
+/// [`serve_while`] one [`get_file`].
+fn serve_one_get(t: &Tmp, args: &[&std::ffi::OsStr]) -> (String, String) {
+    serve_while(t, args, |listen, _, _| get_file(listen))
 }
 
 /// `--keylog-file`: a link is refused; the server warns of the file at start and writes the
@@ -146,6 +160,33 @@ fn qlog_of_one_viewer() {
     assert_eq!(files.len(), 1, "{files:?}");
     let text = std::fs::read_to_string(&files[0]).unwrap();
     assert!(text.starts_with('\u{1e}') && text.contains("packet_sent"), "{}", &text[..text.len().min(300)]);
+}
+
+/// `--qlog-peers FILE` read again on SIGHUP: a viewer not named gets no file; named in the
+/// file, then SIGHUP, its next connection gets one (a build with the feature `qlog`).
+#[cfg(feature = "qlog")]
+#[test]
+fn sighup_reads_the_qlog_peers_again() {
+    let t = tmp("qlog-hup");
+    std::fs::write(t.0.join("www/file"), b"hello").unwrap();
+    let (qdir, peers) = (t.0.join("qlog"), t.0.join("peers"));
+    std::fs::write(&peers, "127.0.0.2 # another viewer\n").unwrap();
+    let args = ["--qlog-peers".as_ref(), peers.as_os_str(), "--qlog-dir".as_ref(), qdir.as_os_str()];
+    let (out, err) = serve_while(&t, &args, |listen, pid, log| {
+        get_file(listen);
+        std::fs::write(&peers, "127.0.0.2\n127.0.0.1\n").unwrap();
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), nix::sys::signal::Signal::SIGHUP).unwrap();
+        let start = Instant::now();
+        while !std::fs::read_to_string(log).unwrap_or_default().contains("SIGHUP: qlog peers now") {
+            assert!(start.elapsed() < Duration::from_secs(10), "no SIGHUP line");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        get_file(listen);
+    });
+    assert!(err.contains("SIGHUP: qlog peers now [127.0.0.2, 127.0.0.1]"), "{err}");
+    let json: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(json["h3_serve"]["qlog"]["files"], 1, "the second connection only: {json}");
+    assert_eq!(std::fs::read_dir(&qdir).unwrap().count(), 1);
 }
 
 #[test]

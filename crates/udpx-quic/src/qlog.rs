@@ -304,6 +304,13 @@ impl Drop for QlogHold {
 }
 
 impl QlogPolicy {
+    /// The addresses of a peers file (`--qlog-peers`): IPv4 or IPv6 addresses separated by
+    /// commas, white space or lines, `#` comments; the file must end with a newline (one that
+    /// does not may be half-written, and is refused).
+    pub fn parse_peers(text: &str) -> Result<Vec<IpAddr>, String> {
+        crate::reset::list_file(text, |w| w.parse().map_err(|_| format!("{w:?} is not an IP address")))
+    }
+
     /// Refuses a sample outside 0 to 1, saying so.
     pub fn check(&self) -> Result<(), String> {
         if !(0.0..=1.0).contains(&self.sample) {
@@ -462,6 +469,10 @@ mod tests {
         let c = q.counters();
         assert_eq!((c.files, c.skipped, c.records, c.dropped, c.bytes), (2, 1, 3, 1, 27));
         assert!(q.set_policy(QlogPolicy { sample: 1.5, peers: vec![] }).unwrap_err().contains("0 to 1"));
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        assert_eq!(QlogPolicy::parse_peers("192.0.2.7, ::1 # a viewer\n").unwrap(), [ip("192.0.2.7"), ip("::1")]);
+        assert!(QlogPolicy::parse_peers("192.0.2.7").unwrap_err().contains("newline"));
+        assert!(QlogPolicy::parse_peers("192.0.2\n").unwrap_err().contains("not an IP address"));
         let _ = std::fs::remove_dir_all(&d);
     }
 }
