@@ -13,6 +13,10 @@
 #     Debian's package also enables a system service on port 80 where systemd runs)
 #   - chromium: the first real client of `udpx h3 serve` (crates/udpx-h3/tests/browser.rs runs
 #     it headless: a page over HTTP/3, and Alt-Svc discovery from HTTPS over TCP)
+#   - tshark (Wireshark's command line; dumpcap comes with it): crates/udpx-h3/tests/keylog.rs
+#     captures a download on loopback and decrypts it with the server's key log
+#     (`--keylog-file`); installed without the setuid dumpcap (debconf answered first), the
+#     tests capture as root
 #   - cargo-fuzz (from crates.io): the fuzz targets under fuzz/, run by scripts/fuzz.sh
 #   - udpx-quicgo-load: the independent load client (peers/quicgo-load: our Go program on
 #     quic-go from the Go module proxy, versions pinned by its go.sum), built with the machine's
@@ -33,6 +37,7 @@ command -v gtlsserver >/dev/null 2>&1 || need+=(ngtcp2-server)
 command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || need+=(nginx)
 command -v curl  >/dev/null 2>&1 || need+=(curl)
 command -v chromium >/dev/null 2>&1 || need+=(chromium)
+command -v tshark >/dev/null 2>&1 || need+=(tshark)
 
 if [ "${#need[@]}" -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then
@@ -40,6 +45,8 @@ if [ "${#need[@]}" -gt 0 ]; then
   else
     echo "setup: installing ${need[*]} from Debian packages" >&2
     export DEBIAN_FRONTEND=noninteractive
+    # wireshark-common asks whether non-root users may capture (a setuid dumpcap): no.
+    echo "wireshark-common wireshark-common/install-setuid boolean false" | debconf-set-selections
     apt-get update -qq >/dev/null
     apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
   fi

@@ -303,6 +303,48 @@ struct ServeArgs {
     /// /run/udpx/h3-ADDR-PORT.sock as root, else under $XDG_RUNTIME_DIR/udpx or /tmp/udpx-UID.
     #[arg(long, value_name = "PATH|off")]
     upgrade_socket: Option<String>,
+    /// Append the TLS secrets of every new connection, HTTP/3 and HTTPS over TCP, to this file
+    /// (the NSS key log format that SSLKEYLOGFILE names for curl and browsers), so that
+    /// Wireshark or tshark can decrypt a capture: `tshark -r cap.pcapng -o
+    /// tls.keylog_file:FILE`. Whoever reads it can decrypt the captured traffic: it is created
+    /// 0600, and a path that is a symbolic link, someone else's, or readable by others is
+    /// refused. The server warns of it at start and every minute; at most 160 MiB is written
+    /// (later lines are dropped, counted in keylog_dropped). The SSLKEYLOGFILE variable itself
+    /// is ignored (and said so).
+    #[arg(long, value_name = "FILE")]
+    keylog_file: Option<PathBuf>,
+    /// Write a qlog file (JSON-SEQ, for qvis or a script: every packet, loss, window and
+    /// HTTP/3 frame) for each chosen connection into this directory (made 0750 if missing),
+    /// named by the time it began and its connection ID. Chosen: the connections from
+    /// --qlog-peer addresses, and a --qlog-sample fraction of the rest (every one when neither
+    /// is given). Written by a thread of its own through a bounded queue: a shard never waits
+    /// for the disk; a record that finds the queue full is dropped (qlog_dropped). Needs a
+    /// build with `--features qlog`.
+    #[arg(long, value_name = "DIR")]
+    qlog_dir: Option<PathBuf>,
+    /// With --qlog-dir: the fraction of connections logged, 0 to 1 (default: 1 without
+    /// --qlog-peer, 0 with it).
+    #[arg(long, value_name = "F", requires = "qlog_dir")]
+    qlog_sample: Option<f64>,
+    /// With --qlog-dir: log every connection from this address (repeatable): how to take the
+    /// qlog of one viewer.
+    #[arg(long, value_name = "IP", requires = "qlog_dir")]
+    qlog_peer: Vec<std::net::IpAddr>,
+    /// With --qlog-dir: a file of addresses to log every connection of, besides --qlog-peer
+    /// (separated by commas, spaces or lines; `#` comments; it must end with a newline: publish
+    /// it by rename), read at start and again on SIGHUP: start or stop following a viewer
+    /// without a restart.
+    #[arg(long, value_name = "FILE", requires = "qlog_dir")]
+    qlog_peers: Option<PathBuf>,
+    /// With --qlog-dir: files made at most in the process's life; connections chosen past it
+    /// are not logged (qlog_skipped).
+    #[arg(long, value_name = "N", default_value_t = udpx_quic::qlog::DEFAULT_MAX_FILES,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    qlog_max_files: u64,
+    /// With --qlog-dir: bytes written at most in all (k, M, G); records past it are dropped
+    /// (qlog_dropped).
+    #[arg(long, value_name = "BYTES", default_value = "1G", value_parser = util::parse_size_arg)]
+    qlog_max_bytes: u64,
     /// Serve Prometheus metrics (`GET /metrics`): each shard's socket and QUIC counters, and
     /// the HTTP responses by status class. A port alone listens on 127.0.0.1; give an address
     /// (0.0.0.0:9100) to let other hosts scrape it.
@@ -920,6 +962,9 @@ fn check_payload(n: usize) -> Result<(), String> {
     Ok(())
 }
 
+/// How often `h3 serve` repeats its warning while the key log is on.
+const KEYLOG_WARNING_EVERY: Duration = Duration::from_secs(60);
+
 fn serve(a: ServeArgs) -> ExitCode {
     let shards = a.shards.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()).min(256));
     if !(1..=256).contains(&shards) {
@@ -947,6 +992,51 @@ fn serve(a: ServeArgs) -> ExitCode {
                 Ok(secret) => Some(udpx_quic::ServiceKeys::shared(&secret)),
                 Err(e) => return usage(format!("--key-file {}: {e}", p.display())),
             }
+        }
+    };
+    if a.keylog_file.is_none() && std::env::var_os("SSLKEYLOGFILE").is_some() {
+        eprintln!(
+            "udpx h3 serve: SSLKEYLOGFILE is set and ignored: a server writes its TLS secrets only with --keylog-file"
+        );
+    }
+    let keylog =
+        match a.keylog_file.as_deref().map(|p| udpx_quic::KeyLog::open(p, udpx_quic::keylog::DEFAULT_MAX_BYTES)) {
+            None => None,
+            Some(Ok(k)) => Some(k),
+            Some(Err(e)) => return usage(format!("--keylog-file: {e}")),
+        };
+    // The addresses of --qlog-peer and of the --qlog-peers file (read again on SIGHUP).
+    let qlog_peers = |path: Option<&std::path::Path>| -> Result<Vec<std::net::IpAddr>, String> {
+        let mut peers = a.qlog_peer.clone();
+        if let Some(p) = path {
+            let text = std::fs::read_to_string(p).map_err(|e| format!("--qlog-peers {}: {e}", p.display()))?;
+            peers.extend(
+                udpx_quic::QlogPolicy::parse_peers(&text).map_err(|e| format!("--qlog-peers {}: {e}", p.display()))?,
+            );
+        }
+        Ok(peers)
+    };
+    let qlog_cfg = match &a.qlog_dir {
+        None => None,
+        Some(dir) => {
+            let mut q = udpx_quic::QlogConfig::new(dir.clone());
+            let named = !a.qlog_peer.is_empty() || a.qlog_peers.is_some();
+            q.policy = udpx_quic::QlogPolicy {
+                sample: a.qlog_sample.unwrap_or(if named { 0.0 } else { 1.0 }),
+                peers: match qlog_peers(a.qlog_peers.as_deref()) {
+                    Ok(p) => p,
+                    Err(e) => return usage(e),
+                },
+            };
+            q.max_files = a.qlog_max_files;
+            q.max_bytes = a.qlog_max_bytes;
+            if let Err(e) = q.policy.check() {
+                return usage(e);
+            }
+            if !udpx_quic::qlog::AVAILABLE {
+                return usage("--qlog-dir: this udpx was built without qlog; build it with `--features qlog`");
+            }
+            Some(q)
         }
     };
     let removed_hosts = udpx_quic::RemovedHosts::default();
@@ -1024,10 +1114,11 @@ fn serve(a: ServeArgs) -> ExitCode {
             defer_flush: a.defer_flush == OnOff::On,
             ack_defer: std::time::Duration::from_micros(a.ack_defer),
             removed_hosts: removed_hosts.clone(),
+            keylog,
             ..udpx_quic::HostConfig::server()
         },
     };
-    let cfg = ServeConfig {
+    let mut cfg = ServeConfig {
         quic,
         tls,
         max_udp_payload: a.max_udp_payload,
@@ -1059,6 +1150,12 @@ fn serve(a: ServeArgs) -> ExitCode {
     let exe = std::env::current_exe().ok();
     let reload = crate::util::reload_signals();
     let signals = crate::util::graceful_signals();
+    // The qlog writer's thread after the signals are blocked: it inherits the mask (a thread
+    // that did not would take SIGINT's default action and end the process).
+    match qlog_cfg.as_ref().map(udpx_quic::Qlog::start).transpose() {
+        Ok(q) => cfg.quic.host.qlog = q,
+        Err(e) => return usage(format!("--qlog-dir: {e}")),
+    }
     let drain_timeout = Duration::from_secs(a.drain_timeout);
     let server = match udpx_h3::serve(&a.dir, &cfg) {
         Ok(s) => s,
@@ -1083,6 +1180,29 @@ fn serve(a: ServeArgs) -> ExitCode {
         if cfg.quic.gro { "on" } else { "off" },
         cfg.quic.host_id
     );
+    let keylog_warning = || {
+        if let Some(k) = server.keylog() {
+            eprintln!("udpx h3 serve: {}", k.warning());
+        }
+    };
+    keylog_warning();
+    if let Some(q) = server.qlog() {
+        let p = q.policy();
+        eprintln!(
+            "udpx h3 serve: qlog of {} into {} (at most {} files, {} bytes)",
+            if p.peers.is_empty() {
+                format!("{:.3} % of connections", p.sample * 100.0)
+            } else if p.sample <= 0.0 {
+                format!("the connections from {:?}", p.peers)
+            } else {
+                format!("the connections from {:?} and {:.3} % of the others", p.peers, p.sample * 100.0)
+            },
+            q.dir().display(),
+            a.qlog_max_files,
+            a.qlog_max_bytes
+        );
+    }
+    let mut keylog_warned = std::time::Instant::now();
     if let Some(t) = server.tcp_addr() {
         eprintln!("udpx h3 serve: also HTTPS over TCP on https://{t} (HTTP/1.1, HTTP/2; alt-svc names the QUIC port)");
     }
@@ -1141,6 +1261,10 @@ fn serve(a: ServeArgs) -> ExitCode {
         |drain: Option<std::time::Instant>| if drain.is_some() { !server.finished() } else { server.is_running() };
     while !signals.stop.load(Ordering::Relaxed) && dur.is_none_or(|d| start.elapsed() < d) && running(drain_started) {
         std::thread::sleep(Duration::from_millis(50));
+        if keylog_warned.elapsed() >= KEYLOG_WARNING_EVERY {
+            keylog_warning();
+            keylog_warned = std::time::Instant::now();
+        }
         if metrics.is_none() && a.upgrade && metrics_tries.elapsed() >= Duration::from_secs(1) {
             metrics_tries = std::time::Instant::now();
             if let Some(Ok(m)) = a.metrics.map(|addr| server.serve_metrics(addr)) {
@@ -1196,7 +1320,8 @@ fn serve(a: ServeArgs) -> ExitCode {
                 n.reloading();
             }
             // What SIGHUP reads again: the certificate and key (a file that does not load
-            // keeps the one in force) and the removed hosts (a bad file keeps the old set).
+            // keeps the one in force), the removed hosts and the qlog peers (a bad file keeps
+            // the old set).
             if let udpx_h3::Tls::Files { cert, key } = &cfg.tls {
                 match server.reload_tls() {
                     Ok(()) => eprintln!(
@@ -1215,10 +1340,19 @@ fn serve(a: ServeArgs) -> ExitCode {
                 Some(Err(e)) => {
                     eprintln!("udpx h3 serve: SIGHUP: {e}; the removed hosts stay {:?}", removed_hosts.list())
                 }
-                None if cfg.tls == udpx_h3::Tls::SelfSigned => {
-                    eprintln!("udpx h3 serve: SIGHUP: nothing to read again (no --cert/--key, no --removed-hosts)")
-                }
+                None if cfg.tls == udpx_h3::Tls::SelfSigned && a.qlog_peers.is_none() => eprintln!(
+                    "udpx h3 serve: SIGHUP: nothing to read again (no --cert/--key, no --removed-hosts, no --qlog-peers)"
+                ),
                 None => {}
+            }
+            if let (Some(q), Some(path)) = (server.qlog(), a.qlog_peers.as_deref()) {
+                let now = q.policy();
+                match qlog_peers(Some(path))
+                    .and_then(|peers| q.set_policy(udpx_quic::QlogPolicy { peers, ..now.clone() }))
+                {
+                    Ok(()) => eprintln!("udpx h3 serve: SIGHUP: qlog peers now {:?}", q.policy().peers),
+                    Err(e) => eprintln!("udpx h3 serve: SIGHUP: {e}; the qlog peers stay {:?}", now.peers),
+                }
             }
             notify(&ready);
         }

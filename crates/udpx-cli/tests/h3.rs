@@ -53,11 +53,140 @@ fn bad_input_exits_2_and_says_what_to_change() {
         (&["h3", "serve", www, "--cache-size", "lots"], "--cache-size"),
         (&["h3", "serve", www, "--cors", "player.example"], "as a browser sends it"),
         (&["h3", "serve", www, "--cors", "*", "--cors", "https://a.example"], "give * alone"),
+        (&["h3", "serve", www, "--qlog-sample", "0.5"], "--qlog-dir"),
+        (&["h3", "serve", www, "--qlog-dir", "/nonexistent-udpx-dir/q", "--qlog-sample", "2"], "give 0 to 1"),
+        #[cfg(not(feature = "qlog"))]
+        (&["h3", "serve", www, "--qlog-dir", "/nonexistent-udpx-dir/q"], "--features qlog"),
         (&["h3", "get", "http://127.0.0.1/"], "https://"),
         (&["h3", "get", "https://127.0.0.1:99999/"], "port"),
         (&["h3", "get", "https://127.0.0.1:1/", "-o", "/nonexistent-dir/x"], "output file"),
     ];
     common::assert_usage_errors(cases);
+}
+
+/// `udpx h3 serve` of `t`'s `www` with `args`, one shard, on a free port: `during` with its
+/// address, its pid and its standard error's file once it listens, then SIGINT; its standard
+/// output and error (the test fails unless the server exits 0).
+fn serve_while(
+    t: &Tmp,
+    args: &[&std::ffi::OsStr],
+    during: impl FnOnce(&str, u32, &std::path::Path),
+) -> (String, String) {
+    let port = std::net::UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let listen = format!("127.0.0.1:{port}");
+    let (out, log) = (t.0.join("serve.out"), t.0.join("serve.err"));
+    let server = ChildGroup::spawn(
+        Command::new(env!("CARGO_BIN_EXE_udpx"))
+            .args(["h3", "serve", t.0.join("www").to_str().unwrap(), "--listen", &listen, "--shards", "1", "-l", "20"])
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(std::fs::File::create(&out).unwrap())
+            .stderr(std::fs::File::create(&log).unwrap()),
+    )
+    .unwrap();
+    wait_bound(port);
+    during(&listen, server.id(), &log);
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(server.id() as i32), nix::sys::signal::Signal::SIGINT).unwrap();
+    let status = server.wait_timeout(Duration::from_secs(15)).unwrap();
+    let err = std::fs::read_to_string(&log).unwrap();
+    assert!(status.is_some_and(|s| s.success()), "{status:?}: {err}");
+    (std::fs::read_to_string(&out).unwrap(), err)
+}
+
+/// One `udpx h3 get` of `/file` from the server at `listen` (the test fails unless it succeeds).
+fn get_file(listen: &str) {
+    let o = udpx(&["h3", "get", &format!("https://{listen}/file")]);
+    assert!(o.status.success(), "get: {}", String::from_utf8_lossy(&o.stderr));
+}
+
+/// [`serve_while`] one [`get_file`].
+fn serve_one_get(t: &Tmp, args: &[&std::ffi::OsStr]) -> (String, String) {
+    serve_while(t, args, |listen, _, _| get_file(listen))
+}
+
+/// `--keylog-file`: a link is refused; the server warns of the file at start and writes the
+/// secrets of a download into it, created 0600; without the flag the SSLKEYLOGFILE variable
+/// writes nothing, and the server says it ignores it.
+#[test]
+fn keylog_file_is_opt_in_private_and_warned_of() {
+    use std::os::unix::fs::PermissionsExt;
+    let t = tmp("keylog");
+    std::fs::write(t.0.join("www/file"), b"hello").unwrap();
+    let www = t.0.join("www");
+    let www_s = www.to_str().unwrap();
+    let (link, elsewhere) = (t.0.join("link.log"), t.0.join("elsewhere.log"));
+    std::os::unix::fs::symlink(&elsewhere, &link).unwrap();
+    common::assert_usage_errors(&[(&["h3", "serve", www_s, "--keylog-file", link.to_str().unwrap()], "symbolic link")]);
+    assert!(!elsewhere.exists(), "nothing created through the link");
+
+    let env_file = t.0.join("env.log");
+    let o = Command::new(env!("CARGO_BIN_EXE_udpx"))
+        .args(["h3", "serve", www_s, "--listen", "127.0.0.1:0", "--shards", "1", "-l", "1"])
+        .env("SSLKEYLOGFILE", &env_file)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains("SSLKEYLOGFILE is set and ignored"), "{err}");
+    assert!(!err.contains("WARNING: the TLS secrets"), "{err}");
+    assert!(!env_file.exists(), "no key log without --keylog-file");
+
+    let keys = t.0.join("keys.log");
+    let (_, err) = serve_one_get(&t, &["--keylog-file".as_ref(), keys.as_os_str()]);
+    assert!(
+        err.contains(&format!("WARNING: the TLS secrets of every new connection are written to {}", keys.display())),
+        "{err}"
+    );
+    assert_eq!(std::fs::metadata(&keys).unwrap().permissions().mode() & 0o777, 0o600);
+    let lines = std::fs::read_to_string(&keys).unwrap();
+    assert!(lines.lines().any(|l| l.starts_with("CLIENT_TRAFFIC_SECRET_0 ")), "{lines}");
+}
+
+/// `--qlog-dir` with `--qlog-peer`: the named address's download gets its file, the server
+/// says what it logs, and the final counters count it (a build with the feature `qlog`).
+#[cfg(feature = "qlog")]
+#[test]
+fn qlog_of_one_viewer() {
+    let t = tmp("qlog");
+    std::fs::write(t.0.join("www/file"), vec![7u8; 100_000]).unwrap();
+    let qdir = t.0.join("qlog");
+    let (out, err) =
+        serve_one_get(&t, &["--qlog-peer".as_ref(), "127.0.0.1".as_ref(), "--qlog-dir".as_ref(), qdir.as_os_str()]);
+    assert!(err.contains("qlog of the connections from [127.0.0.1]"), "{err}");
+    let json: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(json["h3_serve"]["qlog"]["files"], 1, "{json}");
+    let files: Vec<_> = std::fs::read_dir(&qdir).unwrap().map(|e| e.unwrap().path()).collect();
+    assert_eq!(files.len(), 1, "{files:?}");
+    let text = std::fs::read_to_string(&files[0]).unwrap();
+    assert!(text.starts_with('\u{1e}') && text.contains("packet_sent"), "{}", &text[..text.len().min(300)]);
+}
+
+/// `--qlog-peers FILE` read again on SIGHUP: a viewer not named gets no file; named in the
+/// file, then SIGHUP, its next connection gets one (a build with the feature `qlog`).
+#[cfg(feature = "qlog")]
+#[test]
+fn sighup_reads_the_qlog_peers_again() {
+    let t = tmp("qlog-hup");
+    std::fs::write(t.0.join("www/file"), b"hello").unwrap();
+    let (qdir, peers) = (t.0.join("qlog"), t.0.join("peers"));
+    std::fs::write(&peers, "127.0.0.2 # another viewer\n").unwrap();
+    let args = ["--qlog-peers".as_ref(), peers.as_os_str(), "--qlog-dir".as_ref(), qdir.as_os_str()];
+    let (out, err) = serve_while(&t, &args, |listen, pid, log| {
+        get_file(listen);
+        std::fs::write(&peers, "127.0.0.2\n127.0.0.1\n").unwrap();
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), nix::sys::signal::Signal::SIGHUP).unwrap();
+        let start = Instant::now();
+        while !std::fs::read_to_string(log).unwrap_or_default().contains("SIGHUP: qlog peers now") {
+            assert!(start.elapsed() < Duration::from_secs(10), "no SIGHUP line");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        get_file(listen);
+    });
+    assert!(err.contains("SIGHUP: qlog peers now [127.0.0.2, 127.0.0.1]"), "{err}");
+    let json: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(json["h3_serve"]["qlog"]["files"], 1, "the second connection only: {json}");
+    assert_eq!(std::fs::read_dir(&qdir).unwrap().count(), 1);
 }
 
 #[test]

@@ -32,7 +32,9 @@ pub use crate::tls::{CONNECTION_WINDOW, MAX_FIELD_SECTION, REQUEST_WINDOW};
 #[derive(Debug, Clone)]
 pub struct ServeConfig {
     /// The QUIC host and its shards: address, I/O mode, GRO, shards, host ID, keys, caps,
-    /// burst, coalescing, the deferred flush, zerocopy, removed hosts.
+    /// burst, coalescing, the deferred flush, zerocopy, removed hosts, the TLS key log
+    /// (`host.keylog`, [`udpx_quic::keylog`]), which the HTTPS-over-TCP listener writes to too,
+    /// and qlog (`host.qlog`, [`udpx_quic::qlog`]: needs the feature `qlog`).
     pub quic: ServerConfig,
     /// Certificate.
     pub tls: Tls,
@@ -71,7 +73,7 @@ pub struct ServeConfig {
     /// unfinished.
     pub idle_timeout: Duration,
     /// Also serve HTTPS over TCP here (HTTP/1.1 and HTTP/2, see [`crate::tcp`]) with the same
-    /// certificate and rules; its answers' `alt-svc` names the QUIC port: how a browser finds
+    /// certificate, rules and key log; its answers' `alt-svc` names the QUIC port: how a browser finds
     /// HTTP/3. `None` (the default): no TCP.
     pub alt_svc_tcp: Option<SocketAddr>,
     /// The HTTPS-over-TCP listener's bounds: connections at once and per address, the
@@ -195,6 +197,8 @@ pub struct ServeCounters {
     pub tcp: Option<crate::tcp::TcpSnapshot>,
     /// The block cache (`cache_size`), if on.
     pub cache: Option<crate::cache::CacheCounters>,
+    /// The qlog writer (`quic.host.qlog`), if on.
+    pub qlog: Option<udpx_quic::qlog::QlogCounters>,
 }
 
 /// A running server.
@@ -207,6 +211,8 @@ pub struct H3Server {
     /// How the shards' quiche configurations are made, for a reload.
     quic_settings: QuicSettings,
     cache: Option<Arc<crate::cache::BlockCache>>,
+    keylog: Option<udpx_quic::KeyLog>,
+    qlog: Option<udpx_quic::Qlog>,
 }
 
 /// What a shard's quiche configuration is made from, besides the certificate.
@@ -248,6 +254,13 @@ pub fn serve(dir: &Path, cfg: &ServeConfig) -> Result<H3Server, Error> {
     let site2 = site.clone();
     let max = cfg.max_udp_payload;
     cfg.quic.check().map_err(|e| Error::Usage(e.to_string()))?;
+    if cfg.quic.host.qlog.is_some() && !udpx_quic::qlog::AVAILABLE {
+        return Err(Error::Usage(
+            "--qlog-dir: this udpx was built without qlog; build it with `--features qlog` (quiche's qlog costs an \
+             allocation per packet sent even when no connection logs)"
+                .into(),
+        ));
+    }
     if cfg.max_open_per_conn == 0 || cfg.max_open_per_shard == 0 || cfg.max_open_per_addr == 0 {
         return Err(Error::Usage(
             "--max-open-per-conn, --max-open-per-addr, --max-open-per-shard: give each at least 1".into(),
@@ -297,7 +310,7 @@ pub fn serve(dir: &Path, cfg: &ServeConfig) -> Result<H3Server, Error> {
                 idle: cfg.idle_timeout,
                 ..cfg.tcp_limits
             };
-            Some(tcp_listener(&mut starting, addr, &files, limits)?)
+            Some(tcp_listener(&mut starting, addr, &files, limits, cfg.quic.host.keylog.clone())?)
         }
         None => None,
     };
@@ -315,7 +328,8 @@ pub fn serve(dir: &Path, cfg: &ServeConfig) -> Result<H3Server, Error> {
         None => None,
     };
     drop(files); // loaded into every configuration: a generated one is removed now
-    Ok(H3Server { server, site, generated_cert: cfg.tls == Tls::SelfSigned, tcp, quic_settings, cache })
+    let (keylog, qlog) = (cfg.quic.host.keylog.clone(), cfg.quic.host.qlog.clone());
+    Ok(H3Server { server, site, generated_cert: cfg.tls == Tls::SelfSigned, tcp, quic_settings, cache, keylog, qlog })
 }
 
 /// The HTTPS-over-TCP listener for `addr`: the one the predecessor passed on (an upgrade),
@@ -325,6 +339,7 @@ fn tcp_listener(
     addr: SocketAddr,
     files: &crate::tls::PemFiles,
     limits: crate::tcp::TcpLimits,
+    keylog: Option<udpx_quic::KeyLog>,
 ) -> Result<crate::tcp::PreparedTcp, Error> {
     let mut passed = starting.take_passed();
     let listener = match passed.len() {
@@ -339,7 +354,7 @@ fn tcp_listener(
     let copy = listener.try_clone().map_err(Error::Io)?;
     let at = listener.local_addr().map_err(Error::Io)?;
     starting.pass_on().put(copy.into(), format!("its HTTPS-over-TCP listener on {at}")).map_err(Error::Quic)?;
-    crate::tcp::PreparedTcp::new(listener, &files.cert, &files.key, limits)
+    crate::tcp::PreparedTcp::new(listener, &files.cert, &files.key, limits, keylog)
 }
 
 impl H3Server {
@@ -358,6 +373,16 @@ impl H3Server {
         self.tcp.as_ref().map(TcpServer::local_addr)
     }
 
+    /// The TLS key log both listeners write to, if on (to warn of it while it is).
+    pub fn keylog(&self) -> Option<&udpx_quic::KeyLog> {
+        self.keylog.as_ref()
+    }
+
+    /// The qlog writer, if on (to change which connections it logs: [`udpx_quic::Qlog::set_policy`]).
+    pub fn qlog(&self) -> Option<&udpx_quic::Qlog> {
+        self.qlog.as_ref()
+    }
+
     /// Whether the certificate was generated (say so to the user).
     pub fn generated_cert(&self) -> bool {
         self.generated_cert
@@ -370,6 +395,7 @@ impl H3Server {
             http: self.site.counters(),
             tcp: self.tcp.as_ref().map(TcpServer::counters),
             cache: self.cache.as_ref().map(|c| c.counters()),
+            qlog: self.qlog.as_ref().map(udpx_quic::Qlog::counters),
         }
     }
 
@@ -388,6 +414,8 @@ impl H3Server {
             site: self.site.clone(),
             tcp: self.tcp.as_ref().map(TcpServer::probe),
             cache: self.cache.clone(),
+            keylog: self.keylog.clone(),
+            qlog: self.qlog.clone(),
         };
         udpx_metrics::MetricsServer::start(addr, Arc::new(source))
     }
@@ -446,7 +474,18 @@ impl H3Server {
         if let Err(e) = self.site.flush_log() {
             log::warn!("udpx-h3: {e}");
         }
-        Ok(ServeCounters { quic, http: self.site.counters(), tcp, cache: self.cache.as_ref().map(|c| c.counters()) })
+        // The shards are gone, and with them every connection's qlog writer: what they queued
+        // is written now.
+        if let Some(Err(e)) = self.qlog.as_ref().map(udpx_quic::Qlog::flush) {
+            log::warn!("udpx-h3: {e}");
+        }
+        Ok(ServeCounters {
+            quic,
+            http: self.site.counters(),
+            tcp,
+            cache: self.cache.as_ref().map(|c| c.counters()),
+            qlog: self.qlog.as_ref().map(udpx_quic::Qlog::counters),
+        })
     }
 
     /// Waits (5 s at most) until the access log holds the line of every response finished so
@@ -462,6 +501,8 @@ struct MetricsSource {
     site: Arc<Site>,
     tcp: Option<crate::tcp::TcpProbe>,
     cache: Option<Arc<crate::cache::BlockCache>>,
+    keylog: Option<udpx_quic::KeyLog>,
+    qlog: Option<udpx_quic::Qlog>,
 }
 
 /// `quic_<name>` for every host count, made once: metric names are `'static` (a bounded set,
@@ -571,6 +612,31 @@ impl udpx_metrics::Source for MetricsSource {
                 h.rejected,
             ),
         ];
+        if let Some(k) = &self.keylog {
+            out.extend([
+                c("keylog_lines", "TLS key log lines written (--keylog-file: both listeners)", k.lines()),
+                c(
+                    "keylog_dropped",
+                    "TLS key log lines dropped: past the file's bound, or a write that failed",
+                    k.dropped(),
+                ),
+            ]);
+        }
+        if let Some(q) = self.qlog.as_ref().map(udpx_quic::Qlog::counters) {
+            out.extend([
+                c("qlog_files", "Connections logged to a qlog file (--qlog-dir)", q.files),
+                c("qlog_skipped", "Connections chosen for qlog but not logged: --qlog-max-files reached", q.skipped),
+                c("qlog_records", "qlog records queued for the files", q.records),
+                c(
+                    "qlog_dropped",
+                    "qlog records dropped: the writer's queue full (the shard never waits), --qlog-max-bytes reached, \
+                     or a record over 64 KiB",
+                    q.dropped,
+                ),
+                c("qlog_bytes", "qlog bytes queued for the files", q.bytes),
+                c("qlog_write_errors", "qlog writes that failed (disk full, directory gone)", q.write_errors),
+            ]);
+        }
         if let Some(k) = self.cache.as_ref().map(|c| c.counters()) {
             out.extend([
                 level("cache_capacity_bytes", "The block cache's bound (--cache-size)", k.capacity),

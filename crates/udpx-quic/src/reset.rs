@@ -173,30 +173,44 @@ impl RemovedHosts {
     /// to `0x00` names another, live, host), so a list is taken only when it is complete.
     /// Publish a new list by rename (write a new file, then move it over the old one).
     pub fn parse_file(text: &str) -> Result<Vec<u16>, String> {
-        if !text.is_empty() && !text.ends_with('\n') {
-            return Err("the file does not end with a newline: it may be half-written; end every list \
-                        with a newline and publish it by rename (write a new file, then mv it over the old)"
-                .into());
-        }
-        RemovedHosts::parse(text)
+        list_file(text, host_id)
     }
 
     /// Host IDs from text: decimal or `0x` hex, separated by commas, white space or lines;
     /// `#` starts a comment.
     pub fn parse(text: &str) -> Result<Vec<u16>, String> {
-        text.lines()
-            .map(|l| l.split('#').next().unwrap_or(""))
-            .flat_map(|l| l.split(|c: char| c == ',' || c.is_whitespace()))
-            .filter(|w| !w.is_empty())
-            .map(|w| {
-                let n = match w.strip_prefix("0x") {
-                    Some(h) => u16::from_str_radix(h, 16),
-                    None => w.parse::<u16>(),
-                };
-                n.map_err(|_| format!("{w:?} is not a host ID (0 to 65535, or 0x0000 to 0xffff)"))
-            })
-            .collect()
+        list(text, host_id)
     }
+}
+
+fn host_id(w: &str) -> Result<u16, String> {
+    let n = match w.strip_prefix("0x") {
+        Some(h) => u16::from_str_radix(h, 16),
+        None => w.parse::<u16>(),
+    };
+    n.map_err(|_| format!("{w:?} is not a host ID (0 to 65535, or 0x0000 to 0xffff)"))
+}
+
+/// The words of a list file's whole text, each read by `word`, refused unless the text ends
+/// with a newline (see [`RemovedHosts::parse_file`]: a file read while it is being written).
+pub fn list_file<T>(text: &str, word: impl Fn(&str) -> Result<T, String>) -> Result<Vec<T>, String> {
+    if !text.is_empty() && !text.ends_with('\n') {
+        return Err("the file does not end with a newline: it may be half-written; end every list \
+                    with a newline and publish it by rename (write a new file, then mv it over the old)"
+            .into());
+    }
+    list(text, word)
+}
+
+/// The words of `text` (separated by commas, white space or lines; `#` starts a comment), each
+/// read by `word`.
+fn list<T>(text: &str, word: impl Fn(&str) -> Result<T, String>) -> Result<Vec<T>, String> {
+    text.lines()
+        .map(|l| l.split('#').next().unwrap_or(""))
+        .flat_map(|l| l.split(|c: char| c == ',' || c.is_whitespace()))
+        .filter(|w| !w.is_empty())
+        .map(word)
+        .collect()
 }
 
 /// A service's shared 32-byte secret from 64 hex digits (surrounding white space ignored), e.g.

@@ -262,7 +262,7 @@ impl TcpServer {
         site: Arc<Site>,
         limits: TcpLimits,
     ) -> Result<TcpServer, Error> {
-        let ready = PreparedTcp::new(bind(listen)?, cert, key, limits)?;
+        let ready = PreparedTcp::new(bind(listen)?, cert, key, limits, None)?;
         ready.run(site, &Arc::new(DrainSignal::default()), PassOn::default())
     }
 
@@ -361,14 +361,20 @@ impl std::fmt::Debug for PreparedTcp {
 
 impl PreparedTcp {
     /// Prepares serving on `listener` with the certificate chain and key in the PEM files
-    /// `cert` and `key` (loaded now, so the files may then be removed).
+    /// `cert` and `key` (loaded now, so the files may then be removed); with `keylog`, the
+    /// TLS secrets of every connection are appended to it (rustls's `KeyLog`).
     pub fn new(
         listener: std::net::TcpListener,
         cert: &Path,
         key: &Path,
         limits: TcpLimits,
+        keylog: Option<udpx_quic::KeyLog>,
     ) -> Result<PreparedTcp, Error> {
-        let tls = Arc::new(tls_config(cert, key)?);
+        let mut tls = tls_config(cert, key)?;
+        if let Some(k) = keylog {
+            tls.key_log = Arc::new(KeyLogTo(k));
+        }
+        let tls = Arc::new(tls);
         listener.set_nonblocking(true).map_err(Error::Io)?;
         let addr = listener.local_addr().map_err(Error::Io)?;
         let rt = tokio::runtime::Builder::new_current_thread()
@@ -473,6 +479,20 @@ fn tls_config(cert: &Path, key: &Path) -> Result<rustls::ServerConfig, Error> {
         .map_err(|e| Error::Usage(format!("certificate and key for TLS over TCP: {e}")))?;
     c.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok(c)
+}
+
+/// rustls's key log, into the file the QUIC side writes too.
+#[derive(Debug)]
+struct KeyLogTo(udpx_quic::KeyLog);
+
+impl rustls::KeyLog for KeyLogTo {
+    fn log(&self, label: &str, client_random: &[u8], secret: &[u8]) {
+        self.0.log(label, client_random, secret);
+    }
+
+    fn will_log(&self, _label: &str) -> bool {
+        true
+    }
 }
 
 async fn accept_loop(l: Listener, drain: watch::Receiver<Option<tokio::time::Instant>>) {

@@ -4,7 +4,9 @@
 use std::time::Duration;
 
 use crate::admission::Limits;
+use crate::keylog::KeyLog;
 use crate::pacing::Pacing;
+use crate::qlog::Qlog;
 use crate::reset::{LiveGenerations, RemovedHosts};
 use crate::token::ServiceKeys;
 
@@ -59,11 +61,21 @@ pub struct HostConfig {
     /// connection IDs are never answered with a stateless reset here, which would hand a live
     /// connection's reset token to whoever sent its ID. Filled by [`crate::Server`].
     pub generations: LiveGenerations,
+    /// Where the TLS secrets of its connections go (`--keylog-file`; see [`crate::keylog`]):
+    /// the host turns quiche's `log_keys` on for every configuration it makes connections
+    /// with, and gives each new connection a writer before its first packet. `None` (the
+    /// default): nothing is logged, and `log_keys` stays off.
+    pub keylog: Option<KeyLog>,
+    /// Where the qlog of the connections its policy chooses goes (`--qlog-dir`; see
+    /// [`crate::qlog`]): each chosen connection gets a writer at admission, before its first
+    /// packet. Needs the feature `qlog` (without it nothing is logged: [`crate::qlog::AVAILABLE`]
+    /// says so, and `udpx_h3::serve` refuses the setting). `None` (the default): nothing.
+    pub qlog: Option<Qlog>,
 }
 
 impl Default for HostConfig {
     /// A client's: own keys, default limits, quiche's quantum, no coalescing, no deferred
-    /// flush, no acknowledgement-clocked deferral, paced by holding packets.
+    /// flush, no acknowledgement-clocked deferral, paced by holding packets, no key log, no qlog.
     fn default() -> HostConfig {
         HostConfig {
             keys: None,
@@ -76,6 +88,8 @@ impl Default for HostConfig {
             removed_hosts: RemovedHosts::default(),
             generation: 0,
             generations: LiveGenerations::default(),
+            keylog: None,
+            qlog: None,
         }
     }
 }

@@ -12,6 +12,8 @@
 //!   removed host), with the service's shared key, rate-limited ([`crate::reset`]).
 //! - Connection IDs offered to established connections, and the session ticket key of the
 //!   period in force.
+//! - A new connection's key log and qlog writers ([`crate::keylog`], [`crate::qlog`]), set
+//!   before its first packet is processed.
 
 use std::net::SocketAddr;
 use std::time::{Instant, SystemTime};
@@ -179,7 +181,7 @@ impl<A: App> Host<A> {
             }
             None => quiche::accept_with_buf_factory(&scid_ref, None, local, from, &mut self.config),
         };
-        let conn = match conn {
+        let mut conn = match conn {
             Ok(c) => c,
             Err(e) => {
                 self.counters.accept_errors += 1;
@@ -189,6 +191,14 @@ impl<A: App> Host<A> {
         };
         if odcid.is_some() {
             self.counters.validated_by_retry += 1;
+        }
+        // Before its first packet is processed: the handshake's secrets come with it.
+        if let Some(k) = &self.keylog {
+            conn.set_keylog(k.writer());
+        }
+        #[cfg(feature = "qlog")]
+        if let Some(w) = self.qlog.as_ref().and_then(|q| q.writer_for(from, &scid, now)) {
+            conn.set_qlog(w, "udpx".into(), format!("server connection from {from}"));
         }
         let state = self.app.accepted(&conn);
         let deadline = Instant::now() + self.gate.admission.handshake_timeout();

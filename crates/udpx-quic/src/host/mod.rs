@@ -250,6 +250,11 @@ pub struct Host<A: App> {
     drain: drain::DrainState,
     /// Where a reloaded configuration is offered, looked at once per turn while running.
     config_swap: Option<Arc<ConfigSwap>>,
+    /// [`HostConfig::keylog`].
+    keylog: Option<crate::keylog::KeyLog>,
+    /// [`HostConfig::qlog`] (read only with the feature `qlog`).
+    #[cfg_attr(not(feature = "qlog"), allow(dead_code))]
+    qlog: Option<crate::qlog::Qlog>,
 }
 
 impl<A: App> std::fmt::Debug for Host<A> {
@@ -268,7 +273,13 @@ impl<A: App> Host<A> {
     /// A host on `socket` (which must be non-blocking) in `role`: a server accepts connections
     /// with IDs of its host ID and worker; a client only serves those added with
     /// [`Host::connect`]. `settings` is read here, once.
-    pub fn with_config(socket: HostSocket, config: quiche::Config, app: A, role: Role, settings: HostConfig) -> Self {
+    pub fn with_config(
+        socket: HostSocket,
+        mut config: quiche::Config,
+        app: A,
+        role: Role,
+        settings: HostConfig,
+    ) -> Self {
         let (accepting, host_id, worker, shards) = match role {
             Role::Server { host_id, worker, shards } => (true, host_id, worker, shards),
             Role::Client => (false, 0, 0, 1),
@@ -288,7 +299,10 @@ impl<A: App> Host<A> {
             removed_hosts,
             generation,
             generations,
+            keylog,
+            qlog,
         } = settings;
+        crate::keylog::KeyLog::prepare(keylog.as_ref(), &mut config);
         Host {
             local: socket.local_addr(),
             socket,
@@ -320,6 +334,8 @@ impl<A: App> Host<A> {
             last_turn: Instant::now(),
             drain: drain::DrainState::new(),
             config_swap: None,
+            keylog,
+            qlog,
         }
     }
 
@@ -410,6 +426,9 @@ impl<A: App> Host<A> {
             None => quiche::connect_with_buffer_factory(server_name, &scid_ref, local, peer, &mut self.config),
         }
         .map_err(|e| Error::Quic("connect", e))?;
+        if let Some(k) = &self.keylog {
+            conn.set_keylog(k.writer());
+        }
         if let Some(s) = session {
             conn.set_session(s).map_err(|e| Error::Quic("resume a session", e))?;
         }

@@ -45,7 +45,8 @@ impl<A: App> Host<A> {
     }
 
     /// Replaces the configuration new connections are made with (see the module docs).
-    pub fn replace_config(&mut self, config: quiche::Config) {
+    pub fn replace_config(&mut self, mut config: quiche::Config) {
+        crate::keylog::KeyLog::prepare(self.keylog.as_ref(), &mut config);
         self.config = config;
         // The ticket key of the period in force goes onto the new configuration now.
         self.gate.ticket_period = None;
