@@ -29,7 +29,10 @@ use std::sync::{Arc, Mutex};
 use serde::Serialize;
 use udpx_quic::bufs::Block;
 
-use crate::http::BLOCK;
+/// HTTP/3's read for a longer body, whatever its stream takes at the moment: one system call
+/// per 256 KiB instead of one per turn's capacity (issue 47). The stream takes slices of it,
+/// and the cache keeps bodies in blocks of this size.
+pub const BLOCK: usize = 256 * 1024;
 
 /// One version of one file: what a cached block belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -59,10 +59,6 @@ use crate::Error;
 /// at most this much of its file in memory at once.
 pub const CHUNK: usize = 64 * 1024;
 
-/// HTTP/3's read for a longer body, whatever its stream takes at the moment: one system call
-/// per 256 KiB instead of one per turn's capacity (issue 47). The stream takes slices of it.
-pub const BLOCK: usize = 256 * 1024;
-
 /// What a [`Site`] is told beyond its directory.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SiteOptions {

@@ -12,7 +12,7 @@
 //! handed to quiche's stream without a copy (`stream_send_zc` on [`udpx_quic::bufs`]), and at
 //! the end an empty DATA frame that carries the FIN through quiche's HTTP/3 layer (so it knows
 //! the stream is finished). So a slice needs no frame header of its own, and a block is read
-//! whatever the stream takes at the moment: [`crate::http::BLOCK`] (256 KiB) at a time for a
+//! whatever the stream takes at the moment: [`crate::cache::BLOCK`] (256 KiB) at a time for a
 //! body longer than [`crate::http::CHUNK`], the rest of it for a shorter one, in one system
 //! call each (it was one read per turn's stream capacity, a few kilobytes toward a client
 //! that acknowledges often). The only user-space copy of a body byte after the read is
@@ -80,10 +80,11 @@ use quiche::h3::NameValue;
 use udpx_quic::bufs::{Buf, BufPool};
 use udpx_quic::App;
 
+use crate::cache::BLOCK;
 use crate::cache::{BlockCache, FileId, Found};
 use crate::goaway::{GoAway, H3_REQUEST_REJECTED};
 use crate::heads::{HeadBudget, Heads};
-use crate::http::{LogEntry, RequestHead, Site, BLOCK, CHUNK};
+use crate::http::{LogEntry, RequestHead, Site, CHUNK};
 use crate::tls::MAX_FIELD_SECTION;
 
 /// The responder of one shard (see the module docs).

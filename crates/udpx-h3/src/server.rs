@@ -24,7 +24,8 @@ use crate::tcp::TcpServer;
 use crate::tls::{pem_files, server_config, Tls};
 use crate::Error;
 
-pub use crate::http::{BLOCK, CHUNK};
+pub use crate::cache::BLOCK;
+pub use crate::http::CHUNK;
 pub use crate::tls::{CONNECTION_WINDOW, MAX_FIELD_SECTION, REQUEST_WINDOW};
 
 /// How to serve: the QUIC server's settings ([`ServerConfig`], whole) and the HTTP/3 file

@@ -5431,9 +5431,11 @@ impl<F: BufFactory> Connection<F> {
             AddrTupleFmt(path.local_addr(), path.peer_addr())
         );
 
+        // Allocated only when a frame is pushed, that is when this connection
+        // logs sent packets: a build with qlog pays nothing per packet for the
+        // connections that do not.
         #[cfg(feature = "qlog")]
-        let mut qlog_frames: Vec<qlog::events::quic::QuicFrame> =
-            Vec::with_capacity(frames.len());
+        let mut qlog_frames: Vec<qlog::events::quic::QuicFrame> = Vec::new();
 
         for frame in &mut frames {
             trace!("{} tx frm {:?}", self.trace_id, frame);
