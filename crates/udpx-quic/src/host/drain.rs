@@ -235,16 +235,20 @@ impl<A: App> Host<A> {
     /// it when the signal calls it off), closes what is left at the deadline; whether the loop
     /// is done (drained, or closed and sent, and every loop of the signal with it).
     pub(super) fn drain_step(&mut self, now: Instant) -> bool {
-        let signal = self.drain.signal.clone();
-        if let Some(signal) = &signal {
-            match (self.drain.draining, signal.started()) {
+        // Read once per turn, without cloning the Arc on the hot path: (started, grace, ended).
+        let seen = self
+            .drain
+            .signal
+            .as_deref()
+            .map(|s| (s.started(), Duration::from_millis(s.grace_ms.load(Ordering::Relaxed)), s.ended()));
+        if let Some((started, grace, ended)) = seen {
+            match (self.drain.draining, started) {
                 (Draining::No, Some(timeout)) => {
-                    let grace = Duration::from_millis(signal.grace_ms.load(Ordering::Relaxed));
                     self.drain.admit_until = (!grace.is_zero()).then(|| now + grace.min(timeout));
                     self.drain(now + timeout);
                     self.drain.by_signal = true;
                 }
-                (Draining::Until(_) | Draining::Closed, None) if self.drain.by_signal && !signal.ended() => {
+                (Draining::Until(_) | Draining::Closed, None) if self.drain.by_signal && !ended => {
                     self.undrain();
                     return false;
                 }
@@ -271,7 +275,7 @@ impl<A: App> Host<A> {
             }
             Draining::Until(_) => false,
         };
-        match signal.filter(|_| self.drain.by_signal) {
+        match self.drain.signal.as_deref().filter(|_| self.drain.by_signal) {
             // The loops end together, once each is done.
             Some(signal) if done => {
                 if !self.drain.told_done {
