@@ -82,9 +82,13 @@ if [ -n "$tests" ]; then
   mkdir -p "$target"
   rm -rf "$target/tree"
   cp -a "$here/quiche" "$target/tree"
+  # The copy is a package of its own: without this, a target directory inside the checkout
+  # (CI's default ./target) puts it under the workspace's root, and cargo refuses to build it.
+  printf '\n[workspace]\n' >> "$target/tree/Cargo.toml"
   (cd "$target/tree" && CARGO_TARGET_DIR="$target" cargo test --locked --lib -q 2>&1) | tee "$work/tests.log" | grep -E '^test result|FAILED|panicked' || true
   if ! grep -q '^test result: ok' "$work/tests.log" || grep -q '^test result: FAILED' "$work/tests.log"; then
-    echo "check-quiche: quiche's own tests fail on the patched tree" >&2
+    tail -n 30 "$work/tests.log" | sed 's/^/  /' >&2
+    echo "check-quiche: quiche's own tests fail on the patched tree (the log's end is above)" >&2
     exit 1
   fi
   echo "check-quiche: quiche's own tests pass on $name $version plus $n patches"
