@@ -38,8 +38,9 @@ pub(crate) enum GoAway {
     /// The first frame went; the second is due then (or was refused `tries` times, and is
     /// tried again then).
     Announced { at: Instant, tries: u32 },
-    /// The second went with this ID: requests at or above it are refused.
-    Final(u64),
+    /// The second went with ID `id`: requests at or above it are refused. `mark`: the packets
+    /// the connection had sent when quiche took the frame.
+    Final { id: u64, mark: u64 },
 }
 
 impl GoAway {
@@ -53,12 +54,21 @@ impl GoAway {
         now: Instant,
     ) {
         let rtt = conn.path_stats().find(|p| p.active).map_or(BETWEEN.0, |p| p.rtt);
-        *self = self.next(now, rtt, |id| h3.send_goaway(conn, id).is_ok(), last_request);
+        let mark = conn.stats().sent as u64;
+        *self = self.next(now, rtt, |id| h3.send_goaway(conn, id).is_ok(), last_request, mark);
     }
 
     /// The state after a turn at `now` on a path of `rtt`: `send` tries to send a GOAWAY with
-    /// an ID and says whether quiche took it. Pure but for `send`, for the tests.
-    fn next(self, now: Instant, rtt: Duration, mut send: impl FnMut(u64) -> bool, last_request: Option<u64>) -> GoAway {
+    /// an ID and says whether quiche took it; `mark`: the packets sent so far. Pure but for
+    /// `send`, for the tests.
+    fn next(
+        self,
+        now: Instant,
+        rtt: Duration,
+        mut send: impl FnMut(u64) -> bool,
+        last_request: Option<u64>,
+        mark: u64,
+    ) -> GoAway {
         // The time after `tries` refusals: a round trip, doubled each time, within BETWEEN.
         let backoff = |tries: u32| now + rtt.saturating_mul(1 << tries.min(10)).clamp(BETWEEN.0, BETWEEN.1);
         match self {
@@ -75,7 +85,7 @@ impl GoAway {
             GoAway::Announced { at, tries } if at <= now + udpx_quic::PACING_SLACK => {
                 let id = last_request.map_or(0, |s| s + 4);
                 if send(id) {
-                    GoAway::Final(id)
+                    GoAway::Final { id, mark }
                 } else {
                     GoAway::Announced { at: backoff(tries), tries: tries + 1 }
                 }
@@ -86,12 +96,16 @@ impl GoAway {
 
     /// Whether a request on stream `sid` is refused.
     pub(crate) fn rejects(self, sid: u64) -> bool {
-        matches!(self, GoAway::Final(id) if sid >= id)
+        matches!(self, GoAway::Final { id, .. } if sid >= id)
     }
 
-    /// Whether the connection may close once no response is under way.
-    pub(crate) fn done(self) -> bool {
-        matches!(self, GoAway::Final(_))
+    /// Whether the connection may close once no response is under way, now that it has sent
+    /// `sent()` packets (asked only then): the second frame went, and a packet left after quiche took it. A close
+    /// in the turn that wrote the frame would lose it (a closing connection sends only its
+    /// CONNECTION_CLOSE, no stream data), and the client would never learn which requests
+    /// were not processed. The packet's acknowledgement brings the turn that closes.
+    pub(crate) fn done(self, sent: impl FnOnce() -> u64) -> bool {
+        matches!(self, GoAway::Final { mark, .. } if sent() > mark)
     }
 
     /// When the connection wants its next turn for the GOAWAY.
@@ -111,10 +125,13 @@ mod tests {
     fn only_requests_at_or_past_the_final_id_are_refused() {
         assert!(!GoAway::None.rejects(0));
         assert!(!GoAway::Announced { at: Instant::now(), tries: 0 }.rejects(1 << 40));
-        assert!(!GoAway::Final(8).rejects(4));
-        assert!(GoAway::Final(8).rejects(8));
-        assert!(GoAway::Final(8).rejects(12));
-        assert!(GoAway::Final(8).done() && !GoAway::None.done());
+        let last = GoAway::Final { id: 8, mark: 5 };
+        assert!(!last.rejects(4));
+        assert!(last.rejects(8));
+        assert!(last.rejects(12));
+        assert!(!GoAway::None.done(|| 6));
+        // Not in the turn that wrote the frame: only once a packet has left since.
+        assert!(!last.done(|| 5) && last.done(|| 6));
         assert_eq!(LAST_POSSIBLE_REQUEST % 4, 0);
     }
 
@@ -128,7 +145,7 @@ mod tests {
         let mut now = t0;
         let mut waits = Vec::new();
         for _ in 0..10 {
-            g = g.next(now, rtt, |_| false, Some(8));
+            g = g.next(now, rtt, |_| false, Some(8), 0);
             let due = g.due().expect("a refused frame has a timer");
             assert!(due > now + udpx_quic::PACING_SLACK, "due in the future: {g:?}");
             waits.push(due - now);
@@ -138,17 +155,21 @@ mod tests {
         assert_eq!(waits[1], 2 * rtt);
         assert_eq!(*waits.last().unwrap(), BETWEEN.1, "at most a second: {waits:?}");
         // Credit came back: the first frame goes, the second is due two round trips on.
-        g = g.next(now, rtt, |id| id == LAST_POSSIBLE_REQUEST, Some(8));
+        g = g.next(now, rtt, |id| id == LAST_POSSIBLE_REQUEST, Some(8), 0);
         assert_eq!(g, GoAway::Announced { at: now + 2 * rtt, tries: 0 });
         // The second, refused while due, then taken.
         now += 2 * rtt;
-        g = g.next(now, rtt, |_| false, Some(8));
+        g = g.next(now, rtt, |_| false, Some(8), 0);
         assert_eq!(g, GoAway::Announced { at: now + rtt, tries: 1 });
-        assert_eq!(g.next(now, rtt, |_| true, Some(8)), GoAway::Announced { at: now + rtt, tries: 1 }, "not yet due");
+        assert_eq!(
+            g.next(now, rtt, |_| true, Some(8), 0),
+            GoAway::Announced { at: now + rtt, tries: 1 },
+            "not yet due"
+        );
         now += rtt;
-        assert_eq!(g.next(now, rtt, |_| true, Some(8)), GoAway::Final(12));
+        assert_eq!(g.next(now, rtt, |_| true, Some(8), 7), GoAway::Final { id: 12, mark: 7 });
         // A tiny RTT still waits at least BETWEEN.0.
-        let g = GoAway::None.next(t0, Duration::from_micros(50), |_| false, None);
+        let g = GoAway::None.next(t0, Duration::from_micros(50), |_| false, None, 0);
         assert_eq!(g.due(), Some(t0 + BETWEEN.0));
     }
 }

@@ -595,7 +595,7 @@ impl App for FileServer {
             }
         }
         st.h3 = Some(h3);
-        if st.goaway.done() && st.responses.is_empty() && {
+        if st.responses.is_empty() && st.goaway.done(|| conn.stats().sent as u64) && {
             // A stream quiche still holds has data not yet acknowledged (or its request side
             // open): closing now would cut its end off.
             st.sent.retain(|&s| conn.stream_capacity(s).is_ok());

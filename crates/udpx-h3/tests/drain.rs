@@ -136,6 +136,31 @@ fn the_drain_deadline_closes_what_is_left() {
 /// go, the response finishes whole and the connection closes cleanly. (Before the fix the
 /// retry time stayed in the past and the shards turned hundreds of thousands of times in the
 /// watched seconds.)
+/// A connection whose last response has ended still gets both GOAWAY frames before its
+/// close: the close waits for a packet to carry the second (a closing connection sends no
+/// stream data), where a close in the turn that wrote the frame lost it.
+#[test]
+fn an_idle_connection_sees_both_goaways_before_the_close() {
+    let site = Site::new("drain-idle");
+    let want = site.file("small");
+    let server = start(&site);
+    let mut c = Raw::connect("127.0.0.1", server.local_addr(), &mut client_config(1 << 20)).with_h3();
+    assert_eq!(c.request("/small", true), Some(0));
+    let mut seen = Seen::default();
+    let whole = until(&mut c, &mut seen, 1 << 20, Duration::from_secs(10), |_, s| s.fin);
+    assert!(whole && seen.body == want, "the response ended: {} of {} B", seen.body.len(), want.len());
+    // Its acknowledgement reaches the server before the drain.
+    until(&mut c, &mut seen, 1 << 20, Duration::from_millis(200), |_, _| false);
+    server.drain(Duration::from_secs(60));
+    let closed = until(&mut c, &mut seen, 1 << 20, Duration::from_secs(10), |c, _| c.conn.is_closed());
+    assert!(closed, "the server closed the connection; GOAWAYs seen {:?}", seen.goaways);
+    assert_eq!(seen.goaways, vec![(1 << 62) - 4, 4], "both GOAWAY frames before the close");
+    let e = c.conn.peer_error().map(|e| (e.is_app, e.error_code));
+    assert_eq!(e, Some((true, H3_NO_ERROR)));
+    assert!(waits_for(&server, Duration::from_secs(10)), "the loops end once no connection is left");
+    server.stop().expect("stop");
+}
+
 #[test]
 fn a_goaway_that_cannot_go_waits_and_goes_once_the_client_reads_again() {
     let site = Site::new("drain-paused");
