@@ -17,8 +17,8 @@
 //!   without a cache (a file larger than the cache streams). Memory is bounded whatever the
 //!   number of paths: entries are blocks, at most the bound over the smallest block.
 //! - **Where the work is**: a lookup takes one lock (a hash map and a recency list); a fill
-//!   reads outside the lock, on the shard thread (from the page cache it does not block; a
-//!   cold disk would, see the docs).
+//!   reads outside the lock, on the shard thread, from the page cache only: a block the page
+//!   cache lacks is read by the disk thread first (`crate::disk`).
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
@@ -169,6 +169,19 @@ impl BlockCache {
     /// when the read failed or came short, or the file changed under it (`fstat` after the
     /// read differs from `id`): its bytes are not the version the response promised.
     pub fn block(&self, file: &File, id: &FileId, offset: u64) -> std::io::Result<Found> {
+        self.block_with(file, id, offset, |f, buf, at| f.read_exact_at(buf, at))
+    }
+
+    /// [`BlockCache::block`], reading a missing block with `read` (the responder's reads
+    /// only from the page cache, `crate::disk`): an `Err` of `read` keeps nothing and is
+    /// returned as it is.
+    pub fn block_with(
+        &self,
+        file: &File,
+        id: &FileId,
+        offset: u64,
+        read: impl FnOnce(&File, &mut [u8], u64) -> std::io::Result<()>,
+    ) -> std::io::Result<Found> {
         let index = offset / BLOCK as u64;
         let key = (*id, index);
         if let Some(b) = self.lock().touch(key) {
@@ -181,7 +194,7 @@ impl BlockCache {
             self.uncached.fetch_add(1, Relaxed);
             return Ok(Found::NoRoom);
         };
-        file.read_exact_at(block.bytes_mut(), start)?;
+        read(file, block.bytes_mut(), start)?;
         self.bytes_filled.fetch_add(len as u64, Relaxed);
         if FileId::of(&file.metadata()?) != *id {
             self.uncached.fetch_add(1, Relaxed);

@@ -89,6 +89,8 @@ pub struct Site {
     log: Option<crate::accesslog::AccessLog>,
     /// The access log's file (`None`: none, or standard output), for [`Site::reopen_log`].
     log_path: Option<PathBuf>,
+    /// The disk thread HTTP/3 bodies' cold reads go to.
+    pub(crate) disk: crate::disk::Disk,
 }
 
 impl std::fmt::Debug for Site {
@@ -327,6 +329,14 @@ pub struct HttpSnapshot {
     /// Access-log lines dropped: the writer's queue was full (a disk or pipe slower than the
     /// responses).
     pub log_dropped: u64,
+    /// HTTP/3 body reads the page cache could not serve: handed to the disk thread while the
+    /// response waited (`crate::disk`), never read on a shard thread.
+    pub disk_waits: u64,
+    /// Of them, those the disk thread's full queue refused (the response waited on).
+    pub disk_queue_full: u64,
+    /// Body reads made on a shard thread that could block: the file system refused
+    /// `RWF_NOWAIT`.
+    pub disk_blocking_reads: u64,
 }
 
 impl HttpCounters {
@@ -390,6 +400,8 @@ impl HttpCounters {
             heads_refused: g(&self.heads_refused),
             heads_timed_out: g(&self.heads_timed_out),
             log_dropped: g(&self.log_dropped),
+            // The disk's: Site::counters fills them in.
+            ..HttpSnapshot::default()
         }
     }
 }
@@ -426,6 +438,7 @@ impl Site {
             counters: HttpCounters::default(),
             log: log.map(crate::accesslog::AccessLog::start).transpose().map_err(Error::Io)?,
             log_path,
+            disk: crate::disk::Disk::default(),
         })
     }
 
@@ -455,7 +468,13 @@ impl Site {
 
     /// The counters so far.
     pub fn counters(&self) -> HttpSnapshot {
-        self.counters.snapshot()
+        let d = &self.disk.counters;
+        HttpSnapshot {
+            disk_waits: d.waits.load(Relaxed),
+            disk_queue_full: d.queue_full.load(Relaxed),
+            disk_blocking_reads: d.blocking_reads.load(Relaxed),
+            ..self.counters.snapshot()
+        }
     }
 
     /// The answer to `req` (counted by status).

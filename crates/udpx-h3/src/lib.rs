@@ -30,6 +30,7 @@ mod accesslog;
 pub mod cache;
 pub mod client;
 pub mod cors;
+mod disk;
 pub mod files;
 mod goaway;
 pub mod heads;

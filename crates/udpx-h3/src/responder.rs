@@ -71,7 +71,6 @@ use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::fs::File;
 use std::net::{IpAddr, SocketAddr};
-use std::os::unix::fs::FileExt;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -82,6 +81,7 @@ use udpx_quic::App;
 
 use crate::cache::BLOCK;
 use crate::cache::{BlockCache, FileId, Found};
+use crate::disk::Warming;
 use crate::goaway::{GoAway, H3_REQUEST_REJECTED};
 use crate::heads::{HeadBudget, Heads};
 use crate::http::{LogEntry, RequestHead, Site, CHUNK};
@@ -270,6 +270,11 @@ struct Body {
     /// The request target and the file's ETag, to open it again after a park.
     target: Box<[u8]>,
     etag: String,
+    /// The disk thread's read of the range the page cache lacked, while the response waits
+    /// for it (`crate::disk`).
+    warming: Option<Warming>,
+    /// Tries since the page cache last served a read: the wait before the next doubles.
+    disk_tries: u32,
 }
 
 impl Body {
@@ -303,10 +308,35 @@ impl Reader {
     /// (the rest of the cached block that holds it), else read (positionally) a [`BLOCK`]
     /// while more than a [`CHUNK`] is left and the shard's read-ahead allows, else at most a
     /// [`CHUNK`]. `Err` when the file failed, shrank or changed under us.
+    ///
+    /// Reads come from the page cache only: where it lacks a byte the range goes to the disk
+    /// thread and the answer is `Err(WouldBlock)`; the response tries again later
+    /// ([`Progress::Disk`]).
     fn read(&mut self, b: &mut Body) -> std::io::Result<Buf> {
+        let got = self.read_cached(b);
+        match &got {
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                if b.warming.as_ref().is_none_or(Warming::done) {
+                    if let Some((file, _)) = b.open.as_ref() {
+                        let offset = b.end - b.left;
+                        let start = offset - offset % BLOCK as u64;
+                        let len = (BLOCK as u64).min(b.end - start) as usize;
+                        b.warming = self.site.disk.warm(file, start, len);
+                    }
+                }
+                b.disk_tries += 1;
+            }
+            _ => (b.warming, b.disk_tries) = (None, 0),
+        }
+        got
+    }
+
+    fn read_cached(&mut self, b: &mut Body) -> std::io::Result<Buf> {
         let offset = b.end - b.left;
+        let counters = &self.site.disk.counters;
+        let read = |f: &File, buf: &mut [u8], at: u64| crate::disk::read_cached(f, buf, at, counters);
         if let (Some(cache), Some((file, _))) = (&self.cache, b.open.as_ref()) {
-            let block = match cache.block(file, &b.id, offset)? {
+            let block = match cache.block_with(file, &b.id, offset, read)? {
                 Found::Block(block) => Some(block),
                 Found::Filled(block) => {
                     self.site.count_read(block.len());
@@ -335,7 +365,7 @@ impl Reader {
         let Some((file, _)) = b.open.as_mut() else {
             return Err(std::io::Error::other("the response holds no file"));
         };
-        let buf = pool.fill(n, &[], |s| file.read_exact_at(s, offset))?;
+        let buf = pool.fill(n, &[], |s| read(file, s, offset))?;
         self.site.count_read(n);
         b.left -= n as u64;
         Ok(buf)
@@ -377,6 +407,9 @@ pub(crate) struct ConnState {
     closing: bool,
     /// The highest request stream ID seen (for the final GOAWAY).
     last_request_id: Option<u64>,
+    /// Responses waiting for the disk thread ([`Progress::Disk`]), tried again at `disk_at`.
+    disk: Vec<u64>,
+    disk_at: Option<Instant>,
     /// The graceful stop's GOAWAY frames.
     goaway: GoAway,
     /// Streams whose response quiche has taken whole but may not have delivered yet (pruned
@@ -441,6 +474,8 @@ impl App for FileServer {
             last_active: Instant::now(),
             closing: false,
             last_request_id: None,
+            disk: Vec::new(),
+            disk_at: None,
             goaway: GoAway::None,
             sent: Vec::new(),
             spread_at: {
@@ -565,9 +600,16 @@ impl App for FileServer {
             return;
         }
         // The new responses go as far as their streams take them; then the parked ones whose
-        // streams quiche says are writable again. No other response is looked at.
+        // streams quiche says are writable again, and those that waited for the disk when
+        // their time has come. No other response is looked at.
         let writable = std::iter::from_fn(|| conn.stream_writable_next()).collect::<Vec<u64>>();
-        for sid in fresh.into_iter().chain(writable) {
+        let disk = if st.disk_at.is_some_and(|t| t <= due) {
+            st.disk_at = None;
+            std::mem::take(&mut st.disk)
+        } else {
+            Vec::new()
+        };
+        for sid in fresh.into_iter().chain(writable).chain(disk) {
             let Some(r) = st.responses.get_mut(&sid) else { continue };
             // A parked response whose client reads again: its file opened again, or the
             // stream reset.
@@ -576,6 +618,16 @@ impl App for FileServer {
                 Err(()) => Progress::Failed,
             };
             match outcome {
+                Progress::Disk => {
+                    let tries = r.body.as_ref().map_or(1, |b| b.disk_tries);
+                    let at = now + disk_wait(tries);
+                    st.disk_at = Some(st.disk_at.map_or(at, |t| t.min(at)));
+                    if !st.disk.contains(&sid) {
+                        st.disk.push(sid);
+                    }
+                    let check = r.next_check(&self.bounds);
+                    st.stall_check = Some(st.stall_check.map_or(check, |t| t.min(check)));
+                }
                 Progress::Waiting => {
                     // It must move again within the stall timeout.
                     let check = r.next_check(&self.bounds);
@@ -613,7 +665,7 @@ impl App for FileServer {
         }
         let idle = st.responses.is_empty().then_some(st.last_active + self.bounds.idle);
         let goaway = if st.goaway == GoAway::None { self.goaway_from(st) } else { st.goaway.due() };
-        [st.stall_check, idle, goaway, st.heads.deadline()].into_iter().flatten().min()
+        [st.stall_check, idle, goaway, st.heads.deadline(), st.disk_at].into_iter().flatten().min()
     }
 
     fn drain(&mut self, spread: Duration) {
@@ -771,6 +823,8 @@ impl FileServer {
                 pending: None,
                 target: p.into(),
                 etag: b.etag,
+                warming: None,
+                disk_tries: 0,
             }),
             _ => None,
         };
@@ -978,6 +1032,13 @@ fn data_header(len: u64) -> ([u8; DATA_HEADER_MAX], usize) {
     (h, 1 + n)
 }
 
+/// How long a response waits for the disk thread before it tries the page cache again, after
+/// `tries` refusals: 1 ms, doubling to 32 ms (a disk read takes from a tenth of a millisecond
+/// to tens; the tries are a few a response, not a spin).
+fn disk_wait(tries: u32) -> Duration {
+    Duration::from_millis(1 << tries.saturating_sub(1).min(5))
+}
+
 /// Where a response stands after [`progress`] (or a refused resume).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Progress {
@@ -985,6 +1046,9 @@ enum Progress {
     Done,
     /// The stream takes no more for now; quiche reports it writable again.
     Waiting,
+    /// The page cache lacks the next bytes: the disk thread reads them, and the response is
+    /// tried again after `disk_wait` (quiche knows nothing of it).
+    Disk,
     /// The stream is gone (reset, stopped), the file failed, or a parked response could not
     /// go on: it ends unsent and its stream is reset.
     Failed,
@@ -1043,6 +1107,7 @@ fn progress(
             }
             None => match reader.read(b) {
                 Ok(buf) => buf,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Progress::Disk,
                 // The file shrank or failed under us: the stream cannot be completed honestly.
                 Err(_) => return Progress::Failed,
             },

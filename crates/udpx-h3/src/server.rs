@@ -587,6 +587,17 @@ impl udpx_metrics::Source for MetricsSource {
             ),
             c("http_trailers", "Trailer sections on requests, read and ignored", h.trailers),
             c("http_log_dropped", "Access-log lines dropped: the writer's queue was full", h.log_dropped),
+            c(
+                "http_disk_waits",
+                "HTTP/3 body reads the page cache could not serve, handed to the disk thread",
+                h.disk_waits,
+            ),
+            c("http_disk_queue_full", "Of them, those the disk thread's full queue refused", h.disk_queue_full),
+            c(
+                "http_disk_blocking_reads",
+                "Body reads on a shard thread that could block: the file system refused RWF_NOWAIT",
+                h.disk_blocking_reads,
+            ),
             level(
                 "http_unfinished_heads",
                 "HTTP/3 request streams with data and no whole head yet (quiche holds the partial frame)",

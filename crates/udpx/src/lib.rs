@@ -83,6 +83,8 @@ pub use shard::{Shard, ShardGroup, Steering};
 pub use socket::{RecvMode, ReusePort, SocketConfig, UdpSocket};
 #[cfg(feature = "fault-injection")]
 pub use sys::fault::Fault;
+/// Reads of served files that never wait for the disk.
+pub use sys::file;
 
 /// The control-message codec, for fuzz targets and micro benchmarks (feature `internals`):
 /// not a stable API.

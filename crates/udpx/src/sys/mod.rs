@@ -20,6 +20,7 @@ pub mod bpf;
 pub mod cmsg;
 pub(crate) mod errqueue;
 pub mod fault;
+pub mod file;
 pub(crate) mod mmsg;
 pub(crate) mod netlink;
 #[cfg(feature = "io-uring")]
