@@ -176,6 +176,9 @@ pub struct LogEntry<'a> {
 /// What the access log says of a QUIC connection when it closes (one line each).
 #[derive(Debug, Clone)]
 pub struct ConnClose<'a> {
+    /// `h3`, or over TCP `h2`, `http/1.1`, `tls` (no request: the handshake failed or the
+    /// client asked nothing).
+    pub protocol: &'static str,
     /// The client (its address when the connection closed).
     pub peer: SocketAddr,
     /// From its acceptance to its close.
@@ -183,19 +186,21 @@ pub struct ConnClose<'a> {
     /// Smoothed and minimum round-trip time of its path.
     pub rtt: Duration,
     pub min_rtt: Option<Duration>,
-    /// Packets sent, declared lost, retransmitted.
-    pub sent: usize,
-    pub lost: usize,
-    pub retransmitted: usize,
+    /// Packets sent, declared lost, retransmitted (over TCP: segments sent, counted lost at
+    /// the close, retransmitted).
+    pub sent: u64,
+    pub lost: u64,
+    pub retransmitted: u64,
     /// Its congestion controller and final window, bytes.
-    pub cc: &'static str,
-    pub cwnd: usize,
-    /// Bytes sent and received (UDP payload).
+    pub cc: &'a str,
+    pub cwnd: u64,
+    /// Bytes sent and received (UDP payload; over TCP, the kernel's TCP byte counts).
     pub bytes_sent: u64,
     pub bytes_received: u64,
     /// Requests it made.
     pub requests: u64,
     /// `server`, `client`, or `idle` (no packet for its idle timeout: nobody sent a close).
+    /// Over TCP: `client` when the client's FIN came first, else `server`.
     pub closed_by: &'static str,
     /// The CONNECTION_CLOSE's error code (`app:` for an application's) and reason.
     pub error: Option<(bool, u64, &'a [u8])>,
@@ -632,7 +637,13 @@ impl Site {
         }
     }
 
-    /// Writes the access-log line of a QUIC connection that closed (when the log is on).
+    /// Whether an access log is on (a connection's figures are gathered only then).
+    pub fn logs(&self) -> bool {
+        self.log.is_some()
+    }
+
+    /// Writes the access-log line of a connection that closed, QUIC or TCP (when the log is
+    /// on).
     pub fn connection_closed(&self, c: &ConnClose<'_>) {
         let Some(log) = &self.log else { return };
         let ms = |d: Duration| d.as_secs_f64() * 1e3;
@@ -644,10 +655,11 @@ impl Site {
             None => String::new(),
         };
         let line = format!(
-            "{} {} CONNECTION h3 closed_by={} duration={:.3}ms requests={} rtt={:.3}ms min_rtt={} \
+            "{} {} CONNECTION {} closed_by={} duration={:.3}ms requests={} rtt={:.3}ms min_rtt={} \
              sent={} lost={} retransmitted={} cc={} cwnd={} bytes_sent={} bytes_received={}{error}\n",
             humantime::format_rfc3339_millis(SystemTime::now()),
             c.peer,
+            c.protocol,
             c.closed_by,
             ms(c.duration),
             c.requests,

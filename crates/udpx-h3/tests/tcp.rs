@@ -193,6 +193,30 @@ fn curl_over_http2_and_http1() {
     let m = s.server.serve_metrics("127.0.0.1:0".parse().unwrap()).unwrap();
     let text = udpx_metrics::scrape(m.local_addr()).unwrap();
     drop(m);
+    // A line per TCP connection at its close, as for QUIC's: curl closed each (its FIN
+    // first), one request each but the keep-alive pair's two.
+    let closed = Instant::now();
+    let closes = loop {
+        let closes: Vec<String> = s.log().into_iter().filter(|l| l.contains(" CONNECTION ")).collect();
+        if closes.len() >= 13 || closed.elapsed() > DEADLINE {
+            break closes;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    eprintln!("{}", closes.join("\n"));
+    for protocol in ["h2", "http/1.1"] {
+        let mine: Vec<&String> = closes.iter().filter(|l| l.contains(&format!(" CONNECTION {protocol} "))).collect();
+        assert!(mine.len() >= 6, "{protocol}: a line per connection: {closes:#?}");
+        for l in &mine {
+            for field in ["closed_by=client", "requests=", "rtt=", "min_rtt=", "sent=", "cc=", "cwnd=", "bytes_sent="] {
+                assert!(l.contains(field), "{field} in {l}");
+            }
+        }
+        let most = mine.iter().map(|l| l.split("bytes_sent=").nth(1).unwrap().split(' ').next().unwrap());
+        let most = most.map(|b| b.parse::<u64>().unwrap()).max().unwrap();
+        assert!(most > BIG as u64, "{protocol}: the big download's connection sent it all ({most})");
+    }
+    assert!(closes.iter().any(|l| l.contains(" CONNECTION http/1.1 ") && l.contains(" requests=2 ")), "{closes:#?}");
     let c = s.server.stop().unwrap();
     let h = &c.http;
     assert_eq!((h.partial, h.not_found, h.incomplete), (4, 2, 0), "{h:?}");
@@ -259,6 +283,16 @@ fn hostile_listener(
     limits: udpx_h3::tcp::TcpLimits,
     size: usize,
 ) -> (TempDir, TcpServer, Vec<u8>, PathBuf, Arc<Site>) {
+    listener_logging(tag, limits, size, false)
+}
+
+/// [`hostile_listener`], with the access log in `access.log` of the temp dir if `log`.
+fn listener_logging(
+    tag: &str,
+    limits: udpx_h3::tcp::TcpLimits,
+    size: usize,
+    log: bool,
+) -> (TempDir, TcpServer, Vec<u8>, PathBuf, Arc<Site>) {
     let tmp = TempDir::new(tag);
     let www = tmp.path().join("www");
     std::fs::create_dir_all(&www).unwrap();
@@ -268,7 +302,8 @@ fn hostile_listener(
     let (cert, key) = (tmp.path().join("cert.pem"), tmp.path().join("key.pem"));
     std::fs::write(&cert, ck.cert.pem()).unwrap();
     std::fs::write(&key, ck.key_pair.serialize_pem()).unwrap();
-    let site = Arc::new(Site::new(&www, &SiteOptions::default()).unwrap());
+    let opts = SiteOptions { access_log: log.then(|| tmp.path().join("access.log")), ..SiteOptions::default() };
+    let site = Arc::new(Site::new(&www, &opts).unwrap());
     let server = TcpServer::start_with("127.0.0.1:0".parse().unwrap(), &cert, &key, site.clone(), limits).unwrap();
     (tmp, server, big, cert, site)
 }
@@ -449,7 +484,7 @@ fn an_idle_http2_connection_is_closed() {
         idle: Duration::from_secs(2),
         ..Default::default()
     };
-    let (_tmp, server, _, cert, _) = hostile_listener("tcp-idle", limits, 1000);
+    let (tmp, server, _, cert, site) = listener_logging("tcp-idle", limits, 1000, true);
     let addr = server.local_addr();
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     let closed = rt.block_on(async move {
@@ -470,6 +505,11 @@ fn an_idle_http2_connection_is_closed() {
     assert!(closed, "the server closed the idle connection");
     let c = server.stop();
     assert_eq!((c.idle_closed, c.too_slow), (1, 0), "{c:?}");
+    // Its close line says the server ended it.
+    site.flush_log().unwrap();
+    let log = std::fs::read_to_string(tmp.path().join("access.log")).unwrap();
+    let line = log.lines().find(|l| l.contains(" CONNECTION h2 ")).unwrap_or_else(|| panic!("no close line: {log}"));
+    assert!(line.contains(" closed_by=server ") && line.contains(" requests=1 "), "{line}");
 }
 
 /// At the connection cap the connection idle longest is closed to make room for a new one

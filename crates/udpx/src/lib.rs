@@ -85,6 +85,8 @@ pub use socket::{RecvMode, ReusePort, SocketConfig, UdpSocket};
 pub use sys::fault::Fault;
 /// Reads of served files that never wait for the disk.
 pub use sys::file;
+/// What the kernel knows of a TCP connection, for a line per connection.
+pub use sys::tcp;
 
 /// The control-message codec, for fuzz targets and micro benchmarks (feature `internals`):
 /// not a stable API.

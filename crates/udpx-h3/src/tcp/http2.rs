@@ -75,6 +75,7 @@ pub(super) async fn serve<T: AsyncRead + AsyncWrite + Unpin>(io: T, mut cx: Conn
             r = conn.accept() => match r {
                 Some(Ok((req, respond))) => {
                     cx.activity.requests.fetch_add(1, Ordering::Relaxed);
+                    cx.activity.protocol.get_or_init(|| "h2");
                     cx.activity.touch();
                     let (head, _body) = req.into_parts(); // a request body is not read: dropped
                     let a = answer(&cx.site, cx.peer, &head, "h2");
@@ -89,10 +90,12 @@ pub(super) async fn serve<T: AsyncRead + AsyncWrite + Unpin>(io: T, mut cx: Conn
             Ok(deadline) = cx.drain.wait_for(Option::is_some), if close_at.is_none() => {
                 close_at = *deadline;
                 drop(deadline);
+                cx.activity.server_closes();
                 conn.graceful_shutdown();
             }
             () = cx.activity.evict.notified(), if close_at.is_none() => {
                 log::debug!("udpx-h3: {}: idle at the connection cap: closed", cx.peer);
+                cx.activity.server_closes();
                 conn.graceful_shutdown();
                 close_at = Some(Instant::now() + Duration::from_secs(1));
             }
@@ -116,6 +119,7 @@ pub(super) async fn serve<T: AsyncRead + AsyncWrite + Unpin>(io: T, mut cx: Conn
             }
             () = tokio::time::sleep_until(pong_due.unwrap_or_else(Instant::now)), if pong_due.is_some() => {
                 log::debug!("udpx-h3: {}: no PING answer within {H2_PING_TIMEOUT:?}: closed", cx.peer);
+                cx.activity.server_closes();
                 return;
             }
             _ = check.tick(), if close_at.is_none() => {
@@ -126,6 +130,7 @@ pub(super) async fn serve<T: AsyncRead + AsyncWrite + Unpin>(io: T, mut cx: Conn
                 } else if active_at.elapsed() >= cx.limits.idle {
                     cx.counters.idle_closed.fetch_add(1, Ordering::Relaxed);
                     log::debug!("udpx-h3: {}: idle for {:?}: closed", cx.peer, cx.limits.idle);
+                    cx.activity.server_closes();
                     conn.graceful_shutdown();
                     close_at = Some(Instant::now() + Duration::from_secs(1));
                 }

@@ -568,7 +568,8 @@ async fn accept_loop(l: Listener, drain: watch::Receiver<Option<tokio::time::Ins
         let _ = tcp.set_nodelay(true);
         let written = Arc::new(AtomicU64::new(0));
         let linger_cap = limits.max_connections;
-        let tcp = Metered { inner: Some(tcp), written: written.clone(), counters: counters.clone(), linger_cap };
+        let line = CloseLine { site: site.clone(), peer, opened: Instant::now(), activity: activity.clone() };
+        let tcp = Metered { inner: Some(tcp), written: written.clone(), counters: counters.clone(), linger_cap, line };
         let (acceptor, site, counters) = (acceptor.clone(), site.clone(), counters.clone());
         tokio::spawn(async move {
             let _held = (permit, share, open);
@@ -581,6 +582,7 @@ async fn accept_loop(l: Listener, drain: watch::Receiver<Option<tokio::time::Ins
                 }
                 Err(_) => {
                     counters.tls_failed.fetch_add(1, Ordering::Relaxed);
+                    activity.server_closes();
                     log::debug!("udpx-h3: {peer}: no TLS handshake within {HANDSHAKE_TIMEOUT:?}");
                     return;
                 }
@@ -646,11 +648,13 @@ async fn accept_loop(l: Listener, drain: watch::Receiver<Option<tokio::time::Ins
                     Ok(deadline) = drain.wait_for(Option::is_some), if close_at.is_none() => {
                         close_at = *deadline;
                         drop(deadline);
+                        activity.server_closes();
                         conn.as_mut().graceful_shutdown();
                     }
                     () = activity.evict.notified(), if close_at.is_none() => {
                         // Idle at the cap: closed to make room (GOAWAY first for HTTP/2).
                         log::debug!("udpx-h3: {peer}: idle at the connection cap: closed");
+                        activity.server_closes();
                         conn.as_mut().graceful_shutdown();
                         close_at = Some(tokio::time::Instant::now() + Duration::from_secs(1));
                     }
@@ -667,6 +671,7 @@ async fn accept_loop(l: Listener, drain: watch::Receiver<Option<tokio::time::Ins
                         // future is dropped), counted.
                         if busy && busy_since_check && now - seen < limits.min_bytes {
                             counters.too_slow.fetch_add(1, Ordering::Relaxed);
+                            activity.server_closes();
                             log::debug!("udpx-h3: {peer}: {} B in {:?} with a response under way: closed", now - seen, limits.window);
                             return;
                         }
@@ -677,6 +682,7 @@ async fn accept_loop(l: Listener, drain: watch::Receiver<Option<tokio::time::Ins
                             (requests_seen, active_at) = (r, Instant::now());
                         } else if active_at.elapsed() >= limits.idle {
                             counters.idle_closed.fetch_add(1, Ordering::Relaxed);
+                            activity.server_closes();
                             log::debug!("udpx-h3: {peer}: idle for {:?}: closed", limits.idle);
                             return;
                         }
@@ -725,6 +731,11 @@ struct Activity {
     evicted: AtomicBool,
     /// Told to close: idle at the cap.
     evict: tokio::sync::Notify,
+    /// `h2` or `http/1.1`, once known (its close line's).
+    protocol: std::sync::OnceLock<&'static str>,
+    /// The server began its close (a drain, an eviction, the idle or slow-reader rule, a
+    /// handshake or PING timeout); else the client ended it (its close line's `closed_by`).
+    server_closed: AtomicBool,
 }
 
 impl Activity {
@@ -737,7 +748,14 @@ impl Activity {
             ready: AtomicBool::new(false),
             evicted: AtomicBool::new(false),
             evict: tokio::sync::Notify::new(),
+            protocol: std::sync::OnceLock::new(),
+            server_closed: AtomicBool::new(false),
         }
+    }
+
+    /// The server begins the close.
+    fn server_closes(&self) {
+        self.server_closed.store(true, Ordering::Relaxed);
     }
 
     fn touch(&self) {
@@ -824,6 +842,46 @@ struct Metered {
     counters: Arc<TcpCounters>,
     /// At most this many sockets linger at once (more are closed at once).
     linger_cap: usize,
+    /// For its line in the access log at the close.
+    line: CloseLine,
+}
+
+/// What a TCP connection's close line needs beside the kernel's figures.
+struct CloseLine {
+    site: Arc<Site>,
+    peer: SocketAddr,
+    opened: Instant,
+    activity: Arc<Activity>,
+}
+
+impl CloseLine {
+    /// Writes the line (when the site logs), with `tcp`'s `TCP_INFO`.
+    fn write(&self, tcp: &tokio::net::TcpStream) {
+        use std::os::fd::AsFd;
+        if !self.site.logs() {
+            return;
+        }
+        let fd = tcp.as_fd();
+        let i = udpx::tcp::info(fd).unwrap_or_default();
+        let cc = udpx::tcp::congestion(fd).unwrap_or_else(|_| "-".into());
+        self.site.connection_closed(&crate::http::ConnClose {
+            protocol: self.activity.protocol.get().copied().unwrap_or("tls"),
+            peer: self.peer,
+            duration: self.opened.elapsed(),
+            rtt: i.rtt,
+            min_rtt: Some(i.min_rtt).filter(|d| !d.is_zero()),
+            sent: i.segs_out,
+            lost: i.lost,
+            retransmitted: i.total_retrans,
+            cc: &cc,
+            cwnd: i.cwnd,
+            bytes_sent: i.bytes_sent,
+            bytes_received: i.bytes_received,
+            requests: self.activity.requests.load(Ordering::Relaxed),
+            closed_by: if self.activity.server_closed.load(Ordering::Relaxed) { "server" } else { "client" },
+            error: None,
+        });
+    }
 }
 
 impl Metered {
@@ -835,6 +893,7 @@ impl Metered {
 impl Drop for Metered {
     fn drop(&mut self) {
         let Some(tcp) = self.inner.take() else { return };
+        self.line.write(&tcp);
         // Dropped outside the runtime (it is shutting down): closed at once.
         let Ok(rt) = tokio::runtime::Handle::try_current() else { return };
         let c = &self.counters;
@@ -973,6 +1032,7 @@ fn respond(
     activity: &Arc<Activity>,
 ) -> Response<FileStream> {
     let protocol = if req.version() == Version::HTTP_2 { "h2" } else { "http/1.1" };
+    activity.protocol.get_or_init(|| protocol);
     let (head, _) = req.into_parts();
     let Answered { status, headers, body, log } = answer(site, peer, &head, protocol);
     let mut resp = Response::new(FileStream::new(body, log, activity.clone()));

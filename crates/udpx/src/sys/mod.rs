@@ -23,6 +23,7 @@ pub mod fault;
 pub mod file;
 pub(crate) mod mmsg;
 pub(crate) mod netlink;
+pub mod tcp;
 #[cfg(feature = "io-uring")]
 pub(crate) mod uring;
 #[cfg(feature = "io-uring")]
