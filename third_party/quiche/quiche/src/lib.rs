@@ -492,6 +492,10 @@ const CONNECTION_WINDOW_FACTOR: f64 = 1.5;
 // validation as failed.
 const MAX_PROBING_TIMEOUTS: usize = 3;
 
+// The most times a server resends its handshake flight early because a client
+// said it lacks it (RFC 9002 6.2.3).
+const MAX_EARLY_CRYPTO_RESENDS: u8 = 4;
+
 // The default initial congestion window size in terms of packet count.
 const DEFAULT_INITIAL_CONGESTION_WINDOW_PACKETS: usize = 10;
 
@@ -1510,6 +1514,11 @@ where
     /// Whether the connection handshake has been completed.
     handshake_completed: bool,
 
+    /// How many times a client's handshake packet made the server resend its
+    /// unacknowledged handshake data before its own probe timeout (RFC 9002
+    /// 6.2.3); at most MAX_EARLY_CRYPTO_RESENDS.
+    early_crypto_resends: u8,
+
     /// Whether the HANDSHAKE_DONE frame has been sent.
     handshake_done_sent: bool,
 
@@ -2172,6 +2181,8 @@ impl<F: BufFactory> Connection<F> {
             parsed_peer_transport_params: false,
 
             handshake_completed: false,
+
+            early_crypto_resends: 0,
 
             handshake_done_sent: false,
             handshake_done_acked: false,
@@ -3514,6 +3525,30 @@ impl<F: BufFactory> Connection<F> {
             return Err(e);
         }
 
+        // RFC 9002 6.2.3: an ack-eliciting Initial or Handshake packet from a
+        // client whose handshake is not complete (its ClientHello again, or a
+        // probe) says it lacks the server's flight. The server resends what of
+        // it is unacknowledged now, not at its own next probe timeout (which
+        // backs off and may come after the client gave up), a few times per
+        // connection so that a client cannot make it send without bound (the
+        // anti-amplification limit still applies to every byte).
+        if self.is_server &&
+            ack_elicited &&
+            !self.handshake_completed &&
+            epoch != packet::Epoch::Application &&
+            self.early_crypto_resends < MAX_EARLY_CRYPTO_RESENDS
+        {
+            let p = self.paths.get_mut(recv_pid)?;
+            let mut any = false;
+            for e in [packet::Epoch::Initial, packet::Epoch::Handshake] {
+                any |= p.recovery.requeue_unacked_data(e);
+            }
+            if any {
+                self.early_crypto_resends += 1;
+                trace!("{} resends its handshake flight early", self.trace_id);
+            }
+        }
+
         // Only log the remote transport parameters once the connection is
         // established (i.e. after frames have been fully parsed) and only
         // once per connection.
@@ -4237,8 +4272,13 @@ impl<F: BufFactory> Connection<F> {
                         p.retrans_count += 1;
                     },
 
+                    // A lost ACK is sent again, but for a server's Initial
+                    // ACK (see "Create ACK frame" below: a repeated one would
+                    // give the client a stale RTT sample).
                     frame::Frame::ACK { .. } => {
-                        pkt_space.ack_elicited = true;
+                        if !(self.is_server && epoch == packet::Epoch::Initial) {
+                            pkt_space.ack_elicited = true;
+                        }
                     },
 
                     frame::Frame::ResetStream {
@@ -4562,8 +4602,22 @@ impl<F: BufFactory> Connection<F> {
         // generate an ACK (if there's anything to ACK) since we're going to
         // send a packet with PING anyways, even if we haven't received anything
         // ACK eliciting.
+        //
+        // A server's Initial packet repeats no ACK it has sent before (its
+        // probes would otherwise): an ACK of a ClientHello received long ago,
+        // in a probe after the first flight was lost, gives the client an RTT
+        // sample of the whole wait, since a client ignores the ACK delay of
+        // Initial packets (RFC 9002 5.3). Its RTT then counts in seconds and
+        // its own probes come seconds apart. The client needs no such ACK:
+        // the ServerHello it comes with moves it to the Handshake space, and
+        // its Initial packets are forgotten with their keys.
+        let repeats_initial_ack = self.is_server &&
+            epoch == packet::Epoch::Initial &&
+            !pkt_space.ack_elicited;
+
         if pkt_space.recv_pkt_need_ack.len() > 0 &&
-            (pkt_space.ack_elicited || ack_elicit_required) &&
+            (pkt_space.ack_elicited ||
+                (ack_elicit_required && !repeats_initial_ack)) &&
             (!is_closing ||
                 (pkt_type == Type::Handshake &&
                     self.local_error

@@ -8485,6 +8485,156 @@ fn handshake_anti_deadlock(
 }
 
 #[rstest]
+/// RFC 9002 6.2.4: when the server's whole first flight is lost, its probe
+/// carries both handshake spaces' unacknowledged data, coalesced, so that
+/// the client can finish the handshake from it (it used to carry the
+/// ServerHello only, the rest of the flight following at the next probe,
+/// twice as late).
+fn server_probe_carries_the_whole_flight(
+    #[values("cubic", "bbr2_gcongestion")] cc_algorithm_name: &str,
+) {
+    let mut buf = [0; 65535];
+
+    let mut config =
+        test_utils::Pipe::default_config_no_pq(cc_algorithm_name).unwrap();
+    let mut pipe = test_utils::Pipe::with_config(&mut config).unwrap();
+
+    let (len, _) = pipe.client.send(&mut buf).unwrap();
+    assert_eq!(pipe.server_recv(&mut buf[..len]), Ok(len));
+
+    // The server's first flight is lost.
+    let flight = test_utils::emit_flight(&mut pipe.server).unwrap();
+    assert!(flight.len() > 1, "a flight of more than one datagram");
+
+    // Its probe timeout fires.
+    let timeout = pipe.server.timeout().unwrap();
+    std::thread::sleep(timeout + Duration::from_millis(1));
+    pipe.server.on_timeout();
+
+    // What it sends now is the whole flight, its first datagram both spaces.
+    let (len, _) = pipe.server.send(&mut buf).unwrap();
+    assert_eq!(pipe.client_recv(&mut buf[..len]), Ok(len));
+    // Its Initial packet repeats no ACK of the ClientHello, received a probe
+    // timeout ago: the client would take the whole wait for a round trip (it
+    // ignores an Initial ACK's delay). It has no sample yet.
+    let client = &pipe.client.paths.get_active().unwrap().recovery;
+    assert_eq!(client.min_rtt(), None, "no RTT sample from a stale ACK");
+    assert_eq!(pipe.client.stats().recv, 2, "an Initial and a Handshake packet");
+    let rest = test_utils::emit_flight(&mut pipe.server).unwrap();
+    test_utils::process_flight(&mut pipe.client, rest).unwrap();
+    assert!(pipe.client.is_established());
+}
+
+#[rstest]
+/// RFC 9002 6.2.3: an ack-eliciting Initial from a client whose handshake is
+/// not complete makes the server resend its unacknowledged flight at once,
+/// not at its own probe timeout.
+fn server_resends_its_flight_when_a_client_probes(
+    #[values("cubic", "bbr2_gcongestion")] cc_algorithm_name: &str,
+) {
+    let mut buf = [0; 65535];
+
+    let mut config =
+        test_utils::Pipe::default_config_no_pq(cc_algorithm_name).unwrap();
+    let mut pipe = test_utils::Pipe::with_config(&mut config).unwrap();
+
+    let (len, _) = pipe.client.send(&mut buf).unwrap();
+    assert_eq!(pipe.server_recv(&mut buf[..len]), Ok(len));
+
+    // The server's first flight is lost.
+    test_utils::emit_flight(&mut pipe.server).unwrap();
+
+    // The client's probe timeout fires (before the server's: its Initial left
+    // first), and it probes.
+    let timeout = pipe.client.timeout().unwrap();
+    std::thread::sleep(timeout + Duration::from_millis(1));
+    pipe.client.on_timeout();
+    let (len, _) = pipe.client.send(&mut buf).unwrap();
+    assert_eq!(pipe.server_recv(&mut buf[..len]), Ok(len));
+    assert_eq!(pipe.server.early_crypto_resends, 1);
+
+    // The server's answer is the flight again, not just an ACK; it
+    // acknowledges the new packet.
+    let flight = test_utils::emit_flight(&mut pipe.server).unwrap();
+    test_utils::process_flight(&mut pipe.client, flight).unwrap();
+    assert!(pipe.client.is_established());
+    // The ACK of the new packet came with it: a fresh sample.
+    let client = &pipe.client.paths.get_active().unwrap().recovery;
+    assert!(client.min_rtt().is_some());
+}
+
+#[rstest]
+/// A client cannot make the server resend its flight early without bound:
+/// MAX_EARLY_CRYPTO_RESENDS times, then only the server's own probe timeout
+/// resends it.
+fn early_flight_resends_are_bounded(
+    #[values("cubic", "bbr2_gcongestion")] cc_algorithm_name: &str,
+) {
+    let mut buf = [0; 65535];
+
+    let mut config =
+        test_utils::Pipe::default_config_no_pq(cc_algorithm_name).unwrap();
+    let mut pipe = test_utils::Pipe::with_config(&mut config).unwrap();
+
+    let (len, _) = pipe.client.send(&mut buf).unwrap();
+    assert_eq!(pipe.server_recv(&mut buf[..len]), Ok(len));
+
+    for i in 0..MAX_EARLY_CRYPTO_RESENDS + 2 {
+        // Whatever the server sends is lost.
+        test_utils::emit_flight(&mut pipe.server).unwrap();
+
+        // The client sends its ClientHello again (as a probe would, without
+        // waiting for its doubling probe timeouts).
+        let client = &mut pipe.client.paths.get_active_mut().unwrap().recovery;
+        assert!(client.requeue_unacked_data(packet::Epoch::Initial));
+        let (len, _) = pipe.client.send(&mut buf).unwrap();
+        assert_eq!(pipe.server_recv(&mut buf[..len]), Ok(len));
+
+        let recovery = &pipe.server.paths.get_active().unwrap().recovery;
+        let queued = recovery.lost_frames_count(packet::Epoch::Initial) +
+            recovery.lost_frames_count(packet::Epoch::Handshake);
+        if i < MAX_EARLY_CRYPTO_RESENDS {
+            assert!(queued > 0, "probe {i}: the flight is queued again");
+        } else {
+            assert_eq!(queued, 0, "probe {i}: past the bound, nothing queued");
+        }
+    }
+    assert_eq!(pipe.server.early_crypto_resends, MAX_EARLY_CRYPTO_RESENDS);
+}
+
+#[rstest]
+/// A probe timeout resends the oldest unacknowledged data as far as the probes
+/// can carry it, not only the frames of as many packets as probes: three small
+/// packets, all lost, all come again in the first probe.
+fn probe_carries_as_much_old_data_as_fits(
+    #[values("cubic", "bbr2_gcongestion")] cc_algorithm_name: &str,
+) {
+    let mut buf = [0; 65535];
+
+    let mut pipe = test_utils::Pipe::new(cc_algorithm_name).unwrap();
+    assert_eq!(pipe.handshake(), Ok(()));
+
+    // Three small packets from the server, each lost.
+    for sid in [1, 5, 9] {
+        assert_eq!(pipe.server.stream_send(sid, b"hello", true), Ok(5));
+        let (len, _) = pipe.server.send(&mut buf).unwrap();
+        assert!(len < 100, "a small packet");
+    }
+    assert_eq!(pipe.server.send(&mut buf), Err(Error::Done));
+
+    // The probe timeout fires: what the server sends now carries all three.
+    let timeout = pipe.server.timeout().unwrap();
+    std::thread::sleep(timeout + Duration::from_millis(1));
+    pipe.server.on_timeout();
+    let flight = test_utils::emit_flight(&mut pipe.server).unwrap();
+    test_utils::process_flight(&mut pipe.client, flight).unwrap();
+
+    let mut readable = pipe.client.readable().collect::<Vec<u64>>();
+    readable.sort();
+    assert_eq!(readable, vec![1, 5, 9]);
+}
+
+#[rstest]
 /// Tests that packets with corrupted type (from Handshake to Initial) are
 /// properly ignored.
 fn handshake_packet_type_corruption(

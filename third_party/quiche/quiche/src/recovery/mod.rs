@@ -208,6 +208,14 @@ pub trait RecoveryOps {
 
     fn ping_sent(&mut self, epoch: packet::Epoch);
 
+    /// Queues the frames of `epoch`'s unacknowledged packets that carried data
+    /// to be sent again, unless frames queued by a probe are still waiting;
+    /// returns whether any were queued. For the handshake
+    /// spaces (RFC 9002 6.2.3 and 6.2.4: a server resends its unacknowledged
+    /// flight when the client says it lacks it, and a probe carries the other
+    /// handshake space's data too).
+    fn requeue_unacked_data(&mut self, epoch: packet::Epoch) -> bool;
+
     fn on_packet_sent(
         &mut self, pkt: Sent, epoch: packet::Epoch,
         handshake_status: HandshakeStatus, now: Instant, trace_id: &str,

@@ -116,6 +116,21 @@ struct LossDetectionResult {
 }
 
 impl RecoveryEpoch {
+    /// Queues the frames of every unacknowledged packet with data to be sent
+    /// again, unless earlier probe frames are still queued; whether any were.
+    /// For the handshake spaces, whose data is one flight of a few kilobytes.
+    fn requeue_unacked_data(&mut self) -> bool {
+        if self.in_flight_count == 0 || !self.lost_frames_pto.is_empty() {
+            return false;
+        }
+        for p in self.sent_packets.iter().filter(|p| {
+            p.has_data && p.time_acked.is_none() && p.time_lost.is_none()
+        }) {
+            self.lost_frames_pto.extend_from_slice(&p.frames);
+        }
+        !self.lost_frames_pto.is_empty()
+    }
+
     // `peer_sent_ack_ranges` should not be used without validation.
     fn detect_and_remove_acked_packets(
         &mut self, now: Instant, peer_sent_ack_ranges: &RangeSet,
@@ -391,6 +406,25 @@ pub struct LegacyRecovery {
 }
 
 impl LegacyRecovery {
+    /// RFC 9002 6.2.4: a probe of a handshake space also carries the other
+    /// handshake space's unacknowledged data, so that both go in one
+    /// datagram (see the same function of the gcongestion recovery).
+    fn probe_other_handshake_space(&mut self, pto_epoch: Epoch) {
+        if pto_epoch == Epoch::Application {
+            return;
+        }
+        for other in [Epoch::Initial, Epoch::Handshake] {
+            if other == pto_epoch || self.epochs[other].in_flight_count == 0 {
+                continue;
+            }
+            self.epochs[other].requeue_unacked_data();
+            if pto_epoch == Epoch::Initial {
+                self.epochs[pto_epoch].loss_probes = 1;
+                self.epochs[other].loss_probes = 1;
+            }
+        }
+    }
+
     pub fn new_with_config(recovery_config: &RecoveryConfig) -> Self {
         Self {
             epochs: Default::default(),
@@ -572,6 +606,10 @@ impl LegacyRecovery {
 }
 
 impl RecoveryOps for LegacyRecovery {
+    fn requeue_unacked_data(&mut self, epoch: Epoch) -> bool {
+        self.epochs[epoch].requeue_unacked_data()
+    }
+
     /// Returns whether or not we should elicit an ACK even if we wouldn't
     /// otherwise have constructed an ACK eliciting packet.
     fn should_elicit_ack(&self, epoch: Epoch) -> bool {
@@ -796,10 +834,13 @@ impl RecoveryOps for LegacyRecovery {
 
         self.pto_count += 1;
 
+        let pto_epoch = epoch;
+        let max_datagram_size = self.max_datagram_size;
         let epoch = &mut self.epochs[epoch];
 
         epoch.loss_probes =
             cmp::min(self.pto_count as usize, MAX_PTO_PROBES_COUNT);
+        let probes = epoch.loss_probes;
 
         let sent_packets_iter_limit = if !epoch.lost_frames_pto.is_empty() {
             // Skip the search for frames to add to PTO probes if frames
@@ -815,9 +856,17 @@ impl RecoveryOps for LegacyRecovery {
             // Skip packets that have already been acked or lost, and packets
             // that don't contain either CRYPTO or STREAM frames.
             .filter(|p| p.has_data && p.time_acked.is_none() && p.time_lost.is_none())
-            // Only return as many packets as the number of probe packets that
-            // will be sent.
-            .take(epoch.loss_probes);
+            // As many packets as probes, and more while they fit in the probes'
+            // datagrams: small packets (a HANDSHAKE_DONE, a ticket, a control
+            // stream) would otherwise fill every probe while a response sent
+            // after them is never resent, if the peer's ACKs of the probes are
+            // lost too.
+            .scan((0, 0), |(count, bytes), p| {
+                *count += 1;
+                *bytes += p.size;
+                (*count <= probes || *bytes <= probes * max_datagram_size)
+                    .then_some(p)
+            });
 
         // Retransmit the frames from the oldest sent packets on PTO. However
         // the packets are not actually declared lost (so there is no effect to
@@ -829,6 +878,8 @@ impl RecoveryOps for LegacyRecovery {
         for unacked in unacked_iter {
             epoch.lost_frames_pto.extend_from_slice(&unacked.frames);
         }
+
+        self.probe_other_handshake_space(pto_epoch);
 
         self.set_loss_detection_timer(handshake_status, now);
 

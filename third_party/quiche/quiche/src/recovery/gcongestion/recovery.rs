@@ -133,6 +133,30 @@ struct LossDetectionResult {
 }
 
 impl RecoveryEpoch {
+    /// Queues the frames of every unacknowledged packet with data to be sent
+    /// again, unless earlier probe frames are still queued; whether any were.
+    /// For the handshake spaces, whose data is one flight of a few kilobytes.
+    fn requeue_unacked_data(&mut self) -> bool {
+        if self.pkts_in_flight == 0 || !self.lost_frames_pto.is_empty() {
+            return false;
+        }
+        let unacked = self
+            .sent_packets
+            .iter()
+            .filter_map(|p| match &p.status {
+                SentStatus::Sent {
+                    has_data: true,
+                    frames,
+                    ..
+                } => Some(frames),
+                _ => None,
+            })
+            .flatten()
+            .filter(|f| !matches!(f, frame::Frame::DatagramHeader { .. }));
+        self.lost_frames_pto.extend(unacked.cloned());
+        !self.lost_frames_pto.is_empty()
+    }
+
     /// Discard the Epoch state and return the total size of unacked packets
     /// that were discarded
     fn discard(&mut self, cc: &mut Pacer) -> usize {
@@ -501,6 +525,30 @@ pub struct GRecovery {
 }
 
 impl GRecovery {
+    /// RFC 9002 6.2.4: a probe of a handshake space also carries the other
+    /// handshake space's unacknowledged data, so that both go in one
+    /// datagram. Without it a server whose first flight was lost resends its
+    /// ServerHello (Initial) at one probe and the rest of its flight
+    /// (Handshake) at the next, twice as late.
+    fn probe_other_handshake_space(&mut self, pto_epoch: packet::Epoch) {
+        if pto_epoch == packet::Epoch::Application {
+            return;
+        }
+        for other in [packet::Epoch::Initial, packet::Epoch::Handshake] {
+            if other == pto_epoch || self.epochs[other].pkts_in_flight == 0 {
+                continue;
+            }
+            self.epochs[other].requeue_unacked_data();
+            // One probe each, Initial first: they coalesce into one datagram
+            // (send() starts a new datagram only while the space it wrote
+            // still owes probes).
+            if pto_epoch == packet::Epoch::Initial {
+                self.epochs[pto_epoch].loss_probes = 1;
+                self.epochs[other].loss_probes = 1;
+            }
+        }
+    }
+
     #[cfg(feature = "qlog")]
     fn send_rate(&self) -> Bandwidth {
         self.pacer.send_rate().unwrap_or(Bandwidth::zero())
@@ -730,6 +778,10 @@ impl RecoveryOps for GRecovery {
         self.epochs[epoch].lost_frames_count()
     }
 
+    fn requeue_unacked_data(&mut self, epoch: packet::Epoch) -> bool {
+        self.epochs[epoch].requeue_unacked_data()
+    }
+
     fn ping_sent(&mut self, epoch: packet::Epoch) {
         self.epochs[epoch].loss_probes =
             self.epochs[epoch].loss_probes.saturating_sub(1);
@@ -949,9 +1001,12 @@ impl RecoveryOps for GRecovery {
 
         self.pto_count += 1;
 
+        let pto_epoch = epoch;
+        let max_datagram_size = self.max_datagram_size;
         let epoch = &mut self.epochs[epoch];
 
         epoch.loss_probes = MAX_PTO_PROBES_COUNT.min(self.pto_count as usize);
+        let probes = epoch.loss_probes;
 
         let sent_packets_iter_limit = if !epoch.lost_frames_pto.is_empty() {
             // Skip the search for frames to add to PTO probes if frames
@@ -963,7 +1018,7 @@ impl RecoveryOps for GRecovery {
 
         // Skip packets that have already been acked or lost, and packets
         // that don't contain either CRYPTO or STREAM frames and only return as
-        // many packets as the number of probe packets that will be sent.
+        // many packets as the probe packets that will be sent can carry.
         let unacked_frames = epoch
             .sent_packets
             .iter()
@@ -972,15 +1027,26 @@ impl RecoveryOps for GRecovery {
                 if let SentStatus::Sent {
                     has_data: true,
                     frames,
+                    sent_bytes,
                     ..
                 } = &p.status
                 {
-                    Some(frames)
+                    Some((*sent_bytes, frames))
                 } else {
                     None
                 }
             })
-            .take(epoch.loss_probes)
+            .scan((0, 0), |(count, bytes), (size, frames)| {
+                // The oldest packets' frames, as many packets as probes and more
+                // while they fit in the probes' datagrams: small packets (a
+                // HANDSHAKE_DONE, a ticket, a control stream) would otherwise fill
+                // every probe while a response sent after them is never resent,
+                // if the peer's ACKs of the probes are lost too.
+                *count += 1;
+                *bytes += size;
+                (*count <= probes || *bytes <= probes * max_datagram_size)
+                    .then_some(frames)
+            })
             .flatten()
             .filter(|f| !matches!(f, frame::Frame::DatagramHeader { .. }));
 
@@ -995,6 +1061,8 @@ impl RecoveryOps for GRecovery {
 
         self.pacer
             .on_retransmission_timeout(epoch.has_lost_frames());
+
+        self.probe_other_handshake_space(pto_epoch);
 
         self.set_loss_detection_timer(handshake_status, now);
 
