@@ -485,12 +485,14 @@ pub struct H3BenchArgs {
         value_name = "own|independent|quinn|both|all"
     )]
     clients: Vec<ClientChoice>,
-    /// With --connections: the servers of the sweep (comma-separated; default all).
+    /// With --connections: the servers of the sweep (comma-separated; default all but
+    /// udpx-qlog, udpx with a qlog of every connection, for which this udpx must be built with
+    /// `--features qlog`).
     #[arg(
         long,
         value_delimiter = ',',
         requires = "connections",
-        value_name = "udpx,quinn,nginx-h2,nginx-h1",
+        value_name = "udpx,udpx-qlog,quinn,nginx-h2,nginx-h1",
         default_value = "udpx,quinn,nginx-h2,nginx-h1"
     )]
     servers: Vec<ServerChoice>,
@@ -573,6 +575,9 @@ fn lab_cleanup(cmd: &str) {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 enum ServerChoice {
     Udpx,
+    /// `udpx h3 serve` with a qlog of every connection (this udpx built with `--features
+    /// qlog`): what logging them all costs (not in the default list).
+    UdpxQlog,
     Quinn,
     NginxH2,
     NginxH1,
@@ -691,6 +696,7 @@ fn bench_scale(a: H3BenchArgs) -> ExitCode {
         .iter()
         .map(|s| match s {
             ServerChoice::Udpx => ScaleServer::Udpx,
+            ServerChoice::UdpxQlog => ScaleServer::UdpxQlog,
             ServerChoice::Quinn => ScaleServer::Quinn,
             ServerChoice::NginxH2 => ScaleServer::NginxH2,
             ServerChoice::NginxH1 => ScaleServer::NginxH1,

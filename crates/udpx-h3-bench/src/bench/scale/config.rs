@@ -13,6 +13,10 @@ use crate::bench::Programs;
 pub enum ScaleServer {
     /// `udpx h3 serve`, one shard.
     Udpx,
+    /// The same with a qlog file for every connection (`--qlog-dir`, `--qlog-sample 1`, the
+    /// default bounds): what logging them all costs the shard, and what it drops (issue 48).
+    /// Its `udpx` must be built with the feature `qlog`; not in [`ScaleServer::ALL`].
+    UdpxQlog,
     /// quinn with h3 (`udpx h3 quinn-serve`).
     Quinn,
     /// nginx, HTTP/2 over TLS 1.3, one worker.
@@ -26,10 +30,16 @@ impl ScaleServer {
     pub const ALL: [ScaleServer; 4] =
         [ScaleServer::Udpx, ScaleServer::Quinn, ScaleServer::NginxH2, ScaleServer::NginxH1];
 
+    /// Whether it is `udpx h3 serve`.
+    pub fn is_udpx(self) -> bool {
+        matches!(self, ScaleServer::Udpx | ScaleServer::UdpxQlog)
+    }
+
     /// Its name in the table.
     pub fn name(self) -> &'static str {
         match self {
             ScaleServer::Udpx => "udpx h3",
+            ScaleServer::UdpxQlog => "udpx h3 +qlog",
             ScaleServer::Quinn => "quinn h3",
             ScaleServer::NginxH2 => "nginx h2/tcp",
             ScaleServer::NginxH1 => "nginx http1.1/tcp",

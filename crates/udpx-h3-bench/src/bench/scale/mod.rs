@@ -153,6 +153,8 @@ pub struct RowRun {
     pub host: Option<HostPerRequest>,
     /// udpx rows: datagrams the server received and sent over the window (its `/metrics`).
     pub datagrams: Option<DatagramRates>,
+    /// `udpx h3 +qlog` rows: what the qlog writer did over the window.
+    pub qlog: Option<QlogRates>,
     /// The steal from the server's and the client's CPUs over the window (`steal_s`,
     /// `steal_share`, `stolen`).
     #[serde(flatten)]
@@ -209,6 +211,43 @@ impl DatagramRates {
             sent_per_s: tx / secs,
             received_size: if rx > 0.0 { bytes / rx } else { 0.0 },
         })
+    }
+}
+
+/// What the qlog writer did over a `udpx h3 +qlog` row's window (its `/metrics`).
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct QlogRates {
+    /// Records queued for the files, per second.
+    pub records_per_s: f64,
+    /// Records dropped (the writer's queue full, or the byte bound reached), per second.
+    pub dropped_per_s: f64,
+    /// Bytes queued, per second.
+    pub bytes_per_s: f64,
+    /// Files made and connections not logged (the file bound) by the window's end.
+    pub files: f64,
+    pub skipped: f64,
+}
+
+impl QlogRates {
+    fn from_scrapes(a: &HashMap<String, f64>, b: &HashMap<String, f64>, secs: f64) -> Option<QlogRates> {
+        let d = |k: &str| Some(b.get(&format!("qlog_{k}_total"))? - a.get(&format!("qlog_{k}_total"))?);
+        Some(QlogRates {
+            records_per_s: d("records")? / secs,
+            dropped_per_s: d("dropped")? / secs,
+            bytes_per_s: d("bytes")? / secs,
+            files: *b.get("qlog_files_total")?,
+            skipped: *b.get("qlog_skipped_total")?,
+        })
+    }
+
+    /// The share of records dropped, percent.
+    pub fn dropped_pct(&self) -> f64 {
+        let all = self.records_per_s + self.dropped_per_s;
+        if all > 0.0 {
+            self.dropped_per_s * 100.0 / all
+        } else {
+            0.0
+        }
     }
 }
 
@@ -642,7 +681,7 @@ fn one_run(
             // A process of its own, in the client's namespace on the client's CPU.
             let cmd = place.client_command(program);
             let proto = match server {
-                ScaleServer::Udpx | ScaleServer::Quinn => Proto::H3,
+                ScaleServer::Udpx | ScaleServer::UdpxQlog | ScaleServer::Quinn => Proto::H3,
                 ScaleServer::NginxH2 => Proto::H2,
                 ScaleServer::NginxH1 => Proto::H1,
             };
@@ -654,10 +693,12 @@ fn one_run(
             let job = move || {
                 let _ = udpx_lab::cpu::pin_current_thread(client_cpu);
                 match server {
-                    ScaleServer::Udpx | ScaleServer::Quinn if client == LoadClient::Quinn => {
+                    ScaleServer::Udpx | ScaleServer::UdpxQlog | ScaleServer::Quinn if client == LoadClient::Quinn => {
                         load_hyper::run(&lc2, HyperHttp::H3, &ca).map_err(|e| e.to_string())
                     }
-                    ScaleServer::Udpx | ScaleServer::Quinn => load::run(&lc2).map_err(|e| e.to_string()),
+                    ScaleServer::Udpx | ScaleServer::UdpxQlog | ScaleServer::Quinn => {
+                        load::run(&lc2).map_err(|e| e.to_string())
+                    }
                     ScaleServer::NginxH2 => load_hyper::run(&lc2, HyperHttp::H2, &ca).map_err(|e| e.to_string()),
                     ScaleServer::NginxH1 => load_hyper::run(&lc2, HyperHttp::H1, &ca).map_err(|e| e.to_string()),
                 }
@@ -706,6 +747,7 @@ fn one_run(
             .as_ref()
             .zip(scrape1.as_ref())
             .and_then(|(a, b)| HostPerRequest::from_scrapes(a, b, load.requests)),
+        qlog: scrape0.as_ref().zip(scrape1.as_ref()).and_then(|(a, b)| QlogRates::from_scrapes(a, b, secs)),
         datagrams: scrape0.zip(scrape1).and_then(|(a, b)| DatagramRates::from_scrapes(&a, &b, secs)),
         load,
         steal,

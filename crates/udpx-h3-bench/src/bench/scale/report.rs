@@ -91,6 +91,17 @@ fn judge_by(rows: &[ScaleRow], by: LoadClient, baseline: Option<f64>, segment: u
         };
         out.extend(Check::judge("h3 scale", &(name + &who), &per_run(u, &p99), &per_run(ng, &p99_slack), 2.0));
     }
+    // Issue 48: a qlog of every connection drops records (counted) rather than slow the shard:
+    // its CPU per byte within a quarter of the same server's without it.
+    if let (Some(u), Some(q)) = (top, find(ScaleServer::UdpxQlog, max_n)) {
+        out.extend(Check::judge(
+            "h3 scale",
+            &(format!("udpx +qlog / udpx, CPU per byte at {max_n}") + &who),
+            &q.costs(),
+            &u.costs(),
+            1.25,
+        ));
+    }
     if let (Some(u), Some(q)) = (top, find(ScaleServer::Quinn, max_n)) {
         out.extend(Check::judge(
             "h3 scale",
@@ -264,13 +275,14 @@ pub fn table(b: &ScaleBench) -> String {
         let _ = writeln!(
             s,
             "\nThe udpx server's host over the window, per request (its `/metrics` at the window's start and end):\n\n\
-             | client | conns | requests | send calls | datagrams per send call | runs per send call | receive calls | datagrams per receive call | wake-ups | turns | connections served per turn | timers fired | pacing holds |\n\
+             | server / client | conns | requests | send calls | datagrams per send call | runs per send call | receive calls | datagrams per receive call | wake-ups | turns | connections served per turn | timers fired | pacing holds |\n\
              | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
         );
         for (row, h) in hosts {
             let _ = writeln!(
                 s,
-                "| {} | {}{} | {} | {:.2} | {:.1} | {:.2} | {:.2} | {:.1} | {:.2} | {:.2} | {:.2} | {:.3} | {:.3} |",
+                "| {} / {} | {}{} | {} | {:.2} | {:.1} | {:.2} | {:.2} | {:.1} | {:.2} | {:.2} | {:.2} | {:.3} | {:.3} |",
+                row.server.name(),
                 row.client.name(),
                 row.connections,
                 if row.idle { " idle" } else { "" },
@@ -285,6 +297,32 @@ pub fn table(b: &ScaleBench) -> String {
                 h.served_per_turn,
                 h.timers_fired,
                 h.paced_holds
+            );
+        }
+    }
+    let qlogs: Vec<(&ScaleRow, super::QlogRates)> =
+        b.rows.iter().filter_map(|r| Some((r, r.median.as_ref()?.qlog?))).collect();
+    if !qlogs.is_empty() {
+        let _ = writeln!(
+            s,
+            "\nThe qlog writer of the `udpx h3 +qlog` rows over the window (every connection logged; at most 1 GiB in \
+             all, then records are dropped; a queue of 8,192 writes between the shard and the writer's thread, which \
+             drops when full):\n\n\
+             | client | conns | records/s | dropped/s | dropped % | MB/s | files | connections not logged |\n\
+             | --- | --- | --- | --- | --- | --- | --- | --- |"
+        );
+        for (row, q) in qlogs {
+            let _ = writeln!(
+                s,
+                "| {} | {} | {:.0} | {:.0} | {:.1} | {:.2} | {:.0} | {:.0} |",
+                row.client.name(),
+                row.connections,
+                q.records_per_s,
+                q.dropped_per_s,
+                q.dropped_pct(),
+                q.bytes_per_s / 1e6,
+                q.files,
+                q.skipped
             );
         }
     }
@@ -363,6 +401,7 @@ mod tests {
             client_ramp_limited: false,
             host: None,
             datagrams: None,
+            qlog: None,
             steal: Steal::default(),
         }
     }

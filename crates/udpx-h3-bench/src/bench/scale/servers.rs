@@ -40,10 +40,10 @@ pub(super) fn start_server(
     let logf = std::fs::File::create(&log).map_err(|e| e.to_string())?;
     let mut metrics = None;
     let (mut cmd, addr, ready): (Command, SocketAddr, &str) = match server {
-        ScaleServer::Udpx | ScaleServer::Quinn => {
+        ScaleServer::Udpx | ScaleServer::UdpxQlog | ScaleServer::Quinn => {
             let addr = SocketAddr::new(place.server_ip, free_port(place, true)?);
             let mut c = place.server_command(&cfg.udpx);
-            let sub = if server == ScaleServer::Udpx { "serve" } else { "quinn-serve" };
+            let sub = if server.is_udpx() { "serve" } else { "quinn-serve" };
             c.args(["h3", sub])
                 .arg(&www)
                 .args(["--listen", &addr.to_string(), "--cert"])
@@ -51,7 +51,14 @@ pub(super) fn start_server(
                 .arg("--key")
                 .arg(key);
             c.args(["-l", &lifetime.as_secs().to_string()]);
-            if server == ScaleServer::Udpx {
+            if server == ScaleServer::UdpxQlog {
+                // Every connection, each its file; the default bounds on bytes (1 GiB in all),
+                // files as many as connections.
+                let q = dir.join("qlog");
+                let _ = std::fs::remove_dir_all(&q);
+                c.arg("--qlog-dir").arg(&q).args(["--qlog-sample", "1", "--qlog-max-files", "1000000"]);
+            }
+            if server.is_udpx() {
                 c.args(["--shards", "1", "--coalesce", &cfg.coalesce.as_micros().to_string()]);
                 c.args(["--cc", &cfg.cc.to_string()]);
                 c.args(["--defer-flush", if cfg.defer_flush { "on" } else { "off" }]);
