@@ -341,6 +341,12 @@ struct ServeArgs {
     #[arg(long, value_name = "N", default_value_t = udpx_quic::qlog::DEFAULT_MAX_FILES,
           value_parser = clap::value_parser!(u64).range(1..))]
     qlog_max_files: u64,
+    /// With --qlog-dir: sampled connections logging at once at most; one chosen past it is not
+    /// logged (qlog_busy). quiche turns every event into JSON on the shard's thread: 10,000
+    /// players all logged saturate a shard. Connections of --qlog-peer(s) always log.
+    #[arg(long, value_name = "N", default_value_t = udpx_quic::qlog::DEFAULT_MAX_LIVE,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    qlog_max_live: u64,
     /// With --qlog-dir: bytes written at most in all (k, M, G); records past it are dropped
     /// (qlog_dropped).
     #[arg(long, value_name = "BYTES", default_value = "1G", value_parser = util::parse_size_arg)]
@@ -1036,6 +1042,7 @@ fn serve(a: ServeArgs) -> ExitCode {
             };
             q.max_files = a.qlog_max_files;
             q.max_bytes = a.qlog_max_bytes;
+            q.max_live = a.qlog_max_live;
             if let Err(e) = q.policy.check() {
                 return usage(e);
             }

@@ -638,6 +638,12 @@ impl udpx_metrics::Source for MetricsSource {
             out.extend([
                 c("qlog_files", "Connections logged to a qlog file (--qlog-dir)", q.files),
                 c("qlog_skipped", "Connections chosen for qlog but not logged: --qlog-max-files reached", q.skipped),
+                c(
+                    "qlog_busy",
+                    "Sampled connections chosen for qlog but not logged: --qlog-max-live others were logging",
+                    q.busy,
+                ),
+                level("qlog_live", "Connections writing a qlog now", q.live),
                 c("qlog_records", "qlog records queued for the files", q.records),
                 c(
                     "qlog_dropped",

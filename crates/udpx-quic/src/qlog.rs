@@ -17,6 +17,12 @@
 //!   most [`QlogConfig::max_files`] files are made in a process's life (then connections are
 //!   not logged: [`QlogCounters::skipped`]), and at most [`QlogConfig::max_bytes`] written in
 //!   all (then records are dropped). A record longer than 64 KiB is dropped.
+//! - **The shard's work bounded**: quiche turns each event into JSON on the shard thread before
+//!   the writer sees it, so a dropped record has already cost its work. So at most
+//!   [`QlogConfig::max_live`] sampled connections log at once; one chosen past it is not
+//!   logged ([`QlogCounters::busy`]). Measured (docs/bench.md): 10,000 players all logged
+//!   saturated the shard, from 69 % busy without qlog; connections from the named addresses
+//!   are always logged (the file bound still holds).
 //!
 //! Files are named `<UTC time>-<connection ID>.sqlog` (the time the connection was accepted,
 //! `2026-11-28T160924.123Z`; the server's connection ID in hex), created 0600, never through a
@@ -46,6 +52,8 @@ pub const DEFAULT_MAX_FILES: u64 = 1_000;
 pub const DEFAULT_MAX_BYTES: u64 = 1 << 30;
 /// Messages (a connection's records of one write each) queued for the writer, by default.
 pub const DEFAULT_QUEUE: usize = 8_192;
+/// Sampled connections logging at once at most, by default.
+pub const DEFAULT_MAX_LIVE: u64 = 64;
 /// The longest record kept: a `packet_sent` with many frames is a few KiB.
 const MAX_RECORD: usize = 64 << 10;
 /// Files the writer keeps open at once (the least recently written is closed past it, and
@@ -76,6 +84,9 @@ pub struct QlogConfig {
     pub max_bytes: u64,
     /// Messages queued for the writer at most.
     pub queue: usize,
+    /// Sampled connections logging at once at most (those of the named addresses are not
+    /// counted against it).
+    pub max_live: u64,
 }
 
 impl QlogConfig {
@@ -87,6 +98,7 @@ impl QlogConfig {
             max_files: DEFAULT_MAX_FILES,
             max_bytes: DEFAULT_MAX_BYTES,
             queue: DEFAULT_QUEUE,
+            max_live: DEFAULT_MAX_LIVE,
         }
     }
 }
@@ -98,6 +110,10 @@ pub struct QlogCounters {
     pub files: u64,
     /// Connections chosen but not logged: [`QlogConfig::max_files`] reached.
     pub skipped: u64,
+    /// Sampled connections chosen but not logged: [`QlogConfig::max_live`] others were logging.
+    pub busy: u64,
+    /// Connections logging now (a level).
+    pub live: u64,
     /// Records queued for the files.
     pub records: u64,
     /// Records dropped: the queue full, [`QlogConfig::max_bytes`] reached, or longer than
@@ -119,9 +135,13 @@ struct Shared {
     policy: RwLock<QlogPolicy>,
     max_files: u64,
     max_bytes: u64,
+    max_live: u64,
     tx: SyncSender<Msg>,
     files: AtomicU64,
     skipped: AtomicU64,
+    busy: AtomicU64,
+    live: AtomicU64,
+    sampled_live: AtomicU64,
     records: AtomicU64,
     dropped: AtomicU64,
     bytes: AtomicU64,
@@ -154,8 +174,8 @@ impl Qlog {
     /// what to change.
     pub fn start(cfg: &QlogConfig) -> Result<Qlog, String> {
         cfg.policy.check()?;
-        if cfg.max_files == 0 || cfg.max_bytes == 0 || cfg.queue == 0 {
-            return Err("qlog bounds: give at least 1 file, 1 byte and a queue of 1".into());
+        if cfg.max_files == 0 || cfg.max_bytes == 0 || cfg.queue == 0 || cfg.max_live == 0 {
+            return Err("qlog bounds: give at least 1 file, 1 byte, a queue of 1 and 1 live connection".into());
         }
         let shown = cfg.dir.display();
         std::fs::DirBuilder::new()
@@ -179,9 +199,13 @@ impl Qlog {
             policy: RwLock::new(cfg.policy.clone()),
             max_files: cfg.max_files,
             max_bytes: cfg.max_bytes,
+            max_live: cfg.max_live,
             tx,
             files: AtomicU64::new(0),
             skipped: AtomicU64::new(0),
+            busy: AtomicU64::new(0),
+            live: AtomicU64::new(0),
+            sampled_live: AtomicU64::new(0),
             records: AtomicU64::new(0),
             dropped: AtomicU64::new(0),
             bytes: AtomicU64::new(0),
@@ -214,6 +238,8 @@ impl Qlog {
         QlogCounters {
             files: l(&s.files),
             skipped: l(&s.skipped),
+            busy: l(&s.busy),
+            live: l(&s.live),
             records: l(&s.records),
             dropped: l(&s.dropped),
             bytes: l(&s.bytes),
@@ -222,13 +248,21 @@ impl Qlog {
     }
 
     /// A writer for the qlog of a connection from `peer` whose connection ID is `cid`, when
-    /// the policy chooses it and the file bound allows (else `None`, counted when the bound
-    /// refused it). Called at admission, before the connection's first packet.
+    /// the policy chooses it and the bounds allow (else `None`, counted when a bound refused
+    /// it). Called at admission, before the connection's first packet.
     pub fn writer_for(&self, peer: SocketAddr, cid: &[u8], now: SystemTime) -> Option<Box<dyn Write + Send + Sync>> {
-        if !self.chooses(peer.ip()) {
+        let named = match self.chooses(peer.ip()) {
+            Chosen::No => return None,
+            Chosen::Named => true,
+            Chosen::Sampled => false,
+        };
+        let s = &self.0;
+        // Counted live from here; given back on every way out but a writer made.
+        let live = Live::count(&self.0, !named);
+        if !named && live.sampled_before >= s.max_live {
+            s.busy.fetch_add(1, Ordering::Relaxed);
             return None;
         }
-        let s = &self.0;
         let Ok(n) = s.files.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| (n < s.max_files).then_some(n + 1))
         else {
             s.skipped.fetch_add(1, Ordering::Relaxed);
@@ -243,24 +277,27 @@ impl Qlog {
         let name: Arc<str> = format!("{time}-{hex}.sqlog").into();
         let (shared, id) = (self.0.clone(), n);
         let records = Records::new(MAX_RECORD, move |bytes: &[u8], records| shared.queue(id, &name, bytes, records));
-        Some(Box::new(ConnQlog { records, id, shared: self.0.clone() }))
+        Some(Box::new(ConnQlog { records, id, shared: self.0.clone(), _live: live }))
     }
 
-    /// Whether the policy chooses a connection from `ip`.
-    fn chooses(&self, ip: IpAddr) -> bool {
+    /// Whether the policy chooses a connection from `ip`, and why.
+    fn chooses(&self, ip: IpAddr) -> Chosen {
         let p = self.0.policy.read().unwrap_or_else(|e| e.into_inner());
         let ip = ip.to_canonical();
         if p.peers.iter().any(|a| a.to_canonical() == ip) {
-            return true;
+            return Chosen::Named;
         }
-        if p.sample >= 1.0 {
-            return true;
+        let sampled = p.sample >= 1.0 || {
+            let mut r = [0u8; 8];
+            p.sample > 0.0
+                && crate::cid::random_bytes(&mut r).is_ok()
+                && (u64::from_ne_bytes(r) as f64) < p.sample * u64::MAX as f64
+        };
+        if sampled {
+            Chosen::Sampled
+        } else {
+            Chosen::No
         }
-        if p.sample <= 0.0 {
-            return false;
-        }
-        let mut r = [0u8; 8];
-        crate::cid::random_bytes(&mut r).is_ok() && (u64::from_ne_bytes(r) as f64) < p.sample * u64::MAX as f64
     }
 
     /// Waits (5 s at most) until every record queued before is written.
@@ -346,12 +383,48 @@ impl Shared {
     }
 }
 
+/// Why a connection is logged.
+enum Chosen {
+    No,
+    /// Its address is named.
+    Named,
+    /// The sample chose it.
+    Sampled,
+}
+
+/// A connection counted in [`QlogCounters::live`] (and, sampled, against
+/// [`QlogConfig::max_live`]) while this lives.
+struct Live {
+    shared: Arc<Shared>,
+    sampled: bool,
+    /// Sampled connections logging before this one.
+    sampled_before: u64,
+}
+
+impl Live {
+    fn count(shared: &Arc<Shared>, sampled: bool) -> Live {
+        shared.live.fetch_add(1, Ordering::Relaxed);
+        let sampled_before = if sampled { shared.sampled_live.fetch_add(1, Ordering::Relaxed) } else { 0 };
+        Live { shared: shared.clone(), sampled, sampled_before }
+    }
+}
+
+impl Drop for Live {
+    fn drop(&mut self) {
+        self.shared.live.fetch_sub(1, Ordering::Relaxed);
+        if self.sampled {
+            self.shared.sampled_live.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+}
+
 /// The writer quiche holds for one connection: whole records into the queue; when quiche
 /// drops it (the connection is gone), its file is closed.
 struct ConnQlog<F: FnMut(&[u8], u64)> {
     records: Records<F>,
     id: u64,
     shared: Arc<Shared>,
+    _live: Live,
 }
 
 impl<F: FnMut(&[u8], u64)> Write for ConnQlog<F> {
@@ -473,6 +546,29 @@ mod tests {
         assert_eq!(QlogPolicy::parse_peers("192.0.2.7, ::1 # a viewer\n").unwrap(), [ip("192.0.2.7"), ip("::1")]);
         assert!(QlogPolicy::parse_peers("192.0.2.7").unwrap_err().contains("newline"));
         assert!(QlogPolicy::parse_peers("192.0.2\n").unwrap_err().contains("not an IP address"));
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    /// At most `max_live` sampled connections log at once; one that ends makes room; a named
+    /// address always logs.
+    #[test]
+    fn at_most_max_live_sampled_connections_log_at_once() {
+        let d = dir("live");
+        let mut cfg = QlogConfig::new(d.clone());
+        cfg.policy = QlogPolicy { sample: 1.0, peers: vec!["192.0.2.7".parse().unwrap()] };
+        cfg.max_live = 2;
+        let q = Qlog::start(&cfg).unwrap();
+        let (now, peer) = (SystemTime::now(), "192.0.2.8:443".parse().unwrap());
+        let a = q.writer_for(peer, &[1], now).expect("first");
+        let b = q.writer_for(peer, &[2], now).expect("second");
+        assert!(q.writer_for(peer, &[3], now).is_none(), "a third while two log");
+        let named = q.writer_for("192.0.2.7:443".parse().unwrap(), &[4], now).expect("a named address always logs");
+        assert_eq!((q.counters().live, q.counters().busy), (3, 1));
+        drop(a);
+        let c = q.writer_for(peer, &[5], now).expect("room again once one ended");
+        drop((b, c, named));
+        let k = q.counters();
+        assert_eq!((k.live, k.busy, k.files, k.skipped), (0, 1, 4, 0), "{k:?}");
         let _ = std::fs::remove_dir_all(&d);
     }
 }

@@ -13,8 +13,9 @@ use crate::bench::Programs;
 pub enum ScaleServer {
     /// `udpx h3 serve`, one shard.
     Udpx,
-    /// The same with a qlog file for every connection (`--qlog-dir`, `--qlog-sample 1`, the
-    /// default bounds): what logging them all costs the shard, and what it drops (issue 48).
+    /// The same with every connection chosen for qlog (`--qlog-dir`, `--qlog-sample 1`, the
+    /// default bounds: at most `--qlog-max-live` log at once): what that costs the shard, and
+    /// what it leaves out (issue 48).
     /// Its `udpx` must be built with the feature `qlog`; not in [`ScaleServer::ALL`].
     UdpxQlog,
     /// quinn with h3 (`udpx h3 quinn-serve`).

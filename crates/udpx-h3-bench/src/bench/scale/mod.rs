@@ -215,6 +215,9 @@ impl DatagramRates {
 }
 
 /// What the qlog writer did over a `udpx h3 +qlog` row's window (its `/metrics`).
+///
+/// Its connections are all chosen (`--qlog-sample 1`), at most `--qlog-max-live` of them log at
+/// once (the server's default).
 #[derive(Debug, Clone, Copy, Serialize)]
 pub struct QlogRates {
     /// Records queued for the files, per second.
@@ -223,8 +226,11 @@ pub struct QlogRates {
     pub dropped_per_s: f64,
     /// Bytes queued, per second.
     pub bytes_per_s: f64,
-    /// Files made and connections not logged (the file bound) by the window's end.
+    /// Files made by the window's end.
     pub files: f64,
+    /// Connections not logged by then: others logging (`--qlog-max-live`).
+    pub busy: f64,
+    /// Connections not logged by then: the file bound.
     pub skipped: f64,
 }
 
@@ -236,6 +242,7 @@ impl QlogRates {
             dropped_per_s: d("dropped")? / secs,
             bytes_per_s: d("bytes")? / secs,
             files: *b.get("qlog_files_total")?,
+            busy: b.get("qlog_busy_total").copied().unwrap_or(0.0),
             skipped: *b.get("qlog_skipped_total")?,
         })
     }

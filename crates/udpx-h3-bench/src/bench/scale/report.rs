@@ -305,16 +305,17 @@ pub fn table(b: &ScaleBench) -> String {
     if !qlogs.is_empty() {
         let _ = writeln!(
             s,
-            "\nThe qlog writer of the `udpx h3 +qlog` rows over the window (every connection logged; at most 1 GiB in \
-             all, then records are dropped; a queue of 8,192 writes between the shard and the writer's thread, which \
-             drops when full):\n\n\
-             | client | conns | records/s | dropped/s | dropped % | MB/s | files | connections not logged |\n\
+            "\nThe qlog writer of the `udpx h3 +qlog` rows over the window (every connection chosen, `--qlog-sample 1`; \
+             at most `--qlog-max-live` of them logging at once, the rest counted not logged; at most 1 GiB in all, then \
+             records are dropped; a queue of 8,192 writes between the shard and the writer's thread, which drops when \
+             full):\n\n\
+             | client | conns | records/s | dropped/s | dropped % | MB/s | files | not logged: max-live / max-files |\n\
              | --- | --- | --- | --- | --- | --- | --- | --- |"
         );
         for (row, q) in qlogs {
             let _ = writeln!(
                 s,
-                "| {} | {} | {:.0} | {:.0} | {:.1} | {:.2} | {:.0} | {:.0} |",
+                "| {} | {} | {:.0} | {:.0} | {:.1} | {:.2} | {:.0} | {:.0} / {:.0} |",
                 row.client.name(),
                 row.connections,
                 q.records_per_s,
@@ -322,6 +323,7 @@ pub fn table(b: &ScaleBench) -> String {
                 q.dropped_pct(),
                 q.bytes_per_s / 1e6,
                 q.files,
+                q.busy,
                 q.skipped
             );
         }
