@@ -154,11 +154,13 @@ mod tests {
         match read_cached(&file, &mut buf, 512 << 10, &disk.counters) {
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
             Ok(()) if disk.counters.blocking_reads.load(Relaxed) > 0 => {
-                println!("SKIP: this file system refuses RWF_NOWAIT (the read blocked, counted)");
+                let why = "this file system refuses RWF_NOWAIT (the read blocked, counted)";
+                udpx_lab::netns::record_skip("disk thread unit test", why);
                 return;
             }
             other => {
-                println!("SKIP: the page cache kept the dropped range ({other:?}): nothing to wait for");
+                let why = format!("the page cache kept the dropped range ({other:?}): nothing to wait for");
+                udpx_lab::netns::record_skip("disk thread unit test", &why);
                 return;
             }
         }

@@ -44,7 +44,8 @@ fn cold_downloads(tag: &str, cache: usize) {
     let r = root(tag);
     let want = content(BIG, 7);
     if !cold_file(&r.0.join("big"), &want) {
-        println!("SKIP: the page cache kept a dropped file here (tmpfs?), or RWF_NOWAIT is refused");
+        let why = "the page cache kept a dropped file here (tmpfs?), or RWF_NOWAIT is refused";
+        udpx_lab::netns::record_skip(&format!("disk.rs cold downloads ({tag})"), why);
         return;
     }
     let mut cfg = ServeConfig::new("127.0.0.1:0".parse().unwrap());
