@@ -96,6 +96,11 @@ pub fn run(mut cmd: Command, cfg: &LoadConfig, proto: Proto, size: u64) -> Resul
     if !r.errors.is_empty() {
         log::info!("{PROGRAM}: {}", r.errors.join("; "));
     }
+    // A connection that ended before the window's end, or a failed request: its cause, where
+    // a test's output (and the bench's) shows it, whatever the logger.
+    if r.ended_early > 0 || r.failed > 0 {
+        eprintln!("{PROGRAM}: {} ended early, {} failed: {}", r.ended_early, r.failed, r.errors.join("; "));
+    }
     Ok(LoadReport {
         client: r.client,
         config: cfg.clone(),
