@@ -238,9 +238,14 @@ fn main_job_runs_and_cleans_up() {
         for f in ["planned", "clean", "stolen", "failed"] {
             assert!(r["kept"][f].as_u64().is_some(), "{id}: kept.{f}");
         }
-        // The median run is a clean one: the one run, unless the steal rule marked it.
+        // The median run is a clean one. (A row may have two clean runs: a run stolen in any row
+        // adds a round for every row, and the median of two is either.)
         let clean: Vec<u64> = runs.iter().filter(|m| m["stolen"] == false).filter_map(|m| m["run"].as_u64()).collect();
-        assert_eq!(r["median_run"].as_u64(), clean.first().copied(), "{id}: the median run is the clean run");
+        let median = r["median_run"].as_u64();
+        assert!(
+            median.is_some_and(|m| clean.contains(&m)),
+            "{id}: the median run {median:?} is a clean one: {clean:?}"
+        );
     }
     // One run has no spread: every target is inconclusive, never met or missed.
     let checks = v["checks"].as_array().unwrap();
