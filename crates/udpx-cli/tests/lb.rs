@@ -248,17 +248,35 @@ fn a_four_tuple_balancer_loses_the_connection_when_the_client_moves() {
     if !capable("lb: rebinding through a 4-tuple balancer", &["nft", "tc"]) {
         return;
     }
-    // 3 MB at 4 Mbit/s: six seconds, room for many tries.
-    let (t, _content, mut lab) = slow_two_host_lab("contrast", 4_000_000, true);
+    // 3 MB at 2 Mbit/s: twelve seconds, room for many tries on a slow machine.
+    let (t, _content, mut lab) = slow_two_host_lab("contrast", 2_000_000, true);
     let out = t.0.join("got");
     let client = get(&lab, &out);
-    std::thread::sleep(Duration::from_millis(500));
+    let client_err = || std::fs::read_to_string(out.with_extension("err")).unwrap_or_default();
+    // Moves start once the download flows (the handshake confirmed: a client may not migrate
+    // before), not at a fixed time: a loaded machine may take seconds to get there.
+    let flowing = udpx_lab::wait_until(Duration::from_secs(10), || {
+        lab.host_packets().unwrap().iter().sum::<u64>() >= 60 || !udpx_lab::netns::is_running(client.id())
+    });
     let before = lab.host_packets().unwrap();
+    assert!(
+        flowing && udpx_lab::netns::is_running(client.id()),
+        "the download is not under way: {before:?}: {}",
+        client_err()
+    );
     let home = if before[0] > 0 { 0 } else { 1 };
     assert!(before[home] > 0 && before[1 - home] == 0, "one 4-tuple, one host: {before:?}");
     let mut moved_to_other = None;
+    // Per try: (address, ms since the download began, packets out from it, per host so far).
+    let mut tries = Vec::new();
+    let began = Instant::now();
     for last in 3..=20u8 {
         let addr = std::net::Ipv4Addr::new(10, 78, 0, last);
+        assert!(
+            udpx_lab::netns::is_running(client.id()),
+            "the client ended before a move reached the other host: {tries:?}: {}",
+            client_err()
+        );
         lab.rebind_client_to(addr).unwrap();
         // A try counts once the client has sent from the new address.
         let tried = Instant::now();
@@ -266,11 +284,14 @@ fn a_four_tuple_balancer_loses_the_connection_when_the_client_moves() {
             std::thread::sleep(Duration::from_millis(20));
         }
         std::thread::sleep(Duration::from_millis(50));
-        if lab.host_packets().unwrap()[1 - home] > 0 {
+        let per_host = lab.host_packets().unwrap();
+        tries.push((last, began.elapsed().as_millis(), lab.rebind_counters().unwrap()["out"], per_host.clone()));
+        if per_host[1 - home] > 0 {
             moved_to_other = Some(addr);
             break;
         }
     }
+    eprintln!("tries (address, ms, out, per host): {tries:?}");
     // Let the lost packets pile up at the other host, then end the stuck client.
     std::thread::sleep(Duration::from_millis(300));
     drop(client);
