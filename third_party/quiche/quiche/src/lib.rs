@@ -4272,13 +4272,8 @@ impl<F: BufFactory> Connection<F> {
                         p.retrans_count += 1;
                     },
 
-                    // A lost ACK is sent again, but for a server's Initial
-                    // ACK (see "Create ACK frame" below: a repeated one would
-                    // give the client a stale RTT sample).
                     frame::Frame::ACK { .. } => {
-                        if !(self.is_server && epoch == packet::Epoch::Initial) {
-                            pkt_space.ack_elicited = true;
-                        }
+                        pkt_space.ack_elicited = true;
                     },
 
                     frame::Frame::ResetStream {
@@ -4602,22 +4597,8 @@ impl<F: BufFactory> Connection<F> {
         // generate an ACK (if there's anything to ACK) since we're going to
         // send a packet with PING anyways, even if we haven't received anything
         // ACK eliciting.
-        //
-        // A server's Initial packet repeats no ACK it has sent before (its
-        // probes would otherwise): an ACK of a ClientHello received long ago,
-        // in a probe after the first flight was lost, gives the client an RTT
-        // sample of the whole wait, since a client ignores the ACK delay of
-        // Initial packets (RFC 9002 5.3). Its RTT then counts in seconds and
-        // its own probes come seconds apart. The client needs no such ACK:
-        // the ServerHello it comes with moves it to the Handshake space, and
-        // its Initial packets are forgotten with their keys.
-        let repeats_initial_ack = self.is_server &&
-            epoch == packet::Epoch::Initial &&
-            !pkt_space.ack_elicited;
-
         if pkt_space.recv_pkt_need_ack.len() > 0 &&
-            (pkt_space.ack_elicited ||
-                (ack_elicit_required && !repeats_initial_ack)) &&
+            (pkt_space.ack_elicited || ack_elicit_required) &&
             (!is_closing ||
                 (pkt_type == Type::Handshake &&
                     self.local_error
