@@ -91,9 +91,14 @@ pub struct GetReport {
 /// client waiting on a server whose packets no longer reach it (a NAT that dropped its
 /// mapping) would stay silent until its idle timeout; the PING makes the NAT map it again, and
 /// the server, seeing the client at a new address, carries on there (RFC 9000 9.3). It does
-/// not extend the idle timeout: only the first ack-eliciting packet after a receipt restarts
-/// it (RFC 9000 10.1).
+/// not extend the wait without bound: after [`QUIET_LIMIT`] without any part of the response
+/// the fetch gives up (a server that acknowledges each PING restarts the idle timeout each
+/// time, RFC 9000 10.1).
 pub const QUIET_PING: Duration = Duration::from_secs(1);
+
+/// The longest a fetch waits with no part of its response arriving: the connection's idle
+/// timeout ([`crate::tls::IDLE_TIMEOUT_MS`]), which the quiet PINGs would otherwise defeat.
+pub const QUIET_LIMIT: Duration = Duration::from_millis(crate::tls::IDLE_TIMEOUT_MS);
 
 impl std::fmt::Display for GetReport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -216,6 +221,7 @@ pub fn get(url: &str, out: Option<&Path>, cfg: &GetConfig) -> Result<GetReport, 
         early_data: false,
         close_at: None,
         quiet_since: Instant::now(),
+        heard_at: Instant::now(),
         quiet_pings: 0,
     };
     let mut host = Host::new(HostSocket::Own(Box::new(socket)), config, app, udpx_quic::Role::Client);
@@ -273,8 +279,11 @@ struct Fetch {
     early_data: bool,
     /// When to close, once the response is whole.
     close_at: Option<Instant>,
-    /// Since when no part of the response has arrived (the request's sending, at first).
+    /// Since when no part of the response has arrived (the request's sending, at first), or
+    /// the last quiet PING.
     quiet_since: Instant,
+    /// When a part of the response last arrived (the request's sending, at first).
+    heard_at: Instant,
     quiet_pings: u64,
 }
 
@@ -334,7 +343,12 @@ impl Fetch {
     fn ping_if_quiet(&mut self, conn: &mut udpx_quic::Connection, progress: bool) {
         let now = Instant::now();
         if progress {
-            self.quiet_since = now;
+            (self.quiet_since, self.heard_at) = (now, now);
+        } else if now >= self.heard_at + QUIET_LIMIT {
+            // A server that acknowledges each PING and sends nothing else would keep the
+            // connection alive for ever: the fetch gives up.
+            self.close_reason = Some(format!("no part of the response for {} s", QUIET_LIMIT.as_secs()));
+            let _ = conn.close(true, 0x10c, b""); // H3_REQUEST_CANCELLED
         } else if now >= self.quiet_since + QUIET_PING {
             let _ = conn.send_ack_eliciting();
             self.quiet_since = now;
@@ -377,7 +391,7 @@ impl App for Fetch {
             match h3.send_request(conn, &self.request, true) {
                 Ok(id) => {
                     self.stream = Some(id);
-                    self.quiet_since = Instant::now();
+                    (self.quiet_since, self.heard_at) = (Instant::now(), Instant::now());
                     self.body.requested = Instant::now();
                     self.early_data = conn.is_in_early_data();
                 }
