@@ -54,6 +54,7 @@
 
 mod child;
 mod command;
+pub mod delay;
 mod error;
 pub mod examples;
 pub mod forge;
@@ -72,6 +73,7 @@ use nix::unistd::geteuid;
 
 pub use child::{is_running, kill_all_live, ChildGroup, GroupGuard};
 pub use command::{display_command, run_bounded};
+pub use delay::{DelayCounters, DelayLine, MAX_ONE_WAY};
 pub use error::Error;
 pub use line::{
     LineConfig, LineNet, Node, Port, TbfLimit, LINE_CLIENT_V4, LINE_PREFIX, LINE_ROUTER_CLIENT_V4,

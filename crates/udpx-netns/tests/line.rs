@@ -123,3 +123,65 @@ fn failed_setup_and_panics_leave_nothing() {
     assert_eq!(names.len(), 1);
     assert!(!listed_namespaces().contains(&names[0]), "removed while unwinding");
 }
+
+/// The delay line: a request and its echo cross it both ways, so no round trip through it is
+/// shorter than twice the one-way delay (a lower bound, never a timing target); 50 datagrams
+/// sent back to back (within the sockets' default receive buffers) arrive whole and in order; its counters agree with what crossed; once it
+/// stops, the router forwards directly again and its rules are gone.
+#[test]
+fn delay_line_delays_both_ways_keeps_order_and_stops() {
+    if udpx_netns::skip_unless_capable("delay_line_delays_both_ways_keeps_order_and_stops") {
+        return;
+    }
+    let net = LineNet::setup(&LineConfig::default()).expect("setup");
+    assert!(net.delay(Duration::ZERO).is_err(), "a zero delay is refused");
+    assert!(net.delay(Duration::from_secs(2)).is_err(), "a delay over a second is refused");
+    let one_way = Duration::from_millis(15);
+    let line = net.delay(one_way).expect("the delay line");
+    let rules = net.ns(Node::Router).exec(&["ip", "rule", "list"]).unwrap();
+    assert!(rules.contains("lookup 64"), "{rules}");
+    let (client, server) = (bind(&net, Port::Client), bind(&net, Port::Server));
+    let server_addr = server.local_addr().unwrap();
+    let echo = std::thread::spawn(move || {
+        let mut buf = [0u8; 2048];
+        let mut got = Vec::new();
+        while let Ok((n, from)) = server.recv_from(&mut buf) {
+            got.push(buf[..n].to_vec());
+            server.send_to(&buf[..n], from).unwrap();
+        }
+        got
+    });
+    let mut buf = [0u8; 2048];
+    for i in 0..5u8 {
+        let sent = std::time::Instant::now();
+        client.send_to(&[i; 100], server_addr).unwrap();
+        let (n, _) = client.recv_from(&mut buf).expect("the echo, within 1 s");
+        let rtt = sent.elapsed();
+        assert_eq!(&buf[..n], &[i; 100][..]);
+        assert!(rtt >= 2 * one_way, "round trip {rtt:?} shorter than twice {one_way:?}");
+        println!("round trip through the delay line: {rtt:?}");
+    }
+    for i in 0..50u16 {
+        client.send_to(&i.to_be_bytes().repeat(600), server_addr).unwrap();
+    }
+    for i in 0..50u16 {
+        let (n, _) = client.recv_from(&mut buf).unwrap_or_else(|e| panic!("echo {i}: {e}"));
+        let first = u16::from_be_bytes([buf[0], buf[1]]);
+        assert!(buf[..n] == i.to_be_bytes().repeat(600)[..], "echo {i}: got {n} B starting with {first}");
+    }
+    let c = line.stop().expect("stop");
+    println!("{c:?}");
+    // 55 requests and 55 echoes, all through the line (and maybe what the kernel itself sent
+    // through the device when it came up: an IPv6 router solicitation).
+    assert!(c.forwarded >= 110 && c.dropped == 0, "{c:?}");
+    assert!(c.max_held_bytes >= 1200, "{c:?}");
+    let rules = net.ns(Node::Router).exec(&["ip", "rule", "list"]).unwrap();
+    assert!(!rules.contains("lookup 64"), "rules left: {rules}");
+    // Direct again: a datagram crosses at once (no line to hold it).
+    client.send_to(b"direct", server_addr).unwrap();
+    let (n, _) = client.recv_from(&mut buf).expect("forwarded without the line");
+    assert_eq!(&buf[..n], b"direct");
+    drop(client);
+    let got = echo.join().unwrap();
+    assert_eq!(got.len(), 56);
+}
