@@ -40,7 +40,7 @@ enum Role {
     /// The Cloudflare post's table: a file downloaded over HTTP/3 from `udpx h3 serve` in each
     /// I/O mode (by gtlsclient and `udpx h3 get`) and over HTTPS/TCP from nginx (by curl);
     /// server CPU per byte, throughput, send calls, packets per call, losses.
-    H3(crate::h3::H3BenchArgs),
+    H3(Box<crate::h3::H3BenchArgs>),
     /// QUIC across hosts through an nftables balancer (the lab of `udpx lb`): cost per packet
     /// of routing by connection ID against a 4-tuple hash, connections that survive a NAT
     /// rebinding, spread over hosts. Needs root, nft, tc.
@@ -293,7 +293,7 @@ pub fn main(args: BenchArgs) -> ExitCode {
         Some(Role::Tx(a)) => tx(a),
         Some(Role::Rx(a)) => rx(a),
         Some(Role::Stream(a)) => crate::stream::fig4(a),
-        Some(Role::H3(a)) => crate::h3::bench(a),
+        Some(Role::H3(a)) => crate::h3::bench(*a),
         Some(Role::Lb(a)) => crate::lb::bench(a),
         Some(Role::Quic(a)) => quic(a),
         None => main_job(args.main),

@@ -520,6 +520,15 @@ pub struct H3BenchArgs {
     /// With --bottleneck: milliseconds of queue at the bottleneck's rate (tbf's latency).
     #[arg(long, default_value_t = 2, requires = "bottleneck", value_parser = clap::value_parser!(u64).range(1..=1000))]
     bottleneck_buffer: u64,
+    /// With --bottleneck: milliseconds of round trip the router adds, half each way (a
+    /// user-space delay line: no netem needed).
+    #[arg(long, value_name = "MS", requires = "bottleneck", value_parser = clap::value_parser!(u64).range(1..=2000))]
+    rtt: Option<u64>,
+    /// With --bottleneck and --rtt: the viewers' tail instead of one download: this many
+    /// players, each a 512 KiB segment every second, CUBIC against BBRv2, --repeat rounds;
+    /// quic-go's client when scripts/setup.sh built it, else udpx's own.
+    #[arg(long, value_name = "N", requires = "rtt", value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    viewers: Option<u64>,
     /// The upgrade, reload and restart table instead (root: namespaces and eBPF): this many
     /// players (a 64 KiB segment every 2 s each) while udpx is upgraded, reloaded and
     /// restarted, and nginx over TCP reloaded and binary-upgraded, --restart-changes times a row.
@@ -603,6 +612,18 @@ enum ClientChoice {
 fn bench_bottleneck(a: H3BenchArgs, mbit: u64) -> ExitCode {
     const CMD: &str = "bench h3 --bottleneck";
     lab_cleanup(CMD);
+    if let (Some(viewers), Some(rtt)) = (a.viewers, a.rtt) {
+        let mut cfg = udpx_h3_bench::bench::tail::TailConfig::new();
+        (cfg.mbit, cfg.buffer, cfg.rtt) =
+            (mbit, Duration::from_millis(a.bottleneck_buffer), Duration::from_millis(rtt));
+        (cfg.viewers, cfg.rounds, cfg.defer_flush) = (viewers as usize, a.repeat as usize, a.defer_flush == OnOff::On);
+        if let Err(e) = cfg.check() {
+            return usage(e);
+        }
+        let r = udpx_h3_bench::bench::tail::run(&cfg, &mut |l| eprintln!("udpx {CMD} --viewers: {l}"));
+        let needs = "the bottleneck lab needs root (network namespaces)";
+        return lab_report(CMD, needs, "h3_tail", a.json, r, udpx_h3_bench::bench::tail::table);
+    }
     let cfg = udpx_h3_bench::bench::burst::BottleneckConfig {
         mbit,
         buffer: Duration::from_millis(a.bottleneck_buffer),
@@ -610,6 +631,7 @@ fn bench_bottleneck(a: H3BenchArgs, mbit: u64) -> ExitCode {
         rounds: a.repeat as usize,
         cc: a.cc,
         defer_flush: a.defer_flush == OnOff::On,
+        rtt: a.rtt.map(Duration::from_millis),
     };
     let r = udpx_h3_bench::bench::burst::run(&cfg, &mut |l| eprintln!("udpx {CMD}: {l}"));
     let needs = "the bottleneck lab needs root (network namespaces)";

@@ -267,6 +267,11 @@ fn bench_h3_bad_flags_exit_2_naming_the_flag() {
         (&["bench", "h3", "--flood-seconds", "5"], "--flood"),
         (&["bench", "h3", "--bottleneck", "0"], "--bottleneck"),
         (&["bench", "h3", "--bottleneck-buffer", "5"], "--bottleneck"),
+        (&["bench", "h3", "--rtt", "40"], "--bottleneck"),
+        (&["bench", "h3", "--bottleneck", "100", "--rtt", "0"], "--rtt"),
+        (&["bench", "h3", "--bottleneck", "100", "--rtt", "3000"], "--rtt"),
+        (&["bench", "h3", "--bottleneck", "100", "--viewers", "20"], "--rtt"),
+        (&["bench", "h3", "--bottleneck", "100", "--rtt", "40", "--viewers", "0"], "--viewers"),
         (&["bench", "h3", "--cc", "reno"], "--cc"),
         (&["bench", "h3", "--burst", "rate"], "--burst"),
     ];

@@ -22,12 +22,13 @@ use std::time::Duration;
 
 use serde::Serialize;
 use udpx_lab::env::Environment;
-use udpx_lab::judge::{steal_note, Check};
+use udpx_lab::judge::Check;
 use udpx_lab::netns::{LineConfig, LineNet, Node, Port, TbfLimit};
 use udpx_lab::stats::{another_round, figures, Kept};
 use udpx_lab::steal::{Steal, StealMeter, WithSteal};
 use udpx_quic::Burst;
 
+use super::rows::{footer, settle, tally};
 use super::Scratch;
 use udpx_h3::{get, serve, GetConfig, ServeConfig};
 
@@ -47,6 +48,8 @@ pub struct BottleneckConfig {
     pub cc: udpx_h3::server::Cc,
     /// `--defer-flush` for the server.
     pub defer_flush: bool,
+    /// A round trip the router adds (`--rtt`: half each way, [`udpx_lab::netns::DelayLine`]).
+    pub rtt: Option<Duration>,
 }
 
 impl BottleneckConfig {
@@ -59,6 +62,7 @@ impl BottleneckConfig {
             rounds: 3,
             cc: udpx_h3::server::Cc::Bbr2,
             defer_flush: true,
+            rtt: None,
         }
     }
 }
@@ -143,11 +147,8 @@ pub fn run(cfg: &BottleneckConfig, progress: &mut dyn FnMut(&str)) -> Result<Opt
     net.tbf(rate, 3_000, TbfLimit::Latency(cfg.buffer)).map_err(|e| format!("tbf: {e}"))?;
     net.set_features(Port::Server, &[("tx-udp-segmentation", "off")]).map_err(|e| format!("offloads: {e}"))?;
     let mut runs: Vec<Vec<Result<BurstRun, String>>> = vec![Vec::new(); MODES.len()];
-    let goodput = |r: &[Result<BurstRun, String>]| {
-        figures(&r.iter().map(|x| x.as_ref().ok().copied()).collect::<Vec<_>>(), |x| x.mbit_per_s)
-    };
     let mut round = 0;
-    while another_round(cfg.rounds, round, runs.iter().map(|r| Kept::of(&goodput(r), cfg.rounds))) {
+    while another_round(cfg.rounds, round, runs.iter().map(|r| tally(r, cfg.rounds, |x| x.mbit_per_s))) {
         for (i, &(mode, name)) in MODES.iter().enumerate() {
             let r = one_run(&net, &www, mode, cfg);
             progress(&match &r {
@@ -170,10 +171,7 @@ pub fn run(cfg: &BottleneckConfig, progress: &mut dyn FnMut(&str)) -> Result<Opt
         .iter()
         .zip(runs)
         .map(|(&(_, name), r)| {
-            let error = r.iter().find_map(|x| x.as_ref().err().cloned());
-            let kept = Kept::of(&goodput(&r), cfg.rounds);
-            let runs: Vec<Option<BurstRun>> = r.into_iter().map(Result::ok).collect();
-            let median = kept.median_run.and_then(|k| runs[k]);
+            let (runs, median, error, kept) = settle(r, cfg.rounds, |x| x.mbit_per_s);
             BurstRow { mode: name.into(), runs, median, error, kept }
         })
         .collect();
@@ -196,10 +194,21 @@ fn one_run(net: &LineNet, www: &std::path::Path, mode: Burst, cfg: &BottleneckCo
     let server = net.ns(Node::Server).try_run(move || serve(&root, &sc)).map_err(|e| e.to_string())?;
     let server = server.map_err(|e| format!("server: {e}"))?;
     let url = format!("https://{}/file", server.local_addr());
+    let line = cfg.rtt.map(|rtt| net.delay(rtt / 2)).transpose().map_err(|e| format!("the delay line: {e}"))?;
     let steal = StealMeter::start(&udpx_lab::cpu::online_cpus());
     let got = net.ns(Node::Client).try_run(move || get(&url, None, &GetConfig::default()));
     let steal = steal.stop().unwrap_or_default();
     let counters = server.stop().map_err(|e| format!("server stop: {e}"))?;
+    if let Some(line) = line {
+        let c = line.stop().map_err(|e| e.to_string())?;
+        if c.dropped > 0 {
+            return Err(format!(
+                "the delay line dropped {} packets (it holds at most {} B)",
+                c.dropped,
+                udpx_lab::netns::delay::MAX_HELD_BYTES
+            ));
+        }
+    }
     let got = got.map_err(|e| e.to_string())?.map_err(|e| format!("download: {e}"))?;
     if got.status != 200 || got.bytes != size {
         return Err(format!("download: status {}, {} of {size} B", got.status, got.bytes));
@@ -248,10 +257,14 @@ pub fn table(b: &BottleneckBench) -> String {
     let c = &b.config;
     let mut s = format!(
         "Burst rules through a bottleneck: {} Mbit/s tbf with {} ms of queue on a router's egress (LineNet, \
-         namespaces), the server's GSO runs split in software before it; --cc {}; {} B per download, {} rounds, \
+         namespaces){}, the server's GSO runs split in software before it; --cc {}; {} B per download, {} rounds, \
          modes interleaved; medians by goodput.\n\n",
         c.mbit,
         c.buffer.as_millis(),
+        c.rtt.map_or(String::new(), |r| format!(
+            ", {} ms of round trip added by the router (a user-space delay line)",
+            r.as_millis()
+        )),
         c.cc,
         c.size,
         c.rounds
@@ -282,15 +295,7 @@ pub fn table(b: &BottleneckBench) -> String {
         }
     }
     let extra = b.rows.iter().map(|r| r.runs.len().saturating_sub(c.rounds)).max().unwrap_or(0);
-    if let Some(note) = steal_note(b.rows.iter().flat_map(|r| r.runs.iter().flatten()).map(|x| &x.steal), Some(extra)) {
-        let _ = writeln!(s, "\n{note} (every online CPU: nothing is pinned)");
-    }
-    let _ = write!(
-        s,
-        "\n{}\n{}\n{}",
-        udpx_lab::judge::checks_text(&b.checks),
-        udpx_lab::judge::verdict_rule(c.rounds),
-        b.environment.to_markdown()
-    );
+    let steals = b.rows.iter().flat_map(|r| r.runs.iter().flatten()).map(|x| &x.steal);
+    footer(&mut s, steals, extra, &b.checks, c.rounds, &b.environment);
     s
 }

@@ -60,7 +60,9 @@ pub mod flood;
 mod peers;
 mod process;
 pub mod restart;
+mod rows;
 pub mod scale;
+pub mod tail;
 
 use peers::{equal_footing, gtlsclient, nginx_run, quinn_run};
 pub(crate) use peers::{receive_note, receive_on_own_cpus};
