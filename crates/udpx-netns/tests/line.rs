@@ -141,6 +141,8 @@ fn delay_line_delays_both_ways_keeps_order_and_stops() {
     let rules = net.ns(Node::Router).exec(&["ip", "rule", "list"]).unwrap();
     assert!(rules.contains("lookup 64"), "{rules}");
     let (client, server) = (bind(&net, Port::Client), bind(&net, Port::Server));
+    // The echo ends after this much silence: long enough for the line's stop on a loaded machine.
+    server.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     let server_addr = server.local_addr().unwrap();
     let echo = std::thread::spawn(move || {
         let mut buf = [0u8; 2048];
