@@ -295,6 +295,9 @@ impl Lab {
                 .arg(dir)
                 .args(["--host-id", &host_id(i).to_string(), "--listen", &self.listen_addr(i).to_string()])
                 .args(["--shards", "1", "-l", &secs.to_string()])
+                // Stopped at a test's end, often with a client killed mid-download: 2 s of
+                // drain, not the default 30 s of waiting for a connection that will not finish.
+                .args(["--drain-timeout", "2"])
                 .arg("--key-file")
                 .arg(&key_file)
                 .arg("--removed-hosts")
