@@ -4059,6 +4059,13 @@ impl<F: BufFactory> Connection<F> {
             _ => self.get_send_path_id(from, to)?,
         };
 
+        // Whether this datagram starts as a probe of the handshake spaces.
+        let handshake_probe = !self.handshake_confirmed && {
+            let r = &self.paths.get(send_pid)?.recovery;
+            r.loss_probes(packet::Epoch::Initial) > 0 ||
+                r.loss_probes(packet::Epoch::Handshake) > 0
+        };
+
         let send_path = self.paths.get_mut(send_pid)?;
 
         // Increase the maximum datagram size for a PMTUD probe.
@@ -4131,6 +4138,20 @@ impl<F: BufFactory> Connection<F> {
             self.last_tx_data = self.tx_data;
 
             return Err(Error::Done);
+        }
+
+        // A probe of the handshake spaces whose flight fit this one datagram
+        // may be due again, as the second probe (RFC 9002 6.2.4).
+        if handshake_probe {
+            let r = &self.paths.get(send_pid)?.recovery;
+            let whole = [packet::Epoch::Initial, packet::Epoch::Handshake]
+                .into_iter()
+                .all(|e| {
+                    !self.crypto_ctx[e].data_available() &&
+                        !r.has_lost_frames(e) &&
+                        r.loss_probes(e) == 0
+                });
+            self.paths.get_mut(send_pid)?.recovery.repeat_flight(whole);
         }
 
         if has_initial && left > 0 && done < MIN_CLIENT_INITIAL_LEN {
@@ -4272,8 +4293,13 @@ impl<F: BufFactory> Connection<F> {
                         p.retrans_count += 1;
                     },
 
+                    // A lost ACK is sent again, but for a server's Initial
+                    // ACK (see "Create ACK frame" below: a repeated one would
+                    // give the client a stale RTT sample).
                     frame::Frame::ACK { .. } => {
-                        pkt_space.ack_elicited = true;
+                        if !(self.is_server && epoch == packet::Epoch::Initial) {
+                            pkt_space.ack_elicited = true;
+                        }
                     },
 
                     frame::Frame::ResetStream {
@@ -4597,8 +4623,22 @@ impl<F: BufFactory> Connection<F> {
         // generate an ACK (if there's anything to ACK) since we're going to
         // send a packet with PING anyways, even if we haven't received anything
         // ACK eliciting.
+        //
+        // But a server's Initial packet repeats no ACK already sent: in a
+        // probe after its first flight was lost, an ACK of a ClientHello
+        // received a probe timeout (a second, or three) earlier gives the
+        // client an RTT sample of the whole wait, since a client may ignore
+        // the ACK delay of Initial packets (RFC 9002 5.3). Its RTT then
+        // counts in seconds, and so do its own probes of its Finished. The
+        // client needs no such ACK: the ServerHello it comes with moves it
+        // to the Handshake space, and its Initial keys are dropped.
+        let stale_initial_ack = self.is_server &&
+            epoch == packet::Epoch::Initial &&
+            !pkt_space.ack_elicited;
+
         if pkt_space.recv_pkt_need_ack.len() > 0 &&
-            (pkt_space.ack_elicited || ack_elicit_required) &&
+            (pkt_space.ack_elicited ||
+                (ack_elicit_required && !stale_initial_ack)) &&
             (!is_closing ||
                 (pkt_type == Type::Handshake &&
                     self.local_error
@@ -5302,6 +5342,17 @@ impl<F: BufFactory> Connection<F> {
                 // header fits: it would carry no data but still advance the
                 // peer's largest received offset.
                 if len == 0 && !fin {
+                    // A stream queued as flushable may have nothing left to
+                    // send: data of its marked for retransmission (a lost
+                    // packet, a probe) was acknowledged before it went again.
+                    // Take it off the queue and go on to the next stream, or
+                    // it blocks every stream behind it for good.
+                    if !stream.is_flushable() {
+                        let priority_key = Arc::clone(&stream.priority_key);
+                        self.streams.remove_flushable(&priority_key);
+                        continue;
+                    }
+
                     stream_data_skipped = true;
 
                     // Rotate incremental streams so a stream whose header

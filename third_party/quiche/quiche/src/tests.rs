@@ -8351,6 +8351,9 @@ fn dont_coalesce_probes(
     pipe.client.on_timeout();
     assert_eq!(pipe.client.path_stats().next().unwrap().total_pto_count, 2);
 
+    // Two probes are due: one now, and the flight again if it fits that
+    // one (a handshake space's probe carries its whole flight). Here the
+    // ClientHello takes two datagrams: the second probe is its rest.
     assert_eq!(
         pipe.client
             .paths
@@ -8358,10 +8361,10 @@ fn dont_coalesce_probes(
             .expect("no active")
             .recovery
             .loss_probes(epoch),
-        2,
+        1,
     );
 
-    // Client sends first PTO probe.
+    // Client sends first PTO probe; what follows is the rest of its flight.
     let (len, _) = pipe.client.send(&mut buf).unwrap();
     assert_eq!(len, 1200);
     assert_eq!(
@@ -8371,7 +8374,7 @@ fn dont_coalesce_probes(
             .expect("no active")
             .recovery
             .loss_probes(epoch),
-        1,
+        0,
     );
 
     // Client sends second PTO probe.
@@ -8386,6 +8389,9 @@ fn dont_coalesce_probes(
             .loss_probes(epoch),
         0,
     );
+
+    // And no third.
+    assert_eq!(pipe.client.send(&mut buf), Err(Error::Done));
 }
 
 #[rstest]
@@ -8515,9 +8521,171 @@ fn server_probe_carries_the_whole_flight(
     let (len, _) = pipe.server.send(&mut buf).unwrap();
     assert_eq!(pipe.client_recv(&mut buf[..len]), Ok(len));
     assert_eq!(pipe.client.stats().recv, 2, "an Initial and a Handshake packet");
+    // Its Initial packet repeats no ACK of the ClientHello, received a probe
+    // timeout ago: the client would take the whole wait for a round trip.
+    let client = &pipe.client.paths.get_active().unwrap().recovery;
+    assert_eq!(client.min_rtt(), None, "no RTT sample from a stale ACK");
     let rest = test_utils::emit_flight(&mut pipe.server).unwrap();
     test_utils::process_flight(&mut pipe.client, rest).unwrap();
     assert!(pipe.client.is_established());
+}
+
+#[rstest]
+/// RFC 9002 6.2.4: from the second probe timeout on, when two probes are
+/// due and the server's flight fits one datagram, the flight goes twice,
+/// each copy a datagram of its own, so that one lost datagram does not cost
+/// another, doubled, timeout. The second probe used to be nothing (a probe
+/// of both handshake spaces was one datagram): ngtcp2's client lost a
+/// handshake in the QUIC interop runner's handshakeloss case when the
+/// server's five single-datagram probes of its first 9 s were all lost.
+fn server_second_probe_repeats_a_flight_of_one_datagram(
+    #[values("cubic", "bbr2_gcongestion")] cc_algorithm_name: &str,
+) {
+    let mut buf = [0; 65535];
+
+    // A P-256 certificate: the server's flight fits one datagram.
+    let mut config =
+        test_utils::Pipe::default_config_no_pq(cc_algorithm_name).unwrap();
+    config
+        .load_cert_chain_from_pem_file("examples/cert-ec.crt")
+        .unwrap();
+    config
+        .load_priv_key_from_pem_file("examples/cert-ec.key")
+        .unwrap();
+    let mut pipe = test_utils::Pipe::with_config(&mut config).unwrap();
+
+    // The client probes once along the way (credit against the server's
+    // amplification limit for the copies); everything the server sends
+    // before its second timeout is lost.
+    let (len, _) = pipe.client.send(&mut buf).unwrap();
+    assert_eq!(pipe.server_recv(&mut buf[..len]), Ok(len));
+    let flight = test_utils::emit_flight(&mut pipe.server).unwrap();
+    assert_eq!(flight.len(), 1, "a flight of one datagram");
+    let timeout = pipe.server.timeout().unwrap();
+    std::thread::sleep(timeout + Duration::from_millis(1));
+    pipe.server.on_timeout();
+    let probe = test_utils::emit_flight(&mut pipe.server).unwrap();
+    assert_eq!(probe.len(), 1, "one probe at the first timeout");
+    pipe.client.on_timeout();
+    let client_probes = test_utils::emit_flight(&mut pipe.client).unwrap();
+    test_utils::process_flight(&mut pipe.server, client_probes).unwrap();
+    test_utils::emit_flight(&mut pipe.server).ok();
+
+    // The second timeout: two probes, the flight twice.
+    let timeout = pipe.server.timeout().unwrap();
+    std::thread::sleep(timeout + Duration::from_millis(1));
+    pipe.server.on_timeout();
+    let probes = test_utils::emit_flight(&mut pipe.server).unwrap();
+    assert_eq!(probes.len(), 2, "the flight twice");
+
+    // The first copy is lost: the second alone gets the handshake done.
+    let (second, _) = &probes[1];
+    assert_eq!(pipe.client_recv(&mut second.clone()), Ok(second.len()));
+    pipe.advance().unwrap();
+    assert!(pipe.client.is_established() && pipe.server.is_established());
+}
+
+#[test]
+/// CUBIC paces (RFC 9002 7.7): past a burst of ten packets, a window's
+/// packets leave one every size / rate, the rate twice the congestion window
+/// over the smoothed RTT in slow start. Before, `SendInfo.at` was always
+/// now under CUBIC, and a window went as one burst into the bottleneck.
+fn cubic_paces_past_a_burst() {
+    let mut buf = [0; 65535];
+
+    let mut config = test_utils::Pipe::default_config_no_pq("cubic").unwrap();
+    config.set_initial_congestion_window_packets(40);
+    config.set_initial_max_data(1_000_000);
+    config.set_initial_max_stream_data_bidi_local(1_000_000);
+    config.set_initial_max_stream_data_bidi_remote(1_000_000);
+    config.enable_pacing(true);
+    let mut pipe = test_utils::Pipe::with_config(&mut config).unwrap();
+
+    // A handshake whose round trip takes 50 ms at the server.
+    let flight = test_utils::emit_flight(&mut pipe.client).unwrap();
+    test_utils::process_flight(&mut pipe.server, flight).unwrap();
+    let flight = test_utils::emit_flight(&mut pipe.server).unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    test_utils::process_flight(&mut pipe.client, flight).unwrap();
+    pipe.handshake().unwrap();
+    pipe.advance().unwrap();
+    let srtt = pipe.server.path_stats().next().unwrap().rtt;
+    assert!(srtt >= Duration::from_millis(40), "srtt {srtt:?}");
+
+    // A window of stream data: 40 packets.
+    pipe.client.stream_send(0, b"a", true).unwrap();
+    pipe.advance().unwrap();
+    pipe.server.stream_send(0, &[7; 200_000], false).unwrap();
+    let start = Instant::now();
+    let mut at = Vec::new();
+    while let Ok((len, info)) = pipe.server.send(&mut buf) {
+        if len > 1000 {
+            at.push(info.at);
+        }
+    }
+    assert!(at.len() >= 30, "{} full packets", at.len());
+    assert!(at.windows(2).all(|w| w[0] <= w[1]), "departures in order");
+    // The burst leaves at once ...
+    assert!(at[9] < start + Duration::from_millis(2), "{:?}", at[9] - start);
+    // ... the rest about size / rate apart: 30 packets of 1,200 bytes at
+    // 2 x 48,000 B / 50 ms take about 19 ms (at least 10 here, whatever
+    // the exact window and RTT).
+    let spread = *at.last().unwrap() - at[9];
+    assert!(spread >= Duration::from_millis(10), "spread {spread:?}");
+    // Departures ahead of the clock, which an unpaced `at` (now) never is.
+    assert!(*at.last().unwrap() > Instant::now());
+}
+
+#[rstest]
+/// A stream queued to send again (its packet lost, or a probe) whose data
+/// is then acknowledged before it goes has nothing left to send. It used to
+/// stay first in the flushable queue: send() wrote no STREAM frame for it,
+/// stopped there, and no other stream's data left again, for good (an
+/// HTTP/3 server's QPACK stream, one byte, before a response of 681 KB:
+/// the connection sent nothing but ACKs until its client gave up).
+fn acked_retransmission_does_not_block_other_streams(
+    #[values("cubic", "bbr2_gcongestion")] cc_algorithm_name: &str,
+) {
+    let mut buf = [0; 65535];
+
+    let mut config = test_utils::Pipe::default_config(cc_algorithm_name).unwrap();
+    config.set_initial_max_data(100_000);
+    config.set_initial_max_stream_data_bidi_local(100_000);
+    config.set_initial_max_stream_data_bidi_remote(100_000);
+    config.set_initial_max_stream_data_uni(100);
+    let mut pipe = test_utils::Pipe::with_config(&mut config).unwrap();
+    pipe.handshake().unwrap();
+
+    // A one-byte stream first in the queue (urgent, not incremental), as an
+    // HTTP/3 server's control and QPACK streams are.
+    pipe.server.stream_priority(3, 0, false).unwrap();
+    pipe.server.stream_send(3, b"a", false).unwrap();
+    let (len, _) = pipe.server.send(&mut buf).unwrap();
+    let first = buf[..len].to_vec();
+
+    // Its frame is queued to go again (as a loss or a probe queues it) ...
+    let stream = pipe.server.streams.get_mut(3).unwrap();
+    assert_eq!(stream.send.retransmit(0, 1), 1);
+    let key = Arc::clone(&stream.priority_key);
+    pipe.server.streams.insert_flushable(&key);
+    pipe.server.streams.add_tx_buffered(1);
+
+    // ... and the first packet arrives after all: the byte is acknowledged.
+    assert_eq!(pipe.client_recv(&mut first.clone()), Ok(len));
+    let flight = test_utils::emit_flight(&mut pipe.client).unwrap();
+    test_utils::process_flight(&mut pipe.server, flight).unwrap();
+    assert!(!pipe.server.streams.get(3).unwrap().is_flushable());
+
+    // A response on another stream goes all the same.
+    pipe.client.stream_send(0, b"GET", true).unwrap();
+    pipe.advance().unwrap();
+    pipe.server.stream_send(0, &[7; 5000], true).unwrap();
+    pipe.advance().unwrap();
+    let mut got = 0;
+    while let Ok((n, _)) = pipe.client.stream_recv(0, &mut buf) {
+        got += n;
+    }
+    assert_eq!(got, 5000, "the response arrives whole");
 }
 
 #[rstest]
@@ -8548,10 +8716,14 @@ fn server_resends_its_flight_when_a_client_probes(
     assert_eq!(pipe.server_recv(&mut buf[..len]), Ok(len));
     assert_eq!(pipe.server.early_crypto_resends, 1);
 
-    // The server's answer is the flight again, not just an ACK.
+    // The server's answer is the flight again, not just an ACK; it
+    // acknowledges the new packet.
     let flight = test_utils::emit_flight(&mut pipe.server).unwrap();
     test_utils::process_flight(&mut pipe.client, flight).unwrap();
     assert!(pipe.client.is_established());
+    // The ACK of the new packet came with it: a fresh sample.
+    let client = &pipe.client.paths.get_active().unwrap().recovery;
+    assert!(client.min_rtt().is_some());
 }
 
 #[rstest]

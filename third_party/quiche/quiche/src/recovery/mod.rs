@@ -216,6 +216,15 @@ pub trait RecoveryOps {
     /// handshake space's data too).
     fn requeue_unacked_data(&mut self, epoch: packet::Epoch) -> bool;
 
+    /// After a datagram that started as a probe of the handshake spaces: if
+    /// the probe timeout asked for two probes and the flight went `whole` in
+    /// that one datagram, queues the flight once more, as the second probe,
+    /// in a datagram of its own (RFC 9002 6.2.4: up to two datagrams, so that
+    /// one lost datagram does not cost another, doubled, timeout); a flight
+    /// larger than a datagram goes on as the second probe instead. Whether it
+    /// queued the flight.
+    fn repeat_flight(&mut self, whole: bool) -> bool;
+
     fn on_packet_sent(
         &mut self, pkt: Sent, epoch: packet::Epoch,
         handshake_status: HandshakeStatus, now: Instant, trace_id: &str,

@@ -403,9 +403,60 @@ pub struct LegacyRecovery {
 
     /// A resusable list of acks.
     newly_acked: Vec<Acked>,
+
+    /// The handshake spaces' flight is to be sent once more, as a second
+    /// probe (see `probe_other_handshake_space`).
+    flight_again: bool,
+
+    /// Pacing (see `pace`): whether it is on, its cap in bytes a second,
+    /// the earliest departure of the next packet, and the departure given
+    /// to the last packet sent (None: at once).
+    pacing: bool,
+    max_pacing_rate: Option<u64>,
+    next_departure: Option<Instant>,
+    last_departure: Option<Instant>,
 }
 
 impl LegacyRecovery {
+    /// The pacing rate in bytes a second: the congestion window over the
+    /// smoothed RTT, times 2 in slow start and 1.25 after it (as Linux
+    /// paces TCP: 200 % and 120 %; BBR's own cruising gain is 1.25), at
+    /// most `max_pacing_rate`.
+    fn pace_rate(&self) -> f64 {
+        let srtt = self.rtt_stats.rtt().as_secs_f64().max(1e-6);
+        let cwnd = self.congestion.congestion_window() as f64;
+        let gain = if self.congestion.congestion_window() <
+            self.congestion.ssthresh.get()
+        {
+            2.0
+        } else {
+            1.25
+        };
+        let rate = gain * cwnd / srtt;
+        match self.max_pacing_rate {
+            Some(max) if max > 0 => rate.min(max as f64),
+            _ => rate,
+        }
+    }
+
+    /// Gives a packet of `size` bytes about to be sent its departure time:
+    /// the earliest departure kept from the packets before it, but no
+    /// earlier than a burst of ten packets (or the initial window, if
+    /// smaller) before `now`: a connection that was idle, or its first
+    /// flight, sends that many at once, then one packet every size / rate.
+    fn pace(&mut self, size: usize, now: Instant) {
+        let rate = self.pace_rate();
+        let burst = (self.congestion.initial_congestion_window_packets.min(10) *
+            self.max_datagram_size) as f64;
+        let floor = now
+            .checked_sub(Duration::from_secs_f64(burst / rate))
+            .unwrap_or(now);
+        let departure = self.next_departure.map_or(floor, |t| t.max(floor));
+        self.next_departure =
+            Some(departure + Duration::from_secs_f64(size as f64 / rate));
+        self.last_departure = (departure > now).then_some(departure);
+    }
+
     /// RFC 9002 6.2.4: a probe of a handshake space also carries the other
     /// handshake space's unacknowledged data, so that both go in one
     /// datagram (see the same function of the gcongestion recovery).
@@ -413,6 +464,11 @@ impl LegacyRecovery {
         if pto_epoch == Epoch::Application {
             return;
         }
+        // Two probes are due from the second timeout on: the flight goes
+        // once as each (see the gcongestion recovery).
+        self.flight_again = self.epochs[pto_epoch].loss_probes > 1;
+        self.epochs[pto_epoch].loss_probes =
+            self.epochs[pto_epoch].loss_probes.min(1);
         for other in [Epoch::Initial, Epoch::Handshake] {
             if other == pto_epoch || self.epochs[other].in_flight_count == 0 {
                 continue;
@@ -463,6 +519,13 @@ impl LegacyRecovery {
             congestion: Congestion::from_config(recovery_config),
 
             newly_acked: Vec::new(),
+
+            flight_again: false,
+
+            pacing: recovery_config.pacing,
+            max_pacing_rate: recovery_config.max_pacing_rate,
+            next_departure: None,
+            last_departure: None,
         }
     }
 
@@ -648,6 +711,20 @@ impl RecoveryOps for LegacyRecovery {
         self.epochs[epoch].lost_frames_count()
     }
 
+    fn repeat_flight(&mut self, whole: bool) -> bool {
+        if !std::mem::take(&mut self.flight_again) || !whole {
+            return false;
+        }
+        let mut any = false;
+        for e in [Epoch::Initial, Epoch::Handshake] {
+            if self.epochs[e].requeue_unacked_data() {
+                self.epochs[e].loss_probes = 1;
+                any = true;
+            }
+        }
+        any
+    }
+
     fn ping_sent(&mut self, epoch: Epoch) {
         self.epochs[epoch].loss_probes =
             self.epochs[epoch].loss_probes.saturating_sub(1);
@@ -680,6 +757,12 @@ impl RecoveryOps for LegacyRecovery {
             in_flight,
         );
 
+        if in_flight && self.pacing {
+            self.pace(sent_bytes, now);
+        } else {
+            self.last_departure = None;
+        }
+
         if in_flight {
             self.epochs[epoch].in_flight_count += 1;
             self.bytes_in_flight.add(sent_bytes, now);
@@ -703,7 +786,7 @@ impl RecoveryOps for LegacyRecovery {
     }
 
     fn get_packet_send_time(&self, now: Instant) -> Instant {
-        now
+        self.last_departure.map_or(now, |t| t.max(now))
     }
 
     // `peer_sent_ack_ranges` should not be used without validation.

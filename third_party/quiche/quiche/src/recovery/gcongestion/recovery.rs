@@ -522,6 +522,10 @@ pub struct GRecovery {
     lost_reuse: Vec<Lost>,
 
     pacer: Pacer,
+
+    /// The handshake spaces' flight is to be sent once more, as a second
+    /// probe (see `probe_other_handshake_space`).
+    flight_again: bool,
 }
 
 impl GRecovery {
@@ -534,6 +538,13 @@ impl GRecovery {
         if pto_epoch == packet::Epoch::Application {
             return;
         }
+        // Two probes are due from the second timeout on: the flight goes
+        // once as the first (coalesced, one probe each space), and once
+        // more as the second, after the first went whole (repeat_flight).
+        // A second probe would otherwise be a bare PING, or nothing.
+        self.flight_again = self.epochs[pto_epoch].loss_probes > 1;
+        self.epochs[pto_epoch].loss_probes =
+            self.epochs[pto_epoch].loss_probes.min(1);
         for other in [packet::Epoch::Initial, packet::Epoch::Handshake] {
             if other == pto_epoch || self.epochs[other].pkts_in_flight == 0 {
                 continue;
@@ -610,6 +621,7 @@ impl GRecovery {
 
             newly_acked: Vec::new(),
             lost_reuse: Vec::new(),
+            flight_again: false,
         })
     }
 
@@ -780,6 +792,20 @@ impl RecoveryOps for GRecovery {
 
     fn requeue_unacked_data(&mut self, epoch: packet::Epoch) -> bool {
         self.epochs[epoch].requeue_unacked_data()
+    }
+
+    fn repeat_flight(&mut self, whole: bool) -> bool {
+        if !std::mem::take(&mut self.flight_again) || !whole {
+            return false;
+        }
+        let mut any = false;
+        for e in [packet::Epoch::Initial, packet::Epoch::Handshake] {
+            if self.epochs[e].requeue_unacked_data() {
+                self.epochs[e].loss_probes = 1;
+                any = true;
+            }
+        }
+        any
     }
 
     fn ping_sent(&mut self, epoch: packet::Epoch) {
