@@ -525,8 +525,9 @@ pub struct H3BenchArgs {
     #[arg(long, value_name = "MS", requires = "bottleneck", value_parser = clap::value_parser!(u64).range(1..=2000))]
     rtt: Option<u64>,
     /// With --bottleneck and --rtt: the viewers' tail instead of one download: this many
-    /// players, each a 512 KiB segment every second, CUBIC against BBRv2, --repeat rounds;
-    /// quic-go's client when scripts/setup.sh built it, else udpx's own.
+    /// players, each a 512 KiB segment every second, CUBIC against BBRv2 and nginx (HTTP/2
+    /// over TCP), --repeat rounds; quic-go's client when scripts/setup.sh built it (nginx's
+    /// row needs it), else udpx's own.
     #[arg(long, value_name = "N", requires = "rtt", value_parser = clap::value_parser!(u64).range(1..=10_000))]
     viewers: Option<u64>,
     /// The upgrade, reload and restart table instead (root: namespaces and eBPF): this many

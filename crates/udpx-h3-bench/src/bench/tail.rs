@@ -18,10 +18,15 @@
 //! ([`crate::load`]), named in the table.
 //!
 //! **Rows and verdicts.** One row per controller (`--cc cubic`, `--cc bbr2`, each with its own
-//! `--burst auto`), rounds interleaved; the median run by segment p99. Per round: CUBIC's p99
-//! over BBRv2's (at most 1.0: CUBIC's tail no longer) and CUBIC's lost packets over BBRv2's,
-//! one added to each (at most 1.5: no more loss through the bottleneck). A run with more than
-//! 2 % steal on any online CPU counts in no median or verdict.
+//! `--burst auto`), and nginx serving the same segment over HTTP/2 on TCP (the kernel's own
+//! congestion control and pacing) to the same players when nginx and quic-go's client are
+//! installed; rounds interleaved; the median run by segment p99. Per round: CUBIC's p99 over
+//! BBRv2's (at most 1.0: CUBIC's tail no longer) and CUBIC's lost packets over BBRv2's, one
+//! added to each (at most 1.5: no more loss through the bottleneck); and each controller
+//! against nginx as issue 47 asks: segment p50 at most nginx's + 5 ms, p99 at most twice
+//! nginx's + 5 ms (each a ratio to that bound, at most 1.0). nginx's lost and packets are the
+//! server namespace's TCP retransmitted and sent segments. A run with more than 2 % steal on
+//! any online CPU counts in no median or verdict.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -112,6 +117,25 @@ impl Default for TailConfig {
 /// The controllers compared, in table order.
 pub const CCS: [Cc; 2] = [Cc::Cubic, Cc::Bbr2];
 
+/// nginx's row (HTTP/2 over TCP).
+pub const NGINX: &str = "nginx-h2";
+
+/// What serves a row: `udpx h3 serve` with a controller, or nginx.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Server {
+    Udpx(Cc),
+    Nginx,
+}
+
+impl Server {
+    fn name(self) -> &'static str {
+        match self {
+            Server::Udpx(cc) => cc.name(),
+            Server::Nginx => NGINX,
+        }
+    }
+}
+
 /// One run: the players' figures and the server's.
 #[derive(Debug, Clone, Copy, Serialize)]
 pub struct TailRun {
@@ -129,9 +153,9 @@ pub struct TailRun {
     pub late: u64,
     /// Never answered.
     pub unanswered: u64,
-    /// Packets quiche declared lost (the server's count).
+    /// Packets quiche declared lost (the server's count; nginx: TCP segments retransmitted).
     pub lost: u64,
-    /// QUIC packets the server sent.
+    /// QUIC packets the server sent (nginx: TCP segments).
     pub packets: u64,
     /// The client's CPU over the window, percent of one CPU.
     pub client_cpu_pct: f64,
@@ -150,10 +174,10 @@ impl WithSteal for TailRun {
     }
 }
 
-/// One controller's runs.
+/// One row's runs.
 #[derive(Debug, Clone, Serialize)]
 pub struct TailRow {
-    /// `--cc`.
+    /// `--cc` of udpx's rows, or [`NGINX`].
     pub cc: String,
     /// Per round (`None`: the run failed).
     pub runs: Vec<Option<TailRun>>,
@@ -193,18 +217,37 @@ pub fn run(cfg: &TailConfig, progress: &mut dyn FnMut(&str)) -> Result<Option<Ta
     net.tbf(cfg.mbit * 1_000_000, 3_000, TbfLimit::Latency(cfg.buffer)).map_err(|e| format!("tbf: {e}"))?;
     net.set_features(Port::Server, &[("tx-udp-segmentation", "off")]).map_err(|e| format!("offloads: {e}"))?;
     let quicgo = if cfg.own_client { None } else { crate::independent::find() };
+    // nginx beside udpx when the players can speak HTTP/2 to it (udpx's own client cannot).
+    let nginx = quicgo.as_ref().and(udpx_lab::netns::find_in_path("nginx"));
+    let mut servers: Vec<Server> = CCS.iter().map(|&cc| Server::Udpx(cc)).collect();
+    if nginx.is_some() {
+        servers.push(Server::Nginx);
+        let (cert, key) = (scratch.0.join("cert.pem"), scratch.0.join("key.pem"));
+        super::write_cert(&cert, &key)?;
+    } else {
+        progress("no nginx row: it needs nginx and quic-go's client (scripts/setup.sh installs both)");
+    }
     let mut client = String::new();
-    let mut runs: Vec<Vec<Result<TailRun, String>>> = vec![Vec::new(); CCS.len()];
+    let mut runs: Vec<Vec<Result<TailRun, String>>> = vec![Vec::new(); servers.len()];
     let mut round = 0;
     while another_round(cfg.rounds, round, runs.iter().map(|r| tally(r, cfg.rounds, |x| x.p99_ms))) {
-        for (i, &cc) in CCS.iter().enumerate() {
-            let r = one_run(&net, &www, cc, cfg, quicgo.as_deref()).map(|(run, who)| {
-                client = who;
-                run
-            });
+        for (i, &server) in servers.iter().enumerate() {
+            let cc = match server {
+                Server::Udpx(cc) => format!("--cc {}", cc.name()),
+                Server::Nginx => NGINX.to_string(),
+            };
+            let r = match server {
+                Server::Udpx(cc) => one_run(&net, &www, cc, cfg, quicgo.as_deref()).map(|(run, who)| {
+                    client = who;
+                    run
+                }),
+                Server::Nginx => {
+                    nginx_run(&net, &scratch.0, nginx.as_deref(), cfg, quicgo.as_deref()).map(|(run, _)| run)
+                }
+            };
             progress(&match &r {
                 Ok(x) => format!(
-                    "round {}/{}: --cc {cc}: p50 {:.1} ms, p99 {:.1} ms, {}/{} served, {} lost{}",
+                    "round {}/{}: {cc}: p50 {:.1} ms, p99 {:.1} ms, {}/{} served, {} lost{}",
                     round + 1,
                     cfg.rounds,
                     x.p50_ms,
@@ -214,18 +257,18 @@ pub fn run(cfg: &TailConfig, progress: &mut dyn FnMut(&str)) -> Result<Option<Ta
                     x.lost,
                     if x.steal.stolen { format!(", STOLEN {} (left out)", x.steal.pct()) } else { String::new() }
                 ),
-                Err(e) => format!("round {}/{}: --cc {cc}: failed: {e}", round + 1, cfg.rounds),
+                Err(e) => format!("round {}/{}: {cc}: failed: {e}", round + 1, cfg.rounds),
             });
             runs[i].push(r);
         }
         round += 1;
     }
-    let rows: Vec<TailRow> = CCS
+    let rows: Vec<TailRow> = servers
         .iter()
         .zip(runs)
-        .map(|(cc, r)| {
+        .map(|(server, r)| {
             let (runs, median, error, kept) = settle(r, cfg.rounds, |x| x.p99_ms);
-            TailRow { cc: cc.name().into(), runs, median, error, kept }
+            TailRow { cc: server.name().into(), runs, median, error, kept }
         })
         .collect();
     let checks = judge(&rows);
@@ -275,7 +318,12 @@ fn one_run(
         return Err(format!("no request in the window: {}", r.summary()));
     }
     let q = &counters.quic;
-    let run = TailRun {
+    Ok((tail_run(&r, (q.lost_packets, q.packets_sent), &line, steal), r.client))
+}
+
+/// A run's row from the players' report, the server's (lost, sent) and the delay line's counts.
+fn tail_run(r: &LoadReport, (lost, packets): (u64, u64), line: &DelayCounters, steal: Steal) -> TailRun {
+    TailRun {
         p50_ms: r.latency.p50_ms,
         p99_ms: r.latency.p99_ms,
         max_ms: r.latency.max_ms,
@@ -283,17 +331,87 @@ fn one_run(
         served: r.served,
         late: r.late,
         unanswered: r.unanswered,
-        lost: q.lost_packets,
-        packets: q.packets_sent,
+        lost,
+        packets,
         client_cpu_pct: r.client_cpu_pct(),
         line_forwarded: line.forwarded,
         line_dropped: line.dropped,
         steal,
-    };
-    Ok((run, r.client))
+    }
 }
 
-/// Per round, CUBIC over BBRv2: segment p99, and lost packets plus one.
+/// nginx's run: HTTP/2 over TLS on TCP in the server's namespace, one worker, the same segment,
+/// the same players over HTTP/2; its lost and packets the namespace's TCP segments
+/// retransmitted and sent over the run.
+fn nginx_run(
+    net: &LineNet,
+    dir: &std::path::Path,
+    nginx: Option<&std::path::Path>,
+    cfg: &TailConfig,
+    quicgo: Option<&std::path::Path>,
+) -> Result<(TailRun, String), String> {
+    let (Some(nginx), Some(program)) = (nginx, quicgo) else {
+        return Err("nginx and quic-go's client are both needed".into());
+    };
+    let addr = SocketAddr::from((net.addr(Port::Server), 8443));
+    let ndir = dir.join("nginx");
+    let _ = std::fs::remove_dir_all(&ndir);
+    std::fs::create_dir_all(&ndir).map_err(|e| e.to_string())?;
+    let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
+    let conf = super::scale::nginx_conf(&ndir, &dir.join("www"), addr, (&cert, &key), super::scale::SINGLE_PROCESS);
+    std::fs::write(ndir.join("nginx.conf"), conf).map_err(|e| e.to_string())?;
+    let log = ndir.join("out.log");
+    let logf = std::fs::File::create(&log).map_err(|e| e.to_string())?;
+    let mut c = net.ns(Node::Server).command(&nginx.to_string_lossy());
+    c.arg("-p").arg(&ndir).arg("-c").arg(ndir.join("nginx.conf")).arg("-e").arg(ndir.join("error.log"));
+    c.stdin(std::process::Stdio::null()).stdout(logf.try_clone().map_err(|e| e.to_string())?).stderr(logf);
+    let _server = udpx_lab::netns::ChildGroup::spawn(&mut c).map_err(|e| format!("starting nginx: {e}"))?;
+    let ns = net.ns(Node::Client);
+    super::scale::wait_until_up("nginx", &log, || {
+        ns.try_run(move || std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok())
+            .unwrap_or(false)
+    })?;
+    let line = net.delay(cfg.rtt / 2).map_err(|e| format!("the delay line: {e}"))?;
+    let before = tcp_segments(net)?;
+    let mut lc = LoadConfig::new(addr, cfg.viewers, "/segment", cfg.interval);
+    (lc.ramp, lc.duration) = (cfg.ramp, cfg.window);
+    let steal = StealMeter::start(&udpx_lab::cpu::online_cpus());
+    let cmd = net.ns(Node::Client).command(&program.to_string_lossy());
+    let report = crate::independent::run(cmd, &lc, crate::independent::Proto::H2, cfg.segment);
+    let steal = steal.stop().unwrap_or_default();
+    let after = tcp_segments(net)?;
+    let line: DelayCounters = line.stop().map_err(|e| e.to_string())?;
+    let r = report?;
+    if r.requests == 0 {
+        return Err(format!("no request in the window: {}", r.summary()));
+    }
+    let segments = (after.1.saturating_sub(before.1), after.0.saturating_sub(before.0));
+    Ok((tail_run(&r, segments, &line, steal), r.client))
+}
+
+/// The server namespace's TCP segments sent and retransmitted (`/proc/net/snmp` as the
+/// namespace sees it).
+fn tcp_segments(net: &LineNet) -> Result<(u64, u64), String> {
+    let text = net
+        .ns(Node::Server)
+        .try_run(|| std::fs::read_to_string("/proc/thread-self/net/snmp"))
+        .map_err(|e| e.to_string())?
+        .map_err(|e| format!("/proc/net/snmp: {e}"))?;
+    parse_tcp_segments(&text).ok_or_else(|| "/proc/net/snmp: no Tcp OutSegs and RetransSegs".into())
+}
+
+/// OutSegs and RetransSegs from the text of `/proc/net/snmp` (a `Tcp:` line of names, then one
+/// of values).
+fn parse_tcp_segments(text: &str) -> Option<(u64, u64)> {
+    let mut tcp = text.lines().filter(|l| l.starts_with("Tcp:"));
+    let (names, values) = (tcp.next()?, tcp.next()?);
+    let pairs: Vec<(&str, &str)> = names.split_whitespace().zip(values.split_whitespace()).collect();
+    let get = |k: &str| pairs.iter().find(|(n, _)| *n == k).and_then(|(_, v)| v.parse().ok());
+    Some((get("OutSegs")?, get("RetransSegs")?))
+}
+
+/// Per round, CUBIC over BBRv2: segment p99, and lost packets plus one; each controller
+/// against nginx (when it ran): p50 over nginx's + 5 ms, p99 over twice nginx's + 5 ms.
 fn judge(rows: &[TailRow]) -> Vec<Check> {
     let (Some(cubic), Some(bbr2)) = (rows.iter().find(|r| r.cc == "cubic"), rows.iter().find(|r| r.cc == "bbr2"))
     else {
@@ -315,6 +433,24 @@ fn judge(rows: &[TailRow]) -> Vec<Check> {
         &field(bbr2, &|x| x.lost as f64 + 1.0),
         1.5,
     ));
+    if let Some(nginx) = rows.iter().find(|r| r.cc == NGINX) {
+        for udpx in [cubic, bbr2] {
+            out.extend(Check::judge(
+                "tail",
+                &format!("segment p50, {} / (nginx + 5 ms)", udpx.cc),
+                &field(udpx, &|x| x.p50_ms),
+                &field(nginx, &|x| x.p50_ms + 5.0),
+                1.0,
+            ));
+            out.extend(Check::judge(
+                "tail",
+                &format!("segment p99, {} / (2 x nginx + 5 ms)", udpx.cc),
+                &field(udpx, &|x| x.p99_ms),
+                &field(nginx, &|x| 2.0 * x.p99_ms + 5.0),
+                1.0,
+            ));
+        }
+    }
     out
 }
 
@@ -324,8 +460,9 @@ pub fn table(b: &TailBench) -> String {
     let c = &b.config;
     let mut s = format!(
         "The viewers' tail through a bottleneck with a round trip: {} players x {} B every {:?} ({} ramp, {} \
-         measured) by {}, through {} Mbit/s (tbf, {} ms of queue) and {} ms of round trip added by the router (a \
-         user-space delay line); one server shard; {} rounds, controllers interleaved; medians by p99.\n\n",
+         measured) by {} (nginx's by the same program over HTTP/2), through {} Mbit/s (tbf, {} ms of queue) and {} ms of round trip added by the router (a \
+         user-space delay line); one server shard (nginx: one worker, HTTP/2 over TCP); {} rounds, rows \
+         interleaved; medians by p99.\n\n",
         c.viewers,
         c.segment,
         c.interval,
@@ -339,7 +476,7 @@ pub fn table(b: &TailBench) -> String {
     );
     let _ = writeln!(
         s,
-        "| --cc | p50 ms | p99 ms | max ms | served | late | lost | packets | client CPU | line dropped | runs |"
+        "| server | p50 ms | p99 ms | max ms | served | late | lost | packets | client CPU | line dropped | runs |"
     );
     let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|---|");
     for r in &b.rows {
@@ -373,4 +510,18 @@ pub fn table(b: &TailBench) -> String {
     let steals = b.rows.iter().flat_map(|r| r.runs.iter().flatten()).map(|x| &x.steal);
     footer(&mut s, steals, extra, &b.checks, c.rounds, &b.environment);
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_tcp_segments;
+
+    #[test]
+    fn tcp_segments_are_read_by_name() {
+        let snmp = "Ip: Forwarding DefaultTTL\nIp: 1 64\nTcp: RtoAlgorithm RtoMin OutSegs RetransSegs InErrs\n\
+                    Tcp: 1 200 12345 67 0\nUdp: InDatagrams\nUdp: 5\n";
+        assert_eq!(parse_tcp_segments(snmp), Some((12345, 67)));
+        assert_eq!(parse_tcp_segments("Tcp: OutSegs\nTcp: x\n"), None);
+        assert_eq!(parse_tcp_segments(""), None);
+    }
 }

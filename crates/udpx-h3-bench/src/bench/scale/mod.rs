@@ -58,7 +58,7 @@ pub use config::{LoadClient, ScaleConfig, ScaleServer, IDLE_OPENS_PER_SEC, PLAYE
 
 pub use report::{judge, table};
 use servers::{free_port, start_server};
-pub(crate) use servers::{nginx_conf, wait_until_up};
+pub(crate) use servers::{nginx_conf, wait_until_up, SINGLE_PROCESS};
 
 /// The file every player asks for.
 const SEGMENT: &str = "segment";
