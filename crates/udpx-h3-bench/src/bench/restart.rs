@@ -312,6 +312,13 @@ impl Lab<'_> {
         c.args(["--shards", "1", "--drain-timeout", &cfg.drain_timeout.as_secs().to_string()]);
         c.arg("--upgrade-socket").arg(self.dir.join("handover.sock"));
         c.args(["-l", &(cfg.window + Duration::from_secs(120)).as_secs().to_string()]);
+        // Every player and download comes from the client's one address. The per-address
+        // bound on open files is meant for a household or a small NAT (256 by default); here
+        // it refused the lab's own players with 503 whenever the server fell behind by a
+        // quarter second (1,000 requests a second): thousands of failures a row that were
+        // the lab's, not the upgrade's. The address's share is all of them.
+        let files = (cfg.players + cfg.downloads + 16).max(udpx_h3::DEFAULT_MAX_OPEN_PER_SHARD);
+        c.args(["--max-open-per-addr", &files.to_string(), "--max-open-per-shard", &files.to_string()]);
         if upgrade {
             c.arg("--upgrade");
         }
