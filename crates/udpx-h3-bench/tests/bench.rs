@@ -78,12 +78,13 @@ fn a_small_bench_runs_every_row_and_names_missing_peers() {
             assert!(m.send_calls.unwrap() > 0 && m.packets_per_call.unwrap() >= 1.0, "{}: {m:?}", r.label());
         }
         if r.server.starts_with("gso") || r.server.starts_with("sendmsg") || r.server.starts_with("sendmmsg") {
-            // Issue 47: each body byte read once (a file read whole, no parked response), copied
-            // into a packet at least once and sealed at least once.
+            // Issue 47: each body byte read once (a file read whole, no parked response), sealed
+            // at least once, and (patch 0010) almost never copied into a packet first: a
+            // body read in 256 KiB blocks gives a packet's data in at most two pieces.
             let p = m.passes.unwrap();
             let reads = if r.server.ends_with("+cache") && r.client == "chromium" { 0.25 } else { 1.0 };
             assert!((p.read - reads).abs() < 0.01, "{}: {p:?}", r.label());
-            assert!(p.copied >= 1.0 && p.sealed > 1.0, "{}: {p:?}", r.label());
+            assert!(p.copied < 0.01 && p.sealed > 1.0, "{}: {p:?}", r.label());
             assert!(m.turns_per_mb.unwrap() > 0.0 && m.send_calls_per_mb.unwrap() > 0.0, "{}: {m:?}", r.label());
             assert_eq!(m.cache.is_some(), r.server.ends_with("+cache"), "{}", r.label());
         }

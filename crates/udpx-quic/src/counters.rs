@@ -75,6 +75,11 @@ host_counters! {
     /// Stream bytes quiche sent again (its `Stats::stream_retrans_bytes`): each is copied
     /// into a packet and sealed once more.
     stream_bytes_retransmitted,
+    /// Stream bytes quiche copied into a packet before sealing it (its
+    /// `Stats::stream_bytes_copied`, patch 0010): the rest are sealed straight from the
+    /// response's buffers, so this is 0 but where a packet's data lay in more pieces than a
+    /// seal takes.
+    stream_bytes_copied,
     /// Receive system calls (the socket's count).
     recv_calls,
     /// Datagrams received (GRO buffers split).

@@ -63,8 +63,9 @@ pub(crate) struct Entry<S> {
     /// quiche's lost and retransmitted counts already added to the host's counters.
     pub seen_lost: u64,
     pub seen_retrans: u64,
-    /// quiche's retransmitted stream bytes already added to the host's counters.
+    /// quiche's retransmitted and copied stream bytes already added to the host's counters.
     pub seen_stream_retrans: u64,
+    pub seen_stream_copied: u64,
     /// quiche's timers fired since its last turn: a path the peer left may hold stranded
     /// packets (`Host::resend_stranded`).
     pub timed_out: bool,
@@ -127,6 +128,7 @@ impl<S> Table<S> {
             seen_lost: 0,
             seen_retrans: 0,
             seen_stream_retrans: 0,
+            seen_stream_copied: 0,
             timed_out: false,
             left_ptos: 0,
             last_out: None,

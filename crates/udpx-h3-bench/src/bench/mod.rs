@@ -315,9 +315,11 @@ fn per_mb(n: u64, body: u64) -> Option<f64> {
 }
 
 /// The passes over a body byte in one udpx run, each per body byte the server sent: read
-/// from files (into blocks or the cache), copied into packets (stream bytes, retransmissions
-/// included), sealed (every packet byte: headers, acknowledgements and retransmissions
-/// included). The kernel's copy into its buffers is one more (none for zerocopy sends).
+/// from files (into blocks or the cache), copied into packets before the seal (quiche's
+/// count: since patch 0010 a packet's stream bytes are sealed straight from the response's
+/// buffers, and copied only where they lie in more pieces than a seal takes), sealed (every
+/// packet byte: headers, acknowledgements and retransmissions included). The kernel's copy
+/// into its buffers is one more (none for zerocopy sends).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct Passes {
     pub read: f64,
@@ -330,7 +332,7 @@ impl Passes {
         let body = c.http.body_bytes as f64;
         (body > 0.0).then(|| Passes {
             read: c.http.file_bytes_read as f64 / body,
-            copied: (body + c.quic.stream_bytes_retransmitted as f64) / body,
+            copied: c.quic.stream_bytes_copied as f64 / body,
             sealed: c.quic.bytes_sent as f64 / body,
         })
     }

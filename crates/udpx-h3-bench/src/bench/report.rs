@@ -172,7 +172,9 @@ pub fn table(b: &H3Bench) -> String {
     let _ = writeln!(
         s,
         "passes r/c/s: bytes read from files, copied into packets and sealed, per body byte sent (udpx; the \
-         kernel's copy is one more, none for zerocopy sends; nginx reads, encrypts and the kernel copies: 3); \
+         kernel's copy is one more, none for zerocopy sends; nginx reads, encrypts and the kernel copies: 3; \
+         udpx's stream bytes are sealed from the read's blocks, not copied first, but where a packet's data \
+         lies in more than four pieces); \
          turns/calls: the server's loop turns and send calls per MB of body (udpx)"
     );
     if !b.checks.is_empty() {

@@ -433,8 +433,9 @@ impl<A: App> Host<A> {
         self.counters.lost_packets += (st.lost as u64).saturating_sub(e.seen_lost);
         self.counters.retransmitted += (st.retrans as u64).saturating_sub(e.seen_retrans);
         self.counters.stream_bytes_retransmitted += st.stream_retrans_bytes.saturating_sub(e.seen_stream_retrans);
-        (e.seen_lost, e.seen_retrans, e.seen_stream_retrans) =
-            (st.lost as u64, st.retrans as u64, st.stream_retrans_bytes);
+        self.counters.stream_bytes_copied += st.stream_bytes_copied.saturating_sub(e.seen_stream_copied);
+        (e.seen_lost, e.seen_retrans, e.seen_stream_retrans, e.seen_stream_copied) =
+            (st.lost as u64, st.retrans as u64, st.stream_retrans_bytes, st.stream_bytes_copied);
         if e.conn.is_closed() {
             self.reap(slot);
             return;

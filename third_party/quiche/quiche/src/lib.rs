@@ -1440,6 +1440,10 @@ where
     /// This counts only STREAM and CRYPTO data.
     stream_retrans_bytes: u64,
 
+    /// Total number of STREAM data bytes copied into packets before they were
+    /// sealed (the rest is sealed from the send buffers).
+    stream_bytes_copied: u64,
+
     /// Total number of bytes sent over the connection.
     sent_bytes: u64,
 
@@ -2138,6 +2142,8 @@ impl<F: BufFactory> Connection<F> {
             last_tx_data: 0,
 
             stream_retrans_bytes: 0,
+
+            stream_bytes_copied: 0,
 
             streams: stream::StreamMap::new(
                 config.local_transport_params.initial_max_streams_bidi,
@@ -5279,6 +5285,9 @@ impl<F: BufFactory> Connection<F> {
             }
         }
 
+        // The STREAM data sealed from the streams' send buffers.
+        let mut scattered = crypto::Scattered::default();
+
         // Create a single STREAM frame for the first stream that is flushable.
         if (pkt_type == Type::Short || pkt_type == Type::ZeroRTT) &&
             left > frame::MAX_STREAM_OVERHEAD &&
@@ -5334,9 +5343,16 @@ impl<F: BufFactory> Connection<F> {
                 let (mut stream_hdr, mut stream_payload) =
                     b.split_at(hdr_off + hdr_len)?;
 
-                // Write stream data into the packet buffer.
-                let (len, fin) =
-                    stream.send.emit(&mut stream_payload.as_mut()[..max_len])?;
+                // Take the stream's data: where it fits the list, it is
+                // sealed from the send buffer straight into its place in the
+                // packet (one pass over it); the rest is copied in.
+                let (len, fin, copied) = stream.send.emit_scattered(
+                    &mut stream_payload.as_mut()[..max_len],
+                    hdr_off + hdr_len - payload_offset,
+                    &mut scattered,
+                )?;
+
+                self.stream_bytes_copied += copied as u64;
 
                 // Don't emit an empty non-fin STREAM frame when only its
                 // header fits: it would carry no data but still advance the
@@ -5565,13 +5581,13 @@ impl<F: BufFactory> Connection<F> {
             None => return Err(Error::InvalidState),
         };
 
-        let written = packet::encrypt_pkt(
+        let written = packet::encrypt_pkt_scattered(
             &mut b,
             pn,
             pn_len,
             payload_len,
             payload_offset,
-            None,
+            &scattered,
             aead,
         )?;
 
@@ -7994,6 +8010,7 @@ impl<F: BufFactory> Connection<F> {
             acked_bytes: self.acked_bytes,
             lost_bytes: self.lost_bytes,
             stream_retrans_bytes: self.stream_retrans_bytes,
+            stream_bytes_copied: self.stream_bytes_copied,
             dgram_recv: self.dgram_recv_count,
             dgram_sent: self.dgram_sent_count,
             paths_count: self.paths.len(),
@@ -9562,6 +9579,12 @@ pub struct Stats {
 
     /// The number of stream bytes retransmitted.
     pub stream_retrans_bytes: u64,
+
+    /// The number of stream bytes copied into packets before they were sealed.
+    /// Stream data is otherwise sealed straight from the streams' send
+    /// buffers into the packets; it is copied only when a packet's STREAM
+    /// data lies in more pieces of the send buffer than a seal takes.
+    pub stream_bytes_copied: u64,
 
     /// The number of DATAGRAM frames received.
     pub dgram_recv: usize,

@@ -750,6 +750,56 @@ pub fn encrypt_pkt(
     Ok(payload_offset + ciphertext_len)
 }
 
+/// As [`encrypt_pkt()`], with parts of the payload sealed from where they are
+/// (a STREAM frame's data in its stream's send buffer) rather than copied into
+/// the packet first: see [`crypto::Scattered`].
+pub fn encrypt_pkt_scattered(
+    b: &mut octets::OctetsMut, pn: u64, pn_len: usize, payload_len: usize,
+    payload_offset: usize, scattered: &crypto::Scattered,
+    aead: &mut crypto::Seal,
+) -> Result<usize> {
+    if scattered.is_empty() {
+        return encrypt_pkt(b, pn, pn_len, payload_len, payload_offset, None, aead);
+    }
+
+    // Every packet the tests send this way is also made the plain way, with a
+    // second key from the same secret, and the two must agree byte for byte.
+    #[cfg(test)]
+    let expected = {
+        let mut copy = b.buf().to_vec();
+        let (hdr, payload) = copy.split_at_mut(payload_offset);
+
+        let len = aead.seal_copied(pn, hdr, payload, payload_len, scattered)?;
+
+        let mut hdr = octets::OctetsMut::with_slice(hdr);
+        encrypt_hdr(&mut hdr, pn_len, payload, aead)?;
+
+        copy.truncate(payload_offset + len);
+        copy
+    };
+
+    let (mut header, mut payload) = b.split_at(payload_offset)?;
+
+    let ciphertext_len = aead.seal_scattered(
+        pn,
+        header.as_ref(),
+        payload.as_mut(),
+        payload_len,
+        scattered,
+    )?;
+
+    encrypt_hdr(&mut header, pn_len, payload.as_ref(), aead)?;
+
+    #[cfg(test)]
+    assert_eq!(
+        &b.buf()[..payload_offset + ciphertext_len],
+        &expected[..],
+        "a scattered seal differs from the copy sealed in place"
+    );
+
+    Ok(payload_offset + ciphertext_len)
+}
+
 pub fn encode_pkt_num(
     pn: u64, pn_len: usize, b: &mut octets::OctetsMut,
 ) -> Result<()> {

@@ -16,6 +16,25 @@ struct EVP_AEAD_CTX {
     _unused: c_void,
 }
 
+/// BoringSSL's `CRYPTO_IOVEC`: `len` bytes read at `inp`, written at `out`
+/// (the same address for a part sealed in place).
+#[allow(non_camel_case_types)]
+#[derive(Clone, Copy)]
+#[repr(C)]
+struct CRYPTO_IOVEC {
+    out: *mut u8,
+    inp: *const u8,
+    len: usize,
+}
+
+/// BoringSSL's `CRYPTO_IVEC`.
+#[allow(non_camel_case_types)]
+#[repr(C)]
+struct CRYPTO_IVEC {
+    inp: *const u8,
+    len: usize,
+}
+
 #[derive(Clone)]
 #[repr(C)]
 pub(crate) struct AES_KEY {
@@ -149,6 +168,103 @@ impl PacketKey {
                 extra_in_len,               // extra_in_len
                 ad.as_ptr(),                // ad
                 ad.len(),                   // ad_len
+            )
+        };
+
+        if rc != 1 {
+            return Err(Error::CryptoFail);
+        }
+
+        Ok(in_len + out_tag_len)
+    }
+
+    pub fn seal_scattered(
+        &mut self, counter: u64, ad: &[u8], buf: &mut [u8], in_len: usize,
+        scattered: &Scattered,
+    ) -> Result<usize> {
+        let tag_len = self.alg.tag_len();
+
+        if in_len + tag_len > buf.len() {
+            return Err(Error::CryptoFail);
+        }
+
+        let base = buf.as_mut_ptr();
+
+        let empty = CRYPTO_IOVEC {
+            out: std::ptr::null_mut(),
+            inp: std::ptr::null(),
+            len: 0,
+        };
+
+        // In place up to each part, the part from where it is, in place after
+        // the last.
+        let mut iovec = [empty; 2 * MAX_SCATTERED + 1];
+        let mut n = 0;
+        let mut cursor = 0;
+
+        for p in scattered.parts() {
+            if p.pos < cursor || p.pos + p.len > in_len {
+                return Err(Error::CryptoFail);
+            }
+
+            // SAFETY: `cursor <= p.pos < p.pos + p.len <= in_len <=
+            // buf.len()`: every pointer is inside `buf`.
+            unsafe {
+                if p.pos > cursor {
+                    iovec[n] = CRYPTO_IOVEC {
+                        out: base.add(cursor),
+                        inp: base.add(cursor),
+                        len: p.pos - cursor,
+                    };
+                    n += 1;
+                }
+
+                iovec[n] = CRYPTO_IOVEC {
+                    out: base.add(p.pos),
+                    inp: p.ptr,
+                    len: p.len,
+                };
+                n += 1;
+            }
+
+            cursor = p.pos + p.len;
+        }
+
+        if cursor < in_len {
+            // SAFETY: `cursor < in_len <= buf.len()`.
+            let at = unsafe { base.add(cursor) };
+
+            iovec[n] = CRYPTO_IOVEC {
+                out: at,
+                inp: at,
+                len: in_len - cursor,
+            };
+            n += 1;
+        }
+
+        let aad = CRYPTO_IVEC {
+            inp: ad.as_ptr(),
+            len: ad.len(),
+        };
+
+        let nonce = make_nonce(&self.nonce, counter);
+
+        let mut out_tag_len = tag_len;
+
+        // SAFETY: the parts' pointers are valid and apart from `buf`
+        // (`Scattered::push()`'s contract); the tag's room was checked above.
+        let rc = unsafe {
+            EVP_AEAD_CTX_sealv(
+                self.ctx.as_ptr(),      // ctx
+                iovec.as_ptr(),         // iovec
+                n,                      // num_iovec
+                base.add(in_len),       // out_tag
+                &mut out_tag_len,       // out_tag_len
+                tag_len,                // max_out_tag_len
+                nonce[..].as_ptr(),     // nonce
+                nonce.len(),            // nonce_len
+                &aad,                   // aadvec
+                1,                      // num_aadvec
             )
         };
 
@@ -348,6 +464,13 @@ extern "C" {
         out_tag_len: *mut usize, max_out_tag_len: usize, nonce: *const u8,
         nonce_len: usize, inp: *const u8, in_len: usize, extra_in: *const u8,
         extra_in_len: usize, ad: *const u8, ad_len: usize,
+    ) -> c_int;
+
+    fn EVP_AEAD_CTX_sealv(
+        ctx: *mut EVP_AEAD_CTX, iovec: *const CRYPTO_IOVEC, num_iovec: usize,
+        out_tag: *mut u8, out_tag_len: *mut usize, max_out_tag_len: usize,
+        nonce: *const u8, nonce_len: usize, aadvec: *const CRYPTO_IVEC,
+        num_aadvec: usize,
     ) -> c_int;
 
     // AES

@@ -224,6 +224,105 @@ pub struct Seal {
     header: HeaderProtectionKey,
 
     packet: PacketKey,
+
+    /// In tests, a second key with the same secret that seals every
+    /// scattered packet again the plain way (copied in, then in place), so
+    /// that each packet of the test suite checks the two agree byte for
+    /// byte.
+    #[cfg(test)]
+    shadow: PacketKey,
+}
+
+/// At most this many parts of a packet's payload are sealed from where they
+/// are ([`Scattered`]); the caller copies any more into the packet.
+pub const MAX_SCATTERED: usize = 4;
+
+/// Parts of a packet's payload that are not in the packet buffer: the data
+/// of a STREAM frame, still in the stream's send buffer. The seal reads each
+/// part from where it is and writes its ciphertext into its place in the
+/// packet, so that the data is never copied into the packet in plaintext
+/// first (one pass over it instead of two).
+#[derive(Default)]
+pub struct Scattered {
+    parts: [ScatteredPart; MAX_SCATTERED],
+
+    len: usize,
+}
+
+#[derive(Clone, Copy)]
+struct ScatteredPart {
+    /// Where the part goes, from the start of the payload.
+    pos: usize,
+
+    ptr: *const u8,
+
+    len: usize,
+}
+
+impl Default for ScatteredPart {
+    fn default() -> Self {
+        ScatteredPart {
+            pos: 0,
+            ptr: std::ptr::null(),
+            len: 0,
+        }
+    }
+}
+
+impl Scattered {
+    /// Records that `data` goes at `pos` from the start of the payload, after
+    /// every part recorded before it. Returns `false` (nothing recorded: the
+    /// caller copies `data` into the packet) when the list is full or `pos`
+    /// falls before the end of the last part.
+    ///
+    /// # Safety
+    ///
+    /// `data` must stay valid and unchanged until the packet is sealed, and
+    /// must not overlap the packet buffer.
+    pub unsafe fn push(&mut self, pos: usize, data: &[u8]) -> bool {
+        let end = match self.parts[..self.len].last() {
+            Some(p) => p.pos + p.len,
+            None => 0,
+        };
+
+        if self.len == MAX_SCATTERED || pos < end {
+            return false;
+        }
+
+        self.parts[self.len] = ScatteredPart {
+            pos,
+            ptr: data.as_ptr(),
+            len: data.len(),
+        };
+        self.len += 1;
+
+        true
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    fn parts(&self) -> &[ScatteredPart] {
+        &self.parts[..self.len]
+    }
+
+    /// Copies every part into its place in `payload`, for a seal in place.
+    pub fn copy_into(&self, payload: &mut [u8]) -> Result<()> {
+        for p in self.parts() {
+            let out = payload
+                .get_mut(p.pos..p.pos + p.len)
+                .ok_or(Error::CryptoFail)?;
+
+            // SAFETY: `push()`'s contract: valid for `len` bytes, apart from
+            // the packet buffer.
+            out.copy_from_slice(unsafe {
+                std::slice::from_raw_parts(p.ptr, p.len)
+            });
+        }
+
+        Ok(())
+    }
 }
 
 impl Seal {
@@ -243,6 +342,9 @@ impl Seal {
 
             header: HeaderProtectionKey::new(alg, hp_key)?,
 
+            #[cfg(test)]
+            shadow: PacketKey::new(alg, key.clone(), iv.clone(), Self::ENCRYPT)?,
+
             packet: PacketKey::new(alg, key, iv, Self::ENCRYPT)?,
         })
     }
@@ -256,6 +358,9 @@ impl Seal {
             header: HeaderProtectionKey::from_secret(aead, secret)?,
 
             packet: PacketKey::from_secret(aead, secret, Self::ENCRYPT)?,
+
+            #[cfg(test)]
+            shadow: PacketKey::from_secret(aead, secret, Self::ENCRYPT)?,
         })
     }
 
@@ -277,6 +382,9 @@ impl Seal {
         let next_packet_key =
             PacketKey::from_secret(self.alg, &next_secret, Self::ENCRYPT)?;
 
+        #[cfg(test)]
+        let next_secret_for_shadow = next_secret.clone();
+
         Ok(Seal {
             alg: self.alg,
 
@@ -285,6 +393,13 @@ impl Seal {
             header: self.header.clone(),
 
             packet: next_packet_key,
+
+            #[cfg(test)]
+            shadow: PacketKey::from_secret(
+                self.alg,
+                &next_secret_for_shadow,
+                Self::ENCRYPT,
+            )?,
         })
     }
 
@@ -311,6 +426,42 @@ impl Seal {
 
         self.packet
             .seal_with_u64_counter(counter, ad, buf, in_len, extra_in)
+    }
+
+    /// Seals the first `in_len` bytes of `buf` in place, except the parts in
+    /// `scattered`, which are read from where they are and written, sealed,
+    /// into their places in `buf` (one pass over them, no copy first). The
+    /// tag follows at `in_len`. The output is the same as copying the parts
+    /// in and sealing in place.
+    pub fn seal_scattered(
+        &mut self, counter: u64, ad: &[u8], buf: &mut [u8], in_len: usize,
+        scattered: &Scattered,
+    ) -> Result<usize> {
+        if cfg!(feature = "fuzzing") {
+            scattered.copy_into(&mut buf[..in_len])?;
+
+            return self.seal_with_u64_counter(counter, ad, buf, in_len, None);
+        }
+
+        self.packet
+            .seal_scattered(counter, ad, buf, in_len, scattered)
+    }
+
+    /// The plain way, for the tests' check: the parts copied into `buf`,
+    /// then sealed in place by the shadow key.
+    #[cfg(test)]
+    pub fn seal_copied(
+        &mut self, counter: u64, ad: &[u8], buf: &mut [u8], in_len: usize,
+        scattered: &Scattered,
+    ) -> Result<usize> {
+        scattered.copy_into(&mut buf[..in_len])?;
+
+        if cfg!(feature = "fuzzing") {
+            return self.seal_with_u64_counter(counter, ad, buf, in_len, None);
+        }
+
+        self.shadow
+            .seal_with_u64_counter(counter, ad, buf, in_len, None)
     }
 }
 
@@ -531,6 +682,132 @@ extern "C" {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A scattered seal equals the parts copied in and sealed in place, for
+    /// every algorithm, random payloads, parts anywhere (at the start, at the
+    /// end, empty, adjacent, more than the list takes), gaps in the packet
+    /// numbers and key updates; and the packet opens to the plaintext.
+    #[test]
+    fn scattered_seal_equals_copy_then_seal() {
+        let mut state = 0x9e37_79b9_7f4a_7c15_u64;
+        let mut next = move |n: usize| -> usize {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state % n as u64) as usize
+        };
+
+        let source: Vec<u8> = (0..4096).map(|i| (i * 7 + 3) as u8).collect();
+
+        for alg in [
+            Algorithm::AES128_GCM,
+            Algorithm::AES256_GCM,
+            Algorithm::ChaCha20_Poly1305,
+        ] {
+            let secret_len = if alg == Algorithm::AES256_GCM { 48 } else { 32 };
+            let secret: Vec<u8> = (0..secret_len).map(|i| i as u8).collect();
+
+            let mut scattered_key = Seal::from_secret(alg, &secret).unwrap();
+            let mut plain_key = Seal::from_secret(alg, &secret).unwrap();
+            let mut open = Open::from_secret(alg, &secret).unwrap();
+
+            let mut pn = 0;
+            let mut recorded = 0;
+
+            for i in 0..3000 {
+                if i % 700 == 699 {
+                    scattered_key =
+                        scattered_key.derive_next_packet_key().unwrap();
+                    plain_key = plain_key.derive_next_packet_key().unwrap();
+                    open = open.derive_next_packet_key().unwrap();
+                }
+
+                pn += 1 + next(3) as u64;
+
+                let ad: Vec<u8> = (0..1 + next(60)).map(|_| next(256) as u8).collect();
+                let in_len = 4 + next(1400);
+
+                let mut packet: Vec<u8> =
+                    (0..in_len + 16).map(|_| next(256) as u8).collect();
+
+                let mut scattered = Scattered::default();
+                let mut pos = if next(4) == 0 { 0 } else { next(in_len) };
+
+                for _ in 0..next(MAX_SCATTERED + 3) {
+                    if pos > in_len {
+                        break;
+                    }
+
+                    let len = match next(5) {
+                        0 => 0,
+                        1 => in_len - pos,
+                        _ => next(in_len - pos + 1),
+                    };
+                    let from = next(source.len() - len + 1);
+
+                    let data = &source[from..from + len];
+
+                    if unsafe { scattered.push(pos, data) } {
+                        recorded += 1;
+                    } else {
+                        assert_eq!(scattered.len, MAX_SCATTERED);
+
+                        packet[pos..pos + len].copy_from_slice(data);
+                    }
+
+                    pos += len + if next(3) == 0 { 0 } else { next(40) };
+                }
+
+                let mut plaintext = packet[..in_len].to_vec();
+                scattered.copy_into(&mut plaintext).unwrap();
+
+                let mut expected = packet.clone();
+                scattered.copy_into(&mut expected[..in_len]).unwrap();
+
+                let expected_len = plain_key
+                    .seal_with_u64_counter(pn, &ad, &mut expected, in_len, None)
+                    .unwrap();
+
+                let len = scattered_key
+                    .seal_scattered(pn, &ad, &mut packet, in_len, &scattered)
+                    .unwrap();
+
+                assert_eq!(len, expected_len);
+                assert_eq!(packet, expected, "{alg:?} packet {i}");
+
+                let opened = open
+                    .open_with_u64_counter(pn, &ad, &mut packet[..len])
+                    .unwrap();
+                assert_eq!(&packet[..opened], &plaintext[..]);
+            }
+
+            // Enough parts went through the list for the check to mean
+            // something.
+            assert!(recorded > 3000, "{recorded}");
+        }
+    }
+
+    /// Parts must come in order, and the list holds at most MAX_SCATTERED.
+    #[test]
+    fn scattered_takes_parts_in_order_up_to_its_size() {
+        let data = [1_u8; 10];
+        let mut s = Scattered::default();
+
+        unsafe {
+            assert!(s.push(5, &data[..3]));
+            assert!(!s.push(7, &data[..1]), "before the end of the last part");
+            assert!(s.push(8, &data[..0]));
+
+            for i in 0..MAX_SCATTERED - 2 {
+                assert!(s.push(10 + i, &data[..1]));
+            }
+
+            assert!(!s.push(100, &data[..1]), "full");
+        }
+
+        assert_eq!(s.len, MAX_SCATTERED);
+        assert_eq!(s.parts().iter().map(|p| p.len).sum::<usize>(), 3 + MAX_SCATTERED - 2);
+    }
 
     #[test]
     fn derive_initial_secrets_v1() {

@@ -239,7 +239,50 @@ impl<F: BufFactory> SendBuf<F> {
 
     /// Writes data from the send buffer into the given output buffer.
     pub fn emit(&mut self, out: &mut [u8]) -> Result<(usize, bool)> {
-        let mut out_len = out.len();
+        let max_len = out.len();
+
+        self.emit_with(max_len, |at, data| {
+            out[at..at + data.len()].copy_from_slice(data)
+        })
+    }
+
+    /// As [`emit()`], except that the data is recorded in `scattered` to be
+    /// sealed from where it is, at `payload_pos` from the start of the packet's
+    /// payload; only what does not fit the list is copied into `out`. Returns
+    /// the bytes emitted, whether they end the stream and the bytes copied.
+    ///
+    /// The data recorded stays in the send buffer, unchanged, until it is
+    /// acknowledged: the packet must be sealed before any other call on this
+    /// buffer.
+    ///
+    /// [`emit()`]: SendBuf::emit
+    pub fn emit_scattered(
+        &mut self, out: &mut [u8], payload_pos: usize,
+        scattered: &mut crate::crypto::Scattered,
+    ) -> Result<(usize, bool, usize)> {
+        let max_len = out.len();
+        let mut copied = 0;
+
+        let (len, fin) = self.emit_with(max_len, |at, data| {
+            // SAFETY: `data` is in a range buffer that stays, unchanged, in
+            // this send buffer until it is acknowledged; the packet is sealed
+            // before then (this function's contract), and the send buffer is
+            // not the packet buffer.
+            if !unsafe { scattered.push(payload_pos + at, data) } {
+                out[at..at + data.len()].copy_from_slice(data);
+                copied += data.len();
+            }
+        })?;
+
+        Ok((len, fin, copied))
+    }
+
+    /// Emits up to `max_len` bytes: `put(at, data)` for each piece of them,
+    /// `at` counted from the first byte emitted.
+    fn emit_with(
+        &mut self, max_len: usize, mut put: impl FnMut(usize, &[u8]),
+    ) -> Result<(usize, bool)> {
+        let mut out_len = max_len;
         let out_off = self.off_front();
 
         let mut next_off = out_off;
@@ -269,9 +312,9 @@ impl<F: BufFactory> SendBuf<F> {
             let buf_len = cmp::min(buf.len(), out_len);
             let partial = buf_len < buf.len();
 
-            // Copy data to the output buffer.
+            // Hand the data over.
             let out_pos = (next_off - out_off) as usize;
-            out[out_pos..out_pos + buf_len].copy_from_slice(&buf[..buf_len]);
+            put(out_pos, &buf[..buf_len]);
 
             self.buffered_bytes -= buf_len as u64;
 
@@ -301,7 +344,7 @@ impl<F: BufFactory> SendBuf<F> {
         // report final_size
         self.emit_off = cmp::max(self.emit_off, next_off);
 
-        Ok((out.len() - out_len, fin))
+        Ok((max_len - out_len, fin))
     }
 
     /// Updates the max_data limit to the given value.
