@@ -508,6 +508,12 @@ fn bench_h3_restart_upgrades_and_reloads_without_a_failure() {
         assert!(r["changes"][0]["error"].is_null(), "{r}");
         assert_eq!(r["downloads_broken"].as_u64(), Some(0), "{name}: the rate-limited downloads end whole: {r}");
         assert_steal(r);
+        // Which side limits the row: both CPUs' busy shares measured (a served row keeps the
+        // server's CPU busy some of the time).
+        for k in ["server_busy", "client_busy"] {
+            let b = r[k].as_f64().unwrap_or_else(|| panic!("{name}: {k}: {r}"));
+            assert!(b > 0.0 && b <= 1.05, "{name}: {k} {b}");
+        }
     }
     for name in ["UdpxUpgrade", "UdpxUpgradeQuinn", "UdpxUpgradeH2H3"] {
         let up = row(name);

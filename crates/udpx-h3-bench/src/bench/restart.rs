@@ -39,6 +39,7 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use serde::Serialize;
+use udpx_lab::cpu::TickRate;
 use udpx_lab::env::Environment;
 use udpx_lab::netns::{ChildGroup, GroupGuard, Profile, Side, TestNet, TestNetConfig};
 use udpx_lab::steal::{Steal, StealMeter};
@@ -202,7 +203,15 @@ pub struct RestartRow {
     /// `steal_share`, `stolen`: then its p99 columns are not quoted).
     #[serde(flatten)]
     pub steal: Steal,
+    /// The share of the row's wall time the server's CPU and the client's CPU were busy
+    /// (`/proc/stat`: user, system, irq and softirq), each 0-1: which side limits the row's
+    /// timings ([`BUSY_LIMIT`]).
+    pub server_busy: Option<f64>,
+    pub client_busy: Option<f64>,
 }
+
+/// A CPU busy this share of a row or more limits that side: its p99 columns are the machine's.
+pub const BUSY_LIMIT: f64 = 0.95;
 
 /// The bench.
 #[derive(Debug, Clone, Serialize)]
@@ -258,8 +267,17 @@ pub fn run(cfg: &RestartConfig, progress: &mut dyn FnMut(&str)) -> Result<Option
             cfg.window.as_secs()
         ));
         let meter = StealMeter::start(&[server_cpu, client_cpu]);
+        let before = udpx_lab::cpu::CpuSample::now().ok();
         let mut row = one_row(cfg, &lab, change).unwrap_or_else(|e| RestartRow::failed(change, e));
         row.steal = meter.stop().unwrap_or_default();
+        if let (Some(before), Ok(after), Ok(rate)) = (before, udpx_lab::cpu::CpuSample::now(), TickRate::system()) {
+            let d = after.diff(&before);
+            let busy = |cpu: usize| {
+                let wall = d.elapsed.as_secs_f64();
+                (wall > 0.0).then(|| d.busy_time(&[cpu], rate).as_secs_f64() / wall)
+            };
+            (row.server_busy, row.client_busy) = (busy(server_cpu), busy(client_cpu));
+        }
         if let Some(l) = &row.load {
             progress(&format!("  {}", l.summary()));
         }
@@ -282,6 +300,8 @@ impl RestartRow {
             download_errors: Vec::new(),
             error: Some(error),
             steal: Steal::default(),
+            server_busy: None,
+            client_busy: None,
         }
     }
 }
@@ -546,6 +566,8 @@ fn one_row(cfg: &RestartConfig, lab: &Lab<'_>, change: Change) -> Result<Restart
         changes,
         error: None,
         steal: Steal::default(),
+        server_busy: None,
+        client_busy: None,
     })
 }
 
@@ -631,8 +653,18 @@ pub fn table(b: &RestartBench) -> String {
     );
     let _ = writeln!(
         s,
-        "{:<45} {:>8} {:>7} {:>6} {:>6} {:>6} {:>6} {:>9} {:>9} {:>8}  replaced after (s)",
-        "row", "requests", "failed", "unansw", "broken", "moved", "fnear", "p99 near", "p99 away", "dl broke"
+        "{:<45} {:>8} {:>7} {:>6} {:>6} {:>6} {:>6} {:>9} {:>9} {:>8} {:>10}  replaced after (s)",
+        "row",
+        "requests",
+        "failed",
+        "unansw",
+        "broken",
+        "moved",
+        "fnear",
+        "p99 near",
+        "p99 away",
+        "dl broke",
+        "busy s/c"
     );
     for r in &b.rows {
         let Some(l) = &r.load else {
@@ -654,9 +686,11 @@ pub fn table(b: &RestartBench) -> String {
                 (None, None) => "-".into(),
             })
             .collect();
+        let pct = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{:.0}", v * 100.0));
+        let busy = format!("{}/{} %", pct(r.server_busy), pct(r.client_busy));
         let _ = writeln!(
             s,
-            "{:<45} {:>8} {:>7} {:>6} {:>6} {:>6} {:>6} {:>9} {:>9} {:>8}  {}",
+            "{:<45} {:>8} {:>7} {:>6} {:>6} {:>6} {:>6} {:>9} {:>9} {:>8} {:>10}  {}",
             r.change.name(),
             l.requests,
             l.failed,
@@ -667,6 +701,7 @@ pub fn table(b: &RestartBench) -> String {
             ms(r.p99_near_ms),
             ms(r.p99_away_ms),
             format!("{}/{}", r.downloads_broken, c.downloads),
+            busy,
             replaced.join(", ")
         );
         if let Some(h) = &r.load_h2 {
@@ -698,8 +733,10 @@ pub fn table(b: &RestartBench) -> String {
         "failed: an error status, a reset or the connection gone under a request; unansw: no answer by the end; \
          broken: connections that ended early (not a GOAWAY the client followed); moved: connections left for a new \
          one on GOAWAY; fnear: failures in the 2 s after a change; p99 near/away: requests sent in the 2 s after a \
-         change, and the rest; dl broke: rate-limited downloads spanning every change that did not end whole. Counts \
-         are the verdict; the p99 columns are timings of this run. The h2+h3 row: its first line is the HTTP/3 half \
+         change, and the rest; dl broke: rate-limited downloads spanning every change that did not end whole; busy \
+         s/c: the share of the row the server's CPU and the client's CPU were busy (/proc/stat, softirq included): \
+         at 95 % or more that side limits the row, and its p99 columns are the machine's. Counts are the verdict; \
+         the p99 columns are timings of this run. The h2+h3 row: its first line is the HTTP/3 half \
          (quinn), the next its HTTP/2 half (hyper over TCP, the listener handed over with the QUIC port); its \
          downloads are curl's over HTTP/2, and its clients ask again only what RFC 9113 6.8 (GOAWAY) and RFC 9110 \
          9.2.2 (a GET with no answer begun on a connection that closed) allow.\n",
