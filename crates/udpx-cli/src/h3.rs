@@ -997,36 +997,93 @@ fn check_payload(n: usize) -> Result<(), String> {
     Ok(())
 }
 
-/// How often `h3 serve` repeats its warning while the key log is on.
-const KEYLOG_WARNING_EVERY: Duration = Duration::from_secs(60);
-
+/// `udpx h3 serve`: the flags read into a [`ServeConfig`], the server started, then supervised
+/// until it stops ([`crate::supervise`]).
 fn serve(a: ServeArgs) -> ExitCode {
-    let shards = a.shards.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()).min(256));
-    if !(1..=256).contains(&shards) {
-        return usage(format!("--shards {shards}: give 1 to 256 (the connection ID's worker byte numbers them)"));
-    }
-    if let Err(e) = check_payload(a.max_udp_payload) {
-        return usage(e);
-    }
-    let dur = match a.duration.map(|d| duration("--duration", d)).transpose() {
-        Ok(d) => d,
+    let mut prepared = match serve_config(&a) {
+        Ok(p) => p,
         Err(e) => return usage(e),
     };
-    let tls = match (a.cert, a.key) {
+    // SIGHUP, SIGINT, SIGTERM and SIGQUIT are blocked before the shard threads start (they
+    // inherit the mask), and a thread each takes them: SIGHUP reads the files again (today the
+    // removed hosts); SIGTERM and SIGQUIT drain (a second one stops at once), SIGINT stops;
+    // either way the server prints its counters.
+    crate::util::raise_open_files("h3 serve");
+    // The program's path now, before a package upgrade may replace the file: SIGUSR2 starts
+    // whatever is at that path then (the new binary).
+    let exe = std::env::current_exe().ok();
+    let reload = crate::util::reload_signals();
+    let signals = crate::util::graceful_signals();
+    // The qlog writer's thread after the signals are blocked: it inherits the mask (a thread
+    // that did not would take SIGINT's default action and end the process).
+    match prepared.qlog.as_ref().map(udpx_quic::Qlog::start).transpose() {
+        Ok(q) => prepared.cfg.quic.host.qlog = q,
+        Err(e) => return usage(format!("--qlog-dir: {e}")),
+    }
+    let server = match udpx_h3::serve(&a.dir, &prepared.cfg) {
+        Ok(s) => s,
+        Err(e) if e.is_usage() => return util::usage("h3 serve", e),
+        Err(e) => {
+            eprintln!("udpx h3 serve: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    announce(&a, &prepared.cfg, &server);
+    let metrics = match a.metrics.map(|addr| server.serve_metrics(addr)).transpose() {
+        Ok(m) => m,
+        // An upgrade: the server it took over from holds the port until it exits; this one
+        // takes it then (below). Refusing now would leave nobody serving: the takeover is done.
+        Err(e) if a.upgrade && e.kind() == std::io::ErrorKind::AddrInUse => {
+            eprintln!("udpx h3 serve: --metrics: the port is the running server's until it exits; taken then");
+            None
+        }
+        Err(e) => {
+            drop(server.stop());
+            return usage(format!("--metrics: {e}; pick another address"));
+        }
+    };
+    if let Some(m) = &metrics {
+        eprintln!("udpx h3 serve: metrics on http://{}/metrics", m.local_addr());
+        crate::util::warn_if_exposed("h3 serve", m.local_addr());
+    }
+    let running = Running { a: &a, prepared: &prepared, server, exe: exe.as_deref() };
+    running.supervise(metrics, signals, reload)
+}
+
+/// What `serve` takes from its flags: the server's configuration, and what it reads again on
+/// SIGHUP.
+struct Prepared {
+    cfg: ServeConfig,
+    /// `--qlog-dir`'s writer, started once the signals are blocked.
+    qlog: Option<udpx_quic::QlogConfig>,
+    /// `--removed-hosts`, shared with the shards (SIGHUP sets it again).
+    removed_hosts: udpx_quic::RemovedHosts,
+    /// `--duration`.
+    duration: Option<Duration>,
+}
+
+/// The flags of `udpx h3 serve` as a [`ServeConfig`]: a flag out of its range, a file that does
+/// not read or a combination that cannot work is refused with what to change.
+fn serve_config(a: &ServeArgs) -> Result<Prepared, String> {
+    let shards = a.shards.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()).min(256));
+    if !(1..=256).contains(&shards) {
+        return Err(format!("--shards {shards}: give 1 to 256 (the connection ID's worker byte numbers them)"));
+    }
+    check_payload(a.max_udp_payload)?;
+    let run_for = a.duration.map(|d| duration("--duration", d)).transpose()?;
+    let tls = match (a.cert.clone(), a.key.clone()) {
         (Some(cert), Some(key)) => Tls::Files { cert, key },
         _ => Tls::SelfSigned,
     };
     let keys = match &a.key_file {
         None => None,
         Some(p) => {
-            match key_file_private(p)
+            let secret = key_file_private(p)
                 .and_then(|()| std::fs::read_to_string(p).map_err(|e| e.to_string()))
                 .and_then(|t| udpx_quic::reset::parse_secret(&t))
-            {
-                Ok(secret) if a.no_stateless_resets => Some(udpx_quic::ServiceKeys::shared(&secret).without_resets()),
-                Ok(secret) => Some(udpx_quic::ServiceKeys::shared(&secret)),
-                Err(e) => return usage(format!("--key-file {}: {e}", p.display())),
-            }
+                .map_err(|e| format!("--key-file {}: {e}", p.display()))?;
+            let keys = udpx_quic::ServiceKeys::shared(&secret);
+            Some(if a.no_stateless_resets { keys.without_resets() } else { keys })
         }
     };
     if a.keylog_file.is_none() && std::env::var_os("SSLKEYLOGFILE").is_some() {
@@ -1034,106 +1091,32 @@ fn serve(a: ServeArgs) -> ExitCode {
             "udpx h3 serve: SSLKEYLOGFILE is set and ignored: a server writes its TLS secrets only with --keylog-file"
         );
     }
-    let keylog =
-        match a.keylog_file.as_deref().map(|p| udpx_quic::KeyLog::open(p, udpx_quic::keylog::DEFAULT_MAX_BYTES)) {
-            None => None,
-            Some(Ok(k)) => Some(k),
-            Some(Err(e)) => return usage(format!("--keylog-file: {e}")),
-        };
-    // The addresses of --qlog-peer and of the --qlog-peers file (read again on SIGHUP).
-    let qlog_peers = |path: Option<&std::path::Path>| -> Result<Vec<std::net::IpAddr>, String> {
-        let mut peers = a.qlog_peer.clone();
-        if let Some(p) = path {
-            let text = std::fs::read_to_string(p).map_err(|e| format!("--qlog-peers {}: {e}", p.display()))?;
-            peers.extend(
-                udpx_quic::QlogPolicy::parse_peers(&text).map_err(|e| format!("--qlog-peers {}: {e}", p.display()))?,
-            );
-        }
-        Ok(peers)
-    };
-    let qlog_cfg = match &a.qlog_dir {
-        None => None,
-        Some(dir) => {
-            let mut q = udpx_quic::QlogConfig::new(dir.clone());
-            let named = !a.qlog_peer.is_empty() || a.qlog_peers.is_some();
-            q.policy = udpx_quic::QlogPolicy {
-                sample: a.qlog_sample.unwrap_or(if named { 0.0 } else { 1.0 }),
-                peers: match qlog_peers(a.qlog_peers.as_deref()) {
-                    Ok(p) => p,
-                    Err(e) => return usage(e),
-                },
-            };
-            q.max_files = a.qlog_max_files;
-            q.max_bytes = a.qlog_max_bytes;
-            q.max_live = a.qlog_max_live;
-            if let Err(e) = q.policy.check() {
-                return usage(e);
-            }
-            if !udpx_quic::qlog::AVAILABLE {
-                return usage("--qlog-dir: this udpx was built without qlog; build it with `--features qlog`");
-            }
-            Some(q)
-        }
-    };
+    let keylog = a
+        .keylog_file
+        .as_deref()
+        .map(|p| udpx_quic::KeyLog::open(p, udpx_quic::keylog::DEFAULT_MAX_BYTES))
+        .transpose()
+        .map_err(|e| format!("--keylog-file: {e}"))?;
+    let qlog = qlog_config(a)?;
     let removed_hosts = udpx_quic::RemovedHosts::default();
-    let read_removed = |path: &std::path::Path| -> Result<Vec<u16>, String> {
-        std::fs::read_to_string(path)
-            .map_err(|e| e.to_string())
-            .and_then(|t| udpx_quic::RemovedHosts::parse_file(&t))
-            .map_err(|e| format!("--removed-hosts {}: {e}", path.display()))
-    };
     if let Some(p) = &a.removed_hosts {
-        match read_removed(p) {
-            Ok(ids) => removed_hosts.set(&ids),
-            Err(e) => return usage(e),
-        }
+        removed_hosts.set(&read_removed(p)?);
     }
-    let (handshake_timeout, flood_handshake_timeout) = match (
-        duration("--handshake-timeout", a.handshake_timeout),
-        duration("--flood-handshake-timeout", a.flood_handshake_timeout),
-    ) {
-        (Ok(d), Ok(f)) => (d, f),
-        (Err(e), _) | (_, Err(e)) => return usage(e),
-    };
     let limits = udpx_quic::Limits {
         max_connections: a.max_connections,
         max_half_open: a.max_half_open,
         max_per_ip: a.max_per_ip,
-        handshake_timeout,
-        flood_handshake_timeout,
+        handshake_timeout: duration("--handshake-timeout", a.handshake_timeout)?,
+        flood_handshake_timeout: duration("--flood-handshake-timeout", a.flood_handshake_timeout)?,
         retry: a.retry,
         ..udpx_quic::Limits::default()
     };
-    if let Err(e) = limits.check() {
-        return usage(e);
-    }
-    let cors = match udpx_h3::cors::Cors::parse(&a.cors) {
-        Ok(c) => c,
-        Err(e) => return usage(e),
-    };
+    limits.check()?;
+    let cors = udpx_h3::cors::Cors::parse(&a.cors)?;
     if a.coalesce > 100_000 {
-        return usage(format!("--coalesce {}: give 0 to 100000 microseconds", a.coalesce));
+        return Err(format!("--coalesce {}: give 0 to 100000 microseconds", a.coalesce));
     }
-    let handover = match a.upgrade_socket.as_deref() {
-        Some("off") if a.upgrade => {
-            return usage("--upgrade with --upgrade-socket off: give the running server's socket")
-        }
-        Some("off") => None,
-        // A server on an ephemeral port cannot be found again by the same arguments.
-        None if a.listen.port() == 0 => None,
-        given => Some(udpx_quic::upgrade::Handover::new(
-            given.map(std::path::PathBuf::from).unwrap_or_else(|| {
-                let euid = nix::unistd::geteuid().as_raw();
-                let runtime = std::env::var_os("XDG_RUNTIME_DIR").map(std::path::PathBuf::from);
-                udpx_quic::upgrade::Handover::default_path(a.listen, euid, runtime.as_deref())
-            }),
-            a.upgrade,
-            Duration::from_secs(a.drain_timeout),
-        )),
-    };
-    if a.upgrade && a.listen.port() == 0 {
-        return usage("--upgrade with port 0: give the running server's port");
-    }
+    let handover = handover(a)?;
     let quic = udpx_quic::ServerConfig {
         handover,
         listen: a.listen,
@@ -1154,11 +1137,11 @@ fn serve(a: ServeArgs) -> ExitCode {
             ..udpx_quic::HostConfig::server()
         },
     };
-    let mut cfg = ServeConfig {
+    let cfg = ServeConfig {
         quic,
         tls,
         max_udp_payload: a.max_udp_payload,
-        site: SiteOptions { cache_control: a.cache_control, access_log: a.access_log, cors },
+        site: SiteOptions { cache_control: a.cache_control.clone(), access_log: a.access_log.clone(), cors },
         early_data: a.early_data,
         grease: a.grease,
         cc: a.cc,
@@ -1176,31 +1159,76 @@ fn serve(a: ServeArgs) -> ExitCode {
             ..udpx_h3::tcp::TcpLimits::default()
         },
     };
-    // SIGHUP, SIGINT, SIGTERM and SIGQUIT are blocked before the shard threads start (they
-    // inherit the mask), and a thread each takes them: SIGHUP reads the files again (today the
-    // removed hosts); SIGTERM and SIGQUIT drain (a second one stops at once), SIGINT stops;
-    // either way the server prints its counters.
-    crate::util::raise_open_files("h3 serve");
-    // The program's path now, before a package upgrade may replace the file: SIGUSR2 starts
-    // whatever is at that path then (the new binary).
-    let exe = std::env::current_exe().ok();
-    let reload = crate::util::reload_signals();
-    let signals = crate::util::graceful_signals();
-    // The qlog writer's thread after the signals are blocked: it inherits the mask (a thread
-    // that did not would take SIGINT's default action and end the process).
-    match qlog_cfg.as_ref().map(udpx_quic::Qlog::start).transpose() {
-        Ok(q) => cfg.quic.host.qlog = q,
-        Err(e) => return usage(format!("--qlog-dir: {e}")),
-    }
-    let drain_timeout = Duration::from_secs(a.drain_timeout);
-    let server = match udpx_h3::serve(&a.dir, &cfg) {
-        Ok(s) => s,
-        Err(e) if e.is_usage() => return util::usage("h3 serve", e),
-        Err(e) => {
-            eprintln!("udpx h3 serve: {e}");
-            return ExitCode::FAILURE;
-        }
+    Ok(Prepared { cfg, qlog, removed_hosts, duration: run_for })
+}
+
+/// `--qlog-dir` and its choice of connections, checked; `None` without the flag.
+fn qlog_config(a: &ServeArgs) -> Result<Option<udpx_quic::QlogConfig>, String> {
+    let Some(dir) = &a.qlog_dir else { return Ok(None) };
+    let mut q = udpx_quic::QlogConfig::new(dir.clone());
+    let named = !a.qlog_peer.is_empty() || a.qlog_peers.is_some();
+    q.policy = udpx_quic::QlogPolicy {
+        sample: a.qlog_sample.unwrap_or(if named { 0.0 } else { 1.0 }),
+        peers: qlog_peers(&a.qlog_peer, a.qlog_peers.as_deref())?,
     };
+    q.max_files = a.qlog_max_files;
+    q.max_bytes = a.qlog_max_bytes;
+    q.max_live = a.qlog_max_live;
+    q.policy.check()?;
+    if !udpx_quic::qlog::AVAILABLE {
+        return Err("--qlog-dir: this udpx was built without qlog; build it with `--features qlog`".into());
+    }
+    Ok(Some(q))
+}
+
+/// The addresses of `--qlog-peer` (`given`) and of the `--qlog-peers` file (read again on
+/// SIGHUP).
+fn qlog_peers(given: &[std::net::IpAddr], path: Option<&std::path::Path>) -> Result<Vec<std::net::IpAddr>, String> {
+    let mut peers = given.to_vec();
+    if let Some(p) = path {
+        let text = std::fs::read_to_string(p).map_err(|e| format!("--qlog-peers {}: {e}", p.display()))?;
+        peers.extend(
+            udpx_quic::QlogPolicy::parse_peers(&text).map_err(|e| format!("--qlog-peers {}: {e}", p.display()))?,
+        );
+    }
+    Ok(peers)
+}
+
+/// The host IDs of a `--removed-hosts` file (read again on SIGHUP).
+fn read_removed(path: &std::path::Path) -> Result<Vec<u16>, String> {
+    std::fs::read_to_string(path)
+        .map_err(|e| e.to_string())
+        .and_then(|t| udpx_quic::RemovedHosts::parse_file(&t))
+        .map_err(|e| format!("--removed-hosts {}: {e}", path.display()))
+}
+
+/// Where upgrades meet (`--upgrade-socket`), or `None` when this server cannot be upgraded.
+fn handover(a: &ServeArgs) -> Result<Option<udpx_quic::upgrade::Handover>, String> {
+    let handover = match a.upgrade_socket.as_deref() {
+        Some("off") if a.upgrade => {
+            return Err("--upgrade with --upgrade-socket off: give the running server's socket".into())
+        }
+        Some("off") => None,
+        // A server on an ephemeral port cannot be found again by the same arguments.
+        None if a.listen.port() == 0 => None,
+        given => Some(udpx_quic::upgrade::Handover::new(
+            given.map(std::path::PathBuf::from).unwrap_or_else(|| {
+                let euid = nix::unistd::geteuid().as_raw();
+                let runtime = std::env::var_os("XDG_RUNTIME_DIR").map(std::path::PathBuf::from);
+                udpx_quic::upgrade::Handover::default_path(a.listen, euid, runtime.as_deref())
+            }),
+            a.upgrade,
+            Duration::from_secs(a.drain_timeout),
+        )),
+    };
+    if a.upgrade && a.listen.port() == 0 {
+        return Err("--upgrade with port 0: give the running server's port".into());
+    }
+    Ok(handover)
+}
+
+/// The lines a started server prints: where it serves, with what, and its generation.
+fn announce(a: &ServeArgs, cfg: &ServeConfig, server: &udpx_h3::H3Server) {
     if server.generated_cert() {
         eprintln!(
             "udpx h3 serve: no --cert/--key: generated a self-signed certificate for localhost, 127.0.0.1 \
@@ -1211,17 +1239,14 @@ fn serve(a: ServeArgs) -> ExitCode {
         "udpx h3 serve: {} on https://{} ({} shards, I/O {}, GRO {}, host ID {})",
         a.dir.display(),
         server.local_addr(),
-        shards,
+        cfg.quic.shards,
         cfg.quic.io,
         if cfg.quic.gro { "on" } else { "off" },
         cfg.quic.host_id
     );
-    let keylog_warning = || {
-        if let Some(k) = server.keylog() {
-            eprintln!("udpx h3 serve: {}", k.warning());
-        }
-    };
-    keylog_warning();
+    if let Some(k) = server.keylog() {
+        eprintln!("udpx h3 serve: {}", k.warning());
+    }
     if let Some(q) = server.qlog() {
         let p = q.policy();
         eprintln!(
@@ -1238,34 +1263,9 @@ fn serve(a: ServeArgs) -> ExitCode {
             a.qlog_max_bytes
         );
     }
-    let mut keylog_warned = std::time::Instant::now();
     if let Some(t) = server.tcp_addr() {
         eprintln!("udpx h3 serve: also HTTPS over TCP on https://{t} (HTTP/1.1, HTTP/2; alt-svc names the QUIC port)");
     }
-    let mut metrics = match a.metrics.map(|addr| server.serve_metrics(addr)).transpose() {
-        Ok(m) => m,
-        // An upgrade: the server it took over from holds the port until it exits; this one
-        // takes it then (below). Refusing now would leave nobody serving: the takeover is done.
-        Err(e) if a.upgrade && e.kind() == std::io::ErrorKind::AddrInUse => {
-            eprintln!("udpx h3 serve: --metrics: the port is the running server's until it exits; taken then");
-            None
-        }
-        Err(e) => {
-            drop(server.stop());
-            return usage(format!("--metrics: {e}; pick another address"));
-        }
-    };
-    if let Some(m) = &metrics {
-        eprintln!("udpx h3 serve: metrics on http://{}/metrics", m.local_addr());
-        crate::util::warn_if_exposed("h3 serve", m.local_addr());
-    }
-    // Under systemd (Type=notify or notify-reload): ready now; reloads and the stop said.
-    let notifier = crate::notify::Notifier::from_env("h3 serve");
-    let notify = |state: &str| {
-        if let Some(n) = &notifier {
-            n.send(state);
-        }
-    };
     let q = server.quic();
     match (q.upgrade_unavailable(), &cfg.quic.handover) {
         (Some(why), _) => eprintln!("udpx h3 serve: upgrades unavailable (classic-BPF steering): {why}"),
@@ -1281,143 +1281,203 @@ fn serve(a: ServeArgs) -> ExitCode {
         ),
         (None, None) => {}
     }
-    let ready = format!("READY=1\nSTATUS=serving {} on {}", a.dir.display(), server.local_addr());
-    if a.upgrade {
-        // The unit's main process is now this one (NotifyAccess=all lets it say so); the
-        // predecessor exits after its drain.
-        notify(&format!("MAINPID={}\n{ready}", std::process::id()));
-    } else {
-        notify(&ready);
-    }
-    let mut handed_over = false;
-    let mut metrics_tries = std::time::Instant::now();
-    let start = std::time::Instant::now();
-    let mut drain_started: Option<std::time::Instant> = None;
-    let running =
-        |drain: Option<std::time::Instant>| if drain.is_some() { !server.finished() } else { server.is_running() };
-    while !signals.stop.load(Ordering::Relaxed) && dur.is_none_or(|d| start.elapsed() < d) && running(drain_started) {
-        std::thread::sleep(Duration::from_millis(50));
-        if keylog_warned.elapsed() >= KEYLOG_WARNING_EVERY {
-            keylog_warning();
-            keylog_warned = std::time::Instant::now();
+}
+
+/// A started server and what its supervision needs.
+struct Running<'a> {
+    a: &'a ServeArgs,
+    prepared: &'a Prepared,
+    server: udpx_h3::H3Server,
+    exe: Option<&'a std::path::Path>,
+}
+
+impl Running<'_> {
+    /// Serves until a stop signal, `--duration`, the end of a drain or the server's own stop;
+    /// each turn does what the [`Supervisor`](crate::supervise::Supervisor) says. Then stops
+    /// the server and prints its counters.
+    fn supervise(
+        self,
+        mut metrics: Option<udpx_metrics::MetricsServer>,
+        signals: &crate::util::StopSignals,
+        reload: &crate::util::ReloadSignals,
+    ) -> ExitCode {
+        use crate::supervise::{Seen, Supervisor, Taken};
+        let (a, server) = (self.a, &self.server);
+        // Under systemd (Type=notify or notify-reload): ready now; reloads and the stop said.
+        let notifier = crate::notify::Notifier::from_env("h3 serve");
+        let notify = |state: &str| {
+            if let Some(n) = &notifier {
+                n.send(state);
+            }
+        };
+        let ready = format!("READY=1\nSTATUS=serving {} on {}", a.dir.display(), server.local_addr());
+        if a.upgrade {
+            // The unit's main process is now this one (NotifyAccess=all lets it say so); the
+            // predecessor exits after its drain.
+            notify(&format!("MAINPID={}\n{ready}", std::process::id()));
+        } else {
+            notify(&ready);
         }
-        if metrics.is_none() && a.upgrade && metrics_tries.elapsed() >= Duration::from_secs(1) {
-            metrics_tries = std::time::Instant::now();
-            if let Some(Ok(m)) = a.metrics.map(|addr| server.serve_metrics(addr)) {
-                eprintln!("udpx h3 serve: metrics on http://{}/metrics", m.local_addr());
-                metrics = Some(m);
+        let seen = || Seen {
+            running: server.is_running(),
+            finished: server.finished(),
+            handed_over: server.quic().handed_over(),
+        };
+        let now = std::time::Instant::now();
+        let metrics_wanted = a.upgrade && a.metrics.is_some() && metrics.is_none();
+        let mut sup = Supervisor::new(now, self.prepared.duration, metrics_wanted, server.keylog().is_some());
+        while sup.goes_on(std::time::Instant::now(), signals.stop.load(Ordering::Relaxed), &seen()) {
+            std::thread::sleep(Duration::from_millis(50));
+            let taken = Taken {
+                stop: signals.stop.load(Ordering::Relaxed),
+                drain: signals.drain.load(Ordering::Relaxed),
+                hup: reload.hup.swap(false, Ordering::Relaxed),
+                usr1: reload.usr1.swap(false, Ordering::Relaxed),
+                usr2: reload.usr2.swap(false, Ordering::Relaxed),
+            };
+            for step in sup.turn(std::time::Instant::now(), &seen(), &taken) {
+                self.step(step, &mut sup, &mut metrics, notifier.as_ref(), &ready);
             }
         }
-        if drain_started.is_none() && server.quic().handed_over() {
-            // The successor confirmed and the shards drain (the handover started it).
-            handed_over = true;
-            eprintln!(
-                "udpx h3 serve: handed over to the upgrade: draining {} connections (GOAWAY to each; the rest \
-                 closed after {} s)",
+        if sup.drain_started().is_none() {
+            notify("STOPPING=1");
+        }
+        drop(metrics);
+        self.stopped(&sup)
+    }
+
+    /// One step of a turn.
+    fn step(
+        &self,
+        step: crate::supervise::Step,
+        sup: &mut crate::supervise::Supervisor,
+        metrics: &mut Option<udpx_metrics::MetricsServer>,
+        notifier: Option<&crate::notify::Notifier>,
+        ready: &str,
+    ) {
+        use crate::supervise::Step;
+        let (a, server) = (self.a, &self.server);
+        let notify = |state: &str| {
+            if let Some(n) = notifier {
+                n.send(state);
+            }
+        };
+        match step {
+            Step::WarnKeylog => {
+                if let Some(k) = server.keylog() {
+                    eprintln!("udpx h3 serve: {}", k.warning());
+                }
+            }
+            Step::RetryMetrics => {
+                if let Some(Ok(m)) = a.metrics.map(|addr| server.serve_metrics(addr)) {
+                    eprintln!("udpx h3 serve: metrics on http://{}/metrics", m.local_addr());
+                    *metrics = Some(m);
+                    sup.metrics_taken();
+                }
+            }
+            Step::HandedOver => eprintln!(
+                "udpx h3 serve: handed over to the upgrade: draining {} connections (GOAWAY to each; the rest closed \
+                 after {} s)",
                 server.counters().quic.open_connections,
                 a.drain_timeout
-            );
-            drain_started = Some(std::time::Instant::now());
-        }
-        if handed_over && !server.quic().handed_over() {
-            // The successor died while this server drained: the drain was called off, and
-            // this generation takes new connections again (see udpx_quic::upgrade).
-            eprintln!(
-                "udpx h3 serve: the upgrade died after it took over: generation {} serves again",
-                server.quic().generation()
-            );
-            notify(&format!("MAINPID={}\n{ready}", std::process::id()));
-            handed_over = false;
-            drain_started = None;
-        }
-        if drain_started.is_none() && signals.drain.load(Ordering::Relaxed) {
-            let c = server.counters().quic;
-            eprintln!(
-                "udpx h3 serve: draining {} connections: GOAWAY to each, no new ones, the rest closed after {} s \
-                 (signal again to stop now)",
-                c.open_connections, a.drain_timeout
-            );
-            notify(&format!("STOPPING=1\nSTATUS=draining {} connections", c.open_connections));
-            server.drain(drain_timeout);
-            drain_started = Some(std::time::Instant::now());
-        }
-        if reload.usr2.swap(false, Ordering::Relaxed) {
-            upgrade_self(&server, exe.as_deref(), cfg.quic.handover.is_some());
-        }
-        if reload.usr1.swap(false, Ordering::Relaxed) {
-            match server.reopen_log() {
+            ),
+            Step::ServesAgain => {
+                // The successor died while this server drained: the drain was called off, and
+                // this generation takes new connections again (see udpx_quic::upgrade).
+                eprintln!(
+                    "udpx h3 serve: the upgrade died after it took over: generation {} serves again",
+                    server.quic().generation()
+                );
+                notify(&format!("MAINPID={}\n{ready}", std::process::id()));
+            }
+            Step::Drain => {
+                let c = server.counters().quic;
+                eprintln!(
+                    "udpx h3 serve: draining {} connections: GOAWAY to each, no new ones, the rest closed after {} s \
+                     (signal again to stop now)",
+                    c.open_connections, a.drain_timeout
+                );
+                notify(&format!("STOPPING=1\nSTATUS=draining {} connections", c.open_connections));
+                server.drain(Duration::from_secs(a.drain_timeout));
+            }
+            Step::Upgrade => upgrade_self(server, self.exe, self.prepared.cfg.quic.handover.is_some()),
+            Step::ReopenLog => match server.reopen_log() {
                 Ok(true) => eprintln!("udpx h3 serve: SIGUSR1: access log reopened"),
                 Ok(false) => eprintln!("udpx h3 serve: SIGUSR1: no access log file to reopen"),
                 Err(e) => eprintln!("udpx h3 serve: SIGUSR1: {e}; the access log stays the file in use"),
+            },
+            Step::Reload => {
+                if let Some(n) = notifier {
+                    n.reloading();
+                }
+                self.reload();
+                notify(ready);
             }
         }
-        if reload.hup.swap(false, Ordering::Relaxed) {
-            if let Some(n) = &notifier {
-                n.reloading();
+    }
+
+    /// The server stopped: its drain summed up (if it drained) and its counters printed.
+    fn stopped(self, sup: &crate::supervise::Supervisor) -> ExitCode {
+        match self.server.stop() {
+            Ok(c) => {
+                if let Some(t) = sup.drain_started() {
+                    eprintln!(
+                        "udpx h3 serve: drained{} in {:.1} s: {} connections ended on their own, {} closed at the \
+                         deadline; {} new ones refused, {} admitted in the handover's grace, {} requests rejected past \
+                         GOAWAY",
+                        if sup.handed_over() { " after the handover" } else { "" },
+                        t.elapsed().as_secs_f64(),
+                        c.quic.drained,
+                        c.quic.drain_closed,
+                        c.quic.refused_draining,
+                        c.quic.handover_admitted,
+                        c.http.rejected
+                    );
+                }
+                println!("{}", serde_json::json!({ "h3_serve": c }));
+                ExitCode::SUCCESS
             }
-            // What SIGHUP reads again: the certificate and key (a file that does not load
-            // keeps the one in force), the removed hosts and the qlog peers (a bad file keeps
-            // the old set).
-            if let udpx_h3::Tls::Files { cert, key } = &cfg.tls {
-                match server.reload_tls() {
-                    Ok(()) => eprintln!(
-                        "udpx h3 serve: SIGHUP: certificate {} and key {} read again: new connections get them",
-                        cert.display(),
-                        key.display()
-                    ),
-                    Err(e) => eprintln!("udpx h3 serve: SIGHUP: {e}; the certificate in force serves on"),
-                }
+            Err(e) => {
+                eprintln!("udpx h3 serve: {e}");
+                ExitCode::FAILURE
             }
-            match a.removed_hosts.as_deref().map(read_removed) {
-                Some(Ok(ids)) => {
-                    removed_hosts.set(&ids);
-                    eprintln!("udpx h3 serve: SIGHUP: removed hosts now {ids:?}");
-                }
-                Some(Err(e)) => {
-                    eprintln!("udpx h3 serve: SIGHUP: {e}; the removed hosts stay {:?}", removed_hosts.list())
-                }
-                None if cfg.tls == udpx_h3::Tls::SelfSigned && a.qlog_peers.is_none() => eprintln!(
-                    "udpx h3 serve: SIGHUP: nothing to read again (no --cert/--key, no --removed-hosts, no --qlog-peers)"
+        }
+    }
+
+    /// SIGHUP: the certificate and key read again (a file that does not load keeps the one in
+    /// force), the removed hosts and the qlog peers (a bad file keeps the old set).
+    fn reload(&self) {
+        let (a, server, cfg) = (self.a, &self.server, &self.prepared.cfg);
+        if let udpx_h3::Tls::Files { cert, key } = &cfg.tls {
+            match server.reload_tls() {
+                Ok(()) => eprintln!(
+                    "udpx h3 serve: SIGHUP: certificate {} and key {} read again: new connections get them",
+                    cert.display(),
+                    key.display()
                 ),
-                None => {}
+                Err(e) => eprintln!("udpx h3 serve: SIGHUP: {e}; the certificate in force serves on"),
             }
-            if let (Some(q), Some(path)) = (server.qlog(), a.qlog_peers.as_deref()) {
-                let now = q.policy();
-                match qlog_peers(Some(path))
-                    .and_then(|peers| q.set_policy(udpx_quic::QlogPolicy { peers, ..now.clone() }))
-                {
-                    Ok(()) => eprintln!("udpx h3 serve: SIGHUP: qlog peers now {:?}", q.policy().peers),
-                    Err(e) => eprintln!("udpx h3 serve: SIGHUP: {e}; the qlog peers stay {:?}", now.peers),
-                }
-            }
-            notify(&ready);
         }
-    }
-    if drain_started.is_none() {
-        notify("STOPPING=1");
-    }
-    drop(metrics);
-    match server.stop() {
-        Ok(c) => {
-            if let Some(t) = drain_started {
-                eprintln!(
-                    "udpx h3 serve: drained{} in {:.1} s: {} connections ended on their own, {} closed at the deadline; \
-                     {} new ones refused, {} admitted in the handover's grace, {} requests rejected past GOAWAY",
-                    if handed_over { " after the handover" } else { "" },
-                    t.elapsed().as_secs_f64(),
-                    c.quic.drained,
-                    c.quic.drain_closed,
-                    c.quic.refused_draining,
-                    c.quic.handover_admitted,
-                    c.http.rejected
-                );
+        let removed_hosts = &self.prepared.removed_hosts;
+        match a.removed_hosts.as_deref().map(read_removed) {
+            Some(Ok(ids)) => {
+                removed_hosts.set(&ids);
+                eprintln!("udpx h3 serve: SIGHUP: removed hosts now {ids:?}");
             }
-            println!("{}", serde_json::json!({ "h3_serve": c }));
-            ExitCode::SUCCESS
+            Some(Err(e)) => eprintln!("udpx h3 serve: SIGHUP: {e}; the removed hosts stay {:?}", removed_hosts.list()),
+            None if cfg.tls == udpx_h3::Tls::SelfSigned && a.qlog_peers.is_none() => eprintln!(
+                "udpx h3 serve: SIGHUP: nothing to read again (no --cert/--key, no --removed-hosts, no --qlog-peers)"
+            ),
+            None => {}
         }
-        Err(e) => {
-            eprintln!("udpx h3 serve: {e}");
-            ExitCode::FAILURE
+        if let (Some(q), Some(path)) = (server.qlog(), a.qlog_peers.as_deref()) {
+            let now = q.policy();
+            match qlog_peers(&a.qlog_peer, Some(path))
+                .and_then(|peers| q.set_policy(udpx_quic::QlogPolicy { peers, ..now.clone() }))
+            {
+                Ok(()) => eprintln!("udpx h3 serve: SIGHUP: qlog peers now {:?}", q.policy().peers),
+                Err(e) => eprintln!("udpx h3 serve: SIGHUP: {e}; the qlog peers stay {:?}", now.peers),
+            }
         }
     }
 }

@@ -18,6 +18,7 @@ mod lb;
 mod logger;
 mod notify;
 mod stream;
+mod supervise;
 
 #[derive(Parser, Debug)]
 #[command(name = "udpx", version, about = "UDP at the cost per byte of TCP: bench, probe and tools")]
