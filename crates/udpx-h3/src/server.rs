@@ -391,7 +391,8 @@ impl H3Server {
         self.generated_cert
     }
 
-    /// The counters so far (each shard publishes when it is about to wait).
+    /// The counters so far (each shard publishes at most every 100 ms while it runs, and when
+    /// it ends).
     pub fn counters(&self) -> ServeCounters {
         ServeCounters {
             quic: self.server.counters(),

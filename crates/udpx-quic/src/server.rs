@@ -430,8 +430,8 @@ impl Server {
         self.threads.iter().all(|t| t.is_finished())
     }
 
-    /// The counters summed over shards, as last published (each loop publishes whenever it
-    /// is about to wait).
+    /// The counters summed over shards, as last published (each loop publishes at most every
+    /// 100 ms while it runs, and when it ends: `Host::run`).
     pub fn counters(&self) -> HostCounters {
         self.counters
             .iter()

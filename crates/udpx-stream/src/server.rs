@@ -649,7 +649,7 @@ impl ShardLoop {
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                 // Nothing a datagram or an ICMP message causes ends the shard (the library
                 // keeps ICMP errors out of receives); only a broken socket does.
-                Err(e) if matches!(e.raw_os_error(), Some(libc::EBADF | libc::EFAULT | libc::ENOTSOCK)) => {
+                Err(e) if udpx::recv::is_unusable(&e) => {
                     return Err(StreamError::Io(format!("receiving requests: {e}")))
                 }
                 Err(e) => {

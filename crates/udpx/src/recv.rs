@@ -334,9 +334,30 @@ impl UdpSocket {
     }
 }
 
+/// Whether a receive error means the socket itself is unusable: a closed or wrong descriptor,
+/// a bad buffer or an invalid argument, that is a bug, never something a datagram or an ICMP
+/// message can cause (the library keeps ICMP errors out of receives). A server's loop ends on
+/// these and counts every other error, serving on.
+pub fn is_unusable(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::EBADF | libc::EFAULT | libc::ENOTSOCK | libc::EINVAL))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_broken_socket_is_unusable() {
+        for errno in [libc::EBADF, libc::EFAULT, libc::ENOTSOCK, libc::EINVAL] {
+            assert!(is_unusable(&io::Error::from_raw_os_error(errno)), "{errno}");
+        }
+        // What the network or a full queue can cause, and errors with no errno.
+        for errno in [libc::EAGAIN, libc::EINTR, libc::ECONNREFUSED, libc::EHOSTUNREACH, libc::ENOBUFS, libc::EMSGSIZE]
+        {
+            assert!(!is_unusable(&io::Error::from_raw_os_error(errno)), "{errno}");
+        }
+        assert!(!is_unusable(&io::Error::other("no errno")));
+    }
 
     fn meta(len: usize, stride: usize) -> RecvMeta {
         RecvMeta { len, stride, ..Default::default() }

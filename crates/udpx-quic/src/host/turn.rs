@@ -227,7 +227,7 @@ impl<A: App> Host<A> {
                 // Only a broken descriptor or a bug ends the loop; anything the network can
                 // cause (the library already keeps ICMP errors out) is counted and the loop
                 // goes on.
-                Err(e) if is_fatal(&e) => {
+                Err(e) if udpx::recv::is_unusable(&e) => {
                     result = Err(Error::Io(e));
                     break;
                 }
@@ -487,12 +487,6 @@ fn gather_until(
         until = until.min(d);
     }
     (until > now).then_some(until)
-}
-
-/// Whether a receive error means the socket itself is unusable (a bug or a closed
-/// descriptor), not something a datagram or an ICMP message could cause.
-pub(crate) fn is_fatal(e: &std::io::Error) -> bool {
-    matches!(e.raw_os_error(), Some(libc::EBADF | libc::EFAULT | libc::ENOTSOCK | libc::EINVAL))
 }
 
 #[cfg(test)]
