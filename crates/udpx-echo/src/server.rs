@@ -45,6 +45,7 @@
 //!   as every cell is over its budget.
 
 use std::hash::BuildHasher;
+use std::io::ErrorKind;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
@@ -180,6 +181,10 @@ pub struct ShardCounters {
     pub rate_limited: AtomicU64,
     /// Receive calls that returned data (with io_uring: reaps that found requests).
     pub recv_calls: AtomicU64,
+    /// Receive calls (io_uring: turns) that failed with an error the network or the kernel's
+    /// load can cause: counted, serving on. A broken socket (`udpx::recv::is_unusable`) ends
+    /// the shard instead, logged.
+    pub recv_errors: AtomicU64,
     /// The shard served through io_uring (1) or system calls (0).
     pub io_uring: AtomicU64,
     /// The kernel's drop counter of the shard's socket (SO_MEMINFO, at exit).
@@ -209,6 +214,8 @@ pub struct ShardStats {
     pub rate_limited: u64,
     /// Receive calls.
     pub recv_calls: u64,
+    /// Receive calls that failed, counted (the shard served on).
+    pub recv_errors: u64,
     /// Requests per receive call.
     pub batch: f64,
     /// Kernel drops.
@@ -233,6 +240,7 @@ impl ShardCounters {
             malformed: self.malformed.load(Relaxed),
             rate_limited: self.rate_limited.load(Relaxed),
             recv_calls: calls,
+            recv_errors: self.recv_errors.load(Relaxed),
             batch: if calls > 0 { (req + self.malformed.load(Relaxed)) as f64 / calls as f64 } else { 0.0 },
             kernel_drops: self.kernel_drops.load(Relaxed),
             cpu_secs: self.cpu_micros.load(Relaxed) as f64 / 1e6,
@@ -432,6 +440,7 @@ impl udpx_metrics::Source for MetricsSource {
                             s.rate_limited,
                         ),
                         counter("echo_recv_calls", "Receive calls that returned data", s.recv_calls),
+                        counter("echo_recv_errors", "Receive calls that failed, counted; serving on", s.recv_errors),
                     ],
                 }
             })
@@ -620,8 +629,11 @@ fn serve_shard(sock: &UdpSocket, cfg: &ServeConfig, limit: Option<&RateLimit>, s
     while !stop.load(Relaxed) {
         let got = match sock.recv_into(&mut bufs) {
             Ok(k) => k,
-            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => continue,
-            Err(_) => continue,
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted) => {
+                continue
+            }
+            Err(e) if serves_on(&e, c) => continue,
+            Err(_) => return,
         };
         c.recv_calls.fetch_add(1, Relaxed);
         keep.clear();
@@ -700,8 +712,10 @@ fn serve_shard_uring(
                 }
             }
         });
-        if res.is_err() {
-            continue;
+        match res {
+            Err(e) if serves_on(&e, c) => continue,
+            Err(_) => break,
+            Ok(_) => {}
         }
         if requests > 0 {
             c.recv_calls.fetch_add(1, Relaxed);
@@ -712,6 +726,18 @@ fn serve_shard_uring(
     // Replies already accepted go out before the shard ends.
     let _ = shard.flush(Duration::from_secs(1));
     publish(&shard.stats(), unqueued);
+}
+
+/// Whether a shard serves on after receive error `e` (counted): not when its socket is broken
+/// (its loop would spin on it; logged).
+fn serves_on(e: &std::io::Error, c: &ShardCounters) -> bool {
+    if udpx::recv::is_unusable(e) {
+        log::error!("udpx echo: a shard's socket cannot be read ({e}); that shard stops");
+        return false;
+    }
+    c.recv_errors.fetch_add(1, Relaxed);
+    log::debug!("udpx echo: receive failed (counted, serving on): {e}");
+    true
 }
 
 /// Sends a shard's replies (waiting for writability where the socket is full) and counts
