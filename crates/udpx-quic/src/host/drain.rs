@@ -182,9 +182,9 @@ pub(super) enum Draining {
     Closed,
 }
 
-/// A host's part in the graceful stop.
+/// A host's lifecycle: its part in the graceful stop, and where reloaded configurations come.
 #[derive(Debug)]
-pub(super) struct DrainState {
+pub(super) struct Lifecycle {
     pub(super) draining: Draining,
     /// A server's shared drain signal, looked at once per turn while running.
     pub(super) signal: Option<Arc<DrainSignal>>,
@@ -194,11 +194,20 @@ pub(super) struct DrainState {
     told_done: bool,
     /// While draining after a handover: new connections are still admitted until then.
     admit_until: Option<Instant>,
+    /// Where a reloaded configuration is offered, looked at once per turn while running.
+    pub(super) swap: Option<Arc<super::ConfigSwap>>,
 }
 
-impl DrainState {
-    pub(super) fn new() -> DrainState {
-        DrainState { draining: Draining::No, signal: None, by_signal: false, told_done: false, admit_until: None }
+impl Lifecycle {
+    pub(super) fn new() -> Lifecycle {
+        Lifecycle {
+            draining: Draining::No,
+            signal: None,
+            by_signal: false,
+            told_done: false,
+            admit_until: None,
+            swap: None,
+        }
     }
 }
 
@@ -206,13 +215,18 @@ impl<A: App> Host<A> {
     /// Starts draining now, to end by `deadline` (see the module docs). A client host ignores
     /// it.
     pub fn drain(&mut self, deadline: Instant) {
-        if !self.accepting || self.drain.draining != Draining::No {
+        self.start_drain(Instant::now(), deadline);
+    }
+
+    /// [`Host::drain`] at `now`.
+    fn start_drain(&mut self, now: Instant, deadline: Instant) {
+        if !self.accepting() || self.life.draining != Draining::No {
             return;
         }
-        self.drain.draining = Draining::Until(deadline);
+        self.life.draining = Draining::Until(deadline);
         log::debug!("udpx-quic: draining {} connections", self.connection_count());
         // A handover's drain spreads its GOAWAYs over the admission grace.
-        let spread = self.drain.admit_until.map_or(Duration::ZERO, |t| t.saturating_duration_since(Instant::now()));
+        let spread = self.life.admit_until.map_or(Duration::ZERO, |t| t.saturating_duration_since(now));
         self.app.drain(spread);
         let slots: Vec<_> = self.table.iter_mut().map(|(s, _)| s).collect();
         for s in slots {
@@ -222,13 +236,13 @@ impl<A: App> Host<A> {
 
     /// Whether the host is draining (or drained).
     pub fn is_draining(&self) -> bool {
-        self.drain.draining != Draining::No
+        self.life.draining != Draining::No
     }
 
     /// Whether a draining host still admits new connections at `now` (the grace of a
     /// handover, [`DrainSignal::hand_over`]).
     pub(super) fn admitting(&self, now: Instant) -> bool {
-        self.drain.admit_until.is_some_and(|t| now < t)
+        self.life.admit_until.is_some_and(|t| now < t)
     }
 
     /// Once per turn while running: starts the drain when the shared signal says so (and undoes
@@ -237,25 +251,25 @@ impl<A: App> Host<A> {
     pub(super) fn drain_step(&mut self, now: Instant) -> bool {
         // Read once per turn, without cloning the Arc on the hot path: (started, grace, ended).
         let seen = self
-            .drain
+            .life
             .signal
             .as_deref()
             .map(|s| (s.started(), Duration::from_millis(s.grace_ms.load(Ordering::Relaxed)), s.ended()));
         if let Some((started, grace, ended)) = seen {
-            match (self.drain.draining, started) {
+            match (self.life.draining, started) {
                 (Draining::No, Some(timeout)) => {
-                    self.drain.admit_until = (!grace.is_zero()).then(|| now + grace.min(timeout));
-                    self.drain(now + timeout);
-                    self.drain.by_signal = true;
+                    self.life.admit_until = (!grace.is_zero()).then(|| now + grace.min(timeout));
+                    self.start_drain(now, now + timeout);
+                    self.life.by_signal = true;
                 }
-                (Draining::Until(_) | Draining::Closed, None) if self.drain.by_signal && !ended => {
+                (Draining::Until(_) | Draining::Closed, None) if self.life.by_signal && !ended => {
                     self.undrain();
                     return false;
                 }
                 _ => {}
             }
         }
-        let done = match self.drain.draining {
+        let done = match self.life.draining {
             Draining::No => false,
             Draining::Closed => true,
             Draining::Until(_) if self.connection_count() == 0 && !self.admitting(now) => true,
@@ -270,16 +284,16 @@ impl<A: App> Host<A> {
                     self.ready.push(s);
                 }
                 log::debug!("udpx-quic: drain deadline: closed {} connections", self.counters.drain_closed);
-                self.drain.draining = Draining::Closed;
+                self.life.draining = Draining::Closed;
                 false
             }
             Draining::Until(_) => false,
         };
-        match self.drain.signal.as_deref().filter(|_| self.drain.by_signal) {
+        match self.life.signal.as_deref().filter(|_| self.life.by_signal) {
             // The loops end together, once each is done.
             Some(signal) if done => {
-                if !self.drain.told_done {
-                    self.drain.told_done = true;
+                if !self.life.told_done {
+                    self.life.told_done = true;
                     return signal.done();
                 }
                 signal.ended()
@@ -291,10 +305,10 @@ impl<A: App> Host<A> {
     /// The drain called off: admitting again; the connections already told to go still go.
     fn undrain(&mut self) {
         log::info!("udpx-quic: drain called off: serving again");
-        self.drain.draining = Draining::No;
-        self.drain.by_signal = false;
-        self.drain.told_done = false;
-        self.drain.admit_until = None;
+        self.life.draining = Draining::No;
+        self.life.by_signal = false;
+        self.life.told_done = false;
+        self.life.admit_until = None;
         self.app.undrain();
     }
 }

@@ -45,10 +45,14 @@
 //! connections per address; a handshake not done within its deadline is dropped; Retry with
 //! address-bound tokens ([`crate::token`]) always, never, or while under an Initial flood.
 //!
-//! One concern per file: this one holds the host's type, its settings and the table's
-//! bookkeeping; `turn.rs` the loop (wait, receive, expire, serve, flush); `gate.rs` admission
-//! and every answer to a packet no connection takes (the attack surface, to audit in one
-//! place); `send.rs` a connection's packets into the outbox and the pacing hold; the
+//! One concern per file and per type: this one holds the host's type, its settings and the
+//! table's bookkeeping; `turn.rs` the loop (wait, receive, expire, serve, flush), which reads
+//! the clock and hands the time down; `gate.rs` admission and every answer to a packet no
+//! connection takes (the attack surface, to audit in one place), as a `Gate` that decides
+//! without a socket (accept, reply with these bytes, drop, each with its counted reason) and
+//! the loop that sends and counts; `flush.rs` when a turn's packets leave (`FlushRules`, one
+//! decision after each turn's serving); `send.rs` a connection's packets into the outbox and the
+//! pacing hold; `drain.rs` and `reload.rs` the lifecycle (drain, handover, reload). The
 //! connections themselves live in a table (`crate::table`), named by their [`Slot`] in the
 //! timers, the ready queue and the outbox.
 
@@ -62,7 +66,7 @@ use udpx::{RecvBuffers, Shard, UdpSocket};
 use crate::bufs::Connection;
 use crate::cid::CID_LEN;
 use crate::counters::HostCounters;
-use crate::io::{Flush, Outbox};
+use crate::io::Outbox;
 use crate::pacing::Pacing;
 use crate::ready::ReadyQueue;
 use crate::table::{CidKey, Entry, Slot, Table};
@@ -71,6 +75,7 @@ use crate::Error;
 
 mod config;
 mod drain;
+mod flush;
 mod gate;
 mod reload;
 mod send;
@@ -205,57 +210,25 @@ pub struct Host<A: App> {
     socket: HostSocket,
     local: SocketAddr,
     config: quiche::Config,
-    accepting: bool,
+    role: Role,
     /// Its connections and the connection-ID index.
     table: Table<A::State>,
     timers: Timers,
     ready: ReadyQueue,
     recv: Option<RecvBuffers>,
     out: Outbox,
-    blocked: Option<Flush>,
     app: A,
     counters: HostCounters,
     /// The socket's `icmp_errors` when last looked at.
     icmp_seen: u64,
-    pacing: Pacing,
-    burst: Burst,
-    /// The timers' clock: deadlines are ns since this.
-    epoch: Instant,
-    /// `Instant` and `CLOCK_MONOTONIC` read together, to turn `SendInfo.at` into a departure.
-    anchor: (Instant, udpx::Timestamp),
-    /// Admission, keys, and the answers to packets no connection takes.
+    /// Who paces, how much a connection writes per turn, and the clocks.
+    sending: send::Sending,
+    /// Admission, keys, logs, and the answers to packets no connection takes.
     gate: gate::Gate,
-    /// The last turn found nothing to do: the next one waits first.
-    idle: bool,
-    /// The least time between the starts of two turns while work keeps coming (zero: none).
-    coalesce: Duration,
-    /// Whether a turn may keep its packets for the next one ([`HostConfig::defer_flush`]).
-    defer_flush: bool,
-    /// The last turn kept its packets for this one (see `serve`).
-    deferred: bool,
-    /// A connection served this turn wrote its quantum and went back to the ready queue.
-    more_this_turn: bool,
-    /// [`HostConfig::ack_defer`].
-    ack_defer: Duration,
-    /// A connection served this turn wrote packets that were not the small freed window of an
-    /// acknowledgement-clocked transfer: the turn's packets leave now.
-    unclocked_this_turn: bool,
-    /// Packets kept by acknowledgement-clocked deferral leave by then.
-    flush_by: Option<Instant>,
-    /// This turn's earliest time limit for its acknowledgement-clocked connections (half the
-    /// round trip of each, at most `ack_defer`).
-    clocked_by: Option<Instant>,
-    /// When the last turn started.
-    last_turn: Instant,
-    /// Where the graceful stop is.
-    drain: drain::DrainState,
-    /// Where a reloaded configuration is offered, looked at once per turn while running.
-    config_swap: Option<Arc<ConfigSwap>>,
-    /// [`HostConfig::keylog`].
-    keylog: Option<crate::keylog::KeyLog>,
-    /// [`HostConfig::qlog`] (read only with the feature `qlog`).
-    #[cfg_attr(not(feature = "qlog"), allow(dead_code))]
-    qlog: Option<crate::qlog::Qlog>,
+    /// When a turn's packets leave.
+    flush: flush::FlushRules,
+    /// Draining and reloading.
+    life: drain::Lifecycle,
 }
 
 impl<A: App> std::fmt::Debug for Host<A> {
@@ -281,9 +254,9 @@ impl<A: App> Host<A> {
         role: Role,
         settings: HostConfig,
     ) -> Self {
-        let (accepting, host_id, worker, shards) = match role {
-            Role::Server { host_id, worker, shards } => (true, host_id, worker, shards),
-            Role::Client => (false, 0, 0, 1),
+        let (host_id, worker, shards) = match role {
+            Role::Server { host_id, worker, shards } => (host_id, worker, shards),
+            Role::Client => (0, 0, 1),
         };
         let recv = RecvBuffers::for_socket(&socket, RECV_BUFFERS);
         // A socket with zerocopy on: the outbox writes into pooled buffers (see `io`).
@@ -304,55 +277,43 @@ impl<A: App> Host<A> {
             qlog,
         } = settings;
         crate::keylog::KeyLog::prepare(keylog.as_ref(), &mut config);
+        let now = Instant::now();
+        let mut gate =
+            gate::Gate::new(host_id, (generation, worker), shards, keys, limits, (removed_hosts, generations));
+        (gate.keylog, gate.qlog) = (keylog, qlog);
         Host {
             local: socket.local_addr(),
             socket,
             config,
-            accepting,
+            role,
             table: Table::new(),
             timers: Timers::new(),
             ready: ReadyQueue::new(),
             recv: Some(recv),
             out,
-            blocked: None,
             app,
             counters: HostCounters::default(),
             icmp_seen: 0,
-            pacing,
-            burst,
-            epoch: Instant::now(),
-            anchor: (Instant::now(), udpx::Timestamp::now()),
-            gate: gate::Gate::new(host_id, (generation, worker), shards, keys, limits, (removed_hosts, generations)),
-            idle: false,
-            coalesce,
-            defer_flush,
-            deferred: false,
-            more_this_turn: false,
-            ack_defer,
-            unclocked_this_turn: false,
-            flush_by: None,
-            clocked_by: None,
-            last_turn: Instant::now(),
-            drain: drain::DrainState::new(),
-            config_swap: None,
-            keylog,
-            qlog,
+            sending: send::Sending::new(pacing, burst, now),
+            gate,
+            flush: flush::FlushRules::new(coalesce, defer_flush, ack_defer, now),
+            life: drain::Lifecycle::new(),
         }
     }
 
     /// Makes [`Host::run`] drain when `signal` starts (a server's shards share one).
     pub fn set_drain_signal(&mut self, signal: Arc<DrainSignal>) {
-        self.drain.signal = Some(signal);
+        self.life.signal = Some(signal);
     }
 
     /// The least time between two turns' starts ([`HostConfig::coalesce`]).
     pub fn coalesce(&self) -> Duration {
-        self.coalesce
+        self.flush.coalesce()
     }
 
     /// Who paces.
     pub fn pacing(&self) -> Pacing {
-        self.pacing
+        self.sending.pacing
     }
 
     /// The socket's address.
@@ -427,7 +388,7 @@ impl<A: App> Host<A> {
             None => quiche::connect_with_buffer_factory(server_name, &scid_ref, local, peer, &mut self.config),
         }
         .map_err(|e| Error::Quic("connect", e))?;
-        if let Some(k) = &self.keylog {
+        if let Some(k) = &self.gate.keylog {
             conn.set_keylog(k.writer());
         }
         if let Some(s) = session {
@@ -489,7 +450,7 @@ impl<A: App> Host<A> {
     fn reap(&mut self, slot: Slot) {
         let Some(e) = self.remove(slot) else { return };
         self.counters.closed += 1;
-        if matches!(self.drain.draining, drain::Draining::Until(_)) {
+        if matches!(self.life.draining, drain::Draining::Until(_)) {
             self.counters.drained += 1;
         }
         self.app.closed(&e.conn, e.state);
@@ -508,10 +469,15 @@ impl<A: App> Host<A> {
         let e = self.table.remove(slot)?;
         self.timers.remove(slot);
         self.ready.remove(slot);
-        if self.accepting {
+        if self.accepting() {
             self.gate.admission.closed(e.peer_ip, !e.established);
         }
         Some(e)
+    }
+
+    /// Whether it accepts connections (a server).
+    fn accepting(&self) -> bool {
+        matches!(self.role, Role::Server { .. })
     }
 
     /// Deadlines and readiness, for tests: (connections with a deadline, connections ready).

@@ -41,22 +41,22 @@ impl<A: App> Host<A> {
     /// Makes [`Host::run`] take the configurations offered to `swap` (a server gives each shard
     /// its own).
     pub fn set_config_swap(&mut self, swap: std::sync::Arc<ConfigSwap>) {
-        self.config_swap = Some(swap);
+        self.life.swap = Some(swap);
     }
 
     /// Replaces the configuration new connections are made with (see the module docs).
     pub fn replace_config(&mut self, mut config: quiche::Config) {
-        crate::keylog::KeyLog::prepare(self.keylog.as_ref(), &mut config);
+        crate::keylog::KeyLog::prepare(self.gate.keylog.as_ref(), &mut config);
         self.config = config;
         // The ticket key of the period in force goes onto the new configuration now.
         self.gate.ticket_period = None;
-        self.rotate_ticket_key();
+        self.rotate_ticket_key(std::time::SystemTime::now());
         self.counters.config_reloads += 1;
     }
 
     /// Once per turn while running: takes an offered configuration.
     pub(super) fn reload_step(&mut self) {
-        if let Some(c) = self.config_swap.as_ref().and_then(|s| s.take()) {
+        if let Some(c) = self.life.swap.as_ref().and_then(|s| s.take()) {
             self.replace_config(c);
         }
     }

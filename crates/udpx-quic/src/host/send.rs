@@ -9,13 +9,42 @@
 //! loop sleeps with `ppoll` (ns resolution) to the earliest deadline.
 
 use std::net::{IpAddr, SocketAddr};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::io::Flush;
 use crate::pacing::{departure, Held, Pacing, PACING_SLACK, QUIET_BURST, QUIET_REFILL};
 use crate::table::Slot;
 
 use super::{App, Burst, Host, QUANTUM_PACKETS};
+
+/// How a host's packets leave: who paces, how much a connection writes per turn, and the
+/// clocks that turn times into the timers' ticks and quiche's `SendInfo.at` into departures.
+#[derive(Debug)]
+pub(super) struct Sending {
+    pub pacing: Pacing,
+    pub burst: Burst,
+    /// The timers' clock: deadlines are ns since this.
+    epoch: Instant,
+    /// `Instant` and `CLOCK_MONOTONIC` read together, to turn `SendInfo.at` into a departure.
+    anchor: (Instant, udpx::Timestamp),
+}
+
+impl Sending {
+    /// Paced by `pacing`, writing `burst` per turn; the clocks start at `now`.
+    pub fn new(pacing: Pacing, burst: Burst, now: Instant) -> Sending {
+        Sending { pacing, burst, epoch: now, anchor: (now, udpx::Timestamp::now()) }
+    }
+
+    /// Nanoseconds of the timers' clock at `t`.
+    pub fn ns(&self, t: Instant) -> u64 {
+        t.saturating_duration_since(self.epoch).as_nanos() as u64
+    }
+
+    /// The instant `ns` of the timers' clock names.
+    pub fn instant(&self, ns: u64) -> Instant {
+        self.epoch + Duration::from_nanos(ns)
+    }
+}
 
 impl<A: App> Host<A> {
     /// After a NAT rebinding, quiche 0.30 moves the connection to the peer's new address but
@@ -94,7 +123,7 @@ impl<A: App> Host<A> {
             e.last_out = Some(now);
         }
         let max = e.conn.max_send_udp_payload_size();
-        let mut budget = match self.burst {
+        let mut budget = match self.sending.burst {
             Burst::Quantum => e.conn.send_quantum().max(max).min(QUANTUM_PACKETS * max),
             Burst::Window => QUANTUM_PACKETS * max,
         };
@@ -104,7 +133,7 @@ impl<A: App> Host<A> {
                 None => {
                     let f = self.out.flush(&self.socket, &mut self.counters);
                     if f != Flush::Done {
-                        self.blocked = Some(f);
+                        self.flush.blocked = Some(f);
                         return true;
                     }
                     continue;
@@ -120,13 +149,13 @@ impl<A: App> Host<A> {
                     if e.last_out.is_none_or(|t| now.saturating_duration_since(t) >= QUIET_REFILL) {
                         e.quiet_credit = QUIET_BURST;
                     }
-                    let early = self.pacing != Pacing::Off && info.at > now + PACING_SLACK;
+                    let early = self.sending.pacing != Pacing::Off && info.at > now + PACING_SLACK;
                     let now_anyway = early && e.quiet_credit > 0;
                     if now_anyway {
                         // The start of a burst after a quiet spell: it leaves now.
                         e.quiet_credit -= 1;
                         self.counters.quiet_sends += 1;
-                    } else if self.pacing == Pacing::Hold && early {
+                    } else if self.sending.pacing == Pacing::Hold && early {
                         // Not yet: keep it (the only copy made), and the connection's later
                         // packets behind it; its deadline is the packet's time.
                         let from = src_for(self.local, info.from);
@@ -134,8 +163,8 @@ impl<A: App> Host<A> {
                         self.counters.paced_holds += 1;
                         return false;
                     }
-                    let departure =
-                        (self.pacing == Pacing::Kernel && !now_anyway).then(|| departure(self.anchor, info.at));
+                    let departure = (self.sending.pacing == Pacing::Kernel && !now_anyway)
+                        .then(|| departure(self.sending.anchor, info.at));
                     let from = src_for(self.local, info.from);
                     self.out.commit(slot, info.to, from, len, departure);
                     e.last_out = Some(now);

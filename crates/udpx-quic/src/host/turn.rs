@@ -15,7 +15,9 @@ use crate::table::Slot;
 use crate::timers::Deadline;
 use crate::Error;
 
-use super::{App, Host, ACK_CLOCKED_PACKETS, ACK_DEFER_BELOW, DEFER_BELOW, MID_TRANSFER};
+use super::flush::{Decision, Wrote};
+use super::gate::Now;
+use super::{App, Host};
 
 /// Longest a loop sleeps in `poll` before it looks at its stop flag again.
 const STOP_CHECK: Duration = Duration::from_millis(50);
@@ -42,14 +44,14 @@ impl<A: App> Host<A> {
             if stop.load(Ordering::Relaxed) || (until == Until::Idle && self.connection_count() == 0) {
                 break;
             }
+            let now = Instant::now();
             if let Some(p) = publish {
-                let now = Instant::now();
                 if published.is_none_or(|t| now.duration_since(t) >= PUBLISH_EVERY) {
                     *p.lock().unwrap_or_else(|e| e.into_inner()) = self.counters();
                     published = Some(now);
                 }
             }
-            if self.drain_step(Instant::now()) {
+            if self.drain_step(now) {
                 break;
             }
             self.reload_step();
@@ -62,7 +64,7 @@ impl<A: App> Host<A> {
         // Packets a turn kept for the next (deferred flushes) leave before the loop ends.
         if !self.out.is_empty() {
             let _ = self.out.flush(&self.socket, &mut self.counters);
-            self.flush_by = None;
+            self.flush.flushed();
         }
         if let Some(p) = publish {
             *p.lock().unwrap_or_else(|e| e.into_inner()) = self.counters();
@@ -74,52 +76,37 @@ impl<A: App> Host<A> {
     /// `max_wait`) for a datagram, the earliest deadline or writability; then receives, runs
     /// the due deadlines and serves the ready connections. For a driver that does things
     /// between turns (a load generator opening connections on a schedule).
+    ///
+    /// The turn reads the clock twice, and hands the time down: when it starts (for what
+    /// arrives) and once it has received (for the deadlines due and the serving).
     pub fn step(&mut self, max_wait: Duration) -> Result<(), Error> {
-        // Something made ready between turns (a connection opened, a wake) is served now.
-        if self.idle && self.ready.is_empty() {
+        // Nothing is ready (what was ready got served), or the socket refused the last flush:
+        // wait for a datagram, a deadline, or writability. A datagram that came during the
+        // last turn ends the wait at once; a deadline already due makes it zero. Something made
+        // ready between turns (a connection opened, a wake) is served now.
+        if self.flush.waits(self.ready.is_empty()) {
             self.gather(max_wait);
             self.wait(max_wait)?;
         }
-        self.last_turn = Instant::now();
+        let start = Now::read();
+        self.flush.turn_started(start.at);
         self.counters.turns += 1;
-        self.receive()?;
+        self.receive(start)?;
         self.check_unreachable();
         let now = Instant::now();
-        self.rotate_ticket_key();
+        self.rotate_ticket_key(start.wall);
         self.expire(now);
         self.serve(now);
-        // Nothing is left ready (what was ready got served), or the socket is full: wait for
-        // a datagram, a deadline, or writability. A datagram that came during the turn ends
-        // the wait at once; a deadline already due makes it zero.
-        self.idle = self.blocked.is_some() || self.ready.is_empty();
         Ok(())
     }
 
-    /// Nanoseconds of the timers' clock at `t`.
-    fn ns(&self, t: Instant) -> u64 {
-        t.saturating_duration_since(self.epoch).as_nanos() as u64
-    }
-
-    /// Lets datagrams gather (a sleep, not a wait on the socket), never past the earliest
-    /// deadline or `max_wait`: with coalescing on, until `coalesce` after the last turn's
-    /// start; while acknowledgement-clocked packets wait (`HostConfig::ack_defer`), until their
-    /// time limit, so the acknowledgements that come meanwhile are read in one call and answered
-    /// in one send call instead of one wake-up each.
+    /// Lets datagrams gather (a sleep, not a wait on the socket) as the flush rules say
+    /// ([`super::flush::FlushRules::gather`]), never past the earliest deadline or `max_wait`.
     fn gather(&mut self, max_wait: Duration) {
-        if self.blocked.is_some() || (self.coalesce.is_zero() && self.flush_by.is_none()) {
-            return;
-        }
         let now = Instant::now();
-        let deadline = self.timers.peek().map(|(at, _)| self.epoch + Duration::from_nanos(at));
-        let coalesced = gather_until(self.last_turn, self.coalesce, now, max_wait, deadline);
-        let clocked =
-            self.flush_by.and_then(|t| gather_until(now, t.saturating_duration_since(now), now, max_wait, deadline));
-        let until = match (coalesced, clocked) {
-            (Some(a), Some(b)) => Some(a.max(b)),
-            (a, b) => a.or(b),
-        };
-        if let Some(until) = until {
-            if coalesced.is_some() {
+        let deadline = self.timers.peek().map(|(at, _)| self.sending.instant(at));
+        if let Some((until, coalesced)) = self.flush.gather(now, max_wait, deadline) {
+            if coalesced {
                 self.counters.coalesced += 1;
             }
             std::thread::sleep(until - now);
@@ -132,18 +119,9 @@ impl<A: App> Host<A> {
         let now = Instant::now();
         let mut timeout = max_wait;
         if let Some((at, _)) = self.timers.peek() {
-            let now_ns = self.ns(now);
-            timeout = timeout.min(Duration::from_nanos(at.saturating_sub(now_ns)));
+            timeout = timeout.min(Duration::from_nanos(at.saturating_sub(self.sending.ns(now))));
         }
-        if let Some(t) = self.flush_by {
-            timeout = timeout.min(t.saturating_duration_since(now));
-        }
-        let mut events = libc::POLLIN;
-        match self.blocked {
-            Some(Flush::WouldBlock) => events |= libc::POLLOUT,
-            Some(Flush::NoBuffers) => timeout = timeout.min(Duration::from_micros(500)),
-            _ => {}
-        }
+        let (timeout, events) = self.flush.wait(now, timeout);
         if timeout.is_zero() {
             return Ok(());
         }
@@ -165,7 +143,7 @@ impl<A: App> Host<A> {
     /// arrive (port unreachable: nothing listens there), instead of waiting for the idle
     /// timeout. A server never does: anyone can send it ICMP errors.
     fn check_unreachable(&mut self) {
-        if self.accepting {
+        if self.accepting() {
             return;
         }
         let n = self.socket.counters().icmp_errors;
@@ -182,8 +160,8 @@ impl<A: App> Host<A> {
     }
 
     /// Receives what is queued and feeds it to the connections (each becomes ready); returns
-    /// the datagrams fed.
-    fn receive(&mut self) -> Result<usize, Error> {
+    /// the datagrams fed. `now`: the turn's start.
+    fn receive(&mut self, now: Now) -> Result<usize, Error> {
         let Some(mut bufs) = self.recv.take() else { return Ok(0) };
         let mut fed = 0;
         let mut result = Ok(());
@@ -213,7 +191,7 @@ impl<A: App> Host<A> {
                             fed += 1;
                             self.counters.datagrams_received += 1;
                             self.counters.bytes_received += d.len() as u64;
-                            self.datagram(meta.addr, to, d);
+                            self.datagram(meta.addr, to, d, now);
                         }
                     }
                     // A short batch emptied the queue: another call now would find nothing
@@ -243,7 +221,7 @@ impl<A: App> Host<A> {
     }
 
     /// One datagram from `from` to local address `to`.
-    fn datagram(&mut self, from: SocketAddr, to: SocketAddr, buf: &mut [u8]) {
+    fn datagram(&mut self, from: SocketAddr, to: SocketAddr, buf: &mut [u8], now: Now) {
         let hdr = match quiche::Header::from_slice(buf, CID_LEN) {
             Ok(h) => h,
             Err(_) => {
@@ -255,7 +233,7 @@ impl<A: App> Host<A> {
             Some(s) => (s, false),
             // A stateless reset carries none of our connection IDs: it goes to the connection
             // whose peer's reset token ends it (quiche then checks it and closes).
-            None if !self.accepting && hdr.ty == quiche::Type::Short => match self.reset_target(from, buf) {
+            None if !self.accepting() && hdr.ty == quiche::Type::Short => match self.reset_target(from, buf) {
                 Some(i) => {
                     self.counters.resets_received += 1;
                     (i, false)
@@ -265,7 +243,7 @@ impl<A: App> Host<A> {
                     return;
                 }
             },
-            None => match self.new_connection(from, to, &hdr, buf.len()) {
+            None => match self.new_connection(from, to, &hdr, buf.len(), now) {
                 Some(i) => (i, true),
                 None => return,
             },
@@ -297,7 +275,7 @@ impl<A: App> Host<A> {
     /// Runs the deadlines that are due: quiche's timers fire, held packets are released
     /// (their connections become ready), handshakes past their deadline are dropped.
     fn expire(&mut self, now: Instant) {
-        let due = self.ns(now + PACING_SLACK);
+        let due = self.sending.ns(now + PACING_SLACK);
         while let Some((c, kind)) = self.timers.pop_due(due) {
             self.counters.timers_fired += 1;
             let Some(e) = self.table.get_mut(c) else { continue };
@@ -327,23 +305,21 @@ impl<A: App> Host<A> {
     /// Serves the connections that are ready now, each once (see the module docs), then
     /// flushes. Returns how many were served.
     fn serve(&mut self, now: Instant) -> usize {
-        // What a blocked flush left goes first (packets deferred by the last turn, below,
-        // wait to join this turn's).
-        if self.blocked.is_some() && !self.out.is_empty() {
+        // What a blocked flush left goes first (packets deferred by the last turn wait to join
+        // this turn's).
+        if self.flush.blocked.is_some() && !self.out.is_empty() {
             let f = self.out.flush(&self.socket, &mut self.counters);
             if f != Flush::Done {
-                self.blocked = Some(f);
+                self.flush.blocked = Some(f);
                 return 0;
             }
         }
-        self.blocked = None;
+        self.flush.blocked = None;
         let n = self.ready.len();
         let mut served = 0;
-        self.more_this_turn = false;
-        self.unclocked_this_turn = false;
-        self.clocked_by = None;
+        self.flush.serving();
         for _ in 0..n {
-            if self.blocked.is_some() {
+            if self.flush.blocked.is_some() {
                 break; // the rest stay ready for the next turn
             }
             let Some(c) = self.ready.pop() else { break };
@@ -351,41 +327,10 @@ impl<A: App> Host<A> {
             self.serve_one(c, now);
         }
         self.counters.served += served as u64;
-        // With the deferred flush on (`HostConfig::defer_flush`): a connection that wrote its
-        // quantum and has more went back to the ready queue, so the next turn comes at once;
-        // a small remainder waits for that turn's packets, which join the same runs and the
-        // same send call. One turn at most, and never across a wait.
-        let defer = self.defer_flush
-            && self.more_this_turn
-            && !self.deferred
-            && !self.out.is_empty()
-            && self.out.pending_bytes() < DEFER_BELOW;
-        self.deferred = defer;
-        if defer {
-            self.counters.deferred_flushes += 1;
-        }
-        // Acknowledgement-clocked transfers (`HostConfig::ack_defer`): their few freed packets
-        // wait, within the time limit, for the next acknowledgements' packets.
-        let hold = !defer
-            && !self.ack_defer.is_zero()
-            && !self.unclocked_this_turn
-            && !self.out.is_empty()
-            && self.out.pending_bytes() < ACK_DEFER_BELOW
-            && self.flush_by.is_none_or(|t| now < t);
-        if hold {
-            if self.flush_by.is_none() {
-                self.flush_by = Some(self.clocked_by.unwrap_or(now + self.ack_defer));
-                self.counters.ack_defers += 1;
-            }
-        } else if let Some(t) = self.flush_by.take() {
-            if now >= t {
-                self.counters.ack_defer_expired += 1;
-            }
-        }
-        if !self.out.is_empty() && self.blocked.is_none() && !defer && !hold {
+        if self.flush.decide(now, self.out.pending_bytes(), &mut self.counters) == Decision::Send {
             let f = self.out.flush(&self.socket, &mut self.counters);
             if f != Flush::Done {
-                self.blocked = Some(f);
+                self.flush.blocked = Some(f);
             }
         }
         served
@@ -398,7 +343,7 @@ impl<A: App> Host<A> {
         if !e.established && e.conn.is_established() {
             e.established = true;
             e.handshake_deadline = None;
-            if self.accepting {
+            if matches!(self.role, super::Role::Server { .. }) {
                 self.gate.admission.established();
             }
         }
@@ -419,16 +364,9 @@ impl<A: App> Host<A> {
         let Some(e) = self.table.get_mut(slot) else { return };
         let wrote = self.counters.packets_sent - sent_before;
         let closing = e.conn.is_closed() || e.conn.is_draining();
-        if wrote > 0 {
-            if closing || !ack_clocked(wrote, more, e.held.is_some(), prior_out, now) {
-                self.unclocked_this_turn = true;
-            } else if let Some(rtt) = e.conn.path_stats().find(|p| p.active).map(|p| p.rtt) {
-                // Its next acknowledgement is due within about half its round trip (TCP
-                // defers no longer: `tcp_tso_should_defer`).
-                let by = now + (rtt / 2).min(self.ack_defer);
-                self.clocked_by = Some(self.clocked_by.map_or(by, |t| t.min(by)));
-            }
-        }
+        let w = Wrote { packets: wrote, more, paced: e.held.is_some(), closing, prior_out };
+        let conn = &e.conn;
+        self.flush.wrote(w, now, || conn.path_stats().find(|p| p.active).map(|p| p.rtt));
         let st = e.conn.stats();
         self.counters.lost_packets += (st.lost as u64).saturating_sub(e.seen_lost);
         self.counters.retransmitted += (st.retrans as u64).saturating_sub(e.seen_retrans);
@@ -450,77 +388,11 @@ impl<A: App> Host<A> {
         .into_iter()
         .filter_map(|(at, kind)| Some((at?, kind)))
         .min_by_key(|&(at, _)| at);
-        let at = deadline.map(|(d, kind)| (self.ns(d), kind));
+        let at = deadline.map(|(d, kind)| (self.sending.ns(d), kind));
         self.timers.set(slot, at);
         if more {
             self.ready.push(slot);
-            self.more_this_turn = true;
+            self.flush.requeued();
         }
-    }
-}
-
-/// Whether a connection that wrote `wrote` packets in its turn wrote the small freed window of
-/// an acknowledgement-clocked transfer, which may wait for the next acknowledgements' packets
-/// (`HostConfig::ack_defer`): it stopped on its own (window or data, not its quantum: `more`
-/// false), holds no packet for pacing (the pacer decides when those leave), wrote fewer than
-/// [`ACK_CLOCKED_PACKETS`], and sent within [`MID_TRANSFER`] before this turn. A response's
-/// first flight on a quiet connection is never one.
-fn ack_clocked(wrote: u64, more: bool, paced: bool, prior_out: Option<Instant>, now: Instant) -> bool {
-    !more
-        && !paced
-        && wrote < ACK_CLOCKED_PACKETS
-        && prior_out.is_some_and(|t| now.saturating_duration_since(t) < MID_TRANSFER)
-}
-
-/// Until when a loop that coalesces turns sleeps before waiting on its socket: `least` after
-/// the last turn's start, but never past `max_wait` from `now` nor past the earliest
-/// `deadline`; `None` when that time has passed (a quiet spell: serve at once).
-fn gather_until(
-    last_turn: Instant,
-    least: Duration,
-    now: Instant,
-    max_wait: Duration,
-    deadline: Option<Instant>,
-) -> Option<Instant> {
-    let mut until = (last_turn + least).min(now + max_wait);
-    if let Some(d) = deadline {
-        until = until.min(d);
-    }
-    (until > now).then_some(until)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn only_the_small_freed_window_of_a_transfer_under_way_may_wait() {
-        let now = Instant::now();
-        let recent = Some(now - Duration::from_micros(300));
-        assert!(ack_clocked(8, false, false, recent, now));
-        // Its quantum (more to write), a pacing hold, a full run, a quiet connection: no.
-        assert!(!ack_clocked(8, true, false, recent, now));
-        assert!(!ack_clocked(8, false, true, recent, now));
-        assert!(!ack_clocked(ACK_CLOCKED_PACKETS, false, false, recent, now));
-        assert!(!ack_clocked(8, false, false, Some(now - MID_TRANSFER), now));
-        assert!(!ack_clocked(8, false, false, None, now));
-    }
-
-    #[test]
-    fn gathering_never_passes_a_deadline_nor_follows_a_quiet_spell() {
-        let t = Instant::now();
-        let ms = Duration::from_millis;
-        // Work keeps coming: sleep until 1 ms after the last turn's start.
-        assert_eq!(gather_until(t, ms(1), t + Duration::from_micros(200), ms(50), None), Some(t + ms(1)));
-        // A deadline before that ends the sleep at the deadline.
-        let d = t + Duration::from_micros(500);
-        assert_eq!(gather_until(t, ms(1), t + Duration::from_micros(200), ms(50), Some(d)), Some(d));
-        // A deadline already due, or a quiet spell longer than the least time: no sleep.
-        assert_eq!(gather_until(t, ms(1), t + Duration::from_micros(600), ms(50), Some(d)), None);
-        assert_eq!(gather_until(t, ms(1), t + ms(2), ms(50), None), None);
-        // Never past the caller's own bound.
-        assert_eq!(gather_until(t, ms(10), t, ms(3), None), Some(t + ms(3)));
-        // Off: never.
-        assert_eq!(gather_until(t, Duration::ZERO, t, ms(3), None), None);
     }
 }
