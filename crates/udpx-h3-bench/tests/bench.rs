@@ -171,7 +171,11 @@ fn each_profile_sets_the_servers_offloads_alike() {
         for r in &b.rows {
             let m = measured(r);
             assert_eq!(m.bytes, if r.client == "chromium" { 4 * VETH_SIZE } else { VETH_SIZE });
-            assert!(m.server_cpu_s > 0.0 && m.server_task_s <= m.server_cpu_s * 1.5, "{}: {m:?}", r.label());
+            // A stolen run's busy time falls short of its tasks' time (they were runnable while
+            // the hypervisor ran someone else): only a clean run's two times must agree.
+            if !m.steal.stolen {
+                assert!(m.server_cpu_s > 0.0 && m.server_task_s <= m.server_cpu_s * 1.5, "{}: {m:?}", r.label());
+            }
         }
     }
 }

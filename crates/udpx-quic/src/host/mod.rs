@@ -281,7 +281,7 @@ impl<A: App> Host<A> {
         let mut gate =
             gate::Gate::new(host_id, (generation, worker), shards, keys, limits, (removed_hosts, generations));
         (gate.keylog, gate.qlog) = (keylog, qlog);
-        Host {
+        let mut host = Host {
             local: socket.local_addr(),
             socket,
             config,
@@ -298,7 +298,10 @@ impl<A: App> Host<A> {
             gate,
             flush: flush::FlushRules::new(coalesce, defer_flush, ack_defer, now),
             life: drain::Lifecycle::new(),
-        }
+        };
+        // A server's session tickets work across its shards from its first datagram on.
+        host.rotate_ticket_key(std::time::SystemTime::now());
+        host
     }
 
     /// Makes [`Host::run`] drain when `signal` starts (a server's shards share one).

@@ -91,10 +91,12 @@ impl<A: App> Host<A> {
         let start = Now::read();
         self.flush.turn_started(start.at);
         self.counters.turns += 1;
+        // The period's ticket key before what arrives: a resumption's first Initial may be the
+        // first datagram this shard ever reads.
+        self.rotate_ticket_key(start.wall);
         self.receive(start)?;
         self.check_unreachable();
         let now = Instant::now();
-        self.rotate_ticket_key(start.wall);
         self.expire(now);
         self.serve(now);
         Ok(())
