@@ -10,6 +10,7 @@ use clap::{Args, Subcommand, ValueEnum};
 use udpx_h3::{GetConfig, ServeConfig, SiteOptions, Tls};
 use udpx_quic::IoMode;
 
+use crate::host_flags::{HostFlags, OnOff};
 use crate::util::{self, duration};
 
 #[derive(Args, Debug)]
@@ -101,12 +102,6 @@ impl From<Io> for IoMode {
             Io::GsoMmsg => IoMode::GsoMmsg,
         }
     }
-}
-
-#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
-enum OnOff {
-    On,
-    Off,
 }
 
 #[derive(Args, Debug)]
@@ -216,43 +211,9 @@ struct ServeArgs {
     /// (quiche's table of streams doubles at the eighth). What peers send is handled either way.
     #[arg(long)]
     grease: bool,
-    /// Congestion control: bbr2 (paced; the default) or cubic (quiche's own default, unpaced).
-    #[arg(long, default_value = "bbr2")]
-    cc: udpx_h3::server::Cc,
-    /// How much one connection writes per loop turn: quantum (quiche's send_quantum(), about
-    /// ten packets under CUBIC), window (what the congestion window allows, at most 64
-    /// packets: fewer, larger GSO runs, about a sixth of the send calls) or auto: window
-    /// where the congestion controller paces (bbr2), quantum where it does not (cubic:
-    /// unpaced 64-packet bursts overflow a shallow bottleneck's queue; see `udpx bench h3
-    /// --bottleneck`).
-    #[arg(long, value_enum, default_value = "auto")]
-    burst: BurstArg,
-    /// Microseconds at least between the starts of two loop turns while work keeps coming
-    /// (0: a turn as soon as a datagram arrives). Datagrams that arrive meanwhile are served
-    /// together: fewer wake-ups and system calls for many connections at once, at the price
-    /// of up to this much added latency under load. Deadlines are never delayed. 0 to 100000.
-    #[arg(long, default_value_t = 0, value_name = "US")]
-    coalesce: u64,
-    /// Whether a loop turn in which a connection wrote its quantum and has more keeps its
-    /// packets for the next turn's send call (once, under 64 KiB): half the send calls for
-    /// bulk downloads.
-    #[arg(long, value_enum, default_value_t = OnOff::On)]
-    defer_flush: OnOff,
-    /// Microseconds the packets of acknowledgement-clocked transfers may wait for the next
-    /// acknowledgements' packets, to leave in one send call (0: never; TCP's
-    /// tcp_tso_should_defer does the same): a client that acknowledges every second packet
-    /// (Chromium) otherwise costs a send call per acknowledgement. A response's first flight
-    /// never waits. 0 to 2000.
-    #[arg(long, default_value_t = udpx_quic::host::ACK_DEFER.as_micros() as u64, value_name = "US",
-          value_parser = clap::value_parser!(u64).range(0..=2000))]
-    ack_defer: u64,
-    /// MSG_ZEROCOPY for sends of large GSO runs (16 KiB a run on average), saving the kernel's
-    /// copy of every byte: auto turns it off where the kernel copies anyway (loopback, veth,
-    /// a device without scatter-gather: its first completions say so); always keeps it on
-    /// there (to measure its cost); off copies every send. Pinned pages count against
-    /// RLIMIT_MEMLOCK (unless CAP_IPC_LOCK): past it, sends copy (counted).
-    #[arg(long, default_value = "auto")]
-    zerocopy: udpx_quic::Zerocopy,
+    /// The QUIC host's settings (shared with `udpx bench h3`).
+    #[command(flatten)]
+    host: HostFlags,
     /// Responses with an open file one connection may hold (503 past it; a client has at most
     /// 100 request streams open at once).
     #[arg(long, default_value_t = 100)]
@@ -422,23 +383,6 @@ pub struct H3BenchArgs {
     /// cross the pair whole); both: one table each.
     #[arg(long, value_enum, default_value = "both", conflicts_with = "loopback")]
     profile: BenchProfile,
-    /// How much one udpx connection writes per loop turn (as `udpx h3 serve --burst`: auto is
-    /// window under --cc bbr2, quantum under cubic).
-    #[arg(long, value_enum, default_value = "auto")]
-    burst: BurstArg,
-    /// `udpx h3 serve --coalesce` for the udpx servers (microseconds; every table).
-    #[arg(long, default_value_t = 0, value_name = "US", value_parser = clap::value_parser!(u64).range(0..=100_000))]
-    coalesce: u64,
-    /// `udpx h3 serve --defer-flush` for the udpx servers (every table).
-    #[arg(long, value_enum, default_value_t = OnOff::On)]
-    defer_flush: OnOff,
-    /// `udpx h3 serve --ack-defer` for the udpx servers (microseconds; every table).
-    #[arg(long, default_value_t = udpx_quic::host::ACK_DEFER.as_micros() as u64, value_name = "US",
-          value_parser = clap::value_parser!(u64).range(0..=2000))]
-    ack_defer: u64,
-    /// `udpx h3 serve --zerocopy` for the udpx servers of the bulk table.
-    #[arg(long, default_value = "auto")]
-    zerocopy: udpx_quic::Zerocopy,
     /// Over veth, the bulk and scale tables: where the server's receive work runs on its CPU.
     /// softirq: in softirq, steered (RPS) there, TCP and UDP alike, as after a NIC's interrupt
     /// (UDP's veth poll and GRO stay on the client's CPU); threaded: UDP's in a NAPI thread
@@ -502,9 +446,10 @@ pub struct H3BenchArgs {
         default_value = "udpx,quinn,nginx-h2,nginx-h1"
     )]
     servers: Vec<ServerChoice>,
-    /// `udpx h3 serve --cc` for the udpx rows (bbr2 or cubic; quinn and nginx keep their own).
-    #[arg(long, default_value = "bbr2")]
-    cc: udpx_h3::server::Cc,
+    /// The udpx servers' settings, as `udpx h3 serve`'s (every table; quinn and nginx keep
+    /// their own).
+    #[command(flatten, next_help_heading = "The udpx servers (as udpx h3 serve)")]
+    host: HostFlags,
     /// The Initial flood instead (root: the attack lab's namespaces): this many forged client
     /// Initials a second from random addresses against `udpx h3 serve`, while a legitimate
     /// client downloads; one row per --flood-retry mode.
@@ -617,7 +562,7 @@ fn bench_bottleneck(a: H3BenchArgs, mbit: u64) -> ExitCode {
         let mut cfg = udpx_h3_bench::bench::tail::TailConfig::new();
         (cfg.mbit, cfg.buffer, cfg.rtt) =
             (mbit, Duration::from_millis(a.bottleneck_buffer), Duration::from_millis(rtt));
-        (cfg.viewers, cfg.rounds, cfg.defer_flush) = (viewers as usize, a.repeat as usize, a.defer_flush == OnOff::On);
+        (cfg.viewers, cfg.rounds, cfg.defer_flush) = (viewers as usize, a.repeat as usize, a.host.defer_flush());
         if let Err(e) = cfg.check() {
             return usage(e);
         }
@@ -630,8 +575,8 @@ fn bench_bottleneck(a: H3BenchArgs, mbit: u64) -> ExitCode {
         buffer: Duration::from_millis(a.bottleneck_buffer),
         size: a.size,
         rounds: a.repeat as usize,
-        cc: a.cc,
-        defer_flush: a.defer_flush == OnOff::On,
+        cc: a.host.cc,
+        defer_flush: a.host.defer_flush(),
         rtt: a.rtt.map(Duration::from_millis),
     };
     let r = udpx_h3_bench::bench::burst::run(&cfg, &mut |l| eprintln!("udpx {CMD}: {l}"));
@@ -709,10 +654,8 @@ fn bench_scale(a: H3BenchArgs) -> ExitCode {
     cfg.idle = (a.idle > 0).then_some(a.idle);
     (cfg.interval, cfg.ramp, cfg.window, cfg.rounds) = (interval, ramp, window, a.rounds);
     cfg.ramp_fixed = a.ramp.is_some();
-    cfg.coalesce = Duration::from_micros(a.coalesce);
-    cfg.ack_defer = Duration::from_micros(a.ack_defer);
-    cfg.cc = a.cc;
-    cfg.defer_flush = a.defer_flush == OnOff::On;
+    (cfg.coalesce, cfg.ack_defer) = (a.host.coalesce(), a.host.ack_defer());
+    (cfg.cc, cfg.defer_flush) = (a.host.cc, a.host.defer_flush());
     cfg.keepalive = Duration::from_secs_f64(a.keepalive);
     cfg.napi = a.napi;
     if !(1..=64 << 20).contains(&a.segment) {
@@ -854,28 +797,6 @@ fn quinn_serve(a: QuinnServeArgs) -> ExitCode {
     }
 }
 
-/// `--burst`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-enum BurstArg {
-    /// Window under a pacing congestion controller (bbr2), quantum otherwise.
-    Auto,
-    /// quiche's send_quantum().
-    Quantum,
-    /// What the congestion window allows, at most 64 packets.
-    Window,
-}
-
-impl BurstArg {
-    /// The host's rule under congestion controller `cc`.
-    fn under(self, cc: udpx_h3::server::Cc) -> udpx_quic::Burst {
-        match self {
-            BurstArg::Auto => cc.safe_burst(),
-            BurstArg::Quantum => udpx_quic::Burst::Quantum,
-            BurstArg::Window => udpx_quic::Burst::Window,
-        }
-    }
-}
-
 /// `udpx bench h3 --profile`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 enum BenchProfile {
@@ -928,12 +849,12 @@ pub fn bench(a: H3BenchArgs) -> ExitCode {
             cache_size: a.cache_size as usize,
             veth,
             profile,
-            burst: a.burst.under(a.cc),
-            cc: a.cc,
-            defer_flush: a.defer_flush == OnOff::On,
-            coalesce: Duration::from_micros(a.coalesce),
-            ack_defer: Duration::from_micros(a.ack_defer),
-            zerocopy: a.zerocopy,
+            burst: a.host.burst(),
+            cc: a.host.cc,
+            defer_flush: a.host.defer_flush(),
+            coalesce: a.host.coalesce(),
+            ack_defer: a.host.ack_defer(),
+            zerocopy: a.host.zerocopy,
             napi: a.napi,
             ..udpx_h3_bench::bench::H3BenchConfig::new()
         };
@@ -1113,9 +1034,6 @@ fn serve_config(a: &ServeArgs) -> Result<Prepared, String> {
     };
     limits.check()?;
     let cors = udpx_h3::cors::Cors::parse(&a.cors)?;
-    if a.coalesce > 100_000 {
-        return Err(format!("--coalesce {}: give 0 to 100000 microseconds", a.coalesce));
-    }
     let handover = handover(a)?;
     let quic = udpx_quic::ServerConfig {
         handover,
@@ -1124,14 +1042,14 @@ fn serve_config(a: &ServeArgs) -> Result<Prepared, String> {
         io: a.io.into(),
         gro: a.gro == OnOff::On,
         host_id: a.host_id,
-        zerocopy: a.zerocopy,
+        zerocopy: a.host.zerocopy,
         host: udpx_quic::HostConfig {
             keys,
             limits,
-            burst: a.burst.under(a.cc),
-            coalesce: std::time::Duration::from_micros(a.coalesce),
-            defer_flush: a.defer_flush == OnOff::On,
-            ack_defer: std::time::Duration::from_micros(a.ack_defer),
+            burst: a.host.burst(),
+            coalesce: a.host.coalesce(),
+            defer_flush: a.host.defer_flush(),
+            ack_defer: a.host.ack_defer(),
             removed_hosts: removed_hosts.clone(),
             keylog,
             ..udpx_quic::HostConfig::server()
@@ -1144,7 +1062,7 @@ fn serve_config(a: &ServeArgs) -> Result<Prepared, String> {
         site: SiteOptions { cache_control: a.cache_control.clone(), access_log: a.access_log.clone(), cors },
         early_data: a.early_data,
         grease: a.grease,
-        cc: a.cc,
+        cc: a.host.cc,
         max_open_per_conn: a.max_open_per_conn,
         max_open_per_shard: a.max_open_per_shard,
         max_open_per_addr: a.max_open_per_addr,
@@ -1326,8 +1244,7 @@ impl Running<'_> {
         let now = std::time::Instant::now();
         let metrics_wanted = a.upgrade && a.metrics.is_some() && metrics.is_none();
         let mut sup = Supervisor::new(now, self.prepared.duration, metrics_wanted, server.keylog().is_some());
-        while sup.goes_on(std::time::Instant::now(), signals.stop.load(Ordering::Relaxed), &seen()) {
-            std::thread::sleep(Duration::from_millis(50));
+        loop {
             let taken = Taken {
                 stop: signals.stop.load(Ordering::Relaxed),
                 drain: signals.drain.load(Ordering::Relaxed),
@@ -1335,9 +1252,14 @@ impl Running<'_> {
                 usr1: reload.usr1.swap(false, Ordering::Relaxed),
                 usr2: reload.usr2.swap(false, Ordering::Relaxed),
             };
-            for step in sup.turn(std::time::Instant::now(), &seen(), &taken) {
+            let (now, seen) = (std::time::Instant::now(), seen());
+            if !sup.goes_on(now, &taken, &seen) {
+                break;
+            }
+            for step in sup.turn(now, &seen, &taken) {
                 self.step(step, &mut sup, &mut metrics, notifier.as_ref(), &ready);
             }
+            std::thread::sleep(Duration::from_millis(50));
         }
         if sup.drain_started().is_none() {
             notify("STOPPING=1");

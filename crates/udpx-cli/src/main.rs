@@ -14,6 +14,7 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 mod bench;
 mod echo;
 mod h3;
+mod host_flags;
 mod lb;
 mod logger;
 mod notify;

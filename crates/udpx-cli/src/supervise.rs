@@ -95,11 +95,11 @@ impl Supervisor {
         }
     }
 
-    /// Whether the loop goes on at `now`: no stop signal, within `--duration`, and the server
-    /// running (while it drains: until its drain is over).
-    pub fn goes_on(&self, now: Instant, stop: bool, seen: &Seen) -> bool {
+    /// Whether the loop goes on at `now`, with the signals `taken`: no stop signal, within
+    /// `--duration`, and the server running (while it drains: until its drain is over).
+    pub fn goes_on(&self, now: Instant, taken: &Taken, seen: &Seen) -> bool {
         let alive = if self.drain_started.is_some() { !seen.finished } else { seen.running };
-        !stop && self.duration.is_none_or(|d| now.duration_since(self.started) < d) && alive
+        !taken.stop && self.duration.is_none_or(|d| now.duration_since(self.started) < d) && alive
     }
 
     /// The metrics port was taken: no more tries.
@@ -179,7 +179,7 @@ mod tests {
         for (i, r) in rows.iter().enumerate() {
             let now = at(t0, r.ms);
             assert_eq!(s.turn(now, &r.seen, &r.taken), r.steps, "row {i}");
-            assert_eq!(s.goes_on(now, r.taken.stop, &r.seen), r.goes_on, "row {i}");
+            assert_eq!(s.goes_on(now, &r.taken, &r.seen), r.goes_on, "row {i}");
         }
         s
     }
@@ -255,11 +255,12 @@ mod tests {
     fn stop_and_duration_end_the_loop() {
         let t0 = Instant::now();
         let s = Supervisor::new(t0, Some(Duration::from_secs(1)), false, false);
-        assert!(s.goes_on(at(t0, 999), false, &SERVING));
-        assert!(!s.goes_on(at(t0, 1000), false, &SERVING));
-        assert!(!s.goes_on(at(t0, 10), true, &SERVING));
+        let (none, stop) = (Taken::default(), Taken { stop: true, ..Taken::default() });
+        assert!(s.goes_on(at(t0, 999), &none, &SERVING));
+        assert!(!s.goes_on(at(t0, 1000), &none, &SERVING));
+        assert!(!s.goes_on(at(t0, 10), &stop, &SERVING));
         // A server whose loops stopped on their own ends the process.
-        assert!(!s.goes_on(at(t0, 10), false, &Seen { running: false, ..SERVING }));
+        assert!(!s.goes_on(at(t0, 10), &none, &Seen { running: false, ..SERVING }));
     }
 
     #[test]

@@ -116,7 +116,7 @@ impl ServeConfig {
 /// The congestion controller quiche runs (`--cc`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Cc {
-    /// CUBIC (quiche's own default), paced since quiche patch 0007 (`SendInfo.at` spaces a
+    /// CUBIC (quiche's own default), paced since quiche patch 0008 (`SendInfo.at` spaces a
     /// window's packets past a burst of ten; quiche 0.30 as published never paced it).
     Cubic,
     /// BBRv2 on quiche's gcongestion (udpx's default): paces, so packets carry release times;
@@ -130,7 +130,7 @@ impl Cc {
     /// what the window allows under BBRv2, whose pacing spaces the packets (no loss through
     /// a 1 ms bottleneck queue, `udpx bench h3 --bottleneck 500 --bottleneck-buffer 1 --cc
     /// bbr2`), quiche's quantum under CUBIC (unpaced, 64-packet bursts lost about 20 times
-    /// more packets than 10-packet ones there; CUBIC paces since quiche patch 0007, not yet
+    /// more packets than 10-packet ones there; CUBIC paces since quiche patch 0008, not yet
     /// measured through that bottleneck with the window).
     pub fn safe_burst(self) -> udpx_quic::Burst {
         match self {

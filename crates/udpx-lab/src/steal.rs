@@ -87,8 +87,15 @@ impl StealMeter {
     /// The steal since [`StealMeter::start`]; `None` when `/proc/stat` or the tick rate could
     /// not be read (then no CPU figure of the run can be either).
     pub fn stop(&self) -> Option<Steal> {
+        self.stop_with_times().map(|(steal, _, _)| steal)
+    }
+
+    /// [`StealMeter::stop`], with the window's CPU times and the tick rate they were read
+    /// with: one reading of `/proc/stat` for a run's steal and its busy times alike.
+    pub fn stop_with_times(&self) -> Option<(Steal, CpuDelta, TickRate)> {
         let d = CpuSample::now().ok()?.diff(self.before.as_ref()?);
-        Some(Steal::of(&d, &self.cpus, TickRate::system().ok()?))
+        let rate = TickRate::system().ok()?;
+        Some((Steal::of(&d, &self.cpus, rate), d, rate))
     }
 }
 

@@ -39,7 +39,6 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use serde::Serialize;
-use udpx_lab::cpu::TickRate;
 use udpx_lab::env::Environment;
 use udpx_lab::netns::{ChildGroup, GroupGuard, Profile, Side, TestNet, TestNetConfig};
 use udpx_lab::steal::{Steal, StealMeter};
@@ -267,11 +266,10 @@ pub fn run(cfg: &RestartConfig, progress: &mut dyn FnMut(&str)) -> Result<Option
             cfg.window.as_secs()
         ));
         let meter = StealMeter::start(&[server_cpu, client_cpu]);
-        let before = udpx_lab::cpu::CpuSample::now().ok();
         let mut row = one_row(cfg, &lab, change).unwrap_or_else(|e| RestartRow::failed(change, e));
-        row.steal = meter.stop().unwrap_or_default();
-        if let (Some(before), Ok(after), Ok(rate)) = (before, udpx_lab::cpu::CpuSample::now(), TickRate::system()) {
-            let d = after.diff(&before);
+        // One reading of /proc/stat for the row's steal and both CPUs' busy shares.
+        if let Some((steal, d, rate)) = meter.stop_with_times() {
+            row.steal = steal;
             let busy = |cpu: usize| {
                 let wall = d.elapsed.as_secs_f64();
                 (wall > 0.0).then(|| d.busy_time(&[cpu], rate).as_secs_f64() / wall)
@@ -729,17 +727,19 @@ pub fn table(b: &RestartBench) -> String {
             "{note}; one run per row: a marked row's p99 columns say `stolen` (the server's and the client's CPUs)"
         );
     }
-    s.push_str(
+    let _ = write!(
+        s,
         "failed: an error status, a reset or the connection gone under a request; unansw: no answer by the end; \
          broken: connections that ended early (not a GOAWAY the client followed); moved: connections left for a new \
          one on GOAWAY; fnear: failures in the 2 s after a change; p99 near/away: requests sent in the 2 s after a \
          change, and the rest; dl broke: rate-limited downloads spanning every change that did not end whole; busy \
          s/c: the share of the row the server's CPU and the client's CPU were busy (/proc/stat, softirq included): \
-         at 95 % or more that side limits the row, and its p99 columns are the machine's. Counts are the verdict; \
+         at {:.0} % or more that side limits the row, and its p99 columns are the machine's. Counts are the verdict; \
          the p99 columns are timings of this run. The h2+h3 row: its first line is the HTTP/3 half \
          (quinn), the next its HTTP/2 half (hyper over TCP, the listener handed over with the QUIC port); its \
          downloads are curl's over HTTP/2, and its clients ask again only what RFC 9113 6.8 (GOAWAY) and RFC 9110 \
          9.2.2 (a GET with no answer begun on a connection that closed) allow.\n",
+        BUSY_LIMIT * 100.0
     );
     let _ = write!(s, "\n{}", b.environment.to_markdown());
     s

@@ -102,7 +102,7 @@ pub enum Burst {
     /// fewer, larger GSO runs per byte. Measured on veth (`udpx bench h3 --burst window`):
     /// about 0.6x the CPU per byte of `Quantum` for one bulk download, a sixth of the send
     /// calls. Safe only where the congestion controller paces (BBRv2, the host holding each
-    /// packet to its release time): unpaced (CUBIC before quiche patch 0007), a 64-packet
+    /// packet to its release time): unpaced (CUBIC before quiche patch 0008), a 64-packet
     /// burst overflows a bottleneck queue shorter than it (`udpx bench h3 --bottleneck 500
     /// --bottleneck-buffer 1`: about 20 times the losses of `Quantum`), paced it lost nothing
     /// there.
