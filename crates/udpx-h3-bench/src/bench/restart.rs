@@ -727,7 +727,7 @@ pub fn table(b: &RestartBench) -> String {
             "{note}; one run per row: a marked row's p99 columns say `stolen` (the server's and the client's CPUs)"
         );
     }
-    let _ = write!(
+    let _ = writeln!(
         s,
         "failed: an error status, a reset or the connection gone under a request; unansw: no answer by the end; \
          broken: connections that ended early (not a GOAWAY the client followed); moved: connections left for a new \
@@ -738,7 +738,7 @@ pub fn table(b: &RestartBench) -> String {
          the p99 columns are timings of this run. The h2+h3 row: its first line is the HTTP/3 half \
          (quinn), the next its HTTP/2 half (hyper over TCP, the listener handed over with the QUIC port); its \
          downloads are curl's over HTTP/2, and its clients ask again only what RFC 9113 6.8 (GOAWAY) and RFC 9110 \
-         9.2.2 (a GET with no answer begun on a connection that closed) allow.\n",
+         9.2.2 (a GET with no answer begun on a connection that closed) allow.",
         BUSY_LIMIT * 100.0
     );
     let _ = write!(s, "\n{}", b.environment.to_markdown());
