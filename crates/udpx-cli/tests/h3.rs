@@ -46,7 +46,7 @@ fn bad_input_exits_2_and_says_what_to_change() {
         (&["h3", "serve", www, "--max-udp-payload", "1000"], "--max-udp-payload 1000"),
         (&["h3", "serve", www, "--gro", "maybe"], "--gro"),
         (&["h3", "serve", www, "--zerocopy", "maybe"], "--zerocopy"),
-        (&["h3", "serve", www, "--coalesce", "200000"], "--coalesce 200000: give 0 to 100000"),
+        (&["h3", "serve", www, "--coalesce", "200000"], "200000 is not in 0..=100000"),
         (&["h3", "serve", www, "--tcp-max-connections", "10", "--tcp-per-source", "20"], "--tcp-per-source 20"),
         (&["h3", "serve", www, "--tcp-max-connections", "0"], "--tcp-max-connections"),
         (&["h3", "serve", www, "--cache-size", "10k"], "give 0 (off) or at least 1M"),
