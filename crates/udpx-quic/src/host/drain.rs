@@ -220,7 +220,7 @@ impl<A: App> Host<A> {
 
     /// [`Host::drain`] at `now`.
     fn start_drain(&mut self, now: Instant, deadline: Instant) {
-        if !self.accepting() || self.life.draining != Draining::No {
+        if !self.role.accepts() || self.life.draining != Draining::No {
             return;
         }
         self.life.draining = Draining::Until(deadline);

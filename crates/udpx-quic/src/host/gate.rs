@@ -495,7 +495,7 @@ impl<A: App> Host<A> {
     /// same from the service's keys): resumption works across shards and hosts, and keys change
     /// every [`crate::token::TICKET_KEY_PERIOD`].
     pub(super) fn rotate_ticket_key(&mut self, wall: SystemTime) {
-        if !self.accepting() {
+        if !self.role.accepts() {
             return;
         }
         let period = crate::token::ticket_period(wall);
@@ -528,8 +528,7 @@ impl<A: App> Host<A> {
                 crate::cid::random_bytes(&mut t).ok().map(|()| u128::from_ne_bytes(t))
             }
         };
-        let accepting = matches!(self.role, Role::Server { .. });
-        let issued = self.table.refresh_cids(slot, cids, accepting, MAX_ISSUED_PER_TURN, token);
+        let issued = self.table.refresh_cids(slot, cids, self.role.accepts(), MAX_ISSUED_PER_TURN, token);
         self.counters.cids_issued += issued;
     }
 }

@@ -186,6 +186,13 @@ pub enum Role {
     },
 }
 
+impl Role {
+    /// Whether a host in this role accepts connections (a server).
+    pub fn accepts(self) -> bool {
+        matches!(self, Role::Server { .. })
+    }
+}
+
 /// The socket a host serves: a shard of a group, or its own.
 #[derive(Debug)]
 pub enum HostSocket {
@@ -472,15 +479,10 @@ impl<A: App> Host<A> {
         let e = self.table.remove(slot)?;
         self.timers.remove(slot);
         self.ready.remove(slot);
-        if self.accepting() {
+        if self.role.accepts() {
             self.gate.admission.closed(e.peer_ip, !e.established);
         }
         Some(e)
-    }
-
-    /// Whether it accepts connections (a server).
-    fn accepting(&self) -> bool {
-        matches!(self.role, Role::Server { .. })
     }
 
     /// Deadlines and readiness, for tests: (connections with a deadline, connections ready).

@@ -145,7 +145,7 @@ impl<A: App> Host<A> {
     /// arrive (port unreachable: nothing listens there), instead of waiting for the idle
     /// timeout. A server never does: anyone can send it ICMP errors.
     fn check_unreachable(&mut self) {
-        if self.accepting() {
+        if self.role.accepts() {
             return;
         }
         let n = self.socket.counters().icmp_errors;
@@ -235,7 +235,7 @@ impl<A: App> Host<A> {
             Some(s) => (s, false),
             // A stateless reset carries none of our connection IDs: it goes to the connection
             // whose peer's reset token ends it (quiche then checks it and closes).
-            None if !self.accepting() && hdr.ty == quiche::Type::Short => match self.reset_target(from, buf) {
+            None if !self.role.accepts() && hdr.ty == quiche::Type::Short => match self.reset_target(from, buf) {
                 Some(i) => {
                     self.counters.resets_received += 1;
                     (i, false)
@@ -345,7 +345,7 @@ impl<A: App> Host<A> {
         if !e.established && e.conn.is_established() {
             e.established = true;
             e.handshake_deadline = None;
-            if matches!(self.role, super::Role::Server { .. }) {
+            if self.role.accepts() {
                 self.gate.admission.established();
             }
         }
