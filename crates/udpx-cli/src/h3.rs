@@ -284,7 +284,8 @@ struct ServeArgs {
     #[arg(long, value_name = "DIR")]
     qlog_dir: Option<PathBuf>,
     /// With --qlog-dir: the fraction of connections logged, 0 to 1 (default: 1 without
-    /// --qlog-peer, 0 with it).
+    /// --qlog-peer(s), 0 with them). To change it on SIGHUP, give it in the --qlog-peers file
+    /// instead (`sample=F`).
     #[arg(long, value_name = "F", requires = "qlog_dir")]
     qlog_sample: Option<f64>,
     /// With --qlog-dir: log every connection from this address (repeatable): how to take the
@@ -293,8 +294,9 @@ struct ServeArgs {
     qlog_peer: Vec<std::net::IpAddr>,
     /// With --qlog-dir: a file of addresses to log every connection of, besides --qlog-peer
     /// (separated by commas, spaces or lines; `#` comments; it must end with a newline: publish
-    /// it by rename), read at start and again on SIGHUP: start or stop following a viewer
-    /// without a restart.
+    /// it by rename), and optionally `sample=F`, the fraction of the other connections logged;
+    /// read at start and again on SIGHUP: start or stop following a viewer, or change the
+    /// sample, without a restart.
     #[arg(long, value_name = "FILE", requires = "qlog_dir")]
     qlog_peers: Option<PathBuf>,
     /// With --qlog-dir: files made at most in the process's life; connections chosen past it
@@ -1085,10 +1087,14 @@ fn qlog_config(a: &ServeArgs) -> Result<Option<udpx_quic::QlogConfig>, String> {
     let Some(dir) = &a.qlog_dir else { return Ok(None) };
     let mut q = udpx_quic::QlogConfig::new(dir.clone());
     let named = !a.qlog_peer.is_empty() || a.qlog_peers.is_some();
-    q.policy = udpx_quic::QlogPolicy {
-        sample: a.qlog_sample.unwrap_or(if named { 0.0 } else { 1.0 }),
-        peers: qlog_peers(&a.qlog_peer, a.qlog_peers.as_deref())?,
-    };
+    let (peers, file_sample) = qlog_peers(&a.qlog_peer, a.qlog_peers.as_deref())?;
+    if let (Some(flag), Some(file)) = (a.qlog_sample, file_sample) {
+        return Err(format!(
+            "--qlog-sample {flag} and sample={file} in --qlog-peers: give the sample in one of them (the file's is read again on SIGHUP)"
+        ));
+    }
+    q.policy =
+        udpx_quic::QlogPolicy { sample: file_sample.or(a.qlog_sample).unwrap_or(if named { 0.0 } else { 1.0 }), peers };
     q.max_files = a.qlog_max_files;
     q.max_bytes = a.qlog_max_bytes;
     q.max_live = a.qlog_max_live;
@@ -1100,16 +1106,21 @@ fn qlog_config(a: &ServeArgs) -> Result<Option<udpx_quic::QlogConfig>, String> {
 }
 
 /// The addresses of `--qlog-peer` (`given`) and of the `--qlog-peers` file (read again on
-/// SIGHUP).
-fn qlog_peers(given: &[std::net::IpAddr], path: Option<&std::path::Path>) -> Result<Vec<std::net::IpAddr>, String> {
+/// SIGHUP), with the file's `sample=F` if it has one.
+fn qlog_peers(
+    given: &[std::net::IpAddr],
+    path: Option<&std::path::Path>,
+) -> Result<(Vec<std::net::IpAddr>, Option<f64>), String> {
     let mut peers = given.to_vec();
+    let mut sample = None;
     if let Some(p) = path {
         let text = std::fs::read_to_string(p).map_err(|e| format!("--qlog-peers {}: {e}", p.display()))?;
-        peers.extend(
-            udpx_quic::QlogPolicy::parse_peers(&text).map_err(|e| format!("--qlog-peers {}: {e}", p.display()))?,
-        );
+        let (more, s) =
+            udpx_quic::QlogPolicy::parse_file(&text).map_err(|e| format!("--qlog-peers {}: {e}", p.display()))?;
+        peers.extend(more);
+        sample = s;
     }
-    Ok(peers)
+    Ok((peers, sample))
 }
 
 /// The host IDs of a `--removed-hosts` file (read again on SIGHUP).
@@ -1394,11 +1405,22 @@ impl Running<'_> {
         }
         if let (Some(q), Some(path)) = (server.qlog(), a.qlog_peers.as_deref()) {
             let now = q.policy();
-            match qlog_peers(&a.qlog_peer, Some(path))
-                .and_then(|peers| q.set_policy(udpx_quic::QlogPolicy { peers, ..now.clone() }))
-            {
-                Ok(()) => eprintln!("udpx h3 serve: SIGHUP: qlog peers now {:?}", q.policy().peers),
-                Err(e) => eprintln!("udpx h3 serve: SIGHUP: {e}; the qlog peers stay {:?}", now.peers),
+            // The file's sample=F when it has one; else the flag's (or its default) again, so a
+            // sample= word removed from the file returns the sample to the flag's.
+            let flag_sample = a.qlog_sample.unwrap_or(0.0);
+            match qlog_peers(&a.qlog_peer, Some(path)).and_then(|(peers, sample)| {
+                if let (Some(flag), Some(file)) = (a.qlog_sample, sample) {
+                    return Err(format!("--qlog-sample {flag} and sample={file} in the file: give one"));
+                }
+                q.set_policy(udpx_quic::QlogPolicy { peers, sample: sample.unwrap_or(flag_sample) })
+            }) {
+                Ok(()) => {
+                    let p = q.policy();
+                    eprintln!("udpx h3 serve: SIGHUP: qlog peers now {:?}, sample {}", p.peers, p.sample);
+                }
+                Err(e) => {
+                    eprintln!("udpx h3 serve: SIGHUP: {e}; the qlog peers stay {:?}, sample {}", now.peers, now.sample)
+                }
             }
         }
     }

@@ -34,6 +34,10 @@ fn bad_input_exits_2_and_says_what_to_change() {
     let www = www.to_str().unwrap();
     let taken = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
     let taken = taken.local_addr().unwrap().to_string();
+    let (sampled, bad_sample) = (t.0.join("peers-sampled"), t.0.join("peers-bad"));
+    std::fs::write(&sampled, "192.0.2.7 sample=0.5\n").unwrap();
+    std::fs::write(&bad_sample, "sample=2\n").unwrap();
+    let (sampled, bad_sample) = (sampled.to_str().unwrap(), bad_sample.to_str().unwrap());
     let cases: &[(&[&str], &str)] = &[
         (&["h3", "serve", "/nonexistent-udpx-dir"], "/nonexistent-udpx-dir"),
         (&["h3", "serve", www, "--cert", "/nonexistent.pem", "--key", "/nonexistent.key"], "certificate file"),
@@ -55,6 +59,21 @@ fn bad_input_exits_2_and_says_what_to_change() {
         (&["h3", "serve", www, "--cors", "*", "--cors", "https://a.example"], "give * alone"),
         (&["h3", "serve", www, "--qlog-sample", "0.5"], "--qlog-dir"),
         (&["h3", "serve", www, "--qlog-dir", "/nonexistent-udpx-dir/q", "--qlog-sample", "2"], "give 0 to 1"),
+        (
+            &[
+                "h3",
+                "serve",
+                www,
+                "--qlog-dir",
+                "/nonexistent-udpx-dir/q",
+                "--qlog-sample",
+                "0.1",
+                "--qlog-peers",
+                sampled,
+            ],
+            "give the sample in one of them",
+        ),
+        (&["h3", "serve", www, "--qlog-dir", "/nonexistent-udpx-dir/q", "--qlog-peers", bad_sample], "F from 0 to 1"),
         #[cfg(not(feature = "qlog"))]
         (&["h3", "serve", www, "--qlog-dir", "/nonexistent-udpx-dir/q"], "--features qlog"),
         (&["h3", "get", "http://127.0.0.1/"], "https://"),
@@ -174,19 +193,27 @@ fn sighup_reads_the_qlog_peers_again() {
     let args = ["--qlog-peers".as_ref(), peers.as_os_str(), "--qlog-dir".as_ref(), qdir.as_os_str()];
     let (out, err) = serve_while(&t, &args, |listen, pid, log| {
         get_file(listen);
-        std::fs::write(&peers, "127.0.0.2\n127.0.0.1\n").unwrap();
-        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), nix::sys::signal::Signal::SIGHUP).unwrap();
-        let start = Instant::now();
-        while !std::fs::read_to_string(log).unwrap_or_default().contains("SIGHUP: qlog peers now") {
-            assert!(start.elapsed() < Duration::from_secs(10), "no SIGHUP line");
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let hup = |text: &str, line: &str| {
+            std::fs::write(&peers, text).unwrap();
+            nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), nix::sys::signal::Signal::SIGHUP).unwrap();
+            let start = Instant::now();
+            while !std::fs::read_to_string(log).unwrap_or_default().contains(line) {
+                assert!(start.elapsed() < Duration::from_secs(10), "no SIGHUP line {line:?}");
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        };
+        hup("127.0.0.2\n127.0.0.1\n", "SIGHUP: qlog peers now [127.0.0.2, 127.0.0.1], sample 0");
         get_file(listen);
+        // 127.0.0.1 no longer named, but every connection sampled: logged again.
+        hup("127.0.0.2 sample=1\n", "SIGHUP: qlog peers now [127.0.0.2], sample 1");
+        get_file(listen);
+        // A bad sample is refused and the policy in force stays.
+        hup("sample=3\n", "the qlog peers stay [127.0.0.2], sample 1");
     });
-    assert!(err.contains("SIGHUP: qlog peers now [127.0.0.2, 127.0.0.1]"), "{err}");
+    assert!(err.contains("\"sample=3\": give sample=F with F from 0 to 1"), "{err}");
     let json: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
-    assert_eq!(json["h3_serve"]["qlog"]["files"], 1, "the second connection only: {json}");
-    assert_eq!(std::fs::read_dir(&qdir).unwrap().count(), 1);
+    assert_eq!(json["h3_serve"]["qlog"]["files"], 2, "the second and third connections: {json}");
+    assert_eq!(std::fs::read_dir(&qdir).unwrap().count(), 2);
 }
 
 #[test]

@@ -345,7 +345,33 @@ impl QlogPolicy {
     /// commas, white space or lines, `#` comments; the file must end with a newline (one that
     /// does not may be half-written, and is refused).
     pub fn parse_peers(text: &str) -> Result<Vec<IpAddr>, String> {
-        crate::reset::list_file(text, |w| w.parse().map_err(|_| format!("{w:?} is not an IP address")))
+        Ok(Self::parse_file(text)?.0)
+    }
+
+    /// A peers file whole: its addresses ([`QlogPolicy::parse_peers`]) and, if it has one, a
+    /// `sample=F` word, the fraction of the other connections logged (0 to 1; at most one), so
+    /// SIGHUP can change the sample as it changes the addresses.
+    pub fn parse_file(text: &str) -> Result<(Vec<IpAddr>, Option<f64>), String> {
+        enum Word {
+            Peer(IpAddr),
+            Sample(f64),
+        }
+        let words = crate::reset::list_file(text, |w| match w.strip_prefix("sample=") {
+            Some(f) => match f.parse::<f64>() {
+                Ok(x) if (0.0..=1.0).contains(&x) => Ok(Word::Sample(x)),
+                _ => Err(format!("{w:?}: give sample=F with F from 0 to 1 (the fraction of connections logged)")),
+            },
+            None => w.parse().map(Word::Peer).map_err(|_| format!("{w:?} is not an IP address (nor sample=F)")),
+        })?;
+        let (mut peers, mut sample) = (Vec::new(), None);
+        for w in words {
+            match w {
+                Word::Peer(a) => peers.push(a),
+                Word::Sample(_) if sample.is_some() => return Err("two sample= words: give one".into()),
+                Word::Sample(x) => sample = Some(x),
+            }
+        }
+        Ok((peers, sample))
     }
 
     /// Refuses a sample outside 0 to 1, saying so.
@@ -546,6 +572,13 @@ mod tests {
         assert_eq!(QlogPolicy::parse_peers("192.0.2.7, ::1 # a viewer\n").unwrap(), [ip("192.0.2.7"), ip("::1")]);
         assert!(QlogPolicy::parse_peers("192.0.2.7").unwrap_err().contains("newline"));
         assert!(QlogPolicy::parse_peers("192.0.2\n").unwrap_err().contains("not an IP address"));
+        // The sample in the file, for SIGHUP: one at most, in range.
+        assert_eq!(QlogPolicy::parse_file("sample=0.25 ::1\n").unwrap(), (vec![ip("::1")], Some(0.25)));
+        assert_eq!(QlogPolicy::parse_file("::1\n").unwrap(), (vec![ip("::1")], None));
+        for bad in ["sample=2\n", "sample=x\n", "sample=NaN\n"] {
+            assert!(QlogPolicy::parse_file(bad).unwrap_err().contains("0 to 1"), "{bad}");
+        }
+        assert!(QlogPolicy::parse_file("sample=0 sample=1\n").unwrap_err().contains("give one"));
         let _ = std::fs::remove_dir_all(&d);
     }
 
