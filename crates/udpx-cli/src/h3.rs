@@ -460,7 +460,8 @@ pub struct H3BenchArgs {
     flood: Option<u64>,
     /// The burst rules through a bottleneck instead (root: namespaces and a router): a tbf
     /// of this many Mbit/s on the router's egress, one --size download per --burst mode
-    /// (quantum, rate, window) and --repeat round, losses and packets per call side by side.
+    /// (quantum, window: each row's, whatever --burst says) and --repeat round, losses and
+    /// packets per call side by side.
     #[arg(long, value_name = "MBIT", conflicts_with_all = ["connections", "flood"],
           value_parser = clap::value_parser!(u64).range(1..=10_000))]
     bottleneck: Option<u64>,
@@ -473,8 +474,9 @@ pub struct H3BenchArgs {
     rtt: Option<u64>,
     /// With --bottleneck and --rtt: the viewers' tail instead of one download: this many
     /// players, each a 512 KiB segment every second, CUBIC against BBRv2 and nginx (HTTP/2
-    /// over TCP), --repeat rounds; quic-go's client when scripts/setup.sh built it (nginx's
-    /// row needs it), else udpx's own.
+    /// over TCP), --repeat rounds (each udpx row under its controller, whatever --cc says; the
+    /// other host flags apply); quic-go's client when scripts/setup.sh built it (nginx's row
+    /// needs it), else udpx's own.
     #[arg(long, value_name = "N", requires = "rtt", value_parser = clap::value_parser!(u64).range(1..=10_000))]
     viewers: Option<u64>,
     /// The upgrade, reload and restart table instead (root: namespaces and eBPF): this many
@@ -564,7 +566,7 @@ fn bench_bottleneck(a: H3BenchArgs, mbit: u64) -> ExitCode {
         let mut cfg = udpx_h3_bench::bench::tail::TailConfig::new();
         (cfg.mbit, cfg.buffer, cfg.rtt) =
             (mbit, Duration::from_millis(a.bottleneck_buffer), Duration::from_millis(rtt));
-        (cfg.viewers, cfg.rounds, cfg.defer_flush) = (viewers as usize, a.repeat as usize, a.host.defer_flush());
+        (cfg.viewers, cfg.rounds, cfg.host) = (viewers as usize, a.repeat as usize, a.host.tuning());
         if let Err(e) = cfg.check() {
             return usage(e);
         }
@@ -577,8 +579,7 @@ fn bench_bottleneck(a: H3BenchArgs, mbit: u64) -> ExitCode {
         buffer: Duration::from_millis(a.bottleneck_buffer),
         size: a.size,
         rounds: a.repeat as usize,
-        cc: a.host.cc,
-        defer_flush: a.host.defer_flush(),
+        host: a.host.tuning(),
         rtt: a.rtt.map(Duration::from_millis),
     };
     let r = udpx_h3_bench::bench::burst::run(&cfg, &mut |l| eprintln!("udpx {CMD}: {l}"));
@@ -594,6 +595,7 @@ fn bench_flood(a: H3BenchArgs, rate: u64) -> ExitCode {
     };
     lab_cleanup(CMD);
     let mut cfg = udpx_h3_bench::bench::flood::FloodConfig::new(udpx);
+    cfg.host = a.host.tuning();
     (cfg.rate, cfg.duration, cfg.retry) = (rate, Duration::from_secs(a.flood_seconds), a.flood_retry.clone());
     let r = udpx_h3_bench::bench::flood::run(&cfg, &mut |l| eprintln!("udpx {CMD}: {l}"));
     let needs = "the attack lab needs root (network namespaces, raw sockets)";
@@ -620,6 +622,7 @@ fn bench_restart(a: H3BenchArgs, players: u64) -> ExitCode {
     };
     lab_cleanup(CMD);
     let mut cfg = udpx_h3_bench::bench::restart::RestartConfig::new(udpx);
+    cfg.host = a.host.tuning();
     cfg.players = players as usize;
     cfg.window = Duration::from_secs(a.restart_seconds);
     cfg.changes = a.restart_changes as usize;
@@ -656,8 +659,7 @@ fn bench_scale(a: H3BenchArgs) -> ExitCode {
     cfg.idle = (a.idle > 0).then_some(a.idle);
     (cfg.interval, cfg.ramp, cfg.window, cfg.rounds) = (interval, ramp, window, a.rounds);
     cfg.ramp_fixed = a.ramp.is_some();
-    (cfg.coalesce, cfg.ack_defer) = (a.host.coalesce(), a.host.ack_defer());
-    (cfg.cc, cfg.defer_flush) = (a.host.cc, a.host.defer_flush());
+    cfg.host = a.host.tuning();
     cfg.keepalive = Duration::from_secs_f64(a.keepalive);
     cfg.napi = a.napi;
     if !(1..=64 << 20).contains(&a.segment) {
@@ -851,12 +853,7 @@ pub fn bench(a: H3BenchArgs) -> ExitCode {
             cache_size: a.cache_size as usize,
             veth,
             profile,
-            burst: a.host.burst(),
-            cc: a.host.cc,
-            defer_flush: a.host.defer_flush(),
-            coalesce: a.host.coalesce(),
-            ack_defer: a.host.ack_defer(),
-            zerocopy: a.host.zerocopy,
+            host: a.host.tuning(),
             napi: a.napi,
             ..udpx_h3_bench::bench::H3BenchConfig::new()
         };
@@ -1044,27 +1041,23 @@ fn serve_config(a: &ServeArgs) -> Result<Prepared, String> {
         io: a.io.into(),
         gro: a.gro == OnOff::On,
         host_id: a.host_id,
-        zerocopy: a.host.zerocopy,
+        zerocopy: udpx_quic::Zerocopy::default(),
         host: udpx_quic::HostConfig {
             keys,
             limits,
-            burst: a.host.burst(),
-            coalesce: a.host.coalesce(),
-            defer_flush: a.host.defer_flush(),
-            ack_defer: a.host.ack_defer(),
             removed_hosts: removed_hosts.clone(),
             keylog,
             ..udpx_quic::HostConfig::server()
         },
     };
-    let cfg = ServeConfig {
+    let mut cfg = ServeConfig {
         quic,
         tls,
         max_udp_payload: a.max_udp_payload,
         site: SiteOptions { cache_control: a.cache_control.clone(), access_log: a.access_log.clone(), cors },
         early_data: a.early_data,
         grease: a.grease,
-        cc: a.host.cc,
+        cc: udpx_h3::server::Cc::default(),
         max_open_per_conn: a.max_open_per_conn,
         max_open_per_shard: a.max_open_per_shard,
         max_open_per_addr: a.max_open_per_addr,
@@ -1079,6 +1072,7 @@ fn serve_config(a: &ServeArgs) -> Result<Prepared, String> {
             ..udpx_h3::tcp::TcpLimits::default()
         },
     };
+    a.host.tuning().apply(&mut cfg);
     Ok(Prepared { cfg, qlog, removed_hosts, duration: run_for })
 }
 

@@ -30,7 +30,7 @@ pub struct HostFlags {
     /// Congestion control: bbr2 (paced; the default) or cubic (quiche's own default; paced by
     /// quiche patch 0008).
     #[arg(long, default_value = "bbr2")]
-    pub cc: udpx_h3::server::Cc,
+    cc: udpx_h3::server::Cc,
     /// How much one connection writes per loop turn: quantum (quiche's send_quantum(), about
     /// ten packets under CUBIC), window (what the congestion window allows, at most 64
     /// packets: fewer, larger GSO runs, about a sixth of the send calls) or auto: window
@@ -64,32 +64,25 @@ pub struct HostFlags {
     /// there (to measure its cost); off copies every send. Pinned pages count against
     /// RLIMIT_MEMLOCK (unless CAP_IPC_LOCK): past it, sends copy (counted).
     #[arg(long, default_value = "auto")]
-    pub zerocopy: udpx_quic::Zerocopy,
+    zerocopy: udpx_quic::Zerocopy,
 }
 
 impl HostFlags {
-    /// `--burst` under `--cc`.
-    pub fn burst(&self) -> udpx_quic::Burst {
-        match self.burst {
-            BurstArg::Auto => self.cc.safe_burst(),
-            BurstArg::Quantum => udpx_quic::Burst::Quantum,
-            BurstArg::Window => udpx_quic::Burst::Window,
+    /// The host's sending settings these flags give, for a server in this process or one a
+    /// bench starts as `udpx h3 serve`.
+    pub fn tuning(&self) -> udpx_h3::Tuning {
+        udpx_h3::Tuning {
+            cc: self.cc,
+            burst: match self.burst {
+                BurstArg::Auto => None,
+                BurstArg::Quantum => Some(udpx_quic::Burst::Quantum),
+                BurstArg::Window => Some(udpx_quic::Burst::Window),
+            },
+            coalesce: Duration::from_micros(self.coalesce),
+            defer_flush: self.defer_flush == OnOff::On,
+            ack_defer: Duration::from_micros(self.ack_defer),
+            zerocopy: self.zerocopy,
         }
-    }
-
-    /// `--coalesce`.
-    pub fn coalesce(&self) -> Duration {
-        Duration::from_micros(self.coalesce)
-    }
-
-    /// `--ack-defer`.
-    pub fn ack_defer(&self) -> Duration {
-        Duration::from_micros(self.ack_defer)
-    }
-
-    /// `--defer-flush`.
-    pub fn defer_flush(&self) -> bool {
-        self.defer_flush == OnOff::On
     }
 }
 
@@ -107,13 +100,16 @@ mod tests {
 
     #[test]
     fn the_flags_read_into_the_hosts_settings_and_bad_values_are_refused() {
-        let d = Cli::try_parse_from(["x"]).unwrap().host;
-        assert_eq!(d.cc, udpx_h3::server::Cc::Bbr2);
+        let d = Cli::try_parse_from(["x"]).unwrap().host.tuning();
+        assert_eq!(d, udpx_h3::Tuning::default(), "the flags' defaults are the server's");
         assert_eq!(d.burst(), udpx_quic::Burst::Window, "auto under bbr2: window");
-        assert_eq!((d.coalesce(), d.ack_defer(), d.defer_flush()), (Duration::ZERO, udpx_quic::host::ACK_DEFER, true));
         let c = Cli::try_parse_from(["x", "--cc", "cubic", "--coalesce", "250", "--defer-flush", "off"]).unwrap().host;
+        let c = c.tuning();
         assert_eq!(c.burst(), udpx_quic::Burst::Quantum, "auto under cubic: quantum");
-        assert_eq!((c.coalesce(), c.defer_flush()), (Duration::from_micros(250), false));
+        assert_eq!((c.coalesce, c.defer_flush), (Duration::from_micros(250), false));
+        // Spelled back as the same flags, they read into the same settings.
+        let args = std::iter::once("x".to_string()).chain(c.serve_args());
+        assert_eq!(Cli::try_parse_from(args).unwrap().host.tuning(), c);
         for bad in [["--coalesce", "100001"], ["--ack-defer", "2001"], ["--burst", "rate"], ["--cc", "reno"]] {
             let e = Cli::try_parse_from(["x", bad[0], bad[1]]).err().unwrap_or_else(|| panic!("{bad:?} accepted"));
             assert!(e.to_string().contains(bad[0]), "{bad:?}: {e}");

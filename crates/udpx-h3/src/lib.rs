@@ -39,6 +39,7 @@ mod responder;
 pub mod server;
 pub mod tcp;
 pub mod tls;
+pub mod tuning;
 
 use std::fmt;
 
@@ -49,6 +50,7 @@ pub use server::{
     DEFAULT_MAX_OPEN_PER_SHARD, DEFAULT_PARK_TIMEOUT, DEFAULT_STALL_TIMEOUT,
 };
 pub use tls::Tls;
+pub use tuning::Tuning;
 
 /// What can go wrong.
 #[derive(Debug)]

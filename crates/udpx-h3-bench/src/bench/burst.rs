@@ -43,11 +43,9 @@ pub struct BottleneckConfig {
     pub size: u64,
     /// Rounds.
     pub rounds: usize,
-    /// The server's congestion controller.
-    #[serde(skip)]
-    pub cc: udpx_h3::server::Cc,
-    /// `--defer-flush` for the server.
-    pub defer_flush: bool,
+    /// How the server sends (`udpx h3 serve`'s host flags); its burst is each row's mode.
+    #[serde(flatten)]
+    pub host: udpx_h3::Tuning,
     /// A round trip the router adds (`--rtt`: half each way, [`udpx_lab::netns::DelayLine`]).
     pub rtt: Option<Duration>,
 }
@@ -60,8 +58,7 @@ impl BottleneckConfig {
             buffer: Duration::from_millis(2),
             size: 50_000_000,
             rounds: 3,
-            cc: udpx_h3::server::Cc::Bbr2,
-            defer_flush: true,
+            host: udpx_h3::Tuning::default(),
             rtt: None,
         }
     }
@@ -187,9 +184,7 @@ fn one_run(net: &LineNet, www: &std::path::Path, mode: Burst, cfg: &BottleneckCo
     let size = cfg.size;
     let mut sc = ServeConfig::new(SocketAddr::from((net.addr(Port::Server), 4433)));
     sc.quic.shards = 1;
-    sc.quic.host.burst = mode;
-    sc.cc = cfg.cc;
-    sc.quic.host.defer_flush = cfg.defer_flush;
+    udpx_h3::Tuning { burst: Some(mode), ..cfg.host }.apply(&mut sc);
     let root = www.to_path_buf();
     let server = net.ns(Node::Server).try_run(move || serve(&root, &sc)).map_err(|e| e.to_string())?;
     let server = server.map_err(|e| format!("server: {e}"))?;
@@ -265,7 +260,7 @@ pub fn table(b: &BottleneckBench) -> String {
             ", {} ms of round trip added by the router (a user-space delay line)",
             r.as_millis()
         )),
-        c.cc,
+        c.host.cc,
         c.size,
         c.rounds
     );

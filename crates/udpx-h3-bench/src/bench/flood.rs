@@ -61,6 +61,9 @@ pub struct FloodConfig {
     pub file: usize,
     /// The `udpx` binary that runs the server.
     pub udpx: PathBuf,
+    /// How the server sends (`udpx h3 serve`'s host flags).
+    #[serde(flatten)]
+    pub host: udpx_h3::Tuning,
 }
 
 impl FloodConfig {
@@ -72,6 +75,7 @@ impl FloodConfig {
             duration: Duration::from_secs(30),
             retry: vec!["never".into(), "auto".into()],
             file: 1_000_000,
+            host: udpx_h3::Tuning::default(),
             udpx,
         }
     }
@@ -290,6 +294,7 @@ fn one_run(
         .arg("--key")
         .arg(key)
         .args(["-l", &(cfg.duration.as_secs() + 120).to_string()])
+        .args(cfg.host.serve_args())
         .stdin(Stdio::null())
         .stdout(logf.try_clone().map_err(|e| e.to_string())?)
         .stderr(logf);

@@ -136,21 +136,10 @@ pub struct H3BenchConfig {
     /// cross the pair whole). Equal footing either way. (In the JSON: [`H3Bench::profile`].)
     #[serde(skip)]
     pub profile: Profile,
-    /// How much one udpx connection writes per loop turn (`--burst`).
-    #[serde(skip)]
-    pub burst: udpx_quic::Burst,
-    /// The udpx servers' congestion controller (`--cc`).
-    #[serde(skip)]
-    pub cc: udpx_h3::server::Cc,
-    /// `--defer-flush` for the udpx servers (on by default, as for `udpx h3 serve`).
-    pub defer_flush: bool,
-    /// `--coalesce` for the udpx servers (zero by default, as for `udpx h3 serve`).
-    pub coalesce: Duration,
-    /// `--ack-defer` for the udpx servers ([`udpx_quic::host::ACK_DEFER`] by default, as for
-    /// `udpx h3 serve`).
-    pub ack_defer: Duration,
-    /// `--zerocopy` for the udpx servers (`auto` by default, as for `udpx h3 serve`).
-    pub zerocopy: udpx_quic::Zerocopy,
+    /// How the udpx servers send (`--cc`, `--burst`, `--coalesce`, `--defer-flush`,
+    /// `--ack-defer`, `--zerocopy`; `udpx h3 serve`'s defaults unless given).
+    #[serde(flatten)]
+    pub host: udpx_h3::Tuning,
     /// The block cache of the `+cache` rows (the pairs of the clients users bring with udpx's
     /// cache on, `--cache-size`); 0: no such rows.
     pub cache_size: usize,
@@ -171,12 +160,7 @@ impl H3BenchConfig {
             cache_size: 256 << 20,
             veth: false,
             profile: Profile::Software,
-            burst: udpx_quic::Burst::Window,
-            cc: udpx_h3::server::Cc::Bbr2,
-            defer_flush: true,
-            coalesce: Duration::ZERO,
-            ack_defer: udpx_quic::host::ACK_DEFER,
-            zerocopy: udpx_quic::Zerocopy::Auto,
+            host: udpx_h3::Tuning::default(),
             napi: Napi::Softirq,
             programs: Programs::from_path(),
         }
@@ -619,12 +603,15 @@ pub fn run(cfg: &H3BenchConfig, progress: &mut dyn FnMut(&str)) -> Result<H3Benc
     };
     let path = format!(
         "{path}; udpx under --cc {}{}{}, --zerocopy {}; each udpx connection writes per turn {}",
-        cfg.cc,
-        if cfg.defer_flush { "" } else { " with --defer-flush off" },
-        if cfg.coalesce.is_zero() { String::new() } else { format!(", --coalesce {}", cfg.coalesce.as_micros()) }
-            + &format!(", --ack-defer {}", cfg.ack_defer.as_micros()),
-        cfg.zerocopy,
-        match cfg.burst {
+        cfg.host.cc,
+        if cfg.host.defer_flush { "" } else { " with --defer-flush off" },
+        if cfg.host.coalesce.is_zero() {
+            String::new()
+        } else {
+            format!(", --coalesce {}", cfg.host.coalesce.as_micros())
+        } + &format!(", --ack-defer {}", cfg.host.ack_defer.as_micros()),
+        cfg.host.zerocopy,
+        match cfg.host.burst() {
             udpx_quic::Burst::Quantum => "its send_quantum() (--burst quantum)",
             udpx_quic::Burst::Window => "what its window allows, at most 64 packets (--burst window)",
         }
@@ -786,10 +773,8 @@ fn udpx_run(
     let mut sc = ServeConfig::new(SocketAddr::new(place.server_ip, 0));
     sc.cache_size = if cache { cfg.cache_size } else { 0 };
     sc.tls = Tls::Files { cert: cert.to_path_buf(), key: key.to_path_buf() };
-    sc.cc = cfg.cc;
-    (sc.quic.io, sc.quic.gro, sc.quic.zerocopy) = (io, gro, cfg.zerocopy);
-    (sc.quic.host.burst, sc.quic.host.defer_flush) = (cfg.burst, cfg.defer_flush);
-    (sc.quic.host.coalesce, sc.quic.host.ack_defer) = (cfg.coalesce, cfg.ack_defer);
+    cfg.host.apply(&mut sc);
+    (sc.quic.io, sc.quic.gro) = (io, gro);
     let before = threads_named("udpx-quic-");
     let shards = sc.quic.shards;
     let www = dir.join("www");

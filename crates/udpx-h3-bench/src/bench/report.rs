@@ -189,7 +189,7 @@ fn zerocopy_note(b: &H3Bench) -> String {
     let uses: Vec<ZerocopyUse> =
         b.rows.iter().flat_map(|r| r.runs.iter().flatten()).filter_map(|m| m.zerocopy).collect();
     let sends: u64 = uses.iter().map(|u| u.sends).sum();
-    if uses.is_empty() || b.config.zerocopy == udpx_quic::Zerocopy::Off {
+    if uses.is_empty() || b.config.host.zerocopy == udpx_quic::Zerocopy::Off {
         return String::new();
     }
     let copied: u64 = uses.iter().map(|u| u.copied).sum();
@@ -197,7 +197,7 @@ fn zerocopy_note(b: &H3Bench) -> String {
     let mut s = format!(
         "zerocopy (--zerocopy {}): {sends} messages (GSO runs) went with MSG_ZEROCOPY over {} udpx runs; the \
          kernel copied {copied} of them anyway",
-        b.config.zerocopy,
+        b.config.host.zerocopy,
         uses.len()
     );
     if off > 0 {

@@ -83,6 +83,9 @@ pub struct RestartConfig {
     pub udpx: PathBuf,
     /// nginx (`None`: its rows are left out, said in the table).
     pub nginx: Option<PathBuf>,
+    /// How the udpx servers send (`udpx h3 serve`'s host flags).
+    #[serde(flatten)]
+    pub host: udpx_h3::Tuning,
 }
 
 impl RestartConfig {
@@ -97,6 +100,7 @@ impl RestartConfig {
             drain_timeout: Duration::from_secs(90),
             downloads: 4,
             download_rate: 1 << 20,
+            host: udpx_h3::Tuning::default(),
             udpx,
             nginx: super::Programs::from_path().nginx,
             curl: super::Programs::from_path().curl,
@@ -328,6 +332,7 @@ impl Lab<'_> {
         c.args(["h3", "serve"]).arg(self.www).args(["--listen", &self.addr().to_string()]);
         c.arg("--cert").arg(self.cert).arg("--key").arg(self.key).arg("--key-file").arg(self.key_file);
         c.args(["--shards", "1", "--drain-timeout", &cfg.drain_timeout.as_secs().to_string()]);
+        c.args(cfg.host.serve_args());
         c.arg("--upgrade-socket").arg(self.dir.join("handover.sock"));
         c.args(["-l", &(cfg.window + Duration::from_secs(120)).as_secs().to_string()]);
         // Every player and download comes from the client's one address. The per-address

@@ -65,8 +65,10 @@ pub struct TailConfig {
     pub window: Duration,
     /// Rounds.
     pub rounds: usize,
-    /// `--defer-flush` for the server.
-    pub defer_flush: bool,
+    /// How udpx's rows send (`udpx h3 serve`'s host flags), each row under its own
+    /// controller (`--cc` is the row's; an auto `--burst` follows it).
+    #[serde(flatten)]
+    pub host: udpx_h3::Tuning,
     /// udpx's own client even when quic-go's is installed.
     pub own_client: bool,
 }
@@ -85,7 +87,7 @@ impl TailConfig {
             ramp: Duration::from_secs(5),
             window: Duration::from_secs(15),
             rounds: 3,
-            defer_flush: true,
+            host: udpx_h3::Tuning::default(),
             own_client: false,
         }
     }
@@ -289,9 +291,7 @@ fn one_run(
 ) -> Result<(TailRun, String), String> {
     let mut sc = ServeConfig::new(SocketAddr::from((net.addr(Port::Server), 4433)));
     sc.quic.shards = 1;
-    sc.cc = cc;
-    sc.quic.host.burst = cc.safe_burst();
-    sc.quic.host.defer_flush = cfg.defer_flush;
+    cfg.host.with_cc(cc).apply(&mut sc);
     let root = www.to_path_buf();
     let server = net.ns(Node::Server).try_run(move || serve(&root, &sc)).map_err(|e| e.to_string())?;
     let server = server.map_err(|e| format!("server: {e}"))?;

@@ -108,15 +108,9 @@ pub struct ScaleConfig {
     /// Rounds: every row once per round, interleaved; a row shows its median run, the
     /// targets are judged on per-round ratios (3 rounds at least give a verdict).
     pub rounds: usize,
-    /// `udpx h3 serve --coalesce` for the udpx rows (zero: none).
-    pub coalesce: Duration,
-    /// `udpx h3 serve --ack-defer` for the udpx rows.
-    pub ack_defer: Duration,
-    /// `udpx h3 serve --cc` for the udpx rows.
-    #[serde(serialize_with = "as_text")]
-    pub cc: udpx_h3::server::Cc,
-    /// `udpx h3 serve --defer-flush` for the udpx rows.
-    pub defer_flush: bool,
+    /// How the udpx rows send: `udpx h3 serve`'s host flags, given to every udpx server.
+    #[serde(flatten)]
+    pub host: udpx_h3::Tuning,
     /// The idle row's PING period per connection.
     pub keepalive: Duration,
     /// Over veth: where each side's receive work runs (`--napi`, softirq by default).
@@ -173,10 +167,7 @@ impl ScaleConfig {
             udpx,
             nginx: Programs::from_path().nginx,
             rounds: 1,
-            coalesce: Duration::ZERO,
-            ack_defer: udpx_quic::host::ACK_DEFER,
-            cc: udpx_h3::server::Cc::Bbr2,
-            defer_flush: true,
+            host: udpx_h3::Tuning::default(),
             keepalive: Duration::from_secs(10),
             napi: Napi::Softirq,
         }

@@ -186,21 +186,8 @@ pub fn table(b: &ScaleBench) -> String {
         c.window.as_secs_f64(),
         b.path
     );
-    if !c.coalesce.is_zero() {
-        let _ = writeln!(
-            s,
-            "udpx rows: `udpx h3 serve --coalesce {}` (loop turns at least that many microseconds apart under load)\n",
-            c.coalesce.as_micros()
-        );
-    }
-    if !c.defer_flush {
-        let _ = writeln!(s, "udpx rows: `udpx h3 serve --defer-flush off`\n");
-    }
-    if c.ack_defer != udpx_quic::host::ACK_DEFER {
-        let _ = writeln!(s, "udpx rows: `udpx h3 serve --ack-defer {}`\n", c.ack_defer.as_micros());
-    }
-    if c.cc != udpx_h3::server::Cc::default() {
-        let _ = writeln!(s, "udpx rows: `udpx h3 serve --cc {}` (unpaced)\n", c.cc);
+    if c.host != udpx_h3::Tuning::default() {
+        let _ = writeln!(s, "udpx rows: `udpx h3 serve {}` (not the defaults)\n", c.host.serve_args().join(" "));
     }
     if let Some(base) = b.baseline_pct {
         let _ = writeln!(

@@ -59,10 +59,7 @@ pub(super) fn start_server(
                 c.arg("--qlog-dir").arg(&q).args(["--qlog-sample", "1", "--qlog-max-files", "1000000"]);
             }
             if server.is_udpx() {
-                c.args(["--shards", "1", "--coalesce", &cfg.coalesce.as_micros().to_string()]);
-                c.args(["--cc", &cfg.cc.to_string()]);
-                c.args(["--defer-flush", if cfg.defer_flush { "on" } else { "off" }]);
-                c.args(["--ack-defer", &cfg.ack_defer.as_micros().to_string()]);
+                c.args(["--shards", "1"]).args(cfg.host.serve_args());
                 // Idle connections are the idle row's load: kept for the run, as nginx's are
                 // (keepalive_timeout 120s in its configuration here).
                 c.args(["--idle-timeout", &lifetime.as_secs().max(1).to_string()]);
