@@ -503,6 +503,44 @@ fn bench_h3_bottleneck_runs_each_burst_rule() {
     }
 }
 
+/// `udpx bench h3 --bottleneck --rtt --viewers` (root: the line with its router and delay
+/// line), short: one round of 4 players; a row per controller (and nginx's where nginx and
+/// quic-go's client are installed), every request answered or counted, the host flags in the
+/// configuration the rows ran with (`--coalesce` reached the tail bench only since the host
+/// flags became one value). The tail's milliseconds belong to the report, not to this test.
+#[test]
+fn bench_h3_viewers_runs_each_controller() {
+    let args = [
+        "bench",
+        "h3",
+        "--bottleneck",
+        "200",
+        "--rtt",
+        "20",
+        "--viewers",
+        "4",
+        "--repeat",
+        "1",
+        "--coalesce",
+        "250",
+        "--json",
+    ];
+    let Some(json) = root_lab("bench_h3_viewers_runs_each_controller", &args) else { return };
+    let tail = &json["h3_tail"];
+    assert_eq!(tail["config"]["coalesce"], serde_json::json!({"secs": 0, "nanos": 250_000}), "{tail}");
+    let rows = tail["rows"].as_array().expect("rows");
+    let names: Vec<&str> = rows.iter().filter_map(|r| r["cc"].as_str()).collect();
+    assert!(names == ["cubic", "bbr2"] || names == ["cubic", "bbr2", "nginx-h2"], "{names:?}");
+    for r in rows {
+        assert!(r["error"].is_null(), "{r}");
+        assert_row_steal(r);
+        let m = median_or_run("bench_h3_viewers_runs_each_controller", r);
+        let (requests, served) = (m["requests"].as_u64().unwrap(), m["served"].as_u64().unwrap());
+        assert!(requests > 0 && served + m["unanswered"].as_u64().unwrap() <= requests, "{r}");
+        assert!(served > 0 && m["p50_ms"].as_f64() <= m["p99_ms"].as_f64(), "{r}");
+    }
+}
+
 /// `udpx bench h3 --restart`, small: one change per row under 50 players and four
 /// rate-limited downloads spanning it. The upgrade and the reload fail no request and break no
 /// connection and no download (the upgrade's players move on GOAWAY, the downloads finish
