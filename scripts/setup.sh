@@ -39,16 +39,27 @@ command -v curl  >/dev/null 2>&1 || need+=(curl)
 command -v chromium >/dev/null 2>&1 || need+=(chromium)
 command -v tshark >/dev/null 2>&1 || need+=(tshark)
 
+# Each step announces itself (`== setup: ...`): scripts/time-commands.sh times them.
+phase() { echo "== setup: $*"; }
+
 if [ "${#need[@]}" -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then
     echo "setup: missing ${need[*]}; not root, so not installing (tests that need them will SKIP)" >&2
   else
+    phase "Debian packages"
     echo "setup: installing ${need[*]} from Debian packages" >&2
     export DEBIAN_FRONTEND=noninteractive
     # wireshark-common asks whether non-root users may capture (a setuid dumpcap): no.
     echo "wireshark-common wireshark-common/install-setuid boolean false" | debconf-set-selections
     apt-get update -qq >/dev/null
-    apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+    # Chromium apart: the largest download by far, timed on its own.
+    rest=()
+    for p in "${need[@]}"; do [ "$p" = chromium ] || rest+=("$p"); done
+    [ "${#rest[@]}" -eq 0 ] || apt-get install -y -qq --no-install-recommends "${rest[@]}" >/dev/null
+    if [ "${#rest[@]}" -ne "${#need[@]}" ]; then
+      phase "Chromium"
+      apt-get install -y -qq --no-install-recommends chromium >/dev/null
+    fi
   fi
 fi
 
@@ -56,6 +67,7 @@ fi
 # code about a second), so a change to peers/quicgo-load reaches the tests.
 root="$(cd "$(dirname "$0")/.." && pwd)"
 if command -v go >/dev/null 2>&1; then
+  phase "Go modules and the quic-go client"
   if [ "$(id -u)" -eq 0 ]; then out=/usr/local/bin; else out="$root/target/peers"; fi
   mkdir -p "$out"
   if ! (cd "$root/peers/quicgo-load" && GOFLAGS=-mod=readonly go build -trimpath -o "$out/udpx-quicgo-load" .); then
@@ -66,6 +78,8 @@ else
 fi
 
 if ! command -v cargo-fuzz >/dev/null 2>&1; then
+  phase "cargo-fuzz"
   echo "setup: installing cargo-fuzz from crates.io" >&2
   cargo install cargo-fuzz --locked -q || echo "setup: cargo-fuzz did not install; the fuzz targets will be skipped" >&2
 fi
+phase done
