@@ -78,6 +78,7 @@ impl Want {
 
 /// What the running kernel supports, probed once per process.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[allow(clippy::struct_excessive_bools)] // reason: a record of independent yes/no kernel facts, one per probe
 pub struct KernelCaps {
     /// Most segments one GSO send may carry (`UDP_MAX_SEGMENTS`); `None` without GSO.
     pub gso_max_segments: Option<usize>,
@@ -176,7 +177,7 @@ fn probe_max_segments() -> Option<usize> {
             ecn: None,
             txtime: None,
         };
-        match scratch.send(fd.as_fd(), false, &[msg], false, 0, &faults) {
+        match scratch.send_one(fd.as_fd(), false, &msg, 0, &faults) {
             Ok(_) => return Some(n),
             Err(e) if e.raw_os_error() == Some(libc::EINVAL) => continue,
             Err(_) => return None,
@@ -188,6 +189,7 @@ fn probe_max_segments() -> Option<usize> {
 /// What one socket has, as a snapshot ([`UdpSocket::capabilities`](crate::UdpSocket::capabilities)).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
+#[allow(clippy::struct_excessive_bools)] // reason: a snapshot of independent yes/no socket facts, one per option
 pub struct Capabilities {
     /// GSO sends are in use on this socket now (the send mode segments, the kernel has GSO,
     /// and the socket as a whole is not in a refusal back-off).
@@ -345,6 +347,7 @@ impl GsoRefusals {
 
 /// The mutable, run-time part of a socket's capabilities.
 #[derive(Debug)]
+#[allow(clippy::struct_excessive_bools)] // reason: independent yes/no facts, one per socket option, fixed at creation
 pub(crate) struct CapState {
     /// The send mode segments and the kernel has GSO (fixed at creation).
     pub gso: AtomicBool,

@@ -123,27 +123,7 @@ impl UdpSocket {
                             self.after_failed_call(zc.as_deref_mut(), true);
                         }
                     }
-                    let (mut dgrams, mut bytes, mut gso) = (0, 0, 0);
-                    for s in &scratch.metas()[..n] {
-                        dgrams += s.segs as u64;
-                        bytes += s.len as u64;
-                        gso += s.segment_size.is_some() as u64;
-                        cur = if s.last {
-                            SendCursor { transmit: s.t + 1, segment: 0 }
-                        } else {
-                            SendCursor { transmit: s.t, segment: s.first_seg + s.segs }
-                        };
-                        if let Some((t, errno)) = gso_suspect {
-                            if s.t == t && s.last {
-                                // The plain re-send went through: the path refuses GSO.
-                                gso_suspect = None;
-                                self.gso_refused(&transmits[t].destination, errno);
-                            }
-                        }
-                    }
-                    c.add(&c.datagrams_sent, dgrams);
-                    c.add(&c.bytes_sent, bytes);
-                    c.add(&c.gso_buffers_sent, gso);
+                    self.account_sent(&scratch.metas()[..n], transmits, &mut cur, &mut gso_suspect);
                 }
                 Err(e) => {
                     let errno = e.raw_os_error().unwrap_or(0);
@@ -213,6 +193,40 @@ impl UdpSocket {
             }
         }
         Ok(transmits.len())
+    }
+
+    /// After a send call: counts the messages the kernel took (`sent`, in order), moves `cur`
+    /// past them, and, when the plain re-send of the transmit in `gso_suspect` went through
+    /// whole, records that the path refuses GSO and clears `gso_suspect`.
+    fn account_sent(
+        &self,
+        sent: &[MsgMeta],
+        transmits: &[Transmit<'_>],
+        cur: &mut SendCursor,
+        gso_suspect: &mut Option<(usize, i32)>,
+    ) {
+        let c = &self.counters;
+        let (mut dgrams, mut bytes, mut gso) = (0, 0, 0);
+        for s in sent {
+            dgrams += s.segs as u64;
+            bytes += s.len as u64;
+            gso += s.segment_size.is_some() as u64;
+            *cur = if s.last {
+                SendCursor { transmit: s.t + 1, segment: 0 }
+            } else {
+                SendCursor { transmit: s.t, segment: s.first_seg + s.segs }
+            };
+            if let Some((t, errno)) = *gso_suspect {
+                if s.t == t && s.last {
+                    // The plain re-send went through: the path refuses GSO.
+                    *gso_suspect = None;
+                    self.gso_refused(&transmits[t].destination, errno);
+                }
+            }
+        }
+        c.add(&c.datagrams_sent, dgrams);
+        c.add(&c.bytes_sent, bytes);
+        c.add(&c.gso_buffers_sent, gso);
     }
 
     /// What to add to the transmits' `CLOCK_MONOTONIC` departures to put them on the socket's

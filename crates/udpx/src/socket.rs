@@ -39,6 +39,7 @@ pub enum RecvMode {
 /// How to create a socket. Every field has a sensible default; see [`SocketConfig::new`].
 #[derive(Debug, Clone)]
 #[non_exhaustive]
+#[allow(clippy::struct_excessive_bools)] // reason: independent on/off socket options of the public API, each its own field
 pub struct SocketConfig {
     /// Local address to bind (port 0: any). `[::]` gives a dual-stack socket unless `v6_only`.
     pub bind: SocketAddr,

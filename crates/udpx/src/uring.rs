@@ -186,7 +186,8 @@ impl<S: Deref<Target = UdpSocket>> UringReceiver<S> {
         let n = self.ring.reap(wait, max, |ev| tally.on(sock, ev, &mut f))?;
         self.started = true;
         let rearmed = was_armed && n > 0 && !self.ring.is_armed();
-        tally.finish(sock, n, wait.is_some(), rearmed, &mut self.stats, &mut self.error)
+        let reap = Reaped { completions: n, waited: wait.is_some(), rearmed };
+        tally.finish(sock, reap, &mut self.stats, &mut self.error)
     }
 
     /// What it counted so far.
@@ -204,6 +205,17 @@ pub(crate) fn check_recv(buffers: u16, size: usize) -> Result<(), Error> {
         return Err(Error::Config(format!("io_uring receive buffers of {size} B: give 1 to {}", crate::GRO_BUFFER)));
     }
     crate::caps::io_uring_available().map_err(|why| Error::Unsupported { feature: crate::Feature::IoUring, why })
+}
+
+/// What one reap of the ring did, beside what it delivered ([`Tally::finish`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Reaped {
+    /// Completions reaped.
+    pub completions: usize,
+    /// The call was allowed to wait for a completion.
+    pub waited: bool,
+    /// The receive had ended and was armed again.
+    pub rearmed: bool,
 }
 
 /// What one reap delivered, counted once it is over (shared by [`UringReceiver`] and
@@ -262,27 +274,25 @@ impl Tally {
         }
     }
 
-    /// After a reap of `n` completions: the error queue read if ICMP errors ended the receive,
-    /// the counts added to `stats` and the socket's counters. An error the receive ended with
-    /// is returned now when nothing was delivered, else kept in `later` for the next call.
+    /// After a reap: the error queue read if ICMP errors ended the receive, the counts added
+    /// to `stats` and the socket's counters. An error the receive ended with is returned now
+    /// when nothing was delivered, else kept in `later` for the next call.
     pub(crate) fn finish(
         self,
         sock: &UdpSocket,
-        n: usize,
-        waited: bool,
-        rearmed: bool,
+        reap: Reaped,
         stats: &mut UringRecvStats,
         later: &mut Option<io::Error>,
     ) -> io::Result<usize> {
         if self.icmp > 0 {
             sock.drain_error_queue(None, None, &mut |_| {})?;
         }
-        stats.rearms += u64::from(rearmed);
-        stats.completions += n as u64;
+        stats.rearms += u64::from(reap.rearmed);
+        stats.completions += reap.completions as u64;
         stats.datagrams += self.dgrams;
         stats.no_buffers += self.empty;
         stats.icmp_errors += self.icmp;
-        stats.waits += u64::from(waited);
+        stats.waits += u64::from(reap.waited);
         let c = &sock.counters;
         c.add(&c.messages_received, self.bufs);
         c.add(&c.datagrams_received, self.dgrams);

@@ -37,7 +37,7 @@ use crate::recv::RecvMeta;
 use crate::socket::UdpSocket;
 use crate::sys::uring_shard::{SendSlots, ShardEvent, ShardRing};
 use crate::transmit::Transmit;
-use crate::uring::{check_recv, Tally, UringRecvStats};
+use crate::uring::{check_recv, Reaped, Tally, UringRecvStats};
 
 /// How a [`UringShard`] is sized.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -389,7 +389,8 @@ impl<S: Deref<Target = UdpSocket>> UringShard<S> {
         self.started = true;
         self.side.stats.turns += 1;
         let rearmed = was_armed && n > 0 && !self.ring.is_armed();
-        tally.finish(sock, n, wait.is_some(), rearmed, &mut self.rx, &mut self.error)
+        let reap = Reaped { completions: n, waited: wait.is_some(), rearmed };
+        tally.finish(sock, reap, &mut self.rx, &mut self.error)
     }
 
     /// Queues a reply outside a turn (sent by the next turn).

@@ -273,21 +273,18 @@ impl SendScratch {
         }
     }
 
-    /// Plans and sends `msgs` in one call (up to [`BATCH`]; one without `mmsg`).
-    pub(crate) fn send(
+    /// Plans and sends the one message `msg` with `sendmsg`.
+    pub(crate) fn send_one(
         &mut self,
         fd: BorrowedFd<'_>,
         v6_socket: bool,
-        msgs: &[OutMsg<'_>],
-        mmsg: bool,
+        msg: &OutMsg<'_>,
         flags: libc::c_int,
         faults: &Faults,
     ) -> io::Result<usize> {
         self.clear();
-        for m in msgs.iter().take(if mmsg { BATCH } else { 1 }) {
-            self.push(m, v6_socket, MsgMeta::default());
-        }
-        self.send_filled(fd, mmsg, flags, faults, None, None)
+        self.push(msg, v6_socket, MsgMeta::default());
+        self.send_filled(fd, false, flags, faults, None, None)
     }
 
     fn fill(&mut self, i: usize, m: &OutMsg<'_>, v6_socket: bool) {
