@@ -82,6 +82,39 @@ const HELLO_1: &[u8] = b"udpx-upgrade 1\n";
 const HELLO_2: &[u8] = b"udpx-upgrade 2\n";
 /// ... or taking the listening sockets the old one passes on.
 const HELLO_2L: &[u8] = b"udpx-upgrade 2L";
+/// Which hello a new process says: the protocol, and whether it takes listening sockets over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Hello {
+    /// Protocol 1 ([`HELLO_1`]), which takes no listening socket.
+    V1,
+    /// Protocol 2, taking no listening socket ([`HELLO_2`]).
+    V2,
+    /// Protocol 2, taking the listening sockets the old process passes on ([`HELLO_2L`]).
+    V2Listeners,
+}
+
+impl Hello {
+    fn bytes(self) -> &'static [u8] {
+        match self {
+            Hello::V1 => HELLO_1,
+            Hello::V2 => HELLO_2,
+            Hello::V2Listeners => HELLO_2L,
+        }
+    }
+
+    fn parse(bytes: &[u8]) -> Option<Hello> {
+        [Hello::V1, Hello::V2, Hello::V2Listeners].into_iter().find(|h| h.bytes() == bytes)
+    }
+
+    fn protocol2(self) -> bool {
+        self != Hello::V1
+    }
+
+    fn listeners(self) -> bool {
+        self == Hello::V2Listeners
+    }
+}
+
 /// Listening sockets one handover carries at most.
 pub const MAX_PASSED: usize = 4;
 /// What it says once it took new connections over.
@@ -290,8 +323,9 @@ fn check_handover_dir(dir: &Path, euid: u32) -> Result<(), Error> {
 /// each answer; `listeners`: whether this process takes listening sockets over. Speaks
 /// protocol 2, and protocol 1 to a server that closes on it when it takes no listeners.
 pub(crate) fn ask(path: &Path, listeners: bool, timeout: Duration) -> Result<(Offer, Generations), Error> {
-    match ask_in(path, listeners, timeout, true) {
-        Err(Unanswered) if !listeners => ask_in(path, false, timeout, false).unwrap_or_else(|Unanswered| {
+    let hello = if listeners { Hello::V2Listeners } else { Hello::V2 };
+    match ask_in(path, hello, timeout) {
+        Err(Unanswered) if !listeners => ask_in(path, Hello::V1, timeout).unwrap_or_else(|Unanswered| {
             Err(Error::Config(format!("upgrade: the server at {} closed the handover unanswered", path.display())))
         }),
         Err(Unanswered) => Err(Error::Config(format!(
@@ -307,12 +341,8 @@ pub(crate) fn ask(path: &Path, listeners: bool, timeout: Duration) -> Result<(Of
 /// A server that closed on the hello without a word.
 struct Unanswered;
 
-fn ask_in(
-    path: &Path,
-    listeners: bool,
-    timeout: Duration,
-    protocol2: bool,
-) -> Result<Result<(Offer, Generations), Error>, Unanswered> {
+fn ask_in(path: &Path, hello: Hello, timeout: Duration) -> Result<Result<(Offer, Generations), Error>, Unanswered> {
+    let (protocol2, listeners) = (hello.protocol2(), hello.listeners());
     let r = (|| {
         if let Some(dir) = path.parent().filter(|d| d.exists()) {
             check_handover_dir(dir, nix::unistd::geteuid().as_raw())?;
@@ -326,12 +356,7 @@ fn ask_in(
         })?;
         stream.set_read_timeout(Some(timeout)).map_err(Error::Io)?;
         stream.set_write_timeout(Some(timeout)).map_err(Error::Io)?;
-        let hello = match (protocol2, listeners) {
-            (false, _) => HELLO_1,
-            (true, false) => HELLO_2,
-            (true, true) => HELLO_2L,
-        };
-        stream.write_all(hello).map_err(|e| handover_err("say hello", e))?;
+        stream.write_all(hello.bytes()).map_err(|e| handover_err("say hello", e))?;
         let mut buf = [0u8; 5 + HANDOVER_LEN + 512];
         let (n, fds) = recv_fds(&stream, &mut buf).map_err(|e| handover_err("receive the handover", e))?;
         Ok((stream, buf, n, fds))
@@ -570,12 +595,10 @@ fn answer(mut stream: UnixStream, serving: &Serving, timeout: Duration) -> std::
     stream.set_write_timeout(Some(timeout))?;
     let mut hello = [0u8; 15];
     stream.read_exact(&mut hello)?;
-    let (protocol2, listeners) = match &hello[..] {
-        HELLO_1 => (false, false),
-        HELLO_2 => (true, false),
-        HELLO_2L => (true, true),
-        _ => return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, "not an upgrade's hello")),
+    let Some(hello) = Hello::parse(&hello) else {
+        return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, "not an upgrade's hello"));
     };
+    let (protocol2, listeners) = (hello.protocol2(), hello.listeners());
     if let Some(what) = pass_on.describe().filter(|_| !listeners) {
         let why = format!(
             "this server passes {what} on, which a successor without it (or an older udpx, upgrade \

@@ -116,7 +116,7 @@ impl FlushRules {
         if w.packets == 0 {
             return;
         }
-        if w.closing || !ack_clocked(w.packets, w.more, w.paced, w.prior_out, now) {
+        if w.closing || !w.ack_clocked(now) {
             self.this_turn.unclocked = true;
         } else if let Some(rtt) = rtt() {
             // Its next acknowledgement is due within about half its round trip (TCP defers
@@ -210,17 +210,19 @@ impl FlushRules {
     }
 }
 
-/// Whether a connection that wrote `wrote` packets in its turn wrote the small freed window of
-/// an acknowledgement-clocked transfer, which may wait for the next acknowledgements' packets
-/// (`HostConfig::ack_defer`): it stopped on its own (window or data, not its quantum: `more`
-/// false), holds no packet for pacing (the pacer decides when those leave), wrote fewer than
-/// [`ACK_CLOCKED_PACKETS`], and sent within [`MID_TRANSFER`] before this turn. A response's
-/// first flight on a quiet connection is never one.
-fn ack_clocked(wrote: u64, more: bool, paced: bool, prior_out: Option<Instant>, now: Instant) -> bool {
-    !more
-        && !paced
-        && wrote < ACK_CLOCKED_PACKETS
-        && prior_out.is_some_and(|t| now.saturating_duration_since(t) < MID_TRANSFER)
+impl Wrote {
+    /// Whether a connection that wrote this in its turn wrote the small freed window of an
+    /// acknowledgement-clocked transfer, which may wait for the next acknowledgements' packets
+    /// (`HostConfig::ack_defer`): it stopped on its own (window or data, not its quantum: `more`
+    /// false), holds no packet for pacing (the pacer decides when those leave), wrote fewer than
+    /// [`ACK_CLOCKED_PACKETS`], and sent within [`MID_TRANSFER`] before this turn. A response's
+    /// first flight on a quiet connection is never one.
+    fn ack_clocked(&self, now: Instant) -> bool {
+        !self.more
+            && !self.paced
+            && self.packets < ACK_CLOCKED_PACKETS
+            && self.prior_out.is_some_and(|t| now.saturating_duration_since(t) < MID_TRANSFER)
+    }
 }
 
 /// Until when a loop that coalesces turns sleeps before waiting on its socket: `least` after
@@ -248,13 +250,14 @@ mod tests {
     fn only_the_small_freed_window_of_a_transfer_under_way_may_wait() {
         let now = Instant::now();
         let recent = Some(now - Duration::from_micros(300));
-        assert!(ack_clocked(8, false, false, recent, now));
+        let w = Wrote { packets: 8, more: false, paced: false, closing: false, prior_out: recent };
+        assert!(w.ack_clocked(now));
         // Its quantum (more to write), a pacing hold, a full run, a quiet connection: no.
-        assert!(!ack_clocked(8, true, false, recent, now));
-        assert!(!ack_clocked(8, false, true, recent, now));
-        assert!(!ack_clocked(ACK_CLOCKED_PACKETS, false, false, recent, now));
-        assert!(!ack_clocked(8, false, false, Some(now - MID_TRANSFER), now));
-        assert!(!ack_clocked(8, false, false, None, now));
+        assert!(!Wrote { more: true, ..w }.ack_clocked(now));
+        assert!(!Wrote { paced: true, ..w }.ack_clocked(now));
+        assert!(!Wrote { packets: ACK_CLOCKED_PACKETS, ..w }.ack_clocked(now));
+        assert!(!Wrote { prior_out: Some(now - MID_TRANSFER), ..w }.ack_clocked(now));
+        assert!(!Wrote { prior_out: None, ..w }.ack_clocked(now));
     }
 
     #[test]
