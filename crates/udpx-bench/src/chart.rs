@@ -155,34 +155,7 @@ pub fn svg_chart(profiles: &[ProfileResult]) -> String {
     );
     let _ = writeln!(s, r#"<rect width="100%" height="100%" fill="white"/>"#);
     let _ = writeln!(s, r#"<text x="{PAD}" y="20" font-size="{TITLE_FONT}">{}</text>"#, escape(TITLE));
-    // The key: a small bar with a line over it, then what they mean.
-    let ky = 32.0;
-    let _ = writeln!(
-        s,
-        r##"<rect x="{x0}" y="{ky}" width="{}" height="{BAR_H}" fill="#999"/><path d="M{} {}H{}M{} {}V{}M{} {}V{}" stroke="{RANGE_COLOR}" stroke-width="1.3" fill="none"/>"##,
-        key_w * 0.6,
-        x0 + key_w * 0.35,
-        ky + BAR_H / 2.0,
-        x0 + key_w * 0.9,
-        x0 + key_w * 0.35,
-        ky + BAR_H / 2.0 - CAP,
-        ky + BAR_H / 2.0 + CAP,
-        x0 + key_w * 0.9,
-        ky + BAR_H / 2.0 - CAP,
-        ky + BAR_H / 2.0 + CAP,
-    );
-    let _ = writeln!(s, r#"<text x="{}" y="{}">{}</text>"#, x0 + key_w + GAP, ky + 9.0, escape(&caption));
-    let mut lx = x0;
-    for (pi, p) in profiles.iter().enumerate() {
-        let _ = writeln!(
-            s,
-            r#"<rect x="{lx}" y="50" width="10" height="10" fill="{}"/><text x="{}" y="59">{}</text>"#,
-            COLORS[pi % COLORS.len()],
-            lx + 14.0,
-            escape(&p.profile)
-        );
-        lx += 14.0 + chart::text_width(&p.profile, FONT) + 18.0;
-    }
+    write_key(&mut s, x0, key_w, &caption, profiles);
     for (i, ((_, label), row)) in rows.iter().zip(&cells).enumerate() {
         let y0 = top + row_h * i as f64;
         // Every other row shaded, so a label is read with its own bars.
@@ -262,10 +235,43 @@ pub fn svg_chart(profiles: &[ProfileResult]) -> String {
     s
 }
 
+/// The chart's key, at `x0` below the title: a small bar with a line over it and `caption`
+/// (what they mean) after it, `key_w` wide; then one colour swatch per profile.
+fn write_key(s: &mut String, x0: f64, key_w: f64, caption: &str, profiles: &[ProfileResult]) {
+    // The key: a small bar with a line over it, then what they mean.
+    let ky = 32.0;
+    let _ = writeln!(
+        s,
+        r##"<rect x="{x0}" y="{ky}" width="{}" height="{BAR_H}" fill="#999"/><path d="M{} {}H{}M{} {}V{}M{} {}V{}" stroke="{RANGE_COLOR}" stroke-width="1.3" fill="none"/>"##,
+        key_w * 0.6,
+        x0 + key_w * 0.35,
+        ky + BAR_H / 2.0,
+        x0 + key_w * 0.9,
+        x0 + key_w * 0.35,
+        ky + BAR_H / 2.0 - CAP,
+        ky + BAR_H / 2.0 + CAP,
+        x0 + key_w * 0.9,
+        ky + BAR_H / 2.0 - CAP,
+        ky + BAR_H / 2.0 + CAP,
+    );
+    let _ = writeln!(s, r#"<text x="{}" y="{}">{}</text>"#, x0 + key_w + GAP, ky + 9.0, escape(caption));
+    let mut lx = x0;
+    for (pi, p) in profiles.iter().enumerate() {
+        let _ = writeln!(
+            s,
+            r#"<rect x="{lx}" y="50" width="10" height="10" fill="{}"/><text x="{}" y="59">{}</text>"#,
+            COLORS[pi % COLORS.len()],
+            lx + 14.0,
+            escape(&p.profile)
+        );
+        lx += 14.0 + chart::text_width(&p.profile, FONT) + 18.0;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::matrix::{default_rows, Row, RowResult};
+    use crate::matrix::{default_rows, Preset, Row, RowResult};
     use crate::run::Measurement;
 
     /// A label longer than any row has, to show the column grows to it.
@@ -274,7 +280,7 @@ mod tests {
     /// Every row of the job and [`LONG`], `passes` runs each with a spread, except: `udp` ran
     /// once, `udp-gso-zc-forced` never, and `udp-gro`'s second run delivered nothing.
     fn profile(name: &str, scale: f64, passes: usize) -> ProfileResult {
-        let mut rows = default_rows(true, true);
+        let mut rows = default_rows(true, Preset::THOROUGH);
         rows.push(Row { id: "long", label: LONG, kind: rows[0].kind });
         let rows = rows
             .into_iter()

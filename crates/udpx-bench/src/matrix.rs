@@ -68,14 +68,40 @@ pub struct Row {
     pub kind: Kind,
 }
 
-const fn udpx(
-    id: &'static str,
-    label: &'static str,
-    proto: Proto,
-    batch_rx: bool,
-    gro: bool,
-    cache_thrash: bool,
-) -> Row {
+/// A row's receiver: one datagram or a batch per call, coalesced (GRO) or not.
+#[derive(Debug, Clone, Copy)]
+enum Rx {
+    /// `recvmsg`, one datagram per call.
+    Recvmsg,
+    /// `recvmmsg`, a batch per call.
+    Recvmmsg,
+    /// `recvmsg` with GRO.
+    Gro,
+    /// `recvmmsg` with GRO.
+    GroMmsg,
+}
+
+impl Rx {
+    const fn batch(self) -> bool {
+        matches!(self, Rx::Recvmmsg | Rx::GroMmsg)
+    }
+
+    const fn gro(self) -> bool {
+        matches!(self, Rx::Gro | Rx::GroMmsg)
+    }
+}
+
+/// How a row's sender makes its calls.
+#[derive(Debug, Clone, Copy)]
+enum Sender {
+    /// System calls.
+    Syscalls,
+    /// io_uring entries.
+    IoUring,
+}
+
+const fn udpx(id: &'static str, label: &'static str, proto: Proto, rx: Rx, cache_thrash: bool) -> Row {
+    let (gro, batch_rx) = (rx.gro(), rx.batch());
     Row {
         id,
         label,
@@ -85,7 +111,8 @@ const fn udpx(
 
 /// A row like [`udpx`]'s whose sender goes through io_uring (issue 12: beside the same row on
 /// system calls).
-const fn uring(id: &'static str, label: &'static str, proto: Proto, batch_rx: bool, gro: bool) -> Row {
+const fn uring(id: &'static str, label: &'static str, proto: Proto, rx: Rx) -> Row {
+    let (gro, batch_rx) = (rx.gro(), rx.batch());
     Row {
         id,
         label,
@@ -97,8 +124,9 @@ const fn raw(id: &'static str, label: &'static str, shape: Shape, rx: RawRx) -> 
     Row { id, label, kind: Kind::Raw { shape, rx } }
 }
 
-const fn zc(id: &'static str, label: &'static str, cache_thrash: bool, zerocopy: Zc, io_uring: bool) -> Row {
+const fn zc(id: &'static str, label: &'static str, cache_thrash: bool, zerocopy: Zc, sender: Sender) -> Row {
     let proto = Proto::Udp(SendMode::GsoSendmsg);
+    let io_uring = matches!(sender, Sender::IoUring);
     Row {
         id,
         label,
@@ -109,8 +137,9 @@ const fn zc(id: &'static str, label: &'static str, cache_thrash: bool, zerocopy:
 /// The receive buffer of the `rcvbuf-32m` row: the old forced default (64 MiB effective).
 pub const RCVBUF_32M: usize = 32 << 20;
 
-/// The rows of the main job. `iperf3`: include the iperf3 rows; `all`: also the rows the
-/// default leaves out to stay near 3 minutes ([`extended_rows`]).
+/// The rows of the main job under `preset`. `iperf3`: include the iperf3 rows; with
+/// [`Preset::all_rows`], also the rows the default leaves out to stay near 3 minutes
+/// ([`extended_rows`]).
 ///
 /// The baseline `udp` is the stock program: one `sendmsg` and one `recvmsg` per datagram, as
 /// the kernel's udpgso_bench and iperf3 do. Rows that change the sender keep that receiver, so
@@ -118,17 +147,17 @@ pub const RCVBUF_32M: usize = 32 << 20;
 /// the GRO rows change the receiver (Figure 5). The `raw` rows are the bare system calls of
 /// the same shapes ([`crate::raw`]); `raw …>udpx` rows put udpx's receiver behind the raw
 /// sender, to judge the receiver alone.
-pub fn default_rows(iperf3: bool, all: bool) -> Vec<Row> {
+pub fn default_rows(iperf3: bool, preset: Preset) -> Vec<Row> {
     use Proto::{Tcp, Udp};
     use SendMode::*;
     let mut rows = vec![
-        udpx("tcp", TCP_LABEL, Tcp, false, false, false),
-        udpx("udp", "UDP sendmsg>recvmsg", Udp(Sendmsg), false, false, false),
-        udpx("udp-mmsg", "UDP sendmmsg>recvmmsg", Udp(Sendmmsg), true, false, false),
-        udpx("udp-gso", "UDP GSO>recvmsg", Udp(GsoSendmsg), false, false, false),
-        udpx("udp-gso-mmsg", "UDP GSO+mmsg>recvmmsg", Udp(GsoSendmmsg), true, false, false),
-        udpx("udp-gso-gro", "UDP GSO>GRO", Udp(GsoSendmsg), false, true, false),
-        udpx("udp-gso-mmsg-gro", "UDP GSO+mmsg>GRO+mmsg", Udp(GsoSendmmsg), true, true, false),
+        udpx("tcp", TCP_LABEL, Tcp, Rx::Recvmsg, false),
+        udpx("udp", "UDP sendmsg>recvmsg", Udp(Sendmsg), Rx::Recvmsg, false),
+        udpx("udp-mmsg", "UDP sendmmsg>recvmmsg", Udp(Sendmmsg), Rx::Recvmmsg, false),
+        udpx("udp-gso", "UDP GSO>recvmsg", Udp(GsoSendmsg), Rx::Recvmsg, false),
+        udpx("udp-gso-mmsg", "UDP GSO+mmsg>recvmmsg", Udp(GsoSendmmsg), Rx::Recvmmsg, false),
+        udpx("udp-gso-gro", "UDP GSO>GRO", Udp(GsoSendmsg), Rx::Gro, false),
+        udpx("udp-gso-mmsg-gro", "UDP GSO+mmsg>GRO+mmsg", Udp(GsoSendmmsg), Rx::GroMmsg, false),
         Row {
             id: "udp-gso-gro-32m",
             label: "UDP GSO>GRO rcvbuf 32M",
@@ -142,7 +171,7 @@ pub fn default_rows(iperf3: bool, all: bool) -> Vec<Row> {
                 io_uring: false,
             },
         },
-        zc("udp-gso-zc", "UDP GSO+zerocopy", false, Zc::Auto, false),
+        zc("udp-gso-zc", "UDP GSO+zerocopy", false, Zc::Auto, Sender::Syscalls),
         raw("raw", "raw send>recv", Shape::Plain, RawRx::Raw),
         raw("raw-gso", "raw GSO>recv", Shape::Gso, RawRx::Raw),
         raw("raw-gso-gro", "raw GSO>GRO recv", Shape::GsoGro, RawRx::Raw),
@@ -151,7 +180,7 @@ pub fn default_rows(iperf3: bool, all: bool) -> Vec<Row> {
         raw("raw-gso>udpx-gro", "raw GSO>udpx GRO", Shape::GsoGro, RawRx::Udpx { pktinfo_ecn: false }),
         raw("raw-gso>udpx-gro-meta", "raw GSO>udpx GRO+pktinfo+ECN", Shape::GsoGro, RawRx::Udpx { pktinfo_ecn: true }),
     ];
-    if all {
+    if preset.all_rows {
         rows.extend(extended_rows());
     }
     if iperf3 {
@@ -176,19 +205,19 @@ pub fn extended_rows() -> Vec<Row> {
     use Proto::Udp;
     use SendMode::*;
     vec![
-        udpx("udp-ct", "UDP (CT)", Udp(Sendmsg), false, false, true),
-        udpx("udp-gso-ct", "UDP GSO (CT)", Udp(GsoSendmsg), false, false, true),
-        udpx("udp-gro", "UDP>GRO", Udp(Sendmsg), false, true, false),
-        zc("udp-gso-zc-forced", "UDP GSO+zerocopy forced", false, Zc::Forced, false),
-        zc("udp-gso-ct-zc", "UDP GSO (CT)+zerocopy", true, Zc::Auto, false),
-        zc("udp-gso-ct-zc-forced", "UDP GSO (CT)+zc forced", true, Zc::Forced, false),
+        udpx("udp-ct", "UDP (CT)", Udp(Sendmsg), Rx::Recvmsg, true),
+        udpx("udp-gso-ct", "UDP GSO (CT)", Udp(GsoSendmsg), Rx::Recvmsg, true),
+        udpx("udp-gro", "UDP>GRO", Udp(Sendmsg), Rx::Gro, false),
+        zc("udp-gso-zc-forced", "UDP GSO+zerocopy forced", false, Zc::Forced, Sender::Syscalls),
+        zc("udp-gso-ct-zc", "UDP GSO (CT)+zerocopy", true, Zc::Auto, Sender::Syscalls),
+        zc("udp-gso-ct-zc-forced", "UDP GSO (CT)+zc forced", true, Zc::Forced, Sender::Syscalls),
         // The forced zerocopy row through io_uring: SENDMSG_ZC entries, completions from the
         // ring's notifications instead of the error queue.
-        zc("udp-gso-zc-forced-uring", "UDP GSO+zc forced+uring", false, Zc::Forced, true),
-        uring("udp-uring", "UDP uring>recvmsg", Udp(Sendmsg), false, false),
-        uring("udp-mmsg-uring", "UDP uring-mmsg>recvmmsg", Udp(Sendmmsg), true, false),
-        uring("udp-gso-mmsg-uring", "UDP GSO+uring>recvmmsg", Udp(GsoSendmmsg), true, false),
-        uring("udp-gso-mmsg-gro-uring", "UDP GSO+uring>GRO+mmsg", Udp(GsoSendmmsg), true, true),
+        zc("udp-gso-zc-forced-uring", "UDP GSO+zc forced+uring", false, Zc::Forced, Sender::IoUring),
+        uring("udp-uring", "UDP uring>recvmsg", Udp(Sendmsg), Rx::Recvmsg),
+        uring("udp-mmsg-uring", "UDP uring-mmsg>recvmmsg", Udp(Sendmmsg), Rx::Recvmmsg),
+        uring("udp-gso-mmsg-uring", "UDP GSO+uring>recvmmsg", Udp(GsoSendmmsg), Rx::Recvmmsg),
+        uring("udp-gso-mmsg-gro-uring", "UDP GSO+uring>GRO+mmsg", Udp(GsoSendmmsg), Rx::GroMmsg),
     ]
 }
 
@@ -491,7 +520,7 @@ mod tests {
             send_secs: 8.0 / gbits,
             ..Measurement::default()
         };
-        let mut r = RowResult::new(default_rows(false, false)[0].clone());
+        let mut r = RowResult::new(default_rows(false, Preset::DEFAULT)[0].clone());
         r.runs = vec![run(0, 1.2, 3.0), run(1, 0.8, 4.0), run(2, 1.0, 2.0)];
         r.summarize(3, 3);
         assert_eq!(r.median_run, Some(2));
@@ -520,7 +549,7 @@ mod tests {
     fn presets_estimate_their_wall_time() {
         // The default rows with iperf3, 2 profiles: the default stays under 3.5 minutes,
         // thorough (every row) is longer.
-        let (d, t) = (default_rows(true, false).len(), default_rows(true, true).len());
+        let (d, t) = (default_rows(true, Preset::DEFAULT).len(), default_rows(true, Preset::THOROUGH).len());
         let default = Preset::DEFAULT.estimate(d, 2, 2).as_secs_f64();
         let thorough = Preset::THOROUGH.estimate(t, 2, 2).as_secs_f64();
         assert!((150.0..=210.0).contains(&default), "{default}");
@@ -529,7 +558,7 @@ mod tests {
 
     #[test]
     fn udpx_rows_map_to_their_raw_shape() {
-        let rows = default_rows(true, true);
+        let rows = default_rows(true, Preset::THOROUGH);
         let refs: Vec<(&str, Option<&str>)> = rows.iter().map(|r| (r.id, raw_ref(&r.kind))).collect();
         let want = [
             ("udp", Some("raw")),
@@ -567,7 +596,7 @@ mod tests {
             send_secs: 1.0,
             ..Measurement::default()
         };
-        let rows = default_rows(false, false);
+        let rows = default_rows(false, Preset::DEFAULT);
         let mut p = ProfileResult { profile: "offload".into(), passes: 3, planned: 3, rows: Vec::new() };
         for id in ["udp", "raw", "tcp"] {
             let mut r = RowResult::new(rows.iter().find(|r| r.id == id).unwrap().clone());
@@ -598,12 +627,12 @@ mod tests {
 
     #[test]
     fn rows_are_unique_and_iperf3_optional() {
-        let rows = default_rows(true, true);
+        let rows = default_rows(true, Preset::THOROUGH);
         let mut ids: Vec<_> = rows.iter().map(|r| r.id).collect();
         ids.sort();
         ids.dedup();
         assert_eq!(ids.len(), rows.len());
-        assert_eq!(default_rows(false, true).len() + 2, rows.len());
-        assert_eq!(default_rows(true, false).len() + extended_rows().len(), rows.len());
+        assert_eq!(default_rows(false, Preset::THOROUGH).len() + 2, rows.len());
+        assert_eq!(default_rows(true, Preset::DEFAULT).len() + extended_rows().len(), rows.len());
     }
 }

@@ -18,7 +18,7 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
-use crate::matrix::{default_rows, run_matrix, ProfileResult, RowResult};
+use crate::matrix::{default_rows, run_matrix, Preset, ProfileResult, RowResult};
 use crate::raw::Shape;
 use crate::report::Check;
 use crate::run::{Path, RunConfig};
@@ -111,7 +111,7 @@ pub fn run_paced(
     repeat: usize,
     progress: &mut dyn FnMut(&str),
 ) -> Vec<PacedPair> {
-    let all = default_rows(false, false);
+    let all = default_rows(false, Preset::DEFAULT);
     let mut out = Vec::new();
     for (shape, raw_id, udpx_id) in PAIRS {
         let (Some(a), Some(b)) = (unpaced.get(raw_id), unpaced.get(udpx_id)) else { continue };
@@ -228,7 +228,7 @@ mod tests {
     use crate::run::Measurement;
 
     fn row(id: &str, runs: &[(f64, u64)]) -> RowResult {
-        let r = default_rows(false, false).into_iter().find(|r| r.id == id).unwrap();
+        let r = default_rows(false, Preset::DEFAULT).into_iter().find(|r| r.id == id).unwrap();
         let mut rr = RowResult::new(r);
         rr.runs = runs
             .iter()

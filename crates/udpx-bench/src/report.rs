@@ -348,7 +348,7 @@ pub fn markdown(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::matrix::{default_rows, RowResult};
+    use crate::matrix::{default_rows, Preset, RowResult};
     use crate::run::Measurement;
     use crate::stats::Verdict;
 
@@ -356,7 +356,7 @@ mod tests {
     /// alike); `f64::NAN` for a pass that failed.
     fn profile(costs: &[(&'static str, &[f64])]) -> ProfileResult {
         let passes = costs.iter().map(|c| c.1.len()).max().unwrap_or(0);
-        let rows = default_rows(true, false)
+        let rows = default_rows(true, Preset::DEFAULT)
             .into_iter()
             .map(|row| {
                 let mut r = RowResult::new(row);

@@ -17,7 +17,7 @@ use udpx_lab::netns::{run_bounded, Side, TestNet};
 
 use crate::cpu::{pin_current_thread, CpuSample, TickRate};
 use crate::raw::{self, Shape};
-use crate::rx::{run_rx, rx_socket_config, RxConfig, RxResult};
+use crate::rx::{run_rx, rx_socket_config, RxConfig, RxResult, RxSocket};
 use crate::tx::{prepare, run_prepared, Proto, TxConfig, TxResult, Zc};
 
 /// Where the traffic goes.
@@ -253,7 +253,8 @@ pub fn run_udpx(path: Path<'_>, kind: Kind, cfg: &RunConfig) -> Result<Measureme
             let rx_sock = path
                 .run(Side::Rx, move || {
                     // No receive metadata the bench does not read: each is a cmsg per datagram.
-                    rx_socket_config(SocketAddr::new(rx_ip, 0), gro, batch_rx, false, set).bind()
+                    let rx = RxSocket { gro, batch: batch_rx, meta: false, rcvbuf: set };
+                    rx_socket_config(SocketAddr::new(rx_ip, 0), rx).bind()
                 })
                 .map_err(|e| format!("receiver socket: {e}"))?;
             let dst = rx_sock.local_addr();
@@ -328,7 +329,8 @@ pub fn run_raw(path: Path<'_>, kind: Kind, cfg: &RunConfig) -> Result<Measuremen
                     RawEnd::Raw(s, eff)
                 }
                 RawRx::Udpx { pktinfo_ecn } => {
-                    RawEnd::Udpx(Box::new(rx_socket_config(bind, shape.gro(), false, pktinfo_ecn, set).bind()?))
+                    let rx = RxSocket { gro: shape.gro(), batch: false, meta: pktinfo_ecn, rcvbuf: set };
+                    RawEnd::Udpx(Box::new(rx_socket_config(bind, rx).bind()?))
                 }
             })
         })

@@ -54,20 +54,33 @@ pub fn default_rcvbuf_for(profile: udpx_lab::netns::Profile, datagram: usize) ->
     }
 }
 
-/// The bench receiver's socket configuration: GRO and the receive call as asked, the receive
-/// buffer `rcvbuf` (the value to set; the kernel doubles it), and no per-datagram control
-/// message it does not read: pktinfo and ECN only with `meta` (to measure what a server that
-/// reads them, the QUIC host, pays), the drop counter never (read once per report with
-/// `SO_MEMINFO`, [`UdpSocket::kernel_drops`]).
-pub fn rx_socket_config(bind: std::net::SocketAddr, gro: bool, batch: bool, meta: bool, rcvbuf: usize) -> SocketConfig {
-    let m = if meta { Want::Required } else { Want::Off };
+/// What the bench receiver's socket is asked for ([`rx_socket_config`]).
+#[derive(Debug, Clone, Copy)]
+pub struct RxSocket {
+    /// GRO.
+    pub gro: bool,
+    /// `recvmmsg` rather than `recvmsg`.
+    pub batch: bool,
+    /// pktinfo and ECN on every datagram (to measure what a server that reads them, the QUIC
+    /// host, pays).
+    pub meta: bool,
+    /// The receive buffer to set (the kernel doubles it).
+    pub rcvbuf: usize,
+}
+
+/// The bench receiver's socket configuration: GRO, the receive call and the receive buffer as
+/// `rx` asks, and no per-datagram control message it does not read: pktinfo and ECN only with
+/// `rx.meta`, the drop counter never (read once per report with `SO_MEMINFO`,
+/// [`UdpSocket::kernel_drops`]).
+pub fn rx_socket_config(bind: std::net::SocketAddr, rx: RxSocket) -> SocketConfig {
+    let m = if rx.meta { Want::Required } else { Want::Off };
     UdpSocket::builder(bind)
-        .gro(if gro { Want::Required } else { Want::Off })
-        .recv_mode(if batch { RecvMode::Recvmmsg } else { RecvMode::Recvmsg })
+        .gro(if rx.gro { Want::Required } else { Want::Off })
+        .recv_mode(if rx.batch { RecvMode::Recvmmsg } else { RecvMode::Recvmsg })
         .pktinfo(m)
         .ecn(m)
         .rxq_ovfl(Want::Off)
-        .recv_buffer(rcvbuf)
+        .recv_buffer(rx.rcvbuf)
 }
 
 /// How to receive.
@@ -225,7 +238,10 @@ mod tests {
     #[test]
     fn the_receiver_sets_no_control_message_it_does_not_read() {
         for (gro, batch) in [(false, false), (false, true), (true, false), (true, true)] {
-            let cfg = rx_socket_config("127.0.0.1:0".parse().unwrap(), gro, batch, false, MIN_TEST_RCVBUF);
+            let cfg = rx_socket_config(
+                "127.0.0.1:0".parse().unwrap(),
+                RxSocket { gro, batch, meta: false, rcvbuf: MIN_TEST_RCVBUF },
+            );
             assert_eq!((cfg.pktinfo, cfg.ecn, cfg.rxq_ovfl), (Want::Off, Want::Off, Want::Off));
             let s = cfg.bind().unwrap();
             let c = s.capabilities();
@@ -235,7 +251,12 @@ mod tests {
             assert_eq!(c.gro, gro);
             assert!(c.recv_buffer >= 2 * MIN_TEST_RCVBUF, "receive buffer {}", c.recv_buffer);
         }
-        let s = rx_socket_config("127.0.0.1:0".parse().unwrap(), true, false, true, MIN_TEST_RCVBUF).bind().unwrap();
+        let s = rx_socket_config(
+            "127.0.0.1:0".parse().unwrap(),
+            RxSocket { gro: true, batch: false, meta: true, rcvbuf: MIN_TEST_RCVBUF },
+        )
+        .bind()
+        .unwrap();
         let c = s.capabilities();
         assert!(c.pktinfo && c.ecn && !c.rxq_ovfl, "{c:?}");
         assert!(getsockopt(&s, sockopt::Ipv4PacketInfo).unwrap());

@@ -11,7 +11,7 @@ use udpx::{SendMode, UdpSocket, Want};
 use udpx_bench::cpu::{online_cpus, pin_current_thread, CpuSample, TickRate};
 use udpx_bench::matrix::{default_rows, left_out, run_matrix, Preset, ProfileResult};
 use udpx_bench::run::{Cpus, Kind, Path, RunConfig};
-use udpx_bench::rx::{default_rcvbuf, run_rx, rx_socket_config, RxConfig};
+use udpx_bench::rx::{default_rcvbuf, run_rx, rx_socket_config, RxConfig, RxSocket};
 use udpx_bench::tx::{run_tx, Interval, Proto, TxConfig};
 use udpx_bench::{paced, report};
 use udpx_lab::netns::{Profile, TestNet, TestNetConfig};
@@ -540,7 +540,7 @@ fn rx(a: RxArgs) -> ExitCode {
         }
     } else {
         // No per-datagram control message this role does not read (see rx_socket_config).
-        let sock = match rx_socket_config(local, a.gro, true, false, rcvbuf).bind() {
+        let sock = match rx_socket_config(local, RxSocket { gro: a.gro, batch: true, meta: false, rcvbuf }).bind() {
             Ok(s) => s,
             Err(udpx::Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::AddrInUse => {
                 return usage(format!("-p {port}: port in use; pick another with -p"))
@@ -659,7 +659,7 @@ fn main_job(a: MainArgs) -> ExitCode {
     } else {
         None
     };
-    let rows = default_rows(iperf3_why.is_none(), preset.all_rows);
+    let rows = default_rows(iperf3_why.is_none(), preset);
     let left_out = left_out(iperf3_why.as_deref(), preset.all_rows);
     if a.rcvbuf == Some(0) {
         return usage("--rcvbuf 0: give a receive buffer size in bytes, or leave it out to size it from the burst");

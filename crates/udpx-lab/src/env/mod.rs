@@ -123,6 +123,7 @@ pub struct Sysctls {
 
 /// [`udpx::KernelCaps`], serializable: filled from [`KernelCaps::get`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[allow(clippy::struct_excessive_bools)] // reason: udpx::KernelCaps as recorded: independent yes/no kernel facts
 pub struct KernelCapsInfo {
     /// Most segments per GSO send; `None` without UDP GSO.
     pub gso_max_segments: Option<usize>,
