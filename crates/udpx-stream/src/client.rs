@@ -196,10 +196,9 @@ pub fn raise_fd_limit(need: u64) -> Result<(), StreamError> {
     setrlimit(Resource::RLIMIT_NOFILE, need, hard).map_err(|e| StreamError::Setup(format!("setrlimit: {e}")))
 }
 
-/// Runs the flows to their end and measures them.
-pub fn receive(cfg: &RecvConfig, progress: &Progress) -> Result<RecvReport, StreamError> {
-    cfg.validate()?;
-    raise_fd_limit(u64::from(cfg.flows) + 64)?;
+/// One socket per flow (bound to the flow's local address, or the unspecified one), each
+/// registered for reading with the flow's index, and the epoll instance they are in.
+fn flow_sockets(cfg: &RecvConfig) -> Result<(Vec<UdpSocket>, Epoll), StreamError> {
     let unspecified: IpAddr = match cfg.server {
         SocketAddr::V4(_) => Ipv4Addr::UNSPECIFIED.into(),
         SocketAddr::V6(_) => Ipv6Addr::UNSPECIFIED.into(),
@@ -217,11 +216,86 @@ pub fn receive(cfg: &RecvConfig, progress: &Progress) -> Result<RecvReport, Stre
             .map_err(|e| StreamError::Setup(format!("epoll_ctl: {e}")))?;
         sockets.push(s);
     }
+    Ok((sockets, epoll))
+}
+
+/// Asks (again) for flows not yet answered, a burst at a time from `next`, which moves on
+/// round the flows. Returns how many requests went; fails once a flow has asked
+/// [`REQUEST_TRIES`] times unanswered.
+fn ask(
+    cfg: &RecvConfig,
+    sockets: &[UdpSocket],
+    state: &mut [FlowState],
+    next: &mut usize,
+    now: Instant,
+) -> Result<usize, StreamError> {
+    let mut req = [0u8; wire::REQUEST_LEN];
+    let mut asked = 0;
+    for _ in 0..state.len() {
+        if asked >= REQUEST_BURST {
+            break;
+        }
+        let i = *next;
+        *next = (*next + 1) % state.len();
+        if let FlowState::Asking { tries, last, cookie } = &mut state[i] {
+            if last.is_some_and(|l: Instant| now.duration_since(l) < REQUEST_RETRY) {
+                continue;
+            }
+            let cookie = *cookie;
+            if *tries >= REQUEST_TRIES {
+                return Err(StreamError::Io(format!(
+                    "the server at {} did not answer flow {i}'s {REQUEST_TRIES} requests",
+                    cfg.server
+                )));
+            }
+            *tries += 1;
+            *last = Some(now);
+            asked += 1;
+            let n = wire::write_request(&mut req, &cfg.request(i as u32, cookie));
+            send_ignoring_refusals(&sockets[i], cfg.server, &req[..n])?;
+        }
+    }
+    Ok(asked)
+}
+
+/// Sends the keepalives of the streaming flows that are due, a bounded number per turn from
+/// `next`, which moves on round the flows.
+fn send_keepalives(
+    cfg: &RecvConfig,
+    sockets: &[UdpSocket],
+    state: &mut [FlowState],
+    next: &mut usize,
+    now: Instant,
+) -> Result<(), StreamError> {
+    let mut req = [0u8; wire::REQUEST_LEN];
+    let mut sent = 0;
+    for _ in 0..state.len() {
+        if sent >= KEEPALIVE_BURST {
+            break;
+        }
+        let i = *next;
+        *next = (*next + 1) % state.len();
+        if let FlowState::Streaming { secret, last_keepalive } = &mut state[i] {
+            if now.duration_since(*last_keepalive) >= KEEPALIVE_INTERVAL {
+                *last_keepalive = now;
+                sent += 1;
+                let n = wire::write_keepalive(&mut req, i as u32, *secret);
+                send_ignoring_refusals(&sockets[i], cfg.server, &req[..n])?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Runs the flows to their end and measures them.
+pub fn receive(cfg: &RecvConfig, progress: &Progress) -> Result<RecvReport, StreamError> {
+    cfg.validate()?;
+    raise_fd_limit(u64::from(cfg.flows) + 64)?;
+    let (sockets, epoll) = flow_sockets(cfg)?;
     let mut state = vec![FlowState::Asking { tries: 0, last: None, cookie: None }; cfg.flows as usize];
     let mut tally = Tally::new(cfg.flows as usize);
     let mut rx = RecvBuffers::new(16, (cfg.size as usize).max(2048));
     let mut events = vec![EpollEvent::empty(); 1024];
-    let mut req = [0u8; wire::REQUEST_LEN];
     let mut next_keepalive = 0usize;
     let start = Instant::now();
     let mut deadline = start + cfg.duration + GRACE;
@@ -233,49 +307,8 @@ pub fn receive(cfg: &RecvConfig, progress: &Progress) -> Result<RecvReport, Stre
         if now >= deadline || progress.cancel.load(Ordering::Relaxed) {
             break;
         }
-        // Ask (again) for flows not yet answered, a burst at a time.
-        let mut asked = 0;
-        for _ in 0..state.len() {
-            if asked >= REQUEST_BURST {
-                break;
-            }
-            let i = next_ask;
-            next_ask = (next_ask + 1) % state.len();
-            if let FlowState::Asking { tries, last, cookie } = &mut state[i] {
-                if last.is_some_and(|l: Instant| now.duration_since(l) < REQUEST_RETRY) {
-                    continue;
-                }
-                let cookie = *cookie;
-                if *tries >= REQUEST_TRIES {
-                    return Err(StreamError::Io(format!(
-                        "the server at {} did not answer flow {i}'s {REQUEST_TRIES} requests",
-                        cfg.server
-                    )));
-                }
-                *tries += 1;
-                *last = Some(now);
-                asked += 1;
-                let n = wire::write_request(&mut req, &cfg.request(i as u32, cookie));
-                send_ignoring_refusals(&sockets[i], cfg.server, &req[..n])?;
-            }
-        }
-        // Keepalives of the streaming flows that are due, a bounded number per turn.
-        let mut sent = 0;
-        for _ in 0..state.len() {
-            if sent >= KEEPALIVE_BURST {
-                break;
-            }
-            let i = next_keepalive;
-            next_keepalive = (next_keepalive + 1) % state.len();
-            if let FlowState::Streaming { secret, last_keepalive } = &mut state[i] {
-                if now.duration_since(*last_keepalive) >= KEEPALIVE_INTERVAL {
-                    *last_keepalive = now;
-                    sent += 1;
-                    let n = wire::write_keepalive(&mut req, i as u32, *secret);
-                    send_ignoring_refusals(&sockets[i], cfg.server, &req[..n])?;
-                }
-            }
-        }
+        let asked = ask(cfg, &sockets, &mut state, &mut next_ask, now)?;
+        send_keepalives(cfg, &sockets, &mut state, &mut next_keepalive, now)?;
         let wait = if asked >= REQUEST_BURST { 1u16 } else { 5 };
         let n = match epoll.wait(&mut events, EpollTimeout::from(wait)) {
             Ok(n) => n,

@@ -121,9 +121,6 @@ pub fn text(cfg: &RecvConfig, path: &str, server: Option<&ServerReport>, r: &Rec
         let _ = writeln!(o, "pacing: {}", sv.total.pacing);
     }
     let _ = writeln!(o);
-    let row = |o: &mut String, k: &str, v: String| {
-        let _ = writeln!(o, "  {k:<30} {v}");
-    };
     row(&mut o, "flows accepted / refused", format!("{} / {}", r.accepted, r.refused.0));
     if let Some(why) = &r.refused.1 {
         row(&mut o, "first refusal", why.clone());
@@ -199,47 +196,53 @@ pub fn text(cfg: &RecvConfig, path: &str, server: Option<&ServerReport>, r: &Rec
         ),
     );
     if let Some(sv) = server {
-        let t = &sv.total;
-        row(&mut o, "pacer threads", t.realtime.clone());
-        row(&mut o, "server CPU", format!("{:.2} s, {:.2} us per datagram", t.cpu_s, sv.cpu_per_datagram_ns() / 1e3));
-        let per_call = if t.send_calls > 0 { t.datagrams as f64 / t.send_calls as f64 } else { 0.0 };
-        row(
-            &mut o,
-            "send calls",
-            format!("{} ({per_call:.1} datagrams per call, {} busy wakes)", t.send_calls, t.busy_wakes),
-        );
-        row(&mut o, "clients gone (flows ended early)", t.clients_gone.to_string());
-        row(&mut o, "caps in force", sv.caps.clone());
-        row(
-            &mut o,
-            "admission",
-            format!(
-                "{} cookies sent, {} bad cookies, {} capped, {} unproven answers over the rate, {} keepalives ({} bad), {} flows lapsed",
-                t.cookies_sent, t.bad_cookies, t.capped, t.unproven_limited, t.keepalives, t.bad_keepalives, t.consent_lapsed
-            ),
-        );
-        row(
-            &mut o,
-            "would-block / ENOBUFS waits",
-            format!(
-                "{} / {}; send errors {}, unsent {}, control unsent {}",
-                t.would_block, t.no_buffers, t.send_errors, t.unsent, t.control_unsent
-            ),
-        );
-        row(
-            &mut o,
-            "steady-state allocations",
-            match t.steady_allocations {
-                Some(a) => format!("{a} in {} iterations", t.steady_iterations),
-                None => "not counted (built without count-allocations)".into(),
-            },
-        );
+        server_rows(&mut o, sv);
     }
     let _ = writeln!(o, "\n  targets (issue 9, for 10,000 flows x 4 kB/s):");
     for c in checks(s, server, slot) {
         let _ = writeln!(o, "    {:<34} {:>12.4}  <= {:<10} {}", c.what, c.figure, c.at_most, c.word());
     }
     o
+}
+
+/// One row of the table: `k`, then `v`.
+fn row(o: &mut String, k: &str, v: String) {
+    let _ = writeln!(o, "  {k:<30} {v}");
+}
+
+/// The table's rows about the server (when it ran here).
+fn server_rows(o: &mut String, sv: &ServerReport) {
+    let t = &sv.total;
+    row(o, "pacer threads", t.realtime.clone());
+    row(o, "server CPU", format!("{:.2} s, {:.2} us per datagram", t.cpu_s, sv.cpu_per_datagram_ns() / 1e3));
+    let per_call = if t.send_calls > 0 { t.datagrams as f64 / t.send_calls as f64 } else { 0.0 };
+    row(o, "send calls", format!("{} ({per_call:.1} datagrams per call, {} busy wakes)", t.send_calls, t.busy_wakes));
+    row(o, "clients gone (flows ended early)", t.clients_gone.to_string());
+    row(o, "caps in force", sv.caps.clone());
+    row(
+        o,
+        "admission",
+        format!(
+            "{} cookies sent, {} bad cookies, {} capped, {} unproven answers over the rate, {} keepalives ({} bad), {} flows lapsed",
+            t.cookies_sent, t.bad_cookies, t.capped, t.unproven_limited, t.keepalives, t.bad_keepalives, t.consent_lapsed
+        ),
+    );
+    row(
+        o,
+        "would-block / ENOBUFS waits",
+        format!(
+            "{} / {}; send errors {}, unsent {}, control unsent {}",
+            t.would_block, t.no_buffers, t.send_errors, t.unsent, t.control_unsent
+        ),
+    );
+    row(
+        o,
+        "steady-state allocations",
+        match t.steady_allocations {
+            Some(a) => format!("{a} in {} iterations", t.steady_iterations),
+            None => "not counted (built without count-allocations)".into(),
+        },
+    );
 }
 
 /// One JSON object: the configuration, the server's figures (when it ran here), the
