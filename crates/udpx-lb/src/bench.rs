@@ -132,44 +132,7 @@ pub fn run(cfg: &LbBenchConfig, log: &mut dyn FnMut(&str)) -> Result<LbBench, Er
     log("cost per packet: CID rules against 4-tuple rules, interleaved");
     let lab = Lab::setup(&LabConfig { hosts: 3, mode: Mode::Stateless })?;
     let env = Environment::collect(&[(Some(lab.balancer()), lab.balancer_client_dev())]);
-    let mut cost: Vec<CostRow> = ["cid", "4-tuple"]
-        .into_iter()
-        .map(|rules| CostRow {
-            rules,
-            ns_per_packet: Vec::new(),
-            steal: Vec::new(),
-            spread: Spread::of(&[]),
-            kept: Kept::default(),
-            forwarded: vec![0; 3],
-        })
-        .collect();
-    let mut round = 0;
-    while another_round(cfg.rounds, round, cost.iter().map(|r| r.tally(cfg.rounds))) {
-        for row in cost.iter_mut() {
-            if row.rules == "cid" {
-                lab.use_cid_rules()?;
-            } else {
-                lab.use_four_tuple_rules()?;
-            }
-            let before_fwd = lab.host_packets()?;
-            let (ns, sent, steal) = send_packets(&lab, cfg.packets, rate)?;
-            let after_fwd = lab.host_packets()?;
-            for (f, (a, b)) in row.forwarded.iter_mut().zip(after_fwd.iter().zip(&before_fwd)) {
-                *f += a - b;
-            }
-            // /proc/stat counts in clock ticks: a run shorter than 20 of them is not measured.
-            let v = if ns >= 20.0 * 1e9 / rate.hz() as f64 { ns / sent as f64 } else { f64::NAN };
-            row.ns_per_packet.push(v);
-            row.steal.push(steal);
-            let mark = if steal.stolen { format!(", STOLEN {} (left out)", steal.pct()) } else { String::new() };
-            log(&format!("round {}: {} rules {v:.0} ns/packet{mark}", round + 1, row.rules));
-        }
-        round += 1;
-    }
-    for row in cost.iter_mut() {
-        row.kept = row.tally(cfg.rounds);
-        row.spread = Spread::of_clean(&row.runs());
-    }
+    let cost = measure_cost(&lab, cfg, rate, log)?;
     let (cid, four) = (cost[0].spread.median, cost[1].spread.median);
 
     log("rebinding mid-download through each ruleset");
@@ -248,6 +211,56 @@ pub fn run(cfg: &LbBenchConfig, log: &mut dyn FnMut(&str)) -> Result<LbBench, Er
         spread_max_over_mean: if mean > 0.0 { max / mean } else { f64::NAN },
         spread,
     })
+}
+
+/// The cost phase: `cfg.rounds` rounds (more while [`another_round`] asks) of `cfg.packets`
+/// packets through the CID rules and the 4-tuple rules in turn; one row per ruleset, CID
+/// first, with its runs, what each host was forwarded, and the spread of its clean runs.
+fn measure_cost(
+    lab: &Lab,
+    cfg: &LbBenchConfig,
+    rate: TickRate,
+    log: &mut dyn FnMut(&str),
+) -> Result<Vec<CostRow>, Error> {
+    let mut cost: Vec<CostRow> = ["cid", "4-tuple"]
+        .into_iter()
+        .map(|rules| CostRow {
+            rules,
+            ns_per_packet: Vec::new(),
+            steal: Vec::new(),
+            spread: Spread::of(&[]),
+            kept: Kept::default(),
+            forwarded: vec![0; 3],
+        })
+        .collect();
+    let mut round = 0;
+    while another_round(cfg.rounds, round, cost.iter().map(|r| r.tally(cfg.rounds))) {
+        for row in cost.iter_mut() {
+            if row.rules == "cid" {
+                lab.use_cid_rules()?;
+            } else {
+                lab.use_four_tuple_rules()?;
+            }
+            let before_fwd = lab.host_packets()?;
+            let (ns, sent, steal) = send_packets(lab, cfg.packets, rate)?;
+            let after_fwd = lab.host_packets()?;
+            for (f, (a, b)) in row.forwarded.iter_mut().zip(after_fwd.iter().zip(&before_fwd)) {
+                *f += a - b;
+            }
+            // /proc/stat counts in clock ticks: a run shorter than 20 of them is not measured.
+            let v = if ns >= 20.0 * 1e9 / rate.hz() as f64 { ns / sent as f64 } else { f64::NAN };
+            row.ns_per_packet.push(v);
+            row.steal.push(steal);
+            let mark = if steal.stolen { format!(", STOLEN {} (left out)", steal.pct()) } else { String::new() };
+            log(&format!("round {}: {} rules {v:.0} ns/packet{mark}", round + 1, row.rules));
+        }
+        round += 1;
+    }
+    for row in cost.iter_mut() {
+        row.kept = row.tally(cfg.rounds);
+        row.spread = Spread::of_clean(&row.runs());
+    }
+    Ok(cost)
 }
 
 impl CostRow {
