@@ -532,69 +532,18 @@ impl App for FileServer {
         if goaway_due {
             st.goaway.step(&mut h3, conn, st.last_request_id, now);
         }
-        // New requests and stream events. Every HTTP/3 event comes from stream data, and the
-        // loop polls until quiche has no event left (its queue of finished streams included):
-        // with no stream readable (the turn of a PING or an acknowledgement) there is nothing
-        // to poll, and `poll` would still look up the peer's three control streams.
-        let mut fresh: Vec<u64> = Vec::new();
-        // Request streams with data this turn: those still without a head after the poll are
-        // unfinished heads (quiche holds their partial HEADERS frames).
-        let mut arrived: Vec<u64> = Vec::new();
-        if conn.is_readable() {
-            arrived.extend(conn.readable().filter(|&sid| sid % 4 == 0));
-            loop {
-                match h3.poll(conn) {
-                    Ok((sid, quiche::h3::Event::Headers { list, .. })) => {
-                        self.heads_end(st, sid);
-                        if st.requests.contains(&sid) {
-                            // The request's trailers (RFC 9114 4.1): its response is made.
-                            self.site.count_trailers();
-                            continue;
-                        }
-                        if st.goaway.rejects(sid) {
-                            // Past the final GOAWAY: not processed, safe to send again
-                            // elsewhere (RFC 9114 5.2).
-                            self.site.count_rejected();
-                            let _ = conn.stream_shutdown(sid, quiche::Shutdown::Read, H3_REQUEST_REJECTED);
-                            st.resets.reset(conn, &self.site, sid, H3_REQUEST_REJECTED, false);
-                            continue;
-                        }
-                        st.last_request_id = Some(st.last_request_id.map_or(sid, |m| m.max(sid)));
-                        st.requests.push(sid);
-                        st.served += 1;
-                        st.last_active = now;
-                        let r = self.respond(&list, conn.is_in_early_data(), &st.open, st.addr, now);
-                        st.responses.insert(sid, r);
-                        fresh.push(sid);
-                    }
-                    Ok((sid, quiche::h3::Event::Data)) => {
-                        // A request body: not used by GET or HEAD; read and dropped.
-                        while let Ok(n) = h3.recv_body(conn, sid, &mut self.scratch) {
-                            if n == 0 {
-                                break;
-                            }
-                        }
-                    }
-                    Ok((sid, quiche::h3::Event::Finished)) => {
-                        self.heads_end(st, sid);
-                        st.requests.retain(|&s| s != sid);
-                    }
-                    Ok((sid, quiche::h3::Event::Reset(_))) => {
-                        self.heads_end(st, sid);
-                        // The peer's side ended; ours ends too (a response still under way,
-                        // or one quiche still holds).
-                        st.requests.retain(|&s| s != sid);
-                        self.abandon(conn, st, sid, H3_REQUEST_CANCELLED);
-                    }
-                    Ok(_) => {}
-                    Err(quiche::h3::Error::Done) => break,
-                    Err(e) => {
-                        log::debug!("udpx-h3: {}: {e}", conn.trace_id());
-                        break;
-                    }
-                }
-            }
-        }
+        // New requests and stream events (`poll_requests`). Every HTTP/3 event comes from
+        // stream data, and the loop polls until quiche has no event left (its queue of finished
+        // streams included): with no stream readable (the turn of a PING or an acknowledgement)
+        // there is nothing to poll, and `poll` would still look up the peer's three control
+        // streams. Request streams with data this turn (`arrived`): those still without a head
+        // after the poll are unfinished heads (quiche holds their partial HEADERS frames).
+        let (arrived, fresh) = if conn.is_readable() {
+            let arrived: Vec<u64> = conn.readable().filter(|&sid| sid % 4 == 0).collect();
+            (arrived, self.poll_requests(conn, st, &mut h3, now))
+        } else {
+            (Vec::new(), Vec::new())
+        };
         if !self.count_unfinished(conn, st, &arrived, now) {
             st.h3 = Some(h3);
             return;
@@ -699,6 +648,72 @@ impl App for FileServer {
 }
 
 impl FileServer {
+    /// Polls `h3` until quiche has no event left: new requests get their responses made
+    /// (returned, in order, to go as far as their streams take them), trailers and bodies are
+    /// read and dropped, finished and reset requests leave the connection's list.
+    fn poll_requests(
+        &mut self,
+        conn: &mut udpx_quic::Connection,
+        st: &mut ConnState,
+        h3: &mut quiche::h3::Connection,
+        now: Instant,
+    ) -> Vec<u64> {
+        let mut fresh: Vec<u64> = Vec::new();
+        loop {
+            match h3.poll(conn) {
+                Ok((sid, quiche::h3::Event::Headers { list, .. })) => {
+                    self.heads_end(st, sid);
+                    if st.requests.contains(&sid) {
+                        // The request's trailers (RFC 9114 4.1): its response is made.
+                        self.site.count_trailers();
+                        continue;
+                    }
+                    if st.goaway.rejects(sid) {
+                        // Past the final GOAWAY: not processed, safe to send again
+                        // elsewhere (RFC 9114 5.2).
+                        self.site.count_rejected();
+                        let _ = conn.stream_shutdown(sid, quiche::Shutdown::Read, H3_REQUEST_REJECTED);
+                        st.resets.reset(conn, &self.site, sid, H3_REQUEST_REJECTED, false);
+                        continue;
+                    }
+                    st.last_request_id = Some(st.last_request_id.map_or(sid, |m| m.max(sid)));
+                    st.requests.push(sid);
+                    st.served += 1;
+                    st.last_active = now;
+                    let r = self.respond(&list, conn.is_in_early_data(), &st.open, st.addr, now);
+                    st.responses.insert(sid, r);
+                    fresh.push(sid);
+                }
+                Ok((sid, quiche::h3::Event::Data)) => {
+                    // A request body: not used by GET or HEAD; read and dropped.
+                    while let Ok(n) = h3.recv_body(conn, sid, &mut self.scratch) {
+                        if n == 0 {
+                            break;
+                        }
+                    }
+                }
+                Ok((sid, quiche::h3::Event::Finished)) => {
+                    self.heads_end(st, sid);
+                    st.requests.retain(|&s| s != sid);
+                }
+                Ok((sid, quiche::h3::Event::Reset(_))) => {
+                    self.heads_end(st, sid);
+                    // The peer's side ended; ours ends too (a response still under way,
+                    // or one quiche still holds).
+                    st.requests.retain(|&s| s != sid);
+                    self.abandon(conn, st, sid, H3_REQUEST_CANCELLED);
+                }
+                Ok(_) => {}
+                Err(quiche::h3::Error::Done) => break,
+                Err(e) => {
+                    log::debug!("udpx-h3: {}: {e}", conn.trace_id());
+                    break;
+                }
+            }
+        }
+        fresh
+    }
+
     /// The access log's line of a connection that closed.
     fn log_close(&self, conn: &udpx_quic::Connection, st: &ConnState) {
         let s = conn.stats();

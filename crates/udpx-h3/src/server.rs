@@ -548,8 +548,7 @@ impl udpx_metrics::Source for MetricsSource {
 
     fn global(&self) -> Vec<udpx_metrics::Extra> {
         let h = self.site.counters();
-        let c = |name, help, value| udpx_metrics::Extra { name, help, value, gauge: false };
-        let level = |name, help, value| udpx_metrics::Extra { name, help, value, gauge: true };
+        let (c, level) = (counter, gauge);
         let mut out = vec![
             c("http_requests", "HTTP requests whose head arrived (every listener)", h.requests),
             c("http_responses_1xx", "Responses with a 1xx status", h.by_class[0]),
@@ -627,6 +626,16 @@ impl udpx_metrics::Source for MetricsSource {
                 h.rejected,
             ),
         ];
+        self.optional_extras(&mut out);
+        out
+    }
+}
+
+impl MetricsSource {
+    /// The counters of the parts only some servers run, for those this one runs: the TLS key
+    /// log, qlog, the block cache, HTTPS over TCP.
+    fn optional_extras(&self, out: &mut Vec<udpx_metrics::Extra>) {
+        let (c, level) = (counter, gauge);
         if let Some(k) = &self.keylog {
             out.extend([
                 c("keylog_lines", "TLS key log lines written (--keylog-file: both listeners)", k.lines()),
@@ -711,8 +720,17 @@ impl udpx_metrics::Source for MetricsSource {
                 ),
             ]);
         }
-        out
     }
+}
+
+/// A counter for the metrics table: its name, what it counts, its value.
+fn counter(name: &'static str, help: &'static str, value: u64) -> udpx_metrics::Extra {
+    udpx_metrics::Extra { name, help, value, gauge: false }
+}
+
+/// A gauge (a level) for the metrics table: its name, what it measures, its value.
+fn gauge(name: &'static str, help: &'static str, value: u64) -> udpx_metrics::Extra {
+    udpx_metrics::Extra { name, help, value, gauge: true }
 }
 
 #[cfg(test)]

@@ -564,7 +564,7 @@ async fn accept_loop(l: Listener, drain: watch::Receiver<Option<tokio::time::Ins
         counters.connections.fetch_add(1, Ordering::Relaxed);
         let activity = Arc::new(Activity::new(registry.epoch));
         let open = Open::count(&counters, &registry, activity.clone());
-        let mut drain = drain.clone();
+        let drain = drain.clone();
         let _ = tcp.set_nodelay(true);
         let written = Arc::new(AtomicU64::new(0));
         let linger_cap = limits.max_connections;
@@ -590,106 +590,115 @@ async fn accept_loop(l: Listener, drain: watch::Receiver<Option<tokio::time::Ins
             let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
             activity.touch();
             activity.ready.store(true, Ordering::Release);
+            let conn = http2::Conn { site, peer, activity, counters, limits, drain };
             if h2 {
                 // HTTP/2 by ALPN: on h2 itself, each stream parked or reset alone.
-                counters.http2.fetch_add(1, Ordering::Relaxed);
-                let conn = http2::Conn { site, peer, activity, counters, limits, drain };
+                conn.counters.http2.fetch_add(1, Ordering::Relaxed);
                 http2::serve(tls, conn).await;
                 return;
             }
-            let mut b = auto::Builder::new(TokioExecutor::new());
-            // hyper's HTTP/1 write queue takes body chunks until it holds max_buf_size bytes
-            // (400 KB by default): one chunk is enough to keep the socket busy.
-            b.http1().timer(TokioTimer::new()).header_read_timeout(HEADER_TIMEOUT).max_buf_size(CHUNK);
-            // HTTP/2 polls a body while the stream has flow-control window, which a client
-            // may make 32 MB (curl does): h2 then queues up to max_send_buf_size per stream
-            // (400 KB by default) ahead of the socket; one chunk is enough. An HTTP/2
-            // connection may idle for long (browsers keep them); pings find the peers that
-            // vanished, so their permits come back.
-            b.http2()
-                .timer(TokioTimer::new())
-                .max_concurrent_streams(100)
-                .max_send_buf_size(CHUNK)
-                .keep_alive_interval(H2_PING_INTERVAL)
-                .keep_alive_timeout(H2_PING_TIMEOUT);
-            // ALPN decided; a peer without ALPN gets hyper's sniffing of the HTTP/2 preface.
-            let b = match tls.get_ref().1.alpn_protocol() {
-                Some(b"h2") => b.http2_only(),
-                Some(b"http/1.1") => b.http1_only(),
-                _ => b,
-            };
-            // Bodies under way (while any is, it must keep taking bytes) and requests (none
-            // new and no body under way for `idle`, and it is closed); idle, it may be evicted.
-            let on_req = activity.clone();
-            let service = hyper::service::service_fn(move |req| {
-                on_req.requests.fetch_add(1, Ordering::Relaxed);
-                on_req.touch();
-                let resp = respond(&site, peer, req, &on_req);
-                async move { Ok::<_, Infallible>(resp) }
-            });
-            let conn = b.serve_connection(TokioIo::new(tls), service);
-            tokio::pin!(conn);
-            // A drain: GOAWAY (HTTP/2) or `Connection: close` after the response under way
-            // (HTTP/1.1; an idle one closes at once), then the deadline.
-            let mut close_at = None;
-            let mut check = tokio::time::interval(limits.window);
-            check.tick().await; // the first tick is now
-            let mut seen = written.load(Ordering::Relaxed);
-            let mut busy_since_check = false;
-            let (mut requests_seen, mut active_at) = (0, Instant::now());
-            loop {
-                tokio::select! {
-                    r = &mut conn => {
-                        if let Err(e) = r {
-                            log::debug!("udpx-h3: {peer}: HTTP over TCP: {e}");
-                        }
-                        return;
-                    }
-                    Ok(deadline) = drain.wait_for(Option::is_some), if close_at.is_none() => {
-                        close_at = *deadline;
-                        drop(deadline);
-                        activity.server_closes();
-                        conn.as_mut().graceful_shutdown();
-                    }
-                    () = activity.evict.notified(), if close_at.is_none() => {
-                        // Idle at the cap: closed to make room (GOAWAY first for HTTP/2).
-                        log::debug!("udpx-h3: {peer}: idle at the connection cap: closed");
-                        activity.server_closes();
-                        conn.as_mut().graceful_shutdown();
-                        close_at = Some(tokio::time::Instant::now() + Duration::from_secs(1));
-                    }
-                    () = tokio::time::sleep_until(close_at.unwrap_or_else(tokio::time::Instant::now)), if close_at.is_some() => {
-                        counters.drain_closed.fetch_add(1, Ordering::Relaxed);
-                        log::debug!("udpx-h3: {peer}: still open at the drain's deadline: closed");
-                        return;
-                    }
-                    _ = check.tick() => {
-                        let now = written.load(Ordering::Relaxed);
-                        let busy = activity.bodies.load(Ordering::Relaxed) > 0;
-                        // A response under way at both ends of the window that moved too
-                        // little: a slow reader or a stalled window. Closed (the connection
-                        // future is dropped), counted.
-                        if busy && busy_since_check && now - seen < limits.min_bytes {
-                            counters.too_slow.fetch_add(1, Ordering::Relaxed);
-                            activity.server_closes();
-                            log::debug!("udpx-h3: {peer}: {} B in {:?} with a response under way: closed", now - seen, limits.window);
-                            return;
-                        }
-                        busy_since_check = busy;
-                        seen = now;
-                        let r = activity.requests.load(Ordering::Relaxed);
-                        if busy || r != requests_seen {
-                            (requests_seen, active_at) = (r, Instant::now());
-                        } else if active_at.elapsed() >= limits.idle {
-                            counters.idle_closed.fetch_add(1, Ordering::Relaxed);
-                            activity.server_closes();
-                            log::debug!("udpx-h3: {peer}: idle for {:?}: closed", limits.idle);
-                            return;
-                        }
-                    }
+            serve_hyper(tls, conn, &written).await;
+        });
+    }
+}
+
+/// Serves HTTP/1.1 (and HTTP/2 sniffed from its preface where the peer gave no ALPN) on `tls`
+/// with hyper until the connection ends: the peer's end, a drain (GOAWAY or `Connection:
+/// close`, then the deadline), the cap (the idle-longest goes), a response moving too little
+/// per window (`written`: the bytes the connection wrote), or idleness.
+async fn serve_hyper(tls: tokio_rustls::server::TlsStream<Metered>, cx: http2::Conn, written: &AtomicU64) {
+    let http2::Conn { site, peer, activity, counters, limits, mut drain } = cx;
+    let mut b = auto::Builder::new(TokioExecutor::new());
+    // hyper's HTTP/1 write queue takes body chunks until it holds max_buf_size bytes
+    // (400 KB by default): one chunk is enough to keep the socket busy.
+    b.http1().timer(TokioTimer::new()).header_read_timeout(HEADER_TIMEOUT).max_buf_size(CHUNK);
+    // HTTP/2 polls a body while the stream has flow-control window, which a client
+    // may make 32 MB (curl does): h2 then queues up to max_send_buf_size per stream
+    // (400 KB by default) ahead of the socket; one chunk is enough. An HTTP/2
+    // connection may idle for long (browsers keep them); pings find the peers that
+    // vanished, so their permits come back.
+    b.http2()
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(100)
+        .max_send_buf_size(CHUNK)
+        .keep_alive_interval(H2_PING_INTERVAL)
+        .keep_alive_timeout(H2_PING_TIMEOUT);
+    // ALPN decided; a peer without ALPN gets hyper's sniffing of the HTTP/2 preface.
+    let b = match tls.get_ref().1.alpn_protocol() {
+        Some(b"h2") => b.http2_only(),
+        Some(b"http/1.1") => b.http1_only(),
+        _ => b,
+    };
+    // Bodies under way (while any is, it must keep taking bytes) and requests (none
+    // new and no body under way for `idle`, and it is closed); idle, it may be evicted.
+    let on_req = activity.clone();
+    let service = hyper::service::service_fn(move |req| {
+        on_req.requests.fetch_add(1, Ordering::Relaxed);
+        on_req.touch();
+        let resp = respond(&site, peer, req, &on_req);
+        async move { Ok::<_, Infallible>(resp) }
+    });
+    let conn = b.serve_connection(TokioIo::new(tls), service);
+    tokio::pin!(conn);
+    // A drain: GOAWAY (HTTP/2) or `Connection: close` after the response under way
+    // (HTTP/1.1; an idle one closes at once), then the deadline.
+    let mut close_at = None;
+    let mut check = tokio::time::interval(limits.window);
+    check.tick().await; // the first tick is now
+    let mut seen = written.load(Ordering::Relaxed);
+    let mut busy_since_check = false;
+    let (mut requests_seen, mut active_at) = (0, Instant::now());
+    loop {
+        tokio::select! {
+            r = &mut conn => {
+                if let Err(e) = r {
+                    log::debug!("udpx-h3: {peer}: HTTP over TCP: {e}");
+                }
+                return;
+            }
+            Ok(deadline) = drain.wait_for(Option::is_some), if close_at.is_none() => {
+                close_at = *deadline;
+                drop(deadline);
+                activity.server_closes();
+                conn.as_mut().graceful_shutdown();
+            }
+            () = activity.evict.notified(), if close_at.is_none() => {
+                // Idle at the cap: closed to make room (GOAWAY first for HTTP/2).
+                log::debug!("udpx-h3: {peer}: idle at the connection cap: closed");
+                activity.server_closes();
+                conn.as_mut().graceful_shutdown();
+                close_at = Some(tokio::time::Instant::now() + Duration::from_secs(1));
+            }
+            () = tokio::time::sleep_until(close_at.unwrap_or_else(tokio::time::Instant::now)), if close_at.is_some() => {
+                counters.drain_closed.fetch_add(1, Ordering::Relaxed);
+                log::debug!("udpx-h3: {peer}: still open at the drain's deadline: closed");
+                return;
+            }
+            _ = check.tick() => {
+                let now = written.load(Ordering::Relaxed);
+                let busy = activity.bodies.load(Ordering::Relaxed) > 0;
+                // A response under way at both ends of the window that moved too
+                // little: a slow reader or a stalled window. Closed (the connection
+                // future is dropped), counted.
+                if busy && busy_since_check && now - seen < limits.min_bytes {
+                    counters.too_slow.fetch_add(1, Ordering::Relaxed);
+                    activity.server_closes();
+                    log::debug!("udpx-h3: {peer}: {} B in {:?} with a response under way: closed", now - seen, limits.window);
+                    return;
+                }
+                busy_since_check = busy;
+                seen = now;
+                let r = activity.requests.load(Ordering::Relaxed);
+                if busy || r != requests_seen {
+                    (requests_seen, active_at) = (r, Instant::now());
+                } else if active_at.elapsed() >= limits.idle {
+                    counters.idle_closed.fetch_add(1, Ordering::Relaxed);
+                    activity.server_closes();
+                    log::debug!("udpx-h3: {peer}: idle for {:?}: closed", limits.idle);
+                    return;
                 }
             }
-        });
+        }
     }
 }
 
