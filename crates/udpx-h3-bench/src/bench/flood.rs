@@ -271,21 +271,21 @@ fn downloads(url: &str, size: usize, stop: &AtomicBool) -> (usize, Vec<Duration>
     (started, ok, failed)
 }
 
-fn one_run(
+/// Starts `udpx h3 serve` in the server's namespace on `cpu`, with `--retry mode`, its output
+/// into `log`, and waits until it serves.
+fn start_server(
     cfg: &FloodConfig,
     net: &StarNet,
-    forger: &Arc<udpx_quic::forge::InitialForger>,
     dir: &Path,
     (cert, key): (&Path, &Path),
     mode: &str,
-) -> Result<FloodRow, String> {
-    let cpus = udpx_lab::cpu::online_cpus();
-    let (attacker_cpu, server_cpu) = (cpus[0], *cpus.last().unwrap_or(&0));
+    cpu: usize,
+    log: &Path,
+) -> Result<ChildGroup, String> {
     let srv = SocketAddrV4::new(Leaf::Server.v4(), PORT);
-    let log = dir.join(format!("flood-{mode}.log"));
-    let logf = std::fs::File::create(&log).map_err(|e| e.to_string())?;
+    let logf = std::fs::File::create(log).map_err(|e| e.to_string())?;
     let mut cmd = net.ns(Leaf::Server).command("taskset");
-    cmd.args(["-c", &server_cpu.to_string()])
+    cmd.args(["-c", &cpu.to_string()])
         .arg(&cfg.udpx)
         .args(["h3", "serve"])
         .arg(dir.join("www"))
@@ -299,10 +299,37 @@ fn one_run(
         .stdout(logf.try_clone().map_err(|e| e.to_string())?)
         .stderr(logf);
     let server = ChildGroup::spawn(&mut cmd).map_err(|e| format!("starting the server: {e}"))?;
-    let pid = server.id();
-    super::scale::wait_until_up("udpx h3 serve", &log, || {
-        std::fs::read_to_string(&log).unwrap_or_default().contains(" on https://")
+    super::scale::wait_until_up("udpx h3 serve", log, || {
+        std::fs::read_to_string(log).unwrap_or_default().contains(" on https://")
     })?;
+    Ok(server)
+}
+
+/// Each distinct failure with how many times it came, in the order first seen.
+fn count_each(failed: &[String]) -> Vec<(String, usize)> {
+    failed.iter().fold(Vec::new(), |mut v: Vec<(String, usize)>, e| {
+        match v.iter_mut().find(|(x, _)| x == e) {
+            Some((_, n)) => *n += 1,
+            None => v.push((e.clone(), 1)),
+        }
+        v
+    })
+}
+
+fn one_run(
+    cfg: &FloodConfig,
+    net: &StarNet,
+    forger: &Arc<udpx_quic::forge::InitialForger>,
+    dir: &Path,
+    (cert, key): (&Path, &Path),
+    mode: &str,
+) -> Result<FloodRow, String> {
+    let cpus = udpx_lab::cpu::online_cpus();
+    let (attacker_cpu, server_cpu) = (cpus[0], *cpus.last().unwrap_or(&0));
+    let srv = SocketAddrV4::new(Leaf::Server.v4(), PORT);
+    let log = dir.join(format!("flood-{mode}.log"));
+    let server = start_server(cfg, net, dir, (cert, key), mode, server_cpu, &log)?;
+    let pid = server.id();
     let url = format!("https://{srv}/{FILE}");
     // One download before the flood: the server's memory with its first connection served.
     let u = url.clone();
@@ -407,13 +434,7 @@ fn one_run(
         amplification,
         downloads: started,
         downloads_ok: times.len(),
-        download_failures: failed.iter().fold(Vec::new(), |mut v: Vec<(String, usize)>, e| {
-            match v.iter_mut().find(|(x, _)| x == e) {
-                Some((_, n)) => *n += 1,
-                None => v.push((e.clone(), 1)),
-            }
-            v
-        }),
+        download_failures: count_each(&failed),
         download_p50_ms: ms(times.get(times.len() / 2)),
         download_max_ms: ms(times.last()),
         served_after,

@@ -92,62 +92,7 @@ pub fn table(b: &H3Bench) -> String {
         "runs"
     );
     for r in &b.rows {
-        // Against nginx serving the same client where there is such a row (the pairs of the
-        // clients users bring), else nginx serving curl.
-        let nginx = b
-            .rows
-            .iter()
-            .find(|x| x.server == NGINX && x.client == r.client)
-            .or_else(|| b.rows.iter().find(|x| x.server == NGINX))
-            .map(H3Row::costs);
-        let Some(m) = r.median else {
-            let why = r.kept.no_figure().unwrap_or_else(|| format!("failed: {}", r.error.as_deref().unwrap_or("?")));
-            let _ = writeln!(s, "{:<22} {:<15} {why}", r.server, r.client);
-            continue;
-        };
-        let pm = |v: f64, f: fn(&H3Run) -> f64| {
-            let sp = Spread::of_clean(&figures(&r.runs, f));
-            udpx_lab::judge::pm(v, sp.min, sp.max)
-        };
-        let ratio = |base: Option<Vec<Run>>| -> (String, String) {
-            let Some(base) = base else { return ("-".into(), "-".into()) };
-            let rs = paired_ratios(&r.costs(), &base);
-            let sp = Spread::of(&rs);
-            // No pair, or a base run that measured no CPU at all (a file too small for the
-            // clock tick): no ratio to show.
-            if sp.n == 0 || !sp.median.is_finite() {
-                return ("-".into(), "-".into());
-            }
-            (format!("{:.2}x", sp.median), udpx_lab::judge::pm(sp.median, sp.min, sp.max))
-        };
-        let sendmsg = b.rows.iter().find(|x| x.server == "sendmsg" && x.client == r.client).map(H3Row::costs);
-        let (vs_s, vs_s_pm) = if r.is_udpx() { ratio(sendmsg) } else { ("-".into(), "-".into()) };
-        let (vs_n, vs_n_pm) = ratio(nginx);
-        let opt = |v: Option<u64>| v.map_or("-".to_string(), |v| v.to_string());
-        let _ = writeln!(
-            s,
-            "{:<22} {:<15} {:>9.3} {:>5} {:>5.0} {:>8.0} {:>5} {:>10} {:>9} {:>11} {:>6} {:>14} {:>10} {:>5} {:>8} {:>5} {:>4}",
-            r.server,
-            r.client,
-            m.cpu_s_per_gb,
-            pm(m.cpu_s_per_gb, |x| x.cpu_s_per_gb),
-            100.0 * m.server_task_s / m.server_cpu_s.max(1e-9),
-            m.mbit_per_s,
-            pm(m.mbit_per_s, |x| x.mbit_per_s),
-            opt(m.send_calls),
-            m.packets_per_call.map_or("-".to_string(), |p| format!("{p:.2}")),
-            match (m.turns_per_mb, m.send_calls_per_mb) {
-                (Some(t), Some(c)) => format!("{t:.0}/{c:.0}"),
-                _ => "-".to_string(),
-            },
-            opt(m.lost_packets),
-            m.passes.map_or("-".to_string(), |p| format!("{:.2}/{:.2}/{:.2}", p.read, p.copied, p.sealed)),
-            vs_s,
-            vs_s_pm,
-            vs_n,
-            vs_n_pm,
-            r.kept.cell()
-        );
+        row_line(&mut s, b, r);
     }
     let extra: usize = b.rows.iter().map(|r| r.runs.len().saturating_sub(r.kept.planned)).max().unwrap_or(0);
     if let Some(note) = steal_note(b.rows.iter().flat_map(|r| r.runs.iter().flatten()).map(|x| &x.steal), Some(extra)) {
@@ -181,6 +126,68 @@ pub fn table(b: &H3Bench) -> String {
         let _ = write!(s, "\n{}\n{}", verdict_rule(b.config.repeat), checks_text(&b.checks));
     }
     s
+}
+
+/// One row of [`table`]: its median clean run's figures with their spreads, and its ratios to
+/// the sendmsg server and to nginx; or why it has no figure.
+fn row_line(s: &mut String, b: &H3Bench, r: &H3Row) {
+    use std::fmt::Write as _;
+    // Against nginx serving the same client where there is such a row (the pairs of the
+    // clients users bring), else nginx serving curl.
+    let nginx = b
+        .rows
+        .iter()
+        .find(|x| x.server == NGINX && x.client == r.client)
+        .or_else(|| b.rows.iter().find(|x| x.server == NGINX))
+        .map(H3Row::costs);
+    let Some(m) = r.median else {
+        let why = r.kept.no_figure().unwrap_or_else(|| format!("failed: {}", r.error.as_deref().unwrap_or("?")));
+        let _ = writeln!(s, "{:<22} {:<15} {why}", r.server, r.client);
+        return;
+    };
+    let pm = |v: f64, f: fn(&H3Run) -> f64| {
+        let sp = Spread::of_clean(&figures(&r.runs, f));
+        udpx_lab::judge::pm(v, sp.min, sp.max)
+    };
+    let ratio = |base: Option<Vec<Run>>| -> (String, String) {
+        let Some(base) = base else { return ("-".into(), "-".into()) };
+        let rs = paired_ratios(&r.costs(), &base);
+        let sp = Spread::of(&rs);
+        // No pair, or a base run that measured no CPU at all (a file too small for the
+        // clock tick): no ratio to show.
+        if sp.n == 0 || !sp.median.is_finite() {
+            return ("-".into(), "-".into());
+        }
+        (format!("{:.2}x", sp.median), udpx_lab::judge::pm(sp.median, sp.min, sp.max))
+    };
+    let sendmsg = b.rows.iter().find(|x| x.server == "sendmsg" && x.client == r.client).map(H3Row::costs);
+    let (vs_s, vs_s_pm) = if r.is_udpx() { ratio(sendmsg) } else { ("-".into(), "-".into()) };
+    let (vs_n, vs_n_pm) = ratio(nginx);
+    let opt = |v: Option<u64>| v.map_or("-".to_string(), |v| v.to_string());
+    let _ = writeln!(
+        s,
+        "{:<22} {:<15} {:>9.3} {:>5} {:>5.0} {:>8.0} {:>5} {:>10} {:>9} {:>11} {:>6} {:>14} {:>10} {:>5} {:>8} {:>5} {:>4}",
+        r.server,
+        r.client,
+        m.cpu_s_per_gb,
+        pm(m.cpu_s_per_gb, |x| x.cpu_s_per_gb),
+        100.0 * m.server_task_s / m.server_cpu_s.max(1e-9),
+        m.mbit_per_s,
+        pm(m.mbit_per_s, |x| x.mbit_per_s),
+        opt(m.send_calls),
+        m.packets_per_call.map_or("-".to_string(), |p| format!("{p:.2}")),
+        match (m.turns_per_mb, m.send_calls_per_mb) {
+            (Some(t), Some(c)) => format!("{t:.0}/{c:.0}"),
+            _ => "-".to_string(),
+        },
+        opt(m.lost_packets),
+        m.passes.map_or("-".to_string(), |p| format!("{:.2}/{:.2}/{:.2}", p.read, p.copied, p.sealed)),
+        vs_s,
+        vs_s_pm,
+        vs_n,
+        vs_n_pm,
+        r.kept.cell()
+    );
 }
 
 /// What zerocopy did over the udpx runs, in a line: a gain it cannot show on this path is

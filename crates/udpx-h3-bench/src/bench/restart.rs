@@ -308,6 +308,15 @@ impl RestartRow {
     }
 }
 
+/// How a row's udpx server starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Start {
+    /// On its own.
+    Fresh,
+    /// Taking over from the one running (`--upgrade`).
+    Upgrade,
+}
+
 struct Lab<'a> {
     net: &'a TestNet,
     dir: &'a Path,
@@ -324,9 +333,10 @@ impl Lab<'_> {
         SocketAddr::new(IpAddr::V4(self.net.rx_v4), PORT)
     }
 
-    /// `udpx h3 serve` on the server's CPU in its namespace, its output in `log`.
-    /// With `tcp`: HTTPS over TCP on the same address (`--alt-svc-tcp`).
-    fn udpx(&self, cfg: &RestartConfig, log: &Path, upgrade: bool, tcp: bool) -> Result<ChildGroup, String> {
+    /// `udpx h3 serve` on the server's CPU in its namespace, its output in `log`, started as
+    /// `start` says. With `tcp`: HTTPS over TCP on the same address (`--alt-svc-tcp`).
+    fn udpx(&self, cfg: &RestartConfig, log: &Path, start: Start, tcp: bool) -> Result<ChildGroup, String> {
+        let upgrade = start == Start::Upgrade;
         let mut c = self.net.ns(Side::Rx).command("taskset");
         c.args(["-c", &self.server_cpu.to_string()]).arg(&cfg.udpx);
         c.args(["h3", "serve"]).arg(self.www).args(["--listen", &self.addr().to_string()]);
@@ -432,13 +442,45 @@ fn exit_watch(child: ChildGroup, limit: Duration) -> std::thread::JoinHandle<Opt
     })
 }
 
+/// A row's requests split by whether they were sent within [`NEAR`] after a change.
+struct ByNearness {
+    /// Latencies (µs) of the requests sent near a change.
+    near: Vec<u32>,
+    /// Latencies (µs) of the others.
+    away: Vec<u32>,
+    /// Requests sent near a change that failed.
+    failed_near: u64,
+}
+
+impl ByNearness {
+    /// Splits the window's requests of the clients' `loads` by the `changes`' times.
+    fn of<'a>(changes: &[ChangeRun], loads: impl Iterator<Item = &'a LoadReport> + Clone) -> ByNearness {
+        let near = |ms: u32| {
+            changes.iter().any(|c| {
+                let t = c.at_s * 1000.0;
+                f64::from(ms) >= t && f64::from(ms) < t + NEAR.as_secs_f64() * 1000.0
+            })
+        };
+        let (mut inside, mut outside): (Vec<u32>, Vec<u32>) = (Vec::new(), Vec::new());
+        for &(at, us) in loads.clone().flat_map(|l| &l.timeline) {
+            if near(at) {
+                inside.push(us);
+            } else {
+                outside.push(us);
+            }
+        }
+        let failed_near = loads.flat_map(|l| &l.failed_at).filter(|&&ms| near(ms)).count() as u64;
+        ByNearness { near: inside, away: outside, failed_near }
+    }
+}
+
 fn one_row(cfg: &RestartConfig, lab: &Lab<'_>, change: Change) -> Result<RestartRow, String> {
     let log = lab.dir.join(format!("{change:?}.log"));
     let _ = std::fs::remove_file(&log);
     let mut server = if change.nginx() {
         lab.nginx(cfg.nginx.as_deref().ok_or("nginx not found")?, &log, change == Change::NginxUpgrade)?
     } else {
-        Server::of(lab.udpx(cfg, &log, false, change == Change::UdpxUpgradeH2H3)?)
+        Server::of(lab.udpx(cfg, &log, Start::Fresh, change == Change::UdpxUpgradeH2H3)?)
     };
     let mut lc = LoadConfig::new(lab.addr(), cfg.players, &format!("/{SEGMENT}"), cfg.interval);
     lc.ramp = Duration::from_secs(5);
@@ -485,7 +527,7 @@ fn one_row(cfg: &RestartConfig, lab: &Lab<'_>, change: Change) -> Result<Restart
             Change::UdpxReload => signal(server.pid, Signal::SIGHUP).map(|()| None),
             Change::NginxReload => signal(master, Signal::SIGHUP).map(|()| None),
             Change::UdpxUpgrade | Change::UdpxUpgradeQuinn | Change::UdpxUpgradeH2H3 => {
-                let next = Server::of(lab.udpx(cfg, &log, true, both)?);
+                let next = Server::of(lab.udpx(cfg, &log, Start::Upgrade, both)?);
                 let old = std::mem::replace(&mut server, next);
                 let old = old._child.ok_or("the old server's process")?;
                 watchers.push((changes.len(), at, exit_watch(old, cfg.drain_timeout + Duration::from_secs(10))));
@@ -541,27 +583,12 @@ fn one_row(cfg: &RestartConfig, lab: &Lab<'_>, change: Change) -> Result<Restart
     drop(server);
     let load = load?;
     let load_h2 = load_h2.transpose()?;
-    let near = |ms: u32| {
-        changes.iter().any(|c| {
-            let t = c.at_s * 1000.0;
-            f64::from(ms) >= t && f64::from(ms) < t + NEAR.as_secs_f64() * 1000.0
-        })
-    };
-    let (mut inside, mut outside): (Vec<u32>, Vec<u32>) = (Vec::new(), Vec::new());
-    let halves = || std::iter::once(&load).chain(load_h2.as_ref());
-    for &(at, us) in halves().flat_map(|l| &l.timeline) {
-        if near(at) {
-            inside.push(us);
-        } else {
-            outside.push(us);
-        }
-    }
-    let failed_near = halves().flat_map(|l| &l.failed_at).filter(|&&ms| near(ms)).count() as u64;
+    let mut by_nearness = ByNearness::of(&changes, std::iter::once(&load).chain(load_h2.as_ref()));
     Ok(RestartRow {
         change,
-        p99_near_ms: p99_ms(&mut inside),
-        p99_away_ms: p99_ms(&mut outside),
-        failed_near,
+        p99_near_ms: p99_ms(&mut by_nearness.near),
+        p99_away_ms: p99_ms(&mut by_nearness.away),
+        failed_near: by_nearness.failed_near,
         downloads_broken: download_errors.len(),
         download_errors,
         load: Some(load),
@@ -624,7 +651,7 @@ impl Lab<'_> {
     fn udpx_after(&self, cfg: &RestartConfig, log: &Path) -> Result<ChildGroup, String> {
         let start = Instant::now();
         loop {
-            match self.udpx(cfg, log, false, false) {
+            match self.udpx(cfg, log, Start::Fresh, false) {
                 Ok(c) => return Ok(c),
                 Err(e) if start.elapsed() > Duration::from_secs(10) => return Err(e),
                 Err(_) => std::thread::sleep(Duration::from_millis(20)),

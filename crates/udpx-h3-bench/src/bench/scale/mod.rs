@@ -488,69 +488,10 @@ pub fn run(cfg: &ScaleConfig, progress: &mut dyn FnMut(&str)) -> Result<ScaleBen
     write_cert(&cert, &key)?;
     let place = setup(cfg)?;
     let rate = TickRate::system().map_err(|e| e.to_string())?;
-    let sample_baseline = || {
-        let a = CpuSample::now().ok();
-        std::thread::sleep(BASELINE);
-        a.zip(CpuSample::now().ok()).map(|(a, b)| {
-            let d = b.diff(&a);
-            d.busy_time(&[place.server_cpu], rate).as_secs_f64() * 100.0 / d.elapsed.as_secs_f64().max(1e-9)
-        })
-    };
-    let settle = Instant::now();
-    let mut baseline_pct = sample_baseline();
-    while let Some(b) = baseline_pct.filter(|&b| b > SETTLED_PCT && settle.elapsed() < SETTLE_MAX) {
-        progress(&format!(
-            "CPU {} is {b:.1} % busy with nothing of ours running: waiting for it to settle",
-            place.server_cpu
-        ));
-        baseline_pct = sample_baseline();
-    }
-    if let Some(b) = baseline_pct {
-        progress(&format!(
-            "CPU {} with nothing of ours running: {b:.1} % busy (in every row's server CPU)",
-            place.server_cpu
-        ));
-    }
+    let baseline_pct = settled_baseline(place.server_cpu, rate, progress);
     let mut rows = Vec::new();
     let mut left_out = Vec::new();
-    let servers: Vec<ScaleServer> = cfg
-        .servers
-        .iter()
-        .copied()
-        .filter(|s| {
-            let nginx = matches!(s, ScaleServer::NginxH2 | ScaleServer::NginxH1);
-            if nginx && cfg.nginx.is_none() {
-                left_out.push(format!("{}: nginx not found in PATH (scripts/setup.sh installs it)", s.name()));
-            }
-            !(nginx && cfg.nginx.is_none())
-        })
-        .collect();
-    let clients: Vec<LoadClient> = cfg
-        .clients
-        .iter()
-        .copied()
-        .filter(|&c| {
-            let missing = c == LoadClient::Independent && cfg.independent.is_none();
-            if missing {
-                left_out.push(format!(
-                    "the independent client's rows: {} not found (scripts/setup.sh builds it from peers/quicgo-load)",
-                    crate::independent::PROGRAM
-                ));
-            }
-            !missing
-        })
-        .collect();
-    let mut plan: Vec<(ScaleServer, LoadClient, usize, bool)> = Vec::new();
-    for &n in &cfg.connections {
-        for &s in &servers {
-            for &c in &clients {
-                plan.push((s, c, n, false));
-            }
-        }
-    }
-    if let Some(n) = cfg.idle {
-        plan.push((ScaleServer::Udpx, LoadClient::Own, n, true));
-    }
+    let plan = plan(cfg, &mut left_out);
     let mut runs: Vec<Vec<Result<RowRun, String>>> = vec![Vec::new(); plan.len()];
     let (mut idle_floor, mut idle_floor_errors) = (Vec::new(), Vec::new());
     let planned = cfg.rounds.max(1);
@@ -643,6 +584,74 @@ pub fn run(cfg: &ScaleConfig, progress: &mut dyn FnMut(&str)) -> Result<ScaleBen
         checks,
         environment,
     })
+}
+
+/// The server CPU's busy share with nothing of ours running, sampled over [`BASELINE`] again
+/// while it is above [`SETTLED_PCT`] (for [`SETTLE_MAX`] at most); `progress` says so.
+fn settled_baseline(server_cpu: usize, rate: TickRate, progress: &mut dyn FnMut(&str)) -> Option<f64> {
+    let sample_baseline = || {
+        let a = CpuSample::now().ok();
+        std::thread::sleep(BASELINE);
+        a.zip(CpuSample::now().ok()).map(|(a, b)| {
+            let d = b.diff(&a);
+            d.busy_time(&[server_cpu], rate).as_secs_f64() * 100.0 / d.elapsed.as_secs_f64().max(1e-9)
+        })
+    };
+    let settle = Instant::now();
+    let mut baseline_pct = sample_baseline();
+    while let Some(b) = baseline_pct.filter(|&b| b > SETTLED_PCT && settle.elapsed() < SETTLE_MAX) {
+        progress(&format!("CPU {server_cpu} is {b:.1} % busy with nothing of ours running: waiting for it to settle"));
+        baseline_pct = sample_baseline();
+    }
+    if let Some(b) = baseline_pct {
+        progress(&format!("CPU {server_cpu} with nothing of ours running: {b:.1} % busy (in every row's server CPU)"));
+    }
+    baseline_pct
+}
+
+/// The runs of one round, in order: each connection count for each server and client there is
+/// (those left out said in `left_out`), then the idle row; each as (server, client,
+/// connections, idle).
+fn plan(cfg: &ScaleConfig, left_out: &mut Vec<String>) -> Vec<(ScaleServer, LoadClient, usize, bool)> {
+    let servers: Vec<ScaleServer> = cfg
+        .servers
+        .iter()
+        .copied()
+        .filter(|s| {
+            let nginx = matches!(s, ScaleServer::NginxH2 | ScaleServer::NginxH1);
+            if nginx && cfg.nginx.is_none() {
+                left_out.push(format!("{}: nginx not found in PATH (scripts/setup.sh installs it)", s.name()));
+            }
+            !(nginx && cfg.nginx.is_none())
+        })
+        .collect();
+    let clients: Vec<LoadClient> = cfg
+        .clients
+        .iter()
+        .copied()
+        .filter(|&c| {
+            let missing = c == LoadClient::Independent && cfg.independent.is_none();
+            if missing {
+                left_out.push(format!(
+                    "the independent client's rows: {} not found (scripts/setup.sh builds it from peers/quicgo-load)",
+                    crate::independent::PROGRAM
+                ));
+            }
+            !missing
+        })
+        .collect();
+    let mut plan: Vec<(ScaleServer, LoadClient, usize, bool)> = Vec::new();
+    for &n in &cfg.connections {
+        for &s in &servers {
+            for &c in &clients {
+                plan.push((s, c, n, false));
+            }
+        }
+    }
+    if let Some(n) = cfg.idle {
+        plan.push((ScaleServer::Udpx, LoadClient::Own, n, true));
+    }
+    plan
 }
 
 /// A running server: its process, what it serves on.

@@ -165,38 +165,8 @@ fn judge_by(rows: &[ScaleRow], by: LoadClient, baseline: Option<f64>, segment: u
 /// The table as text.
 pub fn table(b: &ScaleBench) -> String {
     use std::fmt::Write as _;
-    let c = &b.config;
     let mut s = String::new();
-    let _ = writeln!(
-        s,
-        "Players: a {} KiB segment every {:.1} s each (idle connections: a PING every {:.1} s), starts over {}, {:.0} s measured; {}\n",
-        c.segment / 1024,
-        c.interval.as_secs_f64(),
-        c.keepalive.as_secs_f64(),
-        if c.ramp_fixed {
-            format!("{:.0} s", c.ramp.as_secs_f64())
-        } else {
-            format!(
-                "{:.0} s or more ({} players or {} idle connections a second at most)",
-                c.ramp.as_secs_f64(),
-                super::PLAYER_OPENS_PER_SEC,
-                super::IDLE_OPENS_PER_SEC
-            )
-        },
-        c.window.as_secs_f64(),
-        b.path
-    );
-    if c.host != udpx_h3::Tuning::default() {
-        let _ = writeln!(s, "udpx rows: `udpx h3 serve {}` (not the defaults)\n", c.host.serve_args().join(" "));
-    }
-    if let Some(base) = b.baseline_pct {
-        let _ = writeln!(
-            s,
-            "Server CPU includes what ran there without us ({base:.1} % before the rows: this machine's own agents); \
-             the scaling check by it starts at the smallest udpx row above {ABOVE_BASELINE:.0}x that, the one by the \
-             server process's own CPU (the figures in parentheses) at the lightest row.\n"
-        );
-    }
+    preamble(&mut s, b);
     let _ = writeln!(
         s,
         "| server | client | conns | served % | unanswered | never served | p50 / p99 / max ms | late | handshake p50 ms | server CPU % (its process) | CPU-s/GB (its process) | CPU-us per conn-s | KiB per conn | server context switches per request | client packets sent per received | dropped in the client % | client CPU % | runs |"
@@ -256,6 +226,58 @@ pub fn table(b: &ScaleBench) -> String {
              256 unprocessed packets per connection). Their p99 is not judged."
         );
     }
+    host_table(&mut s, b);
+    qlog_table(&mut s, b);
+    idle_floor_table(&mut s, b);
+    for l in &b.left_out {
+        let _ = writeln!(s, "\nleft out: {l}");
+    }
+    let _ = writeln!(s, "\n{}", udpx_lab::judge::checks_text(&b.checks));
+    let _ = writeln!(s, "{}", b.environment.to_markdown());
+    s
+}
+
+/// What the players did, the path, the udpx rows' options and the baseline: the text above
+/// the table.
+fn preamble(s: &mut String, b: &ScaleBench) {
+    use std::fmt::Write as _;
+    let c = &b.config;
+    let _ = writeln!(
+        s,
+        "Players: a {} KiB segment every {:.1} s each (idle connections: a PING every {:.1} s), starts over {}, {:.0} s measured; {}\n",
+        c.segment / 1024,
+        c.interval.as_secs_f64(),
+        c.keepalive.as_secs_f64(),
+        if c.ramp_fixed {
+            format!("{:.0} s", c.ramp.as_secs_f64())
+        } else {
+            format!(
+                "{:.0} s or more ({} players or {} idle connections a second at most)",
+                c.ramp.as_secs_f64(),
+                super::PLAYER_OPENS_PER_SEC,
+                super::IDLE_OPENS_PER_SEC
+            )
+        },
+        c.window.as_secs_f64(),
+        b.path
+    );
+    if c.host != udpx_h3::Tuning::default() {
+        let _ = writeln!(s, "udpx rows: `udpx h3 serve {}` (not the defaults)\n", c.host.serve_args().join(" "));
+    }
+    if let Some(base) = b.baseline_pct {
+        let _ = writeln!(
+            s,
+            "Server CPU includes what ran there without us ({base:.1} % before the rows: this machine's own agents); \
+             the scaling check by it starts at the smallest udpx row above {ABOVE_BASELINE:.0}x that, the one by the \
+             server process's own CPU (the figures in parentheses) at the lightest row.\n"
+        );
+    }
+}
+
+/// The udpx server's host per request over the window, for the rows whose median run read
+/// its `/metrics`.
+fn host_table(s: &mut String, b: &ScaleBench) {
+    use std::fmt::Write as _;
     let hosts: Vec<(&ScaleRow, HostPerRequest)> =
         b.rows.iter().filter_map(|r| Some((r, r.median.as_ref()?.host?))).collect();
     if !hosts.is_empty() {
@@ -287,6 +309,11 @@ pub fn table(b: &ScaleBench) -> String {
             );
         }
     }
+}
+
+/// The qlog writer's rates, for the rows that logged.
+fn qlog_table(s: &mut String, b: &ScaleBench) {
+    use std::fmt::Write as _;
     let qlogs: Vec<(&ScaleRow, super::QlogRates)> =
         b.rows.iter().filter_map(|r| Some((r, r.median.as_ref()?.qlog?))).collect();
     if !qlogs.is_empty() {
@@ -315,6 +342,11 @@ pub fn table(b: &ScaleBench) -> String {
             );
         }
     }
+}
+
+/// The idle row against a bare echo server's floor, round by round.
+fn idle_floor_table(s: &mut String, b: &ScaleBench) {
+    use std::fmt::Write as _;
     if let Some(idle) = b.rows.iter().find(|r| r.idle) {
         if !b.idle_floor.is_empty() || !b.idle_floor_errors.is_empty() {
             let _ = writeln!(
@@ -350,12 +382,6 @@ pub fn table(b: &ScaleBench) -> String {
             }
         }
     }
-    for l in &b.left_out {
-        let _ = writeln!(s, "\nleft out: {l}");
-    }
-    let _ = writeln!(s, "\n{}", udpx_lab::judge::checks_text(&b.checks));
-    let _ = writeln!(s, "{}", b.environment.to_markdown());
-    s
 }
 
 #[cfg(test)]
