@@ -113,6 +113,7 @@ impl ModeArg {
 }
 
 #[derive(Args, Debug)]
+#[allow(clippy::struct_excessive_bools)] // reason: command-line flags, each a switch of its own
 struct MainArgs {
     /// Seconds each row sends (default: the preset's, printed at the start; see --thorough).
     #[arg(short = 'l', long)]
@@ -190,6 +191,7 @@ fn check_port(port: Option<u16>) -> Result<(), String> {
 }
 
 #[derive(Args, Debug)]
+#[allow(clippy::struct_excessive_bools)] // reason: command-line flags, each a switch of its own
 struct Common {
     /// IPv4 (default).
     #[arg(short = '4', conflicts_with = "ipv6")]
@@ -215,6 +217,7 @@ struct Common {
 }
 
 #[derive(Args, Debug)]
+#[allow(clippy::struct_excessive_bools)] // reason: command-line flags, each a switch of its own
 struct TxArgs {
     #[command(flatten)]
     common: Common,
@@ -362,6 +365,57 @@ fn print_interval(side: &str, iv: &Interval) {
     );
 }
 
+/// What -S (the GSO segment size) makes of the send: the protocol (GSO where the mode was
+/// not), the datagram size, the segments per zerocopy buffer and the bytes per send call;
+/// without -S, the mode's protocol and -s. Err: what is wrong with -S.
+fn tx_shape(a: &TxArgs) -> Result<(Proto, usize, Option<usize>, Option<usize>), String> {
+    let mut proto = a.mode.proto();
+    let Some(s) = a.gso_size else { return Ok((proto, a.size, None, None)) };
+    if s == 0 || s >= a.size {
+        return Err(format!("-S {s}: the GSO segment size must be at least 1 and smaller than -s {}", a.size));
+    }
+    if a.mode == ModeArg::Tcp {
+        return Err("-S: GSO applies to UDP, not -m tcp".into());
+    }
+    let segments = a.size.div_ceil(s);
+    let kernel_max = udpx::KernelCaps::get().gso_max_segments.unwrap_or(0);
+    if segments > kernel_max {
+        return Err(format!(
+            "-s {} -S {s}: {segments} segments per send; this kernel takes at most {kernel_max}",
+            a.size
+        ));
+    }
+    if !matches!(proto, Proto::Udp(SendMode::GsoSendmmsg)) {
+        proto = Proto::Udp(SendMode::GsoSendmsg);
+    }
+    // Zerocopy sends keep their own pool of whole segments (at most this many each).
+    Ok((proto, s, Some(a.size / s), Some(a.size)))
+}
+
+/// The sender's UDP socket on `local`, connected to `dst`, sending by `mode` with zerocopy and
+/// io_uring as the flags ask. Err: how the command ends (skipped without io_uring).
+fn tx_socket(a: &TxArgs, local: SocketAddr, dst: SocketAddr, mode: SendMode) -> Result<UdpSocket, ExitCode> {
+    let zc_cfg = udpx::ZcConfig {
+        copied_limit: if a.zerocopy_forced { 0 } else { udpx::zerocopy::COPIED_LIMIT },
+        ..udpx::ZcConfig::default()
+    };
+    let builder = UdpSocket::builder(local)
+        .send_mode(mode)
+        .send_buffer(4 << 20)
+        .zerocopy(if a.zerocopy { Want::Required } else { Want::Off })
+        .zerocopy_config(zc_cfg)
+        .io_uring(if a.io_uring { Want::Required } else { Want::Off })
+        .connect(dst);
+    match builder.bind() {
+        Ok(s) => Ok(s),
+        Err(udpx::Error::Unsupported { feature: udpx::Feature::IoUring, why }) => {
+            eprintln!("udpx bench tx: --io-uring: {why}");
+            Err(ExitCode::from(exit::SKIPPED))
+        }
+        Err(e) => Err(failure(format!("socket: {e}"))),
+    }
+}
+
 fn tx(a: TxArgs) -> ExitCode {
     let v6 = a.common.ipv6 || a.dst.ip.is_ipv6();
     let dur = match duration("-l", a.common.duration) {
@@ -383,33 +437,10 @@ fn tx(a: TxArgs) -> ExitCode {
         eprintln!("udpx bench tx: -z: this kernel does not accept SO_ZEROCOPY");
         return ExitCode::from(exit::SKIPPED);
     }
-    let mut proto = a.mode.proto();
-    let mut size = a.size;
-    let mut max_segments = None;
-    let mut send_size = None;
-    if let Some(s) = a.gso_size {
-        if s == 0 || s >= a.size {
-            return usage(format!("-S {s}: the GSO segment size must be at least 1 and smaller than -s {}", a.size));
-        }
-        if a.mode == ModeArg::Tcp {
-            return usage("-S: GSO applies to UDP, not -m tcp");
-        }
-        let segments = a.size.div_ceil(s);
-        let kernel_max = udpx::KernelCaps::get().gso_max_segments.unwrap_or(0);
-        if segments > kernel_max {
-            return usage(format!(
-                "-s {} -S {s}: {segments} segments per send; this kernel takes at most {kernel_max}",
-                a.size
-            ));
-        }
-        if !matches!(proto, Proto::Udp(SendMode::GsoSendmmsg)) {
-            proto = Proto::Udp(SendMode::GsoSendmsg);
-        }
-        // Zerocopy sends keep their own pool of whole segments (at most this many each).
-        max_segments = Some(a.size / s);
-        send_size = Some(a.size);
-        size = s;
-    }
+    let (proto, size, max_segments, send_size) = match tx_shape(&a) {
+        Ok(x) => x,
+        Err(e) => return usage(e),
+    };
     if let Some(c) = a.common.cpu {
         let _ = pin_current_thread(c);
     }
@@ -443,24 +474,9 @@ fn tx(a: TxArgs) -> ExitCode {
     let watch = CpuWatch::start(a.common.cpu);
     let res = match proto {
         Proto::Udp(mode) => {
-            let zc_cfg = udpx::ZcConfig {
-                copied_limit: if a.zerocopy_forced { 0 } else { udpx::zerocopy::COPIED_LIMIT },
-                ..udpx::ZcConfig::default()
-            };
-            let builder = UdpSocket::builder(local)
-                .send_mode(mode)
-                .send_buffer(4 << 20)
-                .zerocopy(if a.zerocopy { Want::Required } else { Want::Off })
-                .zerocopy_config(zc_cfg)
-                .io_uring(if a.io_uring { Want::Required } else { Want::Off })
-                .connect(dst);
-            let sock = match builder.bind() {
+            let sock = match tx_socket(&a, local, dst, mode) {
                 Ok(s) => s,
-                Err(udpx::Error::Unsupported { feature: udpx::Feature::IoUring, why }) => {
-                    eprintln!("udpx bench tx: --io-uring: {why}");
-                    return ExitCode::from(exit::SKIPPED);
-                }
-                Err(e) => return failure(format!("socket: {e}")),
+                Err(code) => return code,
             };
             run_tx(&cfg, Some(&sock), None, &stop, &mut on)
         }
@@ -608,57 +624,18 @@ fn stamp() -> String {
 }
 
 fn main_job(a: MainArgs) -> ExitCode {
-    // The preset, then any flag given on top of it.
-    let preset = if a.thorough { Preset::THOROUGH } else { Preset::DEFAULT };
-    let preset = Preset {
-        runs: a.repeat.unwrap_or(preset.runs),
-        row_secs: a.duration.unwrap_or(preset.row_secs),
-        all_rows: preset.all_rows || a.all_rows,
-    };
-    let dur = match duration("--duration", preset.row_secs) {
-        Ok(d) => d,
-        Err(e) => return usage(e),
+    let (preset, dur, profiles, veth) = match main_settings(&a) {
+        Ok(x) => x,
+        Err(code) => return code,
     };
     let repeat = preset.runs;
-    if repeat == 0 || repeat > 20 {
-        return usage(format!("--repeat {repeat}: give 1 to 20 runs (3 or more for a verdict on the targets)"));
-    }
-    if let Err(e) = check_size("--size", a.size, false) {
-        return usage(e);
-    }
-    let mut profiles = Vec::new();
-    for p in &a.profiles {
-        match p.parse::<Profile>() {
-            Ok(p) => profiles.push(p),
-            Err(_) => return usage(format!("--profiles {p}: use offload, software or both (offload,software)")),
-        }
-    }
-    let veth = !a.loopback && udpx_lab::netns::check_capable().is_ok();
-    // Every UDP row sends datagrams (or GSO segments) of --size: over the path used, not
-    // fragmented, or every row would fail with EMSGSIZE after the whole job's setup.
-    let (mtu, path_name) = if veth { (Some(VETH_MTU), "veth pair") } else { (loopback_mtu(), "loopback") };
-    if let Some(mtu) = mtu {
-        let max = max_datagram(mtu, false);
-        if a.size > max {
-            return usage(format!(
-                "--size {}: the {path_name}'s MTU is {mtu}, so a datagram is at most {max} bytes over IPv4; give --size {max} or less",
-                a.size
-            ));
-        }
-    }
     if veth {
         // Before any thread exists: Ctrl-C, TERM and HUP remove our namespaces, then exit.
         crate::util::signal_cleanup("bench");
     }
     let cpus_online = online_cpus();
     let cpus = Cpus { tx: cpus_online[0], rx: *cpus_online.get(1).unwrap_or(&cpus_online[0]) };
-    let iperf3_why = if a.no_iperf3 {
-        Some("--no-iperf3 given".to_string())
-    } else if !which("iperf3") {
-        Some("iperf3 is not on PATH (scripts/setup.sh installs it)".to_string())
-    } else {
-        None
-    };
+    let iperf3_why = iperf3_missing(&a);
     let rows = default_rows(iperf3_why.is_none(), preset);
     let left_out = left_out(iperf3_why.as_deref(), preset.all_rows);
     if a.rcvbuf == Some(0) {
@@ -666,25 +643,7 @@ fn main_job(a: MainArgs) -> ExitCode {
     }
     let plan = default_rcvbuf(a.size);
     let rcvbuf = a.rcvbuf.unwrap_or(plan.set);
-    let rcvbuf_text = match a.rcvbuf {
-        Some(n) => format!("receive buffer {n} B set (--rcvbuf)"),
-        None => {
-            let shared = udpx_bench::rx::default_rcvbuf_for(udpx_lab::netns::Profile::Software, a.size);
-            format!(
-                "receive buffer sized by udpx::rcvbuf::plan: {} B set for {} datagrams of {} B arriving at {} GB/s \
-                 during {} us (offload, loopback); {} B set for {} GB/s during {} ms (software: the receiver \
-                 shares its CPU with the NAPI thread)",
-                plan.set,
-                plan.datagrams,
-                a.size,
-                udpx_bench::rx::BULK_RATE / 1_000_000_000,
-                udpx_bench::rx::BULK_GAP.as_micros(),
-                shared.set,
-                udpx_bench::rx::SHARED_RATE / 1_000_000_000,
-                udpx_bench::rx::SHARED_GAP.as_millis()
-            )
-        }
-    };
+    let rcvbuf_text = rcvbuf_text(&a, &plan);
     let cfg = RunConfig { duration: dur, size: a.size, v6: false, verify: a.verify, cpus, rcvbuf, pace: None };
     let n_profiles = if veth { profiles.len() } else { 1 };
     let total = (rows.len() * repeat * n_profiles) as u64;
@@ -700,15 +659,7 @@ fn main_job(a: MainArgs) -> ExitCode {
     }
     // Also with --json: a missing peer is never silent.
     eprint!("{}", report::left_out_text(&left_out));
-    let bar = indicatif::ProgressBar::new(total);
-    bar.set_style(
-        indicatif::ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} {msg}")
-            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
-            .progress_chars("=> "),
-    );
-    if a.json {
-        bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
-    }
+    let bar = progress_bar(total, a.json);
     let mut progress = |label: &str| {
         bar.set_message(label.to_string());
         bar.inc(1);
@@ -718,15 +669,7 @@ fn main_job(a: MainArgs) -> ExitCode {
     let mut devices: Vec<String> = Vec::new();
     let path_text;
     if veth {
-        path_text = format!(
-            "Path: veth pair between two network namespaces, MTU {VETH_MTU}; sender pinned to CPU {}, receiver to CPU {}; {} s per row, median run of {} interleaved runs; cache-thrash working set {} MiB (last-level cache {}); {rcvbuf_text} (effective size per run in report.json).",
-            cpus.tx,
-            cpus.rx,
-            preset.row_secs,
-            repeat,
-            udpx_bench::tx::thrash_bytes() >> 20,
-            udpx_bench::tx::llc_bytes().map_or("unknown".to_string(), |l| format!("{} MiB", l >> 20))
-        );
+        path_text = veth_path_text(cpus, preset, &rcvbuf_text);
         for p in &profiles {
             let net = match TestNet::setup(&TestNetConfig {
                 profile: *p,
@@ -737,16 +680,7 @@ fn main_job(a: MainArgs) -> ExitCode {
                 Ok(n) => n,
                 Err(e) => return failure(format!("setting up the {p} path: {e}")),
             };
-            for side in [udpx_lab::netns::Side::Tx, udpx_lab::netns::Side::Rx] {
-                let f = net.features(side).unwrap_or_default();
-                let pick =
-                    ["tx-udp-segmentation", "tx-checksumming", "generic-receive-offload", "rx-udp-gro-forwarding"]
-                        .iter()
-                        .map(|k| format!("{k} {}", f.get(*k).map(String::as_str).unwrap_or("?")))
-                        .collect::<Vec<_>>()
-                        .join(", ");
-                devices.push(format!("{p} {side:?} veth ({}): {pick}", net.dev(side)));
-            }
+            devices.extend(device_features(&net, *p));
             let sized = udpx_bench::rx::default_rcvbuf_for(*p, a.size);
             let cfg = RunConfig { rcvbuf: a.rcvbuf.unwrap_or(sized.set), ..cfg.clone() };
             let r = run_matrix(p.as_str(), Path::Veth(&net), &rows, &cfg, repeat, &mut progress);
@@ -758,16 +692,7 @@ fn main_job(a: MainArgs) -> ExitCode {
             results.push(r);
         }
     } else {
-        let why = if a.loopback {
-            "--loopback given".to_string()
-        } else {
-            udpx_lab::netns::check_capable().err().map(|e| e.to_string()).unwrap_or_default()
-        };
-        eprintln!("udpx bench: measuring over LOOPBACK ({why}); run as root for the veth path between two namespaces");
-        path_text = format!(
-            "Path: LOOPBACK (not a device path: {why}); sender on CPU {}, receiver on CPU {}; {} s per row, median run of {} interleaved runs; {rcvbuf_text} (effective size per run in report.json).",
-            cpus.tx, cpus.rx, preset.row_secs, repeat
-        );
+        path_text = loopback_path_text(&a, cpus, preset, &rcvbuf_text);
         let r = run_matrix("loopback", Path::Loopback, &rows, &cfg, repeat, &mut progress);
         if a.paced {
             bar.inc_length((2 * paced::PAIRS.len() * repeat) as u64);
@@ -801,44 +726,12 @@ fn main_job(a: MainArgs) -> ExitCode {
             "\n## Paced pairs (raw sender paced; both receivers must deliver >= 99 % in every run)\n\n```\n{paced_text}```\n"
         ));
     }
-    let write = std::fs::create_dir_all(&dir).and_then(|_| {
-        std::fs::write(format!("{dir}/report.json"), serde_json::to_string_pretty(&json).unwrap_or_default())?;
-        std::fs::write(format!("{dir}/report.md"), &md)?;
-        std::fs::write(format!("{dir}/cost.svg"), report::svg_chart(&results))
-    });
+    let write = write_files(&dir, &json, &md, &results);
     if a.json {
         println!("{json}");
     } else {
-        println!("{path_text}\n");
-        if !left_out.is_empty() {
-            println!("== rows left out\n{}", report::left_out_text(&left_out));
-        }
-        for p in &results {
-            println!("== {} profile: send side (paper Figure 1)\n{}", p.profile, report::send_table(p));
-            println!("== {} profile: receive side (paper Figure 5)\n{}", p.profile, report::recv_table(p));
-            println!(
-                "== {} profile: against the raw reference (same shape, same receive buffer)\n{}",
-                p.profile,
-                report::raw_table(p)
-            );
-        }
-        if !paced_results.is_empty() {
-            println!(
-                "== paced pairs: the raw sender paced to a rate both receivers sustain (>= 99 % delivered in every run; \
-                 started at 90 % of the slower one's unpaced rate, 0.7x per failed try, 3 tries at most)\n{paced_text}"
-            );
-        }
-        println!(
-            "== targets (cost per delivered byte, both CPUs)\n{}\n{}",
-            report::verdict_rule(repeat),
-            report::checks_text(&checks)
-        );
-        let audit: String = results.iter().map(report::zerocopy_audit).collect();
-        println!("== zerocopy audit\n{audit}");
-        if let Some(note) = report::steal_note(&results) {
-            println!("{note}\n");
-        }
-        println!("== environment\n{env_text}\n");
+        let paced = (!paced_results.is_empty()).then_some(paced_text.as_str());
+        print_text(&path_text, &left_out, &results, paced, repeat, &checks, &env_text);
     }
     match write {
         Ok(()) => eprintln!("udpx bench: results in {dir}/ (report.md, report.json, cost.svg)"),
@@ -850,6 +743,193 @@ fn main_job(a: MainArgs) -> ExitCode {
         return ExitCode::FAILURE;
     }
     ExitCode::SUCCESS
+}
+
+/// Why the iperf3 rows are left out, if they are.
+fn iperf3_missing(a: &MainArgs) -> Option<String> {
+    if a.no_iperf3 {
+        Some("--no-iperf3 given".to_string())
+    } else if !which("iperf3") {
+        Some("iperf3 is not on PATH (scripts/setup.sh installs it)".to_string())
+    } else {
+        None
+    }
+}
+
+/// The report's "Path:" line for the veth pair.
+fn veth_path_text(cpus: Cpus, preset: Preset, rcvbuf_text: &str) -> String {
+    format!(
+        "Path: veth pair between two network namespaces, MTU {VETH_MTU}; sender pinned to CPU {}, receiver to CPU {}; {} s per row, median run of {} interleaved runs; cache-thrash working set {} MiB (last-level cache {}); {rcvbuf_text} (effective size per run in report.json).",
+        cpus.tx,
+        cpus.rx,
+        preset.row_secs,
+        preset.runs,
+        udpx_bench::tx::thrash_bytes() >> 20,
+        udpx_bench::tx::llc_bytes().map_or("unknown".to_string(), |l| format!("{} MiB", l >> 20))
+    )
+}
+
+/// The report's "Path:" line for loopback, with why it is not the veth pair (also said on
+/// standard error now).
+fn loopback_path_text(a: &MainArgs, cpus: Cpus, preset: Preset, rcvbuf_text: &str) -> String {
+    let why = if a.loopback {
+        "--loopback given".to_string()
+    } else {
+        udpx_lab::netns::check_capable().err().map(|e| e.to_string()).unwrap_or_default()
+    };
+    eprintln!("udpx bench: measuring over LOOPBACK ({why}); run as root for the veth path between two namespaces");
+    format!(
+        "Path: LOOPBACK (not a device path: {why}); sender on CPU {}, receiver on CPU {}; {} s per row, median run of {} interleaved runs; {rcvbuf_text} (effective size per run in report.json).",
+        cpus.tx, cpus.rx, preset.row_secs, preset.runs
+    )
+}
+
+/// Writes report.json, report.md and cost.svg into `dir` (made if missing).
+fn write_files(dir: &str, json: &serde_json::Value, md: &str, results: &[ProfileResult]) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir).and_then(|_| {
+        std::fs::write(format!("{dir}/report.json"), serde_json::to_string_pretty(json).unwrap_or_default())?;
+        std::fs::write(format!("{dir}/report.md"), md)?;
+        std::fs::write(format!("{dir}/cost.svg"), report::svg_chart(results))
+    })
+}
+
+/// The job's settings from the flags: the preset with the flags given on top of it, the time
+/// per row, the profiles, and whether the path is a veth pair (root) rather than loopback.
+/// Err: how the command ends (a usage error).
+fn main_settings(a: &MainArgs) -> Result<(Preset, Duration, Vec<Profile>, bool), ExitCode> {
+    // The preset, then any flag given on top of it.
+    let preset = if a.thorough { Preset::THOROUGH } else { Preset::DEFAULT };
+    let preset = Preset {
+        runs: a.repeat.unwrap_or(preset.runs),
+        row_secs: a.duration.unwrap_or(preset.row_secs),
+        all_rows: preset.all_rows || a.all_rows,
+    };
+    let dur = match duration("--duration", preset.row_secs) {
+        Ok(d) => d,
+        Err(e) => return Err(usage(e)),
+    };
+    let repeat = preset.runs;
+    if repeat == 0 || repeat > 20 {
+        return Err(usage(format!("--repeat {repeat}: give 1 to 20 runs (3 or more for a verdict on the targets)")));
+    }
+    if let Err(e) = check_size("--size", a.size, false) {
+        return Err(usage(e));
+    }
+    let mut profiles = Vec::new();
+    for p in &a.profiles {
+        match p.parse::<Profile>() {
+            Ok(p) => profiles.push(p),
+            Err(_) => return Err(usage(format!("--profiles {p}: use offload, software or both (offload,software)"))),
+        }
+    }
+    let veth = !a.loopback && udpx_lab::netns::check_capable().is_ok();
+    // Every UDP row sends datagrams (or GSO segments) of --size: over the path used, not
+    // fragmented, or every row would fail with EMSGSIZE after the whole job's setup.
+    let (mtu, path_name) = if veth { (Some(VETH_MTU), "veth pair") } else { (loopback_mtu(), "loopback") };
+    if let Some(mtu) = mtu {
+        let max = max_datagram(mtu, false);
+        if a.size > max {
+            return Err(usage(format!(
+                "--size {}: the {path_name}'s MTU is {mtu}, so a datagram is at most {max} bytes over IPv4; give --size {max} or less",
+                a.size
+            )));
+        }
+    }
+    Ok((preset, dur, profiles, veth))
+}
+
+/// How the receive buffer was chosen, for the report.
+fn rcvbuf_text(a: &MainArgs, plan: &udpx::rcvbuf::RcvbufPlan) -> String {
+    match a.rcvbuf {
+        Some(n) => format!("receive buffer {n} B set (--rcvbuf)"),
+        None => {
+            let shared = udpx_bench::rx::default_rcvbuf_for(udpx_lab::netns::Profile::Software, a.size);
+            format!(
+                "receive buffer sized by udpx::rcvbuf::plan: {} B set for {} datagrams of {} B arriving at {} GB/s \
+                 during {} us (offload, loopback); {} B set for {} GB/s during {} ms (software: the receiver \
+                 shares its CPU with the NAPI thread)",
+                plan.set,
+                plan.datagrams,
+                a.size,
+                udpx_bench::rx::BULK_RATE / 1_000_000_000,
+                udpx_bench::rx::BULK_GAP.as_micros(),
+                shared.set,
+                udpx_bench::rx::SHARED_RATE / 1_000_000_000,
+                udpx_bench::rx::SHARED_GAP.as_millis()
+            )
+        }
+    }
+}
+
+/// The job's progress bar over `total` row runs (hidden with --json).
+fn progress_bar(total: u64, json: bool) -> indicatif::ProgressBar {
+    let bar = indicatif::ProgressBar::new(total);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} {msg}")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+            .progress_chars("=> "),
+    );
+    if json {
+        bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
+    }
+    bar
+}
+
+/// The offloads that matter of each end of the `p` path's veth pair, one line per end.
+fn device_features(net: &TestNet, p: Profile) -> Vec<String> {
+    let mut out = Vec::new();
+    for side in [udpx_lab::netns::Side::Tx, udpx_lab::netns::Side::Rx] {
+        let f = net.features(side).unwrap_or_default();
+        let pick = ["tx-udp-segmentation", "tx-checksumming", "generic-receive-offload", "rx-udp-gro-forwarding"]
+            .iter()
+            .map(|k| format!("{k} {}", f.get(*k).map(String::as_str).unwrap_or("?")))
+            .collect::<Vec<_>>()
+            .join(", ");
+        out.push(format!("{p} {side:?} veth ({}): {pick}", net.dev(side)));
+    }
+    out
+}
+
+/// The job's report as text, on standard output.
+fn print_text(
+    path_text: &str,
+    left_out: &[udpx_bench::matrix::LeftOut],
+    results: &[ProfileResult],
+    paced_text: Option<&str>,
+    repeat: usize,
+    checks: &[report::Check],
+    env_text: &str,
+) {
+    println!("{path_text}\n");
+    if !left_out.is_empty() {
+        println!("== rows left out\n{}", report::left_out_text(left_out));
+    }
+    for p in results {
+        println!("== {} profile: send side (paper Figure 1)\n{}", p.profile, report::send_table(p));
+        println!("== {} profile: receive side (paper Figure 5)\n{}", p.profile, report::recv_table(p));
+        println!(
+            "== {} profile: against the raw reference (same shape, same receive buffer)\n{}",
+            p.profile,
+            report::raw_table(p)
+        );
+    }
+    if let Some(paced_text) = paced_text {
+        println!(
+            "== paced pairs: the raw sender paced to a rate both receivers sustain (>= 99 % delivered in every run; \
+             started at 90 % of the slower one's unpaced rate, 0.7x per failed try, 3 tries at most)\n{paced_text}"
+        );
+    }
+    println!(
+        "== targets (cost per delivered byte, both CPUs)\n{}\n{}",
+        report::verdict_rule(repeat),
+        report::checks_text(checks)
+    );
+    let audit: String = results.iter().map(report::zerocopy_audit).collect();
+    println!("== zerocopy audit\n{audit}");
+    if let Some(note) = report::steal_note(results) {
+        println!("{note}\n");
+    }
+    println!("== environment\n{env_text}\n");
 }
 
 fn environment_text(devices: &[String]) -> String {

@@ -41,6 +41,7 @@ enum ModeArg {
 }
 
 #[derive(Args, Debug)]
+#[allow(clippy::struct_excessive_bools)] // reason: command-line flags, each a switch of its own
 struct ServeArgs {
     /// Address to serve on.
     #[arg(short = 'B', long, default_value = "0.0.0.0")]

@@ -105,6 +105,7 @@ impl From<Io> for IoMode {
 }
 
 #[derive(Args, Debug)]
+#[allow(clippy::struct_excessive_bools)] // reason: command-line flags, each a switch of its own
 struct ServeArgs {
     /// The directory to serve.
     dir: PathBuf,
@@ -1248,7 +1249,9 @@ impl Running<'_> {
         };
         let now = std::time::Instant::now();
         let metrics_wanted = a.upgrade && a.metrics.is_some() && metrics.is_none();
-        let mut sup = Supervisor::new(now, self.prepared.duration, metrics_wanted, server.keylog().is_some());
+        let mut sup = Supervisor::new(now, self.prepared.duration)
+            .wanting_metrics(metrics_wanted)
+            .with_keylog(server.keylog().is_some());
         loop {
             let taken = Taken {
                 stop: signals.stop.load(Ordering::Relaxed),

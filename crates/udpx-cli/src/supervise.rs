@@ -26,6 +26,7 @@ pub struct Seen {
 /// The signals taken since the last turn: `stop` and `drain` stay set once taken (SIGINT,
 /// SIGTERM, SIGQUIT), the others are taken once each.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[allow(clippy::struct_excessive_bools)] // reason: one flag per signal, each taken independently of the others
 pub struct Taken {
     /// Stop now (SIGINT, or a second SIGTERM or SIGQUIT).
     pub stop: bool,
@@ -79,20 +80,30 @@ pub struct Supervisor {
 }
 
 impl Supervisor {
-    /// A server started at `now`, to serve for `duration` at most; `metrics_wanted`: it still
-    /// has to take the metrics port; `keylog`: its key log is on (said again every
-    /// [`KEYLOG_WARNING_EVERY`]).
-    pub fn new(now: Instant, duration: Option<Duration>, metrics_wanted: bool, keylog: bool) -> Supervisor {
+    /// A server started at `now`, to serve for `duration` at most, with the metrics port
+    /// taken (or none wanted) and no key log.
+    pub fn new(now: Instant, duration: Option<Duration>) -> Supervisor {
         Supervisor {
             started: now,
             duration,
-            metrics_wanted,
+            metrics_wanted: false,
             metrics_tried: now,
-            keylog,
+            keylog: false,
             keylog_warned: now,
             drain_started: None,
             handed_over: false,
         }
+    }
+
+    /// `wanted`: it still has to take the metrics port (tried again every turn until
+    /// [`Supervisor::metrics_taken`]).
+    pub fn wanting_metrics(self, wanted: bool) -> Supervisor {
+        Supervisor { metrics_wanted: wanted, ..self }
+    }
+
+    /// `keylog`: its key log is on (said again every [`KEYLOG_WARNING_EVERY`]).
+    pub fn with_keylog(self, keylog: bool) -> Supervisor {
+        Supervisor { keylog, ..self }
     }
 
     /// Whether the loop goes on at `now`, with the signals `taken`: no stop signal, within
@@ -192,7 +203,7 @@ mod tests {
         let draining = Seen { running: false, ..SERVING };
         let over = Seen { finished: true, ..draining };
         let s = play(
-            Supervisor::new(t0, None, false, false),
+            Supervisor::new(t0, None),
             t0,
             &[
                 Row { ms: 50, seen: SERVING, taken: Taken::default(), steps: &[], goes_on: true },
@@ -210,7 +221,7 @@ mod tests {
         let t0 = Instant::now();
         let handed = Seen { handed_over: true, ..SERVING };
         let s = play(
-            Supervisor::new(t0, None, false, false),
+            Supervisor::new(t0, None),
             t0,
             &[
                 Row { ms: 50, seen: handed, taken: Taken::default(), steps: &[Step::HandedOver], goes_on: true },
@@ -236,7 +247,7 @@ mod tests {
         let t0 = Instant::now();
         let handed = Seen { handed_over: true, ..SERVING };
         play(
-            Supervisor::new(t0, None, false, false),
+            Supervisor::new(t0, None),
             t0,
             &[
                 Row { ms: 50, seen: handed, taken: Taken::default(), steps: &[Step::HandedOver], goes_on: true },
@@ -254,7 +265,7 @@ mod tests {
     #[test]
     fn stop_and_duration_end_the_loop() {
         let t0 = Instant::now();
-        let s = Supervisor::new(t0, Some(Duration::from_secs(1)), false, false);
+        let s = Supervisor::new(t0, Some(Duration::from_secs(1)));
         let (none, stop) = (Taken::default(), Taken { stop: true, ..Taken::default() });
         assert!(s.goes_on(at(t0, 999), &none, &SERVING));
         assert!(!s.goes_on(at(t0, 1000), &none, &SERVING));
@@ -268,7 +279,7 @@ mod tests {
         let t0 = Instant::now();
         let all = Taken { hup: true, usr1: true, usr2: true, ..Taken::default() };
         play(
-            Supervisor::new(t0, None, false, false),
+            Supervisor::new(t0, None),
             t0,
             &[
                 Row {
@@ -286,7 +297,7 @@ mod tests {
     #[test]
     fn the_key_log_warning_and_the_metrics_retry_keep_their_pace() {
         let t0 = Instant::now();
-        let mut s = Supervisor::new(t0, None, true, true);
+        let mut s = Supervisor::new(t0, None).wanting_metrics(true).with_keylog(true);
         let none = Taken::default();
         assert_eq!(s.turn(at(t0, 999), &SERVING, &none), []);
         assert_eq!(s.turn(at(t0, 1000), &SERVING, &none), [Step::RetryMetrics]);
@@ -297,7 +308,7 @@ mod tests {
         assert_eq!(s.turn(at(t0, 61_000), &SERVING, &none), []);
         assert_eq!(s.turn(at(t0, 120_000), &SERVING, &none), [Step::WarnKeylog]);
         // Without a key log, no warning.
-        let mut quiet = Supervisor::new(t0, None, false, false);
+        let mut quiet = Supervisor::new(t0, None);
         assert_eq!(quiet.turn(at(t0, 120_000), &SERVING, &none), []);
     }
 }
