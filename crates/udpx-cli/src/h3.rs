@@ -699,7 +699,7 @@ fn bench_scale(a: H3BenchArgs) -> ExitCode {
     if a.clients == [ClientChoice::Independent] && cfg.independent.is_none() {
         return usage(format!(
             "--clients independent: {} is not installed: run scripts/setup.sh (it builds peers/quicgo-load)",
-            udpx_h3_bench::independent::PROGRAM
+            udpx_h3_bench::clients::quicgo::PROGRAM
         ));
     }
     let b = match udpx_h3_bench::bench::scale::run(&cfg, &mut |l| eprintln!("udpx {CMD}: {l}")) {
@@ -728,7 +728,7 @@ fn load(a: LoadArgs) -> ExitCode {
         return util::usage(CMD, format!("--interval {}: give 0 (idle) to 3600 seconds", a.interval));
     }
     crate::util::raise_open_files(CMD);
-    let mut cfg = udpx_h3_bench::load::LoadConfig::new(
+    let mut cfg = udpx_h3_bench::clients::own::LoadConfig::new(
         a.server,
         a.connections,
         &a.path,
@@ -736,14 +736,14 @@ fn load(a: LoadArgs) -> ExitCode {
     );
     (cfg.ramp, cfg.duration, cfg.locals) = (ramp, dur, a.locals);
     let r = match (a.tcp.as_deref(), a.ca.as_deref()) {
-        (None, _) => udpx_h3_bench::load::run(&cfg),
+        (None, _) => udpx_h3_bench::clients::own::run(&cfg),
         (Some(v), Some(ca)) => {
             let http = if v == "h2" {
-                udpx_h3_bench::load_hyper::HyperHttp::H2
+                udpx_h3_bench::clients::quinn_hyper::HyperHttp::H2
             } else {
-                udpx_h3_bench::load_hyper::HyperHttp::H1
+                udpx_h3_bench::clients::quinn_hyper::HyperHttp::H1
             };
-            udpx_h3_bench::load_hyper::run(&cfg, http, ca)
+            udpx_h3_bench::clients::quinn_hyper::run(&cfg, http, ca)
         }
         (Some(_), None) => return util::usage(CMD, "--tcp needs --ca"),
     };

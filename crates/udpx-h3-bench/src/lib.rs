@@ -7,15 +7,14 @@
 //!   mode, beside nginx's HTTPS over TCP and quinn) measured with ngtcp2's client and
 //!   `udpx_h3::get`; the scale bench (`--connections`), the bottleneck (`--bottleneck`) and the
 //!   Initial flood (`--flood`).
-//! - [`load`] runs many clients in one loop as video players (a segment every interval), and
-//!   [`load_hyper`] the same players on hyperium's stacks: hyper over HTTPS on TCP (`udpx h3
-//!   load`) and `h3` on quinn, the scale bench's second independent HTTP/3 client.
+//! - [`clients`] are the load clients, each many video players (a segment every interval):
+//!   udpx's own on quiche ([`clients::own`], `udpx h3 load`), hyperium's `h3` on quinn and
+//!   hyper over TCP ([`clients::quinn_hyper`]), and quic-go's ([`clients::quicgo`]).
 //! - [`quinn_server`] is quinn with h3, the bench's second HTTP/3 server (`udpx h3
 //!   quinn-serve`).
 #![forbid(unsafe_code)]
 
 pub mod bench;
-pub mod independent;
-pub mod load;
-pub mod load_hyper;
+pub mod clients;
+mod lab;
 pub mod quinn_server;

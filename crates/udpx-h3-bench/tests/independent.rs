@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use common::{content, TempDir};
 use udpx_h3::{serve, ServeConfig};
-use udpx_h3_bench::independent::{self, Proto};
-use udpx_h3_bench::load::LoadConfig;
+use udpx_h3_bench::clients::own::LoadConfig;
+use udpx_h3_bench::clients::quicgo::{self, Proto};
 
 const SIZE: usize = 48 * 1024;
 
@@ -25,7 +25,7 @@ fn site() -> TempDir {
 }
 
 fn program(test: &str) -> Option<std::path::PathBuf> {
-    let p = independent::find();
+    let p = quicgo::find();
     if p.is_none() {
         udpx_lab::netns::record_skip(test, "udpx-quicgo-load not built (scripts/setup.sh builds it with Go)");
     }
@@ -44,7 +44,7 @@ fn independent_players_over_http3_are_all_served() {
     cfg.duration = Duration::from_secs(2);
     // Four source addresses, one socket each, 75 connections per socket.
     cfg.locals = (1..=4).map(|i| std::net::IpAddr::from([127, 0, 2, i])).collect();
-    let r = independent::run(Command::new(prog), &cfg, Proto::H3, SIZE as u64).unwrap();
+    let r = quicgo::run(Command::new(prog), &cfg, Proto::H3, SIZE as u64).unwrap();
     let c = server.stop().unwrap();
     println!("{}; server {:?}", r.summary(), c.http);
     assert_eq!(r.established, 300);
@@ -67,7 +67,7 @@ fn independent_players_over_http2_are_all_served() {
     cfg.ramp = Duration::from_millis(500);
     cfg.duration = Duration::from_secs(2);
     cfg.locals = (1..=8).map(|i| std::net::IpAddr::from([127, 0, 3, i])).collect();
-    let r = independent::run(Command::new(prog), &cfg, Proto::H2, SIZE as u64).unwrap();
+    let r = quicgo::run(Command::new(prog), &cfg, Proto::H2, SIZE as u64).unwrap();
     server.stop().unwrap();
     println!("{}: {} requests, {} served, latency {:?}", r.client, r.requests, r.served, r.latency);
     assert_eq!(r.established, 100);
@@ -86,7 +86,7 @@ fn a_short_body_is_not_served() {
     let mut cfg = LoadConfig::new(server.local_addr(), 5, "/short", Duration::from_millis(300));
     cfg.ramp = Duration::from_millis(100);
     cfg.duration = Duration::from_secs(1);
-    let r = independent::run(Command::new(prog), &cfg, Proto::H3, SIZE as u64).unwrap();
+    let r = quicgo::run(Command::new(prog), &cfg, Proto::H3, SIZE as u64).unwrap();
     server.stop().unwrap();
     assert!(r.requests > 0);
     assert_eq!((r.served, r.failed), (0, r.requests));

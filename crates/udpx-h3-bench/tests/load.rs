@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use common::{content, TempDir};
 use udpx_h3::{serve, ServeConfig};
-use udpx_h3_bench::load::{self, LoadConfig};
-use udpx_h3_bench::load_hyper::{self, HyperHttp};
+use udpx_h3_bench::clients::own::{self, LoadConfig};
+use udpx_h3_bench::clients::quinn_hyper::{self, HyperHttp};
 
 fn site() -> TempDir {
     let tmp = TempDir::new("load");
@@ -46,7 +46,7 @@ fn players_over_http3_are_all_served() {
     let mut cfg = players(server.local_addr(), 200, Duration::from_millis(300), Duration::from_secs(1));
     // Four source addresses of loopback: the server sees four clients' worth of connections.
     cfg.locals = (1..=4).map(|i| std::net::IpAddr::from([127, 0, 0, i])).collect();
-    let r = load::run(&cfg).unwrap();
+    let r = own::run(&cfg).unwrap();
     let c = server.stop().unwrap();
     println!("{}; server {:?}", r.summary(), c.quic);
     assert_eq!(r.established, 200);
@@ -69,7 +69,7 @@ fn players_over_tcp_are_all_served() {
         cfg.ramp = Duration::from_millis(500);
         cfg.duration = Duration::from_secs(2);
         cfg.locals = (1..=8).map(|i| std::net::IpAddr::from([127, 0, 1, i])).collect();
-        let r = load_hyper::run(&cfg, http, &cert).unwrap();
+        let r = quinn_hyper::run(&cfg, http, &cert).unwrap();
         println!("{http:?} load: {} requests, {} served, latency {:?}", r.requests, r.served, r.latency);
         assert_eq!(r.established, 100, "{http:?}");
         assert!(r.requests >= 100 * 2, "{http:?}: {}", r.requests);
@@ -88,7 +88,7 @@ fn quinn_players_over_http3_are_all_served() {
     let server = serve(&tmp.path().join("www"), &sc).unwrap();
     let mut cfg = players(server.local_addr(), 200, Duration::from_millis(300), Duration::from_secs(1));
     cfg.locals = (1..=4).map(|i| std::net::IpAddr::from([127, 0, 4, i])).collect();
-    let r = load_hyper::run(&cfg, HyperHttp::H3, &cert).unwrap();
+    let r = quinn_hyper::run(&cfg, HyperHttp::H3, &cert).unwrap();
     let c = server.stop().unwrap();
     println!("{}; server {:?}", r.summary(), c.quic);
     assert_eq!(r.client, "quinn h3");
@@ -112,7 +112,7 @@ fn players_leave_a_draining_server_for_a_new_connection() {
     let server = serve(&tmp.path().join("www"), &ServeConfig::new("127.0.0.1:0".parse().unwrap())).unwrap();
     let cfg = players(server.local_addr(), 20, Duration::from_millis(200), Duration::from_millis(300));
     let r = std::thread::scope(|s| {
-        let run = s.spawn(|| load::run(&cfg).unwrap());
+        let run = s.spawn(|| own::run(&cfg).unwrap());
         std::thread::sleep(Duration::from_millis(1200));
         server.drain(Duration::from_secs(30));
         run.join().unwrap()

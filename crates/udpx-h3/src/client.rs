@@ -12,8 +12,8 @@ use quiche::h3::NameValue;
 use serde::Serialize;
 use udpx_quic::{client_socket, App, Host, HostCounters, HostSocket, IoMode};
 
-use crate::server::DEFAULT_MAX_UDP_PAYLOAD;
 use crate::tls::client_config;
+use crate::tls::DEFAULT_MAX_UDP_PAYLOAD;
 use crate::Error;
 
 /// How to fetch.

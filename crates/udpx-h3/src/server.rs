@@ -26,7 +26,7 @@ use crate::Error;
 
 pub use crate::cache::BLOCK;
 pub use crate::http::CHUNK;
-pub use crate::tls::{CONNECTION_WINDOW, MAX_FIELD_SECTION, REQUEST_WINDOW};
+pub use crate::tls::{CONNECTION_WINDOW, DEFAULT_MAX_UDP_PAYLOAD, MAX_FIELD_SECTION, REQUEST_WINDOW};
 
 /// How to serve: the QUIC server's settings ([`ServerConfig`], whole) and the HTTP/3 file
 /// server's.
@@ -164,9 +164,6 @@ impl std::fmt::Display for Cc {
         f.write_str(self.name())
     }
 }
-
-/// An Ethernet MTU of 1500 less the IPv6 and UDP headers: fits both families on common paths.
-pub const DEFAULT_MAX_UDP_PAYLOAD: usize = 1452;
 
 /// Responses with an open file one shard holds at most, by default.
 pub const DEFAULT_MAX_OPEN_PER_SHARD: usize = 4096;

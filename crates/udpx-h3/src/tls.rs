@@ -8,6 +8,11 @@ use std::path::{Path, PathBuf};
 
 use crate::Error;
 
+/// The largest UDP payload either end sends by default (quiche's `max_send_udp_payload_size`):
+/// an Ethernet MTU of 1500 less the IPv6 and UDP headers, which fits both families on common
+/// paths.
+pub const DEFAULT_MAX_UDP_PAYLOAD: usize = 1452;
+
 /// Where the server's certificate comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Tls {

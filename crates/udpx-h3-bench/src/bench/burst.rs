@@ -28,8 +28,8 @@ use udpx_lab::stats::{another_round, figures, Kept};
 use udpx_lab::steal::{Steal, StealMeter, WithSteal};
 use udpx_quic::Burst;
 
-use super::rows::{footer, settle, tally};
-use super::Scratch;
+use crate::lab::rows::{footer, settle, tally};
+use crate::lab::Scratch;
 use udpx_h3::{get, serve, GetConfig, ServeConfig};
 
 /// The bench's settings.

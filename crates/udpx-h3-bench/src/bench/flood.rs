@@ -34,7 +34,7 @@ use udpx_lab::env::Environment;
 use udpx_lab::netns::forge::{self, RawSender};
 use udpx_lab::netns::{ChildGroup, Leaf, StarNet};
 
-use super::{write_cert, Scratch};
+use crate::lab::{write_cert, Scratch};
 use udpx_h3::{get, GetConfig};
 
 /// The range forged sources come from (the hub routes it to the victim).
@@ -299,7 +299,7 @@ fn start_server(
         .stdout(logf.try_clone().map_err(|e| e.to_string())?)
         .stderr(logf);
     let server = ChildGroup::spawn(&mut cmd).map_err(|e| format!("starting the server: {e}"))?;
-    super::scale::wait_until_up("udpx h3 serve", log, || {
+    crate::lab::process::wait_until_up("udpx h3 serve", log, || {
         std::fs::read_to_string(log).unwrap_or_default().contains(" on https://")
     })?;
     Ok(server)

@@ -1,5 +1,5 @@
 //! `udpx bench h3 --restart PLAYERS`: what a change costs the viewers. Under a player load
-//! (PLAYERS players, a 64 KiB segment every 2 s each, [`crate::load`]) one row per way of
+//! (PLAYERS players, a 64 KiB segment every 2 s each, [`crate::clients::own`]) one row per way of
 //! changing the server, each applied `--restart-changes` times over the window:
 //!
 //! - **udpx upgrade**: `udpx h3 serve ... --upgrade` started beside the running one
@@ -43,9 +43,9 @@ use udpx_lab::env::Environment;
 use udpx_lab::netns::{ChildGroup, GroupGuard, Profile, Side, TestNet, TestNetConfig};
 use udpx_lab::steal::{Steal, StealMeter};
 
-use super::{write_cert, Scratch};
-use crate::load::{self, LoadConfig, LoadReport};
-use crate::load_hyper::{self, HyperHttp};
+use crate::clients::own::{self, LoadConfig, LoadReport};
+use crate::clients::quinn_hyper::{self, HyperHttp};
+use crate::lab::{write_cert, Scratch};
 
 /// The file every player asks for.
 const SEGMENT: &str = "segment";
@@ -102,8 +102,8 @@ impl RestartConfig {
             download_rate: 1 << 20,
             host: udpx_h3::Tuning::default(),
             udpx,
-            nginx: super::Programs::from_path().nginx,
-            curl: super::Programs::from_path().curl,
+            nginx: crate::lab::Programs::from_path().nginx,
+            curl: crate::lab::Programs::from_path().curl,
         }
     }
 }
@@ -114,7 +114,7 @@ pub enum Change {
     /// `udpx h3 serve --upgrade` beside the running one.
     UdpxUpgrade,
     /// The same, the players on quinn's HTTP/3 client (a client udpx did not write,
-    /// [`crate::load_hyper`]), which follows GOAWAY as browsers do.
+    /// [`crate::clients::quinn_hyper`]), which follows GOAWAY as browsers do.
     UdpxUpgradeQuinn,
     /// The same with HTTPS over TCP beside (`--alt-svc-tcp` on the same port, handed over with
     /// the QUIC one): half the players on hyper's HTTP/2 client over TCP, half on quinn's
@@ -364,7 +364,7 @@ impl Lab<'_> {
         }
         let child = spawn(&mut c, log)?;
         let ready = if upgrade { "took new connections over" } else { " on https://" };
-        super::scale::wait_until_up("udpx h3 serve", log, || {
+        crate::lab::process::wait_until_up("udpx h3 serve", log, || {
             std::fs::read_to_string(log).unwrap_or_default().contains(ready)
         })?;
         Ok(child)
@@ -378,7 +378,7 @@ impl Lab<'_> {
         let _ = std::fs::remove_dir_all(&ndir);
         std::fs::create_dir_all(&ndir).map_err(|e| e.to_string())?;
         let processes = format!("daemon {};\nmaster_process on;\n", if daemon { "on" } else { "off" });
-        let conf = super::scale::nginx_conf(&ndir, self.www, self.addr(), (self.cert, self.key), &processes);
+        let conf = crate::lab::nginx::nginx_conf(&ndir, self.www, self.addr(), (self.cert, self.key), &processes);
         std::fs::write(ndir.join("nginx.conf"), conf).map_err(|e| e.to_string())?;
         let mut c = self.net.ns(Side::Rx).command("taskset");
         c.args(["-c", &self.server_cpu.to_string()]).arg(nginx);
@@ -386,7 +386,7 @@ impl Lab<'_> {
         let child = spawn(&mut c, log)?;
         let addr = self.addr();
         let ns = self.net.ns(Side::Tx);
-        super::scale::wait_until_up("nginx", log, || {
+        crate::lab::process::wait_until_up("nginx", log, || {
             ns.try_run(move || std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok())
                 .unwrap_or(false)
         })?;
@@ -497,16 +497,16 @@ fn one_row(cfg: &RestartConfig, lab: &Lab<'_>, change: Change) -> Result<Restart
     let job = move || {
         let _ = udpx_lab::cpu::pin_current_thread(client_cpu);
         if change.nginx() {
-            load_hyper::run(&lc2, HyperHttp::H2, &ca).map_err(|e| e.to_string())
+            quinn_hyper::run(&lc2, HyperHttp::H2, &ca).map_err(|e| e.to_string())
         } else if matches!(change, Change::UdpxUpgradeQuinn | Change::UdpxUpgradeH2H3) {
-            load_hyper::run(&lc2, HyperHttp::H3, &ca).map_err(|e| e.to_string())
+            quinn_hyper::run(&lc2, HyperHttp::H3, &ca).map_err(|e| e.to_string())
         } else {
-            load::run(&lc2).map_err(|e| e.to_string())
+            own::run(&lc2).map_err(|e| e.to_string())
         }
     };
     let job_h2 = move || {
         let _ = udpx_lab::cpu::pin_current_thread(client_cpu);
-        load_hyper::run(&lc_h2, HyperHttp::H2, &ca_h2).map_err(|e| e.to_string())
+        quinn_hyper::run(&lc_h2, HyperHttp::H2, &ca_h2).map_err(|e| e.to_string())
     };
     let start = Instant::now();
     let window_start = start + lc.ramp;
@@ -661,7 +661,7 @@ impl Lab<'_> {
 }
 
 fn p99_ms(v: &mut [u32]) -> Option<f64> {
-    (!v.is_empty()).then(|| crate::load::Latency::of(v).p99_ms)
+    (!v.is_empty()).then(|| crate::clients::own::Latency::of(v).p99_ms)
 }
 
 /// The table.

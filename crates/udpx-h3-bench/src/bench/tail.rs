@@ -13,9 +13,9 @@
 //! before the router (`tx-udp-segmentation off`), so bursts arrive as bursts. One
 //! `udpx h3 serve` shard in the server's namespace per run; the players in the client's.
 //!
-//! **Who asks.** quic-go's client ([`crate::independent`]) when `scripts/setup.sh` built it:
+//! **Who asks.** quic-go's client ([`crate::clients::quicgo`]) when `scripts/setup.sh` built it:
 //! the server is judged by a client it was not built with; otherwise udpx's own
-//! ([`crate::load`]), named in the table.
+//! ([`crate::clients::own`]), named in the table.
 //!
 //! **Rows and verdicts.** One row per controller (`--cc cubic`, `--cc bbr2`, each with its own
 //! `--burst auto`), and nginx serving the same segment over HTTP/2 on TCP (the kernel's own
@@ -40,9 +40,9 @@ use udpx_lab::netns::{DelayCounters, LineConfig, LineNet, Node, Port, TbfLimit};
 use udpx_lab::stats::{another_round, figures, Kept};
 use udpx_lab::steal::{Steal, StealMeter, WithSteal};
 
-use super::rows::{footer, settle, tally};
-use super::Scratch;
-use crate::load::{LoadConfig, LoadReport};
+use crate::clients::own::{LoadConfig, LoadReport};
+use crate::lab::rows::{footer, settle, tally};
+use crate::lab::Scratch;
 
 /// The bench's settings.
 #[derive(Debug, Clone, Serialize)]
@@ -218,14 +218,14 @@ pub fn run(cfg: &TailConfig, progress: &mut dyn FnMut(&str)) -> Result<Option<Ta
     let net = LineNet::setup(&LineConfig::default()).map_err(|e| format!("the line: {e}"))?;
     net.tbf(cfg.mbit * 1_000_000, 3_000, TbfLimit::Latency(cfg.buffer)).map_err(|e| format!("tbf: {e}"))?;
     net.set_features(Port::Server, &[("tx-udp-segmentation", "off")]).map_err(|e| format!("offloads: {e}"))?;
-    let quicgo = if cfg.own_client { None } else { crate::independent::find() };
+    let quicgo = if cfg.own_client { None } else { crate::clients::quicgo::find() };
     // nginx beside udpx when the players can speak HTTP/2 to it (udpx's own client cannot).
     let nginx = quicgo.as_ref().and(udpx_lab::netns::find_in_path("nginx"));
     let mut servers: Vec<Server> = CCS.iter().map(|&cc| Server::Udpx(cc)).collect();
     if nginx.is_some() {
         servers.push(Server::Nginx);
         let (cert, key) = (scratch.0.join("cert.pem"), scratch.0.join("key.pem"));
-        super::write_cert(&cert, &key)?;
+        crate::lab::write_cert(&cert, &key)?;
     } else {
         progress("no nginx row: it needs nginx and quic-go's client (scripts/setup.sh installs both)");
     }
@@ -302,11 +302,11 @@ fn one_run(
     let report: Result<LoadReport, String> = match quicgo {
         Some(program) => {
             let cmd = net.ns(Node::Client).command(&program.to_string_lossy());
-            crate::independent::run(cmd, &lc, crate::independent::Proto::H3, cfg.segment)
+            crate::clients::quicgo::run(cmd, &lc, crate::clients::quicgo::Proto::H3, cfg.segment)
         }
         None => net
             .ns(Node::Client)
-            .try_run(move || crate::load::run(&lc).map_err(|e| e.to_string()))
+            .try_run(move || crate::clients::own::run(&lc).map_err(|e| e.to_string()))
             .map_err(|e| e.to_string())
             .and_then(|r| r),
     };
@@ -358,7 +358,8 @@ fn nginx_run(
     let _ = std::fs::remove_dir_all(&ndir);
     std::fs::create_dir_all(&ndir).map_err(|e| e.to_string())?;
     let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
-    let conf = super::scale::nginx_conf(&ndir, &dir.join("www"), addr, (&cert, &key), super::scale::SINGLE_PROCESS);
+    let conf =
+        crate::lab::nginx::nginx_conf(&ndir, &dir.join("www"), addr, (&cert, &key), crate::lab::nginx::SINGLE_PROCESS);
     std::fs::write(ndir.join("nginx.conf"), conf).map_err(|e| e.to_string())?;
     let log = ndir.join("out.log");
     let logf = std::fs::File::create(&log).map_err(|e| e.to_string())?;
@@ -367,7 +368,7 @@ fn nginx_run(
     c.stdin(std::process::Stdio::null()).stdout(logf.try_clone().map_err(|e| e.to_string())?).stderr(logf);
     let _server = udpx_lab::netns::ChildGroup::spawn(&mut c).map_err(|e| format!("starting nginx: {e}"))?;
     let ns = net.ns(Node::Client);
-    super::scale::wait_until_up("nginx", &log, || {
+    crate::lab::process::wait_until_up("nginx", &log, || {
         ns.try_run(move || std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok())
             .unwrap_or(false)
     })?;
@@ -377,7 +378,7 @@ fn nginx_run(
     (lc.ramp, lc.duration) = (cfg.ramp, cfg.window);
     let steal = StealMeter::start(&udpx_lab::cpu::online_cpus());
     let cmd = net.ns(Node::Client).command(&program.to_string_lossy());
-    let report = crate::independent::run(cmd, &lc, crate::independent::Proto::H2, cfg.segment);
+    let report = crate::clients::quicgo::run(cmd, &lc, crate::clients::quicgo::Proto::H2, cfg.segment);
     let steal = steal.stop().unwrap_or_default();
     let after = tcp_segments(net)?;
     let line: DelayCounters = line.stop().map_err(|e| e.to_string())?;

@@ -6,7 +6,7 @@ use std::time::Duration;
 use serde::Serialize;
 use udpx_lab::netns::Napi;
 
-use crate::bench::Programs;
+use crate::lab::Programs;
 
 /// Which server a row measures.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -54,10 +54,10 @@ pub enum LoadClient {
     /// udpx's own: `udpx h3 load` (quiche, one event loop) for the HTTP/3 servers, its TCP
     /// twin for nginx. It acknowledges least of all clients.
     Own,
-    /// The independent one ([`crate::independent`]): quic-go's HTTP/3 client, Go's `net/http`
+    /// The independent one ([`crate::clients::quicgo`]): quic-go's HTTP/3 client, Go's `net/http`
     /// for nginx. The verdicts are judged with it.
     Independent,
-    /// A second independent one ([`crate::load_hyper`]): quinn with hyperium's `h3` for the
+    /// A second independent one ([`crate::clients::quinn_hyper`]): quinn with hyperium's `h3` for the
     /// HTTP/3 servers, hyper for nginx (the TCP client udpx's own rows use). The verdicts are
     /// judged with it too.
     Quinn,
@@ -114,12 +114,8 @@ pub struct ScaleConfig {
     /// The idle row's PING period per connection.
     pub keepalive: Duration,
     /// Over veth: where each side's receive work runs (`--napi`, softirq by default).
-    #[serde(serialize_with = "as_text")]
+    #[serde(serialize_with = "crate::lab::as_text")]
     pub napi: Napi,
-}
-
-pub(crate) fn as_text<S: serde::Serializer, T: std::fmt::Display>(v: &T, s: S) -> Result<S::Ok, S::Error> {
-    s.collect_str(v)
 }
 
 /// Players a row opens per second at most (the ramp stretches to fit): one client process
@@ -163,7 +159,7 @@ impl ScaleConfig {
             addresses: 64,
             servers: ScaleServer::ALL.to_vec(),
             clients: vec![LoadClient::Own, LoadClient::Independent],
-            independent: crate::independent::find(),
+            independent: crate::clients::quicgo::find(),
             udpx,
             nginx: Programs::from_path().nginx,
             rounds: 1,

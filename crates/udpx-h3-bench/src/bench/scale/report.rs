@@ -3,10 +3,8 @@
 use udpx_lab::judge::Check;
 use udpx_lab::stats::Run;
 
-use super::{
-    HostPerRequest, LoadClient, RowRun, ScaleBench, ScaleRow, ScaleServer, ABOVE_BASELINE, CLIENT_DROP_PCT,
-    CLIENT_LIMIT_PCT,
-};
+use super::config::{LoadClient, ScaleServer};
+use super::results::{HostPerRequest, RowRun, ScaleBench, ScaleRow, ABOVE_BASELINE, CLIENT_DROP_PCT, CLIENT_LIMIT_PCT};
 
 /// The slack of the players' p99 target (16 KiB segments): udpx's p99 at most 2x nginx's plus
 /// this (issue 39; its 1 MiB segments' target has none).
@@ -254,8 +252,8 @@ fn preamble(s: &mut String, b: &ScaleBench) {
             format!(
                 "{:.0} s or more ({} players or {} idle connections a second at most)",
                 c.ramp.as_secs_f64(),
-                super::PLAYER_OPENS_PER_SEC,
-                super::IDLE_OPENS_PER_SEC
+                super::config::PLAYER_OPENS_PER_SEC,
+                super::config::IDLE_OPENS_PER_SEC
             )
         },
         c.window.as_secs_f64(),
@@ -314,7 +312,7 @@ fn host_table(s: &mut String, b: &ScaleBench) {
 /// The qlog writer's rates, for the rows that logged.
 fn qlog_table(s: &mut String, b: &ScaleBench) {
     use std::fmt::Write as _;
-    let qlogs: Vec<(&ScaleRow, super::QlogRates)> =
+    let qlogs: Vec<(&ScaleRow, super::results::QlogRates)> =
         b.rows.iter().filter_map(|r| Some((r, r.median.as_ref()?.qlog?))).collect();
     if !qlogs.is_empty() {
         let _ = writeln!(
@@ -389,7 +387,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::load::{LoadConfig, Tally};
+    use crate::clients::own::{LoadConfig, Tally};
     use udpx_lab::stats::Kept;
     use udpx_lab::steal::Steal;
 

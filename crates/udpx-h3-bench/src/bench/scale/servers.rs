@@ -4,11 +4,14 @@
 use std::net::SocketAddr;
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use udpx_lab::netns::ChildGroup;
 
-use super::{Place, Running, ScaleConfig, ScaleServer};
+use super::config::{ScaleConfig, ScaleServer};
+use super::place::{Place, Running};
+use crate::lab::nginx::{nginx_conf, SINGLE_PROCESS};
+use crate::lab::process::wait_until_up;
 
 /// A free UDP (`udp`) or TCP port at the server's address.
 pub(super) fn free_port(place: &Place, udp: bool) -> Result<u16, String> {
@@ -97,46 +100,4 @@ pub(super) fn start_server(
     };
     wait_until_up(server.name(), &log, up)?;
     Ok(Running { process, addr, metrics })
-}
-
-/// Waits up to 15 s for a server started with its output in `log` to be `up`; past that, an
-/// error with what it printed.
-pub(crate) fn wait_until_up(name: &str, log: &Path, up: impl Fn() -> bool) -> Result<(), String> {
-    let start = Instant::now();
-    while !up() {
-        if start.elapsed() > Duration::from_secs(15) {
-            let text = std::fs::read_to_string(log).unwrap_or_default();
-            return Err(format!("{name} did not start in 15 s: {}", text.trim()));
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    Ok(())
-}
-
-/// nginx's process lines for the scale rows: one process, in the foreground.
-pub(crate) const SINGLE_PROCESS: &str = "daemon off;\nmaster_process off;\n";
-
-/// nginx for many connections: one worker, TLS 1.3, HTTP/2 and HTTP/1.1 by ALPN, connections
-/// kept open as long as the run (a player asks every few seconds). `processes`: the daemon and
-/// master lines ([`SINGLE_PROCESS`], or a master for the restart rows' reload and upgrade).
-pub(crate) fn nginx_conf(
-    dir: &Path,
-    www: &Path,
-    listen: SocketAddr,
-    (cert, key): (&Path, &Path),
-    processes: &str,
-) -> String {
-    let d = dir.display();
-    format!(
-        "{processes}worker_processes 1;\nworker_rlimit_nofile 200000;\npid {d}/nginx.pid;\n\
-         error_log {d}/error.log warn;\nevents {{ worker_connections 100000; }}\n\
-         http {{\n  access_log off;\n  default_type application/octet-stream;\n  keepalive_timeout 120s;\n\
-         keepalive_requests 1000000;\n  client_body_temp_path {d}/body;\n  proxy_temp_path {d}/proxy;\n\
-         fastcgi_temp_path {d}/fastcgi;\n  uwsgi_temp_path {d}/uwsgi;\n  scgi_temp_path {d}/scgi;\n\
-         server {{\n    listen {listen} ssl http2;\n    ssl_protocols TLSv1.3;\n    ssl_certificate {};\n\
-         ssl_certificate_key {};\n    root {};\n  }}\n}}\n",
-        cert.display(),
-        key.display(),
-        www.display()
-    )
 }

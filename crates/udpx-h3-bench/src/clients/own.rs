@@ -220,7 +220,7 @@ impl LoadReport {
     }
 }
 
-/// What the players saw, counted the same way over QUIC and over TCP ([`crate::load_hyper`]).
+/// What the players saw, counted the same way over QUIC and over TCP ([`crate::clients::quinn_hyper`]).
 #[derive(Default)]
 pub(crate) struct Tally {
     pub(crate) requests: u64,

@@ -14,7 +14,8 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use super::{H3BenchConfig, Place, FILE};
+use super::config::{H3BenchConfig, FILE};
+use super::place::Place;
 
 /// Downloads of the file per run.
 pub const FETCHES: u64 = 4;
@@ -80,7 +81,7 @@ pub fn fetch(
     let out = tmp.join("dom.txt");
     let limit = cfg.deadline() * FETCHES as u32 + Duration::from_secs(60);
     let start = Instant::now();
-    super::process::run_bounded(&mut cmd, &out, limit).map_err(|e| format!("chromium: {e}"))?;
+    crate::lab::process::run_bounded(&mut cmd, &out, limit).map_err(|e| format!("chromium: {e}"))?;
     let seconds = start.elapsed().as_secs_f64();
     let text = std::fs::read_to_string(&out).unwrap_or_default();
     let result = text.split("UDPXRESULT ").nth(1).and_then(|r| r.split(" UDPXEND").next()).ok_or_else(|| {

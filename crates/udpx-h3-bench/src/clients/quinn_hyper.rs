@@ -1,8 +1,8 @@
-//! The same players as [`crate::load`] on hyperium's HTTP stacks, which this project did
+//! The same players as [`crate::clients::own`] on hyperium's HTTP stacks, which this project did
 //! not write: hyper over TLS on TCP (HTTP/2 or HTTP/1.1, TLS 1.3) for a server like nginx,
 //! side by side with HTTP/3 under the same schedule, and hyperium's `h3` on quinn (quinn's own
 //! UDP datapath, its acknowledgement policy untouched) as a second independent HTTP/3 client
-//! beside quic-go's ([`crate::independent`]).
+//! beside quic-go's ([`crate::clients::quicgo`]).
 //!
 //! One thread, a current-thread tokio runtime, a task per connection: it connects from its
 //! local address (bound before connecting, round robin over the given ones; over QUIC one
@@ -25,7 +25,7 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName};
 use udpx_tokio::quinn;
 
-use crate::load::{LoadConfig, LoadReport, Tally};
+use crate::clients::own::{LoadConfig, LoadReport, Tally};
 use udpx_h3::Error;
 
 /// Which HTTP, on which hyperium stack.

@@ -3,11 +3,12 @@
 use udpx_lab::judge::{checks_text, verdict_rule};
 use udpx_lab::stats::{figures, paired_ratios, Run, Spread};
 
-use super::{ClientKind, H3Bench, H3Row, H3Run, ZerocopyUse, NGINX, QUINN};
+use super::config::{ClientKind, NGINX, QUINN};
+use super::runs::{H3Bench, H3Row, H3Run, ZerocopyUse};
 use udpx_lab::judge::{steal_note, Check};
 
 /// The targets (see the module docs), from per-round ratios; `vs_nginx`: the best udpx
-/// row's ratio to nginx at most ([`nginx_target`](super::nginx_target)).
+/// row's ratio to nginx at most ([`nginx_target`](super::config::nginx_target)).
 pub fn judge(rows: &[H3Row], vs_nginx: f64) -> Vec<Check> {
     let mut out = Vec::new();
     let find = |server: &str, client: &str| rows.iter().find(|r| r.server == server && r.client == client);

@@ -1,6 +1,6 @@
 //! The independent load client: `udpx-quicgo-load` (`peers/quicgo-load`, a Go program of ours on
 //! quic-go's HTTP/3 client, and on Go's own `net/http` for HTTP/2 and HTTP/1.1), built by
-//! `scripts/setup.sh`. It plays the same players as [`crate::load`] (the same schedule, window,
+//! `scripts/setup.sh`. It plays the same players as [`crate::clients::own`] (the same schedule, window,
 //! counts and JSON fields) on a stack udpx did not write, whose acknowledgement policy is its
 //! own: quic-go acknowledges about one packet in 26 in a bulk download, udpx's own client one in
 //! 73. The scale bench judges servers with it.
@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::load::{Latency, LoadConfig, LoadReport};
+use crate::clients::own::{Latency, LoadConfig, LoadReport};
 
 /// The program's name in `PATH`.
 pub const PROGRAM: &str = "udpx-quicgo-load";

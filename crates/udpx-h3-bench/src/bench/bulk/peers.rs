@@ -9,8 +9,11 @@ use std::time::{Duration, Instant};
 use udpx_lab::cpu::TickRate;
 use udpx_lab::netns::{ChildGroup, Napi, Profile, Side, TestNet, TestNetConfig};
 
-use super::process::{exited, run_bounded};
-use super::{measured, ClientKind, H3BenchConfig, H3Run, Place, ServerMeter, FILE};
+use super::config::{ClientKind, H3BenchConfig, FILE};
+use super::place::{Place, ServerMeter};
+use super::runs::{measured, H3Run};
+use crate::lab::process::{exited, run_bounded};
+use crate::lab::receive_on_own_cpus;
 
 /// gtlsclient downloads `url` into a directory of its own; returns (bytes, seconds).
 pub(super) fn gtlsclient(
@@ -45,11 +48,11 @@ pub(super) fn independent(
     cfg: &H3BenchConfig,
     place: &Place<'_>,
     addr: SocketAddr,
-    proto: crate::independent::Proto,
+    proto: crate::clients::quicgo::Proto,
 ) -> Result<(u64, f64), String> {
     let prog = cfg.programs.independent.as_deref().ok_or("the independent client not found")?;
     let cmd = place.command(place.client_ns(), place.client_cpu, prog);
-    let r = crate::independent::get(cmd, addr, &format!("/{FILE}"), proto, cfg.deadline())?;
+    let r = crate::clients::quicgo::get(cmd, addr, &format!("/{FILE}"), proto, cfg.deadline())?;
     if r.status != 200 || r.bytes != cfg.size {
         return Err(format!("{}: HTTP {}, {} bytes; the file has {}", r.client, r.status, r.bytes, cfg.size));
     }
@@ -108,7 +111,7 @@ pub(super) fn nginx_run(
             ClientKind::Chromium => {
                 super::browser::fetch(cfg, place, dir, addr, false, pin).map(|f| (f.bytes, f.seconds))
             }
-            _ => independent(cfg, place, addr, crate::independent::Proto::H2),
+            _ => independent(cfg, place, addr, crate::clients::quicgo::Proto::H2),
         };
         let cost = meter.stop();
         drop(server);
@@ -272,34 +275,4 @@ pub(super) fn equal_footing(
         .map_err(|e| format!("server-side offloads ({profile}): {e}"))?;
     receive_on_own_cpus(&net, napi, server_cpu, client_cpu)?;
     Ok(net)
-}
-
-/// Each side's receive work on its own CPU, the server's (namespace `Rx`) on `server_cpu` in
-/// the `server` mode and the client's on `client_cpu` in a NAPI thread, so a packet's protocol
-/// work (TCP's ACK-clocked sends included) is charged to the side that receives it, for TCP as
-/// for UDP (see [`Napi`]). The client's side is threaded so that the GRO of the responses runs
-/// on the client's CPU, as on a client host: in softirq veth would run it in the server's send.
-pub(crate) fn receive_on_own_cpus(
-    net: &TestNet,
-    server: Napi,
-    server_cpu: usize,
-    client_cpu: usize,
-) -> Result<(), String> {
-    net.receive_on(Side::Rx, server_cpu, server).map_err(|e| format!("server-side receive ({server} NAPI): {e}"))?;
-    net.receive_on(Side::Tx, client_cpu, Napi::Threaded).map_err(|e| format!("client-side receive: {e}"))?;
-    Ok(())
-}
-
-/// How the report names the server's [`Napi`] mode.
-pub(crate) fn receive_note(server: Napi) -> &'static str {
-    match server {
-        Napi::Softirq => {
-            "the server's receive work in softirq steered (RPS) to its CPU (--napi softirq: UDP's veth poll and GRO \
-             of the requests and acknowledgements run on the client's CPU), the client's in a NAPI thread on its CPU"
-        }
-        Napi::Threaded => {
-            "receive work in a NAPI thread on each side's CPU for UDP (a thread switch per poll), TCP's in softirq \
-             steered (RPS) there (--napi threaded)"
-        }
-    }
 }
