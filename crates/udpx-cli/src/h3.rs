@@ -1081,15 +1081,7 @@ fn serve_config(a: &ServeArgs) -> Result<Prepared, String> {
 fn qlog_config(a: &ServeArgs) -> Result<Option<udpx_quic::QlogConfig>, String> {
     let Some(dir) = &a.qlog_dir else { return Ok(None) };
     let mut q = udpx_quic::QlogConfig::new(dir.clone());
-    let named = !a.qlog_peer.is_empty() || a.qlog_peers.is_some();
-    let (peers, file_sample) = qlog_peers(&a.qlog_peer, a.qlog_peers.as_deref())?;
-    if let (Some(flag), Some(file)) = (a.qlog_sample, file_sample) {
-        return Err(format!(
-            "--qlog-sample {flag} and sample={file} in --qlog-peers: give the sample in one of them (the file's is read again on SIGHUP)"
-        ));
-    }
-    q.policy =
-        udpx_quic::QlogPolicy { sample: file_sample.or(a.qlog_sample).unwrap_or(if named { 0.0 } else { 1.0 }), peers };
+    q.policy = qlog_policy(a)?;
     q.max_files = a.qlog_max_files;
     q.max_bytes = a.qlog_max_bytes;
     q.max_live = a.qlog_max_live;
@@ -1098,6 +1090,22 @@ fn qlog_config(a: &ServeArgs) -> Result<Option<udpx_quic::QlogConfig>, String> {
         return Err("--qlog-dir: this udpx was built without qlog; build it with `--features qlog`".into());
     }
     Ok(Some(q))
+}
+
+/// Which connections are logged: the addresses of `--qlog-peer` and of the `--qlog-peers` file,
+/// and the sample, the file's `sample=F` if it has one, else `--qlog-sample`, else 1 with no
+/// address named and 0 with some. Read at start and again on SIGHUP (a `sample=` word removed
+/// from the file returns the sample to the flag's).
+fn qlog_policy(a: &ServeArgs) -> Result<udpx_quic::QlogPolicy, String> {
+    let named = !a.qlog_peer.is_empty() || a.qlog_peers.is_some();
+    let (peers, file_sample) = qlog_peers(&a.qlog_peer, a.qlog_peers.as_deref())?;
+    if let (Some(flag), Some(file)) = (a.qlog_sample, file_sample) {
+        return Err(format!(
+            "--qlog-sample {flag} and sample={file} in --qlog-peers: give the sample in one of them (the file's is read again on SIGHUP)"
+        ));
+    }
+    let sample = file_sample.or(a.qlog_sample).unwrap_or(if named { 0.0 } else { 1.0 });
+    Ok(udpx_quic::QlogPolicy { sample, peers })
 }
 
 /// The addresses of `--qlog-peer` (`given`) and of the `--qlog-peers` file (read again on
@@ -1400,17 +1408,9 @@ impl Running<'_> {
             ),
             None => {}
         }
-        if let (Some(q), Some(path)) = (server.qlog(), a.qlog_peers.as_deref()) {
+        if let (Some(q), Some(_)) = (server.qlog(), a.qlog_peers.as_ref()) {
             let now = q.policy();
-            // The file's sample=F when it has one; else the flag's (or its default) again, so a
-            // sample= word removed from the file returns the sample to the flag's.
-            let flag_sample = a.qlog_sample.unwrap_or(0.0);
-            match qlog_peers(&a.qlog_peer, Some(path)).and_then(|(peers, sample)| {
-                if let (Some(flag), Some(file)) = (a.qlog_sample, sample) {
-                    return Err(format!("--qlog-sample {flag} and sample={file} in the file: give one"));
-                }
-                q.set_policy(udpx_quic::QlogPolicy { peers, sample: sample.unwrap_or(flag_sample) })
-            }) {
+            match qlog_policy(a).and_then(|p| q.set_policy(p)) {
                 Ok(()) => {
                     let p = q.policy();
                     eprintln!("udpx h3 serve: SIGHUP: qlog peers now {:?}, sample {}", p.peers, p.sample);

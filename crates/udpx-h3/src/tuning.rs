@@ -67,11 +67,7 @@ impl Tuning {
 
     /// The `udpx h3 serve` flags that give these settings, every one spelled out.
     pub fn serve_args(&self) -> Vec<String> {
-        let burst = match self.burst {
-            None => "auto",
-            Some(Burst::Quantum) => "quantum",
-            Some(Burst::Window) => "window",
-        };
+        let burst = burst_name(self.burst);
         [
             ("--cc", self.cc.to_string()),
             ("--burst", burst.to_string()),
@@ -90,12 +86,17 @@ fn as_text<S: serde::Serializer, T: std::fmt::Display>(v: &T, s: S) -> Result<S:
     s.collect_str(v)
 }
 
-fn burst_text<S: serde::Serializer>(b: &Option<Burst>, s: S) -> Result<S::Ok, S::Error> {
-    s.serialize_str(match b {
+/// `--burst`'s word for a burst (`None`: auto).
+fn burst_name(b: Option<Burst>) -> &'static str {
+    match b {
         None => "auto",
         Some(Burst::Quantum) => "quantum",
         Some(Burst::Window) => "window",
-    })
+    }
+}
+
+fn burst_text<S: serde::Serializer>(b: &Option<Burst>, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(burst_name(*b))
 }
 
 #[cfg(test)]
