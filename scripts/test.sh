@@ -123,6 +123,16 @@ if [ "$skipped" -gt 0 ]; then
   echo "skipped tests:"
   sort -u "$skips" | sed 's/^/  SKIP: /'
 fi
+# Each failed test's panic, at the end where a reader (or CI's excerpt of the output) sees it:
+# the test's name, where it panicked and the message's first 400 characters.
+if grep -q '^---- .* stdout ----$' "$log"; then
+  echo "failed tests, where and why:"
+  awk '/^---- .* stdout ----$/ { name = $2; want = 0; next }
+       name != "" && /panicked at / { at = $0; sub(/.*panicked at /, "", at); msg = ""; want = 3; next }
+       want > 0 && (/^stack backtrace:/ || /^note: / || /^$/) { want = 0 }
+       want > 0 { msg = msg (msg == "" ? "" : " | ") $0; want--; if (want > 0) next }
+       want == 0 && name != "" && msg != "" { printf "  %s at %s %s\n", name, at, substr(msg, 1, 400); name = ""; msg = "" }' "$log"
+fi
 left_n=$(echo "$left" | tr , '\n' | grep -c . || true)
 echo "processes left running by the tests: $left_n"
 echo "summary: $((passed + fuzz_passed - skipped_tests)) passed, $((failed + fuzz_failed + left_failure)) failed, $skipped skipped"

@@ -47,14 +47,20 @@ fn bounded_gso_stream_is_fully_accounted() {
             n.ns(Side::Tx).run(move || UdpSocket::builder(tx_addr).send_mode(SendMode::GsoSendmsg).bind().unwrap());
         let dst = rx.local_addr();
         let total = SENDS * PER_SEND;
-        let (seen, dups) = std::thread::scope(|s| {
+        let (seen, dups, late) = std::thread::scope(|s| {
             let h = s.spawn(|| {
                 rx.set_read_timeout(Some(Duration::from_millis(100))).unwrap();
                 let mut bufs = RecvBuffers::for_socket(&rx, 8);
                 let (mut seen, mut dups) = (HashSet::new(), 0usize);
                 let mut last = Instant::now();
+                // The longest the receiver went between two reads that found data: the rule
+                // vouches for a reader late by at most its `gap`.
+                let mut late = Duration::ZERO;
                 while seen.len() < total && last.elapsed() < Duration::from_millis(800) {
                     if rx.recv_into(&mut bufs).is_ok() {
+                        if !seen.is_empty() {
+                            late = late.max(last.elapsed());
+                        }
                         last = Instant::now();
                         for (_, d) in bufs.datagrams() {
                             let seq = u32::from_be_bytes([d[0], d[1], d[2], d[3]]);
@@ -62,7 +68,7 @@ fn bounded_gso_stream_is_fully_accounted() {
                         }
                     }
                 }
-                (seen, dups)
+                (seen, dups, late)
             });
             let start = Instant::now();
             let per_send = Duration::from_secs_f64((PER_SEND * SEG) as f64 / RATE as f64);
@@ -79,6 +85,17 @@ fn bounded_gso_stream_is_fully_accounted() {
         let what = format!("GRO {gro}, receive buffer {} B set", sizing.set);
         assert_eq!(dups, 0, "{what}: datagrams arrived twice");
         assert_eq!(seen.len() + drops, total, "{what}: received {} + dropped {drops} != sent {total}", seen.len());
-        assert_eq!(drops, 0, "{what}: the sizing rule vouches for this rate, yet the kernel dropped");
+        if drops > 0 && late > Duration::from_millis(20) {
+            // A reader kept from its CPU longer than the rule's gap (a hypervisor's steal, a
+            // neighbour): the rule does not vouch for that run.
+            let why =
+                format!("{what}: the reader was {late:?} late, past the rule's 20 ms; the kernel dropped {drops}");
+            skip("bounded_gso_stream_is_fully_accounted (no drops)", &why);
+            continue;
+        }
+        assert_eq!(
+            drops, 0,
+            "{what}: the sizing rule vouches for this rate (reader at most {late:?} late), yet the kernel dropped"
+        );
     }
 }

@@ -30,3 +30,49 @@ pub fn drop_cached(file: &File) -> io::Result<()> {
         e => Err(io::Error::from_raw_os_error(e)),
     }
 }
+
+/// How many of `file`'s pages the page cache holds now, and of how many (`mincore` over a
+/// read-only mapping). Unlike a probing read it starts no readahead, so asking leaves the
+/// cache as it was: for tests and benches of cold reads. An empty file holds `(0, 0)`.
+pub fn cached_pages(file: &File) -> io::Result<(usize, usize)> {
+    let len = usize::try_from(file.metadata()?.len()).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    if len == 0 {
+        return Ok((0, 0));
+    }
+    // SAFETY: sysconf reads a constant of the system.
+    let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096).max(1);
+    let pages = len.div_ceil(page);
+    // SAFETY: a fresh shared read-only mapping of an open descriptor; nothing of ours is
+    // overwritten, and it is unmapped below on every path.
+    let at = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_SHARED, file.as_raw_fd(), 0) };
+    if at == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    let mut vec = vec![0u8; pages];
+    // SAFETY: `at` maps `len` bytes; `vec` has one byte for each of its pages.
+    let r = cvt(unsafe { libc::mincore(at, len, vec.as_mut_ptr()) });
+    // SAFETY: the mapping made above, of that length, unmapped once.
+    unsafe { libc::munmap(at, len) };
+    r?;
+    Ok((vec.iter().filter(|b| *b & 1 == 1).count(), pages))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_written_file_is_all_cached_and_an_empty_one_has_no_pages() {
+        let dir = std::env::temp_dir().join(format!("udpx-cached-pages-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("f");
+        std::fs::write(&p, vec![7u8; 3 * 4096 + 1]).unwrap();
+        let f = File::open(&p).unwrap();
+        let (cached, pages) = cached_pages(&f).unwrap();
+        assert!(pages >= 2, "{pages}");
+        assert_eq!(cached, pages, "a file just written is in the page cache");
+        std::fs::write(&p, b"").unwrap();
+        assert_eq!(cached_pages(&File::open(&p).unwrap()).unwrap(), (0, 0));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -187,15 +187,17 @@ impl BoundedNonEmptyConnectionIdVecDeque {
     ///
     /// [`OutOfIdentifiers`]: enum.Error.html#OutOfIdentifiers
     fn remove(&mut self, seq: u64) -> Result<Option<ConnectionIdEntry>> {
+        // An entry already gone (a retransmitted RETIRE_CONNECTION_ID, RFC 9000
+        // 5.1.2) is nothing to remove, however few are left.
+        let Some(index) = self.inner.iter().position(|e| e.seq == seq) else {
+            return Ok(None);
+        };
+
         if self.inner.len() <= 1 {
             return Err(Error::OutOfIdentifiers);
         }
 
-        Ok(self
-            .inner
-            .iter()
-            .position(|e| e.seq == seq)
-            .and_then(|index| self.inner.remove(index)))
+        Ok(self.inner.remove(index))
     }
 
     /// Removes all elements in the collection with sequence numbers less than
@@ -1137,5 +1139,31 @@ mod tests {
 
         assert_eq!(ids.pop_retired_scid(), Some(scid2));
         assert_eq!(ids.pop_retired_scid(), None);
+    }
+
+    #[test]
+    fn retiring_a_retired_scid_again_is_ignored() {
+        let (scid, _) = create_cid_and_reset_token(16);
+        let (dcid, _) = create_cid_and_reset_token(16);
+
+        let mut ids = ConnectionIdentifiers::new(2, &scid, 0, None);
+        ids.set_initial_dcid(dcid, None, Some(0));
+        ids.set_source_conn_id_limit(2);
+
+        let (scid2, rt2) = create_cid_and_reset_token(16);
+        assert_eq!(ids.new_scid(scid2.clone(), Some(rt2), true, None, false), Ok(1));
+
+        // The peer retires seq 0 and, its ACK late, sends the frame again
+        // while seq 1 is the only one left: the repeat changes nothing.
+        assert_eq!(ids.retire_scid(0, &scid2), Ok(Some(0)));
+        assert_eq!(ids.retire_scid(0, &scid2), Ok(None));
+        assert_eq!(ids.scids.len(), 1);
+        assert_eq!(ids.pop_retired_scid(), Some(scid));
+        assert_eq!(ids.pop_retired_scid(), None);
+
+        // The last one still cannot be retired, nor one never issued.
+        let (other, _) = create_cid_and_reset_token(16);
+        assert_eq!(ids.retire_scid(1, &other), Err(Error::OutOfIdentifiers));
+        assert_eq!(ids.retire_scid(2, &other), Err(Error::InvalidState));
     }
 }
