@@ -40,18 +40,26 @@ enum Role {
     /// The Cloudflare post's table: a file downloaded over HTTP/3 from `udpx h3 serve` in each
     /// I/O mode (by gtlsclient and `udpx h3 get`) and over HTTPS/TCP from nginx (by curl);
     /// server CPU per byte, throughput, send calls, packets per call, losses.
+    #[cfg(feature = "quic")]
     H3(Box<crate::h3::H3BenchArgs>),
     /// QUIC across hosts through an nftables balancer (the lab of `udpx lb`): cost per packet
     /// of routing by connection ID against a 4-tuple hash, connections that survive a NAT
     /// rebinding, spread over hosts. Needs root, nft, tc.
+    #[cfg(feature = "quic")]
     Lb(crate::lb::LbBenchArgs),
     /// quinn on udpx against quinn on quinn-udp: a quinn server sends 1 GB to a quinn client per
     /// row (quinn-udp, udpx system calls, udpx io_uring), over veth as root, else loopback;
     /// server CPU per byte.
+    #[cfg(feature = "quic")]
     Quic(QuicArgs),
+    /// `h3`, `lb` and `quic` in a binary built without the QUIC tools.
+    #[cfg(not(feature = "quic"))]
+    #[command(name = "h3", aliases = ["lb", "quic"], hide = true, disable_help_flag = true)]
+    WithoutQuic(crate::util::WithoutQuic),
 }
 
 /// `udpx bench quic`.
+#[cfg(feature = "quic")]
 #[derive(Args, Debug)]
 pub struct QuicArgs {
     /// Bytes per transfer (k, M, G: decimal).
@@ -69,6 +77,7 @@ pub struct QuicArgs {
     json: bool,
 }
 
+#[cfg(feature = "quic")]
 fn quic(a: QuicArgs) -> ExitCode {
     let veth = udpx_lab::netns::is_root() && !a.loopback;
     if veth {
@@ -296,9 +305,14 @@ pub fn main(args: BenchArgs) -> ExitCode {
         Some(Role::Tx(a)) => tx(a),
         Some(Role::Rx(a)) => rx(a),
         Some(Role::Stream(a)) => crate::stream::fig4(a),
+        #[cfg(feature = "quic")]
         Some(Role::H3(a)) => crate::h3::bench(*a),
+        #[cfg(feature = "quic")]
         Some(Role::Lb(a)) => crate::lb::bench(a),
+        #[cfg(feature = "quic")]
         Some(Role::Quic(a)) => quic(a),
+        #[cfg(not(feature = "quic"))]
+        Some(Role::WithoutQuic(_)) => crate::util::without_quic("bench h3|lb|quic"),
         None => main_job(args.main),
     }
 }

@@ -14,12 +14,17 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 mod bench;
 mod echo;
 pub mod exit;
+#[cfg(feature = "quic")]
 mod h3;
+#[cfg(feature = "quic")]
 mod host_flags;
+#[cfg(feature = "quic")]
 mod lb;
 mod logger;
+#[cfg(feature = "quic")]
 mod notify;
 mod stream;
+#[cfg(feature = "quic")]
 mod supervise;
 pub mod util;
 
@@ -44,10 +49,20 @@ enum Cmd {
     Stream(stream::StreamArgs),
     /// HTTP/3 on the udpx datapath: a file server (quiche, one event loop per shard, the I/O
     /// modes of the Cloudflare post) and a client.
+    #[cfg(feature = "quic")]
     H3(h3::H3Args),
     /// QUIC routed by connection ID across hosts: nftables rules for a Linux balancer, and
     /// where a connection ID or packet goes.
+    #[cfg(feature = "quic")]
     Lb(lb::LbArgs),
+    /// HTTP/3 (not in this build: see `udpx h3`'s message).
+    #[cfg(not(feature = "quic"))]
+    #[command(hide = true, disable_help_flag = true)]
+    H3(util::WithoutQuic),
+    /// QUIC routing (not in this build: see `udpx lb`'s message).
+    #[cfg(not(feature = "quic"))]
+    #[command(hide = true, disable_help_flag = true)]
+    Lb(util::WithoutQuic),
 }
 
 #[derive(Args, Debug)]
@@ -74,8 +89,14 @@ fn main() -> ExitCode {
         Cmd::Bench(args) => bench::main(args),
         Cmd::Echo(args) => echo::main(args),
         Cmd::Stream(args) => stream::main(args),
+        #[cfg(feature = "quic")]
         Cmd::H3(args) => h3::main(args),
+        #[cfg(feature = "quic")]
         Cmd::Lb(args) => lb::main(args),
+        #[cfg(not(feature = "quic"))]
+        Cmd::H3(_) => util::without_quic("h3"),
+        #[cfg(not(feature = "quic"))]
+        Cmd::Lb(_) => util::without_quic("lb"),
         Cmd::Probe(args) => {
             let opts = udpx_bench::probe::ProbeOptions { devices: args.devices, json: args.json };
             udpx_bench::probe::run(&opts)

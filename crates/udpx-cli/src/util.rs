@@ -227,3 +227,22 @@ pub fn decimal_suffixed(s: &str) -> Option<f64> {
 pub fn which(program: &str) -> bool {
     std::env::var_os("PATH").map(|p| std::env::split_paths(&p).any(|d| d.join(program).is_file())).unwrap_or(false)
 }
+
+/// The arguments of a QUIC subcommand in a binary built without the `quic` feature: taken
+/// whole, so that the message below is what the user sees, not clap's.
+#[cfg(not(feature = "quic"))]
+#[derive(clap::Args, Debug)]
+pub struct WithoutQuic {
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true, hide = true)]
+    rest: Vec<String>,
+}
+
+/// `udpx <cmd>` in a binary built without the QUIC tools: says how to build them (exit 2).
+#[cfg(not(feature = "quic"))]
+pub fn without_quic(cmd: &str) -> ExitCode {
+    usage(
+        cmd,
+        "this udpx was built without the QUIC tools (`--no-default-features`, as the README's first \
+         command builds it); build them with `cargo build --release -p udpx-cli`",
+    )
+}

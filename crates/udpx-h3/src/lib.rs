@@ -35,6 +35,7 @@ pub mod files;
 mod goaway;
 pub mod heads;
 pub mod http;
+mod metrics;
 mod responder;
 pub mod server;
 pub mod tcp;

@@ -1,6 +1,6 @@
 //! QUIC version 1 Initial packet protection (RFC 9001 5): keys that anyone derives from the
 //! client's first destination connection ID, so an Initial proves nothing about its sender.
-//! Two users: the lab's forged client Initials ([`crate::forge`]), and the one stateless
+//! Two users: the flood bench's forged client Initials (`udpx-h3-bench`), and the one stateless
 //! answer the host makes in a server's Initial, [`refusal`]: a CONNECTION_CLOSE with
 //! CONNECTION_REFUSED (RFC 9000 5.2.2) for an Initial the admission caps turn away, so the
 //! client stops at once instead of retrying into the cap until its handshake times out
@@ -43,10 +43,17 @@ fn expand_label(prk: &hkdf::Prk, label: &[u8], out: &mut [u8]) {
 }
 
 /// One side's Initial keys for a client's first destination connection ID.
-pub(crate) struct Keys {
+pub struct Keys {
     pub aead: LessSafeKey,
     pub iv: [u8; 12],
     pub hp: quic::HeaderProtectionKey,
+}
+
+impl std::fmt::Debug for Keys {
+    /// Names the keys' algorithm only: keys are never printed.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Keys(QUIC v1 Initial, AES-128-GCM)")
+    }
 }
 
 impl Keys {

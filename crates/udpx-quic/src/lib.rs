@@ -11,7 +11,7 @@
 //!  Host (host/): the loop (turn.rs), admission   connections by DCID, timers, send quantum
 //!   and stateless replies (gate.rs), sending
 //!   (send.rs); its Table (table.rs)
-//!  Outbox (io.rs)                            packets → GSO runs → Transmits, resumes on EAGAIN
+//!  Outbox (outbox.rs)                        packets → GSO runs → Transmits, resumes on EAGAIN
 //!  Server (server.rs)                        one Host per shard of a reuseport group
 //!  cid.rs                                    QUIC-LB connection IDs, the worker byte
 //!  udpx                                      sockets, GSO/GRO, sendmmsg, cBPF steering
@@ -41,11 +41,10 @@ pub mod admission;
 pub mod bufs;
 pub mod cid;
 pub mod counters;
-pub mod forge;
 pub mod host;
 pub mod initial;
-pub mod io;
 pub mod keylog;
+pub mod outbox;
 pub mod pacing;
 pub mod qlog;
 pub mod ready;
@@ -65,8 +64,8 @@ pub use bufs::{Buf, BufPool, Bufs, Connection};
 pub use cid::{CidGenerator, ServerCid, CID_LEN, GENERATION_BYTE, WORKER_BYTE};
 pub use counters::HostCounters;
 pub use host::{App, Burst, Host, HostConfig, HostSocket, Role, Until, QUANTUM_PACKETS};
-pub use io::{IoMode, Zerocopy};
 pub use keylog::KeyLog;
+pub use outbox::{IoMode, Zerocopy};
 pub use pacing::{pacing_for, Pacing, PACING_SLACK};
 pub use qlog::{Qlog, QlogConfig, QlogPolicy};
 pub use reset::{RemovedHosts, ResetKey};

@@ -22,7 +22,7 @@ use udpx::{ShardGroup, SocketConfig, Steering, UdpSocket, Want};
 use crate::cid::WORKER_BYTE;
 use crate::counters::HostCounters;
 use crate::host::{App, ConfigSwap, DrainSignal, Host, HostConfig, HostSocket, SharedCounters};
-use crate::io::IoMode;
+use crate::outbox::IoMode;
 use crate::Error;
 
 /// Socket buffers asked for (the kernel caps them at `net.core.[rw]mem_max` without

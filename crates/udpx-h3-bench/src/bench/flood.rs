@@ -4,7 +4,7 @@
 //! **Where.** The attack lab ([`StarNet`]: server, attacker, victim and client namespaces
 //! around a forwarding hub; root only). The server runs as its own process, one shard, pinned
 //! to the last CPU. The attacker sends RATE real client Initials a second for the flood's
-//! length, each under fresh connection IDs ([`udpx_quic::forge`]) and from a random address
+//! length, each under fresh connection IDs (`lab::forge`) and from a random address
 //! and port of 10.128.0.0/9, through a raw socket. The hub routes that whole range to the
 //! victim's namespace, which forwards nothing: every byte the server sends toward a forged
 //! address is counted on the victim's device (UDP payload: the device's bytes less 42 per
@@ -171,7 +171,7 @@ pub fn run(cfg: &FloodConfig, progress: &mut dyn FnMut(&str)) -> Result<Option<F
     if cfg.rate == 0 || cfg.duration.is_zero() || cfg.retry.is_empty() {
         return Err("a flood needs a rate, a duration and a --retry mode".into());
     }
-    let forger = Arc::new(udpx_quic::forge::InitialForger::new("localhost")?);
+    let forger = Arc::new(crate::lab::forge::InitialForger::new("localhost")?);
     let scratch = Scratch::new()?;
     let www = scratch.0.join("www");
     std::fs::write(www.join(FILE), udpx_lab::pattern(cfg.file, 7)).map_err(|e| e.to_string())?;
@@ -224,7 +224,7 @@ fn rss_mib(pid: u32) -> Option<f64> {
 
 /// The attacker: `rate` forged Initials a second for `duration` from random addresses of
 /// [`FORGED_NET`]. Returns `(Initials, UDP payload bytes)`.
-fn flood(forger: &udpx_quic::forge::InitialForger, srv: SocketAddrV4, rate: u64, duration: Duration) -> (u64, u64) {
+fn flood(forger: &crate::lab::forge::InitialForger, srv: SocketAddrV4, rate: u64, duration: Duration) -> (u64, u64) {
     let raw = RawSender::new().expect("a raw socket (root)");
     let (mut sent, mut bytes, mut p) = (0u64, 0u64, Vec::with_capacity(1500));
     let mut rnd = [0u8; 6 * 64];
@@ -319,7 +319,7 @@ fn count_each(failed: &[String]) -> Vec<(String, usize)> {
 fn one_run(
     cfg: &FloodConfig,
     net: &StarNet,
-    forger: &Arc<udpx_quic::forge::InitialForger>,
+    forger: &Arc<crate::lab::forge::InitialForger>,
     dir: &Path,
     (cert, key): (&Path, &Path),
     mode: &str,

@@ -10,6 +10,7 @@ use base64::Engine as _;
 use serde::Serialize;
 use udpx_lab::netns::{find_in_path, Napi, Side, TestNet};
 
+pub(crate) mod forge;
 pub(crate) mod nginx;
 pub(crate) mod process;
 pub(crate) mod rows;

@@ -16,7 +16,7 @@
 use std::time::{Duration, Instant};
 
 use crate::counters::HostCounters;
-use crate::io::Flush;
+use crate::outbox::Flush;
 
 use super::{ACK_CLOCKED_PACKETS, ACK_DEFER_BELOW, DEFER_BELOW, MID_TRANSFER};
 

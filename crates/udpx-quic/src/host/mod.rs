@@ -66,7 +66,7 @@ use udpx::{RecvBuffers, Shard, UdpSocket};
 use crate::bufs::Connection;
 use crate::cid::CID_LEN;
 use crate::counters::HostCounters;
-use crate::io::Outbox;
+use crate::outbox::Outbox;
 use crate::pacing::Pacing;
 use crate::ready::ReadyQueue;
 use crate::table::{CidKey, Entry, Slot, Table};

@@ -11,7 +11,7 @@
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
-use crate::io::Flush;
+use crate::outbox::Flush;
 use crate::pacing::{departure, Held, Pacing, PACING_SLACK, QUIET_BURST, QUIET_REFILL};
 use crate::table::Slot;
 

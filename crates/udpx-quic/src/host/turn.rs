@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use crate::cid::CID_LEN;
 use crate::counters::HostCounters;
-use crate::io::Flush;
+use crate::outbox::Flush;
 use crate::pacing::PACING_SLACK;
 use crate::table::Slot;
 use crate::timers::Deadline;

@@ -8,13 +8,14 @@
 //! that plaintext again under a random destination and source connection ID, so each forgery
 //! is a new connection to a server, which must answer it with a whole handshake (or a Retry).
 //! The ClientHello inside is the same every time: a server cannot tell until it has spent the
-//! handshake's work. Lab code: nothing in the host uses it (the keys are [`crate::initial`]'s).
+//! handshake's work. Lab code, the flood bench's: the host never forges (the keys are
+//! [`udpx_quic::initial`]'s, which the host uses for its stateless refusals).
 
 use std::net::SocketAddr;
 
 use ring::aead::Aad;
 
-use crate::initial::Keys;
+use udpx_quic::initial::Keys;
 
 /// Where the parts of an Initial's header are.
 #[derive(Debug, Clone, Copy)]
@@ -104,6 +105,7 @@ impl InitialForger {
     }
 
     /// A datagram's length: every forgery is this long.
+    #[cfg(test)]
     pub fn datagram_len(&self) -> usize {
         self.datagram_len
     }
