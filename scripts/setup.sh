@@ -23,21 +23,34 @@
 #     Go into /usr/local/bin (root) or target/peers; the scale bench and the h3 tests use it
 # Rust itself (stable, and the nightly that cargo-fuzz needs) comes from rustup, which the
 # machine image provides; without a nightly the fuzz targets are skipped, not failed.
+#
+#   bash scripts/setup.sh          # everything above (the test command runs this)
+#   bash scripts/setup.sh bench    # only what `udpx bench` runs: ethtool, iproute2, iperf3,
+#                                  # sockperf (the README's first command)
 set -euo pipefail
+
+only_bench=""
+case "${1:-}" in
+  "") ;;
+  bench) only_bench=1 ;;
+  *) echo "setup: unknown argument $1 (say bench, or nothing for everything)" >&2; exit 2 ;;
+esac
 
 need=()
 command -v ethtool  >/dev/null 2>&1 || need+=(ethtool)
 command -v ip       >/dev/null 2>&1 || need+=(iproute2)
-command -v nft      >/dev/null 2>&1 || need+=(nftables)
 command -v iperf3   >/dev/null 2>&1 || need+=(iperf3)
 command -v sockperf >/dev/null 2>&1 || need+=(sockperf)
-dpkg -s libclang-dev >/dev/null 2>&1 || need+=(libclang-dev)
-command -v gtlsclient >/dev/null 2>&1 || need+=(ngtcp2-client)
-command -v gtlsserver >/dev/null 2>&1 || need+=(ngtcp2-server)
-command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || need+=(nginx)
-command -v curl  >/dev/null 2>&1 || need+=(curl)
-command -v chromium >/dev/null 2>&1 || need+=(chromium)
-command -v tshark >/dev/null 2>&1 || need+=(tshark)
+if [ -z "$only_bench" ]; then
+  command -v nft      >/dev/null 2>&1 || need+=(nftables)
+  dpkg -s libclang-dev >/dev/null 2>&1 || need+=(libclang-dev)
+  command -v gtlsclient >/dev/null 2>&1 || need+=(ngtcp2-client)
+  command -v gtlsserver >/dev/null 2>&1 || need+=(ngtcp2-server)
+  command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || need+=(nginx)
+  command -v curl  >/dev/null 2>&1 || need+=(curl)
+  command -v chromium >/dev/null 2>&1 || need+=(chromium)
+  command -v tshark >/dev/null 2>&1 || need+=(tshark)
+fi
 
 # Each step announces itself (`== setup: ...`): scripts/time-commands.sh times them.
 phase() { echo "== setup: $*"; }
@@ -61,6 +74,11 @@ if [ "${#need[@]}" -gt 0 ]; then
       apt-get install -y -qq --no-install-recommends chromium >/dev/null
     fi
   fi
+fi
+
+if [ -n "$only_bench" ]; then
+  phase done
+  exit 0
 fi
 
 # The independent load client: rebuilt every time (Go's cache makes a rebuild of unchanged

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Times the README's two commands by phase, as a new user runs them, and prints a table:
 #   bash scripts/time-commands.sh            # the first command, then the second
-#   bash scripts/time-commands.sh first      # only `setup.sh && cargo run --release -p udpx-cli --no-default-features -- bench`
+#   bash scripts/time-commands.sh first      # only `setup.sh bench && cargo run --release -p udpx-cli --no-default-features -- bench`
 #   bash scripts/time-commands.sh second     # only `scripts/test.sh`
 #   bash scripts/time-commands.sh --log F    # the table of a log this script wrote before
 # Every line the commands print is stamped with the time since the command began; a phase
@@ -23,7 +23,7 @@ table() {
     /^[0-9.]+\t *Finished `release` profile/ && first { mark("udpx bench (the run)"); next }
     /^[0-9.]+\t== cargo test$/ { mark("tests: cargo test (build)"); next }
     /^[0-9.]+\t *Running / && cur == "tests: cargo test (build)" { mark("tests: cargo test (run)"); next }
-    /^[0-9.]+\t== / { t = $2; sub(/^== /, "", t); mark("tests: " t); next }
+    /^[0-9.]+\t== / && !first { t = $2; sub(/^== /, "", t); mark("tests: " t); next }
     { last = $1 }
     END {
       if (cur != "" && last > start) dur[cur] += last - start
@@ -60,7 +60,7 @@ OUT=${OUT:-/tmp/udpx-time-$(date +%Y%m%d-%H%M%S)}
 mkdir -p "$OUT"
 status=0
 if [ "$which" != second ]; then
-  stamped "$OUT/first.log" bash -c 'bash scripts/setup.sh && cargo run --release -p udpx-cli --no-default-features -- bench' || status=$?
+  stamped "$OUT/first.log" bash -c 'bash scripts/setup.sh bench && cargo run --release -p udpx-cli --no-default-features -- bench' || status=$?
 fi
 if [ "$which" != first ]; then
   stamped "$OUT/second.log" bash scripts/test.sh || status=$?
