@@ -15,6 +15,14 @@ cd "$(dirname "$0")/.."
 trap 'echo "summary: 0 passed, 1 failed, 0 skipped"' ERR
 
 bash scripts/setup.sh
+# One build, on a machine that starts empty: incremental caches would only take disk (they
+# grew to several GB beside the test binaries, and a cold build ran out of CI's disk).
+export CARGO_INCREMENTAL=0
+# Disk, said at the start and the end: a build that outgrows the disk fails in the linker with
+# a bus error, far from the cause (CI, 2026-11-29).
+build_dir=$(realpath -m "${CARGO_TARGET_DIR:-target}")
+disk_free() { df -Pm "$(dirname "$build_dir")" 2>/dev/null | awk 'NR == 2 { print $4 }'; }
+echo "disk: $(disk_free || echo '?') MB free beside $build_dir"
 echo "== quiche: the published crate plus its numbered patches, nothing else"
 bash scripts/check-quiche.sh
 echo "== cargo fmt --check"
@@ -59,17 +67,20 @@ set +e
   # Tests that flood a veth pair and must have both cores to themselves: their own step, one
   # at a time (they are #[ignore]d in the run above).
   echo "== tests that run alone"
-  UDPX_TEST_RUN="$run_id" cargo test -p udpx --all-features --test veth_alone --test veth -- --ignored --test-threads=1
+  # --workspace, not -p: features are then unified as in the run above, so the artifacts it
+  # built serve here (with -p udpx cargo resolved udpx's features alone and built it again).
+  UDPX_TEST_RUN="$run_id" cargo test --workspace --all-features --test veth_alone --test veth -- --ignored --test-threads=1
   alone_status=$?
   # udpx stream's exact delivery to 1,000 flows over veth (it lost 9 of 60,000 datagrams once
   # beside other tests in the main run).
-  UDPX_TEST_RUN="$run_id" cargo test -p udpx-stream --all-features --test stream -- --ignored --test-threads=1 \
+  UDPX_TEST_RUN="$run_id" cargo test --workspace --all-features --test stream -- --ignored --test-threads=1 \
     || alone_status=1
   # The send-path suites again, every socket sending through io_uring (the same tests: the
   # backend must keep every guarantee of the system-call path; zerocopy as SENDMSG_ZC).
   echo "== fault and loopback tests through io_uring"
   if [ "$(cat /proc/sys/kernel/io_uring_disabled 2>/dev/null || echo 0)" = "0" ]; then
-    UDPX_TEST_IO_URING=1 UDPX_TEST_RUN="$run_id" cargo test -p udpx --all-features --test faults --test loopback --test zerocopy -- --test-threads=2
+    # udpx-h3 has a loopback suite of its own: excluded, so only udpx's runs again.
+    UDPX_TEST_IO_URING=1 UDPX_TEST_RUN="$run_id" cargo test --workspace --exclude udpx-h3 --all-features --test faults --test loopback --test zerocopy -- --test-threads=2
     uring_status=$?
   else
     echo "SKIP: fault and loopback tests through io_uring: kernel.io_uring_disabled is not 0"
@@ -135,6 +146,7 @@ if grep -q '^---- .* stdout ----$' "$log"; then
        want > 0 { msg = msg (msg == "" ? "" : " | ") $0; want--; if (want > 0) next }
        want == 0 && name != "" && msg != "" { printf "  %s at %s %s\n", name, at, substr(msg, 1, 400); name = ""; msg = "" }' "$log"
 fi
+echo "disk: $build_dir holds $(du -sm "$build_dir" 2>/dev/null | cut -f1 || echo '?') MB; $(disk_free || echo '?') MB free"
 left_n=$(echo "$left" | tr , '\n' | grep -c . || true)
 echo "processes left running by the tests: $left_n"
 echo "summary: $((passed + fuzz_passed - skipped_tests)) passed, $((failed + fuzz_failed + left_failure)) failed, $skipped skipped"
