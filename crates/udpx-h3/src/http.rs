@@ -204,6 +204,9 @@ pub struct ConnClose<'a> {
     pub closed_by: &'static str,
     /// The CONNECTION_CLOSE's error code (`app:` for an application's) and reason.
     pub error: Option<(bool, u64, &'a [u8])>,
+    /// What made the server close it, where the wire code says less (QUIC: quiche's error,
+    /// such as `OutOfIdentifiers` behind a PROTOCOL_VIOLATION).
+    pub cause: Option<String>,
 }
 
 /// Counters shared by every listener.
@@ -654,9 +657,10 @@ impl Site {
             }
             None => String::new(),
         };
+        let cause = c.cause.as_deref().map_or(String::new(), |c| format!(" cause=\"{}\"", c.escape_default()));
         let line = format!(
             "{} {} CONNECTION {} closed_by={} duration={:.3}ms requests={} rtt={:.3}ms min_rtt={} \
-             sent={} lost={} retransmitted={} cc={} cwnd={} bytes_sent={} bytes_received={}{error}\n",
+             sent={} lost={} retransmitted={} cc={} cwnd={} bytes_sent={} bytes_received={}{error}{cause}\n",
             humantime::format_rfc3339_millis(SystemTime::now()),
             c.peer,
             c.protocol,

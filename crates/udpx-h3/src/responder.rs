@@ -418,6 +418,8 @@ pub(crate) struct ConnState {
     /// Its place in a drain's spread, 0 to 1 (evenly spread over the connections: the golden
     /// ratio's multiples modulo 1).
     spread_at: f64,
+    /// The first error quiche closed it for ([`udpx_quic::App::failed`]), for its close line.
+    failure: Option<quiche::Error>,
     /// Streams the server reset that quiche's HTTP/3 layer still holds.
     resets: Resets,
     /// Its request streams with data and no whole head yet.
@@ -486,6 +488,7 @@ impl App for FileServer {
             heads: Heads::default(),
             opened: Instant::now(),
             served: 0,
+            failure: None,
         }
     }
 
@@ -633,6 +636,10 @@ impl App for FileServer {
         st.closing = true;
     }
 
+    fn failed(&mut self, _: &udpx_quic::Connection, st: &mut ConnState, err: &quiche::Error) {
+        st.failure.get_or_insert(*err);
+    }
+
     fn closed(&mut self, conn: &udpx_quic::Connection, mut state: ConnState) {
         self.log_close(conn, &state);
         // Responses still under way when the connection ended were not sent whole.
@@ -740,6 +747,7 @@ impl FileServer {
             requests: st.served,
             closed_by,
             error,
+            cause: st.failure.map(|e| format!("{e:?}")),
         });
     }
 

@@ -156,16 +156,23 @@ fn a_rate_limited_fetch_gets_the_whole_body() {
     assert_eq!((r.status, r.bytes), (200, BIG as u64), "{r:?}");
 }
 
+/// A server on a site of its own whose access log is `access.log` in the returned directory.
+fn logging_server(name: &str) -> (Site, TempDir, udpx_h3::H3Server) {
+    let site = Site::new(name);
+    let log = TempDir::new(&format!("{name}-log"));
+    let mut cfg = udpx_h3::ServeConfig::new("127.0.0.1:0".parse().unwrap());
+    let access_log = Some(log.path().join("access.log"));
+    cfg.site = udpx_h3::SiteOptions { access_log, ..udpx_h3::SiteOptions::default() };
+    let server = udpx_h3::serve(&site.root, &cfg).unwrap();
+    (site, log, server)
+}
+
 /// Issue 48: every connection has its line in the access log when it closes: who closed it,
 /// its requests, RTT, packets, congestion controller and bytes each way.
 #[test]
 fn every_connection_has_its_close_line() {
-    let site = Site::new("closeline");
-    let log = TempDir::new("closeline-log");
+    let (_site, log, server) = logging_server("closeline");
     let path = log.path().join("access.log");
-    let mut cfg = udpx_h3::ServeConfig::new("127.0.0.1:0".parse().unwrap());
-    cfg.site = udpx_h3::SiteOptions { access_log: Some(path.clone()), ..udpx_h3::SiteOptions::default() };
-    let server = udpx_h3::serve(&site.root, &cfg).unwrap();
     let port = server.local_addr().port();
     let out = TempDir::new("closeline-out");
     for name in ["small", "big", "nope"] {
@@ -196,4 +203,52 @@ fn every_connection_has_its_close_line() {
     let big =
         lines.iter().map(|l| l.split("bytes_sent=").nth(1).unwrap().split(' ').next().unwrap().parse::<u64>().unwrap());
     assert!(big.max().unwrap() > BIG as u64, "the big download's connection sent it all");
+}
+
+/// A handshake quiche refuses after the first datagram (here no protocol in common, in a
+/// ClientHello spread over two Initials) is closed by the server, and its close line names
+/// quiche's error, which the wire code (TLS's alert, 0x178) does not.
+#[test]
+fn a_close_line_names_what_quiche_refused() {
+    let (_site, log, server) = logging_server("cause");
+    let path = log.path().join("access.log");
+    let addr = server.local_addr();
+    let s = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    s.set_read_timeout(Some(std::time::Duration::from_millis(50))).unwrap();
+    let mut qc = quiche::Config::new(quiche::PROTOCOL_VERSION).unwrap();
+    // Eight 200-byte protocol names, none of them h3: the ClientHello outgrows one Initial.
+    let names: Vec<Vec<u8>> = (0..8u8).map(|i| vec![b'a' + i; 200]).collect();
+    qc.set_application_protos(&names.iter().map(Vec::as_slice).collect::<Vec<_>>()).unwrap();
+    qc.verify_peer(false);
+    let mut conn =
+        quiche::connect(None, &quiche::ConnectionId::from_ref(&[9u8; 16]), s.local_addr().unwrap(), addr, &mut qc)
+            .unwrap();
+    let (mut out, mut buf) = ([0u8; 1500], [0u8; 1500]);
+    let mut datagrams = 0;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while !conn.is_closed() && std::time::Instant::now() < deadline {
+        while let Ok((n, info)) = conn.send(&mut out) {
+            s.send_to(&out[..n], info.to).unwrap();
+            datagrams += 1;
+        }
+        match s.recv_from(&mut buf) {
+            Ok((n, from)) => {
+                let _ = conn.recv(&mut buf[..n], quiche::RecvInfo { from, to: s.local_addr().unwrap() });
+            }
+            Err(_) => conn.on_timeout(),
+        }
+    }
+    assert!(datagrams >= 2, "the ClientHello took {datagrams} datagram(s): the test needs two");
+    let wire = conn.peer_error().map(|e| e.error_code);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while server.counters().quic.closed < 1 && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    server.flush_log().unwrap();
+    server.stop().unwrap();
+    let text = std::fs::read_to_string(&path).unwrap();
+    eprintln!("the client saw {wire:?}\n{text}");
+    let line = text.lines().find(|l| l.contains(" CONNECTION h3 ")).expect("a close line");
+    assert!(line.contains("closed_by=server"), "{line}");
+    assert!(line.contains(" cause=\"TlsFail\""), "quiche's error named: {line}");
 }

@@ -889,6 +889,7 @@ impl CloseLine {
             requests: self.activity.requests.load(Ordering::Relaxed),
             closed_by: if self.activity.server_closed.load(Ordering::Relaxed) { "server" } else { "client" },
             error: None,
+            cause: None,
         });
     }
 }

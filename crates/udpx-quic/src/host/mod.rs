@@ -148,6 +148,15 @@ pub trait App {
     }
     /// `conn` is closed and about to be dropped.
     fn closed(&mut self, conn: &Connection, state: Self::State);
+    /// quiche failed on `conn` with `err` and closes the connection for it: a datagram it
+    /// refused (a peer's protocol violation, a failed handshake, a limit) or a packet it could
+    /// not make. The close's wire code says less (`OutOfIdentifiers` and most other transport
+    /// errors go out as PROTOCOL_VIOLATION); this is the cause, for a log line. Not called for
+    /// a new connection's first datagram (that connection is dropped without
+    /// [`App::closed`]). Default: nothing.
+    fn failed(&mut self, conn: &Connection, state: &mut Self::State, err: &quiche::Error) {
+        let _ = (conn, state, err);
+    }
     /// The server started draining ([`Host::drain`]): no new connection will come, and each
     /// connection gets a turn now. The application tells its peers (HTTP/3: GOAWAY), lets what
     /// is under way finish, and closes each connection when it is done. With a `spread` (a

@@ -177,6 +177,7 @@ impl<A: App> Host<A> {
                 }
                 Err(err) => {
                     log::debug!("udpx-quic: {} send failed: {err}", e.conn.trace_id());
+                    self.app.failed(&e.conn, &mut e.state, &err);
                     let _ = e.conn.close(false, 0x1, b"send failed");
                     return false;
                 }

@@ -268,6 +268,8 @@ impl<A: App> Host<A> {
                     // An Initial that does not decrypt leaves no state behind.
                     self.remove(slot);
                 } else {
+                    // quiche closes the connection for any error it returns from `recv`.
+                    self.app.failed(&e.conn, &mut e.state, &err);
                     self.ready.push(slot);
                 }
             }
