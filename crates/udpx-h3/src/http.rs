@@ -206,7 +206,7 @@ pub struct ConnClose<'a> {
     pub error: Option<(bool, u64, &'a [u8])>,
     /// What made the server close it, where the wire code says less (QUIC: quiche's error,
     /// such as `OutOfIdentifiers` behind a PROTOCOL_VIOLATION).
-    pub cause: Option<String>,
+    pub cause: Option<quiche::Error>,
 }
 
 /// Counters shared by every listener.
@@ -657,7 +657,7 @@ impl Site {
             }
             None => String::new(),
         };
-        let cause = c.cause.as_deref().map_or(String::new(), |c| format!(" cause=\"{}\"", c.escape_default()));
+        let cause = c.cause.map_or(String::new(), |e| format!(" cause=\"{e:?}\""));
         let line = format!(
             "{} {} CONNECTION {} closed_by={} duration={:.3}ms requests={} rtt={:.3}ms min_rtt={} \
              sent={} lost={} retransmitted={} cc={} cwnd={} bytes_sent={} bytes_received={}{error}{cause}\n",

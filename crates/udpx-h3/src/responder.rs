@@ -723,6 +723,10 @@ impl FileServer {
 
     /// The access log's line of a connection that closed.
     fn log_close(&self, conn: &udpx_quic::Connection, st: &ConnState) {
+        // Its figures are gathered only when there is a log to write them to.
+        if !self.site.logs() {
+            return;
+        }
         let s = conn.stats();
         let path = conn.path_stats().find(|p| p.active);
         let (closed_by, error) = match (conn.local_error(), conn.peer_error()) {
@@ -747,7 +751,7 @@ impl FileServer {
             requests: st.served,
             closed_by,
             error,
-            cause: st.failure.map(|e| format!("{e:?}")),
+            cause: st.failure,
         });
     }
 
