@@ -10,6 +10,10 @@
 #                                              # patches (after adding or changing a patch)
 #   scripts/check-quiche.sh --tests            # check, then run quiche's own unit tests on
 #                                              # the patched tree (a copy: no target/ in it)
+#   scripts/check-quiche.sh --tests --boringssl OUT
+#                                              # the same, linked with the BoringSSL the
+#                                              # workspace built: OUT is its boring-sys build
+#                                              # script's OUT_DIR (scripts/test.sh passes it)
 #
 # The .crate comes from cargo's cache when it is there, else from crates.io; either way its
 # checksum is checked before anything is read from it.
@@ -19,14 +23,18 @@ here=third_party/quiche
 keep=""
 write=""
 tests=""
+boringssl=""
 if [ "${1:-}" = "--tests" ]; then
   tests=1
+  if [ "${2:-}" = "--boringssl" ]; then
+    boringssl="${3:?--boringssl needs the directory boring-sys built BoringSSL in}"
+  fi
 elif [ "${1:-}" = "--pristine" ]; then
   keep="${2:?--pristine needs a directory}"
 elif [ "${1:-}" = "--write" ]; then
   write=1
 elif [ -n "${1:-}" ]; then
-  echo "check-quiche: unknown argument $1 (say --pristine DIR, --write, --tests, or nothing)" >&2
+  echo "check-quiche: unknown argument $1 (say --pristine DIR, --write, --tests [--boringssl OUT], or nothing)" >&2
   exit 2
 fi
 # shellcheck disable=SC1091
@@ -85,7 +93,26 @@ if [ -n "$tests" ]; then
   # The copy is a package of its own: without this, a target directory inside the checkout
   # (CI's default ./target) puts it under the workspace's root, and cargo refuses to build it.
   printf '\n[workspace]\n' >> "$target/tree/Cargo.toml"
-  (cd "$target/tree" && CARGO_TARGET_DIR="$target" cargo test --locked --lib -q 2>&1) | tee "$work/tests.log" | grep -E '^test result|FAILED|panicked' || true
+  # BoringSSL's cmake build is the longest step of a cold test command (about 270 s here):
+  # with --boringssl the tests link the one the workspace built (boring-sys then only makes
+  # its bindings). Only when the workspace's lock holds the boring-sys quiche's tests were
+  # published with: their expectations are byte-exact (two BBRv2 tests count the handshake's
+  # bytes, which differ by 6 between boring-sys 5.2.0 and 5.4.0).
+  bssl_env=()
+  if [ -n "$boringssl" ]; then
+    lock_version() { awk -v n=boring-sys '$0 == "name = \"" n "\"" { getline; gsub(/version = |"/, ""); print; exit }' "$1"; }
+    ours=$(lock_version Cargo.lock)
+    theirs=$(lock_version "$here/quiche/Cargo.lock")
+    if [ "$ours" != "$theirs" ]; then
+      echo "check-quiche: the workspace's Cargo.lock has boring-sys $ours, quiche's tests were published with $theirs: BoringSSL is built again for them (cargo update -p boring-sys --precise $theirs shares it)"
+    elif [ ! -f "$boringssl/build/libcrypto.a" ] || [ ! -f "$boringssl/boringssl/include/openssl/ssl.h" ]; then
+      echo "check-quiche: no BoringSSL build in $boringssl (build/libcrypto.a, boringssl/include): it is built again" >&2
+    else
+      bssl_env=(BORING_BSSL_PATH="$boringssl/build" BORING_BSSL_INCLUDE_PATH="$boringssl/boringssl/include")
+      echo "check-quiche: linked with the workspace's BoringSSL (boring-sys $ours, $boringssl)"
+    fi
+  fi
+  (cd "$target/tree" && env "${bssl_env[@]}" CARGO_TARGET_DIR="$target" cargo test --locked --lib -q 2>&1) | tee "$work/tests.log" | grep -E '^test result|FAILED|panicked' || true
   if ! grep -q '^test result: ok' "$work/tests.log" || grep -q '^test result: FAILED' "$work/tests.log"; then
     tail -n 30 "$work/tests.log" | sed 's/^/  /' >&2
     echo "check-quiche: quiche's own tests fail on the patched tree (the log's end is above)" >&2

@@ -18,6 +18,10 @@ bash scripts/setup.sh
 # One build, on a machine that starts empty: incremental caches would only take disk (they
 # grew to several GB beside the test binaries, and a cold build ran out of CI's disk).
 export CARGO_INCREMENTAL=0
+# The tests of the benches check what their rows carry, never their figures: a round that
+# makes up a stolen run (udpx_lab::stats::another_round) would only double their time on a
+# machine a neighbour steals from.
+export UDPX_BENCH_EXTRA_ROUNDS=0
 # Disk, said at the start and the end: a build that outgrows the disk fails in the linker with
 # a bus error, far from the cause (CI, 2026-11-29).
 build_dir=$(realpath -m "${CARGO_TARGET_DIR:-target}")
@@ -37,10 +41,16 @@ echo "== micro benchmarks compile"
 # In the test profile: the bench targets' code is compiled (and so checked) with the artifacts
 # the tests build anyway. `cargo bench --no-run` built the whole workspace a second time in
 # release, BoringSSL included: about a third of the command's time on a fresh machine.
-bench_out=$(cargo test --workspace --all-features --benches --no-run -q 2>&1) || { echo "$bench_out"; false; }
-echo "$bench_out" | grep -v '^ *Executable' || true
+# Its messages as JSON: they name the directory boring-sys built BoringSSL in, which quiche's
+# own tests below link rather than build it again.
+bench_json=$(mktemp)
+bench_out=$(cargo test --workspace --all-features --benches --no-run -q --message-format=json-render-diagnostics 2>&1 >"$bench_json") \
+  || { echo "$bench_out"; rm -f "$bench_json"; false; }
+[ -z "$bench_out" ] || echo "$bench_out"
+boringssl=$(grep '"reason":"build-script-executed"' "$bench_json" | grep '#boring-sys@' | grep -o '"out_dir":"[^"]*"' | cut -d'"' -f4 | head -1 || true)
+rm -f "$bench_json"
 echo "== quiche's own tests on the patched tree (third_party/quiche)"
-bash scripts/check-quiche.sh --tests
+bash scripts/check-quiche.sh --tests ${boringssl:+--boringssl "$boringssl"}
 # From here on every failure is counted into the summary below.
 trap - ERR
 

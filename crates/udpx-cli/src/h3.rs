@@ -407,15 +407,15 @@ pub struct H3BenchArgs {
     /// With --connections: seconds between a player's requests.
     #[arg(long, default_value_t = 2.0, requires = "connections")]
     interval: f64,
-    /// With --connections: seconds over which every row's connections start. Default: 5 s, or
-    /// longer so that a row opens at most 500 players (1,000 idle connections) a second: one
-    /// client process opening more is saturated, and its late acknowledgements teach the
-    /// server's congestion controller a wrong path.
-    #[arg(long, requires = "connections")]
+    /// With --connections or --viewers: seconds over which every row's players start.
+    /// Default: 5 s, or with --connections longer so that a row opens at most 500 players
+    /// (1,000 idle connections) a second: one client process opening more is saturated, and
+    /// its late acknowledgements teach the server's congestion controller a wrong path.
+    #[arg(long)]
     ramp: Option<f64>,
-    /// With --connections: seconds measured per row.
-    #[arg(long, default_value_t = 15.0, requires = "connections")]
-    window: f64,
+    /// With --connections or --viewers: seconds measured per row (default 15).
+    #[arg(long)]
+    window: Option<f64>,
     /// With --connections: rounds (a verdict needs 3).
     #[arg(long, default_value_t = 1, requires = "connections")]
     rounds: usize,
@@ -568,6 +568,13 @@ fn bench_bottleneck(a: H3BenchArgs, mbit: u64) -> ExitCode {
         (cfg.mbit, cfg.buffer, cfg.rtt) =
             (mbit, Duration::from_millis(a.bottleneck_buffer), Duration::from_millis(rtt));
         (cfg.viewers, cfg.rounds, cfg.host) = (viewers as usize, a.repeat as usize, a.host.tuning());
+        for (flag, given, to) in [("--ramp", a.ramp, &mut cfg.ramp), ("--window", a.window, &mut cfg.window)] {
+            match given.map(|v| duration(flag, v)) {
+                Some(Ok(d)) => *to = d,
+                Some(Err(e)) => return usage(e),
+                None => {}
+            }
+        }
         if let Err(e) = cfg.check() {
             return usage(e);
         }
@@ -636,11 +643,14 @@ fn bench_restart(a: H3BenchArgs, players: u64) -> ExitCode {
 fn bench_scale(a: H3BenchArgs) -> ExitCode {
     const CMD: &str = "bench h3";
     let secs = |flag: &str, v: f64| duration(flag, v);
-    let (interval, ramp, window) =
-        match (secs("--interval", a.interval), secs("--ramp", a.ramp.unwrap_or(5.0)), secs("--window", a.window)) {
-            (Ok(i), Ok(r), Ok(w)) => (i, r, w),
-            (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => return usage(e),
-        };
+    let (interval, ramp, window) = match (
+        secs("--interval", a.interval),
+        secs("--ramp", a.ramp.unwrap_or(5.0)),
+        secs("--window", a.window.unwrap_or(15.0)),
+    ) {
+        (Ok(i), Ok(r), Ok(w)) => (i, r, w),
+        (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => return usage(e),
+    };
     if !(a.keepalive >= 0.1 && a.keepalive <= 3600.0) {
         return usage("--keepalive: give 0.1 to 3600 seconds");
     }
@@ -817,6 +827,11 @@ enum BenchProfile {
 /// object per profile).
 pub fn bench(a: H3BenchArgs) -> ExitCode {
     const CMD: &str = "bench h3";
+    if (a.ramp.is_some() || a.window.is_some()) && a.connections.is_empty() && a.viewers.is_none() {
+        return usage(
+            "--ramp and --window: give them with --connections (the scale table) or --viewers (the viewers' tail)",
+        );
+    }
     if !a.connections.is_empty() {
         return bench_scale(a);
     }

@@ -299,6 +299,8 @@ fn bench_h3_bad_flags_exit_2_naming_the_flag() {
         (&["bench", "h3", "--bottleneck", "100", "--rtt", "3000"], "--rtt"),
         (&["bench", "h3", "--bottleneck", "100", "--viewers", "20"], "--rtt"),
         (&["bench", "h3", "--bottleneck", "100", "--rtt", "40", "--viewers", "0"], "--viewers"),
+        (&["bench", "h3", "--window", "5"], "--window"),
+        (&["bench", "h3", "--connections", "10", "--window", "0"], "--window"),
         (&["bench", "h3", "--cc", "reno"], "--cc"),
         (&["bench", "h3", "--burst", "rate"], "--burst"),
     ];
@@ -504,7 +506,7 @@ fn bench_h3_bottleneck_runs_each_burst_rule() {
 }
 
 /// `udpx bench h3 --bottleneck --rtt --viewers` (root: the line with its router and delay
-/// line), short: one round of 4 players; a row per controller (and nginx's where nginx and
+/// line), short: one round of 4 players, a 1 s ramp and 4 s measured; a row per controller (and nginx's where nginx and
 /// quic-go's client are installed), every request answered or counted, the host flags in the
 /// configuration the rows ran with (`--coalesce` reached the tail bench only since the host
 /// flags became one value). The tail's milliseconds belong to the report, not to this test.
@@ -518,6 +520,10 @@ fn bench_h3_viewers_runs_each_controller() {
         "--rtt",
         "20",
         "--viewers",
+        "4",
+        "--ramp",
+        "1",
+        "--window",
         "4",
         "--repeat",
         "1",
