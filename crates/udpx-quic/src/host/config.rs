@@ -10,7 +10,7 @@ use crate::qlog::Qlog;
 use crate::reset::{LiveGenerations, RemovedHosts};
 use crate::token::ServiceKeys;
 
-use super::Burst;
+use crate::Burst;
 
 /// A host's settings: everything but its socket, quiche's own settings, its application and
 /// its [`super::Role`]. [`HostConfig::default`] is a client's; [`HostConfig::server`] a
@@ -40,9 +40,9 @@ pub struct HostConfig {
     /// How long the packets of acknowledgement-clocked transfers may wait for more (zero:
     /// never). When every connection that wrote in a turn was mid-transfer (it sent within
     /// the last few milliseconds) and wrote only the few packets the acknowledgement just read
-    /// freed (fewer than [`crate::host::ACK_CLOCKED_PACKETS`]), and together they are under
-    /// [`crate::host::ACK_DEFER_BELOW`] bytes, the turn keeps them: the next acknowledgements'
-    /// packets join them in one send call. TCP defers the same way (`tcp_tso_should_defer`).
+    /// freed (fewer than 16 packets: `ACK_CLOCKED_PACKETS` in the flush rules), and together
+    /// they are under 40 KiB (`ACK_DEFER_BELOW`), the turn keeps them: the next
+    /// acknowledgements' packets join them in one send call. TCP defers the same way (`tcp_tso_should_defer`).
     /// A client that acknowledges every second packet (Chromium) otherwise costs the server a
     /// send call, and a wake-up of the receiver, per acknowledgement. The price: up to this
     /// much added to a transfer's packets, never to a response's first flight.

@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use super::{App, Host};
+use crate::{App, Host};
 
 /// Tells a server's loops to drain, with how long they may take.
 #[derive(Debug)]

@@ -18,7 +18,18 @@ use std::time::{Duration, Instant};
 use crate::counters::HostCounters;
 use crate::outbox::Flush;
 
-use super::{ACK_CLOCKED_PACKETS, ACK_DEFER_BELOW, DEFER_BELOW, MID_TRANSFER};
+/// A turn that leaves connections ready keeps its packets for the next turn while they are
+/// fewer bytes than this (about 44 full packets), so that turn's join them in one send call.
+const DEFER_BELOW: usize = 64 << 10;
+
+/// A connection that wrote fewer packets than this in a turn, mid-transfer, wrote what one
+/// acknowledgement freed ([`crate::HostConfig::ack_defer`]).
+pub(crate) const ACK_CLOCKED_PACKETS: u64 = 16;
+/// Deferred acknowledgement-clocked packets leave once they reach this many bytes (about 32
+/// full packets: half a GSO run's most).
+pub(crate) const ACK_DEFER_BELOW: usize = 40 << 10;
+/// A connection that sent within this much before its turn is mid-transfer.
+const MID_TRANSFER: Duration = Duration::from_millis(2);
 
 /// What one connection's turn wrote, as the flush rules need it.
 #[derive(Debug, Clone, Copy)]

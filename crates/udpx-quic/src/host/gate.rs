@@ -30,7 +30,7 @@ use crate::reset::{LiveGenerations, RemovedHosts};
 use crate::table::{CidKey, Slot, Table};
 use crate::token::{ServiceKeys, TokenError, TokenKey};
 
-use super::{App, Host, Role};
+use crate::{App, Host, Role};
 
 /// New connection IDs offered to one connection in one turn, at most.
 const MAX_ISSUED_PER_TURN: usize = 8;

@@ -109,22 +109,10 @@ pub enum Burst {
     Window,
 }
 
-/// A turn that leaves connections ready keeps its packets for the next turn while they are
-/// fewer bytes than this (about 44 full packets), so that turn's join them in one send call.
-const DEFER_BELOW: usize = 64 << 10;
-
 /// [`HostConfig::ack_defer`] of a server: about four acknowledgements of a client that
 /// acknowledges every eighth packet at 700 Mbit/s, and within TCP's 1 ms burst
 /// (`tcp_tso_autosize`) and [`crate::pacing::PACING_SLACK`].
 pub const ACK_DEFER: Duration = Duration::from_micros(500);
-/// A connection that wrote fewer packets than this in a turn, mid-transfer, wrote what one
-/// acknowledgement freed ([`HostConfig::ack_defer`]).
-pub const ACK_CLOCKED_PACKETS: u64 = 16;
-/// Deferred acknowledgement-clocked packets leave once they reach this many bytes (about 32
-/// full packets: half a GSO run's most).
-pub const ACK_DEFER_BELOW: usize = 40 << 10;
-/// A connection that sent within this much before its turn is mid-transfer.
-const MID_TRANSFER: Duration = Duration::from_millis(2);
 
 /// What runs on the connections: the HTTP/3 server, a client. The host calls it from its own
 /// thread; it does no I/O of its own on the socket.

@@ -6,7 +6,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
-use super::{App, Host};
+use crate::{App, Host};
 
 /// One host's slot for its next configuration (see the module docs).
 #[derive(Default)]

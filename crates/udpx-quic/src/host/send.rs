@@ -15,7 +15,7 @@ use crate::outbox::Flush;
 use crate::pacing::{departure, Held, Pacing, PACING_SLACK, QUIET_BURST, QUIET_REFILL};
 use crate::table::Slot;
 
-use super::{App, Burst, Host, QUANTUM_PACKETS};
+use crate::{App, Burst, Host, QUANTUM_PACKETS};
 
 /// How a host's packets leave: who paces, how much a connection writes per turn, and the
 /// clocks that turn times into the timers' ticks and quiche's `SendInfo.at` into departures.

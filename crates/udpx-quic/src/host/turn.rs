@@ -17,7 +17,7 @@ use crate::Error;
 
 use super::flush::{Decision, Wrote};
 use super::gate::Now;
-use super::{App, Host};
+use crate::{App, Host};
 
 /// Longest a loop sleeps in `poll` before it looks at its stop flag again.
 const STOP_CHECK: Duration = Duration::from_millis(50);
