@@ -8,8 +8,7 @@ set -uo pipefail
 cd "$(dirname "$0")/../fuzz"
 secs="${FUZZ_SECS:-20}"
 targets=(cmsg_decode zerocopy_tracker gro_split gso_plan echo_request cid_steering netlink_qdisc stream_wire)
-have_fuzz() { cargo fuzz --version >/dev/null 2>&1 && rustup run nightly rustc --version >/dev/null 2>&1; }
-if ! have_fuzz; then
+if ! cargo fuzz --version >/dev/null 2>&1 || ! rustup run nightly rustc --version >/dev/null 2>&1; then
   for t in "${targets[@]}"; do echo "SKIP: fuzz $t: cargo-fuzz or the nightly toolchain is missing (scripts/setup.sh installs cargo-fuzz)"; done
   echo "fuzz: 0 passed, 0 failed, ${#targets[@]} skipped"
   exit 0

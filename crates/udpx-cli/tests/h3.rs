@@ -506,10 +506,11 @@ fn bench_h3_bottleneck_runs_each_burst_rule() {
 }
 
 /// `udpx bench h3 --bottleneck --rtt --viewers` (root: the line with its router and delay
-/// line), short: one round of 4 players, a 1 s ramp and 4 s measured; a row per controller (and nginx's where nginx and
-/// quic-go's client are installed), every request answered or counted, the host flags in the
-/// configuration the rows ran with (`--coalesce` reached the tail bench only since the host
-/// flags became one value). The tail's milliseconds belong to the report, not to this test.
+/// line), short: one round of 4 players, a 1 s ramp and 4 s measured; a row per controller
+/// (and nginx's where nginx and quic-go's client are installed), every request answered or
+/// counted, the host flags in the configuration the rows ran with (`--coalesce` reached the
+/// tail bench only since the host flags became one value). The tail's milliseconds belong to
+/// the report, not to this test.
 #[test]
 fn bench_h3_viewers_runs_each_controller() {
     let args = [

@@ -42,7 +42,8 @@ pub struct HostConfig {
     /// the last few milliseconds) and wrote only the few packets the acknowledgement just read
     /// freed (fewer than 16 packets: `ACK_CLOCKED_PACKETS` in the flush rules), and together
     /// they are under 40 KiB (`ACK_DEFER_BELOW`), the turn keeps them: the next
-    /// acknowledgements' packets join them in one send call. TCP defers the same way (`tcp_tso_should_defer`).
+    /// acknowledgements' packets join them in one send call. TCP defers the same way
+    /// (`tcp_tso_should_defer`).
     /// A client that acknowledges every second packet (Chromium) otherwise costs the server a
     /// send call, and a wake-up of the receiver, per acknowledgement. The price: up to this
     /// much added to a transfer's packets, never to a response's first flight.
