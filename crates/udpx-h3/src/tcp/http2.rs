@@ -28,7 +28,10 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::{answer, Activity, Answered, Held, TcpCounters, TcpLimits, H2_PING_INTERVAL, H2_PING_TIMEOUT};
+use super::activity::Activity;
+use super::answer::{answer, Answered, Held};
+use super::counters::TcpCounters;
+use super::limits::{TcpLimits, H2_PING_INTERVAL, H2_PING_TIMEOUT};
 use crate::http::{FileBody, Site, CHUNK};
 
 /// Streams a peer may have open at once (as over HTTP/3).

@@ -65,35 +65,43 @@
 
 use std::collections::HashMap;
 use std::convert::Infallible;
-use std::fs::File;
 use std::future::Future;
 use std::io::{self, Read};
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::OwnedFd;
 use std::path::Path;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{ready, Context, Poll};
 use std::time::{Duration, Instant};
 
 use hyper::body::{Body, Bytes, Frame, Incoming, SizeHint};
-use hyper::header::{HeaderName, HeaderValue};
-use hyper::{Request, Response, StatusCode, Version};
+use hyper::{Request, Response, Version};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-use serde::Serialize;
 use tokio::sync::{oneshot, watch, Semaphore};
 use tokio::task::JoinHandle;
 use udpx_quic::host::{DrainEvent, DrainSignal};
 use udpx_quic::upgrade::PassOn;
 
+mod activity;
+mod answer;
+mod counters;
 mod http2;
+mod limits;
+
+use activity::{Activity, Registry};
+use answer::{answer, Answered, Finish, Held};
+use counters::{snapshot, TcpCounters};
+pub use counters::{TcpProbe, TcpSnapshot};
+pub use limits::TcpLimits;
+use limits::{H2_PING_INTERVAL, H2_PING_TIMEOUT};
 
 use crate::http::CHUNK;
-use crate::http::{Answer, FileBody, LogEntry, RequestHead, Site};
+use crate::http::{FileBody, Site};
 use crate::Error;
 
 /// How long a connection accepted at the cap waits for a permit (the oldest idle connection
@@ -107,53 +115,9 @@ pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// requests).
 pub const HEADER_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// How often an idle HTTP/2 connection is pinged, and how long the answer may take before
-/// the connection is closed.
-const H2_PING_INTERVAL: Duration = Duration::from_secs(30);
-const H2_PING_TIMEOUT: Duration = Duration::from_secs(20);
-
 /// Threads for file reads (tokio's blocking pool): a read is one chunk from the page cache
 /// or the disk.
 const READ_THREADS: usize = 4;
-
-/// What the listener holds, and what one peer may hold of it (see the module docs).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TcpLimits {
-    /// Connections at once (`--tcp-max-connections`); at the cap the one idle longest is
-    /// closed to make room for a new one.
-    pub max_connections: usize,
-    /// Connections at once from one address, an IPv6 /64 (`--tcp-per-source`): at most
-    /// `max_connections`, and below it so that no one address can hold them all.
-    pub per_source: usize,
-    /// A connection with a response under way must take at least `min_bytes` ...
-    pub min_bytes: u64,
-    /// ... in every `window`, or it is closed.
-    pub window: Duration,
-    /// A connection with no response under way and no new request for this long is closed
-    /// (checked every `window`, so it may live up to one `window` longer).
-    pub idle: Duration,
-    /// An HTTP/2 response parked this long (its client stopped reading) is reset
-    /// (RST_STREAM), its connection kept.
-    pub park: Duration,
-}
-
-impl Default for TcpLimits {
-    /// 1,024 connections (nginx's `worker_connections` is 512 by default, 768 in Debian's
-    /// configuration), 64 per address (browsers open 6 per origin over HTTP/1.1, one over
-    /// HTTP/2; a carrier NAT puts many households behind one address), 16 KiB every 20 s (a
-    /// reader slower than 800 B/s for 20 s is let go; nginx's `send_timeout` is 60 s between
-    /// two writes), and 60 s idle.
-    fn default() -> TcpLimits {
-        TcpLimits {
-            max_connections: 1024,
-            per_source: 64,
-            min_bytes: 16 * 1024,
-            window: Duration::from_secs(20),
-            idle: Duration::from_secs(60),
-            park: Duration::from_secs(300),
-        }
-    }
-}
 
 /// A running HTTPS-over-TCP listener (see the module docs).
 #[derive(Debug)]
@@ -162,83 +126,6 @@ pub struct TcpServer {
     counters: Arc<TcpCounters>,
     stop: Option<oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
-}
-
-/// Connection counters of the TCP listener (responses are counted by the [`Site`]).
-#[derive(Debug, Default)]
-struct TcpCounters {
-    connections: AtomicU64,
-    tls_failed: AtomicU64,
-    http2: AtomicU64,
-    per_source_refused: AtomicU64,
-    too_slow: AtomicU64,
-    idle_closed: AtomicU64,
-    accept_errors: AtomicU64,
-    open: AtomicU64,
-    drain_closed: AtomicU64,
-    evicted: AtomicU64,
-    full_refused: AtomicU64,
-    lingering: AtomicU64,
-    accepting: AtomicBool,
-}
-
-/// A snapshot of the TCP listener's connection counters.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
-pub struct TcpSnapshot {
-    /// Connections accepted.
-    pub connections: u64,
-    /// Connections whose TLS handshake failed or timed out (garbage, a client that refused
-    /// the certificate).
-    pub tls_failed: u64,
-    /// Connections that chose HTTP/2 by ALPN.
-    pub http2: u64,
-    /// Connections closed at once: their address had its share already.
-    pub per_source_refused: u64,
-    /// Connections closed for taking a response too slowly (the minimum rate).
-    pub too_slow: u64,
-    /// Connections closed after `idle` with no request and no response under way.
-    pub idle_closed: u64,
-    /// Accepts that failed (out of descriptors or memory); accepting paused, never ended.
-    pub accept_errors: u64,
-    /// Connections open now (a gauge).
-    pub open: u64,
-    /// Connections still open at a drain's deadline, closed then.
-    pub drain_closed: u64,
-    /// Idle connections closed at the cap to make room for a new one.
-    pub evicted: u64,
-    /// Connections closed at the cap with no idle one to make room (every one busy).
-    pub full_refused: u64,
-    /// Closed connections reading their client's last bytes now (a gauge; see `linger`).
-    pub lingering: u64,
-}
-
-/// The listener's counters, readable from another thread (a metrics endpoint).
-#[derive(Debug, Clone)]
-pub struct TcpProbe(Arc<TcpCounters>);
-
-impl TcpProbe {
-    /// The counters now.
-    pub fn snapshot(&self) -> TcpSnapshot {
-        snapshot(&self.0)
-    }
-}
-
-fn snapshot(c: &TcpCounters) -> TcpSnapshot {
-    let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
-    TcpSnapshot {
-        connections: g(&c.connections),
-        tls_failed: g(&c.tls_failed),
-        http2: g(&c.http2),
-        per_source_refused: g(&c.per_source_refused),
-        too_slow: g(&c.too_slow),
-        idle_closed: g(&c.idle_closed),
-        accept_errors: g(&c.accept_errors),
-        open: g(&c.open),
-        drain_closed: g(&c.drain_closed),
-        evicted: g(&c.evicted),
-        full_refused: g(&c.full_refused),
-        lingering: g(&c.lingering),
-    }
 }
 
 impl TcpServer {
@@ -724,93 +611,6 @@ impl Drop for Open {
     }
 }
 
-/// One connection's activity: shared by its task, its responses, and the registry the accept
-/// loop evicts from at the cap.
-struct Activity {
-    epoch: Instant,
-    /// Bodies under way.
-    bodies: AtomicUsize,
-    /// Requests so far.
-    requests: AtomicU64,
-    /// When it last began a request or ended a body (ms since `epoch`).
-    last: AtomicU64,
-    /// Whether its TLS handshake is done (before, it is new, not idle).
-    ready: AtomicBool,
-    /// Whether it was told to go (it is then not chosen again).
-    evicted: AtomicBool,
-    /// Told to close: idle at the cap.
-    evict: tokio::sync::Notify,
-    /// `h2` or `http/1.1`, once known (its close line's).
-    protocol: std::sync::OnceLock<&'static str>,
-    /// The server began its close (a drain, an eviction, the idle or slow-reader rule, a
-    /// handshake or PING timeout); else the client ended it (its close line's `closed_by`).
-    server_closed: AtomicBool,
-}
-
-impl Activity {
-    fn new(epoch: Instant) -> Activity {
-        Activity {
-            epoch,
-            bodies: AtomicUsize::new(0),
-            requests: AtomicU64::new(0),
-            last: AtomicU64::new(0),
-            ready: AtomicBool::new(false),
-            evicted: AtomicBool::new(false),
-            evict: tokio::sync::Notify::new(),
-            protocol: std::sync::OnceLock::new(),
-            server_closed: AtomicBool::new(false),
-        }
-    }
-
-    /// The server begins the close.
-    fn server_closes(&self) {
-        self.server_closed.store(true, Ordering::Relaxed);
-    }
-
-    fn touch(&self) {
-        self.last.store(self.epoch.elapsed().as_millis() as u64, Ordering::Relaxed);
-    }
-}
-
-/// The listener's open connections, for eviction.
-struct Registry {
-    epoch: Instant,
-    conns: Mutex<(u64, HashMap<u64, Arc<Activity>>)>,
-}
-
-impl Registry {
-    fn new() -> Registry {
-        Registry { epoch: Instant::now(), conns: Mutex::new((0, HashMap::new())) }
-    }
-
-    fn add(&self, a: Arc<Activity>) -> u64 {
-        let mut g = self.conns.lock().unwrap_or_else(|e| e.into_inner());
-        g.0 += 1;
-        let id = g.0;
-        g.1.insert(id, a);
-        id
-    }
-
-    fn remove(&self, id: u64) {
-        self.conns.lock().unwrap_or_else(|e| e.into_inner()).1.remove(&id);
-    }
-
-    /// The connection idle longest (past its handshake, no body under way, the oldest last
-    /// activity), marked as told to go.
-    fn oldest_idle(&self) -> Option<Arc<Activity>> {
-        let g = self.conns.lock().unwrap_or_else(|e| e.into_inner());
-        g.1.values()
-            .filter(|a| {
-                a.ready.load(Ordering::Acquire)
-                    && a.bodies.load(Ordering::Relaxed) == 0
-                    && !a.evicted.load(Ordering::Relaxed)
-            })
-            .min_by_key(|a| a.last.load(Ordering::Relaxed))
-            .inspect(|a| a.evicted.store(true, Ordering::Relaxed))
-            .cloned()
-    }
-}
-
 /// One connection's share of its address's cap, given back on drop.
 struct SourceShare {
     sources: Arc<Mutex<HashMap<IpAddr, usize>>>,
@@ -991,49 +791,6 @@ impl tokio::io::AsyncWrite for Metered {
     }
 }
 
-/// A request's answer by the shared rules, as HTTP types: status, headers, the body (none
-/// for HEAD), and the record that reports the response when dropped.
-struct Answered {
-    status: StatusCode,
-    headers: hyper::HeaderMap,
-    body: Option<FileBody>,
-    log: Finish,
-}
-
-/// Answers the request head `head` (over `protocol`) from `peer` by [`Site::answer`].
-fn answer(site: &Arc<Site>, peer: SocketAddr, head: &hyper::http::request::Parts, protocol: &'static str) -> Answered {
-    let start = Instant::now();
-    let path = head.uri.path_and_query().map_or("", |p| p.as_str());
-    let fields: Vec<(&[u8], &[u8])> = head.headers.iter().map(|(n, v)| (n.as_str().as_bytes(), v.as_bytes())).collect();
-    let method = head.method.as_str();
-    let Answer { status, headers: answer_headers, body } =
-        site.answer(&RequestHead { method: method.as_bytes(), path: path.as_bytes(), headers: &fields });
-    // HEAD never sends a body, whatever the answer holds.
-    let body = body.filter(|_| method != "HEAD");
-    let log = Finish {
-        site: site.clone(),
-        peer,
-        method: method.to_owned(),
-        path: path.to_owned(),
-        status,
-        start,
-        protocol,
-        bytes: 0,
-        complete: body.is_none(),
-    };
-    let mut headers = hyper::HeaderMap::new();
-    for (name, value) in answer_headers {
-        match (HeaderName::from_bytes(name.as_bytes()), HeaderValue::from_str(&value)) {
-            (Ok(n), Ok(v)) => {
-                headers.append(n, v);
-            }
-            _ => log::warn!("udpx-h3: header {name}: {value:?} is not valid HTTP; left out"),
-        }
-    }
-    let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    Answered { status, headers, body, log }
-}
-
 /// One request over hyper (HTTP/1.1, or HTTP/2 a peer chose without ALPN).
 fn respond(
     site: &Arc<Site>,
@@ -1149,55 +906,5 @@ impl Body for FileStream {
 
     fn size_hint(&self) -> SizeHint {
         SizeHint::with_exact(self.left)
-    }
-}
-
-/// A response's file, counted in the site's `open_files` while it is held.
-struct Held {
-    file: File,
-    site: Arc<Site>,
-}
-
-impl Held {
-    fn new(file: File, site: &Arc<Site>) -> Held {
-        site.file_opened();
-        Held { file, site: site.clone() }
-    }
-}
-
-impl Drop for Held {
-    fn drop(&mut self) {
-        self.site.file_closed();
-    }
-}
-
-/// What [`Site::finished`] is told when the body is dropped.
-struct Finish {
-    site: Arc<Site>,
-    peer: SocketAddr,
-    method: String,
-    path: String,
-    status: u16,
-    start: Instant,
-    protocol: &'static str,
-    /// Body bytes handed to hyper.
-    bytes: u64,
-    /// Whether the last byte was handed to hyper (true at once for a response without a
-    /// body); false when the peer left first or the file failed.
-    complete: bool,
-}
-
-impl Drop for Finish {
-    fn drop(&mut self) {
-        self.site.finished(&LogEntry {
-            peer: self.peer,
-            method: &self.method,
-            path: &self.path,
-            status: self.status,
-            bytes: self.bytes,
-            duration: self.start.elapsed(),
-            protocol: self.protocol,
-            complete: self.complete,
-        });
     }
 }
