@@ -245,7 +245,9 @@ impl Starting {
         if configs.len() != cfg.shards {
             return Err(Error::Config(format!("{} quiche configurations for {} shards", configs.len(), cfg.shards)));
         }
-        let sockets = cfg.zerocopy.apply(socket_config(cfg.listen, cfg.io, cfg.gro));
+        // A loop that gathers its datagrams asks when each came (see `HostConfig::coalesce`).
+        let rx_time = if cfg.host.coalesce.is_zero() { Want::Off } else { Want::IfAvailable };
+        let sockets = cfg.zerocopy.apply(socket_config(cfg.listen, cfg.io, cfg.gro).rx_time(rx_time));
         let in_use = |e: udpx::Error| match e {
             udpx::Error::Io { ref source, .. } if source.kind() == std::io::ErrorKind::AddrInUse => {
                 Error::AddrInUse(cfg.listen)

@@ -38,6 +38,8 @@ pub enum Feature {
     Ecn,
     /// The kernel's per-socket drop counter on receive (`SO_RXQ_OVFL`).
     RxqOvfl,
+    /// The kernel's receive time of each datagram (`SO_TIMESTAMPNS`).
+    RxTime,
     /// Sends through io_uring (`IORING_OP_SENDMSG`, Linux 5.3).
     IoUring,
 }
@@ -52,6 +54,7 @@ impl fmt::Display for Feature {
             Feature::PktInfo => "IP_PKTINFO",
             Feature::Ecn => "ECN (IP_RECVTOS)",
             Feature::RxqOvfl => "SO_RXQ_OVFL",
+            Feature::RxTime => "SO_TIMESTAMPNS",
             Feature::IoUring => "io_uring (IORING_OP_SENDMSG)",
         })
     }
@@ -220,6 +223,8 @@ pub struct Capabilities {
     pub ecn: bool,
     /// Kernel drop counter on receive.
     pub rxq_ovfl: bool,
+    /// The kernel's receive time on each datagram.
+    pub rx_time: bool,
     /// `IP_RECVERR`: ICMP errors on the error queue (see [`crate::icmp`]).
     pub recv_err: bool,
     /// Effective send buffer (what the kernel reports, i.e. doubled for its bookkeeping).
@@ -267,6 +272,7 @@ impl fmt::Display for Capabilities {
         writeln!(f, "pktinfo        {}", yn(self.pktinfo))?;
         writeln!(f, "ecn            {}", yn(self.ecn))?;
         writeln!(f, "rxq_ovfl       {}", yn(self.rxq_ovfl))?;
+        writeln!(f, "rx_time        {}", yn(self.rx_time))?;
         writeln!(f, "recv_err       {}", yn(self.recv_err))?;
         match &self.io_uring_off_reason {
             Some(why) => writeln!(f, "send backend   system calls ({why})")?,
@@ -362,6 +368,7 @@ pub(crate) struct CapState {
     pub pktinfo: bool,
     pub ecn: bool,
     pub rxq_ovfl: bool,
+    pub rx_time: bool,
     pub recv_err: bool,
     pub zerocopy: AtomicBool,
     pub zerocopy_off_reason: OnceLock<String>,

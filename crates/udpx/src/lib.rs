@@ -27,6 +27,7 @@
 //! | `SO_ZEROCOPY` | 4.14, UDP 5.0 | no copy for large sends (owned buffers back on completion) | copy; turned off when the kernel keeps copying |
 //! | `IP_PKTINFO` | any | reply from the address asked | kernel picks source |
 //! | `SO_RXQ_OVFL` | any | drops made visible | — |
+//! | `SO_TIMESTAMPNS` | any | each datagram's receive time ([`RecvMeta::rx_time`]), for a reader that gathers | no time |
 //!
 //! Features are asked for with [`Want`]: `IfAvailable` records what happened in
 //! [`Capabilities`]; `Required` fails socket creation with a clear [`Error::Unsupported`].

@@ -39,6 +39,9 @@ pub struct RecvMeta {
     /// The kernel's count of datagrams dropped on this socket so far (SO_RXQ_OVFL). The
     /// kernel only attaches it once non-zero, so `None` with the option on means none.
     pub kernel_drops: Option<u32>,
+    /// When the kernel received it (needs [`SocketConfig::rx_time`](crate::SocketConfig::rx_time)):
+    /// `CLOCK_REALTIME` as time since the Unix epoch. For a GRO buffer, the first datagram's.
+    pub rx_time: Option<std::time::Duration>,
     /// The datagram was longer than the buffer and was cut (MSG_TRUNC): the tail is lost.
     pub truncated: bool,
     /// The kernel had more control data than fit (MSG_CTRUNC): some metadata above may be
@@ -58,6 +61,7 @@ impl Default for RecvMeta {
             dst_ip: None,
             ifindex: 0,
             kernel_drops: None,
+            rx_time: None,
             truncated: false,
             control_truncated: false,
         }
@@ -113,6 +117,7 @@ impl RecvMeta {
             dst_ip: r.dst_ip,
             ifindex: r.ifindex,
             kernel_drops: r.drops,
+            rx_time: r.rx_time,
             truncated,
             control_truncated,
         }
@@ -284,7 +289,7 @@ impl UdpSocket {
         // Control space only for the control messages this socket asked for: none means no
         // per-call control work, and one datagram per call then goes by recvfrom(2).
         let caps = &self.caps;
-        let wants_control = caps.gro || caps.pktinfo || caps.ecn || caps.rxq_ovfl;
+        let wants_control = caps.gro || caps.pktinfo || caps.ecn || caps.rxq_ovfl || caps.rx_time;
         let ctrl = if wants_control { self.faults.recv_control_len() } else { 0 };
         let mut retries = 0;
         let got = loop {

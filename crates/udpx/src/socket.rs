@@ -81,6 +81,13 @@ pub struct SocketConfig {
     /// datagram once a drop happened; [`UdpSocket::kernel_drops`] reads the same count without
     /// it.
     pub rxq_ovfl: Want,
+    /// The kernel's receive time of each datagram in its metadata ([`RecvMeta::rx_time`],
+    /// `SO_TIMESTAMPNS`): a control message on every datagram. For a receiver that reads its
+    /// socket later than datagrams arrive (a loop that gathers work) and needs to know when
+    /// they came (a round-trip sample).
+    ///
+    /// [`RecvMeta::rx_time`]: crate::RecvMeta::rx_time
+    pub rx_time: Want,
     /// Zerocopy send (`SO_ZEROCOPY`) for [`UdpSocket::send_zerocopy`].
     pub zerocopy: Want,
     /// Zerocopy threshold and in-flight bound.
@@ -109,7 +116,8 @@ pub struct SocketConfig {
 
 impl SocketConfig {
     /// Defaults: blocking, GSO with sendmmsg, recvmmsg, IP_RECVERR and PMTU probe mode on; GRO,
-    /// txtime and every per-datagram receive control message (pktinfo, ECN, drop counter) off:
+    /// txtime and every per-datagram receive control message (pktinfo, ECN, drop counter, receive time)
+    /// off:
     /// each costs the receiver on every datagram (`__sock_recv_cmsgs` and `put_cmsg` were 14 %
     /// of a receiver's CPU here), so a socket asks for what it reads. The receive buffer is
     /// the kernel's default unless set; [`crate::rcvbuf`] sizes it from the expected burst.
@@ -130,6 +138,7 @@ impl SocketConfig {
             pktinfo: Want::Off,
             ecn: Want::Off,
             rxq_ovfl: Want::Off,
+            rx_time: Want::Off,
             zerocopy: Want::Off,
             zerocopy_config: crate::zerocopy::ZcConfig::default(),
             recv_err: true,
@@ -182,6 +191,11 @@ impl SocketConfig {
     /// Sets [`SocketConfig::rxq_ovfl`].
     pub fn rxq_ovfl(mut self, w: Want) -> Self {
         self.rxq_ovfl = w;
+        self
+    }
+    /// Sets [`SocketConfig::rx_time`].
+    pub fn rx_time(mut self, w: Want) -> Self {
+        self.rx_time = w;
         self
     }
     /// Sets [`SocketConfig::zerocopy`].
@@ -475,6 +489,12 @@ impl UdpSocket {
             apply(cfg.pktinfo, Feature::PktInfo, || both((0, libc::IP_PKTINFO), (0, libc::IPV6_RECVPKTINFO), 1))?;
         let ecn = apply(cfg.ecn, Feature::Ecn, || both((0, libc::IP_RECVTOS), (0, libc::IPV6_RECVTCLASS), 1))?;
         let rxq_ovfl = apply(cfg.rxq_ovfl, Feature::RxqOvfl, || int(libc::SOL_SOCKET, sys::SO_RXQ_OVFL, 1))?;
+        let rx_time = apply(cfg.rx_time, Feature::RxTime, || int(libc::SOL_SOCKET, libc::SO_TIMESTAMPNS, 1))?;
+        if !rx_time {
+            // Off either way: an adopted socket may come with it on, and its control message
+            // would then cut the others' space (MSG_CTRUNC) on a socket that asked for none.
+            let _ = int(libc::SOL_SOCKET, libc::SO_TIMESTAMPNS, 0);
+        }
         let gro = apply(cfg.gro, Feature::Gro, || int(sys::SOL_UDP, sys::UDP_GRO, 1))?;
         let zc_cfg = cfg.zerocopy_config;
         if cfg.zerocopy.wanted() && !(1..=crate::transmit::MAX_PAYLOAD_V6).contains(&zc_cfg.threshold) {
@@ -516,6 +536,7 @@ impl UdpSocket {
                 pktinfo,
                 ecn,
                 rxq_ovfl,
+                rx_time,
                 recv_err: cfg.recv_err,
                 zerocopy: AtomicBool::new(zerocopy),
                 zerocopy_off_reason: OnceLock::new(),
@@ -581,6 +602,7 @@ impl UdpSocket {
             pktinfo: c.pktinfo,
             ecn: c.ecn,
             rxq_ovfl: c.rxq_ovfl,
+            rx_time: c.rx_time,
             recv_err: c.recv_err,
             send_buffer: buf(libc::SO_SNDBUF),
             recv_buffer: buf(libc::SO_RCVBUF),

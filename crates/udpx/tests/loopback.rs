@@ -396,3 +396,46 @@ fn recv_into_caller_owned_buffers() {
         assert_eq!(e.kind(), std::io::ErrorKind::InvalidInput);
     }
 }
+
+#[test]
+fn receive_times_are_the_kernels_and_only_when_asked() {
+    let wall = || std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap();
+    for gro in [false, true] {
+        if gro && !KernelCaps::get().gro {
+            skip("receive_times gro", "UDP_GRO not supported by this kernel");
+            continue;
+        }
+        let rx = UdpSocket::builder(lo4())
+            .gro(if gro { Want::Required } else { Want::Off })
+            .rx_time(Want::Required)
+            .bind()
+            .unwrap();
+        assert!(rx.capabilities().rx_time);
+        let tx = UdpSocket::builder(lo4()).send_mode(SendMode::Sendmmsg).bind().unwrap();
+        let mut before = Vec::new();
+        for i in 0..3u8 {
+            before.push(wall());
+            tx.send(&[Transmit::new(rx.local_addr(), &[i; 100])]).unwrap();
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let got = receive(&rx, 3, Duration::from_millis(300), Duration::from_secs(2));
+        let read = wall();
+        assert_eq!(got.datagrams.len(), 3, "gro {gro}");
+        for (i, m) in got.metas.iter().enumerate() {
+            let t = m.rx_time.expect("SO_TIMESTAMPNS on: every datagram carries its receive time");
+            assert!(
+                t >= before[i] && t <= read,
+                "gro {gro}: datagram {i} stamped {t:?}, sent at {:?}, read by {read:?}",
+                before[i]
+            );
+        }
+    }
+    // Off (the default): no time, and no control space cut for it.
+    let rx = UdpSocket::builder(lo4()).bind().unwrap();
+    assert!(!rx.capabilities().rx_time);
+    let tx = UdpSocket::builder(lo4()).bind().unwrap();
+    tx.send(&[Transmit::new(rx.local_addr(), b"x")]).unwrap();
+    let got = receive(&rx, 1, Duration::from_millis(300), Duration::from_secs(2));
+    assert_eq!(got.metas[0].rx_time, None);
+    assert!(!got.metas[0].control_truncated);
+}

@@ -30,7 +30,9 @@ pub struct HostConfig {
     /// socket and are served together: one wake-up, one `recvmmsg`, and their answers in one
     /// `sendmmsg`, for many connections at once. A datagram after a quiet spell longer than
     /// this is served at once; deadlines (quiche's timers, pacing releases) are never delayed
-    /// by it. The price: up to this much added latency under load.
+    /// by it. The price: up to this much added latency under load. A server that gathers asks
+    /// the kernel when each datagram came (`SO_TIMESTAMPNS`) and gives quiche that time, so
+    /// that the wait in the socket is not read as part of the path's round trip.
     pub coalesce: Duration,
     /// Lets a turn in which a connection wrote its quantum and has more keep its packets
     /// (under 64 KiB) for the next turn's send call, once: a response a little past the

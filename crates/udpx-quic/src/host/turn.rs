@@ -25,6 +25,20 @@ const STOP_CHECK: Duration = Duration::from_millis(50);
 const PUBLISH_EVERY: Duration = Duration::from_millis(100);
 /// Receive calls per turn at most, so that sending is never starved by a flood.
 const RECV_CALLS_PER_TURN: usize = 16;
+/// How much longer than the gathering ([`crate::HostConfig::coalesce`]) a datagram's kernel
+/// receive time may lie before the turn's start and still be believed (a long turn before it).
+const RX_WAIT_SLACK: Duration = Duration::from_millis(10);
+
+/// When a datagram was received, on the monotonic clock: the kernel's receive time (`rx`,
+/// wall clock, `SO_TIMESTAMPNS`) moved by the turn's start (`now`), which read both clocks.
+/// Never after the turn's start (a datagram that came after it is taken as come at it), never
+/// more than `bound` before it (a wall clock stepped meanwhile); the turn's start without one.
+fn received_at(now: Now, rx: Option<Duration>, bound: Duration) -> Instant {
+    let Some(rx) = rx else { return now.at };
+    let wall = now.wall.duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    let waited = wall.saturating_sub(rx).min(bound);
+    now.at.checked_sub(waited).unwrap_or(now.at)
+}
 
 /// When [`Host::run`] returns (besides its stop flag).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -167,6 +181,7 @@ impl<A: App> Host<A> {
         let Some(mut bufs) = self.recv.take() else { return Ok(0) };
         let mut fed = 0;
         let mut result = Ok(());
+        let bound = self.flush.coalesce() + RX_WAIT_SLACK;
         for _ in 0..RECV_CALLS_PER_TURN {
             match self.socket.try_recv_into(&mut bufs) {
                 Ok(0) => break,
@@ -189,11 +204,14 @@ impl<A: App> Host<A> {
                             Some(ip) => SocketAddr::new(ip, self.local.port()),
                             None => self.local,
                         };
+                        // When it came (a socket that gathers asks the kernel): a wait in
+                        // the socket is not the path's round trip.
+                        let at = received_at(now, meta.rx_time, bound);
                         for d in data.chunks_mut(stride) {
                             fed += 1;
                             self.counters.datagrams_received += 1;
                             self.counters.bytes_received += d.len() as u64;
-                            self.datagram(meta.addr, to, d, now);
+                            self.datagram(meta.addr, to, d, now, at);
                         }
                     }
                     // A short batch emptied the queue: another call now would find nothing
@@ -222,8 +240,8 @@ impl<A: App> Host<A> {
         result.map(|_| fed)
     }
 
-    /// One datagram from `from` to local address `to`.
-    fn datagram(&mut self, from: SocketAddr, to: SocketAddr, buf: &mut [u8], now: Now) {
+    /// One datagram from `from` to local address `to`, received at `at`.
+    fn datagram(&mut self, from: SocketAddr, to: SocketAddr, buf: &mut [u8], now: Now, at: Instant) {
         let hdr = match quiche::Header::from_slice(buf, CID_LEN) {
             Ok(h) => h,
             Err(_) => {
@@ -254,7 +272,7 @@ impl<A: App> Host<A> {
         // A connection that let the kernel choose its address keeps its unspecified one.
         let to = if e.local.ip().is_unspecified() { e.local } else { to };
         let info = quiche::RecvInfo { from, to };
-        match e.conn.recv(buf, info) {
+        match e.conn.recv_at(buf, info, at) {
             Ok(_) | Err(quiche::Error::Done) => {
                 if fresh {
                     self.counters.connections += 1;
@@ -398,5 +416,36 @@ impl<A: App> Host<A> {
             self.ready.push(slot);
             self.flush.requeued();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{SystemTime, UNIX_EPOCH};
+
+    #[test]
+    fn a_receive_time_moves_onto_the_monotonic_clock_within_its_bound() {
+        let now = Now::read();
+        let wall = now.wall.duration_since(UNIX_EPOCH).unwrap();
+        let ms = Duration::from_millis;
+        let bound = ms(11);
+        // (the kernel's time relative to the turn's start's wall clock, how long before the
+        // turn's start the datagram is taken as received)
+        let cases: [(Option<i64>, Duration); 6] = [
+            (None, Duration::ZERO),    // no time: the turn's start
+            (Some(0), Duration::ZERO), // at the start
+            (Some(-3), ms(3)),         // waited 3 ms in the socket
+            (Some(-11), ms(11)),       // the bound itself
+            (Some(-5_000), ms(11)),    // a stepped clock: no more than the bound
+            (Some(2), Duration::ZERO), // came after the start: taken as at it
+        ];
+        for (rel, before) in cases {
+            let rx = rel.map(|r| if r < 0 { wall - ms(r.unsigned_abs()) } else { wall + ms(r as u64) });
+            assert_eq!(received_at(now, rx, bound), now.at - before, "{rel:?}");
+        }
+        // A time before the epoch's start cannot come from the decoder; zero is the floor.
+        let early = Now { at: now.at, wall: SystemTime::UNIX_EPOCH };
+        assert_eq!(received_at(early, Some(Duration::ZERO), bound), now.at);
     }
 }

@@ -26,7 +26,8 @@ use super::{SOL_UDP, SO_RXQ_OVFL, SO_TXTIME, UDP_GRO, UDP_SEGMENT};
 pub const MAX_RIGHTS: usize = 8;
 
 /// Bytes of control space per message: enough for every cmsg udpx sends or asks to receive
-/// (segment size, pktinfo v4 and v6, TOS and TCLASS, txtime, drop counter) with room to spare.
+/// (segment size, pktinfo v4 and v6, TOS and TCLASS, txtime, drop counter, receive time) with
+/// room to spare.
 pub const CMSG_CAP: usize = 256;
 
 /// An 8-byte-aligned control buffer, as `cmsghdr` requires.
@@ -77,6 +78,10 @@ pub enum Cmsg {
     TxTime(u64),
     /// `SOL_SOCKET/SO_RXQ_OVFL`: datagrams the kernel dropped on this socket so far.
     RxqOvfl(u32),
+    /// `SOL_SOCKET/SCM_TIMESTAMPNS` (receive, with `SO_TIMESTAMPNS`): when the kernel received
+    /// the datagram, `CLOCK_REALTIME` as time since the Unix epoch. A negative time or one with
+    /// 10^9 nanoseconds or more decodes as [`Cmsg::Unknown`].
+    RxTime(std::time::Duration),
     /// `IP_RECVERR` / `IPV6_RECVERR` from the error queue: a `sock_extended_err` (ICMP errors,
     /// and zerocopy completions with origin [`SO_EE_ORIGIN_ZEROCOPY`]).
     ExtErr(ExtErr),
@@ -111,6 +116,7 @@ impl Cmsg {
             Cmsg::PktInfoV6 { .. } => mem::size_of::<libc::in6_pktinfo>(),
             Cmsg::TxTime(_) => mem::size_of::<u64>(),
             Cmsg::RxqOvfl(_) => mem::size_of::<u32>(),
+            Cmsg::RxTime(_) => mem::size_of::<libc::timespec>(),
             Cmsg::ExtErr(e) => e.encoded_len(),
             Cmsg::Rights { count, .. } => usize::from(*count) * mem::size_of::<i32>(),
             Cmsg::Unknown { len, .. } => *len,
@@ -269,6 +275,11 @@ impl<'a> Encoder<'a> {
             }
             Cmsg::TxTime(t) => self.push_raw(libc::SOL_SOCKET, SO_TXTIME, t),
             Cmsg::RxqOvfl(v) => self.push_raw(libc::SOL_SOCKET, SO_RXQ_OVFL, v),
+            // Only the kernel sends this one; encoded for tests.
+            Cmsg::RxTime(t) => {
+                let ts = libc::timespec { tv_sec: t.as_secs() as libc::time_t, tv_nsec: t.subsec_nanos().into() };
+                self.push_raw(libc::SOL_SOCKET, libc::SCM_TIMESTAMPNS, ts)
+            }
             // Only the kernel sends these; encoded for tests (IPv4 level).
             Cmsg::ExtErr(e) => {
                 let (b, len) = e.to_bytes();
@@ -293,7 +304,7 @@ impl<'a> Encoder<'a> {
 
     fn push_raw<T: Copy>(&mut self, level: libc::c_int, ty: libc::c_int, value: T) {
         // SAFETY: T is one of the plain-old-data types above (integers, in_pktinfo,
-        // in6_pktinfo); viewing its bytes is sound (no padding in any of them).
+        // in6_pktinfo, timespec); viewing its bytes is sound (no padding in any of them).
         let bytes = unsafe { std::slice::from_raw_parts((&value as *const T).cast::<u8>(), mem::size_of::<T>()) };
         self.push_bytes(level, ty, bytes)
     }
@@ -465,6 +476,15 @@ fn classify(level: i32, ty: i32, d: &[u8]) -> Cmsg {
         (libc::SOL_SOCKET, SO_RXQ_OVFL) if d.len() == 4 => {
             Cmsg::RxqOvfl(u32::from_ne_bytes(arr::<4>(d).unwrap_or_default()))
         }
+        // struct timespec on 64-bit Linux: tv_sec (i64), tv_nsec (i64).
+        (libc::SOL_SOCKET, libc::SCM_TIMESTAMPNS) if d.len() == 16 => {
+            let secs = i64::from_ne_bytes(arr::<8>(d).unwrap_or_default());
+            let nanos = i64::from_ne_bytes(arr::<8>(&d[8..]).unwrap_or_default());
+            match (u64::try_from(secs), u32::try_from(nanos)) {
+                (Ok(s), Ok(n)) if n < 1_000_000_000 => Cmsg::RxTime(std::time::Duration::new(s, n)),
+                _ => unknown,
+            }
+        }
         _ => unknown,
     }
 }
@@ -480,10 +500,11 @@ pub(crate) struct RawRecv {
     pub ifindex: u32,
     pub tos: Option<u8>,
     pub drops: Option<u32>,
+    pub rx_time: Option<std::time::Duration>,
 }
 
 /// Decodes the control messages of a received message into `r` (GRO size, TOS/TCLASS,
-/// pktinfo, the drop counter). `hdr` as for [`decode`].
+/// pktinfo, the drop counter, the receive time). `hdr` as for [`decode`].
 pub(crate) fn decode_control(hdr: &libc::msghdr, r: &mut RawRecv) {
     decode(hdr, |c| match c {
         Cmsg::Gro(s) => r.gro = Some(s),
@@ -500,6 +521,7 @@ pub(crate) fn decode_control(hdr: &libc::msghdr, r: &mut RawRecv) {
             r.ifindex = ifindex;
         }
         Cmsg::RxqOvfl(d) => r.drops = Some(d),
+        Cmsg::RxTime(t) => r.rx_time = Some(t),
         _ => {}
     });
 }
@@ -521,6 +543,8 @@ mod tests {
                 .prop_map(|(i, a)| Cmsg::PktInfoV6 { ifindex: i, addr: Ipv6Addr::from(a) }),
             any::<u64>().prop_map(Cmsg::TxTime),
             any::<u32>().prop_map(Cmsg::RxqOvfl),
+            (0u64..i64::MAX as u64, 0u32..1_000_000_000)
+                .prop_map(|(s, n)| Cmsg::RxTime(std::time::Duration::new(s, n))),
             (
                 any::<u32>(),
                 any::<u8>(),
@@ -584,6 +608,19 @@ mod tests {
         tos[0..8].copy_from_slice(&(17u64).to_ne_bytes()); // cmsg_len = CMSG_LEN(1)
         tos[16] = 0x03;
         assert_eq!(decode_bytes(&tos), vec![Cmsg::Tos(3)]);
+    }
+
+    #[test]
+    fn a_receive_time_out_of_range_is_not_trusted() {
+        let t = std::time::Duration::new(1_764_460_800, 123_456_789);
+        let mut raw = encode_bytes(&[Cmsg::RxTime(t)]);
+        assert_eq!(decode_bytes(&raw), vec![Cmsg::RxTime(t)]);
+        // 10^9 nanoseconds, then a negative second: neither is a time.
+        raw[24..32].copy_from_slice(&1_000_000_000i64.to_ne_bytes());
+        assert!(matches!(decode_bytes(&raw)[0], Cmsg::Unknown { len: 16, .. }));
+        raw[24..32].copy_from_slice(&0i64.to_ne_bytes());
+        raw[16..24].copy_from_slice(&(-1i64).to_ne_bytes());
+        assert!(matches!(decode_bytes(&raw)[0], Cmsg::Unknown { len: 16, .. }));
     }
 
     #[test]

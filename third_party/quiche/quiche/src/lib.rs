@@ -2847,6 +2847,23 @@ impl<F: BufFactory> Connection<F> {
     /// # Ok::<(), quiche::Error>(())
     /// ```
     pub fn recv(&mut self, buf: &mut [u8], info: RecvInfo) -> Result<usize> {
+        self.recv_at(buf, info, Instant::now())
+    }
+
+    /// Processes QUIC packets received from the peer at time `at`.
+    ///
+    /// The same as [`recv()`], but the packets are taken as received at `at`
+    /// rather than now: an application that reads its socket some time after
+    /// datagrams arrive (one that gathers them to serve several at once) can
+    /// pass the time the kernel received each (`SO_TIMESTAMPNS`), so that the
+    /// wait is not read as part of the path's round trip, nor as the peer's
+    /// acknowledgement delay. `at` should not be later than now, nor earlier
+    /// than the time any packet being acknowledged was sent.
+    ///
+    /// [`recv()`]: struct.Connection.html#method.recv
+    pub fn recv_at(
+        &mut self, buf: &mut [u8], info: RecvInfo, at: Instant,
+    ) -> Result<usize> {
         let len = buf.len();
 
         if len == 0 {
@@ -2893,6 +2910,7 @@ impl<F: BufFactory> Connection<F> {
                 &mut buf[len - left..len],
                 &info,
                 recv_pid,
+                at,
             ) {
                 Ok(v) => v,
 
@@ -2988,9 +3006,8 @@ impl<F: BufFactory> Connection<F> {
     /// [`Done`]: enum.Error.html#variant.Done
     fn recv_single(
         &mut self, buf: &mut [u8], info: &RecvInfo, recv_pid: Option<usize>,
+        now: Instant,
     ) -> Result<usize> {
-        let now = Instant::now();
-
         if buf.is_empty() {
             return Err(Error::Done);
         }

@@ -13698,3 +13698,50 @@ fn server_qlog() {
         panic!("expected Qlog event");
     }
 }
+
+#[rstest]
+fn recv_at_takes_the_receive_time_not_the_processing_time(
+    #[values("cubic", "bbr2_gcongestion", "reno")] cc_algorithm_name: &str,
+) {
+    // The same exchange twice: the server's acknowledgement reaches the
+    // client, and waits before the client processes it. Given to `recv_at`,
+    // the time it arrived is the round trip's end; to `recv`, the time it is
+    // processed.
+    let wait = Duration::from_millis(200);
+    let mut srtt = Vec::new();
+
+    for given in [false, true] {
+        let mut pipe = test_utils::Pipe::new(cc_algorithm_name).unwrap();
+        assert_eq!(pipe.handshake(), Ok(()));
+
+        assert_eq!(pipe.client.stream_send(0, b"hello", true), Ok(5));
+        let flight = test_utils::emit_flight(&mut pipe.client).unwrap();
+        assert_eq!(test_utils::process_flight(&mut pipe.server, flight), Ok(()));
+        let acks = test_utils::emit_flight(&mut pipe.server).unwrap();
+
+        let arrived = Instant::now();
+        std::thread::sleep(wait);
+
+        for (mut pkt, si) in acks {
+            let info = RecvInfo {
+                to: si.to,
+                from: si.from,
+            };
+
+            let len = pkt.len();
+            let read = if given {
+                pipe.client.recv_at(&mut pkt, info, arrived)
+            } else {
+                pipe.client.recv(&mut pkt, info)
+            };
+            assert_eq!(read, Ok(len));
+        }
+
+        srtt.push(pipe.client.path_stats().next().unwrap().rtt);
+    }
+
+    // A sample of at least `wait` moves the smoothed round trip by an eighth
+    // of it; the handshake's samples here are well under a millisecond.
+    assert!(srtt[0] >= wait / 8, "recv: {:?}", srtt[0]);
+    assert!(srtt[1] < wait / 8, "recv_at: {:?}", srtt[1]);
+}
