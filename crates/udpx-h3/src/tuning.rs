@@ -36,7 +36,10 @@ impl Default for Tuning {
         Tuning {
             cc: Cc::default(),
             burst: None,
-            coalesce: Duration::ZERO,
+            // Gathered: with each datagram's receive time given to quiche it costs neither of
+            // the seeds' workloads and saves a fifth of the CPU toward Chromium (docs/bench.md,
+            // "Receive times for a loop that gathers"). The library's HostConfig keeps 0.
+            coalesce: Duration::from_millis(1),
             defer_flush: true,
             ack_defer: udpx_quic::host::ACK_DEFER,
             zerocopy: Zerocopy::Auto,
