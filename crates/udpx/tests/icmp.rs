@@ -10,7 +10,7 @@ use std::net::{SocketAddr, UdpSocket as StdUdp};
 use std::time::Duration;
 
 use common::*;
-use udpx::{ErrorOrigin, Transmit, UdpSocket};
+use udpx::{ErrorOrigin, Transmit, UdpSocket, Want};
 
 /// A closed port: bound once, then closed.
 fn dead_port() -> SocketAddr {
@@ -53,23 +53,27 @@ fn a_server_keeps_serving_when_clients_close_their_ports() {
 
 #[test]
 fn drain_errors_names_the_unreachable_destination() {
-    let srv = UdpSocket::builder(lo4()).bind().unwrap();
-    let dst = dead_port();
-    srv.send(&[Transmit::new(dst, b"anyone there?")]).unwrap();
-    let mut seen = Vec::new();
-    for _ in 0..100 {
-        srv.drain_errors(|e| seen.push(*e)).unwrap();
-        if !seen.is_empty() {
-            break;
+    // With receive times on, the kernel stamps the error queue's messages too: the error is
+    // read the same.
+    for rx_time in [Want::Off, Want::Required] {
+        let srv = UdpSocket::builder(lo4()).rx_time(rx_time).bind().unwrap();
+        let dst = dead_port();
+        srv.send(&[Transmit::new(dst, b"anyone there?")]).unwrap();
+        let mut seen = Vec::new();
+        for _ in 0..100 {
+            srv.drain_errors(|e| seen.push(*e)).unwrap();
+            if !seen.is_empty() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
         }
-        std::thread::sleep(Duration::from_millis(10));
+        assert_eq!(seen.len(), 1, "rx_time {rx_time:?}: {seen:?}");
+        let e = seen[0];
+        assert_eq!((e.destination, e.errno, e.origin), (Some(dst), libc::ECONNREFUSED, ErrorOrigin::Icmp));
+        assert_eq!((e.icmp_type, e.icmp_code), (3, 3), "destination unreachable, port unreachable");
+        // The queue is empty and the pending error gone: the next send is unaffected.
+        srv.send(&[Transmit::new(dst, b"again")]).unwrap();
     }
-    assert_eq!(seen.len(), 1, "{seen:?}");
-    let e = seen[0];
-    assert_eq!((e.destination, e.errno, e.origin), (Some(dst), libc::ECONNREFUSED, ErrorOrigin::Icmp));
-    assert_eq!((e.icmp_type, e.icmp_code), (3, 3), "destination unreachable, port unreachable");
-    // The queue is empty and the pending error gone: the next send is unaffected.
-    srv.send(&[Transmit::new(dst, b"again")]).unwrap();
 }
 
 /// An ICMP error on the queue raises POLLERR; a wait must read it and go on waiting, not
