@@ -66,13 +66,14 @@ left_behind() {
   grep -lsxz "UDPX_TEST_RUN=$run_id" /proc/[0-9]*/environ | cut -d/ -f3 | paste -sd, -
 }
 set +e
-# One test thread per core at most: several tests build veth pairs and flood them. tee reads
+# Two test binaries at a time (scripts/test-lanes.sh: the tests mostly wait), each with two
+# test threads; the tests that flood a veth pair run alone below. tee reads
 # from a process substitution, not a pipeline, so a left-behind process still holding the
 # output open cannot keep the script waiting: it is found and killed first. (The braces make
 # the shell itself start tee, so that $! names it.)
 {
   # --no-fail-fast: one failing test binary must not hide the others' results.
-  UDPX_TEST_RUN="$run_id" cargo test --workspace --all-features --no-fail-fast -- --test-threads=2
+  UDPX_TEST_RUN="$run_id" bash scripts/test-lanes.sh --workspace --all-features --no-fail-fast -- --test-threads=2
   main_status=$?
   # Tests that flood a veth pair and must have both cores to themselves: their own step, one
   # at a time (they are #[ignore]d in the run above).
