@@ -72,6 +72,8 @@ fn a_small_bench_runs_every_row_and_names_missing_peers() {
         if std::path::Path::new("/proc/self/schedstat").exists() {
             assert!(m.server_task_s > 0.0, "{}: no server task time counted: {m:?}", r.label());
         }
+        // Every server's context switches are read (its wake-ups per MB, issue 47).
+        assert!(m.switches_per_mb.is_some(), "{}: no context switches read: {m:?}", r.label());
         if r.server == "nginx https/tcp" {
             assert!(m.send_calls.is_none() && m.passes.is_none(), "nginx has no QUIC counters");
         } else {

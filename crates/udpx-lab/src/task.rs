@@ -63,6 +63,15 @@ pub fn process_switches(pid: u32) -> Option<u64> {
     sum_tasks(pid, |t| status_switches(&std::fs::read_to_string(format!("{t}/status")).ok()?))
 }
 
+/// Context switches of the tasks (`/proc/PID` or `/proc/PID/task/TID` directories) so far,
+/// summed as [`process_switches`] does; `None` if a task is gone or there are none.
+pub fn switches(tasks: &[String]) -> Option<u64> {
+    if tasks.is_empty() {
+        return None;
+    }
+    tasks.iter().map(|t| status_switches(&std::fs::read_to_string(format!("{t}/status")).ok()?)).sum()
+}
+
 /// The resident memory of process `pid` (`VmRSS` of `/proc/PID/status`), bytes.
 pub fn rss(pid: u32) -> Option<u64> {
     status_rss(&std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?)
@@ -147,5 +156,9 @@ mod tests {
         assert!(after - before >= 0.15, "{before} -> {after}");
         assert_eq!(process_cpu_secs(u32::MAX, rate), None, "no such process");
         assert!(process_switches(std::process::id()).is_some());
+        let me = format!("/proc/{}", std::process::id());
+        assert!(switches(std::slice::from_ref(&me)).is_some());
+        assert_eq!(switches(&[]), None);
+        assert_eq!(switches(&["/proc/0/no-such-task".to_string()]), None);
     }
 }

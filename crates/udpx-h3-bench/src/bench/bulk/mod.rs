@@ -404,7 +404,7 @@ mod tests {
     }
 
     fn cost(c: f64, stolen: bool) -> Cost {
-        Cost { busy: c, task: c, steal: Steal { stolen, ..Steal::default() } }
+        Cost { busy: c, task: c, switches: None, steal: Steal { stolen, ..Steal::default() } }
     }
 
     #[test]

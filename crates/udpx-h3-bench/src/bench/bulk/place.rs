@@ -8,7 +8,7 @@ use std::process::Command;
 use udpx_lab::cpu::{CpuSample, TickRate};
 use udpx_lab::netns::{find_in_path, Namespace, Side, TestNet};
 use udpx_lab::steal::Steal;
-use udpx_lab::task::cpu_secs;
+use udpx_lab::task::{cpu_secs, switches};
 
 /// Where the two ends are.
 pub(super) struct Place<'a> {
@@ -71,6 +71,8 @@ pub(super) struct Cost {
     pub(super) busy: f64,
     /// Seconds of the server's own tasks.
     pub(super) task: f64,
+    /// Context switches of the server's own tasks (each voluntary one a wake-up).
+    pub(super) switches: Option<u64>,
     /// The steal from the server's and the client's CPUs.
     pub(super) steal: Steal,
 }
@@ -83,6 +85,7 @@ pub(super) struct ServerMeter {
     cpus: [usize; 2],
     rate: TickRate,
     task0: Option<f64>,
+    switches0: Option<u64>,
     busy0: Option<CpuSample>,
 }
 
@@ -91,8 +94,9 @@ impl ServerMeter {
     /// the server's and the client's CPUs.
     pub(super) fn start(tasks: Vec<String>, place: &Place<'_>, rate: TickRate) -> ServerMeter {
         let task0 = cpu_secs(&tasks, rate);
+        let switches0 = switches(&tasks);
         let cpus = [place.server_cpu, place.client_cpu];
-        ServerMeter { tasks, cpus, rate, task0, busy0: CpuSample::now().ok() }
+        ServerMeter { tasks, cpus, rate, task0, switches0, busy0: CpuSample::now().ok() }
     }
 
     /// What was spent since the start; `None` if `/proc` could not be read.
@@ -100,6 +104,7 @@ impl ServerMeter {
         let d = CpuSample::now().ok()?.diff(self.busy0.as_ref()?);
         let busy = d.busy_time(&self.cpus[..1], self.rate).as_secs_f64();
         let task = (cpu_secs(&self.tasks, self.rate)? - self.task0?).max(0.0);
-        Some(Cost { busy, task, steal: Steal::of(&d, &self.cpus, self.rate) })
+        let switches = switches(&self.tasks).zip(self.switches0).map(|(b, a)| b.saturating_sub(a));
+        Some(Cost { busy, task, switches, steal: Steal::of(&d, &self.cpus, self.rate) })
     }
 }

@@ -43,6 +43,9 @@ pub struct H3Run {
     /// acknowledgement policy costs in wake-ups and system calls (issue 47 item 6).
     pub turns_per_mb: Option<f64>,
     pub send_calls_per_mb: Option<f64>,
+    /// The server's own tasks' context switches per MB of body (every server: a sleeping
+    /// thread's each wake-up is one; nginx's kernel TCP answers acknowledgements without one).
+    pub switches_per_mb: Option<f64>,
     /// The block cache (udpx `+cache` rows).
     pub cache: Option<CacheUse>,
     /// The hypervisor's steal from the server's and the client's CPUs over the download
@@ -174,7 +177,7 @@ pub struct H3Bench {
     pub debug_build: bool,
 }
 
-pub(super) fn measured(Cost { busy: cpu, task, steal }: Cost, bytes: u64, seconds: f64) -> H3Run {
+pub(super) fn measured(Cost { busy: cpu, task, switches, steal }: Cost, bytes: u64, seconds: f64) -> H3Run {
     H3Run {
         cpu_s_per_gb: if bytes > 0 { cpu / (bytes as f64 / 1e9) } else { f64::INFINITY },
         server_cpu_s: cpu,
@@ -190,6 +193,7 @@ pub(super) fn measured(Cost { busy: cpu, task, steal }: Cost, bytes: u64, second
         passes: None,
         turns_per_mb: None,
         send_calls_per_mb: None,
+        switches_per_mb: switches.and_then(|n| per_mb(n, bytes)),
         cache: None,
         steal,
     }
