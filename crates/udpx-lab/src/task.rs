@@ -60,7 +60,7 @@ fn sum_tasks<T: std::iter::Sum<T>>(pid: u32, f: impl Fn(&str) -> Option<T>) -> O
 /// `voluntary_ctxt_switches` (it slept: a wake-up each) and `nonvoluntary_ctxt_switches` of
 /// `/proc/PID/task/*/status`.
 pub fn process_switches(pid: u32) -> Option<u64> {
-    sum_tasks(pid, |t| status_switches(&std::fs::read_to_string(format!("{t}/status")).ok()?))
+    sum_tasks(pid, task_switches)
 }
 
 /// Context switches of the tasks (`/proc/PID` or `/proc/PID/task/TID` directories) so far,
@@ -69,7 +69,12 @@ pub fn switches(tasks: &[String]) -> Option<u64> {
     if tasks.is_empty() {
         return None;
     }
-    tasks.iter().map(|t| status_switches(&std::fs::read_to_string(format!("{t}/status")).ok()?)).sum()
+    tasks.iter().map(|t| task_switches(t)).sum()
+}
+
+/// Context switches of one task directory so far; `None` if it is gone.
+fn task_switches(task: &str) -> Option<u64> {
+    status_switches(&std::fs::read_to_string(format!("{task}/status")).ok()?)
 }
 
 /// The resident memory of process `pid` (`VmRSS` of `/proc/PID/status`), bytes.
