@@ -371,7 +371,8 @@ pub struct H3BenchArgs {
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=100))]
     chromium_repeat: u64,
     /// The block cache of the `+cache` rows (udpx serving the clients users bring with
-    /// `--cache-size` on, beside the same without it); 0 leaves them out.
+    /// `--cache-size` on, beside the same without it, and Chromium's `+half cache` row with a
+    /// cache of half the file); 0 leaves them out.
     #[arg(long, default_value = "256M", value_parser = parse_cache_size, value_name = "BYTES")]
     cache_size: u64,
     /// Over a veth pair between two namespaces (needs root). As root this is the default,

@@ -223,6 +223,8 @@ struct QuicSettings {
     cc: Cc,
     grease: bool,
     shards: usize,
+    /// How far ahead of its pacing time the host sends (its pacing slack).
+    pacing_slack: std::time::Duration,
 }
 
 impl QuicSettings {
@@ -239,6 +241,16 @@ impl QuicSettings {
                     Cc::Cubic => quiche::CongestionControlAlgorithm::CUBIC,
                     Cc::Bbr2 => quiche::CongestionControlAlgorithm::Bbr2Gcongestion,
                 });
+                if self.cc == Cc::Bbr2 && self.pacing_slack > udpx_quic::PACING_SLACK {
+                    // A host that sends ahead of its pacer to serve fewer turns: BBRv2's
+                    // window holds that much more at its bandwidth, or it limits each turn
+                    // (quiche patch 0013).
+                    let us = u64::try_from(self.pacing_slack.as_micros()).unwrap_or(u64::MAX);
+                    c.set_custom_bbr_params(quiche::BbrParams {
+                        ack_processing_delay_us: Some(us),
+                        ..Default::default()
+                    });
+                }
                 Ok(c)
             })
             .collect()
@@ -285,6 +297,7 @@ pub fn serve(dir: &Path, cfg: &ServeConfig) -> Result<H3Server, Error> {
         cc: cfg.cc,
         grease: cfg.grease,
         shards: cfg.quic.shards,
+        pacing_slack: cfg.quic.host.pacing_slack,
     };
     let configs = quic_settings.configs(&files)?;
     let bounds = Bounds {

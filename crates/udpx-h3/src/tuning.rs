@@ -1,5 +1,6 @@
 //! How the QUIC host sends, as one value: the settings `udpx h3 serve`'s host flags give
-//! (`--cc`, `--burst`, `--coalesce`, `--defer-flush`, `--ack-defer`, `--zerocopy`), applied
+//! (`--cc`, `--burst`, `--coalesce`, `--pacing-slack`, `--defer-flush`, `--ack-defer`,
+//! `--zerocopy`), applied
 //! to a [`ServeConfig`] in one place and written back as those flags for a server started as a
 //! program. Every bench that starts udpx servers carries one, so a flag given to a bench
 //! reaches its servers whether they run in the bench's process or as `udpx h3 serve`.
@@ -23,6 +24,8 @@ pub struct Tuning {
     pub burst: Option<Burst>,
     /// Between the starts of two loop turns while work keeps coming (zero: none).
     pub coalesce: Duration,
+    /// How far ahead of its pacing time a packet leaves ([`udpx_quic::HostConfig::pacing_slack`]).
+    pub pacing_slack: Duration,
     /// The deferred flush ([`udpx_quic::HostConfig::defer_flush`]).
     pub defer_flush: bool,
     /// How long acknowledgement-clocked packets may wait for the next ones.
@@ -40,6 +43,7 @@ impl Default for Tuning {
             // the seeds' workloads and saves a fifth of the CPU toward Chromium (docs/bench.md,
             // "Receive times for a loop that gathers"). The library's HostConfig keeps 0.
             coalesce: Duration::from_millis(1),
+            pacing_slack: udpx_quic::PACING_SLACK,
             defer_flush: true,
             ack_defer: udpx_quic::host::ACK_DEFER,
             zerocopy: Zerocopy::Auto,
@@ -64,8 +68,8 @@ impl Tuning {
         sc.cc = self.cc;
         sc.quic.zerocopy = self.zerocopy;
         let h = &mut sc.quic.host;
-        (h.burst, h.coalesce, h.defer_flush, h.ack_defer) =
-            (self.burst(), self.coalesce, self.defer_flush, self.ack_defer);
+        (h.burst, h.coalesce, h.pacing_slack, h.defer_flush, h.ack_defer) =
+            (self.burst(), self.coalesce, self.pacing_slack, self.defer_flush, self.ack_defer);
     }
 
     /// The `udpx h3 serve` flags that give these settings, every one spelled out.
@@ -75,6 +79,7 @@ impl Tuning {
             ("--cc", self.cc.to_string()),
             ("--burst", burst.to_string()),
             ("--coalesce", self.coalesce.as_micros().to_string()),
+            ("--pacing-slack", self.pacing_slack.as_micros().to_string()),
             ("--defer-flush", if self.defer_flush { "on" } else { "off" }.to_string()),
             ("--ack-defer", self.ack_defer.as_micros().to_string()),
             ("--zerocopy", self.zerocopy.to_string()),
@@ -117,7 +122,7 @@ mod tests {
         assert_eq!((sc.cc, sc.quic.host.burst, sc.quic.host.coalesce), (Cc::Cubic, Burst::Window, t.coalesce));
         assert_eq!(
             t.serve_args().join(" "),
-            "--cc cubic --burst window --coalesce 1000 --defer-flush on --ack-defer 500 --zerocopy auto"
+            "--cc cubic --burst window --coalesce 1000 --pacing-slack 500 --defer-flush on --ack-defer 500 --zerocopy auto"
         );
         let json = serde_json::to_value(t).unwrap();
         assert_eq!(

@@ -2,7 +2,7 @@
 //! packets by returning `Done` until the next release time and arming its timer for it; the
 //! host serves that timer at nanosecond resolution (ppoll) and the transfer completes byte for
 //! byte with nothing lost. quiche's `SendInfo.at` ran at most ~50 us ahead of now in these
-//! runs, inside the host's 200 us slack, so the hold path (`paced_holds`) is counted but not
+//! runs, inside the host's slack (`PACING_SLACK`, 500 us), so the hold path (`paced_holds`) is counted but not
 //! forced here. No timing is asserted.
 
 use std::net::SocketAddr;
@@ -63,7 +63,7 @@ fn held_packets_leave_at_their_time_and_nothing_is_lost() {
     let pem = cert.pem();
 
     let cfg = ServerConfig::new("127.0.0.1:0".parse().unwrap());
-    // 3 MB/s: packets of ~1400 bytes every ~470 us, more than the host's 200 us slack.
+    // 3 MB/s: packets of ~1400 bytes every ~470 us.
     let server = Server::start(&cfg, vec![quiche_config(Some(pem), Some(3_000_000))], |_| Sender(BODY)).unwrap();
     let addr: SocketAddr = server.local_addr();
     let socket = client_socket(addr, IoMode::GsoMmsg, true).unwrap();

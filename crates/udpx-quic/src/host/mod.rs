@@ -27,8 +27,9 @@
 //! qdisc honours `SCM_TXTIME` (fq: [`udpx::qdisc`]), each transmit carries its first packet's
 //! time and the kernel holds it ([`Pacing::Kernel`]; a GSO run is cut where the time moves
 //! more than quiche's own tolerance, 50 us). Elsewhere (this machine: no fq) the host paces
-//! itself ([`Pacing::Hold`]): a packet whose `at` is more than [`crate::PACING_SLACK`] ahead is held
-//! (the connection's one held packet), the connection's deadline is its time, and the loop
+//! itself ([`Pacing::Hold`]): a packet whose `at` is more than [`crate::PACING_SLACK`] ahead
+//! ([`HostConfig::pacing_slack`]) is held (the
+//! connection's one held packet), the connection's deadline is its time, and the loop
 //! sleeps with `ppoll` (ns resolution) to the earliest deadline. Under BBRv2
 //! (`bbr2_gcongestion`) quiche mostly paces by returning `Done` until the next release and
 //! arming its timer for it, which the same deadline covers.
@@ -271,6 +272,7 @@ impl<A: App> Host<A> {
             limits,
             burst,
             coalesce,
+            pacing_slack,
             defer_flush,
             ack_defer,
             pacing,
@@ -298,7 +300,7 @@ impl<A: App> Host<A> {
             app,
             counters: HostCounters::default(),
             icmp_seen: 0,
-            sending: send::Sending::new(pacing, burst, now),
+            sending: send::Sending::new(pacing, burst, pacing_slack, now),
             gate,
             flush: flush::FlushRules::new(coalesce, defer_flush, ack_defer, now),
             life: drain::Lifecycle::new(),

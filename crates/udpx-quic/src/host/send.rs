@@ -4,15 +4,16 @@
 //! Departure times: quiche's pacer stamps every packet with `SendInfo.at`. Where the egress
 //! qdisc honours `SCM_TXTIME` (fq: [`udpx::qdisc`]), each transmit carries its first packet's
 //! time and the kernel holds it ([`Pacing::Kernel`]). Elsewhere (this machine: no fq) the host
-//! paces itself ([`Pacing::Hold`]): a packet whose `at` is more than [`PACING_SLACK`] ahead is
-//! held (the connection's one held packet), the connection's deadline is its time, and the
+//! paces itself ([`Pacing::Hold`]): a packet whose `at` is more than the slack ahead is held
+//! ([`HostConfig::pacing_slack`](crate::HostConfig::pacing_slack), by default
+//! [`crate::PACING_SLACK`]) (the connection's one held packet), the connection's deadline is its time, and the
 //! loop sleeps with `ppoll` (ns resolution) to the earliest deadline.
 
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use crate::outbox::Flush;
-use crate::pacing::{departure, Held, Pacing, PACING_SLACK, QUIET_BURST, QUIET_REFILL};
+use crate::pacing::{departure, Held, Pacing, QUIET_BURST, QUIET_REFILL};
 use crate::table::Slot;
 
 use crate::{App, Burst, Host, QUANTUM_PACKETS};
@@ -23,6 +24,8 @@ use crate::{App, Burst, Host, QUANTUM_PACKETS};
 pub(super) struct Sending {
     pub pacing: Pacing,
     pub burst: Burst,
+    /// A packet due within this much of now leaves now ([`HostConfig::pacing_slack`](crate::HostConfig::pacing_slack)).
+    pub slack: Duration,
     /// The timers' clock: deadlines are ns since this.
     epoch: Instant,
     /// `Instant` and `CLOCK_MONOTONIC` read together, to turn `SendInfo.at` into a departure.
@@ -30,9 +33,9 @@ pub(super) struct Sending {
 }
 
 impl Sending {
-    /// Paced by `pacing`, writing `burst` per turn; the clocks start at `now`.
-    pub fn new(pacing: Pacing, burst: Burst, now: Instant) -> Sending {
-        Sending { pacing, burst, epoch: now, anchor: (now, udpx::Timestamp::now()) }
+    /// Paced by `pacing` with `slack`, writing `burst` per turn; the clocks start at `now`.
+    pub fn new(pacing: Pacing, burst: Burst, slack: Duration, now: Instant) -> Sending {
+        Sending { pacing, burst, slack, epoch: now, anchor: (now, udpx::Timestamp::now()) }
     }
 
     /// Nanoseconds of the timers' clock at `t`.
@@ -109,7 +112,7 @@ impl<A: App> Host<A> {
     pub(super) fn produce(&mut self, slot: Slot, now: Instant) -> bool {
         let Some(e) = self.table.get_mut(slot) else { return false };
         if let Some(h) = &e.held {
-            if h.at > now + PACING_SLACK {
+            if h.at > now + self.sending.slack {
                 return false; // its time has not come
             }
             // Due: it leaves first, then the connection produces on.
@@ -149,7 +152,7 @@ impl<A: App> Host<A> {
                     if e.last_out.is_none_or(|t| now.saturating_duration_since(t) >= QUIET_REFILL) {
                         e.quiet_credit = QUIET_BURST;
                     }
-                    let early = self.sending.pacing != Pacing::Off && info.at > now + PACING_SLACK;
+                    let early = self.sending.pacing != Pacing::Off && info.at > now + self.sending.slack;
                     let now_anyway = early && e.quiet_credit > 0;
                     if now_anyway {
                         // The start of a burst after a quiet spell: it leaves now.

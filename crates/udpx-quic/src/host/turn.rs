@@ -10,7 +10,6 @@ use std::time::{Duration, Instant};
 use crate::cid::CID_LEN;
 use crate::counters::HostCounters;
 use crate::outbox::Flush;
-use crate::pacing::PACING_SLACK;
 use crate::table::Slot;
 use crate::timers::Deadline;
 use crate::Error;
@@ -297,7 +296,7 @@ impl<A: App> Host<A> {
     /// Runs the deadlines that are due: quiche's timers fire, held packets are released
     /// (their connections become ready), handshakes past their deadline are dropped.
     fn expire(&mut self, now: Instant) {
-        let due = self.sending.ns(now + PACING_SLACK);
+        let due = self.sending.ns(now + self.sending.slack);
         while let Some((c, kind)) = self.timers.pop_due(due) {
             self.counters.timers_fired += 1;
             let Some(e) = self.table.get_mut(c) else { continue };

@@ -87,13 +87,45 @@ pub enum ServerKind {
         io: IoMode,
         /// Whether it receives with UDP_GRO.
         gro: bool,
-        /// Whether its block cache is on ([`H3BenchConfig::cache_size`]).
-        cache: bool,
+        /// Its block cache.
+        cache: Cache,
     },
     /// nginx, HTTPS over TCP with TLS 1.3.
     Nginx,
     /// quinn with h3 (`udpx h3 quinn-serve`, a child process): the second HTTP/3 server.
     Quinn,
+}
+
+/// The block cache of a udpx row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cache {
+    /// None (`--cache-size 0`).
+    Off,
+    /// [`H3BenchConfig::cache_size`]: room for the file (`+cache`).
+    On,
+    /// Half the file: a working set twice the cache (`+half cache`), what the cache costs
+    /// where it cannot help (a recency list over a scan finds nothing).
+    Half,
+}
+
+impl Cache {
+    /// Its bound in bytes for a file of `size` bytes.
+    pub fn bytes(self, cfg: &H3BenchConfig) -> usize {
+        match self {
+            Cache::Off => 0,
+            Cache::On => cfg.cache_size,
+            Cache::Half => usize::try_from(cfg.size / 2).unwrap_or(usize::MAX),
+        }
+    }
+
+    /// The suffix of its rows' server name.
+    fn suffix(self) -> &'static str {
+        match self {
+            Cache::Off => "",
+            Cache::On => " +cache",
+            Cache::Half => " +half cache",
+        }
+    }
 }
 
 /// Which client downloads.
@@ -129,7 +161,7 @@ impl ClientKind {
 pub(super) fn server_name(s: ServerKind) -> String {
     match s {
         ServerKind::Udpx { io, gro, cache } => {
-            format!("{}{}{}", io.name(), if gro { " +GRO" } else { "" }, if cache { " +cache" } else { "" })
+            format!("{}{}{}", io.name(), if gro { " +GRO" } else { "" }, cache.suffix())
         }
         ServerKind::Nginx => NGINX.to_string(),
         ServerKind::Quinn => QUINN.to_string(),
@@ -140,8 +172,8 @@ pub(super) fn server_name(s: ServerKind) -> String {
 /// `gso` with GRO.
 pub fn udpx_servers() -> Vec<ServerKind> {
     let mut v: Vec<ServerKind> =
-        IoMode::ALL.iter().map(|&io| ServerKind::Udpx { io, gro: false, cache: false }).collect();
-    v.push(ServerKind::Udpx { io: IoMode::Gso, gro: true, cache: false });
+        IoMode::ALL.iter().map(|&io| ServerKind::Udpx { io, gro: false, cache: Cache::Off }).collect();
+    v.push(ServerKind::Udpx { io: IoMode::Gso, gro: true, cache: Cache::Off });
     v
 }
 

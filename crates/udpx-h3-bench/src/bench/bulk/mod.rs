@@ -63,7 +63,7 @@ use udpx_lab::task::threads_named;
 
 mod report;
 
-pub use config::{nginx_target, udpx_servers, ClientKind, H3BenchConfig, ServerKind};
+pub use config::{nginx_target, udpx_servers, Cache, ClientKind, H3BenchConfig, ServerKind};
 use config::{server_name, FILE, QUINN};
 use place::{Place, ServerMeter};
 pub use report::{judge, table};
@@ -128,9 +128,15 @@ fn plan(p: &Programs, cache: bool) -> (Vec<(ServerKind, ClientKind)>, Vec<LeftOu
             left.push(LeftOut { rows: what.into(), why });
             continue;
         }
-        rows.push((ServerKind::Udpx { io: IoMode::GsoMmsg, gro: true, cache: false }, client));
+        let udpx = |cache| (ServerKind::Udpx { io: IoMode::GsoMmsg, gro: true, cache }, client);
+        rows.push(udpx(Cache::Off));
         if cache {
-            rows.push((ServerKind::Udpx { io: IoMode::GsoMmsg, gro: true, cache: true }, client));
+            rows.push(udpx(Cache::On));
+            // Chromium fetches the file again and again: a cache of half of it shows what the
+            // cache costs where it cannot help (issue 47). quic-go's client fetches once.
+            if client == ClientKind::Chromium {
+                rows.push(udpx(Cache::Half));
+            }
         }
         if p.nginx.is_some() {
             rows.push((ServerKind::Nginx, client));
@@ -188,7 +194,12 @@ pub fn run(cfg: &H3BenchConfig, progress: &mut dyn FnMut(&str)) -> Result<H3Benc
             String::new()
         } else {
             format!(", --coalesce {}", cfg.host.coalesce.as_micros())
-        } + &format!(", --ack-defer {}", cfg.host.ack_defer.as_micros()),
+        } + &format!(", --ack-defer {}", cfg.host.ack_defer.as_micros())
+            + &if cfg.host.pacing_slack == udpx_quic::PACING_SLACK {
+                String::new()
+            } else {
+                format!(", --pacing-slack {}", cfg.host.pacing_slack.as_micros())
+            },
         cfg.host.zerocopy,
         match cfg.host.burst() {
             udpx_quic::Burst::Quantum => "its send_quantum() (--burst quantum)",
@@ -291,12 +302,12 @@ fn udpx_run(
     place: &Place<'_>,
     dir: &Path,
     (cert, key, pin): (&Path, &Path, &str),
-    (io, gro, cache): (IoMode, bool, bool),
+    (io, gro, cache): (IoMode, bool, Cache),
     client: ClientKind,
     rate: TickRate,
 ) -> Result<H3Run, String> {
     let mut sc = ServeConfig::new(SocketAddr::new(place.server_ip, 0));
-    sc.cache_size = if cache { cfg.cache_size } else { 0 };
+    sc.cache_size = cache.bytes(cfg);
     sc.tls = Tls::Files { cert: cert.to_path_buf(), key: key.to_path_buf() };
     cfg.host.apply(&mut sc);
     (sc.quic.io, sc.quic.gro) = (io, gro);
@@ -368,6 +379,7 @@ fn udpx_run(
         cache: counters.cache.map(|k| CacheUse {
             hit_ratio: k.hits as f64 / (k.hits + k.misses + k.uncached).max(1) as f64,
             held_mib: k.held as f64 / (1u64 << 20) as f64,
+            capacity_mib: k.capacity as f64 / (1u64 << 20) as f64,
         }),
         ..measured(cost, bytes, seconds)
     })
@@ -396,7 +408,7 @@ mod tests {
         let both =
             Programs { independent: Some("/bin/true".into()), nginx: Some("/bin/true".into()), ..Programs::default() };
         let (rows, _) = plan(&both, false);
-        let udpx = ServerKind::Udpx { io: IoMode::GsoMmsg, gro: true, cache: false };
+        let udpx = ServerKind::Udpx { io: IoMode::GsoMmsg, gro: true, cache: Cache::Off };
         assert_eq!(
             rows[rows.len() - 2..],
             [(udpx, ClientKind::Independent), (ServerKind::Nginx, ClientKind::Independent)]

@@ -89,12 +89,13 @@ impl Passes {
     }
 }
 
-/// The block cache in one `+cache` run: blocks found over blocks asked for, and the bytes of
-/// blocks alive at the end (what the cache costs in memory).
+/// The block cache in one `+cache` or `+half cache` run: blocks found over blocks asked for,
+/// the bytes of blocks alive at the end (what the cache costs in memory) and its bound.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct CacheUse {
     pub hit_ratio: f64,
     pub held_mib: f64,
+    pub capacity_mib: f64,
 }
 
 /// What zerocopy did in one udpx run.
@@ -142,7 +143,7 @@ impl H3Row {
     }
 
     pub(super) fn is_cached(&self) -> bool {
-        self.server.ends_with("+cache")
+        self.server.ends_with(" cache") || self.server.ends_with("+cache")
     }
 }
 

@@ -3169,6 +3169,105 @@ mod tests {
             "No packets should be marked as lost - PTO only retransmits"
         );
     }
+
+    /// BBRv2's congestion window in steady state through a bottleneck of
+    /// 1,200 bytes per 100 us (12 MB/s) and 10 ms of round trip, the sender
+    /// sending whatever its window allows and acting on each acknowledgement
+    /// `ack_processing_delay` after it arrives; the mean over the last second
+    /// of three.
+    fn bbr2_steady_cwnd(ack_processing_delay: Duration) -> f64 {
+        let mut cfg = Config::new(crate::PROTOCOL_VERSION).unwrap();
+        cfg.set_cc_algorithm(CongestionControlAlgorithm::Bbr2Gcongestion);
+        cfg.custom_bbr_params = Some(BbrParams {
+            ack_processing_delay_us: Some(
+                ack_processing_delay.as_micros() as u64
+            ),
+            ..Default::default()
+        });
+        let mut r = Recovery::new(&cfg);
+        let tick = Duration::from_micros(100);
+        let rtt = Duration::from_millis(10);
+        let start = Instant::now();
+        let mut queue = std::collections::VecDeque::new();
+        let mut acks = std::collections::VecDeque::new();
+        let (mut next_pn, mut sum, mut samples) = (0, 0.0, 0);
+        for t in 0..30_000u32 {
+            let now = start + tick * t;
+            // The bottleneck forwards one packet a tick; its acknowledgement
+            // arrives a round trip later and is acted on after the sender's
+            // delay, taken as received when it arrived (`recv_at`).
+            if let Some(pn) = queue.pop_front() {
+                acks.push_back((pn, now + rtt));
+            }
+            while acks
+                .front()
+                .is_some_and(|&(_, at)| at + ack_processing_delay <= now)
+            {
+                let (pn, arrived) = acks.pop_front().unwrap();
+                let mut acked = RangeSet::default();
+                acked.insert(pn..pn + 1);
+                r.on_ack_received(
+                    &acked,
+                    0,
+                    packet::Epoch::Application,
+                    HandshakeStatus::default(),
+                    arrived,
+                    None,
+                    "",
+                )
+                .unwrap();
+            }
+            while r.cwnd_available() >= 1200 {
+                let p = Sent {
+                    pkt_num: next_pn,
+                    frames: smallvec![],
+                    time_sent: now,
+                    time_acked: None,
+                    time_lost: None,
+                    size: 1200,
+                    ack_eliciting: true,
+                    in_flight: true,
+                    delivered: 0,
+                    delivered_time: now,
+                    first_sent_time: now,
+                    is_app_limited: false,
+                    tx_in_flight: 0,
+                    lost: 0,
+                    has_data: true,
+                    is_pmtud_probe: false,
+                };
+                r.on_packet_sent(
+                    p,
+                    packet::Epoch::Application,
+                    HandshakeStatus::default(),
+                    now,
+                    "",
+                );
+                queue.push_back(next_pn);
+                next_pn += 1;
+            }
+            if t >= 20_000 {
+                sum += r.cwnd() as f64;
+                samples += 1;
+            }
+        }
+        sum / samples as f64
+    }
+
+    #[test]
+    fn bbr2_window_holds_the_ack_processing_delay() {
+        let delay = Duration::from_millis(5);
+        let without = bbr2_steady_cwnd(Duration::ZERO);
+        let with = bbr2_steady_cwnd(delay);
+        // 12 MB/s for 5 ms: 60,000 bytes more in flight keep the path full
+        // while acknowledgements wait.
+        let extra = 12e6 * delay.as_secs_f64();
+        let grown = with - without;
+        assert!(
+            grown > 0.5 * extra && grown < 1.5 * extra,
+            "without {without:.0}, with {with:.0}: {grown:.0} more, expected about {extra:.0}"
+        );
+    }
 }
 
 mod bandwidth;

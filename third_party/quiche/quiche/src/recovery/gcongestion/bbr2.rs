@@ -196,6 +196,9 @@ struct Params {
     /// the initial congestion window is used as the lower bound.
     min_cwnd_packets: Option<usize>,
 
+    /// See [`BbrParams::ack_processing_delay_us`].
+    ack_processing_delay: Duration,
+
     /// If true, scale the pacing rate when updating mss when doing pmtud.
     scale_pacing_rate_by_mss: bool,
 
@@ -262,6 +265,9 @@ impl Params {
         apply_override!(time_sent_set_to_now);
         apply_optional_override!(initial_pacing_rate_bytes_per_second);
         apply_optional_override!(min_cwnd_packets);
+        if let Some(us) = custom_bbr_settings.ack_processing_delay_us {
+            self.ack_processing_delay = Duration::from_micros(us);
+        }
 
         #[cfg(feature = "internal")]
         {
@@ -360,6 +366,8 @@ const DEFAULT_PARAMS: Params = Params {
     initial_pacing_rate_bytes_per_second: None,
 
     min_cwnd_packets: None,
+
+    ack_processing_delay: Duration::ZERO,
 
     scale_pacing_rate_by_mss: false,
 
@@ -629,6 +637,14 @@ impl BBRv2 {
         let network_model = self.mode.network_model();
         let mut target_cwnd =
             self.get_target_congestion_window(network_model.cwnd_gain());
+        if !self.params.ack_processing_delay.is_zero() {
+            // Acknowledgements that wait for the sender's next turn: the
+            // path must not run dry meanwhile.
+            target_cwnd += network_model
+                .bandwidth_estimate()
+                .to_bytes_per_period(self.params.ack_processing_delay)
+                as usize;
+        }
 
         let prior_cwnd = self.cwnd;
         if network_model.full_bandwidth_reached() {

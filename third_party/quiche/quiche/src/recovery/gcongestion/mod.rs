@@ -225,6 +225,13 @@ pub struct BbrParams {
     /// the initial congestion window is used as the lower bound.
     pub min_cwnd_packets: Option<usize>,
 
+    /// How long, in microseconds, the sender may take to act on an
+    /// acknowledgement after it arrives (an event loop that gathers its
+    /// input before each turn). The congestion window holds this much more
+    /// at the estimated bandwidth, so that the path does not run dry while
+    /// an acknowledgement waits. Zero or unset: none.
+    pub ack_processing_delay_us: Option<u64>,
+
     /// If true, scale the pacing rate when updating mss when doing pmtud.
     pub scale_pacing_rate_by_mss: Option<bool>,
 
