@@ -93,6 +93,8 @@ fn a_small_bench_runs_every_row_and_names_missing_peers() {
             }
             assert!(p.copied < 0.01 && p.sealed > 1.0, "{}: {p:?}", r.label());
             assert!(m.turns_per_mb.unwrap() > 0.0 && m.send_calls_per_mb.unwrap() > 0.0, "{}: {m:?}", r.label());
+            // A download: the server sent more packets than it received datagrams.
+            assert!(m.packets_per_datagram_in.unwrap() > 1.0, "{}: {m:?}", r.label());
             assert_eq!(m.cache.is_some(), r.server.ends_with("cache"), "{}", r.label());
         }
     }

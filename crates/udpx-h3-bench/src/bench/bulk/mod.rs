@@ -376,6 +376,8 @@ fn udpx_run(
         passes: Passes::of(&counters),
         turns_per_mb: per_mb(q.turns, counters.http.body_bytes),
         send_calls_per_mb: per_mb(q.send_calls, counters.http.body_bytes),
+        packets_per_datagram_in: (q.datagrams_received > 0)
+            .then(|| q.packets_sent as f64 / q.datagrams_received as f64),
         cache: counters.cache.map(|k| CacheUse {
             hit_ratio: k.hits as f64 / (k.hits + k.misses + k.uncached).max(1) as f64,
             held_mib: k.held as f64 / (1u64 << 20) as f64,

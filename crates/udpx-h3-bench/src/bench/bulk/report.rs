@@ -102,6 +102,17 @@ pub fn table(b: &H3Bench) -> String {
         let _ = writeln!(s, "left out: {}: {}", l.rows, l.why);
     }
     let _ = write!(s, "{}", zerocopy_note(b));
+    for r in
+        b.rows.iter().filter(|r| r.client == ClientKind::Chromium.name() || r.client == ClientKind::Independent.name())
+    {
+        if let Some(p) = r.median.and_then(|m| m.packets_per_datagram_in) {
+            let _ = writeln!(
+                s,
+                "{}: {p:.1} packets sent per datagram received (the client's acknowledgement spacing, about)",
+                r.label()
+            );
+        }
+    }
     for r in b.rows.iter().filter(|r| r.is_cached()) {
         if let Some(c) = r.median.and_then(|m| m.cache) {
             let _ = writeln!(

@@ -46,6 +46,10 @@ pub struct H3Run {
     /// The server's own tasks' context switches per MB of body (every server: a sleeping
     /// thread's each wake-up is one; nginx's kernel TCP answers acknowledgements without one).
     pub switches_per_mb: Option<f64>,
+    /// Packets the server sent per datagram it received (udpx): for a download, how many
+    /// packets each of the client's acknowledgements covers, about (issue 47 assumed ten for
+    /// Chromium after its first hundred).
+    pub packets_per_datagram_in: Option<f64>,
     /// The block cache (udpx `+cache` rows).
     pub cache: Option<CacheUse>,
     /// The hypervisor's steal from the server's and the client's CPUs over the download
@@ -194,6 +198,7 @@ pub(super) fn measured(Cost { busy: cpu, task, switches, steal }: Cost, bytes: u
         passes: None,
         turns_per_mb: None,
         send_calls_per_mb: None,
+        packets_per_datagram_in: None,
         switches_per_mb: switches.and_then(|n| per_mb(n, bytes)),
         cache: None,
         steal,
