@@ -52,8 +52,8 @@ pub struct HostFlags {
     /// Microseconds ahead of its pacing time a packet may leave (default 500; 100 to 10000).
     /// Set to --coalesce or more, a loop turn sends what falls due before the next turn
     /// could start and BBRv2's window holds that much more (quiche patch 0013): fewer turns
-    /// toward a client that acknowledges every tenth packet, in bursts of up to this much of
-    /// the pacing rate. Measured with 1000 (docs/bench.md, "Sending ahead"): serving Chromium
+    /// toward a client that reads slowly, in bursts of up to this much of the pacing rate.
+    /// Measured with 1000 (docs/bench.md, "Sending ahead of the pacer"): serving Chromium
     /// 2.12x nginx's CPU per byte against 2.54x, a sixth fewer turns per MB; through a 1 ms
     /// bottleneck queue 0.3-0.7 % of the packets lost against none, toward quic-go's client
     /// 6 % against 0.2 %: not the default.

@@ -2,8 +2,8 @@
 //! packets by returning `Done` until the next release time and arming its timer for it; the
 //! host serves that timer at nanosecond resolution (ppoll) and the transfer completes byte for
 //! byte with nothing lost. quiche's `SendInfo.at` ran at most ~50 us ahead of now in these
-//! runs, inside the host's slack (`PACING_SLACK`, 500 us), so the hold path (`paced_holds`) is counted but not
-//! forced here. No timing is asserted.
+//! runs, inside the host's slack (`PACING_SLACK`, 500 us), so the hold path (`paced_holds`)
+//! is counted but not forced here. No timing is asserted.
 
 use std::net::SocketAddr;
 use std::sync::atomic::AtomicBool;

@@ -27,8 +27,8 @@
 //! qdisc honours `SCM_TXTIME` (fq: [`udpx::qdisc`]), each transmit carries its first packet's
 //! time and the kernel holds it ([`Pacing::Kernel`]; a GSO run is cut where the time moves
 //! more than quiche's own tolerance, 50 us). Elsewhere (this machine: no fq) the host paces
-//! itself ([`Pacing::Hold`]): a packet whose `at` is more than [`crate::PACING_SLACK`] ahead
-//! ([`HostConfig::pacing_slack`]) is held (the
+//! itself ([`Pacing::Hold`]): a packet whose `at` is more than the slack ahead
+//! ([`HostConfig::pacing_slack`], [`crate::PACING_SLACK`] by default) is held (the
 //! connection's one held packet), the connection's deadline is its time, and the loop
 //! sleeps with `ppoll` (ns resolution) to the earliest deadline. Under BBRv2
 //! (`bbr2_gcongestion`) quiche mostly paces by returning `Done` until the next release and

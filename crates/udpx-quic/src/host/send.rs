@@ -4,10 +4,10 @@
 //! Departure times: quiche's pacer stamps every packet with `SendInfo.at`. Where the egress
 //! qdisc honours `SCM_TXTIME` (fq: [`udpx::qdisc`]), each transmit carries its first packet's
 //! time and the kernel holds it ([`Pacing::Kernel`]). Elsewhere (this machine: no fq) the host
-//! paces itself ([`Pacing::Hold`]): a packet whose `at` is more than the slack ahead is held
-//! ([`HostConfig::pacing_slack`](crate::HostConfig::pacing_slack), by default
-//! [`crate::PACING_SLACK`]) (the connection's one held packet), the connection's deadline is its time, and the
-//! loop sleeps with `ppoll` (ns resolution) to the earliest deadline.
+//! paces itself ([`Pacing::Hold`]): a packet whose `at` is more than the slack ahead
+//! ([`HostConfig::pacing_slack`](crate::HostConfig::pacing_slack), [`crate::PACING_SLACK`] by
+//! default) is held (the connection's one held packet), the connection's deadline is its
+//! time, and the loop sleeps with `ppoll` (ns resolution) to the earliest deadline.
 
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};

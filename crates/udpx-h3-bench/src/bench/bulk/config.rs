@@ -109,7 +109,7 @@ pub enum Cache {
 }
 
 impl Cache {
-    /// Its bound in bytes for a file of `size` bytes.
+    /// Its bound in bytes in a bench of `cfg` (its file of `cfg.size` bytes).
     pub fn bytes(self, cfg: &H3BenchConfig) -> usize {
         match self {
             Cache::Off => 0,

@@ -186,21 +186,10 @@ pub fn run(cfg: &H3BenchConfig, progress: &mut dyn FnMut(&str)) -> Result<H3Benc
              counted with the server (for nginx too)"
         ),
     };
+    // The udpx servers' settings as the flags of `udpx h3 serve` that give them.
     let path = format!(
-        "{path}; udpx under --cc {}{}{}, --zerocopy {}; each udpx connection writes per turn {}",
-        cfg.host.cc,
-        if cfg.host.defer_flush { "" } else { " with --defer-flush off" },
-        if cfg.host.coalesce.is_zero() {
-            String::new()
-        } else {
-            format!(", --coalesce {}", cfg.host.coalesce.as_micros())
-        } + &format!(", --ack-defer {}", cfg.host.ack_defer.as_micros())
-            + &if cfg.host.pacing_slack == udpx_quic::PACING_SLACK {
-                String::new()
-            } else {
-                format!(", --pacing-slack {}", cfg.host.pacing_slack.as_micros())
-            },
-        cfg.host.zerocopy,
+        "{path}; udpx under {}; each udpx connection writes per turn {}",
+        cfg.host.serve_args().join(" "),
         match cfg.host.burst() {
             udpx_quic::Burst::Quantum => "its send_quantum() (--burst quantum)",
             udpx_quic::Burst::Window => "what its window allows, at most 64 packets (--burst window)",
