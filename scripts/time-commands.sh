@@ -34,11 +34,12 @@ table() {
     }' "$1"
 }
 
-# Runs a command with every output line stamped (seconds since it began) into $1.
+# Runs a command with every output line stamped (seconds since it began) into $1, which it
+# starts afresh (an $OUT used before would otherwise add the old run's phases to this one's).
 stamped() {
   local log=$1; shift
   local t0=${EPOCHREALTIME/./} us
-  printf '0.000\tcommand: %s\n' "$*" >>"$log"
+  printf '0.000\tcommand: %s\n' "$*" >"$log"
   set +e
   "$@" 2>&1 | while IFS= read -r line; do
     printf '%s\n' "$line"
