@@ -892,15 +892,8 @@ fn sigusr2_upgrades_in_place() {
     }
     let start = Instant::now();
     loop {
-        let served = std::net::TcpStream::connect(&metrics).ok().and_then(|mut s| {
-            use std::io::{Read, Write};
-            s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
-            s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").ok()?;
-            let mut body = String::new();
-            let _ = s.read_to_string(&mut body);
-            Some(body.starts_with("HTTP/1.1 200"))
-        });
-        if served == Some(true) {
+        let answer = udpx_metrics::scrape(metrics.parse().expect("an address")).unwrap_or_default();
+        if answer.starts_with("HTTP/1.1 200") {
             break;
         }
         let text = std::fs::read_to_string(&log).unwrap_or_default();

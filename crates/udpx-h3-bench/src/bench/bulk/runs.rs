@@ -147,7 +147,8 @@ impl H3Row {
     }
 
     pub(super) fn is_cached(&self) -> bool {
-        self.server.ends_with(" cache") || self.server.ends_with("+cache")
+        // " +cache" or " +half cache" ([`Cache`](super::Cache)'s suffixes).
+        self.server.ends_with("cache")
     }
 }
 
