@@ -232,6 +232,7 @@ struct HttpCounters {
     body_bytes: AtomicU64,
     file_reads: AtomicU64,
     file_bytes_read: AtomicU64,
+    read_buffers_made: AtomicU64,
     incomplete: AtomicU64,
     open_files: AtomicU64,
     stalled: AtomicU64,
@@ -293,6 +294,11 @@ pub struct HttpSnapshot {
     /// Bytes read from files for HTTP/3 bodies: against `body_bytes`, the passes of the read
     /// (above 1 where a parked response read again what it had not sent).
     pub file_bytes_read: u64,
+    /// Buffers allocated to read bodies into because none in the shard's pools was free: it
+    /// grows until the pools hold as many as the responses keep at once (each a new buffer's
+    /// pages faulted in), then stays, unless the pools' bound is reached (then every read
+    /// allocates, `BLOCKS_KEPT` in `responder.rs`).
+    pub read_buffers_made: u64,
     /// Responses not sent whole: the peer reset or stopped the stream, the connection went
     /// away, or the file failed under us.
     pub incomplete: u64,
@@ -394,6 +400,7 @@ impl HttpCounters {
             body_bytes: g(&self.body_bytes),
             file_reads: g(&self.file_reads),
             file_bytes_read: g(&self.file_bytes_read),
+            read_buffers_made: g(&self.read_buffers_made),
             incomplete: g(&self.incomplete),
             open_files: g(&self.open_files),
             stalled: g(&self.stalled),
@@ -532,6 +539,11 @@ impl Site {
     pub(crate) fn count_read(&self, bytes: usize) {
         self.counters.file_reads.fetch_add(1, Relaxed);
         self.counters.file_bytes_read.fetch_add(bytes as u64, Relaxed);
+    }
+
+    /// Counts a buffer made to read a body into (none of the pool's was free).
+    pub(crate) fn count_read_buffer_made(&self) {
+        self.counters.read_buffers_made.fetch_add(1, Relaxed);
     }
 
     /// Counts a response reset because its peer stopped taking it.

@@ -73,6 +73,7 @@ impl udpx_metrics::Source for MetricsSource {
             c("http_body_bytes", "Body bytes the transports took", h.body_bytes),
             c("http_file_reads", "Reads from files for HTTP/3 bodies", h.file_reads),
             c("http_file_bytes_read", "Bytes read from files for HTTP/3 bodies", h.file_bytes_read),
+            c("http_read_buffers_made", "Buffers allocated to read bodies into (none pooled was free)", h.read_buffers_made),
             c("http_incomplete", "Responses not sent whole (reset, stopped, connection gone)", h.incomplete),
             c(
                 "http_unavailable",

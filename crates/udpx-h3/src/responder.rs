@@ -365,8 +365,12 @@ impl Reader {
         let Some((file, _)) = b.open.as_mut() else {
             return Err(std::io::Error::other("the response holds no file"));
         };
+        let made = pool.made;
         let buf = pool.fill(n, &[], |s| read(file, s, offset))?;
         self.site.count_read(n);
+        if pool.made != made {
+            self.site.count_read_buffer_made();
+        }
         b.left -= n as u64;
         Ok(buf)
     }

@@ -39,6 +39,9 @@ fn every_io_mode_every_size_byte_for_byte() {
         assert_eq!(c.http.file_bytes_read, body as u64, "{io}: one pass of the read");
         let most = BIG.div_ceil(udpx_h3::server::BLOCK) + 2;
         assert!(c.http.file_reads as usize <= most, "{io}: {} reads, at most {most}", c.http.file_reads);
+        // Buffers made, not reused: at least the first, never more than one a read.
+        let made = c.http.read_buffers_made;
+        assert!(made >= 1 && made <= c.http.file_reads, "{io}: {made} buffers made for {} reads", c.http.file_reads);
         assert!(c.quic.connections >= 3);
         match io {
             IoMode::Sendmsg => {

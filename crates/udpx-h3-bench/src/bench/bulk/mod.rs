@@ -363,6 +363,7 @@ fn udpx_run(
             turned_off: q.zerocopy_turned_off > 0,
         }),
         passes: Passes::of(&counters),
+        read_buffers_made: Some(counters.http.read_buffers_made),
         turns_per_mb: per_mb(q.turns, counters.http.body_bytes),
         send_calls_per_mb: per_mb(q.send_calls, counters.http.body_bytes),
         packets_per_datagram_in: (q.datagrams_received > 0)

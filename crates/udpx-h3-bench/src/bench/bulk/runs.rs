@@ -50,6 +50,9 @@ pub struct H3Run {
     /// packets each of the client's acknowledgements covers, about (issue 47 assumed ten for
     /// Chromium after its first hundred).
     pub packets_per_datagram_in: Option<f64>,
+    /// Buffers the server allocated to read bodies into, none in its pools being free (udpx):
+    /// each one's pages are faulted in as the read writes them.
+    pub read_buffers_made: Option<u64>,
     /// The block cache (udpx `+cache` rows).
     pub cache: Option<CacheUse>,
     /// The hypervisor's steal from the server's and the client's CPUs over the download
@@ -201,6 +204,7 @@ pub(super) fn measured(Cost { busy: cpu, task, switches, steal }: Cost, bytes: u
         send_calls_per_mb: None,
         packets_per_datagram_in: None,
         switches_per_mb: switches.and_then(|n| per_mb(n, bytes)),
+        read_buffers_made: None,
         cache: None,
         steal,
     }
