@@ -15,6 +15,7 @@ use std::os::unix::fs::FileExt;
 use std::time::{Duration, Instant};
 
 use udpx_lab::cpu::{online_cpus, pin_current_thread, CpuSample, TickRate};
+use udpx_lab::env::parse_cpuinfo;
 
 /// The responder's block (`udpx_h3::cache::BLOCK`).
 const BLOCK: usize = 256 << 10;
@@ -46,10 +47,7 @@ fn main() {
 
     let model = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
-        .and_then(|t| {
-            t.lines()
-                .find_map(|l| l.strip_prefix("model name").map(|m| m.trim_start_matches([' ', '\t', ':']).to_owned()))
-        })
+        .and_then(|t| parse_cpuinfo(&t).model)
         .unwrap_or_else(|| "unknown".into());
     let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
     println!("read_after_pause: {model}, Linux {}, pinned to CPU {cpu}", kernel.trim());
