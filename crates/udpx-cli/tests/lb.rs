@@ -183,7 +183,7 @@ enum Downloader {
     Gtlsclient,
 }
 
-/// A 3 MB download through a two-host stateless balancer, `rebind` applied 600 ms in: it
+/// A 3 MB download through a two-host stateless balancer, `rebind` applied once it flows: it
 /// completes byte for byte on the one host it started on.
 fn rebinding_mid_download(tag: &str, rebind: impl Fn(&Lab) -> Result<(), udpx_lab::netns::Error>) {
     rebinding_mid_download_by(tag, Downloader::UdpxGet, rebind)
@@ -212,7 +212,15 @@ fn rebinding_mid_download_by(tag: &str, who: Downloader, rebind: impl Fn(&Lab) -
             ChildGroup::spawn(&mut cmd).unwrap()
         }
     };
-    std::thread::sleep(Duration::from_millis(600));
+    // The change lands once the download flows (about a tenth of it forwarded), not at a fixed
+    // time: on a loaded machine the client's start and the rule loads take long enough that a
+    // fixed delay can land the change at the very end of the download (CI, 2026-11-30: 85
+    // answers after it, of about 450).
+    let flowing = udpx_lab::wait_until(Duration::from_secs(10), || {
+        lab.host_packets().unwrap().iter().sum::<u64>() >= 40 || !udpx_lab::netns::is_running(g.id())
+    });
+    let before = lab.host_packets().unwrap();
+    assert!(flowing && udpx_lab::netns::is_running(g.id()), "the download is not under way: {before:?}");
     rebind(&lab).unwrap();
     let status = g.wait().unwrap();
     let took = start.elapsed();
@@ -228,7 +236,7 @@ fn rebinding_mid_download_by(tag: &str, who: Downloader, rebind: impl Fn(&Lab) -
     let nft = lab.counters().unwrap();
     let forwarded = lab.host_packets().unwrap();
     let hosts = host_counters(&mut lab);
-    eprintln!("took {took:?}; rebinding {moved:?}; nft {nft:?}; forwarded per host {forwarded:?}; per host {hosts:?}");
+    eprintln!("took {took:?}; forwarded before the change {before:?}; rebinding {moved:?}; nft {nft:?}; forwarded per host {forwarded:?}; per host {hosts:?}");
     assert_eq!(forwarded.iter().filter(|&&p| p > 0).count(), 1, "packets reached more than one host: {forwarded:?}");
     // Packets left from the new address and many answers came back to it: the hosts saw the
     // new address for a good part of the download.
