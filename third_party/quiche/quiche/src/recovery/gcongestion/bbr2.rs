@@ -502,18 +502,23 @@ struct BBRv2CongestionEvent {
     /// empty. If acked_packets is empty, it's the send state of the largest
     /// packet in lost_packets.
     last_packet_send_state: SendTimeState,
+
+    /// The sender's minimum congestion window: no mode's target for the
+    /// bytes in flight goes below it.
+    min_cwnd: usize,
 }
 
 impl BBRv2CongestionEvent {
     fn new(
         event_time: Instant, prior_cwnd: usize, prior_bytes_in_flight: usize,
-        is_probing_for_bandwidth: bool,
+        is_probing_for_bandwidth: bool, min_cwnd: usize,
     ) -> Self {
         BBRv2CongestionEvent {
             event_time,
             prior_cwnd,
             prior_bytes_in_flight,
             is_probing_for_bandwidth,
+            min_cwnd,
             bytes_in_flight: 0,
             bytes_acked: 0,
             bytes_lost: 0,
@@ -733,6 +738,7 @@ impl CongestionControl for BBRv2 {
             self.cwnd,
             prior_in_flight,
             self.mode.is_probing_for_bandwidth(),
+            self.cwnd_limits.min(),
         );
 
         let network_model = self.mode.network_model_mut();

@@ -70,7 +70,7 @@ impl ModeImpl for Drain {
         // gain.
         self.model.set_cwnd_gain(params.drain_cwnd_gain);
 
-        let drain_target = self.drain_target();
+        let drain_target = self.drain_target(congestion_event.min_cwnd);
         if congestion_event.bytes_in_flight <= drain_target {
             return self.into_probe_bw(
                 event_time,
@@ -114,7 +114,116 @@ impl Drain {
         next_mode
     }
 
-    fn drain_target(&self) -> usize {
-        self.model.bdp0()
+    /// DRAIN ends once the bytes in flight are down to the estimated BDP, or
+    /// to the minimum congestion window where the BDP is smaller: on a path
+    /// whose BDP is below a packet or two, a sender that always has a packet
+    /// written and not yet acknowledged would otherwise never leave DRAIN,
+    /// and would pace at its drain gain (1/2.885 of the bottleneck) for good.
+    fn drain_target(&self, min_cwnd: usize) -> usize {
+        self.model.bdp0().max(min_cwnd)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::recovery::gcongestion::bbr2::DEFAULT_PARAMS;
+
+    /// A model of a 1.5 MB/s path whose minimum RTT is 60 us (veth behind
+    /// a 12 Mbit/s shaper: a packet that finds the shaper's bucket full
+    /// crosses at once), taken as the model's initial RTT: then 1,200-byte
+    /// packets sent 800 us apart, each acknowledged 2.8 ms later (the
+    /// sender's pacing holds are in its RTT samples). Its BDP is 90 bytes.
+    fn low_bdp_model(start: Instant) -> BBRv2NetworkModel {
+        let params = &DEFAULT_PARAMS;
+        let mut model =
+            BBRv2NetworkModel::new(params, Duration::from_micros(60));
+        let rtt = Duration::from_micros(2800);
+        let mut in_flight = std::collections::VecDeque::new();
+        for pn in 0..60u64 {
+            let now = start + Duration::from_micros(800) * pn as u32;
+            while in_flight
+                .front()
+                .is_some_and(|&(_, sent): &(u64, Instant)| sent + rtt <= now)
+            {
+                let (acked_pn, sent) = in_flight.pop_front().unwrap();
+                let acked = [Acked {
+                    pkt_num: acked_pn,
+                    time_sent: sent,
+                }];
+                let bytes = 1200 * (in_flight.len() + 1);
+                let mut event = BBRv2CongestionEvent::new(
+                    sent + rtt,
+                    12_000,
+                    bytes,
+                    false,
+                    12_000,
+                );
+                model.on_congestion_event_start(
+                    &acked,
+                    &[],
+                    &mut event,
+                    params,
+                );
+                model.on_congestion_event_finish(acked_pn + 1, &event);
+            }
+            model.on_packet_sent(now, 1200 * in_flight.len(), pn, 1200, true);
+            in_flight.push_back((pn, now));
+        }
+        model
+    }
+
+    /// Whether DRAIN ends at an acknowledgement that leaves
+    /// `bytes_in_flight` in flight, with a minimum window of `min_cwnd`.
+    fn drain_ends(bytes_in_flight: usize, min_cwnd: usize) -> bool {
+        let start = Instant::now();
+        let model = low_bdp_model(start);
+        assert!(
+            model.bdp0() < 1200,
+            "the model's BDP is {} bytes, not below a packet",
+            model.bdp0()
+        );
+        let drain = Drain {
+            model,
+            cycle: Default::default(),
+        };
+        let now = start + Duration::from_millis(20);
+        let mut event = BBRv2CongestionEvent::new(
+            now,
+            min_cwnd,
+            bytes_in_flight + 1200,
+            false,
+            min_cwnd,
+        );
+        event.bytes_in_flight = bytes_in_flight;
+        event.bytes_acked = 1200;
+        let mode = drain.on_congestion_event(
+            bytes_in_flight + 1200,
+            now,
+            &[],
+            &[],
+            &mut event,
+            bytes_in_flight,
+            &DEFAULT_PARAMS,
+            &mut Default::default(),
+            min_cwnd,
+        );
+        matches!(mode, Mode::ProbeBW(_))
+    }
+
+    #[test]
+    fn drain_ends_at_the_minimum_window_when_the_bdp_is_smaller() {
+        // A host that paces in user space writes its next packet before the
+        // last one is acknowledged: one or two packets are in flight at
+        // every acknowledgement. With a BDP of 90 bytes, DRAIN ended only at
+        // an empty pipe, that is never.
+        assert!(drain_ends(2400, 12_000));
+        assert!(drain_ends(0, 12_000));
+        // Above the minimum window DRAIN goes on, as before.
+        assert!(!drain_ends(24_000, 12_000));
+        // Without a minimum window the BDP alone decides.
+        assert!(!drain_ends(2400, 0));
     }
 }

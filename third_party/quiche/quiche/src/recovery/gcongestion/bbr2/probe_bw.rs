@@ -666,6 +666,7 @@ mod tests {
                     sample_max_bandwidth: None,
                     sample_min_rtt: None,
                     last_packet_send_state: SendTimeState::default(),
+                    min_cwnd: 0,
                 }
             };
 
