@@ -372,9 +372,10 @@ pub struct H3BenchArgs {
     chromium_repeat: u64,
     /// The block cache of the `+cache` rows (udpx serving the clients users bring with
     /// `--cache-size` on, beside the same without it, and Chromium's `+half cache` row with a
-    /// cache of half the file); 0 leaves them out.
-    #[arg(long, default_value = "256M", value_parser = parse_cache_size, value_name = "BYTES")]
-    cache_size: u64,
+    /// cache of half the file): default 256M; 0 leaves them out. With --connections: the
+    /// cache of the `udpx-cache` server (default 256M); the others read the file per request.
+    #[arg(long, value_parser = parse_cache_size, value_name = "BYTES")]
+    cache_size: Option<u64>,
     /// Over a veth pair between two namespaces (needs root). As root this is the default,
     /// as for `udpx bench`; without root the bench runs on loopback.
     #[arg(long, conflicts_with = "loopback")]
@@ -441,12 +442,12 @@ pub struct H3BenchArgs {
     clients: Vec<ClientChoice>,
     /// With --connections: the servers of the sweep (comma-separated; default all but
     /// udpx-qlog, udpx with a qlog of every connection, for which this udpx must be built with
-    /// `--features qlog`).
+    /// `--features qlog`, and udpx-cache, udpx serving from a block cache of --cache-size).
     #[arg(
         long,
         value_delimiter = ',',
         requires = "connections",
-        value_name = "udpx,udpx-qlog,quinn,nginx-h2,nginx-h1",
+        value_name = "udpx,udpx-qlog,udpx-cache,quinn,nginx-h2,nginx-h1",
         default_value = "udpx,quinn,nginx-h2,nginx-h1"
     )]
     servers: Vec<ServerChoice>,
@@ -545,6 +546,9 @@ enum ServerChoice {
     /// `udpx h3 serve` with a qlog of every connection (this udpx built with `--features
     /// qlog`): what logging them all costs (not in the default list).
     UdpxQlog,
+    /// `udpx h3 serve` serving from its block cache (--cache-size, default 256M): a segment
+    /// many players fetch is read once (not in the default list).
+    UdpxCache,
     Quinn,
     NginxH2,
     NginxH1,
@@ -611,6 +615,9 @@ fn bench_flood(a: H3BenchArgs, rate: u64) -> ExitCode {
     lab_report(CMD, needs, "h3_flood", a.json, r, udpx_h3_bench::bench::flood::table)
 }
 
+/// The bulk table's `+cache` rows' block cache unless `--cache-size` says otherwise: 256 MB.
+const BULK_CACHE_SIZE: u64 = 256_000_000;
+
 /// `--cache-size`: 0 (off), or 1 MB to 100 GB.
 fn parse_cache_size(s: &str) -> Result<u64, String> {
     if s == "0" {
@@ -664,8 +671,6 @@ fn bench_scale(a: H3BenchArgs) -> ExitCode {
     let Ok(udpx) = std::env::current_exe() else {
         return usage("cannot find this program's path to start the servers");
     };
-    lab_cleanup(CMD);
-    crate::util::raise_open_files(CMD);
     let mut cfg = udpx_h3_bench::bench::scale::ScaleConfig::new(udpx);
     cfg.connections = a.connections.clone();
     cfg.idle = (a.idle > 0).then_some(a.idle);
@@ -685,12 +690,25 @@ fn bench_scale(a: H3BenchArgs) -> ExitCode {
         .map(|s| match s {
             ServerChoice::Udpx => ScaleServer::Udpx,
             ServerChoice::UdpxQlog => ScaleServer::UdpxQlog,
+            ServerChoice::UdpxCache => ScaleServer::UdpxCache,
             ServerChoice::Quinn => ScaleServer::Quinn,
             ServerChoice::NginxH2 => ScaleServer::NginxH2,
             ServerChoice::NginxH1 => ScaleServer::NginxH1,
         })
         .collect();
     cfg.servers.dedup();
+    match a.cache_size {
+        Some(0) if cfg.servers.contains(&ScaleServer::UdpxCache) => {
+            return usage("--cache-size 0 with --servers udpx-cache: give that server's cache a size (1M or more)")
+        }
+        Some(_) if !cfg.servers.contains(&ScaleServer::UdpxCache) => {
+            return usage(
+                "--cache-size with --connections sizes the udpx-cache server's cache: add udpx-cache to --servers",
+            )
+        }
+        Some(bytes) => cfg.cache_size = bytes as usize,
+        None => {}
+    }
     use udpx_h3_bench::bench::scale::LoadClient;
     cfg.clients = Vec::new();
     for c in &a.clients {
@@ -713,6 +731,8 @@ fn bench_scale(a: H3BenchArgs) -> ExitCode {
             udpx_h3_bench::clients::quicgo::PROGRAM
         ));
     }
+    lab_cleanup(CMD);
+    crate::util::raise_open_files(CMD);
     let b = match udpx_h3_bench::bench::scale::run(&cfg, &mut |l| eprintln!("udpx {CMD}: {l}")) {
         Ok(b) => b,
         Err(e) => {
@@ -867,7 +887,7 @@ pub fn bench(a: H3BenchArgs) -> ExitCode {
             size: a.size,
             repeat: a.repeat as usize,
             chromium_repeat: a.chromium_repeat as usize,
-            cache_size: a.cache_size as usize,
+            cache_size: a.cache_size.unwrap_or(BULK_CACHE_SIZE) as usize,
             veth,
             profile,
             host: a.host.tuning(),

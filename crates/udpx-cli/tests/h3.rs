@@ -303,6 +303,9 @@ fn bench_h3_bad_flags_exit_2_naming_the_flag() {
         (&["bench", "h3", "--connections", "10", "--window", "0"], "--window"),
         (&["bench", "h3", "--cc", "reno"], "--cc"),
         (&["bench", "h3", "--burst", "rate"], "--burst"),
+        (&["bench", "h3", "--connections", "10", "--cache-size", "64M"], "add udpx-cache to --servers"),
+        (&["bench", "h3", "--connections", "10", "--servers", "udpx-cache", "--cache-size", "0"], "--cache-size 0"),
+        (&["bench", "h3", "--connections", "10", "--servers", "udpx-cache", "--cache-size", "5k"], "--cache-size"),
     ];
     for (args, needle) in cases {
         let o = udpx(args);
@@ -672,6 +675,37 @@ fn bench_h3_scale_rows_carry_the_hosts_counts() {
     let (sent, answered) = (f["sent"].as_u64().unwrap(), f["answered"].as_u64().unwrap());
     // Ping-pong: one datagram at a time, so at most the last is in flight when the client stops.
     assert!(sent > 0 && answered + 1 >= sent && answered <= sent, "every datagram answered: {f}");
+}
+
+/// `udpx bench h3 --connections --servers udpx,udpx-cache`: the `+cache` row serves the
+/// segment every player fetches from its block cache, the plain row reads it per request
+/// (the host's `http_file_bytes_read` over the window, per request).
+#[test]
+fn bench_h3_scale_cache_row_reads_the_segment_once() {
+    let o = Command::new(env!("CARGO_BIN_EXE_udpx"))
+        .args(["bench", "h3", "--connections", "50", "--idle", "0", "--interval", "1"])
+        .args(["--ramp", "1", "--window", "2", "--servers", "udpx,udpx-cache", "--clients", "own"])
+        .args(["--cache-size", "16M", "--json"])
+        .output()
+        .expect("run udpx");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    let json: serde_json::Value = serde_json::from_slice(&o.stdout).expect("one JSON object");
+    assert_eq!(json["h3_scale"]["config"]["cache_size"].as_u64(), Some(16_000_000), "{json}");
+    let segment = json["h3_scale"]["config"]["segment"].as_f64().unwrap();
+    let rows = json["h3_scale"]["rows"].as_array().expect("rows");
+    assert_eq!(rows.len(), 2, "{json}");
+    for r in rows {
+        assert_row_steal(r);
+        let m = median_or_run("bench_h3_scale_cache_row_reads_the_segment_once", r);
+        assert_eq!(m["load"]["established"].as_u64(), Some(50), "{r}");
+        let read = m["host"]["file_bytes_read"].as_f64().expect("the host's reads");
+        match r["server"].as_str() {
+            Some("Udpx") => assert!(read >= 0.9 * segment, "each request reads the file: {read} of {segment}: {r}"),
+            Some("UdpxCache") => assert!(read < 0.5 * segment, "the cache serves the segment: {read}: {r}"),
+            other => panic!("a row of {other:?}: {r}"),
+        }
+    }
 }
 
 /// One `udpx h3 serve --zerocopy <z>` run: `get`s `files` two at a time (two connections in

@@ -18,6 +18,10 @@ pub enum ScaleServer {
     /// what it leaves out (issue 48).
     /// Its `udpx` must be built with the feature `qlog`; not in [`ScaleServer::ALL`].
     UdpxQlog,
+    /// The same serving from its block cache ([`ScaleConfig::cache_size`], `--cache-size`): a
+    /// segment many players fetch is read from the file once, not per request. Not in
+    /// [`ScaleServer::ALL`]: the scale rows' reference reads the file per request.
+    UdpxCache,
     /// quinn with h3 (`udpx h3 quinn-serve`).
     Quinn,
     /// nginx, HTTP/2 over TLS 1.3, one worker.
@@ -33,7 +37,12 @@ impl ScaleServer {
 
     /// Whether it is `udpx h3 serve`.
     pub fn is_udpx(self) -> bool {
-        matches!(self, ScaleServer::Udpx | ScaleServer::UdpxQlog)
+        matches!(self, ScaleServer::Udpx | ScaleServer::UdpxQlog | ScaleServer::UdpxCache)
+    }
+
+    /// Whether it serves HTTP/3 (else nginx over TCP).
+    pub fn is_h3(self) -> bool {
+        self.is_udpx() || self == ScaleServer::Quinn
     }
 
     /// Its name in the table.
@@ -41,6 +50,7 @@ impl ScaleServer {
         match self {
             ScaleServer::Udpx => "udpx h3",
             ScaleServer::UdpxQlog => "udpx h3 +qlog",
+            ScaleServer::UdpxCache => "udpx h3 +cache",
             ScaleServer::Quinn => "quinn h3",
             ScaleServer::NginxH2 => "nginx h2/tcp",
             ScaleServer::NginxH1 => "nginx http1.1/tcp",
@@ -83,6 +93,9 @@ pub struct ScaleConfig {
     pub idle: Option<usize>,
     /// Segment bytes.
     pub segment: usize,
+    /// The block cache of [`ScaleServer::UdpxCache`] (`udpx h3 serve --cache-size`); the
+    /// other servers read the file per request.
+    pub cache_size: usize,
     /// Between a player's requests.
     pub interval: Duration,
     /// Connection starts spread over at least this; a row opens at most
@@ -152,6 +165,7 @@ impl ScaleConfig {
             connections: vec![100, 1_000, 10_000],
             idle: Some(50_000),
             segment: 16 * 1024,
+            cache_size: 256_000_000,
             interval: Duration::from_secs(2),
             ramp: Duration::from_secs(5),
             ramp_fixed: false,

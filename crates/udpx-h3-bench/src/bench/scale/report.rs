@@ -282,13 +282,13 @@ fn host_table(s: &mut String, b: &ScaleBench) {
         let _ = writeln!(
             s,
             "\nThe udpx server's host over the window, per request (its `/metrics` at the window's start and end):\n\n\
-             | server / client | conns | requests | send calls | datagrams per send call | runs per send call | receive calls | datagrams per receive call | wake-ups | turns | connections served per turn | timers fired | pacing holds |\n\
-             | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+             | server / client | conns | requests | send calls | datagrams per send call | runs per send call | receive calls | datagrams per receive call | wake-ups | turns | connections served per turn | timers fired | pacing holds | file bytes read |\n\
+             | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
         );
         for (row, h) in hosts {
             let _ = writeln!(
                 s,
-                "| {} / {} | {}{} | {} | {:.2} | {:.1} | {:.2} | {:.2} | {:.1} | {:.2} | {:.2} | {:.2} | {:.3} | {:.3} |",
+                "| {} / {} | {}{} | {} | {:.2} | {:.1} | {:.2} | {:.2} | {:.1} | {:.2} | {:.2} | {:.2} | {:.3} | {:.3} | {:.0} |",
                 row.server.name(),
                 row.client.name(),
                 row.connections,
@@ -303,7 +303,8 @@ fn host_table(s: &mut String, b: &ScaleBench) {
                 h.turns,
                 h.served_per_turn,
                 h.timers_fired,
-                h.paced_holds
+                h.paced_holds,
+                h.file_bytes_read
             );
         }
     }

@@ -262,6 +262,9 @@ pub struct HostPerRequest {
     pub timers_fired: f64,
     /// Packets held back until their pacing release time, per request.
     pub paced_holds: f64,
+    /// Bytes read from files per request (`http_file_bytes_read`): a segment's size when each
+    /// request reads the file, near none when the block cache serves it (`udpx h3 +cache`).
+    pub file_bytes_read: f64,
 }
 
 impl HostPerRequest {
@@ -280,6 +283,7 @@ impl HostPerRequest {
         let (recv, dgr, waits, turns, served) =
             (d("recv_calls")?, d("datagrams_received")?, d("waits")?, d("turns")?, d("served")?);
         let (fired, held) = (d("timers_fired")?, d("paced_holds")?);
+        let read = b.get("http_file_bytes_read_total")? - a.get("http_file_bytes_read_total")?;
         let r = requests as f64;
         Some(HostPerRequest {
             requests,
@@ -293,6 +297,7 @@ impl HostPerRequest {
             served_per_turn: per(served, turns),
             timers_fired: fired / r,
             paced_holds: held / r,
+            file_bytes_read: read / r,
         })
     }
 }

@@ -43,7 +43,7 @@ pub(super) fn start_server(
     let logf = std::fs::File::create(&log).map_err(|e| e.to_string())?;
     let mut metrics = None;
     let (mut cmd, addr, ready): (Command, SocketAddr, &str) = match server {
-        ScaleServer::Udpx | ScaleServer::UdpxQlog | ScaleServer::Quinn => {
+        ScaleServer::Udpx | ScaleServer::UdpxQlog | ScaleServer::UdpxCache | ScaleServer::Quinn => {
             let addr = SocketAddr::new(place.server_ip, free_port(place, true)?);
             let mut c = place.server_command(&cfg.udpx);
             let sub = if server.is_udpx() { "serve" } else { "quinn-serve" };
@@ -60,6 +60,9 @@ pub(super) fn start_server(
                 let q = dir.join("qlog");
                 let _ = std::fs::remove_dir_all(&q);
                 c.arg("--qlog-dir").arg(&q).args(["--qlog-sample", "1", "--qlog-max-files", "1000000"]);
+            }
+            if server == ScaleServer::UdpxCache {
+                c.args(["--cache-size", &cfg.cache_size.to_string()]);
             }
             if server.is_udpx() {
                 c.args(["--shards", "1"]).args(cfg.host.serve_args());
