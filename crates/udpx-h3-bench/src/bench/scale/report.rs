@@ -100,6 +100,17 @@ fn judge_by(rows: &[ScaleRow], by: LoadClient, baseline: Option<f64>, segment: u
             1.25,
         ));
     }
+    // The seeds' workload as udpx serves it: every player fetches the same segment, which its
+    // block cache holds; judged against nginx at TCP's cost per byte.
+    if let (Some(c), Some(ng)) = (find(ScaleServer::UdpxCache, max_n), find(ScaleServer::NginxH2, max_n)) {
+        out.extend(Check::judge(
+            "h3 scale",
+            &(format!("udpx +cache / nginx h2, CPU per byte at {max_n}") + &who),
+            &c.costs(),
+            &ng.costs(),
+            1.0,
+        ));
+    }
     if let (Some(u), Some(q)) = (top, find(ScaleServer::Quinn, max_n)) {
         out.extend(Check::judge(
             "h3 scale",
