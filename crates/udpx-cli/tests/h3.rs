@@ -285,6 +285,7 @@ fn bench_h3_bad_flags_exit_2_naming_the_flag() {
         (&["bench", "h3", "--size", "200G"], "--size"),
         (&["bench", "h3", "--repeat", "0"], "--repeat"),
         (&["bench", "h3", "--repeat", "many"], "--repeat"),
+        (&["bench", "h3", "--chromium-repeat", "101"], "--chromium-repeat"),
         (&["bench", "h3", "--warp"], "--warp"),
         (&["bench", "h3", "--veth", "--loopback"], "--loopback"),
         (&["bench", "h3", "--coalesce", "200000"], "--coalesce"),

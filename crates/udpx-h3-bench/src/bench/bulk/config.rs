@@ -25,7 +25,7 @@ pub struct H3BenchConfig {
     /// Rounds, interleaved; the table shows each row's median run.
     pub repeat: usize,
     /// Rounds of the Chromium pair (udpx and nginx serving Chromium), interleaved with the
-    /// others: its verdict needs at least 5 (`--chromium-repeat`).
+    /// others: its verdict needs at least 5 (`--chromium-repeat`); 0 leaves the pair out.
     pub chromium_repeat: usize,
     /// Over a veth pair between two namespaces (root) rather than loopback.
     pub veth: bool,

@@ -71,7 +71,8 @@ use runs::{measured, per_mb};
 pub use runs::{CacheUse, H3Bench, H3Row, H3Run, LeftOut, Passes, ZerocopyUse};
 
 /// The rows to run and those left out.
-fn plan(p: &Programs, cache: bool) -> (Vec<(ServerKind, ClientKind)>, Vec<LeftOut>) {
+fn plan(cfg: &H3BenchConfig) -> (Vec<(ServerKind, ClientKind)>, Vec<LeftOut>) {
+    let (p, cache, chromium) = (&cfg.programs, cfg.cache_size > 0, cfg.chromium_repeat > 0);
     let mut rows = Vec::new();
     let mut left = Vec::new();
     for client in [ClientKind::Gtlsclient, ClientKind::UdpxGet] {
@@ -124,6 +125,10 @@ fn plan(p: &Programs, cache: bool) -> (Vec<(ServerKind, ClientKind)>, Vec<LeftOu
         ),
     ];
     for (program, client, what, why) in pairs {
+        if client == ClientKind::Chromium && !chromium {
+            left.push(LeftOut { rows: what.into(), why: "--chromium-repeat 0".into() });
+            continue;
+        }
         if program.is_none() {
             left.push(LeftOut { rows: what.into(), why });
             continue;
@@ -147,7 +152,7 @@ fn plan(p: &Programs, cache: bool) -> (Vec<(ServerKind, ClientKind)>, Vec<LeftOu
 
 /// Runs the bench. `progress` gets a line per run.
 pub fn run(cfg: &H3BenchConfig, progress: &mut dyn FnMut(&str)) -> Result<H3Bench, String> {
-    if cfg.size == 0 || cfg.repeat == 0 || cfg.chromium_repeat == 0 {
+    if cfg.size == 0 || cfg.repeat == 0 {
         return Err("the file size and the rounds must be at least 1".into());
     }
     let scratch = Scratch::new()?;
@@ -195,7 +200,7 @@ pub fn run(cfg: &H3BenchConfig, progress: &mut dyn FnMut(&str)) -> Result<H3Benc
             udpx_quic::Burst::Window => "what its window allows, at most 64 packets (--burst window)",
         }
     );
-    let (plan, left_out) = plan(&cfg.programs, cfg.cache_size > 0);
+    let (plan, left_out) = plan(cfg);
     let rate = TickRate::system().map_err(|e| e.to_string())?;
     let planned: Vec<usize> = plan.iter().map(|&(_, c)| cfg.rounds_of(c)).collect();
     let mut runs: Vec<Vec<Result<H3Run, String>>> = vec![Vec::new(); plan.len()];
@@ -386,7 +391,13 @@ mod tests {
 
     #[test]
     fn missing_peers_are_named() {
-        let (rows, left) = plan(&Programs::default(), false);
+        let of = |programs: Programs, cache_size: usize, chromium_repeat: usize| H3BenchConfig {
+            programs,
+            cache_size,
+            chromium_repeat,
+            ..H3BenchConfig::new()
+        };
+        let (rows, left) = plan(&of(Programs::default(), 0, 5));
         assert_eq!(rows.len(), udpx_servers().len(), "udpx h3 get needs no peer");
         assert!(rows.iter().all(|r| r.1 == ClientKind::UdpxGet));
         assert_eq!(left.len(), 5);
@@ -394,17 +405,29 @@ mod tests {
         assert!(left[2].why.contains("nginx and curl") && left[3].why.contains("chromium"), "{left:?}");
         assert!(left[4].why.contains(crate::clients::quicgo::PROGRAM), "{left:?}");
         let with_udpx = Programs { udpx: Some("/bin/true".into()), ..Programs::default() };
-        let (rows, _) = plan(&with_udpx, false);
+        let (rows, _) = plan(&of(with_udpx, 0, 5));
         assert_eq!(rows.last(), Some(&(ServerKind::Quinn, ClientKind::UdpxGet)));
         // The independent client's pair: udpx over HTTP/3, nginx over HTTP/2.
         let both =
             Programs { independent: Some("/bin/true".into()), nginx: Some("/bin/true".into()), ..Programs::default() };
-        let (rows, _) = plan(&both, false);
+        let (rows, _) = plan(&of(both, 0, 5));
         let udpx = ServerKind::Udpx { io: IoMode::GsoMmsg, gro: true, cache: Cache::Off };
         assert_eq!(
             rows[rows.len() - 2..],
             [(udpx, ClientKind::Independent), (ServerKind::Nginx, ClientKind::Independent)]
         );
+    }
+
+    #[test]
+    fn chromium_repeat_0_leaves_the_chromium_pair_out() {
+        let all =
+            Programs { chromium: Some("/bin/true".into()), nginx: Some("/bin/true".into()), ..Programs::default() };
+        let of = |chromium_repeat| H3BenchConfig { programs: all.clone(), chromium_repeat, ..H3BenchConfig::new() };
+        let (with, _) = plan(&of(5));
+        assert!(with.iter().any(|r| r.1 == ClientKind::Chromium), "{with:?}");
+        let (rows, left) = plan(&of(0));
+        assert!(rows.iter().all(|r| r.1 != ClientKind::Chromium), "{rows:?}");
+        assert!(left.iter().any(|l| l.rows == "the chromium rows" && l.why == "--chromium-repeat 0"), "{left:?}");
     }
 
     fn cost(c: f64, stolen: bool) -> Cost {

@@ -57,10 +57,13 @@ pub fn table(b: &H3Bench) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "{} MB file, {} rounds interleaved ({} for the Chromium pair), each row its median clean run by server CPU; {}\n",
+        "{} MB file, {} rounds interleaved ({}), each row its median clean run by server CPU; {}\n",
         b.config.size as f64 / 1e6,
         b.config.repeat,
-        b.config.chromium_repeat,
+        match b.config.chromium_repeat {
+            0 => "the Chromium pair left out".to_string(),
+            n => format!("{n} for the Chromium pair"),
+        },
         b.path
     );
     if b.debug_build {
