@@ -904,6 +904,55 @@ mod tests {
         );
     }
 
+    /// BBRv2 through its public calls on a 1.5 MB/s path whose minimum RTT
+    /// is 60 us (its BDP 90 bytes), the sender's pacing holds making each
+    /// acknowledgement come 2.8 ms after its packet left quiche: a packet
+    /// every 800 us, three or four in flight at every acknowledgement.
+    /// STARTUP finds the bandwidth and goes to DRAIN, and DRAIN ends: its
+    /// target is the minimum window, 12,000 bytes, not the BDP (without
+    /// that it stays in DRAIN).
+    #[test]
+    fn drain_ends_on_a_path_whose_bdp_is_below_a_packet() {
+        let min_rtt = Duration::from_micros(60);
+        let mut bbr2 = BBRv2::new(10, 10000, 1200, min_rtt, None);
+        let rtt_stats = RttStats::new(min_rtt, Duration::ZERO);
+        let mut stats = RecoveryStats::default();
+        let start = Instant::now();
+        let rtt = Duration::from_micros(2800);
+        let mut in_flight = std::collections::VecDeque::new();
+        let (mut left_startup, mut in_drain) = (false, false);
+        for pn in 0..1250u64 {
+            let now = start + Duration::from_micros(800) * pn as u32;
+            while in_flight
+                .front()
+                .is_some_and(|&(_, sent): &(u64, Instant)| sent + rtt <= now)
+            {
+                let (acked_pn, sent) = in_flight.pop_front().unwrap();
+                let prior = 1200 * (in_flight.len() + 1);
+                bbr2.on_congestion_event(
+                    true,
+                    prior,
+                    prior - 1200,
+                    sent + rtt,
+                    &[Acked {
+                        pkt_num: acked_pn,
+                        time_sent: sent,
+                    }],
+                    &[],
+                    acked_pn + 1,
+                    &rtt_stats,
+                    &mut stats,
+                );
+                in_drain = matches!(bbr2.mode, Mode::Drain(_));
+                left_startup |= !matches!(bbr2.mode, Mode::Startup(_));
+            }
+            bbr2.on_packet_sent(now, 1200 * in_flight.len(), pn, 1200, true);
+            in_flight.push_back((pn, now));
+        }
+        assert!(left_startup, "STARTUP did not end");
+        assert!(!in_drain, "still in DRAIN after 1 s");
+    }
+
     #[rstest]
     fn min_cwnd_packets_override(
         #[values(None, Some(4), Some(40))] min_cwnd_packets: Option<usize>,
