@@ -615,9 +615,6 @@ fn bench_flood(a: H3BenchArgs, rate: u64) -> ExitCode {
     lab_report(CMD, needs, "h3_flood", a.json, r, udpx_h3_bench::bench::flood::table)
 }
 
-/// The bulk table's `+cache` rows' block cache unless `--cache-size` says otherwise: 256 MB.
-const BULK_CACHE_SIZE: u64 = 256_000_000;
-
 /// `--cache-size`: 0 (off), or 1 MB to 100 GB.
 fn parse_cache_size(s: &str) -> Result<u64, String> {
     if s == "0" {
@@ -701,13 +698,13 @@ fn bench_scale(a: H3BenchArgs) -> ExitCode {
         Some(0) if cfg.servers.contains(&ScaleServer::UdpxCache) => {
             return usage("--cache-size 0 with --servers udpx-cache: give that server's cache a size (1M or more)")
         }
-        Some(_) if !cfg.servers.contains(&ScaleServer::UdpxCache) => {
+        Some(b) if b > 0 && !cfg.servers.contains(&ScaleServer::UdpxCache) => {
             return usage(
                 "--cache-size with --connections sizes the udpx-cache server's cache: add udpx-cache to --servers",
             )
         }
+        Some(0) | None => {}
         Some(bytes) => cfg.cache_size = bytes as usize,
-        None => {}
     }
     use udpx_h3_bench::bench::scale::LoadClient;
     cfg.clients = Vec::new();
@@ -856,6 +853,12 @@ pub fn bench(a: H3BenchArgs) -> ExitCode {
     if !a.connections.is_empty() {
         return bench_scale(a);
     }
+    if a.cache_size.is_some() && (a.restart.is_some() || a.flood.is_some() || a.bottleneck.is_some()) {
+        return usage(
+            "--cache-size sizes the bulk table's +cache rows or, with --connections, the udpx-cache server: \
+             leave it out with --restart, --flood and --bottleneck",
+        );
+    }
     if let Some(players) = a.restart {
         return bench_restart(a, players);
     }
@@ -887,7 +890,7 @@ pub fn bench(a: H3BenchArgs) -> ExitCode {
             size: a.size,
             repeat: a.repeat as usize,
             chromium_repeat: a.chromium_repeat as usize,
-            cache_size: a.cache_size.unwrap_or(BULK_CACHE_SIZE) as usize,
+            cache_size: a.cache_size.map_or(udpx_h3_bench::DEFAULT_CACHE_SIZE, |b| b as usize),
             veth,
             profile,
             host: a.host.tuning(),

@@ -307,6 +307,7 @@ fn bench_h3_bad_flags_exit_2_naming_the_flag() {
         (&["bench", "h3", "--connections", "10", "--cache-size", "64M"], "add udpx-cache to --servers"),
         (&["bench", "h3", "--connections", "10", "--servers", "udpx-cache", "--cache-size", "0"], "--cache-size 0"),
         (&["bench", "h3", "--connections", "10", "--servers", "udpx-cache", "--cache-size", "5k"], "--cache-size"),
+        (&["bench", "h3", "--flood", "1000", "--cache-size", "64M"], "leave it out with --restart"),
     ];
     for (args, needle) in cases {
         let o = udpx(args);
@@ -700,7 +701,7 @@ fn bench_h3_scale_cache_row_reads_the_segment_once() {
         assert_row_steal(r);
         let m = median_or_run("bench_h3_scale_cache_row_reads_the_segment_once", r);
         assert_eq!(m["load"]["established"].as_u64(), Some(50), "{r}");
-        let read = m["host"]["file_bytes_read"].as_f64().expect("the host's reads");
+        let read = m["host"]["file_bytes_read"].as_f64().expect("the host's reads (http_file_bytes_read)");
         match r["server"].as_str() {
             Some("Udpx") => assert!(read >= 0.9 * segment, "each request reads the file: {read} of {segment}: {r}"),
             Some("UdpxCache") => assert!(read < 0.5 * segment, "the cache serves the segment: {read}: {r}"),

@@ -212,8 +212,8 @@ fn rebinding_mid_download_by(tag: &str, who: Downloader, rebind: impl Fn(&Lab) -
             ChildGroup::spawn(&mut cmd).unwrap()
         }
     };
-    // The change lands once the download flows (about a tenth of it forwarded), not at a fixed
-    // time: on a loaded machine the client's start and the rule loads take long enough that a
+    // The change lands once the download flows (40 packets from the client, of 450-2,000 in a
+    // download here, whichever the client), not at a fixed time: on a loaded machine the client's start and the rule loads take long enough that a
     // fixed delay can land the change at the very end of the download (CI, 2026-11-30: 85
     // answers after it, of about 450).
     let flowing = udpx_lab::wait_until(Duration::from_secs(10), || {

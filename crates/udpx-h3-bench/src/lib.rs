@@ -18,3 +18,8 @@ pub mod bench;
 pub mod clients;
 mod lab;
 pub mod quinn_server;
+
+/// The block cache of the bulk table's `+cache` rows and of the scale table's `udpx h3 +cache`
+/// server unless `--cache-size` says otherwise: 256 MB (`256M`), room for the bulk table's
+/// 100 MB file.
+pub const DEFAULT_CACHE_SIZE: usize = 256_000_000;

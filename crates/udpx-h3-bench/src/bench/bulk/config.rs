@@ -56,7 +56,7 @@ impl H3BenchConfig {
             size: 100_000_000,
             repeat: 3,
             chromium_repeat: 5,
-            cache_size: 256 << 20,
+            cache_size: crate::DEFAULT_CACHE_SIZE,
             veth: false,
             profile: Profile::Software,
             host: udpx_h3::Tuning::default(),

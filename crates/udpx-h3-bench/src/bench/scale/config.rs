@@ -40,11 +40,6 @@ impl ScaleServer {
         matches!(self, ScaleServer::Udpx | ScaleServer::UdpxQlog | ScaleServer::UdpxCache)
     }
 
-    /// Whether it serves HTTP/3 (else nginx over TCP).
-    pub fn is_h3(self) -> bool {
-        self.is_udpx() || self == ScaleServer::Quinn
-    }
-
     /// Its name in the table.
     pub fn name(self) -> &'static str {
         match self {
@@ -165,7 +160,7 @@ impl ScaleConfig {
             connections: vec![100, 1_000, 10_000],
             idle: Some(50_000),
             segment: 16 * 1024,
-            cache_size: 256_000_000,
+            cache_size: crate::DEFAULT_CACHE_SIZE,
             interval: Duration::from_secs(2),
             ramp: Duration::from_secs(5),
             ramp_fixed: false,

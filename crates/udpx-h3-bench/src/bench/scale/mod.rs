@@ -277,9 +277,9 @@ fn one_run(
             // A process of its own, in the client's namespace on the client's CPU.
             let cmd = place.client_command(program);
             let proto = match server {
-                s if s.is_h3() => Proto::H3,
+                ScaleServer::Udpx | ScaleServer::UdpxQlog | ScaleServer::UdpxCache | ScaleServer::Quinn => Proto::H3,
                 ScaleServer::NginxH2 => Proto::H2,
-                _ => Proto::H1,
+                ScaleServer::NginxH1 => Proto::H1,
             };
             let size = cfg.segment as u64;
             std::thread::spawn(move || crate::clients::quicgo::run(cmd, &lc2, proto, size))
@@ -289,12 +289,16 @@ fn one_run(
             let job = move || {
                 let _ = udpx_lab::cpu::pin_current_thread(client_cpu);
                 match server {
-                    s if s.is_h3() && client == LoadClient::Quinn => {
+                    ScaleServer::Udpx | ScaleServer::UdpxQlog | ScaleServer::UdpxCache | ScaleServer::Quinn
+                        if client == LoadClient::Quinn =>
+                    {
                         quinn_hyper::run(&lc2, HyperHttp::H3, &ca).map_err(|e| e.to_string())
                     }
-                    s if s.is_h3() => own::run(&lc2).map_err(|e| e.to_string()),
+                    ScaleServer::Udpx | ScaleServer::UdpxQlog | ScaleServer::UdpxCache | ScaleServer::Quinn => {
+                        own::run(&lc2).map_err(|e| e.to_string())
+                    }
                     ScaleServer::NginxH2 => quinn_hyper::run(&lc2, HyperHttp::H2, &ca).map_err(|e| e.to_string()),
-                    _ => quinn_hyper::run(&lc2, HyperHttp::H1, &ca).map_err(|e| e.to_string()),
+                    ScaleServer::NginxH1 => quinn_hyper::run(&lc2, HyperHttp::H1, &ca).map_err(|e| e.to_string()),
                 }
             };
             match place.client_ns() {

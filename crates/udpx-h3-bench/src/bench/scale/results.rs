@@ -263,8 +263,9 @@ pub struct HostPerRequest {
     /// Packets held back until their pacing release time, per request.
     pub paced_holds: f64,
     /// Bytes read from files per request (`http_file_bytes_read`): a segment's size when each
-    /// request reads the file, near none when the block cache serves it (`udpx h3 +cache`).
-    pub file_bytes_read: f64,
+    /// request reads the file, near none when the block cache serves it (`udpx h3 +cache`);
+    /// `None` from a server that does not export it.
+    pub file_bytes_read: Option<f64>,
 }
 
 impl HostPerRequest {
@@ -283,7 +284,7 @@ impl HostPerRequest {
         let (recv, dgr, waits, turns, served) =
             (d("recv_calls")?, d("datagrams_received")?, d("waits")?, d("turns")?, d("served")?);
         let (fired, held) = (d("timers_fired")?, d("paced_holds")?);
-        let read = b.get("http_file_bytes_read_total")? - a.get("http_file_bytes_read_total")?;
+        let read = delta(a, b, "http_file_bytes_read_total");
         let r = requests as f64;
         Some(HostPerRequest {
             requests,
@@ -297,15 +298,19 @@ impl HostPerRequest {
             served_per_turn: per(served, turns),
             timers_fired: fired / r,
             paced_holds: held / r,
-            file_bytes_read: read / r,
+            file_bytes_read: read.map(|x| x / r),
         })
     }
 }
 
 /// How much the host counter `quic_<name>_total` grew from scrape `a` to scrape `b`.
 pub(super) fn counter_delta(a: &HashMap<String, f64>, b: &HashMap<String, f64>, name: &str) -> Option<f64> {
-    let key = format!("quic_{name}_total");
-    Some(b.get(&key)? - a.get(&key)?)
+    delta(a, b, &format!("quic_{name}_total"))
+}
+
+/// How much the sample `key` grew from scrape `a` to scrape `b`.
+fn delta(a: &HashMap<String, f64>, b: &HashMap<String, f64>, key: &str) -> Option<f64> {
+    Some(b.get(key)? - a.get(key)?)
 }
 
 /// The bench's result.
