@@ -694,17 +694,17 @@ fn bench_scale(a: H3BenchArgs) -> ExitCode {
         })
         .collect();
     cfg.servers.dedup();
-    match a.cache_size {
-        Some(0) if cfg.servers.contains(&ScaleServer::UdpxCache) => {
+    match (a.cache_size, cfg.servers.contains(&ScaleServer::UdpxCache)) {
+        (Some(0), true) => {
             return usage("--cache-size 0 with --servers udpx-cache: give that server's cache a size (1M or more)")
         }
-        Some(b) if b > 0 && !cfg.servers.contains(&ScaleServer::UdpxCache) => {
+        (Some(1..), false) => {
             return usage(
                 "--cache-size with --connections sizes the udpx-cache server's cache: add udpx-cache to --servers",
             )
         }
-        Some(0) | None => {}
-        Some(bytes) => cfg.cache_size = bytes as usize,
+        (Some(bytes), true) => cfg.cache_size = bytes as usize,
+        (Some(0) | None, _) => {}
     }
     use udpx_h3_bench::bench::scale::LoadClient;
     cfg.clients = Vec::new();

@@ -213,9 +213,9 @@ fn rebinding_mid_download_by(tag: &str, who: Downloader, rebind: impl Fn(&Lab) -
         }
     };
     // The change lands once the download flows (40 packets from the client, of 450-2,000 in a
-    // download here, whichever the client), not at a fixed time: on a loaded machine the client's start and the rule loads take long enough that a
-    // fixed delay can land the change at the very end of the download (CI, 2026-11-30: 85
-    // answers after it, of about 450).
+    // download here, whichever the client), not at a fixed time: on a loaded machine the
+    // client's start and the rule loads take long enough that a fixed delay can land the change
+    // at the very end of the download (CI, 2026-11-30: 85 answers after it, of about 450).
     let flowing = udpx_lab::wait_until(Duration::from_secs(10), || {
         lab.host_packets().unwrap().iter().sum::<u64>() >= 40 || !udpx_lab::netns::is_running(g.id())
     });

@@ -14,8 +14,9 @@ use std::io::Write;
 use std::os::unix::fs::FileExt;
 use std::time::{Duration, Instant};
 
-use udpx_lab::cpu::{online_cpus, pin_current_thread, CpuSample, TickRate};
+use udpx_lab::cpu::{online_cpus, pin_current_thread};
 use udpx_lab::env::parse_cpuinfo;
+use udpx_lab::steal::StealMeter;
 
 /// The responder's block (`udpx_h3::cache::BLOCK`).
 const BLOCK: usize = 256 << 10;
@@ -33,7 +34,6 @@ fn main() {
         .map(|a| a.parse().expect("the CPU to pin to: a number, e.g. 1"))
         .unwrap_or_else(|| *online_cpus().last().expect("at least one CPU"));
     pin_current_thread(cpu).expect("pinning to that CPU (is it online?)");
-    let rate = TickRate::system().expect("the clock tick rate");
 
     let dir = std::env::temp_dir().join(format!("udpx-read-after-pause-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("a temporary directory");
@@ -58,8 +58,7 @@ fn main() {
         [(0, false), (100, false), (1000, false), (1000, true), (5000, false), (5000, true), (10000, false)]
     {
         let pause = Duration::from_micros(us);
-        let before = CpuSample::now().expect("/proc/stat");
-        let wall = Instant::now();
+        let meter = StealMeter::start(&[cpu]);
         let mut reading = Duration::ZERO;
         for i in 0..READS {
             if spin {
@@ -74,11 +73,10 @@ fn main() {
             read_all(&file, &mut pool, i);
             reading += t.elapsed();
         }
-        let delta = CpuSample::now().expect("/proc/stat").diff(&before);
-        let steal = delta.steal_time(&[cpu], rate).as_secs_f64() / wall.elapsed().as_secs_f64();
+        let steal = meter.stop().expect("/proc/stat and the clock tick rate");
         let per_read = reading.as_secs_f64() / (READS * FILE / BLOCK) as f64;
         println!(
-            "| {us} us | {} | {:.3} | {:.1} | {:.1} %{} |",
+            "| {us} us | {} | {:.3} | {:.1} | {}{} |",
             if us == 0 {
                 "back to back"
             } else if spin {
@@ -88,8 +86,8 @@ fn main() {
             },
             per_read * 1e3 / (BLOCK as f64 / 1e6),
             per_read * 1e6,
-            steal * 100.0,
-            if steal > 0.02 { " (stolen: do not read)" } else { "" }
+            steal.pct(),
+            if steal.stolen { " (stolen: do not read)" } else { "" }
         );
     }
     let _ = std::fs::remove_dir_all(&dir);
